@@ -1,0 +1,1 @@
+"""Benchmarks: measured side by side in one process, reported as ratios to a baseline."""

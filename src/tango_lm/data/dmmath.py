@@ -1,0 +1,282 @@
+"""DeepMind Mathematics, generated locally by DeepMind's own generator and prepared as shards.
+
+Why a separate environment: the PyPI package `mathematics-dataset` does not run with numpy 2 or
+sympy 1.14 as shipped (`np.object`, `ndarray.itemset`, and `base_solution_linear` moved inside
+sympy). It runs with numpy 1.26.4 plus a small patch, but pinning numpy 1.x in the user's own
+environment would break torch and everything else there. So the generator lives in a dedicated
+virtual environment (`<cache>/dmmath-env`, cache = $TANGO_LM_CACHE or ~/.cache/tango-lm) that
+is created once, and `dmmath_worker.py` runs in it as a subprocess, patching and importing the
+generator there. What it generates is cached under `<cache>/dmmath/<key>`, keyed by the
+generation parameters and the generator's pinned versions, so a second prepare reuses it.
+
+Splits: train = train-easy/medium/hard modules (the per-module count split equally over the
+three difficulties) minus the held-out dev documents; dev = `dev_fraction` of each module's
+generated train documents (same distribution, disjoint from train); test = the official
+*interpolate* split (56 modules); optionally extrapolate. A document is question + "\\n" + answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+
+__all__ = ["prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
+
+# Pinned so that cached generations are reproducible; numpy 1.x is what the generator needs.
+REQUIREMENTS = ("numpy==1.26.4", "sympy==1.14.0", "mathematics-dataset==1.0.1")
+# Bump when the worker's sampling or seeding changes, to invalidate cached generations.
+WORKER_VERSION = 1
+TRAIN_SPLITS = ("train-easy", "train-medium", "train-hard")
+_ENV_MARKER = "tango-lm-env.json"
+_WORKER = Path(__file__).with_name("dmmath_worker.py")
+
+
+def cache_root() -> Path:
+    """Root of tango-lm's caches: $TANGO_LM_CACHE, else ~/.cache/tango-lm."""
+    env = os.environ.get("TANGO_LM_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tango-lm"
+
+
+def _generated_root() -> Path:
+    return cache_root() / "dmmath"
+
+
+def _env_python(env_dir: Path) -> Path:
+    return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_generator_env(env_dir: Path | None = None) -> Path:
+    """Python executable of the generator's environment, creating the environment once.
+
+    The environment is built under a temporary name and renamed into place, with a marker file
+    naming its requirements written last, so an interrupted install is rebuilt next time.
+    """
+    env_dir = env_dir or cache_root() / "dmmath-env"
+    marker = env_dir / _ENV_MARKER
+    try:
+        if json.loads(marker.read_text())["requirements"] == list(REQUIREMENTS):
+            return _env_python(env_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    print(
+        f"tango-lm: creating the DeepMind Mathematics generator environment at {env_dir} "
+        f"(once; pip install {' '.join(REQUIREMENTS)})",
+        file=sys.stderr,
+        flush=True,
+    )
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = env_dir.parent / f".{env_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        steps = [
+            ("create a virtual environment", [sys.executable, "-m", "venv", str(tmp)]),
+            ("pip install",
+             [str(_env_python(tmp)), "-m", "pip", "install", "--quiet", *REQUIREMENTS]),
+        ]
+        for what, cmd in steps:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                lines = (proc.stderr or proc.stdout).strip().splitlines()
+                detail = lines[-1] if lines else f"exit code {proc.returncode}"
+                raise UserError(
+                    f"could not set up the DeepMind Mathematics generator environment at {env_dir}: "
+                    f"{what} failed ({detail}); check that PyPI is reachable and run the command again"
+                )
+        (tmp / _ENV_MARKER).write_text(json.dumps({"requirements": list(REQUIREMENTS)}) + "\n")
+        # venv's bin/python finds its environment relative to itself, so the env survives a rename.
+        if env_dir.exists():
+            old = env_dir.parent / f".{env_dir.name}.old-{os.getpid()}"
+            os.rename(env_dir, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, env_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _env_python(env_dir)
+
+
+def _generation_key(seed: int, counts: dict[str, int]) -> str:
+    spec = {
+        "requirements": list(REQUIREMENTS),
+        "worker_version": WORKER_VERSION,
+        "seed": seed,
+        "counts": dict(sorted(counts.items())),
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _split_evenly(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def generate_examples(
+    seed: int,
+    counts: dict[str, int],
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Directory of generated JSONL files (one per split and module), generating them if not cached.
+
+    `counts` maps generator splits (train-easy, train-medium, train-hard, interpolate,
+    extrapolate) to examples per module.
+    """
+    from tqdm.auto import tqdm
+
+    key = _generation_key(seed, counts)
+    final = _generated_root() / key
+    if (final / "params.json").is_file():
+        return final
+    python = ensure_generator_env()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{key}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    log = final.parent / f"{key}.log"
+    config = {"out_dir": str(tmp), "seed": seed, "counts": counts, "workers": workers or os.cpu_count()}
+    config_path = tmp / "worker-config.json"
+    config_path.write_text(json.dumps(config))
+    # A fixed hash seed keeps set iteration order, and thus the generated problems, reproducible.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}
+    proc = None
+    try:
+        with open(log, "w", encoding="utf-8") as err, tqdm(
+            desc="generate dmmath", unit="module", disable=not progress
+        ) as bar:
+            proc = subprocess.Popen(
+                [str(python), str(_WORKER), str(config_path)],
+                stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True,
+            )
+            for line in proc.stdout:
+                parts = line.split()
+                if parts[:1] == ["tasks"]:
+                    bar.reset(total=int(parts[1]))
+                elif parts[:1] == ["done"]:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{parts[1]}/{parts[2]}")
+            rc = proc.wait()
+        if rc != 0:
+            lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            detail = lines[-1] if lines else f"exit code {rc}"
+            raise UserError(
+                f"the DeepMind Mathematics generator failed ({detail}); see {log}, and if the environment "
+                f"is broken delete {python.parent.parent} and run the command again"
+            )
+        config_path.unlink()
+        params = {"seed": seed, "counts": counts, "requirements": list(REQUIREMENTS),
+                  "worker_version": WORKER_VERSION}
+        (tmp / "params.json").write_text(json.dumps(params, indent=2) + "\n")
+        if final.exists():  # an earlier, incomplete copy without params.json
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        log.unlink(missing_ok=True)
+    finally:
+        if proc is not None and proc.poll() is None:
+            # Interrupted: stop the worker and its pool processes (their own session).
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _read_jsonl(directory: Path, split: str) -> dict[str, list[str]]:
+    """Documents per module of one generator split, modules in sorted order."""
+    docs: dict[str, list[str]] = {}
+    for path in sorted(directory.glob(f"{split}__*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        docs[path.stem.split("__", 1)[1]] = [r["question"] + "\n" + r["answer"] for r in rows]
+    return docs
+
+
+def _hold_out(docs: list[str], fraction: float, rng: random.Random) -> tuple[list[str], list[str]]:
+    """Split one module's documents into (train, dev) with no document text in both."""
+    unique = list(dict.fromkeys(docs))
+    n_dev = 0 if fraction <= 0 else min(len(unique) - 1, max(1, round(fraction * len(docs))))
+    rng.shuffle(unique)
+    dev = set(unique[:max(0, n_dev)])
+    return [d for d in docs if d not in dev], [d for d in unique if d in dev]
+
+
+def prepare_dmmath(
+    out_dir: str | os.PathLike,
+    tokenizer: str = "gpt2",
+    train_per_module: int = 300,
+    test_per_module: int = 30,
+    dev_fraction: float = 0.05,
+    seed: int = 0,
+    include_extrapolate: bool = False,
+    workers: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Generate DeepMind Mathematics and write it as a prepared dataset with splits train/dev/test.
+
+    `train_per_module` examples are generated per train module (split equally over easy, medium
+    and hard), and `dev_fraction` of them are held out as dev; test is the interpolate split with
+    `test_per_module` per module; `include_extrapolate` adds an `extrapolate` split.
+    """
+    from tango_lm.data.shards import check_writable, write_prepared
+    from tango_lm.data.tokenizers import get_tokenizer
+
+    if train_per_module < 1 or test_per_module < 1:
+        raise UserError("train_per_module and test_per_module must be at least 1; raise them")
+    if not 0 <= dev_fraction < 1:
+        raise UserError(f"dev_fraction must be in [0, 1), got {dev_fraction}; pick e.g. 0.05")
+    if workers is not None and workers < 1:
+        raise UserError(f"workers must be at least 1, got {workers}; omit it to use every CPU")
+    tok = get_tokenizer(tokenizer)
+    check_writable(out_dir, overwrite)  # fail before minutes of generation, not after
+
+    counts = dict(zip(TRAIN_SPLITS, _split_evenly(train_per_module, 3), strict=True))
+    counts["interpolate"] = test_per_module
+    if include_extrapolate:
+        counts["extrapolate"] = test_per_module
+    directory = generate_examples(seed, counts, workers=workers, progress=progress)
+
+    per_module: dict[str, list[str]] = defaultdict(list)
+    for split in TRAIN_SPLITS:
+        for module, docs in _read_jsonl(directory, split).items():
+            per_module[module].extend(docs)
+    test = [d for docs in _read_jsonl(directory, "interpolate").values() for d in docs]
+    extra = [d for docs in _read_jsonl(directory, "extrapolate").values() for d in docs]
+    # Keep evaluation questions out of training data: a few easy modules repeat questions.
+    held = set(test) | set(extra)
+    train: list[str] = []
+    dev: list[str] = []
+    for module in sorted(per_module):
+        rng = random.Random(f"{seed}/dev/{module}")
+        t, d = _hold_out([x for x in per_module[module] if x not in held], dev_fraction, rng)
+        train.extend(t)
+        dev.extend(d)
+    # Shuffle each split once, so that the first windows of dev/test (eval's max_windows)
+    # cover every module rather than the alphabetically first ones.
+    for i, docs in enumerate((train, dev, test, extra)):
+        random.Random(f"{seed}/order/{i}").shuffle(docs)
+
+    splits = {"train": train, "dev": dev, "test": test}
+    if include_extrapolate:
+        splits["extrapolate"] = extra
+    source: dict[str, Any] = {
+        "name": "dmmath",
+        "generator": list(REQUIREMENTS),
+        "worker_version": WORKER_VERSION,
+        "seed": seed,
+        "train_per_module": train_per_module,
+        "test_per_module": test_per_module,
+        "dev_fraction": dev_fraction,
+        "include_extrapolate": include_extrapolate,
+        "train_modules": len(per_module),
+        "test_modules": len(_read_jsonl(directory, "interpolate")),
+        "cache_key": directory.name,
+    }
+    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)

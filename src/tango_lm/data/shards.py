@@ -1,0 +1,363 @@
+"""Prepared data: a directory of raw token shards plus `manifest.json` and `tokenizer.json`.
+
+Layout of a prepared dataset directory:
+
+    manifest.json        format tag, tokenizer, dtype, per split: shards (file, tokens, sha256),
+                         total tokens and documents; max_token_id; source (provenance)
+    tokenizer.json       the tokenizer's `to_dict()` (also inside the manifest)
+    <split>-00000.bin    little-endian uint16 (vocab <= 65536) or uint32 token ids, one EOT
+    <split>-00001.bin    after every document, documents concatenated across shard borders
+
+A dataset is written under a sibling temporary name and renamed into place, so a crash never
+leaves a half-written dataset where a complete one (or none) was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
+from tango_lm.errors import UserError
+
+__all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared", "check_writable"]
+
+FORMAT = "tango-lm-shards/1"
+MANIFEST = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_PREPARE_HINT = "run `tango-lm data prepare ...` to (re)create it"
+
+
+def _dtype_for(vocab_size: int) -> np.dtype:
+    """Smallest little-endian unsigned dtype that holds every id."""
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+def is_prepared(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a complete prepared dataset (a manifest with our format tag)."""
+    try:
+        with open(Path(path) / MANIFEST, encoding="utf-8") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Raise UserError when writing a dataset to `out_dir` would clobber something it should not.
+
+    Callers that spend a long time producing the documents call this first to fail fast.
+    """
+    out = Path(out_dir)
+    if not out.exists():
+        return
+    if is_prepared(out):
+        if not overwrite:
+            raise UserError(f"{out} already holds a prepared dataset; pass overwrite to replace it")
+        return
+    # Never delete a directory we did not write, even with overwrite.
+    if not out.is_dir() or any(out.iterdir()):
+        raise UserError(f"{out} exists and is not a prepared dataset; choose another path or remove it")
+
+
+class _ShardWriter:
+    """Appends token arrays to fixed-size shards of one split, hashing each shard as it goes."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.split, self.dtype = directory, split, dtype
+        self.shard_tokens = shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._file = None
+        self._hash = None
+        self._in_shard = 0
+
+    def _open_next(self) -> None:
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self._file = open(self.directory / name, "wb")
+        self._hash = hashlib.sha256()
+        self._in_shard = 0
+        self.shards.append({"file": name, "tokens": 0, "sha256": ""})
+
+    def _close_current(self) -> None:
+        if self._file is None:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self.shards[-1]["tokens"] = self._in_shard
+        self.shards[-1]["sha256"] = self._hash.hexdigest()
+        self._file = None
+
+    def write(self, ids: np.ndarray) -> None:
+        ids = ids.astype(self.dtype, copy=False)
+        start = 0
+        while start < len(ids):
+            if self._file is None or self._in_shard == self.shard_tokens:
+                self._close_current()
+                self._open_next()
+            take = min(len(ids) - start, self.shard_tokens - self._in_shard)
+            chunk = ids[start : start + take].tobytes()
+            self._file.write(chunk)
+            self._hash.update(chunk)
+            self._in_shard += take
+            start += take
+
+    def close(self) -> None:
+        self._close_current()
+
+
+def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _write_split(
+    directory: Path,
+    split: str,
+    docs: Iterable[str],
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    shard_tokens: int,
+    progress: bool,
+    batch_docs: int,
+) -> tuple[dict[str, Any], int]:
+    """Tokenize one split into shards; returns its manifest entry and its largest token id."""
+    from tqdm.auto import tqdm
+
+    writer = _ShardWriter(directory, split, dtype, shard_tokens)
+    n_docs = n_tokens = 0
+    max_id = -1
+    started = time.perf_counter()
+    with tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress, leave=True) as bar:
+        for batch in _batched(docs, batch_docs):
+            encoded = tokenizer.encode_batch(batch)
+            lengths = np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
+            flat = np.empty(int(lengths.sum()), dtype=np.int64)
+            ends = np.cumsum(lengths)
+            for ids, end, length in zip(encoded, ends, lengths, strict=True):
+                flat[end - length : end - 1] = ids
+            flat[ends - 1] = tokenizer.eot_id
+            if len(flat):
+                lo, hi = int(flat.min()), int(flat.max())
+                if lo < 0 or hi >= tokenizer.vocab_size:
+                    raise ValueError(f"tokenizer {tokenizer.name} produced id outside [0, vocab_size)")
+                max_id = max(max_id, hi)
+            writer.write(flat)
+            n_docs += len(batch)
+            n_tokens += len(flat)
+            bar.update(len(batch))
+            bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / (time.perf_counter() - started):.3g}")
+    writer.close()
+    entry = {"shards": writer.shards, "tokens": n_tokens, "documents": n_docs}
+    return entry, max_id
+
+
+def write_prepared(
+    out_dir: str | os.PathLike,
+    tokenizer: Tokenizer,
+    splits: dict[str, Iterable[str]],
+    source: dict[str, Any],
+    shard_tokens: int = 2**24,
+    progress: bool = True,
+    *,
+    overwrite: bool = False,
+    batch_docs: int = 1024,
+) -> Path:
+    """Tokenize the documents of each split into a prepared dataset at `out_dir` and return its path.
+
+    Each document is encoded, followed by the tokenizer's EOT id. The dataset is built in the
+    sibling directory `.<name>.tmp-<pid>` and renamed into place; an existing complete dataset
+    is only replaced with `overwrite=True`, and stays untouched if anything fails before the
+    final rename.
+    """
+    out = Path(out_dir).absolute()
+    if shard_tokens < 1:
+        raise ValueError("shard_tokens must be positive")
+    for split in splits:
+        if not _SPLIT_NAME.match(split):
+            raise UserError(f"invalid split name {split!r}; use letters, digits, '-', '_' or '.'")
+    check_writable(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    dtype = _dtype_for(tokenizer.vocab_size)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left over from a crashed run of a process with our pid
+    tmp.mkdir()
+    try:
+        split_entries: dict[str, Any] = {}
+        max_id = -1
+        for split, docs in splits.items():
+            entry, split_max = _write_split(
+                tmp, split, docs, tokenizer, dtype, shard_tokens, progress, batch_docs
+            )
+            split_entries[split] = entry
+            max_id = max(max_id, split_max)
+        tok_dict = tokenizer.to_dict()
+        manifest = {
+            "format": FORMAT,
+            "tokenizer": tok_dict,
+            "dtype": dtype.str,
+            "splits": split_entries,
+            "max_token_id": max_id,
+            "source": source,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (tmp / TOKENIZER_FILE).write_text(json.dumps(tok_dict, indent=2) + "\n", encoding="utf-8")
+        # The manifest goes last: its presence is what makes the directory a dataset.
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` is renamed away first and deleted after."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)  # put the previous dataset back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class PreparedDataset:
+    """A prepared dataset opened for reading; shards are memory-mapped, not loaded."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], tokenizer: Tokenizer) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.dtype = np.dtype(manifest["dtype"])
+        self._cache: dict[str, np.ndarray] = {}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, verify: bool = False) -> PreparedDataset:
+        """Open and check the dataset at `path`; `verify=True` also checks every shard's sha256."""
+        p = Path(path)
+        if not p.is_dir():
+            raise UserError(f"no prepared dataset at {p} (directory missing); {_PREPARE_HINT}")
+        try:
+            with open(p / MANIFEST, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise UserError(
+                f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_PREPARE_HINT}"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_PREPARE_HINT}") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            found = manifest.get("format") if isinstance(manifest, dict) else None
+            raise UserError(
+                f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_PREPARE_HINT}"
+            )
+        try:
+            splits = manifest["splits"]
+            dtype = np.dtype(manifest["dtype"])
+            entries = [(s, sh["file"], int(sh["tokens"]), sh["sha256"]) for s in splits
+                       for sh in splits[s]["shards"]]
+            tok_dict = manifest["tokenizer"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{p / MANIFEST} is missing field {e}; {_PREPARE_HINT}") from None
+        for split, name, n, sha in entries:
+            f = p / name
+            if not f.is_file():
+                raise UserError(f"shard {name} of split {split!r} is missing from {p}; {_PREPARE_HINT}")
+            size = f.stat().st_size
+            if size != n * dtype.itemsize:
+                raise UserError(
+                    f"shard {f} has {size} bytes but the manifest says {n} tokens "
+                    f"({n * dtype.itemsize} bytes), so it is truncated or corrupt; {_PREPARE_HINT}"
+                )
+            if verify and _sha256_file(f) != sha:
+                raise UserError(f"shard {f} fails its sha256 checksum, so it is corrupt; {_PREPARE_HINT}")
+        return cls(p, manifest, tokenizer_from_dict(tok_dict))
+
+    @property
+    def splits(self) -> list[str]:
+        """Names of the splits, in the order they were written."""
+        return list(self.manifest["splits"])
+
+    @property
+    def max_token_id(self) -> int:
+        """Largest token id in any split (-1 when the dataset is empty)."""
+        return int(self.manifest["max_token_id"])
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """The provenance dict given to `write_prepared`."""
+        return self.manifest.get("source", {})
+
+    def _entry(self, split: str) -> dict[str, Any]:
+        entry = self.manifest["splits"].get(split)
+        if entry is None:
+            raise UserError(
+                f"split {split!r} is not in {self.path}; available splits: {', '.join(self.splits)}"
+            )
+        return entry
+
+    def num_tokens(self, split: str) -> int:
+        """Number of tokens (EOTs included) in `split`."""
+        return int(self._entry(split)["tokens"])
+
+    def num_documents(self, split: str) -> int:
+        """Number of documents in `split`."""
+        return int(self._entry(split)["documents"])
+
+    def tokens(self, split: str) -> np.ndarray:
+        """All tokens of `split` as a 1-D array: a read-only memmap for one shard, else a copy."""
+        if split in self._cache:
+            return self._cache[split]
+        shards = self._entry(split)["shards"]
+        maps = [
+            np.memmap(self.path / sh["file"], dtype=self.dtype, mode="r", shape=(int(sh["tokens"]),))
+            for sh in shards
+            if int(sh["tokens"]) > 0
+        ]
+        if not maps:
+            arr = np.empty(0, dtype=self.dtype)
+        elif len(maps) == 1:
+            arr = maps[0]
+        else:
+            arr = np.concatenate(maps)
+        self._cache[split] = arr
+        return arr
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s}={self.num_tokens(s)}" for s in self.splits)
+        return f"PreparedDataset({str(self.path)!r}, tokenizer={self.tokenizer.name}, {sizes})"
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,13 @@
+"""The one exception type a user can cause.
+
+`UserError` carries a single sentence that says what was wrong and what to do. The CLI prints it
+as `error: ...` and exits with code 2, without a traceback; library callers can catch it.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's config, data, checkpoint or arguments (exit code 2)."""
+
+    exit_code = 2

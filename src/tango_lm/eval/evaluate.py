@@ -1,0 +1,42 @@
+"""`tango-lm eval`: NLL of a checkpoint on a split of its (or another) prepared dataset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tango_lm.data.loader import eval_batches
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.tokenizers import same_tokenizer
+from tango_lm.errors import UserError
+from tango_lm.eval.nll import evaluate_nll
+from tango_lm.train.checkpoint import load_checkpoint
+from tango_lm.train.device import autocast_dtype, pick_device
+
+
+def evaluate_checkpoint(
+    checkpoint: str,
+    split: str,
+    data_dir: str | None = None,
+    max_windows: int | None = None,
+    device: str = "auto",
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
+    of the split unless `max_windows` is given."""
+    ckpt = load_checkpoint(checkpoint)
+    run = ckpt.config
+    data_path = data_dir or run["data"]["dir"]
+    dataset = PreparedDataset.open(data_path)
+    if not same_tokenizer(dataset.tokenizer.to_dict(), ckpt.tokenizer):
+        raise UserError(
+            f"dataset {data_path} was prepared with tokenizer {dataset.tokenizer.name!r}, not the checkpoint's "
+            f"{ckpt.tokenizer.get('name')!r}; prepare the data with the checkpoint's tokenizer"
+        )
+    split_name = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}.get(split, split)
+    dev = pick_device(device)
+    model = ckpt.build_model(dev)
+    seq_len = run["train"]["seq_len"] or run["model"]["context_length"]
+    bs = batch_size or run["train"].get("eval_batch_size") or run["train"]["batch_size"]
+    dtype = autocast_dtype(run["train"]["precision"], dev)
+    nll, tokens = evaluate_nll(model, eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows), dev, dtype)
+    return {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}

@@ -1,0 +1,38 @@
+"""The Standard head: one tied table E for input and output, `log_softmax(h E^T)` (SPEC 3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tango_lm.heads.base import Head
+from tango_lm.models.config import ModelConfig
+
+
+class StandardHead(Head):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.embed_tokens.weight, std=cfg.init_std)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed_tokens.weight)
+
+    def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.logits(h).float(), dim=-1)
+
+    def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(h).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+
+    @staticmethod
+    def embedding_params(cfg: ModelConfig) -> int:
+        return cfg.vocab_size * cfg.d_model
+
+    @staticmethod
+    def matmul_params_per_token(cfg: ModelConfig) -> int:
+        return cfg.vocab_size * cfg.d_model

@@ -1,0 +1,59 @@
+"""Transformer++ parts (SPEC 2.1): causal multi-head attention with RoPE, SwiGLU, and the block
+`x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.rope import apply_rope
+from tango_lm.ops.gate_average import merge_heads, split_heads
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head softmax attention with q, k, v, o projections of d x d and RoPE on q and k."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        cos, sin = rope
+        q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
+        v = split_heads(self.v_proj(h), self.n_heads)
+        return self.o_proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class SwiGLU(nn.Module):
+    """`down_proj(silu(gate_proj h) * up_proj h)` with hidden width F."""
+
+    def __init__(self, d_model: int, width: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, width, bias=False)
+        self.up_proj = nn.Linear(d_model, width, bias=False)
+        self.down_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm Transformer++ block. Parameters: 4d^2 + 3dF + 2d."""
+
+    def __init__(self, d_model: int, n_heads: int, width: int, eps: float) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model, eps)
+        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.mlp_norm = RMSNorm(d_model, eps)
+        self.mlp = SwiGLU(d_model, width)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], application: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        return x + self.mlp(self.mlp_norm(x))

@@ -1,0 +1,43 @@
+"""Full-prefix TANGO (SPEC 2.2): one TANGO block applied `depth` times."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tango_lm.errors import UserError
+from tango_lm.layers.tango import TangoBlock
+from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
+from tango_lm.models.backbone import Backbone
+from tango_lm.models.config import ModelConfig
+
+
+class Tango(Architecture):
+    name = "tango"
+
+    @staticmethod
+    def validate(cfg: ModelConfig) -> None:
+        if cfg.width % cfg.n_heads:
+            raise UserError(
+                f"model.width={cfg.width} is not a multiple of n_heads={cfg.n_heads}: TANGO splits the gate "
+                f"width across heads; use a multiple of {cfg.n_heads} such as {cfg.width - cfg.width % cfg.n_heads or cfg.n_heads}"
+            )
+
+    @staticmethod
+    def build(cfg: ModelConfig) -> nn.Module:
+        block = TangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps)
+        return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
+
+    @staticmethod
+    def non_embedding_params(cfg: ModelConfig) -> int:
+        d, f = cfg.d_model, cfg.width
+        return 2 * d * d + 3 * d * f + 2 * d
+
+    @staticmethod
+    def matmul_params_per_token(cfg: ModelConfig) -> int:
+        d, f = cfg.d_model, cfg.width
+        return cfg.depth * (2 * d * d + 3 * d * f)
+
+    @staticmethod
+    def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+        # q.k over d_h per head (2d in all) and the gate average over F (2F), per visible source.
+        return int(cfg.depth * 2 * (cfg.d_model + cfg.width) * causal_pairs_per_token(seq_len))

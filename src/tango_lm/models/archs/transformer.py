@@ -1,0 +1,50 @@
+"""Transformer++ baselines (SPEC 2.1): Untied (`depth` distinct blocks) and Loop (one block
+applied `depth` times)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tango_lm.layers.transformer import TransformerBlock
+from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
+from tango_lm.models.backbone import Backbone
+from tango_lm.models.config import ModelConfig
+
+
+def block_params(cfg: ModelConfig) -> int:
+    d, f = cfg.d_model, cfg.width
+    return 4 * d * d + 3 * d * f + 2 * d
+
+
+class _TransformerPP(Architecture):
+    unique_blocks = staticmethod(lambda cfg: cfg.depth)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig) -> nn.Module:
+        n = cls.unique_blocks(cfg)
+        layers = [TransformerBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps) for _ in range(n)]
+        schedule = [i % n for i in range(cfg.depth)]
+        return Backbone(layers, schedule, cfg.head_dim, cfg.rope_theta)
+
+    @classmethod
+    def non_embedding_params(cls, cfg: ModelConfig) -> int:
+        return cls.unique_blocks(cfg) * block_params(cfg) + cfg.d_model
+
+    @staticmethod
+    def matmul_params_per_token(cfg: ModelConfig) -> int:
+        d, f = cfg.d_model, cfg.width
+        return cfg.depth * (4 * d * d + 3 * d * f)
+
+    @staticmethod
+    def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+        # q.k and probs.v, each 2*d FLOPs per visible source.
+        return int(cfg.depth * 2 * 2 * cfg.d_model * causal_pairs_per_token(seq_len))
+
+
+class UntiedTransformer(_TransformerPP):
+    name = "untied-transformer"
+
+
+class LoopTransformer(_TransformerPP):
+    name = "loop-transformer"
+    unique_blocks = staticmethod(lambda cfg: 1)

@@ -1,0 +1,140 @@
+"""`ModelConfig`: the single source of truth for a model (SPEC 7).
+
+Checkpoints store it, `params` and `match` read it, reports print it. Validation happens in
+`validate()`, which raises `UserError` with one sentence naming the bad field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tango_lm.errors import UserError
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Every field of every architecture; each architecture reads the ones it needs.
+
+    `n_heads` None means `d_model // head_dim` (the TANGO paper's d_h = 32); when given,
+    `head_dim` follows from it. `width` is F: the gate width of TANGO, the FFN width of
+    Transformer++.
+    """
+
+    arch: str = "tango"
+    head: str = "standard"
+    d_model: int = 256
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    head_dim: int = 32
+    width: int = 1024
+    depth: int = 4
+    vocab_size: int = 50257
+    context_length: int = 1024
+    window: int = 64
+    controller_width: int | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- derived ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check types and the constraints every architecture shares; fill derived fields."""
+        from tango_lm.heads.registry import HEADS
+        from tango_lm.models.registry import ARCHITECTURES
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            check_type(f"model.{f.name}", value, f.type)
+        if self.arch not in ARCHITECTURES:
+            raise UserError(f"unknown architecture {self.arch!r}; choose one of: {', '.join(sorted(ARCHITECTURES))}")
+        if self.head not in HEADS:
+            raise UserError(f"unknown head {self.head!r}; choose one of: {', '.join(sorted(HEADS))}")
+        for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window"):
+            if getattr(self, name) < 1:
+                raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
+        if self.n_heads is None:
+            if self.d_model % self.head_dim:
+                raise UserError(
+                    f"model.d_model={self.d_model} is not a multiple of head_dim={self.head_dim}; "
+                    "set d_model to a multiple of head_dim or give n_heads"
+                )
+            self.n_heads = self.d_model // self.head_dim
+        else:
+            if self.n_heads < 1 or self.d_model % self.n_heads:
+                raise UserError(
+                    f"model.d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; "
+                    "choose n_heads that divides d_model"
+                )
+            self.head_dim = self.d_model // self.n_heads
+        if self.head_dim % 2:
+            raise UserError(f"head width d_model/n_heads = {self.head_dim} must be even for RoPE; change n_heads")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        ARCHITECTURES[self.arch].validate(self)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (derived fields recomputed unless given)."""
+        data = self.to_dict()
+        if "n_heads" not in changes and "d_model" in changes:
+            data["n_heads"] = None
+        if "n_kv_heads" not in changes and ("n_heads" in changes or "d_model" in changes):
+            data["n_kv_heads"] = None
+        data.update(changes)
+        return ModelConfig(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UserError(
+                f"unknown model field {unknown[0]!r}; known fields are: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    # -- convenience ------------------------------------------------------------------------
+    def build(self):
+        from tango_lm.models.model import LanguageModel
+
+        return LanguageModel(self)
+
+    def num_params(self) -> dict[str, int]:
+        from tango_lm.models.params import count_params
+
+        return count_params(self)
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        from tango_lm.models.flops import flops_per_token
+
+        return flops_per_token(self, seq_len or self.context_length)
+
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def check_type(name: str, value: Any, annotation: Any) -> None:
+    """Raise UserError when value does not fit a simple annotation like `int`, `int | None`."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    options = [part.strip() for part in text.split("|")]
+    if value is None and "None" in options:
+        return
+    for opt in options:
+        typ = _SCALARS.get(opt)
+        if typ is None:
+            continue
+        if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if typ is int and isinstance(value, bool):
+            continue
+        if isinstance(value, typ):
+            return
+    wanted = " or ".join(o for o in options)
+    raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__})")

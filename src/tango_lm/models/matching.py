@@ -1,0 +1,68 @@
+"""Parameter matching (SPEC 2.8): pick each architecture's free width so its total parameter
+count is nearest a target. Reproduces seed 000 Table 3 at the 70M and 160M tiers."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tango_lm.errors import UserError
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.params import count_params
+
+# Tier name -> (total parameters, d_model) as the TANGO paper defines them.
+TIERS = {"70M": (70_000_000, 512), "160M": (160_000_000, 768)}
+MATCHED_ARCHS = ("tango", "loop-transformer", "untied-transformer")
+
+
+def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
+    """'70M' / '160M' / '25M' / '1.5B' / '1500000' -> (target total, d_model)."""
+    key = tier.strip().upper()
+    if key in TIERS:
+        target, default_d = TIERS[key]
+        return target, d_model or default_d
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMB]?)", key)
+    if not m:
+        raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M or 1500000")
+    target = int(float(m.group(1)) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
+    if d_model is None:
+        raise UserError(f"tier {tier!r} is not a paper tier; give --d-model for it")
+    return target, d_model
+
+
+def match_width(cfg: ModelConfig, target_total: int) -> ModelConfig:
+    """The config with `width` set to the multiple of the architecture's step whose total
+    parameter count is nearest `target_total` (ties go to the smaller width)."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    step = ARCHITECTURES[cfg.arch].width_multiple(cfg)
+    base = count_params(cfg.replace(width=step))["total"]
+    per_step = count_params(cfg.replace(width=2 * step))["total"] - base
+    if per_step <= 0:
+        raise UserError(f"architecture {cfg.arch!r} has no free width to match; set its width directly")
+    # Counts are affine in width, so the nearest multiple is found in closed form, then checked.
+    k = max(1, round((target_total - base) / per_step) + 1)
+    candidates = [c for c in (k - 1, k, k + 1) if c >= 1]
+    best = min(candidates, key=lambda c: (abs(count_params(cfg.replace(width=c * step))["total"] - target_total), c))
+    if count_params(cfg.replace(width=step))["total"] > target_total and best == 1:
+        raise UserError(
+            f"{cfg.arch} at d_model={cfg.d_model}, depth={cfg.depth} already exceeds {target_total:,} parameters "
+            "at its smallest width; lower d_model or raise the target"
+        )
+    return cfg.replace(width=best * step)
+
+
+def match_tier(
+    target: int, d_model: int, depth: int, archs: list[str] | None = None, **fields: Any
+) -> list[dict[str, Any]]:
+    """One row per architecture: its matched width and parameter counts."""
+    if depth < 1:
+        raise UserError(f"depth must be at least 1 (got {depth})")
+    rows = []
+    for arch in archs or MATCHED_ARCHS:
+        base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
+        cfg = match_width(base, target)
+        counts = count_params(cfg)
+        rows.append({"arch": arch, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "width": cfg.width,
+                     "depth": depth, **counts, "gap": counts["total"] - target})
+    return rows

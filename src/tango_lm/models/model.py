@@ -1,0 +1,63 @@
+"""`LanguageModel`: head embedding -> backbone -> final RMSNorm -> head (SPEC 1, 7)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tango_lm.errors import UserError
+from tango_lm.layers.norm import RMSNorm
+from tango_lm.models.config import ModelConfig
+
+
+class LanguageModel(nn.Module):
+    """Calling the model on input_ids [B, T] returns next-token log-probs [B, T, V] in fp32."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        from tango_lm.heads.registry import HEADS
+        from tango_lm.models.registry import ARCHITECTURES
+
+        self.config = config
+        self.backbone = ARCHITECTURES[config.arch].build(config)
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.head = HEADS[config.head](config)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and not name.startswith("head."):
+                nn.init.normal_(module.weight, std=config.init_std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def check_ids(self, input_ids: torch.Tensor) -> None:
+        """Raise UserError for ids outside [0, vocab_size) (a CPU-side check; skipped when compiling)."""
+        if input_ids.device.type != "cpu" or torch.compiler.is_compiling() or input_ids.numel() == 0:
+            return
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise UserError(
+                f"token id {hi if hi >= self.config.vocab_size else lo} is outside the model's vocabulary "
+                f"[0, {self.config.vocab_size}); use data prepared with the model's tokenizer or raise model.vocab_size"
+            )
+        if input_ids.shape[-1] > self.config.context_length:
+            raise UserError(
+                f"sequence of {input_ids.shape[-1]} tokens is longer than model.context_length="
+                f"{self.config.context_length}; shorten it or raise context_length"
+            )
+
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states [B, T, d]."""
+        self.check_ids(input_ids)
+        return self.norm(self.backbone(self.head.embed(input_ids)))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head.log_probs(self.hidden(input_ids), input_ids)
+
+    def nll(self, input_ids: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """NLL in nats of targets [B, T] through the head's fused loss path ('mean' or 'sum')."""
+        total = self.head.nll(self.hidden(input_ids), input_ids, targets)
+        return total / targets.numel() if reduction == "mean" else total
+
+
+def build_model(config: ModelConfig) -> LanguageModel:
+    """Build the model a config describes (SPEC 7)."""
+    return LanguageModel(config)

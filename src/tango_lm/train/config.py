@@ -1,0 +1,181 @@
+"""Run configuration: the model, the data and the training protocol (SPEC 6), and the loader for
+YAML presets/files with `key=value` overrides (SPEC 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tango_lm.errors import UserError
+from tango_lm.models.config import ModelConfig, check_type
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "models" / "presets"
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """A prepared dataset directory (`tango-lm data prepare ...`) and the split names to use."""
+
+    dir: str = "data/dmmath-byte"
+    train_split: str = "train"
+    dev_split: str = "dev"
+    test_split: str = "test"
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Training protocol. The budget is `steps`, or `tokens`, or `tokens_per_param` (TPP, counted
+    against total parameters), whichever is set; `steps` wins when several are."""
+
+    out_dir: str = "runs/default"
+    seed: int = 17  # model seed: initialization
+    data_seed: int = 101  # data-order seed, separate from the model seed (seed pairs 17/101)
+    seq_len: int | None = None  # default: model.context_length
+    batch_size: int = 8  # windows per micro-batch
+    grad_accum: int = 1
+    steps: int | None = None
+    tokens: int | None = None
+    tokens_per_param: float | None = None
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    schedule: str = "wsd"  # wsd | cosine | constant
+    decay_fraction: float = 0.2  # wsd: share of steps in the final linear decay
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 200
+    eval_windows: int = 64  # fixed dev windows evaluated on the schedule
+    test_windows: int | None = None  # None: the whole test split
+    eval_batch_size: int | None = None
+    select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)
+    save_every: int = 200
+    keep_last: int = 2
+    log_every: int = 10
+    precision: str = "auto"  # auto (bf16 autocast on GPUs that support it) | fp32 | bf16
+    compile: bool = False
+    device: str = "auto"
+    progress: bool = True
+
+
+_CHOICES = {
+    "train.schedule": ("wsd", "cosine", "constant"),
+    "train.select": ("best", "final"),
+    "train.precision": ("auto", "fp32", "bf16"),
+}
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        unknown = sorted(set(data) - {"model", "data", "train"})
+        if unknown:
+            raise UserError(f"unknown config section {unknown[0]!r}; sections are model, data and train")
+        model = ModelConfig.from_dict(dict(data.get("model") or {}))
+        return cls(
+            model=model,
+            data=_section(DataConfig, "data", data.get("data") or {}),
+            train=_section(TrainConfig, "train", data.get("train") or {}),
+        )
+
+    def total_steps(self) -> int:
+        """Optimizer steps implied by the budget."""
+        t = self.train
+        per_step = t.batch_size * t.grad_accum * self.seq_len()
+        if t.steps is not None:
+            return t.steps
+        if t.tokens is not None:
+            return max(1, -(-t.tokens // per_step))
+        if t.tokens_per_param is not None:
+            return max(1, int(t.tokens_per_param * self.model.num_params()["total"] // per_step))
+        raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
+
+    def seq_len(self) -> int:
+        return self.train.seq_len or self.model.context_length
+
+
+def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key not in known:
+            raise UserError(f"unknown field {name}.{key}; known fields are: {', '.join(sorted(known))}")
+        check_type(f"{name}.{key}", value, known[key].type)
+        choices = _CHOICES.get(f"{name}.{key}")
+        if choices and value not in choices:
+            raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
+    obj = cls(**values)
+    for key in ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows"):
+        if hasattr(obj, key) and getattr(obj, key) < 1:
+            raise UserError(f"{name}.{key} must be at least 1 (got {getattr(obj, key)})")
+    return obj
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def read_yaml(source: str) -> dict[str, Any]:
+    """A preset name or a YAML file path -> its mapping."""
+    path = Path(source)
+    if not path.suffix and not path.exists():
+        path = PRESET_DIR / f"{source}.yaml"
+        if not path.exists():
+            raise UserError(f"no preset or file named {source!r}; presets are: {', '.join(list_presets())}")
+    if not path.is_file():
+        raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" at line {line + 1}" if line is not None else ""
+        raise UserError(f"config file {path} is not valid YAML{where}; fix its syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must be a mapping with model/data/train sections")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: str | None = None) -> dict[str, Any]:
+    """Apply `section.key=value` overrides (values parsed as YAML scalars). A key without a section
+    goes to the section that has a field of that name (model first)."""
+    out = {k: dict(v or {}) for k, v in data.items()}
+    fields = {
+        "model": {f.name for f in dataclasses.fields(ModelConfig)},
+        "train": {f.name for f in dataclasses.fields(TrainConfig)},
+        "data": {f.name for f in dataclasses.fields(DataConfig)},
+    }
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r} is not key=value; write e.g. model.width=1024")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError:
+            value = raw
+        if "." in key:
+            section, name = key.split(".", 1)
+        else:
+            owners = [s for s in ("model", "train", "data") if key in fields[s]]
+            section, name = (owners[0] if owners else (bare_section or "model")), key
+        if section not in fields:
+            raise UserError(f"override {item!r} names unknown section {section!r}; use model., data. or train.")
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def load_run_config(source: str | None, overrides: list[str]) -> RunConfig:
+    """Preset name or YAML file (or nothing) plus overrides -> a validated RunConfig."""
+    data = read_yaml(source) if source else {}
+    return RunConfig.from_dict(apply_overrides(data, overrides))

@@ -1,0 +1,46 @@
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedules (SPEC 6)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tango_lm.train.config import TrainConfig
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """Decay weight matrices and tables; never norms or biases."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+
+
+def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then
+    - wsd: constant, then a linear decay to min_lr over the last `decay_fraction` of steps;
+    - cosine: cosine decay to min_lr;
+    - constant: constant."""
+    peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
+    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    if step < warmup:
+        return peak * (step + 1) / (warmup + 1)
+    if cfg.schedule == "constant":
+        return peak
+    if cfg.schedule == "cosine":
+        span = max(total_steps - warmup, 1)
+        progress = min((step - warmup) / span, 1.0)
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    decay_steps = max(int(round(cfg.decay_fraction * total_steps)), 1)
+    decay_start = max(total_steps - decay_steps, warmup)
+    if step < decay_start:
+        return peak
+    progress = min((step - decay_start + 1) / max(total_steps - decay_start, 1), 1.0)
+    return peak + (floor - peak) * progress

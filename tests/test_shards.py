@@ -1,0 +1,212 @@
+"""Prepared datasets: write/open round trip, corrupt datasets, atomic replacement."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tango_lm.data import shards
+from tango_lm.data.shards import FORMAT, PreparedDataset, write_prepared
+from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer
+from tango_lm.errors import UserError
+
+DOCS = {
+    "train": [f"document number {i}: " + "abc " * (i % 7) for i in range(50)],
+    "dev": ["short", "", "héllo wörld"],
+}
+
+
+def _expected(tok: Tokenizer, docs: list[str]) -> list[int]:
+    out: list[int] = []
+    for d in docs:
+        out += tok.encode(d) + [tok.eot_id]
+    return out
+
+
+def _write(path: Path, tok: Tokenizer | None = None, **kw) -> Path:
+    tok = tok or ByteTokenizer()
+    kw.setdefault("shard_tokens", 100)
+    return write_prepared(path, tok, {k: list(v) for k, v in DOCS.items()}, {"name": "unit"},
+                          progress=False, **kw)
+
+
+@pytest.fixture
+def prepared(tmp_path) -> Path:
+    return _write(tmp_path / "data")
+
+
+def test_round_trip_byte(prepared):
+    tok = ByteTokenizer()
+    ds = PreparedDataset.open(prepared, verify=True)
+    assert ds.splits == ["train", "dev"]
+    assert ds.tokenizer.name == "byte"
+    for split, docs in DOCS.items():
+        expected = _expected(tok, docs)
+        got = ds.tokens(split)
+        assert got.ndim == 1 and got.dtype == np.dtype("<u2")
+        assert got.tolist() == expected
+        assert ds.num_tokens(split) == len(expected)
+        assert ds.num_documents(split) == len(docs)
+        # One EOT after each document and nowhere else.
+        assert int((got == tok.eot_id).sum()) == len(docs)
+    m = ds.manifest
+    assert m["format"] == FORMAT and m["dtype"] == "<u2" and m["source"] == {"name": "unit"}
+    assert m["max_token_id"] == tok.eot_id
+    train_shards = m["splits"]["train"]["shards"]
+    assert len(train_shards) > 1
+    assert all(s["tokens"] == 100 for s in train_shards[:-1])
+    assert [s["file"] for s in train_shards[:2]] == ["train-00000.bin", "train-00001.bin"]
+    assert json.loads((prepared / "tokenizer.json").read_text()) == tok.to_dict()
+
+
+def test_round_trip_gpt2_single_shard_is_memmap(tmp_path):
+    tok = GPT2Tokenizer()
+    path = _write(tmp_path / "g", tok, shard_tokens=2**20)
+    ds = PreparedDataset.open(path)
+    assert isinstance(ds.tokens("train"), np.memmap)
+    assert ds.tokens("train").tolist() == _expected(tok, DOCS["train"])
+    assert ds.tokenizer.encode("Hello world") == [15496, 995]
+
+
+def test_large_vocab_uses_uint32(tmp_path):
+    class Wide(ByteTokenizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vocab_size, self.eot_id = 70_000, 69_999
+
+        def to_dict(self):
+            return ByteTokenizer().to_dict()  # rebuildable on open; only the dtype matters here
+
+    path = write_prepared(tmp_path / "w", Wide(), {"train": ["ab"]}, {}, progress=False)
+    ds = PreparedDataset.open(path)
+    assert ds.manifest["dtype"] == "<u4"
+    assert ds.tokens("train").tolist() == [97, 98, 69_999]
+    assert ds.max_token_id == 69_999
+
+
+def test_unknown_split_lists_available(prepared):
+    ds = PreparedDataset.open(prepared)
+    with pytest.raises(UserError, match="'test'.*available splits: train, dev"):
+        ds.tokens("test")
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(UserError, match=r"no prepared dataset at .*nowhere.*tango-lm data prepare"):
+        PreparedDataset.open(tmp_path / "nowhere")
+
+
+def test_missing_manifest(prepared):
+    (prepared / "manifest.json").unlink()
+    with pytest.raises(UserError, match="has no manifest.json"):
+        PreparedDataset.open(prepared)
+
+
+def test_unparseable_manifest(prepared):
+    (prepared / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot be parsed"):
+        PreparedDataset.open(prepared)
+
+
+def test_wrong_format_tag(prepared):
+    m = json.loads((prepared / "manifest.json").read_text())
+    m["format"] = "something-else/9"
+    (prepared / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="format 'something-else/9', expected 'tango-lm-shards/1'"):
+        PreparedDataset.open(prepared)
+
+
+def test_missing_shard(prepared):
+    (prepared / "train-00001.bin").unlink()
+    with pytest.raises(UserError, match="shard train-00001.bin of split 'train' is missing"):
+        PreparedDataset.open(prepared)
+
+
+def test_truncated_shard(prepared):
+    f = prepared / "dev-00000.bin"
+    f.write_bytes(f.read_bytes()[:-2])
+    with pytest.raises(UserError, match="dev-00000.bin has .* bytes but the manifest says"):
+        PreparedDataset.open(prepared)
+
+
+def test_checksum_mismatch_only_with_verify(prepared):
+    f = prepared / "train-00000.bin"
+    data = bytearray(f.read_bytes())
+    data[0] ^= 1
+    f.write_bytes(bytes(data))
+    PreparedDataset.open(prepared)  # sizes still match
+    with pytest.raises(UserError, match="train-00000.bin fails its sha256 checksum"):
+        PreparedDataset.open(prepared, verify=True)
+
+
+def test_existing_dataset_needs_overwrite(prepared):
+    with pytest.raises(UserError, match="already holds a prepared dataset"):
+        _write(prepared)
+    write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {"v": 2}, progress=False, overwrite=True)
+    ds = PreparedDataset.open(prepared, verify=True)
+    assert ds.splits == ["train"] and ds.source == {"v": 2}
+    assert not (prepared / "train-00001.bin").exists()  # nothing left over from the old dataset
+    assert _leftovers(prepared) == []
+
+
+def test_refuses_foreign_directory(tmp_path):
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="exists and is not a prepared dataset"):
+        _write(other, overwrite=True)
+    assert (other / "notes.txt").read_text() == "keep me"
+
+
+def _leftovers(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith("."))
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_crash_midway_leaves_existing_dataset_untouched(prepared):
+    before = _snapshot(prepared)
+
+    def exploding_docs():
+        yield "first"
+        yield "second"
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_prepared(prepared, ByteTokenizer(), {"train": exploding_docs()}, {}, progress=False,
+                       overwrite=True, batch_docs=1, shard_tokens=4)
+    assert _snapshot(prepared) == before
+    assert _leftovers(prepared) == []
+    PreparedDataset.open(prepared, verify=True)
+
+
+def test_crash_in_final_rename_restores_existing(prepared, monkeypatch):
+    before = _snapshot(prepared)
+    real_rename = os.rename
+
+    def failing_rename(src, dst):
+        if ".tmp-" in str(src):
+            raise OSError("rename failed")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(shards.os, "rename", failing_rename)
+    with pytest.raises(OSError, match="rename failed"):
+        _write(prepared, overwrite=True)
+    monkeypatch.undo()
+    assert _snapshot(prepared) == before
+    assert _leftovers(prepared) == []
+
+
+def test_crash_without_existing_leaves_nothing(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("tokenizer crashed")
+
+    monkeypatch.setattr(ByteTokenizer, "encode_batch", boom)
+    with pytest.raises(RuntimeError):
+        _write(tmp_path / "fresh")
+    assert list(tmp_path.iterdir()) == []
