@@ -20,13 +20,15 @@ class StandardHead(Head):
         return self.embed_tokens(input_ids)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.embed_tokens.weight)
+        """Output logits in fp32 (or wider, for a float64 model)."""
+        logits = F.linear(h, self.embed_tokens.weight)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax(self.logits(h).float(), dim=-1)
+        return F.log_softmax(self.logits(h), dim=-1)
 
     def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(h).float()
+        logits = self.logits(h)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
     @staticmethod

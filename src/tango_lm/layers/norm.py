@@ -1,4 +1,4 @@
-"""RMSNorm computed in fp32 (SPEC 1), with an optional learned weight."""
+"""RMSNorm computed in fp32 or wider (SPEC 1), with an optional learned weight."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from torch import nn
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Weightless RMSNorm over the last dimension, in fp32, returned in x's dtype."""
-    xf = x.float()
+    """Weightless RMSNorm over the last dimension, in fp32 or wider, returned in x's dtype."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
@@ -21,6 +21,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(xf.dtype)
         return y.to(x.dtype)

@@ -22,7 +22,7 @@ class Backbone(nn.Module):
         self.rope_theta = rope_theta
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device)
+        rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device, dtype=x.dtype)
         for application, index in enumerate(self.schedule):
             x = self.layers[index](x, rope, application)
         return x

@@ -48,8 +48,7 @@ class ModelConfig:
         from tango_lm.models.registry import ARCHITECTURES
 
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            check_type(f"model.{f.name}", value, f.type)
+            setattr(self, f.name, check_type(f"model.{f.name}", getattr(self, f.name), f.type))
         if self.arch not in ARCHITECTURES:
             raise UserError(f"unknown architecture {self.arch!r}; choose one of: {', '.join(sorted(ARCHITECTURES))}")
         if self.head not in HEADS:
@@ -120,21 +119,22 @@ class ModelConfig:
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def check_type(name: str, value: Any, annotation: Any) -> None:
-    """Raise UserError when value does not fit a simple annotation like `int`, `int | None`."""
+def check_type(name: str, value: Any, annotation: Any) -> Any:
+    """The value, coerced where lossless (an int for a float field, `1e9` for an int field), or
+    UserError when it does not fit a simple annotation like `int` or `int | None`."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     options = [part.strip() for part in text.split("|")]
     if value is None and "None" in options:
-        return
+        return value
     for opt in options:
         typ = _SCALARS.get(opt)
-        if typ is None:
+        if typ is None or (typ in (int, float) and isinstance(value, bool)):
             continue
-        if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return
-        if typ is int and isinstance(value, bool):
-            continue
+        if typ is float and isinstance(value, (int, float)):
+            return float(value)
+        if typ is int and isinstance(value, float) and value.is_integer():
+            return int(value)
         if isinstance(value, typ):
-            return
+            return value
     wanted = " or ".join(o for o in options)
     raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__})")

@@ -29,7 +29,13 @@ class LanguageModel(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
-        """Raise UserError for ids outside [0, vocab_size) (a CPU-side check; skipped when compiling)."""
+        """Raise UserError for a sequence longer than the context, or ids outside [0, vocab_size)
+        (the id check reads values, so it runs only on CPU tensors and not under torch.compile)."""
+        if input_ids.shape[-1] > self.config.context_length:
+            raise UserError(
+                f"sequence of {input_ids.shape[-1]} tokens is longer than model.context_length="
+                f"{self.config.context_length}; shorten it or raise context_length"
+            )
         if input_ids.device.type != "cpu" or torch.compiler.is_compiling() or input_ids.numel() == 0:
             return
         lo, hi = int(input_ids.min()), int(input_ids.max())
@@ -37,11 +43,6 @@ class LanguageModel(nn.Module):
             raise UserError(
                 f"token id {hi if hi >= self.config.vocab_size else lo} is outside the model's vocabulary "
                 f"[0, {self.config.vocab_size}); use data prepared with the model's tokenizer or raise model.vocab_size"
-            )
-        if input_ids.shape[-1] > self.config.context_length:
-            raise UserError(
-                f"sequence of {input_ids.shape[-1]} tokens is longer than model.context_length="
-                f"{self.config.context_length}; shorten it or raise context_length"
             )
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -54,6 +55,8 @@ class LanguageModel(nn.Module):
 
     def nll(self, input_ids: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """NLL in nats of targets [B, T] through the head's fused loss path ('mean' or 'sum')."""
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         total = self.head.nll(self.hidden(input_ids), input_ids, targets)
         return total / targets.numel() if reduction == "mean" else total
 

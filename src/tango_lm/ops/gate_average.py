@@ -3,25 +3,19 @@
 For each head h, `gbar^h_t = sum_{s<=t} softmax_s(q^h_t . k^h_s / sqrt(d_h)) g^h_s`, where the
 values are the source gates g (width F/H per head, usually far wider than d_h). It is causal
 attention with the gates as values, and the value width makes the probabilities-times-gates
-matmuls the cost. Three implementations, all batched over heads (no per-head loop, no per-(t, s)
-products):
+matmuls the cost. `gate_average_sdpa` is one `scaled_dot_product_attention` call, batched over
+heads (no per-head loop, no per-(t, s) products), and runs fused kernels on GPUs;
+`gate_average_reference` is the plain definition it is tested against. The TANGO block on a CPU
+uses the fused op in `tango_mix.py`, which also folds in the SiLU and the product by u.
 
-- `gate_average_sdpa`: one `scaled_dot_product_attention` call (fused kernels on GPUs);
-- `gate_average_blocked`: explicit probabilities, with the probabilities-times-gates products
-  (forward and backward) done in query/key blocks that skip the all-zero upper triangle, so the
-  wide products cost (n+1)/2n of the full square for n blocks instead of all of it. The math
-  fallback of SDPA on a CPU computes the full square;
-- `gate_average_reference`: the naive definition the others are tested against.
-
-`gate_average` picks the blocked path on CPUs and SDPA elsewhere.
+Skipping the all-zero upper triangle with query/key blocks was measured on the project's 2-core
+CPU at T = 256 and was not faster: the smaller block matmuls ran at a lower FLOP rate.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-DEFAULT_BLOCK = 64
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -37,8 +31,9 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def gate_average_reference(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Naive reference: explicit score matrix, mask, softmax and weighted sum, in fp32."""
-    qf, kf, gf = q.float(), k.float(), g.float()
+    """Naive reference: explicit score matrix, mask, softmax and weighted sum, in at least fp32."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, gf = q.to(dtype), k.to(dtype), g.to(dtype)
     t = q.shape[-2]
     scores = qf @ kf.transpose(-1, -2) / q.shape[-1] ** 0.5
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
@@ -51,59 +46,6 @@ def gate_average_sdpa(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torc
     return F.scaled_dot_product_attention(q, k, g, is_causal=True)
 
 
-def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    t = q.shape[-2]
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu_(1)
-    return torch.softmax(scores.masked_fill_(mask, float("-inf")), dim=-1, dtype=torch.float32).to(g_dtype(q))
-
-
-def g_dtype(q: torch.Tensor) -> torch.dtype:
-    return q.dtype
-
-
-def _blocks(t: int, block: int) -> list[tuple[int, int]]:
-    return [(s, min(s + block, t)) for s in range(0, t, block)]
-
-
-class _BlockedGateAverage(torch.autograd.Function):
-    """out = P g with P the causal softmax of q k^T / sqrt(d_h); P is kept for the backward
-    (B*H*T^2 values, small next to the B*T*F gates)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, block: int) -> torch.Tensor:
-        probs = _causal_probs(q, k)
-        out = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-        for s, e in _blocks(q.shape[-2], block):
-            torch.matmul(probs[..., s:e, :e], g[..., :e, :], out=out[..., s:e, :])
-        ctx.save_for_backward(q, k, g, probs)
-        ctx.block = block
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        q, k, g, probs = ctx.saved_tensors
-        t, block = q.shape[-2], ctx.block
-        grad_out = grad_out.contiguous()
-        grad_probs = torch.zeros_like(probs)
-        grad_g = torch.empty_like(g)
-        for s, e in _blocks(t, block):
-            # Rows s:e see sources :e; sources s:e are seen by rows s: .
-            torch.matmul(grad_out[..., s:e, :], g[..., :e, :].transpose(-1, -2), out=grad_probs[..., s:e, :e])
-            torch.matmul(probs[..., s:, s:e].transpose(-1, -2), grad_out[..., s:, :], out=grad_g[..., s:e, :])
-        # Softmax backward: dS = P * (dP - rowsum(dP * P)); the masked entries have P = 0.
-        grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
-        grad_scores = grad_scores * q.shape[-1] ** -0.5
-        return grad_scores @ k, grad_scores.transpose(-1, -2) @ q, grad_g, None
-
-
-def gate_average_blocked(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, block: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """q, k: [..., T, d_h]; g: [..., T, w] -> [..., T, w], computed block-causally."""
-    return _BlockedGateAverage.apply(q.contiguous(), k.contiguous(), g.contiguous(), block)
-
-
 def gate_average(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """The causal average of the gates, by the fastest path for the device."""
-    if g.device.type == "cpu":
-        return gate_average_blocked(q, k, g)
+    """The causal average of the gates (the default path)."""
     return gate_average_sdpa(q, k, g)

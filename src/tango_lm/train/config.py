@@ -4,6 +4,7 @@ YAML presets/files with `key=value` overrides (SPEC 7)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,21 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig, check_type
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "models" / "presets"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `3e-4` (no dot) as a string; researchers write learning rates that way."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
 
 
 @dataclass(kw_only=True)
@@ -84,6 +100,9 @@ class RunConfig:
         unknown = sorted(set(data) - {"model", "data", "train"})
         if unknown:
             raise UserError(f"unknown config section {unknown[0]!r}; sections are model, data and train")
+        for name in ("model", "data", "train"):
+            if not isinstance(data.get(name) or {}, dict):
+                raise UserError(f"config section {name!r} must be a mapping of field: value (got {data[name]!r})")
         model = ModelConfig.from_dict(dict(data.get("model") or {}))
         return cls(
             model=model,
@@ -100,7 +119,7 @@ class RunConfig:
         if t.tokens is not None:
             return max(1, -(-t.tokens // per_step))
         if t.tokens_per_param is not None:
-            return max(1, int(t.tokens_per_param * self.model.num_params()["total"] // per_step))
+            return max(1, -(-int(t.tokens_per_param * self.model.num_params()["total"]) // per_step))
         raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
 
     def seq_len(self) -> int:
@@ -109,17 +128,25 @@ class RunConfig:
 
 def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
+    values = dict(values)
     for key, value in values.items():
         if key not in known:
             raise UserError(f"unknown field {name}.{key}; known fields are: {', '.join(sorted(known))}")
-        check_type(f"{name}.{key}", value, known[key].type)
+        values[key] = value = check_type(f"{name}.{key}", value, known[key].type)
         choices = _CHOICES.get(f"{name}.{key}")
         if choices and value not in choices:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
     obj = cls(**values)
-    for key in ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows"):
-        if hasattr(obj, key) and getattr(obj, key) < 1:
-            raise UserError(f"{name}.{key} must be at least 1 (got {getattr(obj, key)})")
+    positive = ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows", "keep_last",
+                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps")
+    for key in positive:
+        value = getattr(obj, key, None)
+        if value is not None and value < (0 if key == "warmup_steps" else 1):
+            raise UserError(f"{name}.{key} must be at least {0 if key == 'warmup_steps' else 1} (got {value})")
+    for key in ("tokens_per_param", "lr"):
+        value = getattr(obj, key, None)
+        if value is not None and value <= 0:
+            raise UserError(f"{name}.{key} must be positive (got {value})")
     return obj
 
 
@@ -137,7 +164,7 @@ def read_yaml(source: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""
@@ -150,6 +177,9 @@ def read_yaml(source: str) -> dict[str, Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: str | None = None) -> dict[str, Any]:
     """Apply `section.key=value` overrides (values parsed as YAML scalars). A key without a section
     goes to the section that has a field of that name (model first)."""
+    for k, v in data.items():
+        if not isinstance(v or {}, dict):
+            raise UserError(f"config section {k!r} must be a mapping of field: value (got {v!r})")
     out = {k: dict(v or {}) for k, v in data.items()}
     fields = {
         "model": {f.name for f in dataclasses.fields(ModelConfig)},
@@ -161,7 +191,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
             raise UserError(f"override {item!r} is not key=value; write e.g. model.width=1024")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else None
+            value = parse_yaml(raw) if raw != "" else None
         except yaml.YAMLError:
             value = raw
         if "." in key:

@@ -1,0 +1,100 @@
+"""TANGO's token mixing fused for CPUs: `y = gate_average(q, k, silu(a)) * u`.
+
+The composition of library ops moves the wide [B, T, F] tensors through several extra memory
+passes: the gates are transposed to head-major [B, H, T, F/H] for attention and the average
+back, in the forward and again in the backward, and the SiLU, the product with u and their
+backwards each read and write them once more. On a CPU those passes cost about as much as the
+attention itself. This op instead
+
+- multiplies the probabilities by a strided per-head view of the gates (BLAS reads the
+  [T, F/H] slice of a [T, F] matrix in place), one batch element at a time;
+- fuses the transpose back with the product by u, and the backward transposes with the SiLU
+  backward and the products by u and the average.
+
+The probabilities [B, H, T, T] are kept for the backward. `tango_mix_reference` is the plain
+composition it is tested against (forward and gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tango_lm.ops.gate_average import gate_average_sdpa, merge_heads, split_heads
+
+
+def tango_mix_reference(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """q, k: [B, H, T, d_h]; a (gate pre-activation), u: [B, T, F] -> [B, T, F]."""
+    g = split_heads(F.silu(a), q.shape[1])
+    return merge_heads(gate_average_sdpa(q, k, g)) * u
+
+
+def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B, T, F] -> strided view [B, H, T, F/H] (no copy)."""
+    b, t, f = x.shape
+    return x.view(b, t, n_heads, f // n_heads).transpose(1, 2)
+
+
+def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Causal softmax of q k^T / sqrt(d_h), normalized in fp32 or wider, returned in q's dtype."""
+    t = q.shape[-2]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu_(1)
+    scores = scores.masked_fill_(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+
+
+class _TangoMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        n_heads = q.shape[1]
+        probs = _causal_probs(q, k)
+        g = F.silu(a)
+        g_heads = _heads(g, n_heads)
+        avg = torch.empty(q.shape[:3] + (g_heads.shape[-1],), dtype=g.dtype, device=g.device)
+        for b in range(q.shape[0]):
+            torch.bmm(probs[b], g_heads[b], out=avg[b])
+        y = torch.empty_like(u)
+        torch.mul(avg.transpose(1, 2), u.view_as(avg.transpose(1, 2)), out=y.view_as(avg.transpose(1, 2)))
+        ctx.save_for_backward(q, k, a, g, u, probs, avg)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        q, k, a, g, u, probs, avg = ctx.saved_tensors
+        n_heads = q.shape[1]
+        grad_y = grad_y.contiguous()
+        grad_y_heads = _heads(grad_y, n_heads)
+        # dL/du = dy * avg, written straight into u's [B, T, F] layout.
+        grad_u = torch.empty_like(u)
+        torch.mul(grad_y_heads, avg, out=_heads(grad_u, n_heads))
+        # dL/davg = dy * u, in head-major layout for the matmuls.
+        grad_avg = torch.mul(grad_y_heads, _heads(u, n_heads))
+        g_heads = _heads(g, n_heads)
+        grad_probs = torch.empty_like(probs)
+        grad_g_heads = torch.empty_like(avg)
+        for b in range(q.shape[0]):
+            torch.bmm(grad_avg[b], g_heads[b].transpose(-1, -2), out=grad_probs[b])
+            torch.bmm(probs[b].transpose(-1, -2), grad_avg[b], out=grad_g_heads[b])
+        # SiLU backward fused with the transpose back to [B, T, F].
+        grad_a = torch.empty_like(a)
+        torch.ops.aten.silu_backward.grad_input(
+            grad_g_heads.transpose(1, 2), a.view_as(grad_g_heads.transpose(1, 2)),
+            grad_input=grad_a.view_as(grad_g_heads.transpose(1, 2)),
+        )
+        # Softmax backward; masked entries have probability 0 and so get no gradient.
+        grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
+        grad_scores.mul_(q.shape[-1] ** -0.5)
+        return torch.matmul(grad_scores, k), torch.matmul(grad_scores.transpose(-1, -2), q), grad_a, grad_u
+
+
+def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Same contract as `tango_mix_reference`; all inputs share one dtype."""
+    return _TangoMix.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
+
+
+def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The fused op on CPUs; elsewhere the composition, whose SDPA call runs fused GPU kernels."""
+    if a.device.type == "cpu" and q.dtype == a.dtype == u.dtype:
+        return tango_mix_fused(q, k, a, u)
+    return tango_mix_reference(q, k, a, u)

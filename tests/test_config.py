@@ -1,0 +1,260 @@
+"""Configs (SPEC 7): ModelConfig validation, `key=value` overrides, YAML presets and files, and
+the training budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tango_lm import ModelConfig, UserError
+from tango_lm.train.config import RunConfig, TrainConfig, apply_overrides, load_run_config
+
+SMALL = ["model.d_model=32", "model.head_dim=16", "model.width=48", "model.vocab_size=50", "model.context_length=16"]
+
+
+# -- ModelConfig validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        (dict(arch="transformer-xl"), ["arch", "transformer-xl"]),
+        (dict(head="fancy"), ["head", "fancy"]),
+        (dict(d_model="abc"), ["d_model"]),
+        (dict(width=1.5), ["width"]),
+        (dict(depth=True), ["depth"]),
+        (dict(vocab_size=None), ["vocab_size"]),
+        (dict(rope_theta="big"), ["rope_theta"]),
+        (dict(d_model=64, n_heads=3), ["d_model", "n_heads"]),
+        (dict(d_model=50, head_dim=16), ["d_model", "head_dim"]),
+        (dict(arch="tango", d_model=64, head_dim=16, width=50), ["width"]),
+        (dict(depth=0), ["depth"]),
+        (dict(width=0), ["width"]),
+        (dict(vocab_size=-3), ["vocab_size"]),
+    ],
+)
+def test_model_config_errors_name_the_field(fields, names):
+    with pytest.raises(UserError) as info:
+        ModelConfig(**fields)
+    message = str(info.value)
+    for name in names:
+        assert name in message, f"{name!r} not in {message!r}"
+
+
+def test_model_config_valid_and_derived():
+    cfg = ModelConfig(arch="tango", d_model=64, width=64, vocab_size=50)
+    assert cfg.n_heads == 2 and cfg.head_dim == 32  # d_h = 32 by default (SPEC 1)
+    cfg = ModelConfig(arch="untied-transformer", d_model=64, n_heads=8, width=50, vocab_size=50)
+    assert cfg.head_dim == 8  # a Transformer++ FFN width need not divide by the heads
+    wider = cfg.replace(d_model=128)
+    assert (wider.head_dim, wider.n_heads, wider.n_kv_heads) == (8, 16, 16)  # head width kept, heads follow
+    with pytest.raises(UserError, match="width"):
+        cfg.replace(arch="tango")  # ... but TANGO's gate width must
+
+
+def test_model_config_from_dict_unknown_field():
+    with pytest.raises(UserError, match="colour"):
+        ModelConfig.from_dict({"arch": "tango", "colour": "red"})
+    cfg = ModelConfig.from_dict(ModelConfig(d_model=64, width=128).to_dict())
+    assert cfg == ModelConfig(d_model=64, width=128)
+
+
+# -- overrides ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("128", 128),
+        ("-7", -7),
+        ("0.5", 0.5),
+        ("1.0e-3", 1e-3),
+        ("true", True),
+        ("false", False),
+        ("null", None),
+        ("", None),
+        ("wsd", "wsd"),
+        ("runs/x y", "runs/x y"),
+    ],
+)
+def test_override_scalars(raw, expected):
+    out = apply_overrides({}, [f"train.x={raw}"])
+    value = out["train"]["x"]
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("3e-4", 3e-4), ("1e+4", 1e4), ("-2E-3", -2e-3)])
+def test_override_exponent_floats(raw, expected):
+    assert apply_overrides({}, [f"train.lr={raw}"])["train"]["lr"] == pytest.approx(expected)
+    assert load_run_config(None, [f"train.weight_decay={raw}"]).train.weight_decay == pytest.approx(expected)
+
+
+def test_negative_learning_rate_is_rejected():
+    with pytest.raises(UserError, match="train.lr"):
+        load_run_config(None, ["train.lr=-2e-3"])
+
+
+def test_whole_number_float_fills_an_int_field():
+    run = load_run_config(None, ["train.tokens=1e6"])
+    assert run.train.tokens == 1_000_000 and type(run.train.tokens) is int
+
+
+def test_overrides_dotted_and_bare_keys():
+    data = {"model": {"width": 64, "depth": 2}, "train": {"lr": 0.1}}
+    out = apply_overrides(data, ["model.width=96", "depth=5", "steps=7", "dir=data/x", "seed=3", "train.lr=0.25"])
+    assert out["model"] == {"width": 96, "depth": 5}
+    assert out["train"] == {"lr": 0.25, "steps": 7, "seed": 3}  # bare keys go to the section owning them
+    assert out["data"] == {"dir": "data/x"}
+    assert data == {"model": {"width": 64, "depth": 2}, "train": {"lr": 0.1}}  # input left alone
+    assert apply_overrides({}, ["a=b=c"])["model"]["a"] == "b=c"  # split at the first '='
+
+
+@pytest.mark.parametrize(
+    ("override", "word"),
+    [("model.width", "key=value"), ("optim.lr=1", "optim")],
+)
+def test_bad_overrides(override, word):
+    with pytest.raises(UserError, match=word):
+        apply_overrides({}, [override])
+
+
+# -- load_run_config -----------------------------------------------------------------------------
+
+
+def test_preset_with_overrides():
+    base = load_run_config("tango-70m-d4", [])
+    assert (base.model.arch, base.model.d_model, base.model.width, base.model.depth) == ("tango", 512, 28480, 4)
+    cfg = load_run_config("tango-70m-d4", ["model.depth=8", "width=28448", "train.steps=10", "lr=0.002", "compile=true"])
+    assert (cfg.model.depth, cfg.model.width) == (8, 28448)
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.compile) == (10, 0.002, True)
+    assert cfg.train.batch_size == base.train.batch_size and cfg.data == base.data  # untouched fields kept
+    with pytest.raises(UserError, match="width"):
+        load_run_config("tango-70m-d4", ["model.width=28481"])  # not a multiple of 16 heads
+
+
+def test_yaml_file_with_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  arch: loop-transformer\n  d_model: 64\n  head_dim: 16\n  width: 40\n"
+                    "train:\n  lr: 0.01\n  schedule: cosine\ndata:\n  dir: somewhere\n")
+    cfg = load_run_config(str(path), ["model.width=44", "train.seq_len=null"])
+    assert (cfg.model.arch, cfg.model.n_heads, cfg.model.width) == ("loop-transformer", 4, 44)
+    assert (cfg.train.lr, cfg.train.schedule, cfg.data.dir) == (0.01, "cosine", "somewhere")
+    assert cfg.train.seq_len is None and cfg.seq_len() == cfg.model.context_length
+
+
+def test_yaml_file_exponent_float(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  lr: 3e-4\n")
+    assert load_run_config(str(path), []).train.lr == pytest.approx(3e-4)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["model: [unclosed\n", "model:\n  width: 3\n bad-indent: 4\n", "model: {a: 1\n"],
+)
+def test_malformed_yaml_is_user_error(tmp_path, text):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match="YAML"):
+        load_run_config(str(path), [])
+
+
+def test_non_mapping_yaml_and_missing_sources(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_run_config(str(path), [])
+    with pytest.raises(UserError, match="no-such-preset"):
+        load_run_config("no-such-preset", [])
+    with pytest.raises(UserError):
+        load_run_config(str(tmp_path / "missing.yaml"), [])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["optimizer_steps=3", "model.arch=tango"], ["optimizer_steps"]),  # bare unknown key -> model field
+        (["model.colour=red"], ["colour"]),
+        (["train.colour=red"], ["train.colour"]),
+        (["data.colour=red"], ["data.colour"]),
+        (["train.batch_size=abc"], ["train.batch_size"]),
+        (["train.lr=fast"], ["train.lr"]),
+        (["train.schedule=linear"], ["train.schedule"]),
+        (["train.batch_size=0"], ["train.batch_size"]),
+        (["model.d_model=abc"], ["d_model"]),
+        (["model.width=1.5"], ["width"]),
+        (["model.depth=0"], ["depth"]),
+        (["model.arch=nope"], ["arch"]),
+    ],
+)
+def test_bad_fields_are_user_errors(overrides, words):
+    with pytest.raises(UserError) as info:
+        load_run_config(None, overrides)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unknown_section_in_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  d_model: 64\noptim:\n  lr: 1\n")
+    with pytest.raises(UserError, match="optim"):
+        load_run_config(str(path), [])
+    with pytest.raises(UserError, match="optim"):
+        RunConfig.from_dict({"optim": {}})
+
+
+# -- budget ------------------------------------------------------------------------------------
+
+
+def budget_config(*overrides: str) -> RunConfig:
+    return load_run_config(None, [*SMALL, "train.batch_size=2", "train.grad_accum=3", *overrides])
+
+
+def test_total_steps_from_steps_and_priority():
+    assert budget_config("train.steps=17").total_steps() == 17
+    # steps wins when several budgets are set.
+    assert budget_config("train.steps=17", "train.tokens=100000", "train.tokens_per_param=5").total_steps() == 17
+
+
+def test_total_steps_from_tokens():
+    per_step = 2 * 3 * 16  # batch x accumulation x context_length
+    assert budget_config(f"train.tokens={per_step * 10}").total_steps() == 10
+    for tokens in (per_step * 10 + 1, per_step * 10 - 1, 5):
+        steps = budget_config(f"train.tokens={tokens}").total_steps()
+        assert steps >= 1 and abs(steps * per_step - tokens) < per_step
+    # seq_len, when given, sets the tokens per step instead of context_length.
+    assert budget_config("train.seq_len=8", f"train.tokens={2 * 3 * 8 * 10}").total_steps() == 10
+
+
+def test_total_steps_from_tokens_per_param():
+    cfg = budget_config("train.tokens_per_param=2.5")
+    d, f, v = 32, 48, 50
+    total = 2 * d * d + 3 * d * f + 2 * d + v * d  # TANGO, SPEC 2.2
+    budget = 2.5 * total
+    per_step = 2 * 3 * 16
+    steps = cfg.total_steps()
+    assert abs(steps * per_step - budget) < per_step
+    assert steps == pytest.approx(math.floor(budget / per_step), abs=1)
+
+
+def test_no_budget_is_user_error():
+    assert TrainConfig().steps is None
+    with pytest.raises(UserError, match="steps"):
+        budget_config().total_steps()
+
+
+@pytest.mark.parametrize("text", ["model: 5\n", "train: abc\n", "data:\n  - a\n"])
+def test_section_that_is_not_a_mapping_is_user_error(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=text.split(":")[0]):
+        load_run_config(str(path), [])
+
+
+@pytest.mark.parametrize(
+    "override", ["train.steps=-1", "train.tokens=-5", "train.tokens_per_param=-2.0", "train.seq_len=0"]
+)
+def test_non_positive_budget_is_user_error(override):
+    with pytest.raises(UserError, match=override.split("=")[0]):
+        load_run_config(None, [*SMALL, override])
