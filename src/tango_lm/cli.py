@@ -101,6 +101,40 @@ def cmd_eval(args: argparse.Namespace) -> None:
               f"({res['checkpoint']}, step {res['step']})")
 
 
+def cmd_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    from tango_lm.data.tokenizers import tokenizer_from_dict
+    from tango_lm.serve.generate import generate
+    from tango_lm.train.checkpoint import load_checkpoint
+    from tango_lm.train.device import pick_device
+
+    ckpt = load_checkpoint(args.checkpoint)
+    device = pick_device(args.device)
+    model = ckpt.build_model(device)
+    tok = tokenizer_from_dict(ckpt.tokenizer)
+    prompt_text = args.prompt.replace("\\n", "\n")
+    ids = tok.encode(prompt_text)
+    if not ids:
+        raise UserError("the prompt is empty; give some text with --prompt")
+    prompt = torch.tensor([ids] * args.num_samples, device=device)
+    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, eos_id=None if args.no_stop else tok.eot_id)
+    texts = []
+    for row in out.tolist():
+        new = row[len(ids):]
+        if not args.no_stop and tok.eot_id in new:
+            new = new[: new.index(tok.eot_id)]
+        texts.append(tok.decode(new))
+    if args.json:
+        _print_json({"prompt": args.prompt, "completions": texts, "checkpoint": str(ckpt.path)})
+        return
+    for i, text in enumerate(texts):
+        if i:
+            print("-" * 40)
+        print(prompt_text + text)
+
+
 def cmd_data_prepare(args: argparse.Namespace) -> None:
     from tango_lm.data.dmmath import prepare_dmmath
 
@@ -168,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("generate", help="sample text from a checkpoint")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
+    s.add_argument("--max-new-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
+    s.add_argument("--top-k", type=int, default=None)
+    s.add_argument("--top-p", type=float, default=None)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--num-samples", type=int, default=1)
+    s.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("data", help="prepare datasets")
     dsub = s.add_subparsers(dest="data_command", required=True)

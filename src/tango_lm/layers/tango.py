@@ -8,12 +8,15 @@ projection) averages the gates per destination; the average gates the destinatio
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
-from tango_lm.ops.gate_average import split_heads
+from tango_lm.ops.attention import causal_attention
+from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
+from tango_lm.serve.cache import LayerState
 
 
 class TangoBlock(nn.Module):
@@ -34,9 +37,25 @@ class TangoBlock(nn.Module):
         Variants (windowed, compact) change only this."""
         return tango_mix(q, k, a, u)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], application: int = 0) -> torch.Tensor:
+    def mix_cached(
+        self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState
+    ) -> torch.Tensor:
+        """Decoding: the new positions attend over the keys and gates cached for this application."""
+        k_all = state.append("k", k)
+        g_all = state.append("g", split_heads(F.silu(a), self.n_heads))
+        return merge_heads(causal_attention(q, k_all, g_all)) * u
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        application: int = 0,
+        state: LayerState | None = None,
+    ) -> torch.Tensor:
         cos, sin = rope
         h = self.norm(x)
         q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
-        return x + self.down_proj(self.mix(q, k, self.gate_proj(h), self.up_proj(h)))
+        a, u = self.gate_proj(h), self.up_proj(h)
+        mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)
+        return x + self.down_proj(mixed)

@@ -9,7 +9,9 @@ from torch import nn
 
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
+from tango_lm.ops.attention import causal_attention
 from tango_lm.ops.gate_average import merge_heads, split_heads
+from tango_lm.serve.cache import LayerState
 
 
 class CausalSelfAttention(nn.Module):
@@ -23,12 +25,16 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], state: LayerState | None = None
+    ) -> torch.Tensor:
         cos, sin = rope
         q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
         v = split_heads(self.v_proj(h), self.n_heads)
-        return self.o_proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        if state is not None:  # decoding: attend over everything cached for this application
+            k, v = state.append("k", k), state.append("v", v)
+        return self.o_proj(merge_heads(causal_attention(q, k, v)))
 
 
 class SwiGLU(nn.Module):
@@ -54,6 +60,12 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = RMSNorm(d_model, eps)
         self.mlp = SwiGLU(d_model, width)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], application: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        application: int = 0,
+        state: LayerState | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, state)
         return x + self.mlp(self.mlp_norm(x))

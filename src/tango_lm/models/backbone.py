@@ -2,7 +2,8 @@
 
 Untied models apply block i at step i; looped models (Loop Transformer++, TANGO) apply block 0
 `depth` times. Each block receives the application index so variants (TANGO with three
-gated-projection sets) can pick weights by position in the loop.
+gated-projection sets) can pick weights by position in the loop, and the decode state of that
+application (`serve/cache.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from tango_lm.layers.rope import rope_tables
+from tango_lm.serve.cache import DecodeCache
 
 
 class Backbone(nn.Module):
@@ -21,8 +23,12 @@ class Backbone(nn.Module):
         self.head_dim = head_dim
         self.rope_theta = rope_theta
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device, dtype=x.dtype)
+    def forward(self, x: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """x [B, T, d] -> [B, T, d]. With a cache, x holds the positions after those already
+        cached, and each application reads and extends its own state."""
+        start = cache.position if cache is not None else 0
+        rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device, start=start, dtype=x.dtype)
         for application, index in enumerate(self.schedule):
-            x = self.layers[index](x, rope, application)
+            state = cache.states[application] if cache is not None else None
+            x = self.layers[index](x, rope, application, state)
         return x

@@ -32,8 +32,12 @@ class ModelConfig:
     depth: int = 4
     vocab_size: int = 50257
     context_length: int = 1024
-    window: int = 64
-    controller_width: int | None = None
+    window: int = 64  # windowed TANGO: exact scores for the last `window` sources
+    feature_map: str = "elu+1"  # windowed TANGO: positive feature map for older sources
+    controller_width: int | None = None  # compact-controller TANGO: r (default d_model)
+    qk_dim: int = 128  # GAU / FLASH: s, the shared query/key width
+    group_size: int = 256  # FLASH: g, the quadratic attention group
+    active_width: int | None = None  # rotating narrow-width training: K active columns per head / FFN
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02

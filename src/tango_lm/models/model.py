@@ -8,6 +8,7 @@ from torch import nn
 from tango_lm.errors import UserError
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.models.config import ModelConfig
+from tango_lm.serve.cache import DecodeCache
 
 
 class LanguageModel(nn.Module):
@@ -29,13 +30,8 @@ class LanguageModel(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
-        """Raise UserError for a sequence longer than the context, or ids outside [0, vocab_size)
-        (the id check reads values, so it runs only on CPU tensors and not under torch.compile)."""
-        if input_ids.shape[-1] > self.config.context_length:
-            raise UserError(
-                f"sequence of {input_ids.shape[-1]} tokens is longer than model.context_length="
-                f"{self.config.context_length}; shorten it or raise context_length"
-            )
+        """Raise UserError for ids outside [0, vocab_size) (the check reads values, so it runs only
+        on CPU tensors and not under torch.compile)."""
         if input_ids.device.type != "cpu" or torch.compiler.is_compiling() or input_ids.numel() == 0:
             return
         lo, hi = int(input_ids.min()), int(input_ids.max())
@@ -45,13 +41,28 @@ class LanguageModel(nn.Module):
                 f"[0, {self.config.vocab_size}); use data prepared with the model's tokenizer or raise model.vocab_size"
             )
 
-    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states [B, T, d]."""
+    def hidden(self, input_ids: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, d]; with a cache, of the positions after it (and the
+        cache advances past them)."""
+        start = cache.position if cache is not None else 0
+        if start + input_ids.shape[-1] > self.config.context_length:
+            raise UserError(
+                f"sequence of {start + input_ids.shape[-1]} tokens is longer than model.context_length="
+                f"{self.config.context_length}; shorten it or raise context_length"
+            )
         self.check_ids(input_ids)
-        return self.norm(self.backbone(self.head.embed(input_ids)))
+        h = self.norm(self.backbone(self.head.embed(input_ids), cache))
+        if cache is not None:
+            cache.position += input_ids.shape[-1]
+        return h
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head.log_probs(self.hidden(input_ids), input_ids)
+    def forward(self, input_ids: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Next-token log-probs [B, T, V] (fp32) of the given positions."""
+        return self.head.log_probs(self.hidden(input_ids, cache), input_ids)
+
+    def new_cache(self, capacity: int | None = None) -> DecodeCache:
+        """An empty decode cache for up to `capacity` positions (default: the context length)."""
+        return DecodeCache(len(self.backbone.schedule), capacity or self.config.context_length)
 
     def nll(self, input_ids: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """NLL in nats of targets [B, T] through the head's fused loss path ('mean' or 'sum')."""

@@ -1,0 +1,1 @@
+"""Serving: decode caches, generation and export."""

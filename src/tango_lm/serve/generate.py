@@ -1,0 +1,80 @@
+"""Sampling from a trained model with a decode cache: greedy, temperature, top-k and top-p."""
+
+from __future__ import annotations
+
+import torch
+
+from tango_lm.errors import UserError
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Set logits outside the top-k and outside the smallest nucleus of mass top_p to -inf."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    log_probs: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row from log-probs [B, V]; temperature 0 is greedy."""
+    if temperature == 0:
+        return log_probs.argmax(-1)
+    logits = filter_logits(log_probs / temperature, top_k, top_p)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+) -> torch.Tensor:
+    """Continue prompt [B, T] by up to max_new_tokens; returns [B, T + n] (rows stop early only
+    when every row has produced eos_id)."""
+    if temperature < 0:
+        raise UserError(f"temperature must be >= 0 (got {temperature}); use 0 for greedy decoding")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"top_p must be in (0, 1] (got {top_p})")
+    total = prompt.shape[1] + max_new_tokens
+    if total > model.config.context_length:
+        raise UserError(
+            f"prompt of {prompt.shape[1]} tokens plus {max_new_tokens} new tokens exceeds the model's context of "
+            f"{model.config.context_length}; shorten the prompt or lower --max-new-tokens"
+        )
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    model.eval()
+    cache = model.new_cache(total)
+    log_probs = model(prompt, cache)[:, -1]
+    out = [prompt]
+    done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+    for _ in range(max_new_tokens):
+        nxt = sample_next(log_probs, temperature, top_k, top_p, generator)
+        out.append(nxt[:, None])
+        if eos_id is not None:
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+        if len(out) - 1 == max_new_tokens:
+            break
+        log_probs = model(nxt[:, None], cache)[:, -1]
+    return torch.cat(out, dim=1)
