@@ -58,17 +58,26 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> None:
-    from tango_lm.models.matching import match_tier, parse_tier
+    from tango_lm.models.matching import _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
 
     target, d_model = parse_tier(args.tier, args.d_model)
     rows = match_tier(target, d_model, args.depth, args.arch or None, vocab_size=args.vocab_size,
                       context_length=args.context_length)
+    conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
+    if conventional is not None and not args.arch:
+        rows.append(_row(conventional, target, arch="conventional-untied"))
+    ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     if args.json:
-        _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows})
+        _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
+                     "active_ratio": ratios})
         return
-    print(f"target {target:,} parameters at d_model={d_model}, depth {args.depth}")
-    print(_table(rows, [("arch", "arch", ""), ("width", "width", ""), ("non_embedding", "non-embedding", ",d"),
-                        ("total", "total", ",d"), ("gap", "gap to target", "+,d")]))
+    columns = [("arch", "arch", ""), ("d_model", "d", ""), ("n_heads", "heads", ""), ("width", "width", ""),
+               ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
+    print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
+    print(_table(rows, columns))
+    if ratios:
+        print("\nactive-ratio geometries (seed 000 Table 9; 70M, depth 4)")
+        print(_table(ratios, [("target_ratio", "F/d target", ""), ("realized_ratio", "F/d", ".3f"), *columns]))
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -183,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=50257)
     s.add_argument("--context-length", type=int, default=1024)
+    s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_match)
 

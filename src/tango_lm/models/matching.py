@@ -61,8 +61,56 @@ def match_tier(
     rows = []
     for arch in archs or MATCHED_ARCHS:
         base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
-        cfg = match_width(base, target)
-        counts = count_params(cfg)
-        rows.append({"arch": arch, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "width": cfg.width,
-                     "depth": depth, **counts, "gap": counts["total"] - target})
+        rows.append(_row(match_width(base, target), target))
+    return rows
+
+
+# Seed 000 Table 6: the conventionally proportioned Untied baselines (d, heads, F), head width 32.
+# The paper gives these geometries rather than a rule, so they are data here.
+CONVENTIONAL_UNTIED = {
+    ("70M", 4): (800, 25, 2064),
+    ("70M", 8): (640, 20, 1616),
+    ("70M", 16): (480, 15, 1344),
+    ("160M", 4): (1376, 43, 3664),
+    ("160M", 8): (1056, 33, 2816),
+    ("160M", 16): (800, 25, 2080),
+}
+
+# Seed 000 Table 9: the active-ratio comparison at 70M, depth 4: target F/d -> (d, heads, F).
+ACTIVE_RATIO = {
+    "tango": {0.5: (1280, 40, 640), 1: (1248, 39, 1170), 2: (1184, 37, 2257), 4: (1088, 34, 4046), 8: (928, 29, 7656)},
+    "tango-3set": {
+        0.5: (1216, 38, 570), 1: (1120, 35, 1120), 2: (992, 31, 2015), 4: (864, 27, 3267), 8: (704, 22, 5346),
+    },
+}
+
+
+def _row(cfg: ModelConfig, target: int | None, **extra: Any) -> dict[str, Any]:
+    counts = count_params(cfg)
+    gap = counts["total"] - target if target is not None else None
+    return {"arch": cfg.arch, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "width": cfg.width,
+            "depth": cfg.depth, **counts, "gap": gap, **extra}
+
+
+def conventional_untied(tier: str, depth: int, vocab_size: int = 50257) -> ModelConfig | None:
+    """Table 6's geometry for a paper tier and depth, or None when the paper has none."""
+    geometry = CONVENTIONAL_UNTIED.get((tier.strip().upper(), depth))
+    if geometry is None:
+        return None
+    d, heads, width = geometry
+    return ModelConfig(arch="untied-transformer", d_model=d, n_heads=heads, width=width, depth=depth,
+                       vocab_size=vocab_size)
+
+
+def active_ratio_rows(vocab_size: int = 50257) -> list[dict[str, Any]]:
+    """Table 9's geometries with their counts (70M target, depth 4)."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    rows = []
+    for arch, table in ACTIVE_RATIO.items():
+        if arch not in ARCHITECTURES:
+            continue
+        for ratio, (d, heads, width) in table.items():
+            cfg = ModelConfig(arch=arch, d_model=d, n_heads=heads, width=width, depth=4, vocab_size=vocab_size)
+            rows.append(_row(cfg, 70_000_000, target_ratio=ratio, realized_ratio=round(width / d, 3)))
     return rows

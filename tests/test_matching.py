@@ -1,0 +1,62 @@
+"""Conventional (Table 6) and active-ratio (Table 9) geometries, and the match command's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.models.matching import CONVENTIONAL_UNTIED, active_ratio_rows, conventional_untied, parse_tier
+
+# Seed 000 Table 6: (tier, depth) -> (non-embedding, total).
+TABLE6 = {
+    ("70M", 4): (30_061_600, 70_267_200),
+    ("70M", 8): (37_939_840, 70_104_320),
+    ("70M", 16): (45_727_200, 69_850_560),
+    ("160M", 4): (90_806_368, 159_960_000),
+    ("160M", 8): (107_071_008, 160_142_400),
+    ("160M", 16): (120_858_400, 161_064_000),
+}
+
+# Seed 000 Table 9, TANGO columns: target F/d -> total in millions as printed.
+TABLE9_TANGO = {0.5: 70.066, 1: 70.219, 2: 70.327, 4: 70.255, 8: 69.677}
+
+
+@pytest.mark.parametrize("key", sorted(CONVENTIONAL_UNTIED))
+def test_conventional_geometries_reproduce_table6(key):
+    counts = conventional_untied(*key).num_params()
+    assert (counts["non_embedding"], counts["total"]) == TABLE6[key]
+
+
+def test_active_ratio_counts_reproduce_table9():
+    rows = {r["target_ratio"]: r for r in active_ratio_rows() if r["arch"] == "tango"}
+    assert {k: round(r["total"] / 1e6, 3) for k, r in rows.items()} == TABLE9_TANGO
+
+
+def test_parse_tier():
+    assert parse_tier("70m", None) == (70_000_000, 512)
+    assert parse_tier("160M", 1024) == (160_000_000, 1024)
+    assert parse_tier("1.5M", 128) == (1_500_000, 128)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["match", "--tier", "huge", "--depth", "4"], "unknown tier"),
+        (["match", "--tier", "25M", "--depth", "4"], "--d-model"),
+        (["match", "--tier", "70M", "--depth", "0"], "depth"),
+        (["match", "--tier", "70M", "--depth", "4", "--arch", "nope"], "unknown architecture"),
+    ],
+)
+def test_match_bad_input(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
+
+
+def test_match_json_includes_conventional_row(capsys):
+    assert main(["match", "--tier", "70M", "--depth", "8", "--json"]) == 0
+    rows = {r["arch"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    assert rows["untied-transformer"]["width"] == 2912
+    assert rows["conventional-untied"]["total"] == 70_104_320
