@@ -12,8 +12,17 @@ from tango_lm.serve.generate import filter_logits, generate, sample_next
 # Every registered architecture must have a tiny config here, so each one's cache is tested.
 TINY = {
     "tango": {},
+    "tango-3set": {},  # depth 3: one application per set
+    "tango-compact": {"controller_width": 12},
+    "tango-windowed": {"window": 5},
     "loop-transformer": {},
     "untied-transformer": {},
+    "gau": {"qk_dim": 8},
+    "flash": {"qk_dim": 8, "group_size": 8},
+    "dense": {"n_kv_heads": 2},
+    "gdn-hybrid": {"n_kv_heads": 2, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 4},
+    "moe": {"n_kv_heads": 2, "n_experts": 4, "moe_top_k": 2, "capacity_factor_train": 2.0},  # E/k: no drops
+    "attnres": {"n_kv_heads": 2, "attnres_block": 1},
 }
 
 
@@ -21,7 +30,11 @@ def tiny_model(arch: str) -> torch.nn.Module:
     cfg = ModelConfig(arch=arch, d_model=32, head_dim=8, width=48, depth=3, vocab_size=61, context_length=48,
                       **TINY[arch])
     torch.manual_seed(0)
-    return build_model(cfg).double().eval()
+    model = build_model(cfg).double().eval()
+    with torch.no_grad():  # move off zero/one inits (gates, offsets, biases) so every path matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
 
 
 def test_every_architecture_has_a_tiny_config():

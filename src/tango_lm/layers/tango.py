@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
@@ -22,7 +23,7 @@ from tango_lm.serve.cache import LayerState
 class TangoBlock(nn.Module):
     """Full-prefix TANGO. Parameters: 2d^2 + 3dF + d (plus the final norm, counted by the model)."""
 
-    def __init__(self, d_model: int, n_heads: int, width: int, eps: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.norm = RMSNorm(d_model, eps)
@@ -31,6 +32,18 @@ class TangoBlock(nn.Module):
         self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
+        # Rotating narrow-width training (SPEC 2.6): K active columns of each head's F/H gate columns.
+        self.active = None if active_width is None else ActiveColumns(
+            width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+        )
+
+    def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """W_g, W_u, W_o; under rotating narrow-width training only the active segment's columns
+        (head by head, so the narrowed gates still split into H heads)."""
+        if self.active is None:
+            return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
+        w_g, w_u, w_o = self.active.weights()
+        return w_g, w_u, w_o
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """`gbar * u` from q, k [B, H, T, d_h], gate pre-activations a and u [B, T, F].
@@ -56,6 +69,7 @@ class TangoBlock(nn.Module):
         h = self.norm(x)
         q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
         k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
-        a, u = self.gate_proj(h), self.up_proj(h)
+        w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
+        a, u = F.linear(h, w_g), F.linear(h, w_u)
         mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)
-        return x + self.down_proj(mixed)
+        return x + F.linear(mixed, w_o)

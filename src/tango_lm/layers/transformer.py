@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
@@ -40,25 +41,32 @@ class CausalSelfAttention(nn.Module):
 class SwiGLU(nn.Module):
     """`down_proj(silu(gate_proj h) * up_proj h)` with hidden width F."""
 
-    def __init__(self, d_model: int, width: int) -> None:
+    def __init__(self, d_model: int, width: int, active_width: int | None = None) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(d_model, width, bias=False)
         self.up_proj = nn.Linear(d_model, width, bias=False)
         self.down_proj = nn.Linear(width, d_model, bias=False)
+        # Rotating narrow-width training (SPEC 2.6): K active columns of the FFN width.
+        self.active = None if active_width is None else ActiveColumns(
+            width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+        )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        if self.active is None:
+            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        w_g, w_u, w_o = self.active.weights()  # the full weights unless a segment is selected
+        return F.linear(F.silu(F.linear(h, w_g)) * F.linear(h, w_u), w_o)
 
 
 class TransformerBlock(nn.Module):
     """Pre-norm Transformer++ block. Parameters: 4d^2 + 3dF + 2d."""
 
-    def __init__(self, d_model: int, n_heads: int, width: int, eps: float) -> None:
+    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(d_model, eps)
         self.attn = CausalSelfAttention(d_model, n_heads)
         self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLU(d_model, width)
+        self.mlp = SwiGLU(d_model, width, active_width)
 
     def forward(
         self,

@@ -41,6 +41,23 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # -- onóna-paper backbones (SPEC 4): dense, gdn-hybrid, moe, attnres ----------------------
+    # Their attention layers are GQA with QK-norm: `n_kv_heads` above (None: n_heads).
+    attention_every: int = 4  # gdn-hybrid: every 4th layer is full attention (3 GDN : 1); 0 = GDN only
+    gdn_head_dim: int = 128  # gdn-hybrid: key width per GDN head
+    gdn_n_heads: int | None = None  # gdn-hybrid: GDN heads (default d_model // gdn_head_dim)
+    gdn_expand_v: float = 1.0  # gdn-hybrid: value width per head = gdn_head_dim * gdn_expand_v
+    conv_size: int = 4  # gdn-hybrid: causal depthwise short-convolution kernel on q, k, v
+    gdn_chunk: int = 64  # gdn-hybrid: chunk length of the chunkwise-parallel delta rule
+    gdn_backend: str = "auto"  # gdn-hybrid: auto (fla's Triton kernel on CUDA if installed) | torch | fla
+    n_experts: int = 8  # moe: routed SwiGLU experts per layer
+    moe_top_k: int = 2  # moe: experts per token
+    moe_expert_width: int | None = None  # moe: expert SwiGLU width (default width // moe_top_k: k experts = F)
+    moe_renormalize: bool = True  # moe: rescale the top-k router probabilities to sum to 1
+    capacity_factor_train: float = 1.25  # moe: expert capacity in training and validation
+    capacity_factor_eval: float = 4.0  # moe: expert capacity in external evaluation and cached decoding
+    aux_loss_weight: float = 0.01  # moe: alpha of the load-balancing loss alpha * E * sum_i f_i P_i
+    attnres_block: int | None = None  # attnres: layers summed per block (Block AttnRes); None or 0 = full
 
     def __post_init__(self) -> None:
         self.validate()
@@ -60,6 +77,9 @@ class ModelConfig:
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
+        if not ARCHITECTURES[self.arch].uses_heads:
+            ARCHITECTURES[self.arch].validate(self)
+            return
         if self.n_heads is None:
             if self.d_model % self.head_dim:
                 raise UserError(

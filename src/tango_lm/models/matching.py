@@ -12,7 +12,7 @@ from tango_lm.models.params import count_params
 
 # Tier name -> (total parameters, d_model) as the TANGO paper defines them.
 TIERS = {"70M": (70_000_000, 512), "160M": (160_000_000, 768)}
-MATCHED_ARCHS = ("tango", "loop-transformer", "untied-transformer")
+MATCHED_ARCHS = ("tango", "loop-transformer", "untied-transformer", "gau", "flash")
 
 
 def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:

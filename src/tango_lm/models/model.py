@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tango_lm.errors import UserError
+from tango_lm.layers import active_width
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.models.config import ModelConfig
 from tango_lm.serve.cache import DecodeCache
@@ -23,6 +24,11 @@ class LanguageModel(nn.Module):
         self.backbone = ARCHITECTURES[config.arch].build(config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.head = HEADS[config.head](config)
+        if config.active_width is not None and not active_width.active_columns(self.backbone):
+            raise UserError(
+                f"model.active_width (rotating narrow-width training) is not supported by arch={config.arch}; "
+                "remove active_width or use tango, tango-3set, tango-compact or a Transformer++ arch"
+            )
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear) and not name.startswith("head."):
                 nn.init.normal_(module.weight, std=config.init_std)
@@ -60,6 +66,16 @@ class LanguageModel(nn.Module):
         """Next-token log-probs [B, T, V] (fp32) of the given positions."""
         return self.head.log_probs(self.hidden(input_ids, cache), input_ids)
 
+    # -- rotating narrow-width training (SPEC 2.6, layers/active_width.py) -----------------------
+    @property
+    def num_segments(self) -> int | None:
+        """Segments of the gated width under `active_width` (None when it is not set)."""
+        return active_width.model_num_segments(self.backbone)
+
+    def set_active_segment(self, index: int | None) -> None:
+        """Run only segment `index` of every block's gated width; None runs all columns (eval default)."""
+        active_width.set_active_segment(self.backbone, index)
+
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """An empty decode cache for up to `capacity` positions (default: the context length)."""
         return DecodeCache(len(self.backbone.schedule), capacity or self.config.context_length)
@@ -69,7 +85,13 @@ class LanguageModel(nn.Module):
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         total = self.head.nll(self.hidden(input_ids), input_ids, targets)
-        return total / targets.numel() if reduction == "mean" else total
+        loss = total / targets.numel() if reduction == "mean" else total
+        # MoE load-balancing loss (SPEC 4): part of the training objective only (per token for
+        # 'mean', per token x count for 'sum'); evaluation NLL stays pure.
+        aux = self.backbone.aux_loss() if self.training and hasattr(self.backbone, "aux_loss") else None
+        if aux is not None:
+            loss = loss + (aux if reduction == "mean" else aux * targets.numel())
+        return loss
 
 
 def build_model(config: ModelConfig) -> LanguageModel:

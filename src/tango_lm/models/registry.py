@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from tango_lm.models.archs.attnres import AttnResArch
+from tango_lm.models.archs.dense import Dense
+from tango_lm.models.archs.flash import Flash
+from tango_lm.models.archs.gau import Gau
+from tango_lm.models.archs.gdn_hybrid import GdnHybrid
+from tango_lm.models.archs.moe import MoE
 from tango_lm.models.archs.tango import Tango
+from tango_lm.models.archs.tango_3set import Tango3Set
+from tango_lm.models.archs.tango_compact import TangoCompact
+from tango_lm.models.archs.tango_windowed import TangoWindowed
 from tango_lm.models.archs.transformer import LoopTransformer, UntiedTransformer
 
 ARCHITECTURES = {
     "tango": Tango,
+    "tango-3set": Tango3Set,
+    "tango-compact": TangoCompact,
+    "tango-windowed": TangoWindowed,
     "loop-transformer": LoopTransformer,
     "untied-transformer": UntiedTransformer,
+    "gau": Gau,
+    "flash": Flash,
+    "dense": Dense,
+    "gdn-hybrid": GdnHybrid,
+    "moe": MoE,
+    "attnres": AttnResArch,
 }

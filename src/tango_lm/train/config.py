@@ -143,10 +143,18 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
         value = getattr(obj, key, None)
         if value is not None and value < (0 if key == "warmup_steps" else 1):
             raise UserError(f"{name}.{key} must be at least {0 if key == 'warmup_steps' else 1} (got {value})")
-    for key in ("tokens_per_param", "lr"):
+    for key in ("tokens_per_param", "lr", "grad_clip"):
         value = getattr(obj, key, None)
         if value is not None and value <= 0:
             raise UserError(f"{name}.{key} must be positive (got {value})")
+    ranges = {"beta1": (0, 1, False), "beta2": (0, 1, False), "min_lr_ratio": (0, 1, True),
+              "decay_fraction": (0, 1, True)}
+    for key, (lo, hi, hi_ok) in ranges.items():
+        value = getattr(obj, key, None)
+        if value is not None and not (lo <= value < hi or (hi_ok and value == hi)):
+            raise UserError(f"{name}.{key} must be in [{lo}, {hi}{']' if hi_ok else ')'} (got {value})")
+    if getattr(obj, "weight_decay", 0) < 0:
+        raise UserError(f"{name}.weight_decay must be >= 0 (got {obj.weight_decay})")
     return obj
 
 
@@ -157,12 +165,14 @@ def list_presets() -> list[str]:
 def read_yaml(source: str) -> dict[str, Any]:
     """A preset name or a YAML file path -> its mapping."""
     path = Path(source)
-    if not path.suffix and not path.exists():
-        path = PRESET_DIR / f"{source}.yaml"
-        if not path.exists():
-            raise UserError(f"no preset or file named {source!r}; presets are: {', '.join(list_presets())}")
     if not path.is_file():
-        raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
+        preset = PRESET_DIR / f"{source}.yaml"
+        if preset.is_file():
+            path = preset
+        elif path.suffix in (".yaml", ".yml") or "/" in source:
+            raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
+        else:
+            raise UserError(f"no preset or file named {source!r}; `tango-lm presets` lists them")
     try:
         data = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:

@@ -35,7 +35,7 @@ def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "constant":
         return peak
     if cfg.schedule == "cosine":
-        span = max(total_steps - warmup, 1)
+        span = max(total_steps - 1 - warmup, 1)  # the last step lands on min_lr
         progress = min((step - warmup) / span, 1.0)
         return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     decay_steps = max(int(round(cfg.decay_fraction * total_steps)), 1)

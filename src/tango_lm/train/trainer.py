@@ -20,6 +20,7 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
+from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
 from tango_lm.train.checkpoint import (
     complete_steps,
@@ -108,17 +109,22 @@ class Trainer:
                 f"cannot resume {self.out}: dataset {self.dataset.path} was prepared with a different tokenizer "
                 "than the checkpoint's; use the original data"
             )
-        self.model.load_state_dict(ckpt.model_state())
         state = ckpt.train_state()
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(state["loader"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if self.device.type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.step = int(state["step"])
-        self.tokens_seen = int(state["tokens_seen"])
-        self.best = dict(state["best"])
+        try:
+            self.model.load_state_dict(ckpt.model_state())
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.loader.load_state_dict(state["loader"])
+            torch.set_rng_state(state["rng"]["torch"])
+            if self.device.type == "cuda" and state["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+            self.step = int(state["step"])
+            self.tokens_seen = int(state["tokens_seen"])
+            self.best = dict(state["best"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint") from None
         self._truncate_metrics(self.step)
+        self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self) -> dict[str, Any]:
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
@@ -146,6 +152,10 @@ class Trainer:
         protect = {self.best["step"]} if self.best["step"] is not None else set()
         prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
         return path
+
+    def _write_best(self) -> None:
+        if self.best["step"] is not None:
+            write_json_atomic(self.out / "best.json", self.best)
 
     # -- logging ------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
@@ -181,6 +191,12 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
+        # Rotating narrow-width training (SPEC 2.6): step n runs only segment n mod segments of the
+        # gated width; the inactive columns get no gradient and `keep_inactive_columns` keeps AdamW
+        # (weight decay, momentum) from moving them. Outside a step every column is active.
+        segments = self.model.num_segments
+        if segments is not None:
+            self.model.set_active_segment(segment_for_step(self.step, segments))
         total = 0.0
         for _ in range(cfg.grad_accum):
             inputs, targets = self.loader.next_batch()
@@ -190,8 +206,10 @@ class Trainer:
             (loss / cfg.grad_accum).backward()
             total += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        self.optimizer.step()
+        with keep_inactive_columns(self.model, self.optimizer):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.set_active_segment(None)
         self.step += 1
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
         self._last = {"lr": lr, "grad_norm": float(grad_norm)}
@@ -202,6 +220,8 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.out / "config.json", self.run.to_dict())
         (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
+        if self.step == 0:
+            self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress, unit="step",
@@ -226,7 +246,7 @@ class Trainer:
                 if improved or is_last or self.step % cfg.save_every == 0:
                     self.save(dev_nll)
                 if improved:
-                    write_json_atomic(self.out / "best.json", self.best)
+                    self._write_best()
             elif self.step % cfg.save_every == 0:
                 self.save()
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}",

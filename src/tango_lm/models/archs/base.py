@@ -12,6 +12,7 @@ class Architecture:
     belong to the head; they include the final norm (`d`)."""
 
     name: str = ""
+    uses_heads: bool = True  # False: no multi-head split (GAU, FLASH), so d_model need not divide by heads
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.errors import UserError
+from tango_lm.layers.active_width import check_active_width
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -21,10 +22,13 @@ class Tango(Architecture):
                 f"model.width={cfg.width} is not a multiple of n_heads={cfg.n_heads}: TANGO splits the gate "
                 f"width across heads; use a multiple of {cfg.n_heads} such as {cfg.width - cfg.width % cfg.n_heads or cfg.n_heads}"
             )
+        # Rotating narrow-width training (SPEC 2.6): K columns of each head's gate width.
+        check_active_width(cfg.active_width, cfg.width // cfg.n_heads, "the per-head gate width width/n_heads",
+                           "lower active_width or raise width")
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        block = TangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps)
+        block = TangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width)
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from tango_lm.layers.active_width import check_active_width
 from tango_lm.layers.transformer import TransformerBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -19,10 +20,16 @@ def block_params(cfg: ModelConfig) -> int:
 class _TransformerPP(Architecture):
     unique_blocks = staticmethod(lambda cfg: cfg.depth)
 
+    @staticmethod
+    def validate(cfg: ModelConfig) -> None:
+        # Rotating narrow-width training (SPEC 2.6): K columns of the FFN width.
+        check_active_width(cfg.active_width, cfg.width, "the FFN width", "lower active_width or raise width")
+
     @classmethod
     def build(cls, cfg: ModelConfig) -> nn.Module:
         n = cls.unique_blocks(cfg)
-        layers = [TransformerBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps) for _ in range(n)]
+        layers = [TransformerBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width)
+                  for _ in range(n)]
         schedule = [i % n for i in range(cfg.depth)]
         return Backbone(layers, schedule, cfg.head_dim, cfg.rope_theta)
 

@@ -1,0 +1,101 @@
+"""Training a byte-level BPE tokenizer on the user's corpus with Hugging Face `tokenizers`.
+
+The tokenizer is GPT-2 style: text is split with GPT-2's pre-tokenization regex over a byte-level
+alphabet (all 256 bytes are in the initial vocabulary, so any text encodes and decodes exactly),
+merges are learned up to `vocab_size`, and `<|endoftext|>` is a special token (id 0). Load the
+result with `get_tokenizer("bpe:PATH")` (or `--tokenizer bpe:PATH` on `data prepare`); prepared
+datasets and checkpoints then carry it inside their tokenizer description.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from tango_lm.data.sources import expand_inputs, jsonl_documents, parquet_documents, text_documents
+from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
+from tango_lm.errors import UserError
+
+__all__ = ["TRAIN_EXTS", "training_texts", "train_bpe"]
+
+# What a directory input contributes: JSONL/Parquet by `field`, everything else one document per file.
+TRAIN_EXTS = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet", ".lean", ".py")
+MIN_VOCAB = 257  # 256 bytes + end-of-text
+
+
+def training_texts(inputs: Sequence[str | os.PathLike], field: str = "text", exts: Sequence[str] = TRAIN_EXTS,
+                   max_docs: int | None = None) -> Iterator[str]:
+    """Documents of the input files, read by extension (`.jsonl[.gz]`, `.parquet` by `field`; else text)."""
+    n = 0
+    for path in expand_inputs(inputs, exts):
+        name = path.name.lower()
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            docs = jsonl_documents([path], field)
+        elif name.endswith(".parquet"):
+            docs = parquet_documents([path], field)
+        else:
+            docs = text_documents([path])
+        for doc in docs:
+            if max_docs is not None and n >= max_docs:
+                return
+            n += 1
+            yield doc
+
+
+def train_bpe(
+    inputs: Sequence[str | os.PathLike],
+    vocab_size: int,
+    out: str | os.PathLike,
+    *,
+    field: str = "text",
+    exts: Sequence[str] = TRAIN_EXTS,
+    min_frequency: int = 2,
+    max_docs: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> BPETokenizer:
+    """Train a byte-level BPE with `vocab_size` ids (end-of-text included) and save its JSON to `out`.
+
+    The vocabulary can come out smaller than `vocab_size` when the corpus has too few distinct merges.
+    """
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ModuleNotFoundError:
+        raise UserError("training a BPE needs the package `tokenizers`; install it with `pip install tokenizers`") from None
+    if vocab_size < MIN_VOCAB:
+        raise UserError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + end-of-text), got {vocab_size}")
+    if min_frequency < 1:
+        raise UserError(f"min_frequency must be at least 1, got {min_frequency}")
+    out_path = Path(out)
+    if out_path.exists() and not overwrite:
+        raise UserError(f"{out_path} already exists; pass --overwrite to replace it or choose another path")
+    texts = training_texts(inputs, field, exts, max_docs)
+    first = next(texts, None)  # fail on bad inputs before starting the trainer
+    if first is None:
+        raise UserError("the inputs hold no text to train on; check the paths, --ext or --field")
+
+    def stream() -> Iterator[str]:
+        yield first
+        yield from texts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[BPE_EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
+    tok.train_from_iterator(stream(), trainer)
+    result = BPETokenizer(tok.to_str())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(result.to_json() + "\n", encoding="utf-8")
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return result

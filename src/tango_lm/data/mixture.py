@@ -1,0 +1,184 @@
+"""Weighted mixtures of prepared datasets that share a tokenizer.
+
+Documents (the token runs between end-of-text ids) are copied, not re-tokenized. Each component
+walks its documents in a seeded permutation (a new one per epoch), and the next document always
+comes from the component that is furthest below its share: the one with the smallest
+tokens_so_far / weight (ties to the earlier component). Realized token proportions therefore match
+the weights to within one document per component, deterministically for a given seed.
+
+Length: by default no document is repeated, so the mixture stops when the component chosen next
+has no documents left (about min_i tokens_i / weight_i tokens). With `tokens` the train split
+stops once it has that many tokens, and components start new epochs (fresh permutations) as
+needed; the manifest records each component's epochs. Every split present in all components is
+mixed the same way (dev/test never repeat); a split that is missing or empty in some component
+is mixed from the others with their weights renormalized, and train must be present in all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tango_lm.data.shards import PreparedDataset, check_writable, write_prepared
+from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
+from tango_lm.errors import UserError
+
+__all__ = ["parse_component", "prepare_mixture", "mix_documents"]
+
+_CHUNK = 1 << 24  # tokens scanned at a time when locating end-of-text ids
+
+
+def parse_component(text: str) -> tuple[str, float]:
+    """`DIR:WEIGHT` -> (DIR, WEIGHT); the weight must be a positive number."""
+    path, sep, weight = str(text).rpartition(":")
+    try:
+        w = float(weight) if sep and path else float("nan")
+    except ValueError:
+        w = float("nan")
+    if not (w > 0 and math.isfinite(w)):
+        raise UserError(f"bad mixture component {text!r}; write DIR:WEIGHT with a positive weight, e.g. data/web:0.7")
+    return path, w
+
+
+class _Documents:
+    """The documents of one split of a prepared dataset, located by their end-of-text ids.
+
+    Shards stay memory-mapped; only the document end offsets (8 bytes per document) are in memory.
+    """
+
+    def __init__(self, ds: PreparedDataset, split: str) -> None:
+        self.maps: list[np.ndarray] = []
+        starts = [0]
+        for sh in ds.manifest["splits"][split]["shards"]:
+            n = int(sh["tokens"])
+            if n:
+                self.maps.append(np.memmap(ds.path / sh["file"], dtype=ds.dtype, mode="r", shape=(n,)))
+                starts.append(starts[-1] + n)
+        self.shard_starts = np.asarray(starts, dtype=np.int64)
+        eot = ds.tokenizer.eot_id
+        ends = []
+        for base, m in zip(starts, self.maps, strict=False):
+            for lo in range(0, len(m), _CHUNK):
+                ends.append(np.flatnonzero(np.asarray(m[lo: lo + _CHUNK]) == eot) + (base + lo))
+        self.ends = np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)  # EOT positions
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def get(self, i: int) -> np.ndarray:
+        """Tokens of document i, without its end-of-text id."""
+        start = int(self.ends[i - 1]) + 1 if i else 0
+        end = int(self.ends[i])
+        s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
+        off = start - int(self.shard_starts[s])
+        if end <= int(self.shard_starts[s + 1]):
+            return np.asarray(self.maps[s][off: off + end - start])
+        parts, pos = [], start
+        while pos < end:  # a document that crosses shard borders
+            s = int(np.searchsorted(self.shard_starts, pos, side="right")) - 1
+            take = min(end, int(self.shard_starts[s + 1])) - pos
+            parts.append(np.asarray(self.maps[s][pos - int(self.shard_starts[s]):][:take]))
+            pos += take
+        return np.concatenate(parts)
+
+
+def mix_documents(docs: Sequence[_Documents], weights: Sequence[float], seed: int, tokens: int | None,
+                  stats: list[dict[str, int]]) -> Iterator[np.ndarray]:
+    """Token arrays (documents without EOT) of the mixture, recording per-component counts in `stats`."""
+    w = np.asarray(weights, dtype=np.float64) / sum(weights)
+    emitted = np.zeros(len(docs))
+    orders: list[np.ndarray | None] = [None] * len(docs)
+    cursors = [0] * len(docs)
+    for st in stats:
+        st.update(tokens=0, documents=0, epochs=0)
+    total = 0
+    while tokens is None or total < tokens:
+        i = int(np.argmin(emitted / w))
+        if orders[i] is None or cursors[i] == len(orders[i]):
+            if stats[i]["epochs"] and tokens is None:
+                return  # the default mixture never repeats a document
+            orders[i] = np.random.default_rng([seed, i, stats[i]["epochs"]]).permutation(len(docs[i]))
+            cursors[i] = 0
+            stats[i]["epochs"] += 1
+        ids = docs[i].get(int(orders[i][cursors[i]]))
+        cursors[i] += 1
+        n = len(ids) + 1
+        emitted[i] += n
+        total += n
+        stats[i]["tokens"] += n
+        stats[i]["documents"] += 1
+        yield ids
+
+
+class _PreTokenized(Tokenizer):
+    """Hands token arrays through `write_prepared` unchanged, describing itself as `base`."""
+
+    def __init__(self, base: Tokenizer) -> None:
+        self.base, self.name = base, base.name
+        self.vocab_size, self.eot_id = base.vocab_size, base.eot_id
+
+    def encode_batch(self, texts):  # the "texts" are token arrays
+        return texts
+
+    def fingerprint(self) -> str:
+        return self.base.fingerprint()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.base.to_dict()
+
+
+def prepare_mixture(
+    out_dir: str | os.PathLike,
+    sources: Sequence[str | tuple[str, float]],
+    tokens: int | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Mix prepared datasets by token weight (module docstring) into a new prepared dataset.
+
+    `sources` are `(path, weight)` pairs or `"DIR:WEIGHT"` strings; weights need not sum to 1.
+    """
+    comps = [parse_component(s) if isinstance(s, str) else (str(s[0]), float(s[1])) for s in sources]
+    if not comps:
+        raise UserError("a mixture needs at least one --source DIR:WEIGHT")
+    for path, w in comps:
+        if not (w > 0 and math.isfinite(w)):
+            raise UserError(f"mixture weight of {path} must be positive, got {w}")
+    if tokens is not None and tokens < 1:
+        raise UserError(f"tokens must be at least 1, got {tokens}; omit it to use each document at most once")
+    check_writable(out_dir, overwrite)
+    datasets = [PreparedDataset.open(p) for p, _ in comps]
+    first = datasets[0]
+    for (path, _), ds in zip(comps, datasets, strict=True):
+        a, b = first.tokenizer.to_dict(), ds.tokenizer.to_dict()
+        if not same_tokenizer(a, b):
+            raise UserError(f"{path} uses tokenizer {b['name']!r} ({b['fingerprint'][:12]}) but {comps[0][0]} uses "
+                            f"{a['name']!r} ({a['fingerprint'][:12]}); prepare all components with one tokenizer")
+        if "train" not in ds.splits or ds.num_documents("train") == 0:
+            raise UserError(f"{path} has no train documents; every mixture component needs them")
+    names = [s for s in first.splits if s == "train"] + [
+        s for s in dict.fromkeys(s for ds in datasets for s in ds.splits) if s != "train"]
+    stats: dict[str, list[dict[str, int]]] = {}
+    splits: dict[str, Iterator[np.ndarray]] = {}
+    for split in names:
+        members = [k for k, ds in enumerate(datasets) if split in ds.splits and ds.num_documents(split) > 0]
+        if not members:
+            continue
+        stats[split] = [{"component": k} for k in members]
+        docs = [_Documents(datasets[k], split) for k in members]
+        splits[split] = mix_documents(docs, [comps[k][1] for k in members], seed,
+                                      tokens if split == "train" else None, stats[split])
+    total_w = sum(w for _, w in comps)
+    source = {"name": "mixture", "seed": seed, "tokens": tokens,
+              "components": [{"path": str(Path(p).absolute()), "weight": w, "share": w / total_w,
+                              "source": ds.source.get("name") if isinstance(ds.source, dict) else None}
+                             for (p, w), ds in zip(comps, datasets, strict=True)],
+              "realized": stats}  # filled while the splits stream, serialized with the manifest at the end
+    return write_prepared(out_dir, _PreTokenized(first.tokenizer), splits, source, progress=progress,
+                          overwrite=overwrite)

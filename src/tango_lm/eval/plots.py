@@ -1,0 +1,147 @@
+"""PNG plots of a report (`tango-lm report`): learning curves per seed, NLL against depth and
+NLL against throughput.
+
+Uses matplotlib's object API (`Figure` + `savefig`), so it never switches the caller's backend
+or needs a display. Without matplotlib the report is still written, with a warning.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tango_lm.eval.report import RunRecord, model_name, model_order
+
+
+def _slug(*parts: Any) -> str:
+    text = "_".join(str(p) for p in parts if p not in (None, ""))
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-") or "all"
+
+
+def _extras_slug(extras: tuple[tuple[str, Any], ...]) -> str:
+    return _slug(*(f"{k}={v}" for k, v in extras)) if extras else ""
+
+
+def write_plots(report: dict[str, Any], records: list[RunRecord], out: Path) -> tuple[list[Path], list[str]]:
+    """Write every plot under `out`; returns (files, warnings)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return [], ["matplotlib is not installed, so no plots were drawn; `pip install matplotlib` and rerun"]
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    files += _learning_curves(Figure, records, out / "curves")
+    files += _depth_plots(Figure, report, out)
+    files += _throughput_plots(Figure, records, report["split"], out)
+    return files, []
+
+
+def _learning_curves(Figure: Any, records: list[RunRecord], out: Path) -> list[Path]:
+    """One figure per row (dataset, tier, depth, other axes) and seed: train loss and dev NLL
+    against tokens, one line per model."""
+    groups: dict[tuple[Any, ...], list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault((*r.row, r.seed), []).append(r)
+    files = []
+    for (dataset, tier, depth, extras, seed), runs in groups.items():
+        if not any(r.train_curve or r.dev_curve for r in runs):
+            continue
+        fig = Figure(figsize=(10, 4))
+        ax_train, ax_dev = fig.subplots(1, 2)
+        for r in sorted(runs, key=lambda r: model_order(r.model)):
+            if r.train_curve:
+                ax_train.plot(*zip(*r.train_curve, strict=True), label=model_name(r.model), linewidth=1)
+            if r.dev_curve:
+                ax_dev.plot(*zip(*r.dev_curve, strict=True), marker="o", markersize=3, label=model_name(r.model))
+        for ax, what in ((ax_train, "train loss"), (ax_dev, "dev NLL")):
+            ax.set_xlabel("tokens")
+            ax.set_ylabel(f"{what} (nats/token)")
+            ax.grid(alpha=0.3)
+        ax_dev.legend(fontsize=7)
+        title = f"{dataset}, tier {tier}, depth {depth}, seed {seed}"
+        if extras:
+            title += ", " + ", ".join(f"{k}={v}" for k, v in extras)
+        fig.suptitle(title)
+        fig.tight_layout()
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{_slug(dataset, f'tier={tier}', f'depth={depth}', _extras_slug(extras), 'seed=' + seed)}.png"
+        fig.savefig(path, dpi=100)
+        files.append(path)
+    return files
+
+
+def _depth_plots(Figure: Any, report: dict[str, Any], out: Path) -> list[Path]:
+    """NLL against depth, one figure per dataset and tier (error bars: std over seeds)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in report["depth"]:
+        extras = tuple((k, v) for k, v in row.items() if k not in ("dataset", "tier", "model", "depths",
+                                                                     "non_increasing"))
+        groups.setdefault((row["dataset"], row["tier"], extras), []).append(row)
+    files = []
+    for (dataset, tier, extras), rows in groups.items():
+        if not any(len(r["depths"]) > 1 for r in rows):
+            continue
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        for r in rows:
+            depths = sorted(r["depths"])
+            means = [r["depths"][d]["mean"] for d in depths]
+            stds = [r["depths"][d]["std"] or 0.0 for d in depths]
+            ax.errorbar(depths, means, yerr=stds, marker="o", capsize=3, label=model_name(r["model"]))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({d for r in rows for d in r["depths"]}))
+        ax.get_xaxis().set_major_formatter(_int_formatter())
+        ax.set_xlabel("depth (block applications)")
+        ax.set_ylabel(f"{report['split']} NLL (nats/token)")
+        ax.set_title(f"{dataset}, tier {tier}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"depth_{_slug(dataset, f'tier={tier}', _extras_slug(extras))}.png"
+        fig.savefig(path, dpi=100)
+        files.append(path)
+    return files
+
+
+def _int_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _pos: f"{x:g}")
+
+
+def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Path) -> list[Path]:
+    """NLL against training throughput (tokens/s), one figure per dataset; a point per model,
+    tier and depth (means over seeds), labelled with its tier and depth."""
+    import statistics
+
+    by_dataset: dict[str, dict[tuple[Any, ...], list[RunRecord]]] = {}
+    for r in records:
+        if r.tokens_per_s:
+            by_dataset.setdefault(r.dataset, {}).setdefault((r.model, r.tier, r.depth, r.extras), []).append(r)
+    files = []
+    for dataset, points in by_dataset.items():
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        models = sorted({k[0] for k in points}, key=model_order)
+        for m in models:
+            xs, ys, tags = [], [], []
+            for (model, tier, depth, _extras), runs in points.items():
+                if model == m:
+                    xs.append(statistics.fmean(r.tokens_per_s for r in runs))
+                    ys.append(statistics.fmean(r.value for r in runs))
+                    tags.append(f"{tier}/d{depth}")
+            ax.scatter(xs, ys, label=model_name(m))
+            for x, y, tag in zip(xs, ys, tags, strict=True):
+                ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("training throughput (tokens/s)")
+        ax.set_ylabel(f"{split} NLL (nats/token)")
+        ax.set_title(dataset)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"throughput_{_slug(dataset)}.png"
+        fig.savefig(path, dpi=100)
+        files.append(path)
+    return files

@@ -1,0 +1,476 @@
+"""Paper-style reports of a directory of runs (SPEC 6): `tango-lm report DIR`.
+
+Every run directory below DIR (one holding `config.json`) that finished (`summary.json`) is read
+with its `metrics.jsonl`. Runs are labelled by their sweep's `sweep.json` when present, else by
+their config (dataset = the data directory's name, seed = model/data seed pair, tier unknown).
+
+The value reported per run is, for `split="test"`, the test NLL of the selected checkpoint
+(`summary.json`), and for `split="dev"`, the dev NLL of that same checkpoint (the best dev NLL
+under the TANGO protocol, the final one under `train.select: final`).
+
+Tables (seed 000 and seed 001):
+
+- `main` (Tables 1/12/14): rows dataset x tier x depth (x any other sweep axis), one column per
+  model (architecture, plus head when it is not `standard`); mean and standard deviation
+  (ddof = 1) over seeds; the lowest mean of each row is marked.
+- `margins` (Table 13): per row and seed, the NLL of the row's best model (lowest mean) minus
+  the lowest NLL among the other models at that seed; negative values favor the best model.
+- `depth` (Table 5): each model's mean NLL per depth, and whether it never increases with depth.
+- `heads` (seed 001 Table 1): per backbone, each non-standard head against the standard head
+  over the seeds both have: head NLL, Standard NLL and delta = head - Standard (means).
+
+Written as `report.md`, `report.json` and `main.csv`, `margins.csv`, `depth.csv`, `heads.csv`,
+`runs.csv`, plus PNG plots (`eval/plots.py`).
+
+Damaged inputs: an unreadable `config.json`, `summary.json` or `sweep.json` is an error naming the
+file (the report would be wrong); a partial last line of `metrics.jsonl` (a run killed while
+logging) is skipped with a warning; a run without `summary.json` is left out with a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+
+ROW_AXES = ("dataset", "tier", "depth")
+MODEL_AXES = ("arch", "head", "seed")
+NAMES = {
+    "tango": "TANGO", "tango-windowed": "Windowed TANGO", "tango-3set": "TANGO (3 sets)",
+    "tango-compact": "Compact-controller TANGO", "loop-transformer": "Loop Transformer++",
+    "untied-transformer": "Untied Transformer++", "conventional-untied": "Conventional Untied",
+    "gau": "Full-attention GAU", "flash": "FLASH", "dense": "Dense", "gdn-hybrid": "GDN hybrid", "moe": "MoE",
+    "attnres": "AttnRes", "standard": "Standard", "onona": "onóna", "mos": "MoS", "sigsoftmax": "Sigsoftmax",
+    "moss": "MoSS", "untied": "Untied head", "input-gate": "Input gate",
+}
+
+
+@dataclass
+class RunRecord:
+    """One finished run: its labels, its reported NLL and its learning curves."""
+
+    path: Path
+    dataset: str
+    tier: str
+    depth: int
+    arch: str
+    head: str
+    seed: str
+    extras: tuple[tuple[str, Any], ...]
+    value: float
+    test_nll: float | None
+    dev_nll: float | None
+    tokens_per_s: float | None
+    params_total: int | None
+    tokens: int | None
+    train_curve: list[tuple[int, float]] = field(default_factory=list)
+    dev_curve: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        return self.arch if self.head == "standard" else f"{self.arch}+{self.head}"
+
+    @property
+    def row(self) -> tuple[Any, ...]:
+        return (self.dataset, self.tier, self.depth, self.extras)
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _load_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise UserError(f"{path} is truncated or corrupt (not valid JSON); {what}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is corrupt (not a JSON object); {what}")
+    return data
+
+
+def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """Records of a `metrics.jsonl`; a partial last line is skipped with a warning."""
+    if not path.exists():
+        warnings.append(f"{path} is missing; no learning curves for this run")
+        return []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"{path} cannot be read as text; it is corrupt") from None
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError
+        except ValueError:
+            if all(not rest.strip() for rest in lines[i + 1:]):
+                warnings.append(f"{path}: skipped a partial last line (the run was cut while logging)")
+                break
+            raise UserError(f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it") from None
+        records.append(rec)
+    return records
+
+
+def _seed_label(seed: Any, data_seed: Any = None) -> str:
+    if isinstance(seed, list):
+        seed, data_seed = (seed + [None])[:2]
+    return str(seed) if data_seed is None else f"{seed}/{data_seed}"
+
+
+def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None:
+    """A finished run's record, or None (with a warning) when it has not finished."""
+    config = _load_json(run_dir / "config.json", "the run's config is needed to label it")
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        failed = run_dir / "failed.json"
+        why = "failed" if failed.exists() else "unfinished"
+        warnings.append(f"{run_dir}: no summary.json ({why}); left out of the report")
+        return None
+    summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
+    sweep_path = run_dir / "sweep.json"
+    labels = _load_json(sweep_path, "rerun the sweep to rewrite it").get("labels", {}) if sweep_path.exists() else {}
+    try:
+        model, train, data = config["model"], config["train"], config["data"]
+        test_nll = summary["test_nll"]
+        best_dev = summary["best_dev_nll"]
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{run_dir} has a config.json or summary.json without field {exc}; it is corrupt") from None
+
+    metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
+    train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if "loss" in r and "tokens" in r]
+    dev_curve = [(int(r["tokens"]), float(r["dev_nll"])) for r in metrics
+                 if "dev_nll" in r and "tokens" in r and r.get("event") != "summary"]
+    selected = summary.get("selected_step")
+    at_selected = [r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected
+                   and r.get("event") != "summary"]
+    dev_nll = float(at_selected[-1]) if at_selected else best_dev
+    value = test_nll if split == "test" else dev_nll
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        warnings.append(f"{run_dir}: its {split} NLL is {value!r}; left out of the report")
+        return None
+    tier = labels.get("tier", labels.get("target_params", "-"))
+    extras = tuple(sorted((k, v) for k, v in labels.items()
+                          if k not in (*ROW_AXES, *MODEL_AXES, "tier", "target_params")))
+    return RunRecord(
+        path=run_dir,
+        dataset=str(labels.get("dataset", Path(str(data.get("dir", "-"))).name)),
+        tier=str(tier),
+        depth=int(labels.get("depth", model.get("depth", 0))),
+        arch=str(labels.get("arch", model.get("arch"))),
+        head=str(labels.get("head", model.get("head", "standard"))),
+        seed=_seed_label(labels["seed"]) if "seed" in labels else _seed_label(train.get("seed"), train.get("data_seed")),
+        extras=extras,
+        value=float(value),
+        test_nll=test_nll,
+        dev_nll=dev_nll,
+        tokens_per_s=summary.get("tokens_per_s"),
+        params_total=summary.get("params_total"),
+        tokens=summary.get("tokens"),
+        train_curve=train_curve,
+        dev_curve=dev_curve,
+    )
+
+
+def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None) -> tuple[list[RunRecord], list[str]]:
+    """Every finished run below `root` and the warnings met on the way."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory; give the sweep's out_dir or a directory of run directories")
+    if split not in ("test", "dev"):
+        raise UserError(f"--split must be test or dev (got {split!r})")
+    warnings: list[str] = []
+    records = []
+    for config in sorted(root.rglob("config.json")):
+        run_dir = config.parent
+        if "checkpoints" in run_dir.relative_to(root).parts or (skip and run_dir.is_relative_to(skip)):
+            continue
+        rec = read_run(run_dir, split, warnings)
+        if rec is not None:
+            records.append(rec)
+    for failed in sorted(root.rglob("failed.json")):  # runs that failed before writing their config
+        if not (failed.parent / "config.json").exists():
+            warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
+    seen: dict[tuple[Any, ...], Path] = {}
+    for r in records:
+        key = (r.row, r.model, r.seed)
+        if key in seen:
+            warnings.append(f"{r.path} and {seen[key]} are the same setting and seed; both enter the statistics")
+        seen[key] = r.path
+    if not records:
+        raise UserError(f"no finished runs under {root} (no run directory with config.json and summary.json)")
+    return records, warnings
+
+
+# -- ordering ---------------------------------------------------------------------------------
+def _tier_value(tier: str) -> float:
+    from tango_lm.models.matching import parse_tier
+
+    try:
+        return float(parse_tier(tier, 1)[0])
+    except UserError:
+        return 0.0
+
+
+def _natural(v: Any) -> tuple[int, Any]:
+    return (0, float(v)) if isinstance(v, (int, float)) else (1, str(v))
+
+
+def model_order(model: str) -> tuple[int, int, str]:
+    from tango_lm.heads.registry import HEADS
+    from tango_lm.models.registry import ARCHITECTURES
+
+    archs = list(ARCHITECTURES)
+    archs.insert(archs.index("untied-transformer") + 1, "conventional-untied")
+    arch, _, head = model.partition("+")
+    heads = list(HEADS)
+    return (archs.index(arch) if arch in archs else len(archs), heads.index(head) + 1 if head in heads else 0, model)
+
+
+def _row_order(records: list[RunRecord]) -> list[tuple[Any, ...]]:
+    datasets = list(dict.fromkeys(r.dataset for r in records))
+    rows = {r.row for r in records}
+    return sorted(rows, key=lambda k: (datasets.index(k[0]), _tier_value(k[1]), k[1], k[2],
+                                       tuple(_natural(v) for _, v in k[3])))
+
+
+def model_name(model: str) -> str:
+    arch, _, head = model.partition("+")
+    return NAMES.get(arch, arch) + (f" ({NAMES.get(head, head)})" if head else "")
+
+
+# -- statistics -------------------------------------------------------------------------------
+def stats(values: list[float]) -> dict[str, Any]:
+    """Mean and sample standard deviation (ddof = 1; None for a single value)."""
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def _row_dict(key: tuple[Any, ...]) -> dict[str, Any]:
+    return {"dataset": key[0], "tier": key[1], "depth": key[2], **dict(key[3])}
+
+
+def build_report(records: list[RunRecord], split: str = "test", reference: str | None = None) -> dict[str, Any]:
+    """The four tables as plain data (see the module docstring). `reference` names the model
+    whose margins Table 13 gives (default: the best mean of each row)."""
+    models = sorted({r.model for r in records}, key=model_order)
+    seeds = sorted({r.seed for r in records}, key=lambda s: tuple(_natural(p) for p in s.split("/")))
+    cells: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}  # row -> model -> seed -> value
+    values_by_cell: dict[tuple[Any, ...], dict[str, list[float]]] = {}  # all values (duplicates too)
+    for r in records:
+        cells.setdefault(r.row, {}).setdefault(r.model, {}).setdefault(r.seed, r.value)
+        values_by_cell.setdefault(r.row, {}).setdefault(r.model, []).append(r.value)
+
+    main, margins = [], []
+    for key in _row_order(records):
+        row_cells = {m: {**stats(v), "seeds": cells[key][m]} for m, v in values_by_cell[key].items()}
+        best_mean = min(c["mean"] for c in row_cells.values())
+        best = [m for m in models if m in row_cells and row_cells[m]["mean"] == best_mean]
+        main.append({**_row_dict(key), "cells": row_cells, "best": best})
+        margins.append(_margins(key, row_cells, best[0], reference, seeds))
+
+    depth = []
+    groups: dict[tuple[Any, ...], dict[str, dict[int, list[float]]]] = {}
+    for r in records:
+        groups.setdefault((r.dataset, r.tier, r.extras), {}).setdefault(r.model, {}).setdefault(r.depth, []).append(r.value)
+    datasets = list(dict.fromkeys(r.dataset for r in records))
+    for (dataset, tier, extras), per_model in sorted(
+            groups.items(), key=lambda kv: (datasets.index(kv[0][0]), _tier_value(kv[0][1]), kv[0][1],
+                                            tuple(_natural(v) for _, v in kv[0][2]))):
+        for m in sorted(per_model, key=model_order):
+            by_depth = {d: stats(v) for d, v in sorted(per_model[m].items())}
+            means = [s["mean"] for s in by_depth.values()]
+            monotone = all(b <= a for a, b in zip(means, means[1:], strict=False)) if len(means) > 1 else None
+            depth.append({"dataset": dataset, "tier": tier, **dict(extras), "model": m, "depths": by_depth,
+                          "non_increasing": monotone})
+
+    return {"split": split, "metric": f"{split} NLL (nats/token) of the selected checkpoint",
+            "models": models, "seeds": seeds, "main": main, "margins": margins, "depth": depth,
+            "heads": _heads(records), "runs": [_run_dict(r) for r in records]}
+
+
+def _margins(key: tuple[Any, ...], row_cells: dict[str, dict[str, Any]], best: str, reference: str | None,
+             seeds: list[str]) -> dict[str, Any]:
+    focus = reference if reference is not None else best
+    out = {**_row_dict(key), "model": focus, "seeds": {}}
+    if focus not in row_cells:
+        return out
+    for seed in seeds:
+        mine = row_cells[focus]["seeds"].get(seed)
+        others = [(c["seeds"][seed], m) for m, c in row_cells.items() if m != focus and seed in c["seeds"]]
+        if mine is None or not others:
+            continue
+        value, other = min(others)
+        out["seeds"][seed] = {"margin": mine - value, "next": other}
+    return out
+
+
+def _heads(records: list[RunRecord]) -> list[dict[str, Any]]:
+    backbones: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}
+    for r in records:
+        backbones.setdefault((*r.row, r.arch), {}).setdefault(r.head, {})[r.seed] = r.value
+    out = []
+    rows = _row_order(records)
+    for key in sorted(backbones, key=lambda k: (rows.index(k[:4]), model_order(k[4]))):
+        per_head = backbones[key]
+        if "standard" not in per_head:
+            continue
+        for head in sorted((h for h in per_head if h != "standard"), key=lambda h: model_order(f"x+{h}")):
+            paired = sorted(set(per_head[head]) & set(per_head["standard"]))
+            if not paired:
+                continue
+            deltas = [per_head[head][s] - per_head["standard"][s] for s in paired]
+            d = stats(deltas)
+            out.append({**_row_dict(key[:4]), "arch": key[4], "head": head, "n": len(paired), "seeds": paired,
+                        "head_nll": statistics.fmean(per_head[head][s] for s in paired),
+                        "standard_nll": statistics.fmean(per_head["standard"][s] for s in paired),
+                        "delta": d["mean"], "delta_std": d["std"]})
+    return out
+
+
+def _run_dict(r: RunRecord) -> dict[str, Any]:
+    return {"path": str(r.path), "dataset": r.dataset, "tier": r.tier, "depth": r.depth, **dict(r.extras),
+            "arch": r.arch, "head": r.head, "model": r.model, "seed": r.seed, "value": r.value,
+            "test_nll": r.test_nll, "dev_nll": r.dev_nll, "tokens_per_s": r.tokens_per_s,
+            "params_total": r.params_total, "tokens": r.tokens}
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _fmt(x: float | None, digits: int, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _cell(c: dict[str, Any] | None, digits: int, bold: bool) -> str:
+    if c is None:
+        return "–"
+    text = _fmt(c["mean"], digits) + (f" ± {_fmt(c['std'], digits)}" if c["std"] is not None else "")
+    return f"**{text}**" if bold else text
+
+
+def _extras_keys(rows: list[dict[str, Any]], fixed: tuple[str, ...]) -> list[str]:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in fixed and k not in keys]
+    return keys
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def to_markdown(report: dict[str, Any], digits: int = 3) -> str:
+    models, seeds = report["models"], report["seeds"]
+    fixed_main = ("dataset", "tier", "depth", "cells", "best")
+    extra = _extras_keys(report["main"], fixed_main)
+    lead = ["Dataset", "Tier", "Depth", *extra]
+    out = [f"# Report: {report['metric']}", ""]
+    out += [f"## Mean ± standard deviation over seeds ({report['split']} NLL)", "",
+            "Bold marks the lowest mean in each row; ± is the sample standard deviation (ddof = 1) over seeds.", ""]
+    rows = []
+    for row in report["main"]:
+        cells = [_cell(row["cells"].get(m), digits, m in row["best"]) for m in models]
+        rows.append([str(row[k]) if k in row else "" for k in ("dataset", "tier", "depth", *extra)] + cells)
+    out += _md_table(lead + [model_name(m) for m in models], rows) + [""]
+
+    out += ["## Per-seed margin of the best model over the best other model", "",
+            "Each value is the model's NLL minus the lowest NLL among the other models at the same seed pair; "
+            "negative values favor the model.", ""]
+    rows = [[str(m[k]) if k in m else "" for k in ("dataset", "tier", "depth", *extra)] + [model_name(m["model"])]
+            + [_fmt(m["seeds"][s]["margin"], digits + 1, sign=True) if s in m["seeds"] else "–" for s in seeds]
+            for m in report["margins"]]
+    out += _md_table(lead + ["Model"] + [f"Seed {s}" for s in seeds], rows) + [""]
+
+    scaling = [row for row in report["depth"] if len(row["depths"]) > 1]  # models run at several depths
+    depths = sorted({d for row in scaling for d in row["depths"]})
+    if scaling:
+        dextra = _extras_keys(scaling, ("dataset", "tier", "model", "depths", "non_increasing"))
+        out += ["## Depth scaling", "", "Mean NLL per depth (± over seeds); the last column says whether the mean "
+                "never increases as depth rises.", ""]
+        rows = [[str(r[k]) if k in r else "" for k in ("dataset", "tier", *dextra)] + [model_name(r["model"])]
+                + [_cell(r["depths"].get(d), digits, False) for d in depths]
+                + [{True: "yes", False: "no", None: "–"}[r["non_increasing"]]] for r in scaling]
+        out += _md_table(["Dataset", "Tier", *dextra, "Model"] + [f"Depth {d}" for d in depths]
+                         + ["Non-increasing"], rows) + [""]
+
+    if report["heads"]:
+        out += ["## Heads against Standard", "", "Means over the seeds both heads have; Δ = head − Standard, "
+                "negative values favor the head.", ""]
+        rows = [[str(h[k]) if k in h else "" for k in ("dataset", "tier", "depth", *extra)]
+                + [model_name(h["arch"]), NAMES.get(h["head"], h["head"]), _fmt(h["head_nll"], digits + 1),
+                   _fmt(h["standard_nll"], digits + 1), _fmt(h["delta"], digits + 1, sign=True)
+                   + (f" ± {_fmt(h['delta_std'], digits + 1)}" if h["delta_std"] is not None else ""), str(h["n"])]
+                for h in report["heads"]]
+        out += _md_table(lead + ["Backbone", "Head", "Head NLL", "Standard NLL", "Δ", "Seeds"], rows) + [""]
+    return "\n".join(out)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+
+def csv_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Long-format rows of each table, as written to the CSV files."""
+    main, margins, depth = [], [], []
+    for row in report["main"]:
+        base = {k: v for k, v in row.items() if k not in ("cells", "best")}
+        for m in report["models"]:
+            c = row["cells"].get(m)
+            if c is not None:
+                main.append({**base, "model": m, "n": c["n"], "mean": c["mean"], "std": c["std"],
+                             "best": int(m in row["best"])})
+    for row in report["margins"]:
+        base = {k: v for k, v in row.items() if k not in ("seeds", "model")}
+        for seed, m in row["seeds"].items():
+            margins.append({**base, "model": row["model"], "seed": seed, "next": m["next"], "margin": m["margin"]})
+    for row in report["depth"]:
+        base = {k: v for k, v in row.items() if k not in ("depths", "non_increasing")}
+        for d, s in row["depths"].items():
+            depth.append({**base, "depth": d, "n": s["n"], "mean": s["mean"], "std": s["std"]})
+    heads = [{k: (" ".join(v) if k == "seeds" else v) for k, v in h.items()} for h in report["heads"]]
+    return {"main": main, "margins": margins, "depth": depth, "heads": heads, "runs": report["runs"]}
+
+
+def write_report(root: str | Path, out: str | Path | None = None, split: str = "test", plots: bool = True,
+                 reference: str | None = None, digits: int = 3) -> dict[str, Any]:
+    """Read the runs under `root` and write the report to `out` (default `root/report`).
+    Returns {"out": ..., "files": [...], "warnings": [...], "report": ...}."""
+    root = Path(root)
+    out = Path(out) if out is not None else root / "report"
+    records, warnings = collect_runs(root, split, skip=out)
+    if reference is not None and reference not in {r.model for r in records}:
+        raise UserError(f"--reference {reference!r} is not a model of these runs; models are: "
+                        f"{', '.join(sorted({r.model for r in records}, key=model_order))}")
+    report = build_report(records, split, reference)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "report.md", out / "report.json"]
+    if plots:
+        from tango_lm.eval.plots import write_plots
+
+        made, plot_warnings = write_plots(report, records, out / "plots")
+        warnings += plot_warnings
+    report["warnings"] = warnings
+    files[0].write_text(to_markdown(report, digits))
+    files[1].write_text(json.dumps(report, indent=2, default=str))
+    for name, rows in csv_tables(report).items():
+        _write_csv(out / f"{name}.csv", rows)
+        files.append(out / f"{name}.csv")
+    if plots:
+        files += made
+    return {"out": str(out), "files": [str(f) for f in files], "warnings": warnings, "report": report}

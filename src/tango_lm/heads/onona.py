@@ -1,0 +1,152 @@
+"""onóna: twin embeddings with tied unembeddings (seed 001, SPEC 3).
+
+Two tables A, B ∈ R^{V×d}, drawn independently N(0, init_std²). The body reads the average
+M = (A + B)/2 of the input token (Eq. 4); the head mixes the two tied softmaxes with a gate that
+reads only the input token (Eqs. 5, 6):
+
+    z_t = wᵀ rmsnorm(M[x_t]),   log p = logaddexp(log_softmax(h Aᵀ) + logsigmoid(z),
+                                                  log_softmax(h Bᵀ) + logsigmoid(-z)).
+
+The gate input is not detached, so A and B receive gradients through the input (half each of
+M's), through the gate (half each again) and each through its own output projection (Appendix B).
+
+Gate initialisation: the paper's code (Figure 2) uses `nn.Linear(d, 1, bias=False)` with no
+re-initialisation, i.e. PyTorch's default U(-1/√d, 1/√d); since rmsnorm(M[x]) has unit RMS the
+initial gate logits have std ≈ 1/√3 and the gates start spread around ½. That is the default here
+(`TokenGate(init="uniform")`); `gate.reset_parameters("zeros")` starts every gate at exactly ½,
+the constant gate of Appendix A. The weightless RMSNorm uses the model's `norm_eps` (SPEC 1's
+1e-6) where the paper's `F.rms_norm` took the dtype's machine epsilon.
+
+Serving (Appendix B): `gate_vector()` is σ(rmsnorm(M) w) ∈ [0, 1]^V, and `sample()` draws the
+component c ~ Bernoulli(g[x_t]) and computes only that component's projection, an exact sample
+from the mixture at temperature 1 without truncation.
+
+`ablation = "a"` or `"b"` turns a trained twin model into its one-table ablation: that table at
+the input and the output, without the gate (seed 001, Table 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tango_lm.heads.base import Head, float_logits, vocab_table
+from tango_lm.layers.norm import rms_norm
+from tango_lm.models.config import ModelConfig
+from tango_lm.ops.twin_loss import softmax_nll, twin_nll
+
+
+def twin_log_probs(h: torch.Tensor, A: torch.Tensor, B: torch.Tensor, gate_logit: torch.Tensor) -> torch.Tensor:
+    """onóna's head as a function: h [..., d], tables [V, d], gate logit z [...] (one per position,
+    or broadcastable with a trailing 1) -> normalized log-probs [..., V] in fp32 (or wider):
+    `logaddexp(log_softmax(h Aᵀ) + logsigmoid(z), log_softmax(h Bᵀ) + logsigmoid(-z))`."""
+    la = F.log_softmax(float_logits(h, A), dim=-1)
+    lb = F.log_softmax(float_logits(h, B), dim=-1)
+    z = gate_logit.to(la.dtype)
+    if z.dim() == h.dim() - 1:
+        z = z.unsqueeze(-1)
+    return torch.logaddexp(la + F.logsigmoid(z), lb + F.logsigmoid(-z))
+
+
+class TokenGate(nn.Module):
+    """`z = wᵀ rmsnorm(x)` with a weightless RMSNorm and `weight` w ∈ R^d; fp32 (or wider) out."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6, init: str = "uniform") -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(d_model))
+        self.reset_parameters(init)
+
+    def reset_parameters(self, init: str = "uniform") -> None:
+        """'uniform': U(-1/√d, 1/√d), nn.Linear's default as in the paper's code; 'zeros': g = ½."""
+        if init == "uniform":
+            bound = self.weight.shape[0] ** -0.5
+            nn.init.uniform_(self.weight, -bound, bound)
+        elif init == "zeros":
+            nn.init.zeros_(self.weight)
+        else:
+            raise ValueError(f"gate init must be 'uniform' or 'zeros', got {init!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Input rows [..., d] -> gate logits [...]."""
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        return (rms_norm(xf, self.eps) * self.weight.to(xf.dtype)).sum(-1)
+
+
+class OnonaHead(Head):
+    """Twin tables `table_a`, `table_b` and the token gate `gate` (SPEC 3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        # Drawn in the order A, B, gate; the factorial cells and the input-gate control draw the
+        # same, so A (and the body that follows) match across them under one seed.
+        self.table_a = vocab_table(cfg)
+        self.table_b = vocab_table(cfg)
+        self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
+        self.ablation: str | None = None
+
+    def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """M[x] = (A[x] + B[x]) / 2."""
+        return 0.5 * (self.table_a(input_ids) + self.table_b(input_ids))
+
+    def _one_table(self) -> nn.Embedding:
+        if self.ablation not in ("a", "b"):
+            raise ValueError(f"ablation must be None, 'a' or 'b', got {self.ablation!r}")
+        return self.table_a if self.ablation == "a" else self.table_b
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.ablation is not None:
+            return self._one_table()(input_ids)
+        return self.merged_rows(input_ids)
+
+    def gate_logit(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """z_t = wᵀ rmsnorm(M[x_t]) [B, T], fp32."""
+        return self.gate(self.merged_rows(input_ids))
+
+    def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.ablation is not None:
+            return F.log_softmax(float_logits(h, self._one_table().weight), dim=-1)
+        return twin_log_probs(h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids))
+
+    def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.ablation is not None:
+            return softmax_nll(h, self._one_table().weight, targets, chunk=self.loss_chunk)
+        return twin_nll(h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids), targets,
+                        chunk=self.loss_chunk)
+
+    # -- serving (Appendix B) ----------------------------------------------------------------
+    @torch.no_grad()
+    def gate_vector(self) -> torch.Tensor:
+        """g = σ(rmsnorm(M) w) ∈ [0, 1]^V, precomputed once for serving."""
+        merged = 0.5 * (self.table_a.weight + self.table_b.weight)
+        return torch.sigmoid(self.gate(merged))
+
+    @torch.no_grad()
+    def sample(self, h: torch.Tensor, input_ids: torch.Tensor, generator: torch.Generator | None = None
+               ) -> torch.Tensor:
+        """Exact temperature-1 samples [...] from the mixture with one projection per position:
+        c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says."""
+        g = torch.sigmoid(self.gate_logit(input_ids)).reshape(-1)
+        flat = h.reshape(-1, h.shape[-1])
+        use_a = torch.rand(g.shape, generator=generator, device=g.device, dtype=g.dtype) < g
+        out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
+        for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
+            rows = mask.nonzero().squeeze(1)
+            if rows.numel():
+                probs = F.softmax(float_logits(flat[rows], table), dim=-1)
+                out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return out.view(h.shape[:-1])
+
+    # -- accounting ----------------------------------------------------------------------------
+    @staticmethod
+    def embedding_params(cfg: ModelConfig) -> int:
+        return 2 * cfg.vocab_size * cfg.d_model
+
+    @staticmethod
+    def extra_params(cfg: ModelConfig) -> int:
+        return cfg.d_model
+
+    @staticmethod
+    def matmul_params_per_token(cfg: ModelConfig) -> int:
+        return 2 * cfg.vocab_size * cfg.d_model + cfg.d_model

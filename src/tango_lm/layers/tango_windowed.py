@@ -1,0 +1,118 @@
+"""The windowed TANGO block (SPEC 2.3): TANGO's parameters, a window of exact scores, a feature
+map beyond it.
+
+Only the token mixing differs from `TangoBlock`: the weights of sources in the last `window`
+positions are TANGO's unnormalised `exp(q.k / sqrt(d_h))` (q, k with RoPE), older sources weigh
+`phi(q_raw) . phi(k_raw)` with phi applied to the un-rotated q and k, and the gates are averaged
+with those weights (`ops/windowed.py`). `forward` therefore hands `mix` both the rotated and the
+un-rotated q and k.
+
+Decode state per application (`LayerState.extra`, constant size once W - 1 positions are seen):
+the last W - 1 rotated keys, their phi(k_raw) and their gates, and the prefix sums
+S = sum phi(k_s) g_s^T [B, H, d_h, F/H] and z = sum phi(k_s) [B, H, d_h] of every older source.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tango_lm.layers.rope import apply_rope
+from tango_lm.layers.tango import TangoBlock
+from tango_lm.ops.gate_average import merge_heads, split_heads
+from tango_lm.ops.windowed import (
+    MIN_CHUNK,
+    apply_feature_map,
+    compute_dtype,
+    windowed_gate_average_cached,
+    windowed_mix,
+)
+from tango_lm.serve.cache import LayerState
+
+
+class WindowedTangoBlock(TangoBlock):
+    """Windowed TANGO; the same parameters as `TangoBlock` (2d^2 + 3dF + d)."""
+
+    def __init__(
+        self, d_model: int, n_heads: int, width: int, eps: float, window: int = 64, feature_map: str = "elu+1"
+    ) -> None:
+        super().__init__(d_model, n_heads, width, eps)
+        self.window = window
+        self.feature_map = feature_map
+        self.chunk_size: int | None = None  # None: max(W, MIN_CHUNK); tests shrink it to exercise the prefix path
+
+    def mix(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        a: torch.Tensor,
+        u: torch.Tensor,
+        q_raw: torch.Tensor,
+        k_raw: torch.Tensor,
+    ) -> torch.Tensor:
+        """`gbar * u` from rotated q, k and un-rotated q_raw, k_raw [B, H, T, d_h], a and u [B, T, F]."""
+        g = split_heads(F.silu(a), self.n_heads)
+        return windowed_mix(q, k, q_raw, k_raw, g, u, self.window, self.feature_map, self.chunk_size)
+
+    def mix_cached(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        a: torch.Tensor,
+        u: torch.Tensor,
+        state: LayerState,
+        q_raw: torch.Tensor,
+        k_raw: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decoding: the new positions, in pieces of at most one chunk, against the state."""
+        g = split_heads(F.silu(a), self.n_heads)
+        k_phi = apply_feature_map(k_raw, self.feature_map)
+        ex = state.extra
+        if "s" not in ex:
+            b, h, _, d_h = k.shape
+            acc = compute_dtype(q, k, g)
+            ex["k"], ex["k_phi"], ex["g"] = k[..., :0, :], k_phi[..., :0, :], g[..., :0, :]
+            ex["s"] = torch.zeros(b, h, d_h, g.shape[-1], dtype=acc, device=g.device)
+            ex["z"] = torch.zeros(b, h, d_h, dtype=acc, device=g.device)
+        keep = self.window - 1  # a destination's window reaches W - 1 sources back
+        piece = self.chunk_size or max(self.window, MIN_CHUNK)
+        outs = []
+        for start in range(0, q.shape[-2], piece):
+            sl = slice(start, start + piece)
+            k_loc = torch.cat([ex["k"], k[..., sl, :]], dim=-2)
+            phi_loc = torch.cat([ex["k_phi"], k_phi[..., sl, :]], dim=-2)
+            g_loc = torch.cat([ex["g"], g[..., sl, :]], dim=-2)
+            outs.append(
+                windowed_gate_average_cached(
+                    q[..., sl, :], q_raw[..., sl, :], k_loc, phi_loc, g_loc, ex["s"], ex["z"], self.window,
+                    self.feature_map,
+                )
+            )
+            # Sources beyond the last W - 1 leave the window of every later destination: fold them in.
+            drop = max(k_loc.shape[-2] - keep, 0)
+            if drop:
+                phi_out = phi_loc[..., :drop, :].to(ex["s"].dtype)
+                ex["s"] = ex["s"] + phi_out.transpose(-1, -2) @ g_loc[..., :drop, :].to(ex["s"].dtype)
+                ex["z"] = ex["z"] + phi_out.sum(-2)
+            # Copies, so the state does not pin the whole concatenation in memory.
+            ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k_loc, phi_loc, g_loc))
+        return merge_heads(torch.cat(outs, dim=-2)) * u
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        application: int = 0,
+        state: LayerState | None = None,
+    ) -> torch.Tensor:
+        cos, sin = rope
+        h = self.norm(x)
+        q_raw = split_heads(self.q_proj(h), self.n_heads)
+        k_raw = split_heads(self.k_proj(h), self.n_heads)
+        q, k = apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
+        a, u = self.gate_proj(h), self.up_proj(h)
+        if state is None:
+            mixed = self.mix(q, k, a, u, q_raw, k_raw)
+        else:
+            mixed = self.mix_cached(q, k, a, u, state, q_raw, k_raw)
+        return x + self.down_proj(mixed)

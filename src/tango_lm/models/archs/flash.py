@@ -1,0 +1,60 @@
+"""FLASH baseline (SPEC 2.7): `depth` independent FLASH layers (mixed-chunk attention)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from tango_lm.errors import UserError
+from tango_lm.layers.flash import FlashLayer
+from tango_lm.models.archs.base import Architecture
+from tango_lm.models.archs.gau import check_qk_dim, gated_unit_matmul_params, gated_unit_params
+from tango_lm.models.backbone import Backbone
+from tango_lm.models.config import ModelConfig
+
+
+def group_pairs_per_token(seq_len: int, group_size: int) -> float:
+    """Average number of visible sources inside a position's own group (groups aligned to 0)."""
+    full, rest = divmod(seq_len, group_size)
+    return (full * group_size * (group_size + 1) / 2 + rest * (rest + 1) / 2) / seq_len
+
+
+class Flash(Architecture):
+    name = "flash"
+    uses_heads = False
+
+    @staticmethod
+    def validate(cfg: ModelConfig) -> None:
+        check_qk_dim(cfg)
+        if cfg.group_size < 1:
+            raise UserError(f"model.group_size={cfg.group_size} must be at least 1; use 256 (the paper's g)")
+
+    @staticmethod
+    def build(cfg: ModelConfig) -> nn.Module:
+        layers = [
+            FlashLayer(
+                cfg.d_model, cfg.width, cfg.qk_dim, cfg.group_size, cfg.context_length, cfg.norm_eps, cfg.init_std
+            )
+            for _ in range(cfg.depth)
+        ]
+        return Backbone(layers, list(range(cfg.depth)), cfg.qk_dim, cfg.rope_theta)
+
+    @staticmethod
+    def non_embedding_params(cfg: ModelConfig) -> int:
+        # 3de + 2e + ds + s + 8s + d + d + (2g - 1) per layer, plus the final norm.
+        return cfg.depth * gated_unit_params(cfg, 4, 2 * cfg.group_size - 1) + cfg.d_model
+
+    @staticmethod
+    def matmul_params_per_token(cfg: ModelConfig) -> int:
+        return gated_unit_matmul_params(cfg)
+
+    @staticmethod
+    def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+        # Quadratic part: 2(s + e) per visible source of the token's own group. Linear part: the
+        # token's lin_k^T V (2se) and its lin_q against the running sum (2se).
+        s, e = cfg.qk_dim, cfg.width
+        quad = 2 * (s + e) * group_pairs_per_token(seq_len, cfg.group_size)
+        return int(cfg.depth * (quad + 4 * s * e))
+
+    @staticmethod
+    def width_multiple(cfg: ModelConfig) -> int:
+        return 16

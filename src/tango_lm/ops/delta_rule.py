@@ -1,0 +1,150 @@
+"""The gated delta rule (Yang, Kautz, Hatamizadeh, ICLR 2025), chunkwise-parallel, in plain PyTorch.
+
+The recurrence, with the state kept as M = Sᵀ [d_k, d_v] (fla's layout):
+
+    M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ        o_t = M_tᵀ q_t
+
+(SPEC 4 writes the same thing as S_t = S_{t−1}(α_t(I − β_t k_t k_tᵀ)) + β_t v_t k_tᵀ, o_t = S_t q_t.)
+`g = log α ≤ 0` is passed instead of α so products of many gates stay in log space.
+
+Chunkwise form (the WY / UT-transform algorithm of Yang et al. 2024, "Parallelizing Linear
+Transformers with the Delta Rule over Sequence Length", with the gate of Gated DeltaNet). Inside a
+chunk of C positions with state M_0 on entry and cumulative gates Γ_t = exp(Σ_{s≤t} g_s), the
+state is M_t = Γ_t M_0 + Σ_{s≤t} (Γ_t/Γ_s) k_s u_sᵀ for "pseudo-values" u_s that solve
+
+    (I + A) U = diag(β) V − diag(βΓ) K M_0,    A_ts = β_t (Γ_t/Γ_s) k_t·k_s  (s < t, else 0),
+
+a unit lower-triangular system (the UT transform). Writing U = Ũ − W M_0 with
+Ũ = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(βΓ) K, which need no state, all chunks are solved
+at once; only the cheap inter-chunk pass is sequential:
+
+    O   = diag(Γ) Q M_0 + (Q Kᵀ ⊙ D) U,      D_ts = Γ_t/Γ_s for s ≤ t, else 0
+    M_C = Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U.
+
+`delta_rule_recurrent` is the step-by-step reference the chunked form is tested against (outputs
+and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel on CUDA
+when it is installed and asked for, and to the chunked PyTorch form otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step-by-step reference. q, k [B, H, T, d_k], v [B, H, T, d_v], beta and g = log α [B, H, T],
+    state M [B, H, d_k, d_v] (zeros if None) -> (o [B, H, T, d_v], final state)."""
+    b, h, t, dk = k.shape
+    dv = v.shape[-1]
+    m = state if state is not None else q.new_zeros(b, h, dk, dv)
+    outs = []
+    for i in range(t):
+        k_i, v_i, b_i = k[:, :, i], v[:, :, i], beta[:, :, i, None]
+        alpha = g[:, :, i].exp()[..., None, None]
+        # α (I − β k kᵀ) M + β k vᵀ
+        m = alpha * (m - b_i[..., None] * k_i[..., :, None] * (k_i[..., None, :] @ m))
+        m = m + b_i[..., None] * k_i[..., :, None] * v_i[..., None, :]
+        outs.append((q[:, :, i, None, :] @ m).squeeze(-2))
+    return torch.stack(outs, dim=2), m
+
+
+def delta_rule_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor | None = None,
+    chunk: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunkwise-parallel gated delta rule; same arguments and results as `delta_rule_recurrent`.
+    Computed in fp32 (or float64 for float64 inputs); o is returned in v's dtype, the state in fp32+."""
+    out_dtype = v.dtype
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    q, k, v, beta, g = (x.to(dtype) for x in (q, k, v, beta, g))
+    b, h, t, dk = k.shape
+    dv = v.shape[-1]
+    c = max(1, min(chunk, t))
+    pad = (-t) % c
+    if pad:  # padded positions: k = v = 0, β = 0, g = 0 (α = 1) leave the state unchanged
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
+    n = (t + pad) // c
+    q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
+    beta, g = beta.reshape(b, h, n, c), g.reshape(b, h, n, c)
+
+    gamma = g.cumsum(-1)  # log Γ_t within each chunk
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    # D_ts = Γ_t / Γ_s on and below the diagonal; masked before exp so it never overflows.
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    kk = k @ k.transpose(-1, -2)
+    a = (beta[..., :, None] * kk * decay).tril(-1)  # strictly lower
+    eye = torch.eye(c, dtype=dtype, device=q.device)
+    rhs = torch.cat([beta[..., None] * v, (beta * gamma.exp())[..., None] * k], dim=-1)
+    solved = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+    u_tilde, w = solved[..., :dv], solved[..., dv:]
+    qk = (q @ k.transpose(-1, -2)) * decay  # zero above the diagonal
+    q_decayed = gamma.exp()[..., None] * q
+    k_to_end = (gamma[..., -1:] - gamma).exp()[..., None] * k  # (Γ_C / Γ_s) k_s
+
+    m = state.to(dtype) if state is not None else q.new_zeros(b, h, dk, dv)
+    outs = []
+    for i in range(n):
+        u = u_tilde[:, :, i] - w[:, :, i] @ m
+        outs.append(q_decayed[:, :, i] @ m + qk[:, :, i] @ u)
+        m = gamma[:, :, i, -1, None, None].exp() * m + k_to_end[:, :, i].transpose(-1, -2) @ u
+    o = torch.stack(outs, dim=2).reshape(b, h, n * c, dv)[:, :, :t]
+    return o.to(out_dtype), m
+
+
+@functools.cache
+def _fla_kernel():
+    """fla's chunked Triton kernel (fla >= 0.2: [B, T, H, d] layout), or None when fla is not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # ImportError, or a Triton/CUDA mismatch raised at import
+        return None
+    return chunk_gated_delta_rule
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    state: torch.Tensor | None = None,
+    chunk: int = 64,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule through the chosen backend: 'torch' (chunked PyTorch), 'fla' (fla's
+    Triton kernel; CUDA only) or 'auto' (fla on CUDA when it imports, else torch). Shapes as in
+    `delta_rule_recurrent`; q is expected to carry its 1/sqrt(d_k) scale already."""
+    if backend != "torch" and q.is_cuda:
+        kernel = _fla_kernel()
+        if kernel is not None:
+            try:
+                # fla takes [B, T, H, d] and a [B, H, d_k, d_v] state; scale 1: q is pre-scaled.
+                o, final = kernel(
+                    q=q.transpose(1, 2).contiguous(), k=k.transpose(1, 2).contiguous(),
+                    v=v.transpose(1, 2).contiguous(), g=g.transpose(1, 2).float().contiguous(),
+                    beta=beta.transpose(1, 2).contiguous(), scale=1.0,
+                    initial_state=None if state is None else state.float(), output_final_state=True,
+                )
+                return o.transpose(1, 2).to(v.dtype), final
+            except Exception:
+                if backend == "fla":
+                    raise
+        elif backend == "fla":
+            raise RuntimeError("gdn_backend='fla' needs the flash-linear-attention package")
+    return delta_rule_chunked(q, k, v, beta, g, state, chunk)

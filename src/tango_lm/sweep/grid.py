@@ -1,0 +1,380 @@
+"""Sweep grids (SPEC 6): a base run config and axes whose product is a list of runs.
+
+A grid is a YAML file:
+
+    out_dir: runs/sweeps/table1        # one run directory per combination below this
+    base: tango-70m-d4                 # a preset name or YAML file, or inline model/data/train
+                                       # sections (a mapping may also name a `preset:` to start from)
+    axes:
+      dataset: {fineweb: data/fineweb-gpt2, lean: data/lean-gpt2}   # name: prepared data dir
+      tier: [70M, 160M]                # width matched per architecture (`tango-lm match`)
+      depth: [4, 8]
+      arch: [tango, tango-windowed, loop-transformer, untied-transformer, gau, flash]
+      head: [standard, onona]
+      seed: [[17, 101], [23, 103], [41, 107]]   # (model seed, data-order seed) pairs
+      train.lr: [1e-3, 3e-3]           # any config field, written section.field
+
+Axes and what they set:
+
+- `dataset`: `data.dir` (a mapping name -> directory, or a list of directories named by basename).
+- `tier`: a parameter target; `70M` / `160M` use the TANGO paper's d (512 / 768) unless a
+  `d_model` axis is given, other targets (`2M`, `250K`, `1500000`) use the d_model axis or the
+  base's. Each architecture's `width` is matched to the target (SPEC 2.8) with the `standard`
+  head, then the run's head is put on, so head-vs-Standard pairs share their backbone exactly
+  (the onóna paper's protocol). `target_params` is the same with explicit counts.
+  `arch: conventional-untied` takes seed 000 Table 6's geometry for a paper tier and depth.
+- `d_model`, `depth`, `arch`, `head`: the model fields of those names.
+- `seed`: `[model_seed, data_seed]` pairs, or plain model seeds (data seed from the base).
+
+Budgets: a `train.tokens_per_param` budget is turned into `train.tokens` = TPP x the tier's
+target (or, without a tier, x the standard-head count of the run's model), so every architecture
+and head of a setting trains on the same tokens in the same order.
+
+Run directories are named by the axes in the fixed order dataset, tier/target_params, d_model,
+depth, arch, head, config-field axes, seed: `dataset=fineweb/tier=70M/depth=4/arch=tango/
+head=standard/seed=17-101`. Each holds a normal `tango-lm train` run plus `sweep.json` (its labels).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tango_lm.data.shards import is_prepared
+from tango_lm.errors import UserError
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.matching import TIERS, conventional_untied, match_width, parse_tier
+from tango_lm.train.config import DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
+
+NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
+CONVENTIONAL = "conventional-untied"
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+
+@dataclass
+class SweepRun:
+    """One combination of the grid: its directory name, axis labels and validated config."""
+
+    name: str
+    labels: dict[str, Any]
+    config: RunConfig
+    dataset_dir: str | None = None
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.train.out_dir)
+
+
+@dataclass
+class Grid:
+    path: Path
+    out_dir: Path
+    axes: dict[str, list[Any]]
+    runs: list[SweepRun] = field(default_factory=list)
+    missing_data: dict[str, str] = field(default_factory=dict)  # dataset name -> directory
+
+    def select(self, patterns: list[str] | None) -> list[SweepRun]:
+        """Runs whose name matches any pattern (a glob, or a plain substring)."""
+        if not patterns:
+            return list(self.runs)
+        return [r for r in self.runs if any(_matches(r.name, p) for p in patterns)]
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern in name
+
+
+def load_grid(path: str | Path, check_data: bool = True) -> Grid:
+    """Read and validate a grid YAML; every combination's config is built (and validated) here,
+    so a malformed grid fails before anything trains. `check_data=False` records dataset
+    directories that are not prepared in `Grid.missing_data` instead of raising."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"sweep grid {path} does not exist; give a grid YAML such as configs/sweeps/dmmath-cpu.yaml")
+    try:
+        spec = parse_yaml(path.read_text())
+    except Exception as exc:  # noqa: BLE001 - yaml errors and undecodable files alike
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" at line {line + 1}" if line is not None else ""
+        raise UserError(f"sweep grid {path} is not valid YAML{where}; fix its syntax") from None
+    if not isinstance(spec, dict):
+        raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
+    unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description"})
+    if unknown:
+        raise UserError(f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir and description")
+    out_dir = spec.get("out_dir", f"runs/sweeps/{path.stem}")
+    if not isinstance(out_dir, str) or not out_dir:
+        raise UserError(f"out_dir in sweep grid {path} must be a directory path (got {out_dir!r})")
+    base = _base_sections(spec.get("base"), path)
+    axes = _parse_axes(spec.get("axes") or {}, path)
+    grid = Grid(path=path, out_dir=Path(out_dir), axes=axes)
+
+    datasets = axes.get("dataset") or [(None, base["data"].get("dir", DataConfig().dir))]
+    for name, directory in datasets:
+        if not is_prepared(directory):
+            if check_data:
+                what = f"dataset {name!r}" if name is not None else "the base's data.dir"
+                raise UserError(
+                    f"{what} of sweep grid {path}: {directory} is not a prepared dataset (directory missing or "
+                    "incomplete); prepare it with `tango-lm data prepare` or fix the grid"
+                )
+            grid.missing_data[name or "data.dir"] = directory
+
+    order = [a for a in NAMED_AXES if a in axes and a != "seed"]
+    order += sorted(a for a in axes if "." in a)
+    order += ["seed"] if "seed" in axes else []
+    names: dict[str, dict[str, Any]] = {}
+    for combo in itertools.product(*(axes[a] for a in order)):
+        values = dict(zip(order, combo, strict=True))
+        run = _make_run(base, values, grid, path)
+        if run.name in names:
+            raise UserError(f"sweep grid {path} gives two runs the same directory {run.name}; make axis values distinct")
+        names[run.name] = values
+        grid.runs.append(run)
+    return grid
+
+
+# -- base config ------------------------------------------------------------------------------
+def _base_sections(base: Any, grid_path: Path) -> dict[str, dict[str, Any]]:
+    if base is None:
+        return {"model": {}, "data": {}, "train": {}}
+    if isinstance(base, str):
+        data = _read_base(base, grid_path)
+    elif isinstance(base, dict):
+        data = copy.deepcopy(base)
+        preset = data.pop("preset", None)
+        if preset is not None:
+            if not isinstance(preset, str):
+                raise UserError(f"base.preset in sweep grid {grid_path} must be a preset name or YAML file")
+            start = _read_base(preset, grid_path)
+            for section, values in data.items():
+                if isinstance(values, dict) and isinstance(start.get(section, {}), dict):
+                    start.setdefault(section, {}).update(values)
+                else:
+                    start[section] = values
+            data = start
+    else:
+        raise UserError(f"base in sweep grid {grid_path} must be a preset name, a YAML file or model/data/train sections")
+    unknown = sorted(set(data) - set(_SECTIONS))
+    if unknown:
+        raise UserError(f"unknown base section {unknown[0]!r} in sweep grid {grid_path}; sections are model, data and train")
+    out = {}
+    for section in _SECTIONS:
+        values = data.get(section) or {}
+        if not isinstance(values, dict):
+            raise UserError(f"base.{section} in sweep grid {grid_path} must be a mapping of field: value")
+        out[section] = dict(values)
+    return out  # validated per run, once the axes have filled it in
+
+
+def _read_base(source: str, grid_path: Path) -> dict[str, Any]:
+    beside = grid_path.parent / source
+    if not Path(source).exists() and beside.is_file():
+        source = str(beside)  # a base file named relative to the grid
+    return copy.deepcopy(read_yaml(source))
+
+
+# -- axes -------------------------------------------------------------------------------------
+def _parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
+    if not isinstance(raw, dict):
+        raise UserError(f"axes in sweep grid {path} must be a mapping of axis name: list of values")
+    axes: dict[str, list[Any]] = {}
+    for name, values in raw.items():
+        where = f"axis {name!r} of sweep grid {path}"
+        if not isinstance(name, str) or (name not in NAMED_AXES and "." not in name):
+            raise UserError(f"unknown {where}; axes are {', '.join(NAMED_AXES)} or a config field such as train.lr")
+        if values is None or (isinstance(values, (list, dict)) and not values):
+            raise UserError(f"{where} is empty; give at least one value or remove the axis")
+        if name == "dataset":
+            axes[name] = _dataset_axis(values, where)
+            continue
+        if not isinstance(values, list):
+            raise UserError(f"{where} must be a list of values (got {type(values).__name__})")
+        if name == "seed":
+            parsed = [_seed(v, where) for v in values]
+        elif name in ("depth", "d_model"):
+            parsed = [_positive_int(v, where) for v in values]
+        elif name == "target_params":
+            parsed = [_target(v, where) for v in values]
+        elif name == "tier":
+            parsed = [_tier(v, where) for v in values]
+        elif name in ("arch", "head"):
+            parsed = [_choice(v, name, where) for v in values]
+        else:
+            parsed = [_field_value(name, v, where) for v in values]
+        if len({_label(v) for v in parsed}) != len(parsed):
+            raise UserError(f"{where} repeats a value; list each value once")
+        axes[name] = parsed
+    if "tier" in axes and "target_params" in axes:
+        raise UserError(f"sweep grid {path} has both tier and target_params axes; use one of them")
+    if CONVENTIONAL in axes.get("arch", []) and "tier" not in axes:
+        raise UserError(f"arch {CONVENTIONAL!r} in sweep grid {path} needs a tier axis (70M or 160M) to take its geometry")
+    return axes
+
+
+def _dataset_axis(values: Any, where: str) -> list[tuple[str, str]]:
+    if isinstance(values, dict):
+        items = list(values.items())
+    elif isinstance(values, list):
+        items = [(Path(str(v)).name, v) for v in values]
+    else:
+        raise UserError(f"{where} must map dataset names to prepared data directories")
+    out = []
+    for name, directory in items:
+        if not isinstance(directory, str) or not directory:
+            raise UserError(f"{where}: dataset {name!r} must name a prepared data directory (got {directory!r})")
+        if not isinstance(name, str) or not _SAFE.match(name):
+            raise UserError(f"{where}: dataset name {name!r} must be letters, digits, '.', '_', '+' or '-'")
+        out.append((name, directory))
+    if len({n for n, _ in out}) != len(out):
+        raise UserError(f"{where} names two datasets alike; give them distinct names")
+    return out
+
+
+def _positive_int(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise UserError(f"{where} takes positive integers (got {v!r})")
+    return v
+
+
+def _target(v: Any, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise UserError(f"{where} takes parameter counts such as 2000000 or 2M (got {v!r})")
+    return _positive_int(parse_tier(str(v), 1)[0], where)
+
+
+def _seed(v: Any, where: str) -> tuple[int, int | None]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v, None)
+    if (isinstance(v, list) and len(v) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in v)):
+        return (v[0], v[1])
+    raise UserError(f"{where} takes [model_seed, data_seed] pairs or single model seeds (got {v!r})")
+
+
+def _tier(v: Any, where: str) -> str:
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise UserError(f"{where} takes tiers such as 70M, 160M or 2M (got {v!r})")
+    text = str(v).strip()
+    parse_tier(text, 1)  # raises for malformed tiers
+    return text.upper() if text.upper() in TIERS else text
+
+
+def _choice(v: Any, name: str, where: str) -> str:
+    from tango_lm.heads.registry import HEADS
+    from tango_lm.models.registry import ARCHITECTURES
+
+    known = [*ARCHITECTURES, CONVENTIONAL] if name == "arch" else list(HEADS)
+    if v not in known:
+        raise UserError(f"{where}: unknown {name} {v!r}; choose from {', '.join(sorted(known))}")
+    return v
+
+
+def _field_value(name: str, v: Any, where: str) -> Any:
+    section, _, key = name.partition(".")
+    cls = _SECTIONS.get(section)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
+    if key not in fields or key == "out_dir":
+        raise UserError(f"unknown {where}: {name!r} is not a config field (write section.field, e.g. train.lr)")
+    if isinstance(v, (list, dict)):
+        raise UserError(f"{where} takes single values, not {type(v).__name__}s")
+    return v
+
+
+def _label(v: Any) -> str:
+    """The text a value takes in a run directory name."""
+    if isinstance(v, tuple):  # seed pair
+        return str(v[0]) if v[1] is None else f"{v[0]}-{v[1]}"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+# -- one combination ---------------------------------------------------------------------------
+def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Grid, path: Path) -> SweepRun:
+    parts, labels = [], {}
+    sections = copy.deepcopy(base)
+    model, data, train = sections["model"], sections["data"], sections["train"]
+    dataset_dir = None
+    for axis, value in values.items():
+        if axis == "dataset":
+            name, dataset_dir = value
+            data["dir"] = dataset_dir
+            label = name
+        else:
+            label = _label(value)
+        if not _SAFE.match(label):
+            raise UserError(f"value {label!r} of axis {axis!r} in sweep grid {path} cannot name a directory; "
+                            "use letters, digits, '.', '_', '+' or '-'")
+        parts.append(f"{axis}={label}")
+        labels[axis] = list(value) if axis == "seed" else (label if axis == "dataset" else value)
+    name = "/".join(parts) or "run"
+    where = f"run {name} of sweep grid {path}"
+
+    target = None
+    d_model = values.get("d_model")
+    if "tier" in values:
+        tier = values["tier"]
+        target, tier_d = parse_tier(tier, d_model or (None if tier in TIERS else model.get("d_model", 256)))
+        d_model = tier_d
+    elif "target_params" in values:
+        target = values["target_params"]
+    if d_model is not None and d_model != model.get("d_model"):
+        model["d_model"] = d_model
+        model.pop("n_heads", None)
+        model.pop("n_kv_heads", None)
+    if "depth" in values:
+        model["depth"] = values["depth"]
+    arch = values.get("arch")
+    if arch is not None:
+        model["arch"] = "untied-transformer" if arch == CONVENTIONAL else arch
+    head = values.get("head", model.get("head", "standard"))
+    model["head"] = head
+    if target is not None:
+        model["width"] = model.get("d_model", 256)  # a valid start; the matcher sets the width
+    if "seed" in values:
+        train["seed"], data_seed = values["seed"]
+        if data_seed is not None:
+            train["data_seed"] = data_seed
+    for axis, value in values.items():
+        if "." in axis:
+            section, _, key = axis.partition(".")
+            sections[section][key] = value
+    train["out_dir"] = str(grid.out_dir / name)
+    try:
+        run = RunConfig.from_dict(sections)
+        if arch == CONVENTIONAL:
+            run.model = _conventional(run.model, values["tier"], where)
+        elif target is not None:
+            run.model = match_width(run.model.replace(head="standard"), target).replace(head=head)
+        _fix_budget(run, target)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    return SweepRun(name=name, labels=labels, config=run, dataset_dir=dataset_dir)
+
+
+def _conventional(model: ModelConfig, tier: str, where: str) -> ModelConfig:
+    geometry = conventional_untied(tier, model.depth, model.vocab_size)
+    if geometry is None:
+        raise UserError(f"{where}: seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
+                        f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16")
+    return model.replace(arch="untied-transformer", d_model=geometry.d_model, n_heads=geometry.n_heads,
+                         width=geometry.width)
+
+
+def _fix_budget(run: RunConfig, target: int | None) -> None:
+    t = run.train
+    if t.tokens_per_param is None or t.steps is not None or t.tokens is not None:
+        return
+    reference = target if target is not None else run.model.replace(head="standard").num_params()["total"]
+    t.tokens = int(t.tokens_per_param * reference)
+    t.tokens_per_param = None

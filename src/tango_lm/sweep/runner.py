@@ -1,0 +1,195 @@
+"""Run a sweep grid: each combination is an ordinary training run, trained in this process, one
+after another.
+
+Restart rules, so a sweep killed at any point loses nothing and picks up where it stopped:
+
+- *done*: `summary.json` is present and records the run's full step budget. Never touched again
+  (not even its `sweep.json`).
+- *resume*: the run directory holds a complete checkpoint; training continues from the latest
+  one (the trainer truncates `metrics.jsonl` to it).
+- *new* (or *retry* after a recorded failure): no checkpoint, so records a killed attempt left in
+  `metrics.jsonl`/`best.json` are removed and the run starts from step 0.
+
+A run that raises (a `UserError` or anything else) gets `failed.json` (the one-line error) and
+`failed.log` (the traceback) and the sweep goes on; the next invocation retries it.
+`KeyboardInterrupt` stops the sweep. One sweep at a time may use an output directory (a lock
+file, released by the OS when the process dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+from tango_lm.sweep.grid import Grid, SweepRun
+from tango_lm.train.checkpoint import complete_steps, write_json_atomic
+
+STALE_FILES = ("metrics.jsonl", "best.json", "summary.json")
+FAILED_FILES = ("failed.json", "failed.log")
+
+
+def run_state(run: SweepRun) -> dict[str, Any]:
+    """What a (re)run would do: {"state": done|resume|retry|new, ...details}."""
+    out = run.out_dir
+    summary = _read_summary(out / "summary.json")
+    total = run.config.total_steps()
+    if summary is not None and summary.get("steps") == total:
+        return {"state": "done", "steps": total, "summary": summary}
+    steps = complete_steps(out / "checkpoints")
+    if steps:
+        return {"state": "resume", "from_step": int(steps[-1].name.split("-")[1]), "steps": total}
+    failed = _read_json(out / "failed.json")
+    if failed is not None:
+        return {"state": "retry", "error": failed.get("error"), "steps": total}
+    return {"state": "new", "steps": total}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    return _read_json(path)
+
+
+def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
+    """One row per run for `--dry-run`: its state, size and budget."""
+    rows = []
+    for run in runs:
+        state = run_state(run)
+        m = run.config.model
+        counts = m.num_params()
+        note = {"resume": f"from step {state.get('from_step')}", "retry": state.get("error")}.get(state["state"])
+        missing = grid.missing_data.get(run.labels.get("dataset", "data.dir"))
+        if missing is not None:
+            note = f"data missing: {missing}"
+        rows.append({"run": run.name, "state": state["state"], "arch": m.arch, "head": m.head, "d_model": m.d_model,
+                     "width": m.width, "depth": m.depth, "params": counts["total"], "steps": state["steps"],
+                     "tokens": state["steps"] * run.config.train.batch_size * run.config.train.grad_accum
+                     * run.config.seq_len(), "note": note})
+    return rows
+
+
+def run_sweep(
+    grid: Grid,
+    runs: list[SweepRun] | None = None,
+    progress: bool | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Train every run of the grid that is not finished; returns one status row per run.
+    `progress` overrides the runs' `train.progress` when given."""
+    from tango_lm.train.trainer import train
+
+    runs = grid.runs if runs is None else runs
+    if grid.missing_data:
+        name, directory = next(iter(grid.missing_data.items()))
+        raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
+    grid.out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with _sweep_lock(grid.out_dir):
+        for i, run in enumerate(runs, 1):
+            state = run_state(run)
+            head = f"[{i}/{len(runs)}] {run.name}"
+            if state["state"] == "done":
+                log(f"{head}: finished before, skipped")
+                rows.append(_row(run, "skipped", state["summary"]))
+                continue
+            if progress is not None:
+                run.config.train.progress = progress
+            _prepare_dir(run, state)
+            how = {"resume": f"resuming from step {state.get('from_step')}", "retry": "retrying after a failure"}
+            log(f"{head}: {how.get(state['state'], 'training')} ({state['steps']} steps)")
+            t0 = time.time()
+            try:
+                summary = train(run.config, resume=state["state"] == "resume").summary
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 - record every failure and go on with the sweep
+                error = _record_failure(run, exc)
+                log(f"{head}: failed: {error}")
+                rows.append(_row(run, "failed", None, error))
+            else:
+                rows.append(_row(run, "resumed" if state["state"] == "resume" else "trained", summary,
+                                 seconds=time.time() - t0))
+            finally:
+                _release_memory()
+            write_json_atomic(grid.out_dir / "status.json", {"runs": rows, "total": len(runs)})
+    return rows
+
+
+def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
+    out = run.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    for name in FAILED_FILES:
+        (out / name).unlink(missing_ok=True)
+    if state["state"] in ("new", "retry"):
+        for name in STALE_FILES:  # left by an attempt killed before its first checkpoint
+            (out / name).unlink(missing_ok=True)
+    write_json_atomic(out / "sweep.json", {"name": run.name, "labels": run.labels})
+
+
+def _record_failure(run: SweepRun, exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    error = f"{type(exc).__name__}: {text}" if not isinstance(exc, UserError) else text
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.out_dir / "failed.json", {"error": error, "type": type(exc).__name__,
+                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    (run.out_dir / "failed.log").write_text("".join(traceback.format_exception(exc)))
+    return error
+
+
+def _row(run: SweepRun, status: str, summary: dict[str, Any] | None, error: str | None = None,
+         seconds: float | None = None) -> dict[str, Any]:
+    s = summary or {}
+    return {"run": run.name, "status": status, "steps": s.get("steps"), "best_dev_nll": s.get("best_dev_nll"),
+            "test_nll": s.get("test_nll"), "tokens_per_s": s.get("tokens_per_s"), "seconds": seconds,
+            "error": error, "out_dir": str(run.out_dir)}
+
+
+def _release_memory() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - freeing memory is best effort
+        pass
+
+
+@contextlib.contextmanager
+def _sweep_lock(out_dir: Path) -> Iterator[None]:
+    """An exclusive lock on `out_dir/.sweep.lock` for this process's lifetime in the sweep."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock
+        yield
+        return
+    path = out_dir / ".sweep.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise UserError(f"another sweep ({holder}) is running in {out_dir}; wait for it or stop it first") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -1,0 +1,175 @@
+"""Shared helpers for the trainer, checkpoint, optimizer and CLI tests.
+
+Test modules wrap these in their own small fixtures (so ruff sees no imported fixture names);
+`synthetic_dataset` caches its directory under the session's base temp dir, so the dataset is
+written once per session however many modules ask for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import string
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tango_lm.data.shards import PreparedDataset, is_prepared, write_prepared
+from tango_lm.data.tokenizers import get_tokenizer
+from tango_lm.train.config import RunConfig
+
+# d_model 32 with head_dim 16 -> 2 heads; width 64 is a multiple of 2.
+TINY_MODEL: dict[str, Any] = {
+    "arch": "tango",
+    "d_model": 32,
+    "head_dim": 16,
+    "width": 64,
+    "depth": 2,
+    "vocab_size": 257,
+    "context_length": 32,
+}
+SEQ_LEN = 32
+DOC_CHARS = 31  # + 1 EOT = 32 byte tokens per document
+TRAIN_DOCS = 40  # 1280 tokens -> (1280 - 1) // 32 = 39 training windows
+TRAIN_WINDOWS = (TRAIN_DOCS * (DOC_CHARS + 1) - 1) // SEQ_LEN
+EVAL_DOCS = 10  # 320 tokens -> 9 dev / test windows
+
+# Training defaults of the tiny runs (overridable per call).
+TINY_TRAIN: dict[str, Any] = {
+    "steps": 12,
+    "batch_size": 4,
+    "grad_accum": 1,
+    "save_every": 4,
+    "eval_every": 4,
+    "log_every": 1,
+    "warmup_steps": 2,
+    "eval_windows": 8,
+    "keep_last": 2,
+    "lr": 3e-3,
+    "progress": False,
+    "device": "cpu",
+    "precision": "fp32",
+}
+
+
+def make_docs(n: int, seed: int, chars: int = DOC_CHARS) -> list[str]:
+    """`n` documents of exactly `chars` lowercase letters/spaces (byte tokens = chars + 1 EOT)."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_lowercase[:12] + " "
+    return ["".join(rng.choice(alphabet) for _ in range(chars)) for _ in range(n)]
+
+
+def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The byte-tokenized synthetic dataset, written once per session."""
+    path = tmp_path_factory.getbasetemp() / "tango-synthetic-byte"
+    if not is_prepared(path):
+        write_prepared(
+            path,
+            get_tokenizer("byte"),
+            {"train": make_docs(TRAIN_DOCS, 0), "dev": make_docs(EVAL_DOCS, 1), "test": make_docs(EVAL_DOCS, 2)},
+            {"name": "synthetic"},
+            progress=False,
+        )
+    ds = PreparedDataset.open(path)
+    assert ds.num_tokens("train") == TRAIN_DOCS * (DOC_CHARS + 1)
+    return path
+
+
+def synthetic_gpt2_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small dataset prepared with the GPT-2 tokenizer (for tokenizer-mismatch errors)."""
+    path = tmp_path_factory.getbasetemp() / "tango-synthetic-gpt2"
+    if not is_prepared(path):
+        docs = [" ".join(["the cat sat on the mat"] * 8)] * 8
+        write_prepared(path, get_tokenizer("gpt2"), {"train": docs, "dev": docs, "test": docs}, {"name": "g"},
+                       progress=False)
+    return path
+
+
+def run_config(data_dir: Path, out_dir: Path, model: dict[str, Any] | None = None, **train: Any) -> RunConfig:
+    """A validated tiny RunConfig."""
+    return RunConfig.from_dict(
+        {
+            "model": {**TINY_MODEL, **(model or {})},
+            "data": {"dir": str(data_dir)},
+            "train": {**TINY_TRAIN, "out_dir": str(out_dir), **train},
+        }
+    )
+
+
+def cli_overrides(data_dir: Path, out_dir: Path, **train: Any) -> list[str]:
+    """The same tiny run as `key=value` overrides for `tango-lm train`."""
+    items = [f"model.{k}={v}" for k, v in TINY_MODEL.items()]
+    items.append(f"data.dir={data_dir}")
+    settings = {**TINY_TRAIN, "out_dir": str(out_dir), **train}
+    items += [f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
+    return items
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny models are much faster on one thread (and the CI box has two busy cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def loss_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Training-loss records without the wall-clock field."""
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in read_metrics(run_dir) if "loss" in r]
+
+
+def dev_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "dev_nll" in r and r.get("event") != "summary"]
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step-{step:08d}"
+
+
+def step_names(run_dir: Path) -> list[str]:
+    root = run_dir / "checkpoints"
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) if root.is_dir() else []
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
+    """path -> (mtime_ns, sha256) of every file under the roots (and the directory listing)."""
+    out: dict[str, tuple[int, str]] = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                out[str(p)] = (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            else:
+                out[str(p)] = (0, "dir")
+    return out
+
+
+def assert_one_error_line(err: str) -> str:
+    """stderr holds exactly one line, `error: ...`, and no traceback."""
+    assert "Traceback" not in err
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0]

@@ -1,0 +1,128 @@
+"""BPE tokenizer training: round trips, the saved description, datasets and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.data.bpe import train_bpe
+from tango_lm.data.shards import PreparedDataset, write_prepared
+from tango_lm.data.sources import prepare_files
+from tango_lm.data.tokenizers import BPETokenizer, get_tokenizer, same_tokenizer, tokenizer_from_dict
+from tango_lm.errors import UserError
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "def square(x):\n    return x * x\n\n\nprint(square(12))\n",
+    "theorem add_zero (n : Nat) : n + 0 = n := by\n  simp\n",
+    "Unicode: héllo wörld, 日本語, emoji 😀, math ∑ x² ≤ π",
+] * 5
+TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
+         "def square(x):\n    return x * x"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("corpus")
+    for i, text in enumerate(CORPUS[:4]):
+        (d / f"doc{i}.txt").write_text(text * 4, encoding="utf-8")
+    (d / "more.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in CORPUS), encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> tuple[BPETokenizer, Path]:
+    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    return train_bpe([corpus], 400, out, progress=False), out
+
+
+def test_round_trip_and_eot(trained):
+    tok, _ = trained
+    assert 257 < tok.vocab_size <= 400 and tok.eot_id == 0
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert tok.eot_id not in ids  # "<|endoftext|>" in text is ordinary text
+    assert tok.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
+    assert len(tok.encode("The quick brown fox")) < len("The quick brown fox")  # merges were learned
+    assert tok.decode([tok.eot_id]) == "<|endoftext|>"
+
+
+def test_description_restores_exactly(trained):
+    tok, path = trained
+    d = json.loads(json.dumps(tok.to_dict()))
+    assert d["name"] == "bpe" and len(d["fingerprint"]) == 64 and isinstance(d["hf_tokenizer"], str)
+    again = tokenizer_from_dict(d)
+    assert same_tokenizer(d, again.to_dict())
+    assert [again.encode(t) for t in TEXTS] == [tok.encode(t) for t in TEXTS]
+    from_file = get_tokenizer(f"bpe:{path}")
+    assert from_file.fingerprint() == tok.fingerprint()
+    # A re-indented file is the same tokenizer.
+    pretty = path.with_name("pretty.json")
+    pretty.write_text(json.dumps(json.loads(path.read_text()), indent=4))
+    assert get_tokenizer(f"bpe:{pretty}").fingerprint() == tok.fingerprint()
+    changed = json.loads(d["hf_tokenizer"])
+    changed["model"]["vocab"]["zzz"] = len(changed["model"]["vocab"]) + 1
+    with pytest.raises(UserError, match="fingerprint"):
+        tokenizer_from_dict({**d, "hf_tokenizer": json.dumps(changed)})
+    with pytest.raises(UserError, match="lacks its `hf_tokenizer`"):
+        tokenizer_from_dict({k: v for k, v in d.items() if k != "hf_tokenizer"})
+
+
+def test_training_is_deterministic(corpus, trained, tmp_path):
+    again = train_bpe([corpus], 400, tmp_path / "t.json", progress=False)
+    assert again.fingerprint() == trained[0].fingerprint()
+    smaller = train_bpe([corpus], 300, tmp_path / "s.json", progress=False)
+    assert smaller.fingerprint() != again.fingerprint() and smaller.vocab_size == 300
+
+
+def test_prepared_dataset_carries_the_tokenizer(corpus, trained, tmp_path):
+    tok, path = trained
+    out = prepare_files("jsonl", [corpus / "more.jsonl"], tmp_path / "d", f"bpe:{path}", dev_fraction=0,
+                        test_fraction=0, progress=False)
+    path.rename(path.with_name("moved.json"))  # the dataset must not need the file any more
+    try:
+        ds = PreparedDataset.open(out, verify=True)
+        assert ds.tokenizer.fingerprint() == tok.fingerprint()
+        expected = [i for t in CORPUS for i in tok.encode(t) + [tok.eot_id]]
+        assert ds.tokens("train").tolist() == expected
+        # The dataset's tokenizer.json is itself a valid --tokenizer bpe:PATH.
+        assert get_tokenizer(f"bpe:{out / 'tokenizer.json'}").fingerprint() == tok.fingerprint()
+    finally:
+        path.with_name("moved.json").rename(path)
+
+
+def test_bad_input(corpus, tmp_path):
+    with pytest.raises(UserError, match="at least 257"):
+        train_bpe([corpus], 100, tmp_path / "t.json", progress=False)
+    with pytest.raises(UserError, match="does not exist"):
+        train_bpe([tmp_path / "missing"], 300, tmp_path / "t.json", progress=False)
+    (tmp_path / "exists.json").write_text("{}")
+    with pytest.raises(UserError, match="already exists"):
+        train_bpe([corpus], 300, tmp_path / "exists.json", progress=False)
+    with pytest.raises(UserError, match="no tokenizer file"):
+        get_tokenizer(f"bpe:{tmp_path / 'none.json'}")
+    with pytest.raises(UserError, match="not a valid Hugging Face tokenizer"):
+        get_tokenizer(f"bpe:{tmp_path / 'exists.json'}")
+    with pytest.raises(UserError, match="bpe:PATH"):
+        get_tokenizer("bpe")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(UserError, match="bad.jsonl, line 2"):
+        train_bpe([corpus, bad], 300, tmp_path / "t2.json", progress=False)  # fails mid-training
+    assert not (tmp_path / "t2.json").exists()
+
+
+def test_cli_train_tokenizer(corpus, tmp_path, capsys):
+    out = tmp_path / "tok.json"
+    rc = main(["data", "train-tokenizer", "--input", str(corpus / "doc0.txt"), str(corpus / "more.jsonl"),
+               "--vocab-size", "320", "--out", str(out), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert f"bpe:{out}" in capsys.readouterr().out
+    tok = get_tokenizer(f"bpe:{out}")
+    assert tok.vocab_size == 320
+    ds = write_prepared(tmp_path / "ds", tok, {"train": TEXTS}, {}, progress=False)
+    assert PreparedDataset.open(ds).tokenizer.encode("Hello world") == tok.encode("Hello world")

@@ -1,0 +1,314 @@
+"""Output heads (SPEC 3, seed 001): every head on the model interface (normalized fp32 log-probs,
+NLL through the fused path, parameter formulas), onóna's containment of Standard, the Appendix A
+rank example, its gradient paths, the one-table ablations, one-projection sampling, and the
+factorial cells and input-gate control."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tango_lm import ModelConfig, build_model
+from tango_lm.heads.onona import OnonaHead, twin_log_probs
+from tango_lm.heads.registry import HEADS
+from tango_lm.models.params import count_params
+
+V, T = 97, 12
+ARCHS = ("tango", "loop-transformer")
+TABLES = {"embed_tokens", "lm_head", "table_a", "table_b"}
+
+
+def small_config(arch: str, head: str, **changes) -> ModelConfig:
+    fields = dict(arch=arch, head=head, d_model=32, head_dim=16, width=48, depth=2, vocab_size=V, context_length=16)
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+def small_model(arch: str, head: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = build_model(small_config(arch, head)).to(dtype)
+    with torch.no_grad():  # larger weights than the 0.02 init, so the outputs are far from uniform
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3 if name.startswith("head.") else 0.2)
+    return model.eval()
+
+
+def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def spec_extra_over_standard(head: str, v: int, d: int, k: int = 2) -> int:
+    """SPEC 3, written out: parameters a head adds to the Standard model."""
+    return {
+        "standard": 0, "untied": v * d, "onona": v * d + d, "mos": k * d * d + k * d, "sigsoftmax": 0,
+        "moss": k * d * d + k * d, "input-gate": v * d + d, "factorial-a-a": 0, "factorial-a-mix": v * d + d,
+        "factorial-m-a": v * d, "factorial-m-mix": v * d + d,
+    }[head]
+
+
+def test_every_head_has_a_formula():
+    assert set(HEADS) == {"standard", "untied", "onona", "mos", "sigsoftmax", "moss", "input-gate",
+                          "factorial-a-a", "factorial-a-mix", "factorial-m-a", "factorial-m-mix"}
+
+
+# -- every head on the model interface ---------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_log_probs_normalized_and_nll_is_gathered_mean(arch, head):
+    model = small_model(arch, head)
+    x, y = ids(seed=3), ids(seed=4)
+    lp = model(x)
+    assert lp.shape == (2, T, V) and lp.dtype == torch.float32
+    assert torch.isfinite(lp).all() and (lp <= 0).all()
+    torch.testing.assert_close(lp.logsumexp(-1), torch.zeros(2, T), rtol=0, atol=1e-5)
+    manual = -lp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    nll = model.nll(x, y)
+    assert nll.dim() == 0 and nll.dtype == torch.float32
+    torch.testing.assert_close(nll, manual.mean(), rtol=1e-5, atol=1e-6)
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad(nll, params), torch.autograd.grad(manual.mean(), params), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # The chunk size is a speed/memory knob only.
+    model.head.loss_chunk = 5
+    torch.testing.assert_close(model.nll(x, y), nll, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_param_formula_equals_numel(arch, head):
+    cfg, std_cfg = small_config(arch, head), small_config(arch, "standard")
+    model = build_model(cfg)
+    counts = count_params(cfg)
+    named = dict(model.named_parameters())
+    table = sum(p.numel() for n, p in named.items() if n.startswith("head.") and n.split(".")[1] in TABLES)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["embedding"] == table
+    assert counts["non_embedding"] == counts["total"] - table
+    assert counts["total"] - count_params(std_cfg)["total"] == spec_extra_over_standard(head, V, 32)
+    assert all(n.endswith("weight") for n in named), "no biases (SPEC 1, seed 001 Appendix B)"
+    v, d = V, 32
+    projections = 2 if head in ("onona", "mos", "moss", "factorial-a-mix", "factorial-m-mix") else 1
+    gate = d if head in ("onona", "input-gate", "factorial-a-mix", "factorial-m-mix") else 0
+    mos = 2 * d * d + 2 * d if head in ("mos", "moss") else 0
+    assert HEADS[head].matmul_params_per_token(cfg) == projections * v * d + gate + mos
+
+
+# -- onóna containment: A = B = E reproduces Standard for every gate value -------------------------
+@pytest.mark.parametrize("head", ["onona", "factorial-a-mix", "factorial-m-a", "factorial-a-a", "input-gate",
+                                  "untied"])
+def test_equal_tables_reproduce_standard(head):
+    std = small_model("tango", "standard", dtype=torch.float64)
+    model = small_model("tango", head, seed=1, dtype=torch.float64)
+    e = std.head.embed_tokens.weight
+    with torch.no_grad():
+        body = {n: p for n, p in std.named_parameters() if not n.startswith("head.")}
+        for n, p in model.named_parameters():
+            if n in body:
+                p.copy_(body[n])
+            elif n.split(".")[1] in TABLES:
+                p.copy_(e)
+    x, y = ids(seed=5), ids(seed=6)
+    with torch.no_grad():
+        want, want_nll = std(x), std.nll(x, y)
+    gate = getattr(model.head, "gate", None)
+    w = torch.randn(32, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    for scale in (0.0, 1.0, 4.0, 40.0):  # g = 1/2 everywhere, then spread, then saturated gates
+        if gate is not None:
+            with torch.no_grad():
+                gate.weight.copy_(scale * w)
+            z = gate(model.head.embed(x))
+            if scale >= 1:
+                assert z.min() < -1 and z.max() > 1  # the gates take several values
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), want, rtol=0, atol=1e-10)
+            torch.testing.assert_close(model.nll(x, y), want_nll, rtol=1e-12, atol=1e-12)
+        if gate is None:
+            break
+
+
+# -- Appendix A -------------------------------------------------------------------------------------
+APPENDIX_P = torch.tensor([[10, 13, 19], [14, 14, 14], [19, 13, 10]], dtype=torch.float64) / 42
+
+
+def appendix_a() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64)
+    b = torch.zeros(3, 1, dtype=torch.float64)
+    h = torch.tensor([[2.0], [1.0], [0.5]], dtype=torch.float64).log()
+    return a, b, h
+
+
+def test_appendix_a_function():
+    a, b, h = appendix_a()
+    lp = twin_log_probs(h, a, b, torch.zeros(3, dtype=torch.float64))  # z = 0: g = 1/2
+    torch.testing.assert_close(lp.exp(), APPENDIX_P, rtol=0, atol=1e-14)
+    assert torch.linalg.matrix_rank(lp).item() == 3  # > d + 1 = 2
+    u, aa, bb, cc = (torch.tensor(v, dtype=torch.float64).log() for v in (1 / 3, 10 / 42, 13 / 42, 19 / 42))
+    torch.testing.assert_close(torch.linalg.det(lp), u * (aa - cc) * (aa + cc - 2 * bb), rtol=1e-10, atol=0)
+    # A single softmax over the same hidden states stays within the d + 1 bound.
+    single = torch.log_softmax(h @ a.T, -1)
+    assert torch.linalg.matrix_rank(single).item() <= 2
+
+
+def test_appendix_a_module_with_zero_gate():
+    cfg = SimpleNamespace(vocab_size=3, d_model=1, init_std=0.02, norm_eps=1e-6)
+    head = OnonaHead(cfg).double()
+    a, b, h = appendix_a()
+    with torch.no_grad():
+        head.table_a.weight.copy_(a)
+        head.table_b.weight.copy_(b)
+    head.gate.reset_parameters("zeros")  # w = 0 gives g = sigma(0) = 1/2 for every token
+    x = torch.tensor([0, 1, 2])
+    lp = head.log_probs(h, x)
+    torch.testing.assert_close(lp.exp(), APPENDIX_P, rtol=0, atol=1e-14)
+    assert torch.linalg.matrix_rank(lp).item() == 3
+    y = torch.tensor([2, 0, 1])
+    torch.testing.assert_close(head.nll(h, x, y), -APPENDIX_P[[0, 1, 2], y].log().sum(), rtol=1e-12, atol=0)
+
+
+# -- gradient paths (Appendix B) --------------------------------------------------------------------
+def test_gradients_reach_tables_through_input_gate_and_head():
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(vocab_size=11, d_model=6, init_std=0.5, norm_eps=1e-6)
+    head = OnonaHead(cfg).double()
+    proj = torch.randn(6, 6, dtype=torch.float64)  # a toy body: h = tanh(x0 W)
+    x = torch.randint(0, 11, (3, 5))
+    y = torch.randint(0, 11, (3, 5))
+    A, B = head.table_a.weight, head.table_b.weight
+
+    def grads(loss):
+        return torch.autograd.grad(loss, [A, B], allow_unused=True, retain_graph=True)
+
+    x0 = head.embed(x)
+    h = torch.tanh(x0 @ proj)
+    z = head.gate_logit(x)
+    total = grads(head.nll(h, x, y))
+
+    def loss(hh, a, b, zz):
+        return -twin_log_probs(hh, a, b, zz).gather(-1, y.unsqueeze(-1)).sum()
+
+    via_input = grads(loss(h, A.detach(), B.detach(), z.detach()))
+    via_gate = grads(loss(h.detach(), A.detach(), B.detach(), z))
+    via_head = grads(loss(h.detach(), A, B, z.detach()))
+    for path in (via_input, via_gate, via_head):
+        assert all(g is not None and g.abs().max() > 1e-6 for g in path)
+    # Input and gate read M = (A + B)/2: half of M's gradient each; the head's are the tables' own.
+    torch.testing.assert_close(via_input[0], via_input[1], rtol=0, atol=0)
+    torch.testing.assert_close(via_gate[0], via_gate[1], rtol=0, atol=0)
+    assert (via_head[0] - via_head[1]).abs().max() > 1e-3
+    x0_grad = torch.autograd.grad(loss(torch.tanh(x0 @ proj), A.detach(), B.detach(), z.detach()), x0)[0]
+    by_row = torch.zeros_like(A).index_add_(0, x.reshape(-1), x0_grad.reshape(-1, 6))
+    torch.testing.assert_close(via_input[0], 0.5 * by_row, rtol=1e-12, atol=1e-14)
+    for i in range(2):
+        torch.testing.assert_close(total[i], via_input[i] + via_gate[i] + via_head[i], rtol=1e-10, atol=1e-12)
+    # The gate weight learns too.
+    assert torch.autograd.grad(head.nll(h.detach(), x, y), head.gate.weight)[0].abs().max() > 1e-6
+
+
+# -- onóna extras: ablations and one-projection sampling -------------------------------------------
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_one_table_ablation(which):
+    model = small_model("tango", "onona", dtype=torch.float64)
+    table = getattr(model.head, f"table_{which}").weight
+    x, y = ids(), ids(seed=2)
+    model.head.ablation = which
+    torch.testing.assert_close(model.head.embed(x), table[x], rtol=0, atol=0)
+    lp = model(x)
+    h = model.hidden(x)
+    torch.testing.assert_close(lp, torch.log_softmax(h @ table.T, -1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(model.nll(x, y), -lp.gather(-1, y.unsqueeze(-1)).mean(), rtol=1e-12, atol=0)
+    model.head.ablation = None
+    assert (model(x) - lp).abs().max() > 1e-3
+
+
+def test_one_projection_sampling_matches_the_mixture():
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(vocab_size=6, d_model=4, init_std=0.6, norm_eps=1e-6)
+    head = OnonaHead(cfg)
+    with torch.no_grad():
+        head.gate.weight.mul_(3)
+    n = 40_000
+    for token in (0, 3):
+        h = torch.randn(1, 4, generator=torch.Generator().manual_seed(token)).expand(n, 4)
+        x = torch.full((n,), token)
+        samples = head.sample(h, x, generator=torch.Generator().manual_seed(1))
+        freq = torch.bincount(samples, minlength=6).double() / n
+        p = twin_log_probs(h[:1], head.table_a.weight, head.table_b.weight, head.gate_logit(x[:1])).exp()[0].double()
+        sigma = (p * (1 - p) / n).sqrt()
+        assert ((freq - p).abs() < 5 * sigma).all(), (freq, p)
+        chi2 = ((freq - p) ** 2 / p).sum() * n  # 5 degrees of freedom: P(chi2 > 20.5) = 0.001
+        assert chi2 < 20.5
+    g = head.gate_vector()
+    torch.testing.assert_close(g[[0, 3]], torch.sigmoid(head.gate_logit(torch.tensor([0, 3]))), rtol=0, atol=1e-7)
+    assert g.shape == (6,) and ((g > 0) & (g < 1)).all()
+
+
+def test_cached_decoding_reproduces_full_forward():
+    model = small_model("tango", "onona", dtype=torch.float64)
+    x = ids(t=14)
+    full = model(x)
+    cache = model.new_cache()
+    pieces = [model(x[:, :5], cache)] + [model(x[:, i : i + 1], cache) for i in range(5, 14)]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)
+
+
+# -- factorial cells and the input-gate control ----------------------------------------------------
+FACTORIAL = {"factorial-a-a": ({"table_a"}, "a"), "factorial-a-mix": ({"table_a", "table_b", "gate"}, "a"),
+             "factorial-m-a": ({"table_a", "table_b"}, "m"), "factorial-m-mix": ({"table_a", "table_b", "gate"}, "m")}
+
+
+def test_factorial_cells_share_table_a_and_drop_unused_parameters():
+    cfg = small_config("tango", "onona")
+    torch.manual_seed(3)
+    onona = HEADS["onona"](cfg)
+    torch.manual_seed(3)
+    standard = HEADS["standard"](cfg)
+    torch.testing.assert_close(onona.table_a.weight, standard.embed_tokens.weight, rtol=0, atol=0)
+    x = ids()
+    for name, (modules, input_rows) in FACTORIAL.items():
+        torch.manual_seed(3)
+        cell = HEADS[name](cfg)
+        assert {n.split(".")[0] for n, _ in cell.named_parameters()} == modules, name
+        torch.testing.assert_close(cell.table_a.weight, onona.table_a.weight, rtol=0, atol=0)
+        a = cell.table_a.weight
+        x0 = a[x] if input_rows == "a" else 0.5 * (a[x] + onona.table_b.weight[x])
+        torch.testing.assert_close(cell.embed(x), x0, rtol=0, atol=0)
+        if "gate" in modules:  # a mixture cell gates on rmsnorm of its own input vector
+            torch.testing.assert_close(cell.gate_logit(x), cell.gate(x0), rtol=0, atol=0)
+            torch.testing.assert_close(cell.gate.weight, onona.gate.weight, rtol=0, atol=0)
+
+
+def test_input_gate_rows_and_merged_head():
+    model = small_model("tango", "input-gate", dtype=torch.float64)
+    head = model.head
+    A, B = head.table_a.weight, head.table_b.weight
+    x = ids()
+    g = torch.sigmoid(head.gate(0.5 * (A + B)))  # per vocabulary entry
+    want = g[x].unsqueeze(-1) * A[x] + (1 - g[x]).unsqueeze(-1) * B[x]
+    torch.testing.assert_close(head.embed(x), want, rtol=0, atol=1e-14)
+    h = model.hidden(x)
+    torch.testing.assert_close(model(x), torch.log_softmax(h @ (0.5 * (A + B)).T, -1), rtol=0, atol=1e-12)
+
+
+def test_mos_components_and_prior():
+    model = small_model("tango", "mos", dtype=torch.float64)
+    head = model.head
+    assert tuple(head.latent_proj.weight.shape) == (64, 32) and tuple(head.prior_proj.weight.shape) == (2, 32)
+    x = ids()
+    h = model.hidden(x)
+    e = head.embed_tokens.weight
+    pi = torch.softmax(h @ head.prior_proj.weight.T, -1)
+    w1, w2 = head.latent_proj.weight[:32], head.latent_proj.weight[32:]
+    p = pi[..., :1] * torch.softmax(torch.tanh(h @ w1.T) @ e.T, -1) + pi[..., 1:] * torch.softmax(
+        torch.tanh(h @ w2.T) @ e.T, -1)
+    torch.testing.assert_close(model(x), p.log(), rtol=0, atol=1e-12)
+
+
+def test_sigsoftmax_definition():
+    model = small_model("tango", "sigsoftmax", dtype=torch.float64)
+    x = ids()
+    z = model.hidden(x) @ model.head.embed_tokens.weight.T
+    p = z.exp() * torch.sigmoid(z)
+    torch.testing.assert_close(model(x), (p / p.sum(-1, keepdim=True)).log(), rtol=0, atol=1e-12)

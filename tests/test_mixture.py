@@ -1,0 +1,117 @@
+"""Weighted mixtures of prepared datasets: realized proportions, determinism, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.data.mixture import parse_component, prepare_mixture
+from tango_lm.data.shards import PreparedDataset, write_prepared
+from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
+from tango_lm.errors import UserError
+
+BYTE = ByteTokenizer()
+
+
+def _component(path: Path, letter: str, n_docs: int, seed: int, tok=BYTE, **kw) -> Path:
+    """A dataset whose documents are runs of one letter, of varied lengths."""
+    rng = random.Random(seed)
+    docs = [letter * rng.randint(1, 120) for _ in range(n_docs)]
+    dev = [letter * rng.randint(1, 40) for _ in range(n_docs // 5)]
+    return write_prepared(path, tok, {"train": docs, "dev": dev}, {"name": f"letters-{letter}"},
+                          progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mix")
+    # Small shards, so documents cross shard borders.
+    return {"a": _component(root / "a", "a", 400, 1, shard_tokens=997),
+            "b": _component(root / "b", "b", 300, 2, shard_tokens=1009),
+            "c": _component(root / "c", "c", 200, 3)}
+
+
+def _shares(path: Path, split: str = "train") -> dict[str, float]:
+    """Token share of each letter's component (its letters plus one EOT per document)."""
+    toks = PreparedDataset.open(path, verify=True).tokens(split)
+    docs = np.split(toks, np.flatnonzero(toks == BYTE.eot_id) + 1)[:-1]
+    totals: dict[str, int] = {}
+    for d in docs:
+        letter = chr(int(d[0])) if len(d) > 1 else "?"
+        assert len(set(d[:-1].tolist())) <= 1  # documents are copied whole
+        totals[letter] = totals.get(letter, 0) + len(d)
+    n = sum(totals.values())
+    return {k: v / n for k, v in totals.items()}
+
+
+def test_realized_proportions_match_weights(parts, tmp_path):
+    out = prepare_mixture(tmp_path / "m", [f"{parts['a']}:0.7", f"{parts['b']}:0.3"], tokens=40_000, seed=3,
+                          progress=False)
+    shares = _shares(out)
+    assert abs(shares["a"] - 0.7) < 0.01 and abs(shares["b"] - 0.3) < 0.01
+    ds = PreparedDataset.open(out)
+    assert 40_000 <= ds.num_tokens("train") < 40_000 + 130
+    src = ds.source
+    assert [c["weight"] for c in src["components"]] == [0.7, 0.3]
+    assert src["components"][0]["path"] == str(parts["a"].absolute())
+    assert src["components"][0]["source"] == "letters-a"
+    realized = src["realized"]["train"]
+    assert realized[0]["epochs"] > 1  # 40k tokens need more than one pass over a
+    assert sum(r["tokens"] for r in realized) == ds.num_tokens("train")
+    assert abs(_shares(out, "dev")["a"] - 0.7) < 0.05
+
+
+def test_default_uses_each_document_at_most_once(parts, tmp_path):
+    out = prepare_mixture(tmp_path / "m", [(str(parts["a"]), 1), (str(parts["b"]), 1), (str(parts["c"]), 2)],
+                          progress=False)
+    ds = PreparedDataset.open(out)
+    shares = _shares(out)
+    for k, w in (("a", 0.25), ("b", 0.25), ("c", 0.5)):
+        assert abs(shares[k] - w) < 0.02
+    realized = ds.source["realized"]["train"]
+    assert all(r["epochs"] == 1 for r in realized)
+    c_docs = PreparedDataset.open(parts["c"]).num_documents("train")
+    assert realized[2]["documents"] == c_docs  # the limiting component is used up, nothing repeats
+    assert ds.tokenizer.name == "byte"
+
+
+def test_deterministic_with_seed(parts, tmp_path):
+    args = [f"{parts['a']}:2", f"{parts['b']}:1"]
+    one = prepare_mixture(tmp_path / "1", args, tokens=5000, seed=7, progress=False)
+    two = prepare_mixture(tmp_path / "2", args, tokens=5000, seed=7, progress=False)
+    three = prepare_mixture(tmp_path / "3", args, tokens=5000, seed=8, progress=False)
+    read = [PreparedDataset.open(p).tokens("train").tolist() for p in (one, two, three)]
+    assert read[0] == read[1] and read[0] != read[2]
+
+
+def test_components_must_share_a_tokenizer(parts, tmp_path):
+    other = _component(tmp_path / "g", "g", 20, 4, tok=GPT2Tokenizer())
+    with pytest.raises(UserError, match="uses tokenizer 'gpt2'.*one tokenizer"):
+        prepare_mixture(tmp_path / "m", [f"{parts['a']}:0.5", f"{other}:0.5"], progress=False)
+    assert not (tmp_path / "m").exists()
+
+
+def test_bad_components(parts, tmp_path):
+    for bad in ("nocolon", f"{parts['a']}:0", f"{parts['a']}:-1", f"{parts['a']}:x"):
+        with pytest.raises(UserError, match="bad mixture component"):
+            parse_component(bad)
+    assert parse_component("C:/data/web:0.7") == ("C:/data/web", 0.7)
+    with pytest.raises(UserError, match="no prepared dataset"):
+        prepare_mixture(tmp_path / "m", [f"{tmp_path / 'missing'}:1"], progress=False)
+    with pytest.raises(UserError, match="at least one"):
+        prepare_mixture(tmp_path / "m", [], progress=False)
+
+
+def test_cli_mixture(parts, tmp_path, capsys):
+    rc = main(["data", "prepare", "mixture", "--out", str(tmp_path / "m"), "--source", f"{parts['a']}:0.7",
+               "--source", f"{parts['b']}:0.3", "--tokens", "8000", "--seed", "1", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert [c["share"] for c in manifest["source"]["components"]] == [0.7, 0.3]
+    rc = main(["data", "prepare", "mixture", "--out", str(tmp_path / "n"), "--source", f"{parts['a']}"])
+    assert rc == 2 and "DIR:WEIGHT" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""AdamW parameter groups and the learning-rate schedules (SPEC 6)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.model import build_model
+from tango_lm.train.config import TrainConfig
+from tango_lm.train.optim import build_optimizer, lr_at
+
+LR, FLOOR_RATIO = 2e-3, 0.1
+FLOOR = LR * FLOOR_RATIO
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"lr": LR, "min_lr_ratio": FLOOR_RATIO, "warmup_steps": 10, **kw})
+
+
+def _curve(total: int, **kw) -> list[float]:
+    cfg = _cfg(**kw)
+    return [lr_at(s, total, cfg) for s in range(total)]
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine", "constant"])
+def test_warmup_is_linear_and_reaches_peak(schedule):
+    lrs = _curve(100, schedule=schedule)
+    warm = lrs[:10]
+    assert all(b > a for a, b in zip(warm, warm[1:], strict=False))
+    assert warm[0] == pytest.approx(LR / 11)
+    steps = [b - a for a, b in zip([0.0, *warm], warm, strict=False)]
+    assert steps == pytest.approx([LR / 11] * 10)
+    assert lrs[10] == pytest.approx(LR)
+    assert max(lrs) == pytest.approx(LR)
+    assert all(x > 0 for x in lrs)
+
+
+def test_constant_schedule_stays_at_peak():
+    lrs = _curve(50, schedule="constant")
+    assert lrs[10:] == [LR] * 40
+
+
+def test_wsd_plateau_then_linear_decay_to_floor():
+    lrs = _curve(100, schedule="wsd", decay_fraction=0.2)
+    assert lrs[10:80] == [LR] * 70  # stable until the last 20% of steps
+    decay = lrs[80:]
+    assert all(b < a for a, b in zip(decay, decay[1:], strict=False))
+    diffs = [a - b for a, b in zip(decay, decay[1:], strict=False)]
+    assert diffs == pytest.approx([diffs[0]] * len(diffs))  # linear
+    assert lrs[-1] == pytest.approx(FLOOR)
+    assert min(lrs[10:]) == pytest.approx(FLOOR)
+    assert lrs[79] - decay[0] == pytest.approx(diffs[0])
+
+
+def test_cosine_decays_monotonically_between_peak_and_floor():
+    lrs = _curve(100, schedule="cosine")
+    tail = lrs[10:]
+    assert tail[0] == pytest.approx(LR)
+    assert all(b < a for a, b in zip(tail, tail[1:], strict=False))
+    assert all(FLOOR <= x <= LR for x in tail)
+    # The decay spans steps 10 .. 99 (89 intervals), the last step landing on the floor.
+    mid = 10 + 45
+    assert lrs[mid] == pytest.approx(FLOOR + (LR - FLOOR) * 0.5 * (1 + math.cos(math.pi * 45 / 89)))
+
+
+def test_cosine_ends_at_floor_on_last_step():
+    assert _curve(100, schedule="cosine")[-1] == pytest.approx(FLOOR)
+
+
+@pytest.mark.parametrize("total", [1, 2, 5])
+def test_short_runs_are_well_defined(total):
+    for schedule in ("wsd", "cosine", "constant"):
+        lrs = _curve(total, schedule=schedule, warmup_steps=100)
+        assert all(0 < x <= LR for x in lrs)
+        assert all(math.isfinite(x) for x in lrs)
+    assert _curve(total, schedule="wsd", warmup_steps=100)[-1] == pytest.approx(FLOOR)
+
+
+def test_schedule_past_the_end_stays_at_floor():
+    cfg = _cfg(schedule="wsd")
+    assert lr_at(150, 100, cfg) == pytest.approx(FLOOR)
+    cfg = _cfg(schedule="cosine")
+    assert lr_at(150, 100, cfg) == pytest.approx(FLOOR)
+
+
+def _tiny_model() -> nn.Module:
+    return build_model(ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257,
+                                   context_length=32))
+
+
+def test_optimizer_groups_decay_matrices_only():
+    model = _tiny_model()
+    opt = build_optimizer(model, _cfg(weight_decay=0.1, beta1=0.8, beta2=0.9))
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    ids = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {id(p) for p in model.parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in model.named_parameters() if n.endswith("norm.weight")}
+    assert any(names[id(p)].endswith("embed_tokens.weight") for p in decay["params"])
+    assert all(g["betas"] == (0.8, 0.9) and g["lr"] == LR for g in opt.param_groups)
+
+
+def test_norm_weights_are_not_decayed():
+    """With zero gradients AdamW only applies weight decay: matrices shrink, norms do not move."""
+    model = _tiny_model()
+    opt = build_optimizer(model, _cfg(weight_decay=0.5))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        if p.ndim == 1:
+            assert torch.equal(p, before[n]), n
+        else:
+            torch.testing.assert_close(p.detach(), before[n] * (1 - LR * 0.5))
+
+
+def test_frozen_parameters_are_left_out():
+    model = _tiny_model()
+    model.norm.weight.requires_grad_(False)
+    opt = build_optimizer(model, _cfg())
+    assert all(p is not model.norm.weight for g in opt.param_groups for p in g["params"])

@@ -1,0 +1,421 @@
+"""Document sources: split policy, text/JSONL/Parquet readers, code trees, Hugging Face datasets, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.data import sources
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.sources import (
+    assemble_splits,
+    code_documents,
+    expand_inputs,
+    hold_out,
+    jsonl_documents,
+    parquet_documents,
+    prepare_code,
+    prepare_files,
+    prepare_hf,
+    prepare_source,
+    split_inputs,
+    split_of,
+    text_documents,
+)
+from tango_lm.data.tokenizers import ByteTokenizer
+from tango_lm.errors import UserError
+
+BYTE = ByteTokenizer()
+
+
+def _docs(path: Path, split: str) -> list[str]:
+    """Documents of a prepared byte-tokenized split."""
+    ds = PreparedDataset.open(path, verify=True)
+    out, cur = [], []
+    for t in ds.tokens(split).tolist():
+        if t == BYTE.eot_id:
+            out.append(bytes(cur).decode())
+            cur = []
+        else:
+            cur.append(t)
+    return out
+
+
+def _write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+# -- split policy ---------------------------------------------------------------------------
+def test_split_of_is_deterministic_and_near_fractions():
+    docs = [f"document {i}" for i in range(4000)]
+    got = [split_of(d, 0.1, 0.05, seed=3) for d in docs]
+    assert got == [split_of(d, 0.1, 0.05, seed=3) for d in docs]
+    assert abs(got.count("dev") / len(docs) - 0.1) < 0.02
+    assert abs(got.count("test") / len(docs) - 0.05) < 0.015
+    assert got != [split_of(d, 0.1, 0.05, seed=4) for d in docs]  # the seed matters
+    assert {split_of(d, 0.0, 0.0) for d in docs} == {"train"}
+
+
+def test_hold_out_is_one_pass_and_keeps_duplicates_together():
+    reads = []
+
+    def stream():
+        for i in range(300):
+            reads.append(i)
+            yield f"doc {i % 250}"  # 50 duplicates
+
+    splits = hold_out(stream(), 0.2, 0.2, seed=1)
+    got = {name: list(docs) for name, docs in splits.items()}
+    assert len(reads) == 300  # a single pass over the source
+    assert sum(len(v) for v in got.values()) == 300
+    for name, docs in got.items():
+        assert all(split_of(d, 0.2, 0.2, seed=1) == name for d in docs)
+    assert not set(got["train"]) & (set(got["dev"]) | set(got["test"]))
+
+
+def test_hold_out_any_read_order_and_text_with_newlines():
+    docs = [f"line one {i}\nline two\n\n" for i in range(100)]
+    splits = hold_out(iter(docs), 0.3, 0.3, seed=0)
+    test, train, dev = list(splits["test"]), list(splits["train"]), list(splits["dev"])
+    assert sorted(test + train + dev) == sorted(docs)
+
+
+def test_hold_out_split_read_during_pass_is_an_error():
+    splits = hold_out(iter(["a", "b", "c"] * 20), 0.3, 0.3)
+    train = iter(splits["train"])
+    next(train)
+    with pytest.raises(RuntimeError, match="while another split"):
+        next(iter(splits["dev"]))
+
+
+def test_assemble_keeps_own_splits_and_holds_out_missing():
+    own = {"train": iter([f"t{i}" for i in range(200)]), "test": iter(["x", "y"])}
+    splits = assemble_splits(own, 0.25, 0.25, seed=0)
+    assert list(splits) == ["train", "dev", "test"]
+    got = {k: list(v) for k, v in splits.items()}
+    assert got["test"] == ["x", "y"]  # the source's own test split, nothing held out into it
+    assert 20 < len(got["dev"]) < 80 and len(got["train"]) + len(got["dev"]) == 200
+    with pytest.raises(UserError, match="no train split"):
+        assemble_splits({"dev": []}, 0.1, 0.1)
+    with pytest.raises(UserError, match="dev_fraction"):
+        assemble_splits({"train": []}, 1.5, 0.1)
+    assert list(assemble_splits({"train": ["a"]}, 0.0, 0.1)) == ["train", "test"]
+
+
+# -- inputs and readers ---------------------------------------------------------------------
+def test_expand_inputs_dirs_globs_and_missing(tmp_path):
+    (tmp_path / "b").mkdir()
+    for name in ("a.txt", "b/c.txt", "b/d.md", ".hidden.txt"):
+        (tmp_path / name).write_text(name)
+    assert [p.name for p in expand_inputs([tmp_path], [".txt"])] == ["a.txt", "c.txt"]
+    assert [p.name for p in expand_inputs([str(tmp_path / "**" / "*.md")], [".txt"])] == ["d.md"]
+    with pytest.raises(UserError, match="does not exist"):
+        expand_inputs([tmp_path / "nope.txt"], [".txt"])
+    with pytest.raises(UserError, match="no .jsonl files"):
+        expand_inputs([tmp_path], [".jsonl"])
+
+
+def test_split_inputs_detects_own_splits(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in ("train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl", "validation.jsonl", "test.jsonl",
+                 "README.md"):
+        (d / name).write_text("")
+    groups = split_inputs([d], [".jsonl"])
+    assert {k: [Path(p).name for p in v] for k, v in groups.items()} == {
+        "train": ["train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl"],
+        "dev": ["validation.jsonl"], "test": ["test.jsonl"]}
+    assert split_inputs(["train=a.jsonl", "val=b.jsonl"], [".jsonl"]) == {"train": ["a.jsonl"], "dev": ["b.jsonl"]}
+    assert split_inputs([d / "test.jsonl"], [".jsonl"]) == {"train": [str(d / "test.jsonl")]}
+    with pytest.raises(UserError, match="has no split"):
+        split_inputs(["train=a.jsonl", str(d)], [".jsonl"])
+    (d / "extra.jsonl").write_text("")
+    with pytest.raises(UserError, match="and also extra.jsonl"):
+        split_inputs([d], [".jsonl"])
+
+
+def test_text_documents(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("first para\nstill first\n\n\n  \nsecond\n")
+    (tmp_path / "empty.txt").write_text("\n \n")
+    assert list(text_documents([a, tmp_path / "empty.txt"])) == [a.read_text()]
+    assert list(text_documents([a], split_on_blank_lines=True)) == ["first para\nstill first", "second"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok \xff\xfe")
+    with pytest.raises(UserError, match="bad.txt is not UTF-8"):
+        list(text_documents([bad]))
+
+
+def test_jsonl_documents_and_errors(tmp_path):
+    f = _write_jsonl(tmp_path / "a.jsonl", [{"text": "one"}, {"text": "two", "id": 2}, {"text": "  "}])
+    g = tmp_path / "b.jsonl.gz"
+    with gzip.open(g, "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"body": "zipped"}) + "\n\n")
+    assert list(jsonl_documents([f])) == ["one", "two"]
+    assert list(jsonl_documents([g], field="body")) == ["zipped"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "fine"}\n{"text": oops}\n')
+    with pytest.raises(UserError, match=r"broken.jsonl, line 2: not valid JSON"):
+        list(jsonl_documents([broken]))
+    with pytest.raises(UserError, match=r"a.jsonl, line 1: the object has no field 'content'.*--field"):
+        list(jsonl_documents([f], field="content"))
+    _write_jsonl(tmp_path / "num.jsonl", [{"text": 3}])
+    with pytest.raises(UserError, match="non-string 'text'"):
+        list(jsonl_documents([tmp_path / "num.jsonl"]))
+
+
+def test_parquet_documents_batches_and_errors(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"row {i}" for i in range(25)] + [None, ""]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts, "n": list(range(27))}), path, row_group_size=10)
+    assert list(parquet_documents([path], batch_rows=4)) == texts[:25]
+    with pytest.raises(UserError, match=r"t.parquet has no column 'body' \(columns: text, n\)"):
+        list(parquet_documents([path], field="body"))
+    with pytest.raises(UserError, match="column 'n' .* not text"):
+        list(parquet_documents([path], field="n"))
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    with pytest.raises(UserError, match="cannot read the Parquet file"):
+        list(parquet_documents([junk]))
+
+
+# -- code trees -------------------------------------------------------------------------------
+@pytest.fixture
+def code_tree(tmp_path) -> Path:
+    root = tmp_path / "pkg"
+    for rel, data in {
+        "b.py": b"print('b')\n",
+        "a.py": b"import os\n",
+        "sub/c.py": b"x = 1\n",
+        "tests/test_a.py": b"assert True\n",
+        "sub/test/t.py": b"assert 1\n",
+        "big.py": b"# " + b"x" * 5000 + b"\n",
+        "blob.py": b"\x00\x01binary",
+        "latin.py": b"s = '\xe9'\n",
+        "notes.txt": b"not code\n",
+        ".git/hook.py": b"hidden\n",
+        "__pycache__/a.py": b"cached\n",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_code_documents_order_filters_and_header(code_tree):
+    stats: dict[str, int] = {}
+    docs = list(code_documents([code_tree], max_bytes=1000, stats=stats))
+    assert docs == ["import os\n", "print('b')\n", "x = 1\n"]  # sorted walk: a.py, b.py, sub/c.py
+    assert stats == {"files": 3, "skipped_large": 1, "skipped_binary": 1, "skipped_undecodable": 1}
+    with_tests = list(code_documents([code_tree], exclude_dirs=(), max_bytes=1000))
+    assert "assert True\n" in with_tests and "assert 1\n" in with_tests
+    headed = list(code_documents([code_tree], max_bytes=1000, path_header=True))
+    assert headed[2] == "# path: sub/c.py\nx = 1\n"
+
+
+def test_prepare_code(code_tree, tmp_path):
+    out = prepare_code([code_tree], tmp_path / "code", BYTE, max_bytes=1000, dev_fraction=0, test_fraction=0,
+                       progress=False)
+    ds = PreparedDataset.open(out, verify=True)
+    assert ds.splits == ["train"]
+    assert _docs(out, "train") == ["import os\n", "print('b')\n", "x = 1\n"]
+    assert ds.source["stats"]["skipped_binary"] == 1  # filled in while streaming
+    with pytest.raises(UserError, match="no .rs files"):
+        prepare_code([code_tree], tmp_path / "rs", BYTE, exts=[".rs"], progress=False)
+
+
+def test_stdlib_is_the_default_tree():
+    first = next(code_documents([sources.stdlib_path()]))
+    assert first.strip()
+    assert (sources.stdlib_path() / "os.py").is_file()
+
+
+# -- prepare ----------------------------------------------------------------------------------
+def test_prepare_jsonl_holds_out_by_hash(tmp_path):
+    rows = [{"text": f"document number {i}"} for i in range(200)]
+    data = _write_jsonl(tmp_path / "a.jsonl", rows)
+    out = prepare_files("jsonl", [data], tmp_path / "out", BYTE, dev_fraction=0.1, test_fraction=0.1, seed=5,
+                        progress=False)
+    got = {s: _docs(out, s) for s in ("train", "dev", "test")}
+    assert sorted(sum(got.values(), [])) == sorted(r["text"] for r in rows)
+    for split, docs in got.items():
+        assert docs and all(split_of(d, 0.1, 0.1, 5) == split for d in docs)
+    src = PreparedDataset.open(out).source
+    assert src["name"] == "jsonl" and src["own_splits"] == ["train"] and src["seed"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out"]  # the spill is cleaned up
+
+
+def test_prepare_parquet_own_splits_and_max_docs(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "pq"
+    d.mkdir()
+    pq.write_table(pa.table({"text": [f"train {i}" for i in range(30)]}), d / "train.parquet")
+    pq.write_table(pa.table({"text": ["v1", "v2"]}), d / "validation.parquet")
+    out = prepare_files("parquet", [d], tmp_path / "out", BYTE, test_fraction=0.3, max_docs=20, progress=False)
+    ds = PreparedDataset.open(out)
+    assert ds.splits == ["train", "dev", "test"]
+    assert _docs(out, "dev") == ["v1", "v2"]
+    assert ds.num_documents("train") + ds.num_documents("test") == 20
+
+
+def test_prepare_text_split_on_blank_lines(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.txt").write_text("p1\n\np2\n\np3\n")
+    out = prepare_source("text", [tmp_path / "t"], tmp_path / "out", BYTE, split_on_blank_lines=True,
+                         dev_fraction=0, test_fraction=0, progress=False)
+    assert _docs(out, "train") == ["p1", "p2", "p3"]
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(UserError, match="unknown data source 'csv'"):
+        prepare_source("csv", [], tmp_path / "x")
+    with pytest.raises(UserError, match="does not exist"):
+        prepare_files("jsonl", [tmp_path / "missing.jsonl"], tmp_path / "x", BYTE, progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+# -- Hugging Face -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_datasets(tmp_path_factory):
+    """The real `datasets` package, offline, with its cache in a temp dir."""
+    home = tmp_path_factory.mktemp("hf-home")
+    saved = {k: os.environ.get(k) for k in ("HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    os.environ.update(HF_HOME=str(home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    try:
+        yield pytest.importorskip("datasets")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hf") / "local_ds"
+    d.mkdir()
+    _write_jsonl(d / "train.jsonl", [{"text": f"train doc {i}", "id": i} for i in range(40)])
+    _write_jsonl(d / "test.jsonl", [{"text": f"test doc {i}", "id": i} for i in range(5)])
+    return d
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_hf_local_dataset(hf_datasets, hf_dir, tmp_path, streaming):
+    out = prepare_hf(str(hf_dir), tmp_path / "out", BYTE, streaming=streaming, dev_fraction=0.2, progress=False)
+    ds = PreparedDataset.open(out)
+    assert ds.splits == ["train", "dev", "test"]
+    assert _docs(out, "test") == [f"test doc {i}" for i in range(5)]  # the dataset's own test split
+    assert ds.num_documents("train") + ds.num_documents("dev") == 40
+    assert ds.source["own_splits"] == ["test", "train"] and ds.source["streaming"] is streaming
+
+
+def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
+    saved = tmp_path / "saved"
+    dd = hf_datasets.DatasetDict({
+        "train": hf_datasets.Dataset.from_dict({"content": [f"a{i}" for i in range(50)]}),
+        "holdout": hf_datasets.Dataset.from_dict({"content": ["h1", "h2", "h3"]}),
+    })
+    dd.save_to_disk(str(saved))
+    out = prepare_hf(str(saved), tmp_path / "out", BYTE, split_map="train=train,test=holdout", field="content",
+                     max_docs=10, dev_fraction=0.3, progress=False)
+    ds = PreparedDataset.open(out)
+    assert _docs(out, "test") == ["h1", "h2", "h3"]
+    assert ds.num_documents("train") + ds.num_documents("dev") == 10
+    with pytest.raises(UserError, match="no split 'validation'.*fix --split-map"):
+        prepare_hf(str(saved), tmp_path / "o2", BYTE, split_map="dev=validation,train=train", progress=False)
+    with pytest.raises(UserError, match="has no field 'text' \\(fields: content\\)"):
+        prepare_hf(str(saved), tmp_path / "o3", BYTE, progress=False)
+    assert not (tmp_path / "o3").exists()
+
+
+def test_hf_missing_package(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(UserError, match=r"pip install 'tango-lm\[hf\]'"):
+        prepare_hf("HuggingFaceFW/fineweb-edu", tmp_path / "out", BYTE, progress=False)
+    rc = main(["data", "prepare", "hf", "HuggingFaceFW/fineweb-edu", "--max-docs", "5", "--out",
+               str(tmp_path / "out"), "--tokenizer", "byte"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "tango-lm[hf]" in err
+
+
+def test_hf_hub_unreachable(monkeypatch, tmp_path):
+    fake = types.ModuleType("datasets")
+
+    def load_dataset(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (LocalEntryNotFoundError)")
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(UserError, match="cannot reach the Hugging Face Hub for dataset 'HuggingFaceFW/fineweb-edu'"):
+        prepare_hf("HuggingFaceFW/fineweb-edu", tmp_path / "out", BYTE, max_docs=5, progress=False)
+
+
+def test_hf_streaming_rows_through_fake_module(monkeypatch, tmp_path):
+    """The streaming code path without the real package: splits, field, max_docs, connection drops."""
+    fake = types.ModuleType("datasets")
+    calls = []
+
+    def rows(n, prefix):
+        for i in range(n):
+            yield {"text": f"{prefix} {i}"}
+        raise AssertionError("read past max_docs")
+
+    def load_dataset(name, config=None, revision=None, streaming=False):
+        calls.append((name, config, streaming))
+        return {"train": rows(1000, "t"), "validation": rows(1000, "v"), "test": rows(1000, "x")}
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    out = prepare_hf("org/web", tmp_path / "out", BYTE, config="sample", max_docs=7, progress=False)
+    assert calls == [("org/web", "sample", True)]  # max_docs -> streaming by default
+    ds = PreparedDataset.open(out)
+    assert [ds.num_documents(s) for s in ds.splits] == [7, 7, 7]
+
+    def broken(name, config=None, revision=None, streaming=False):
+        def gen():
+            yield {"text": "ok"}
+            raise ConnectionError("connection reset")
+        return {"train": gen()}
+
+    fake.load_dataset = broken
+    with pytest.raises(UserError, match="lost the connection while reading"):
+        prepare_hf("org/web", tmp_path / "out2", BYTE, progress=False)
+
+
+# -- command line -----------------------------------------------------------------------------
+def test_cli_prepare_jsonl_and_errors(tmp_path, capsys):
+    data = _write_jsonl(tmp_path / "a.jsonl", [{"text": f"doc {i}"} for i in range(20)])
+    rc = main(["data", "prepare", "jsonl", str(data), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
+               "--no-progress"])
+    assert rc == 0 and "prepared" in capsys.readouterr().out
+    assert PreparedDataset.open(tmp_path / "out").num_tokens("train") > 0
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{oops\n')
+    rc = main(["data", "prepare", "jsonl", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o2"),
+               "--tokenizer", "byte", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "bad.jsonl, line 2" in err
+    rc = main(["data", "prepare", "parquet", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "o3")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_cli_prepare_code(code_tree, tmp_path, capsys):
+    rc = main(["data", "prepare", "code", str(code_tree), "--out", str(tmp_path / "c"), "--tokenizer", "byte",
+               "--include-tests", "--exclude-dir", "sub", "--max-file-bytes", "1000", "--path-header",
+               "--dev-fraction", "0", "--test-fraction", "0", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    docs = _docs(tmp_path / "c", "train")
+    assert docs[0] == "# path: a.py\nimport os\n"
+    assert "# path: tests/test_a.py\nassert True\n" in docs and not any("sub/" in d for d in docs)
