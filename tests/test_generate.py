@@ -115,3 +115,24 @@ def test_bad_sampling_arguments():
         generate(model, torch.tensor([[1]]), 2, top_p=0)
     with pytest.raises(UserError, match="context"):
         generate(model, torch.tensor([[1] * 40]), 20)
+
+
+def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixture(monkeypatch):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=12, context_length=16)).eval()
+    calls = []
+    original = type(model.head).sample
+    monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or original(self, *a))
+    n = 6000
+    prompt = torch.tensor([[3, 5, 7]]).repeat(n, 1)
+    first = generate(model, prompt, 1, seed=0)[:, -1]
+    assert calls, "temperature-1 untruncated sampling must go through the head's one-projection sampler"
+    want = model(prompt[:1])[0, -1].exp()
+    got = torch.bincount(first, minlength=12).float() / n
+    # Within 4 standard errors per token, for a fixed seed.
+    se = (want * (1 - want) / n).sqrt()
+    assert ((got - want).abs() <= 4 * se + 1e-3).all(), (got, want)
+    calls.clear()
+    generate(model, prompt[:2], 2, seed=0, top_k=5)
+    assert not calls  # truncated sampling needs both projections

@@ -312,3 +312,37 @@ def test_sigsoftmax_definition():
     z = model.hidden(x) @ model.head.embed_tokens.weight.T
     p = z.exp() * torch.sigmoid(z)
     torch.testing.assert_close(model(x), (p / p.sum(-1, keepdim=True)).log(), rtol=0, atol=1e-12)
+
+
+def test_eval_ablate_cli(tmp_path, capsys):
+    """`tango-lm eval --ablate A|B` scores one table of a trained twin checkpoint; other heads refuse."""
+    import json
+
+    from tango_lm.cli import main
+    from tango_lm.data.shards import write_prepared
+    from tango_lm.data.tokenizers import get_tokenizer
+    from tango_lm.eval.evaluate import evaluate_checkpoint
+    from tango_lm.train.config import load_run_config
+    from tango_lm.train.trainer import train
+
+    docs = [f"{i} + {i} = {2 * i}" for i in range(300)]
+    data = write_prepared(tmp_path / "d", get_tokenizer("byte"), {"train": docs, "dev": docs[:40], "test": docs[40:80]},
+                          {"name": "t"}, progress=False)
+    runs = {}
+    for head in ("onona", "standard"):
+        run = load_run_config(None, [f"model.head={head}", "model.arch=tango", "model.d_model=32", "model.head_dim=16",
+                                     "model.width=32", "model.depth=2", "model.vocab_size=257",
+                                     "model.context_length=32", f"data.dir={data}", f"train.out_dir={tmp_path / head}",
+                                     "train.steps=3", "train.eval_every=3", "train.save_every=3", "train.batch_size=2",
+                                     "train.progress=false", "train.warmup_steps=0"])
+        train(run)
+        runs[head] = tmp_path / head
+    full = evaluate_checkpoint(str(runs["onona"]), "dev")["nll"]
+    a = evaluate_checkpoint(str(runs["onona"]), "dev", ablate="A")["nll"]
+    b = evaluate_checkpoint(str(runs["onona"]), "dev", ablate="B")["nll"]
+    assert len({round(full, 9), round(a, 9), round(b, 9)}) == 3
+    assert main(["eval", str(runs["onona"]), "--split", "dev", "--ablate", "B", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nll"] == pytest.approx(b)
+    assert main(["eval", str(runs["standard"]), "--split", "dev", "--ablate", "A"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "twin tables" in err[0]

@@ -206,3 +206,15 @@ def test_sequence_longer_than_context_checked_off_cpu():
         too_long = torch.zeros(1, 17, dtype=torch.long)
     with pytest.raises(UserError, match="context_length"):
         model(too_long)
+
+
+def test_every_head_gets_the_same_initial_body_under_one_seed():
+    """The onóna protocol compares heads on identical bodies: the body is drawn before the head."""
+    bodies = []
+    for head in ("standard", "onona", "mos", "untied"):
+        torch.manual_seed(3)
+        model = build_model(ModelConfig(arch="tango", head=head, d_model=32, head_dim=8, width=48, depth=2,
+                                        vocab_size=40, context_length=16))
+        bodies.append({k: v for k, v in model.state_dict().items() if not k.startswith("head.")})
+    for other in bodies[1:]:
+        assert all(torch.equal(bodies[0][k], other[k]) for k in bodies[0])

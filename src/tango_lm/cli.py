@@ -124,11 +124,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
-                              device=args.device, segment=_parse_segment(args.segment))
+                              device=args.device, segment=_parse_segment(args.segment), ablate=args.ablate)
     if args.json:
         _print_json(res)
     else:
         segment = f", segment {res['segment']}" if "segment" in res else ""
+        segment += f", table {res['ablate']} only" if "ablate" in res else ""
         print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
               f"({res['checkpoint']}, step {res['step']}{segment})")
 
@@ -239,6 +240,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if i:
             print("-" * 40)
         print(prompt_text + text)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from tango_lm.serve.hf_export import export_hf
+
+    out = export_hf(args.checkpoint, args.hf, overwrite=args.overwrite)
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"exported {out['checkpoint']} to {out['hf_dir']}; load it with AutoModelForCausalLM.from_pretrained("
+              f"{out['hf_dir']!r}, trust_remote_code=True) where tango-lm is installed")
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
@@ -439,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
     s.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
+    s.add_argument("--ablate", choices=["A", "B", "a", "b"], default=None,
+                   help="score a twin-table (onóna) checkpoint with table A or B alone at input and output")
     s.add_argument("--segment", default="all",
                    help="models trained with active_width: 'all' columns (default) or one segment K")
     s.add_argument("--ppl", default=None, metavar="FILE", help="external perplexity of a local file instead of a split")
@@ -481,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--hf", required=True, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)")
+    s.add_argument("--overwrite", action="store_true", help="replace the export's files in a non-empty DIR")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("data", help="prepare datasets")
     dsub = s.add_subparsers(dest="data_command", required=True)

@@ -154,11 +154,12 @@ def run_head_bench(positions: int = 8192, vocab: int = 50304, d: int = 768, chun
 
 
 def format_report(report: dict[str, Any]) -> str:
+    timing = f"median of {report['steps']} steps after one" if report["steps"] else "the first step only"
     lines = [
         f"head alone, forward + backward: N={report['positions']} positions, V={report['vocab']}, d={report['d']}, "
         f"chunk {report['chunk']}, {'bf16 autocast' if report['bf16'] else 'fp32'}, "
         f"device {report['device']} ({report['threads']} threads)",
-        f"time: median of {report['steps']} steps after one; memory: {report['memory_method']} over the first step",
+        f"time: {timing}; memory: {report['memory_method']} over the first step",
         f"{'variant':<16}{'step s':>9}{'cpu s':>9}{'peak MiB':>10}{'time vs std':>13}{'cpu vs std':>12}"
         f"{'mem vs std':>12}",
     ]

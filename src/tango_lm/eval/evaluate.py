@@ -21,10 +21,12 @@ def evaluate_checkpoint(
     device: str = "auto",
     batch_size: int | None = None,
     segment: int | None = None,
+    ablate: str | None = None,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
     of the split unless `max_windows` is given. A model trained with `active_width` (SPEC 2.6)
-    runs with all segments active unless `segment` picks one; its result then has a "segment" key."""
+    runs with all segments active unless `segment` picks one; its result then has a "segment" key.
+    `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)
     run = ckpt.config
     data_path = data_dir or run["data"]["dir"]
@@ -38,11 +40,22 @@ def evaluate_checkpoint(
     dev = pick_device(device)
     model = ckpt.build_model(dev)
     model.set_active_segment(segment)  # None: all columns
+    if ablate is not None:
+        if ablate.upper() not in ("A", "B"):
+            raise UserError(f"--ablate takes A or B (got {ablate!r})")
+        if not hasattr(model.head, "ablation"):
+            raise UserError(
+                f"--ablate needs a checkpoint with twin tables (head onona); {ckpt.path} has head "
+                f"{run['model']['head']!r}"
+            )
+        model.head.ablation = ablate.lower()
     seq_len = run["train"]["seq_len"] or run["model"]["context_length"]
     bs = batch_size or run["train"].get("eval_batch_size") or run["train"]["batch_size"]
     dtype = autocast_dtype(run["train"]["precision"], dev)
     nll, tokens = evaluate_nll(model, eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows), dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    if ablate is not None:
+        res["ablate"] = ablate.upper()
     if model.num_segments is not None:  # trained with active_width: say which columns ran
         res["segment"] = "all" if segment is None else segment
     return res

@@ -8,6 +8,7 @@ from torch import nn
 
 from tango_lm.heads.base import Head
 from tango_lm.models.config import ModelConfig
+from tango_lm.ops.twin_loss import softmax_nll
 
 
 class StandardHead(Head):
@@ -28,8 +29,8 @@ class StandardHead(Head):
         return F.log_softmax(self.logits(h), dim=-1)
 
     def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(h)
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+        # Chunked like every other head, so head comparisons run on the same loss path.
+        return softmax_nll(h, self.embed_tokens.weight, targets, chunk=self.loss_chunk)
 
     @staticmethod
     def embedding_params(cfg: ModelConfig) -> int:

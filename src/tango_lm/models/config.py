@@ -41,6 +41,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    loss_chunk: int = 1024  # positions per chunk of the fused loss: never more than chunk x V logits at once
     # -- onóna-paper backbones (SPEC 4): dense, gdn-hybrid, moe, attnres ----------------------
     # Their attention layers are GQA with QK-norm: `n_kv_heads` above (None: n_heads).
     attention_every: int = 4  # gdn-hybrid: every 4th layer is full attention (3 GDN : 1); 0 = GDN only
@@ -74,7 +75,7 @@ class ModelConfig:
             raise UserError(f"unknown architecture {self.arch!r}; choose one of: {', '.join(sorted(ARCHITECTURES))}")
         if self.head not in HEADS:
             raise UserError(f"unknown head {self.head!r}; choose one of: {', '.join(sorted(HEADS))}")
-        for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window"):
+        for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
         if not ARCHITECTURES[self.arch].uses_heads:

@@ -23,17 +23,20 @@ class LanguageModel(nn.Module):
         self.config = config
         self.backbone = ARCHITECTURES[config.arch].build(config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.head = HEADS[config.head](config)
         if config.active_width is not None and not active_width.active_columns(self.backbone):
             raise UserError(
                 f"model.active_width (rotating narrow-width training) is not supported by arch={config.arch}; "
                 "remove active_width or use tango, tango-3set, tango-compact or a Transformer++ arch"
             )
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear) and not name.startswith("head."):
+        # The body is initialized before the head draws its tables, so with one seed every head
+        # gets the same initial body (the onóna protocol compares heads on identical bodies).
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=config.init_std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        self.head = HEADS[config.head](config)
+        self.head.loss_chunk = config.loss_chunk
 
     def check_ids(self, input_ids: torch.Tensor) -> None:
         """Raise UserError for ids outside [0, vocab_size) (the check reads values, so it runs only

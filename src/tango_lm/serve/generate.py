@@ -64,17 +64,31 @@ def generate(
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     model.eval()
     cache = model.new_cache(total)
-    log_probs = model(prompt, cache)[:, -1]
+    # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
+    # position (onóna, seed 001 Appendix B): the head samples from the hidden state directly.
+    one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample")
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        if one_projection:
+            return model.hidden(ids, cache)[:, -1:]
+        return model(ids, cache)[:, -1]
+
+    state = step(prompt)
+    last = prompt[:, -1:]
     out = [prompt]
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
-        nxt = sample_next(log_probs, temperature, top_k, top_p, generator)
-        out.append(nxt[:, None])
+        if one_projection:
+            nxt = model.head.sample(state, last, generator).reshape(-1)
+        else:
+            nxt = sample_next(state, temperature, top_k, top_p, generator)
+        last = nxt[:, None]
+        out.append(last)
         if eos_id is not None:
             done |= nxt == eos_id
             if bool(done.all()):
                 break
         if len(out) - 1 == max_new_tokens:
             break
-        log_probs = model(nxt[:, None], cache)[:, -1]
+        state = step(last)
     return torch.cat(out, dim=1)
