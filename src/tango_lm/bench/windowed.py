@@ -21,12 +21,13 @@ from tango_lm.layers.tango_windowed import WindowedTangoBlock
 from tango_lm.train.device import pick_device
 
 
-def _step(block: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor) -> float:
+def _step(block: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor,
+          clock) -> float:
     _sync(x.device)
-    t0 = time.perf_counter()
+    t0 = clock()
     block(x, rope).backward(dy)
     _sync(x.device)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def windowed_time_per_token(
@@ -41,11 +42,16 @@ def windowed_time_per_token(
     warmup: int = 1,
     include_tango: bool = True,
     device: str = "auto",
+    clock: str = "wall",
     print_table: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per length: microseconds per token (forward + backward) of each block, and the
-    windowed block's time per token relative to the first length."""
+    windowed block's time per token relative to the first length. clock "cpu" times CPU runs by
+    this process's CPU time, which other processes on a shared machine disturb less than "wall"."""
     dev = pick_device(device)
+    if clock not in ("wall", "cpu") or (clock == "cpu" and dev.type != "cpu"):
+        raise ValueError(f"clock must be 'wall', or 'cpu' on a CPU device (got {clock!r} on {dev.type})")
+    timer = time.perf_counter if clock == "wall" else time.process_time
     n_heads = d_model // head_dim
     torch.manual_seed(0)
     windowed = WindowedTangoBlock(d_model, n_heads, width, 1e-6, window, feature_map).to(dev)
@@ -65,7 +71,7 @@ def windowed_time_per_token(
     for i in range(warmup + repeats):
         for t, _, x, dy, rope in cases:
             for name, block in blocks.items():
-                elapsed = _step(block, x, rope, dy)
+                elapsed = _step(block, x, rope, dy, timer)
                 if i >= warmup:
                     times[t, name].append(elapsed)
                 block.zero_grad(set_to_none=True)
@@ -81,13 +87,15 @@ def windowed_time_per_token(
         if include_tango:
             row["tango_vs_windowed"] = row["tango_us_per_token"] / row["windowed_us_per_token"]
     if print_table:
-        print(format_rows(rows, dev, window, d_model, width))
+        print(format_rows(rows, dev, window, d_model, width, clock))
     return rows
 
 
-def format_rows(rows: list[dict[str, Any]], device: torch.device, window: int, d_model: int, width: int) -> str:
+def format_rows(rows: list[dict[str, Any]], device: torch.device, window: int, d_model: int, width: int,
+                clock: str = "wall") -> str:
     lines = [
-        f"device {device} ({torch.get_num_threads()} threads), d={d_model}, F={width}, W={window}, forward+backward",
+        f"device {device} ({torch.get_num_threads()} threads), d={d_model}, F={width}, W={window}, "
+        f"forward+backward, {clock} clock, best of the timed rounds",
         f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs first T':>12}{'tango us/tok':>14}{'tango/windowed':>16}",
     ]
     for r in rows:

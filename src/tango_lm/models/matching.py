@@ -12,7 +12,8 @@ from tango_lm.models.params import count_params
 
 # Tier name -> (total parameters, d_model) as the TANGO paper defines them.
 TIERS = {"70M": (70_000_000, 512), "160M": (160_000_000, 768)}
-MATCHED_ARCHS = ("tango", "loop-transformer", "untied-transformer", "gau", "flash")
+MATCHED_ARCHS = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
+                 "gau", "flash")
 
 
 def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
@@ -60,6 +61,8 @@ def match_tier(
         raise UserError(f"depth must be at least 1 (got {depth})")
     rows = []
     for arch in archs or MATCHED_ARCHS:
+        if archs is None and arch == "tango-3set" and depth < 3:
+            continue  # three sets need three applications
         base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
         rows.append(_row(match_width(base, target), target))
     return rows
