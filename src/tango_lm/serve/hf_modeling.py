@@ -1,0 +1,168 @@
+"""A tango-lm model as a Hugging Face transformers causal LM (remote code).
+
+`tango-lm export CHECKPOINT --hf DIR` copies this file into DIR as `modeling_tango_lm.py`, and
+`config.json`'s `auto_map` points `AutoConfig` and `AutoModelForCausalLM` at the two classes
+below, so
+
+    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+
+loads the model offline. The file builds the network with the installed `tango_lm` package
+instead of carrying a copy of it: one implementation of every architecture and head, at the cost
+that loading needs `pip install tango-lm` (of a version that knows the exported config).
+
+- `forward(input_ids, labels=None)` returns `logits` [B, T, V]: the model's normalized next-token
+  log-probs (fp32), which are valid logits (softmax gives back the same distribution), and with
+  `labels` the mean next-token NLL over labels != -100 (labels are shifted inside, as in every
+  transformers causal LM).
+- `generate()` runs on tango-lm's own decode cache (`TangoLMCache`, a `DecodeCache` behind the few
+  attributes transformers reads): each step feeds only the tokens the cache has not seen, so
+  greedy `generate()` gives the tokens of `tango-lm generate --temperature 0`. `use_cache=False`
+  recomputes the whole prefix every step (same tokens, slower). Beam search reorders the cache.
+- MoE models run at `capacity_factor_eval` (tango-lm's external-evaluation capacity) outside
+  training, so the cached and uncached paths agree.
+- Padding is not supported (the model takes no attention mask): batch prompts of equal length or
+  generate one prompt at a time.
+"""
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# transformers 5 passes the cache between generation steps as `cache`, 4 as `past_key_values`.
+CACHE_NAME = "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters \
+    else "past_key_values"
+
+
+class TangoLMConfig(PretrainedConfig):
+    """The tango-lm `ModelConfig` (as a dict, `tango_config`) plus the token ids generation needs."""
+
+    model_type = "tango_lm"
+
+    def __init__(self, tango_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.tango_config = dict(tango_config or {})
+        cfg = self.tango_config
+        self.vocab_size = cfg.get("vocab_size")
+        self.hidden_size = cfg.get("d_model")
+        self.num_hidden_layers = cfg.get("depth")
+        self.max_position_embeddings = cfg.get("context_length")
+        kwargs.setdefault("tie_word_embeddings", False)  # the head owns its tables; nothing to tie
+        kwargs.setdefault("use_cache", True)
+        super().__init__(**kwargs)
+
+
+class TangoLMCache:
+    """tango-lm's `DecodeCache` with the attributes transformers' `generate()` reads."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, decode: Any) -> None:
+        self.decode = decode
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def position(self) -> int:
+        return self.decode.position
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.decode.position
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep the rows `beam_idx` (beam search): every cached tensor is batch-first."""
+        for state in self.decode.states:
+            for group in (state.buffers, state.extra):
+                for name, t in group.items():
+                    group[name] = t.index_select(0, beam_idx.to(t.device))
+
+
+class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
+    """The tango-lm `LanguageModel` under `self.model` (state-dict keys `model.backbone...`,
+    `model.head...`)."""
+
+    config_class = TangoLMConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _supports_cache_class = False  # transformers 4: no DynamicCache; the cache comes from prepare_inputs
+    _no_split_modules: list[str] = []
+
+    def __init__(self, config: TangoLMConfig) -> None:
+        super().__init__(config)
+        from tango_lm.layers.moe import moe_layers
+        from tango_lm.models.config import ModelConfig
+        from tango_lm.models.model import build_model
+
+        self.model = build_model(ModelConfig.from_dict(dict(config.tango_config)))
+        self._has_moe = bool(moe_layers(self.model))
+        self.post_init()
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """tango-lm's modules initialize themselves; loaded weights replace them anyway."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # transformers 5: generate() must not make a DynamicCache for this model
+
+    def new_cache(self) -> TangoLMCache:
+        return TangoLMCache(self.model.new_cache())
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: TangoLMCache | None = None,
+        past_key_values: TangoLMCache | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
+        if input_ids is None:
+            raise ValueError("tango-lm models take input_ids (inputs_embeds is not supported)")
+        state = cache if cache is not None else past_key_values
+        if state is not None and not isinstance(state, TangoLMCache):
+            raise TypeError(f"tango-lm models use their own decode cache (TangoLMCache from model.new_cache()), "
+                            f"not {type(state).__name__}")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("tango-lm models do not support padding: give prompts of equal length, one batch "
+                             "per length, or one prompt at a time")
+        from tango_lm.layers.moe import capacity_factor
+
+        # MoE layers outside training run at their evaluation capacity, with or without the cache.
+        moe = capacity_factor(self.model, "eval") if self._has_moe and not self.training else contextlib.nullcontext()
+        with moe:
+            logits = self.model(input_ids, state.decode if state is not None else None)
+        loss = None
+        if labels is not None:
+            loss = F.nll_loss(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
+                              ignore_index=-100)
+        if return_dict is False:
+            out = (logits, state) if state is not None else (logits,)
+            return ((loss, *out) if loss is not None else out)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: state})
+
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Feed only the tokens the decode cache has not processed (all of them without a cache)."""
+        inputs: dict[str, Any] = {"attention_mask": attention_mask}
+        if use_cache is False:
+            return {**inputs, "input_ids": input_ids, "use_cache": False}
+        state = kwargs.get("cache")
+        if state is None:
+            state = kwargs.get("past_key_values")
+        if state is None:
+            state = self.new_cache()
+        elif not isinstance(state, TangoLMCache):
+            raise TypeError(f"tango-lm models use their own decode cache, not {type(state).__name__}; "
+                            "call generate() without one (or with model.new_cache())")
+        return {**inputs, "input_ids": input_ids[:, state.position :], CACHE_NAME: state, "use_cache": True}

@@ -1,0 +1,229 @@
+"""`tango-lm export CHECKPOINT --hf DIR` (serve/hf_export.py, serve/hf_modeling.py): the directory
+loads offline with transformers' Auto classes, its logits are the model's log-probs, and greedy
+`generate()` (cached or not) gives tango-lm's own greedy tokens.
+
+Tests that load the directory are skipped when transformers is not installed
+(`pip install 'tango-lm[eval]'`); writing it needs only tango-lm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import helpers
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tango_lm.cli import main
+from tango_lm.data.bpe import train_bpe
+from tango_lm.data.tokenizers import Tokenizer, get_tokenizer, tokenizer_from_dict
+from tango_lm.serve.generate import generate
+from tango_lm.train.checkpoint import load_checkpoint, save_checkpoint
+from tango_lm.train.config import RunConfig
+
+MODELING = Path(__file__).parents[1] / "src" / "tango_lm" / "serve" / "hf_modeling.py"
+TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
+         "I'm you'll they've  double   spaces   ", "ÜNÏCÖDÉ 123456 3.14 ∑x²"]
+# One small config per family the wrapper must serve: TANGO, attention (dense), recurrent state
+# (gdn-hybrid), routed experts (moe, at a training capacity that drops tokens).
+ARCHS = {
+    "tango": {},
+    "dense": {"n_kv_heads": 1},
+    "gdn-hybrid": {"n_kv_heads": 1, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 4},
+    "moe": {"n_kv_heads": 1, "n_experts": 4, "moe_top_k": 2, "capacity_factor_train": 0.5},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    with helpers.one_thread():
+        yield
+
+
+def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer = "byte", **model) -> Path:
+    """A randomly initialized tiny checkpoint, its weights moved off their init so every path matters."""
+    tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    cfg = {**helpers.TINY_MODEL, "arch": arch, "context_length": 48, "vocab_size": tok.vocab_size,
+           **ARCHS.get(arch, {}), **model}
+    run = RunConfig.from_dict({"model": cfg, "data": {"dir": str(root / "data")},
+                               "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
+    torch.manual_seed(0)
+    net = run.model.build()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return save_checkpoint(root / "checkpoints", 7, net.state_dict(), {}, run.to_dict(), tok.to_dict(), {})
+
+
+def export(ckpt: Path, out: Path) -> Path:
+    assert main(["export", str(ckpt), "--hf", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def byte_export(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("byte")
+    ckpt = make_checkpoint(root)
+    return ckpt, export(ckpt, root / "hf")
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def load_hf(transformers, path: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, local_files_only=True)
+    return model.eval()
+
+
+# -- the directory ----------------------------------------------------------------------------
+def test_export_writes_a_self_describing_directory(byte_export):
+    ckpt, out = byte_export
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "config.json", "generation_config.json", "model.safetensors",
+                     "modeling_tango_lm.py", "tango_tokenizer.json", "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "tango_lm" and config["architectures"] == ["TangoLMForCausalLM"]
+    assert config["auto_map"] == {"AutoConfig": "modeling_tango_lm.TangoLMConfig",
+                                  "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM"}
+    assert config["tango_config"] == load_checkpoint(ckpt).config["model"]
+    assert config["eos_token_id"] == 256 and config["torch_dtype"] == "float32"
+    assert (out / "modeling_tango_lm.py").read_text() == MODELING.read_text()
+    weights = load_file(str(out / "model.safetensors"))
+    source = load_file(str(ckpt / "model.safetensors"))
+    assert weights.keys() == {f"model.{k}" for k in source}
+    assert all(torch.equal(weights[f"model.{k}"], v) for k, v in source.items())
+    assert tokenizer_from_dict(json.loads((out / "tango_tokenizer.json").read_text())).name == "byte"
+
+
+def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
+    ckpt, _ = byte_export
+    assert main(["export", str(tmp_path / "missing"), "--hf", str(tmp_path / "out")]) == 2
+    assert "does not exist" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("keep me")
+    assert main(["export", str(ckpt), "--hf", str(busy)]) == 2
+    assert "--overwrite" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "file")]) == 2
+    assert "not a directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_overwrite_replaces_the_export_and_keeps_other_files(tmp_path, capsys, byte_export):
+    ckpt, first = byte_export
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    (out / "config.json").write_text("{}")
+    assert main(["export", str(ckpt), "--hf", str(out), "--overwrite", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["hf_dir"] == str(out) and summary["step"] == 7 and "model.safetensors" in summary["files"]
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert (out / "config.json").read_text() == (first / "config.json").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+# -- transformers --------------------------------------------------------------------------------
+def test_auto_model_logits_are_the_models_log_probs(transformers, byte_export):
+    ckpt, out = byte_export
+    hf = load_hf(transformers, out)
+    assert type(hf).__name__ == "TangoLMForCausalLM" and not hf.training
+    ref = load_checkpoint(ckpt).build_model()
+    ids = torch.randint(0, 257, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out_hf = hf(ids)
+        want = ref(ids)
+        torch.testing.assert_close(out_hf.logits, want, rtol=0, atol=0)
+        assert out_hf.logits.dtype == torch.float32
+        # logits are normalized log-probs, so softmax gives the model's distribution back
+        torch.testing.assert_close(out_hf.logits.softmax(-1).log(), want, rtol=1e-5, atol=1e-5)
+        # labels: mean next-token NLL (shifted inside), -100 ignored
+        loss = hf(ids, labels=ids).loss
+        torch.testing.assert_close(loss, ref.nll(ids[:, :-1], ids[:, 1:]), rtol=1e-6, atol=1e-6)
+        labels = ids.clone()
+        labels[:, :10] = -100
+        masked = -want[:, 9:-1].gather(-1, ids[:, 10:, None]).mean()
+        torch.testing.assert_close(hf(ids, labels=labels).loss, masked, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_greedy_generate_equals_tango_generate_with_and_without_cache(transformers, tmp_path, arch):
+    ckpt = make_checkpoint(tmp_path, arch)
+    hf = load_hf(transformers, export(ckpt, tmp_path / "hf"))
+    ref = load_checkpoint(ckpt).build_model()
+    prompts = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    for prompt in (prompts[:1], prompts):  # one prompt, and a batch of equal-length prompts
+        want = generate(ref, prompt, 24, temperature=0)  # tango-lm generate --temperature 0 (--no-stop)
+        kwargs = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
+        cached = hf.generate(prompt, **kwargs)
+        assert cached.tolist() == want.tolist()
+        assert hf.generate(prompt, use_cache=False, **kwargs).tolist() == want.tolist()
+    # an end-of-text token ends generation in both (here: the first token greedy decoding picks)
+    eos = int(want[0, 9])
+    stopped = hf.generate(prompts[:1], max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    assert stopped.tolist() == generate(ref, prompts[:1], 24, temperature=0, eos_id=eos).tolist()
+    assert stopped.shape[1] == 10
+    if arch == "tango":  # beam search reorders the cache rows
+        beams = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+        assert hf.generate(prompts[:1], **beams).tolist() == hf.generate(prompts[:1], use_cache=False,
+                                                                          **beams).tolist()
+
+
+def test_cached_forward_steps_reproduce_the_full_forward(transformers, byte_export):
+    _, out = byte_export
+    hf = load_hf(transformers, out)
+    ids = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = hf(ids).logits
+        cache = hf.new_cache()
+        first = hf(ids[:, :12], cache=cache).logits
+        steps = [hf(ids[:, i : i + 1], cache=cache).logits for i in range(12, 20)]
+    assert cache.get_seq_length() == 20
+    torch.testing.assert_close(torch.cat([first, *steps], 1), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="padding"):
+        hf(ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 19)], 1).long())
+
+
+def test_auto_tokenizer_matches_the_byte_tokenizer(transformers, byte_export):
+    _, out = byte_export
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ours = get_tokenizer("byte")
+    assert tok.eos_token_id == ours.eot_id == 256 and len(tok) == 257
+    for text in TEXTS:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text  # nothing added around the ids; <|endoftext|> stays text
+        assert tok.decode(ids) == text
+
+
+def test_auto_tokenizer_matches_gpt2(transformers, tmp_path):
+    out = export(make_checkpoint(tmp_path, tokenizer="gpt2", d_model=16, head_dim=8, width=16, depth=1),
+                 tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ours = get_tokenizer("gpt2")
+    assert tok.eos_token_id == ours.eot_id == 50256 and len(tok) == 50257
+    for text in [*TEXTS, "def square(x):\n    return x * x", "trailing \n\n  "]:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text
+        assert tok.decode(ids) == text
+
+
+def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20 + "def f(x):\n    return x\n" * 10)
+    ours = train_bpe([corpus], 300, tmp_path / "tokenizer.json", progress=False)
+    out = export(make_checkpoint(tmp_path, tokenizer=ours, d_model=16, head_dim=8, width=16, depth=1),
+                 tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    assert tok.eos_token_id == ours.eot_id and len(tok) == ours.vocab_size
+    for text in [*TEXTS, "The lazy fox. def g(y):\n    return y"]:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text
+        assert tok.decode(ids) == ours.decode(ids)
