@@ -136,3 +136,19 @@ def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixt
     calls.clear()
     generate(model, prompt[:2], 2, seed=0, top_k=5)
     assert not calls  # truncated sampling needs both projections
+
+
+def test_onona_serving_fold_gives_the_same_numbers():
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=30, context_length=16)).eval()
+    x = torch.randint(0, 30, (2, 9))
+    with torch.no_grad():
+        plain = model(x)
+        with model.head.serving():
+            folded = model(x)
+            assert model.head._folded is not None
+    assert model.head._folded is None
+    torch.testing.assert_close(folded, plain, rtol=0, atol=1e-6)
+    greedy = generate(model, x[:1, :3], 8, temperature=0)
+    assert torch.equal(greedy[:, 3:4], model(x[:1, :3])[:, -1].argmax(-1, keepdim=True))

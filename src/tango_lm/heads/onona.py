@@ -27,6 +27,9 @@ the input and the output, without the gate (seed 001, Table 1).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,14 +83,30 @@ class OnonaHead(Head):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Drawn in the order A, B, gate; the factorial cells and the input-gate control draw the
-        # same, so A (and the body that follows) match across them under one seed.
+        # same, so A matches across them under one seed (the body is drawn before any head).
         self.table_a = vocab_table(cfg)
         self.table_b = vocab_table(cfg)
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
         self.ablation: str | None = None
+        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Serve from the folded input table M = (A + B) / 2 and the precomputed gate logits
+        rmsnorm(M) w of every vocabulary row (seed 001 Appendix B), computed once instead of per
+        token; the same numbers, looked up."""
+        with torch.no_grad():
+            merged = 0.5 * (self.table_a.weight + self.table_b.weight)
+            self._folded = (merged, self.gate(merged))
+        try:
+            yield
+        finally:
+            self._folded = None
 
     def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """M[x] = (A[x] + B[x]) / 2."""
+        if self._folded is not None:
+            return F.embedding(input_ids, self._folded[0])
         return 0.5 * (self.table_a(input_ids) + self.table_b(input_ids))
 
     def _one_table(self) -> nn.Embedding:
@@ -102,6 +121,8 @@ class OnonaHead(Head):
 
     def gate_logit(self, input_ids: torch.Tensor) -> torch.Tensor:
         """z_t = wᵀ rmsnorm(M[x_t]) [B, T], fp32."""
+        if self._folded is not None:
+            return self._folded[1][input_ids]
         return self.gate(self.merged_rows(input_ids))
 
     def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from tango_lm.errors import UserError
@@ -63,6 +65,12 @@ def generate(
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     model.eval()
+    serving = getattr(model.head, "serving", contextlib.nullcontext)
+    with serving():
+        return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id)
+
+
+def _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id) -> torch.Tensor:
     cache = model.new_cache(total)
     # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
     # position (onóna, seed 001 Appendix B): the head samples from the hidden state directly.
