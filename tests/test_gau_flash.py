@@ -264,13 +264,17 @@ def test_flops_formulas():
     flash = gau.replace(arch="flash", group_size=8)
     s, e = 16, 96
     assert ARCHITECTURES["gau"].attention_flops_per_token(gau, 63) == 2 * 2 * (s + e) * 32
-    # 64 tokens in groups of 8: 4.5 visible in-group sources on average, plus 4se for the linear part.
-    assert ARCHITECTURES["flash"].attention_flops_per_token(flash, 64) == int(2 * (2 * (s + e) * 4.5 + 4 * s * e))
+    # 64 tokens in groups of 8: 4.5 visible in-group sources on average, plus the linear part: 2se for
+    # each of the 56 tokens outside the last group (writing the running sum) and the 56 outside the
+    # first (reading it).
+    linear = 2 * s * e * (56 + 56) / 64
+    assert ARCHITECTURES["flash"].attention_flops_per_token(flash, 64) == int(2 * (2 * (s + e) * 4.5 + linear))
     for cfg in (gau, flash):
         assert ARCHITECTURES[cfg.arch].matmul_params_per_token(cfg) == 2 * (3 * 64 * e + 64 * s)
-    # FLASH's mixing cost per token is flat in the sequence length; GAU's grows.
+    # FLASH's mixing cost per token is bounded in the sequence length; GAU's grows.
     arch = ARCHITECTURES["flash"]
-    assert arch.attention_flops_per_token(flash, 4096) == arch.attention_flops_per_token(flash, 64)
+    bound = int(2 * (2 * (s + e) * 4.5 + 4 * s * e))
+    assert arch.attention_flops_per_token(flash, 64) <= arch.attention_flops_per_token(flash, 4096) <= bound
 
 
 # Seed 000 Table 3 (GAU's range is over context lengths; the default 1024 must land in it).

@@ -49,11 +49,18 @@ class Flash(Architecture):
 
     @staticmethod
     def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-        # Quadratic part: 2(s + e) per visible source of the token's own group. Linear part: the
-        # token's lin_k^T V (2se) and its lin_q against the running sum (2se).
-        s, e = cfg.qk_dim, cfg.width
-        quad = 2 * (s + e) * group_pairs_per_token(seq_len, cfg.group_size)
-        return int(cfg.depth * (quad + 4 * s * e))
+        # Model FLOPs, causal: the quadratic part is 2(s + e) per visible source of the token's own
+        # group (causal half, no padding). The linear part is 2se per token that adds its
+        # lin_k^T V to the running sum, i.e. a token of any group but the last (only later groups
+        # read a group's sum), plus 2se per token that reads the sum with lin_q, i.e. a token of any
+        # group but the first. (This used to be a flat 4se per token, which counted the first
+        # group's reads and the last group's writes that no token needs; with T <= g there is no
+        # linear part at all.) The chunked op's padding of a last partial group is not counted.
+        s, e, g = cfg.qk_dim, cfg.width, cfg.group_size
+        quad = 2 * (s + e) * group_pairs_per_token(seq_len, g)
+        writes = (-(-seq_len // g) - 1) * g  # tokens outside the last group
+        reads = seq_len - min(g, seq_len)  # tokens outside the first group
+        return int(cfg.depth * (quad + 2 * s * e * (writes + reads) / seq_len))
 
     @staticmethod
     def width_multiple(cfg: ModelConfig) -> int:
