@@ -108,8 +108,10 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", [*MALFORMED, "not_yaml", "unknown_key", "missing_file", "only_matches_nothing"])
-def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, case):
+def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkeypatch, case):
     args = []
+    if case == "base_data_missing":  # the default data.dir is relative: make sure it is absent here
+        monkeypatch.chdir(tmp_path)
     if case in MALFORMED:
         axes, want = MALFORMED[case]
         path = write_grid(tmp_path, axes, None if case == "base_data_missing" else data_dir)

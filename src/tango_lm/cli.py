@@ -108,6 +108,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.no_progress:
         run.train.progress = False
     result = train(run, resume=args.resume)
+    from tango_lm.train.distributed import is_main_process
+
+    if not is_main_process():  # under torchrun, rank 0 alone reports
+        return
     s = result.summary
     if args.json:
         _print_json(s)
@@ -318,12 +322,9 @@ def cmd_quickstart(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from tango_lm.bench.training import run_training_bench
+    from tango_lm.bench.suite import run
 
-    report = run_training_bench(d_model=args.d_model, seq_len=args.seq_len, depth=args.depth,
-                                batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                                tango_width=args.tango_width, vocab_size=args.vocab_size, device=args.device,
-                                print_table=not args.json)
+    report = run(args)
     if args.json:
         _print_json(report)
 
@@ -528,17 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_quickstart)
 
-    s = sub.add_parser("bench", help="training speed of TANGO vs Loop Transformer++ at matched parameters")
-    s.add_argument("--d-model", type=int, default=256)
-    s.add_argument("--seq-len", type=int, default=256)
-    s.add_argument("--depth", type=int, default=4)
-    s.add_argument("--batch-size", type=int, default=4)
-    s.add_argument("--steps", type=int, default=6, help="timed steps per model")
-    s.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
-    s.add_argument("--tango-width", type=int, default=8192, help="TANGO's F; the Loop width is matched to it")
-    s.add_argument("--vocab-size", type=int, default=257)
-    s.add_argument("--device", default="auto")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("bench", help="benchmark suites: training (TANGO vs matched Loop Transformer++ by default), "
+                                     "decoding, windowed TANGO, head memory")
+    from tango_lm.bench.suite import add_arguments as add_bench_arguments
+
+    add_bench_arguments(s)
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -1,12 +1,22 @@
-"""Mean NLL of a model over a fixed list of windows (dev/test evaluation, SPEC 6)."""
+"""Mean NLL of a model over a fixed list of windows (dev/test evaluation, SPEC 6).
+
+Under torchrun (`env` with more than one process) the batches are dealt round-robin: rank r
+scores batches r, r + N, r + 2N, ... and the (NLL sum, token count) pairs are all-reduced, so every
+rank returns the same result, equal to one process's up to the order of the float sums. Under FSDP
+every rank must run the model the same number of times (each forward gathers weights collectively),
+so a rank left without a batch in the last round scores a copy of that round's first batch and
+discards the result.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import islice
 
 import torch
 
 from tango_lm.train.device import autocast
+from tango_lm.train.distributed import DistEnv, all_reduce_sum
 
 
 @torch.no_grad()
@@ -15,17 +25,42 @@ def evaluate_nll(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
     dtype: torch.dtype | None = None,
+    env: DistEnv | None = None,
 ) -> tuple[float, int]:
     """(mean NLL in nats per target token, number of target tokens) over all batches."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
     try:
-        for inputs, targets in batches:
-            inputs, targets = inputs.to(device), targets.to(device)
-            with autocast(device, dtype):
-                total += float(model.nll(inputs, targets, reduction="sum"))
-            count += targets.numel()
+        if env is None or not env.active:
+            for inputs, targets in batches:
+                inputs, targets = inputs.to(device), targets.to(device)
+                with autocast(device, dtype):
+                    total += float(model.nll(inputs, targets, reduction="sum"))
+                count += targets.numel()
+        else:
+            lockstep = env.parallel == "fsdp"
+            for group in _rounds(batches, env.world_size):
+                mine = group[env.rank] if env.rank < len(group) else None
+                if mine is None and not lockstep:
+                    continue
+                inputs, targets = mine if mine is not None else group[0]
+                inputs, targets = inputs.to(device), targets.to(device)
+                with autocast(device, dtype):
+                    nll = float(model.nll(inputs, targets, reduction="sum"))
+                if mine is not None:
+                    total += nll
+                    count += targets.numel()
+            total, summed = all_reduce_sum(env, [total, float(count)])
+            count = int(summed)
     finally:
         model.train(was_training)
+        if env is not None and env.parallel == "fsdp":
+            model.reshard()  # FSDP keeps the root unit gathered after a forward, awaiting a backward
     return (total / count if count else float("nan")), count
+
+
+def _rounds(batches: Iterable, size: int) -> Iterator[list]:
+    it = iter(batches)
+    while group := list(islice(it, size)):
+        yield group

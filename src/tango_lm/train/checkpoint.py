@@ -10,13 +10,25 @@ A checkpoint is a step directory `checkpoints/step-00000100/` holding
 
 It is written under a temporary name and renamed into place, so a run killed mid-save leaves the
 previous checkpoint as the latest loadable one.
+
+A *sharded* checkpoint (`train.checkpoint_format=sharded`, docs/distributed.md) holds, instead of
+`model.safetensors` and the optimizer tensors, a `shards/` directory written by every process with
+torch.distributed.checkpoint (DCP): one `__R_0.distcp` file per rank plus DCP's `.metadata`.
+`meta.json` says `"layout": "sharded"` and lists every shard file with its size; a checkpoint with
+a listed file missing or cut short is refused before anything is read. DCP's `.metadata` is a
+pickle: it is read with an unpickler that admits only DCP's own metadata classes, torch sizes,
+dtypes and layouts, and DCP's tensor files are read with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +41,7 @@ from tango_lm.errors import UserError
 
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
+SHARDS = "shards"
 
 
 @dataclass
@@ -38,7 +51,14 @@ class Checkpoint:
     tokenizer: dict[str, Any]
     meta: dict[str, Any]
 
+    @property
+    def layout(self) -> str:
+        """'full' (model.safetensors + train_state.pt) or 'sharded' (DCP shards, see above)."""
+        return self.meta.get("layout", "full")
+
     def model_state(self) -> dict[str, torch.Tensor]:
+        if self.layout == "sharded":
+            return load_sharded_model(self.path, self.meta)
         try:
             return load_file(str(self.path / "model.safetensors"))
         except (SafetensorError, OSError, ValueError) as exc:
@@ -93,6 +113,57 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def tmp_step_dir(ckpt_root: Path, step: int, tag: int | str) -> Path:
+    """`.tmp-step-N-TAG`, where a step directory is written (TAG: the writing process's pid, or
+    rank 0's under torchrun, so every rank writes its shard into the same one)."""
+    return ckpt_root / f".tmp-{step_dir_name(step)}-{tag}"
+
+
+def begin_checkpoint(ckpt_root: Path, step: int, tag: int | str) -> Path:
+    """Create the empty temporary step directory `tmp_step_dir(...)` and return it."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_step_dir(ckpt_root, step, tag)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def finish_checkpoint(
+    tmp: Path,
+    step: int,
+    model_state: dict[str, torch.Tensor] | None,
+    train_state: dict[str, Any],
+    config: dict[str, Any],
+    tokenizer: dict[str, Any],
+    meta: dict[str, Any],
+) -> Path:
+    """Write the rest of a step directory begun by `begin_checkpoint` (weights unless it holds
+    shards), mark it complete and rename it into place; return its final path."""
+    layout: dict[str, Any] = {}
+    if model_state is not None:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        _fsync_file(tmp / "model.safetensors")
+    else:
+        layout = {"layout": "sharded", "shards": shard_manifest(tmp / SHARDS)}
+    torch.save(train_state, tmp / "train_state.pt")
+    _fsync_file(tmp / "train_state.pt")
+    _write_json(tmp / "config.json", config)
+    _write_json(tmp / "tokenizer.json", tokenizer)
+    _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, **meta})
+    _write_json(tmp / MARKER, {"step": step})
+    ckpt_root, final = tmp.parent, tmp.parent / step_dir_name(step)
+    if final.exists():  # re-saving a step after a resume: move the old copy aside first
+        old = ckpt_root / f".old-{step_dir_name(step)}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    return final
+
+
 def save_checkpoint(
     ckpt_root: Path,
     step: int,
@@ -103,29 +174,8 @@ def save_checkpoint(
     meta: dict[str, Any],
 ) -> Path:
     """Write a complete step directory atomically and return its path."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / step_dir_name(step)
-    tmp = ckpt_root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
-    _fsync_file(tmp / "model.safetensors")
-    torch.save(train_state, tmp / "train_state.pt")
-    _fsync_file(tmp / "train_state.pt")
-    _write_json(tmp / "config.json", config)
-    _write_json(tmp / "tokenizer.json", tokenizer)
-    _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **meta})
-    _write_json(tmp / MARKER, {"step": step})
-    if final.exists():  # re-saving a step after a resume: move the old copy aside first
-        old = ckpt_root / f".old-{step_dir_name(step)}-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
-    return final
+    tmp = begin_checkpoint(ckpt_root, step, os.getpid())
+    return finish_checkpoint(tmp, step, model_state, train_state, config, tokenizer, meta)
 
 
 def complete_steps(ckpt_root: Path) -> list[Path]:
@@ -184,3 +234,157 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int, protect: set[int]) -> Non
     for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
         if p.name.startswith((".tmp-", ".old-")):
             shutil.rmtree(p, ignore_errors=True)
+
+
+# -- sharded checkpoints (torch.distributed.checkpoint) ------------------------------------------
+def save_shards(directory: Path, tensors: dict[str, Any], distributed: bool) -> None:
+    """Write `tensors` (a nested dict of tensors/DTensors) with DCP; under torchrun every process
+    calls this with its own shards and rank 0 writes `.metadata`."""
+    import torch.distributed.checkpoint as dcp
+
+    with _quiet_single_process():
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=not distributed)
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every single-process save/load, even when asked for one explicitly."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def shard_manifest(directory: Path) -> dict[str, int]:
+    """Every file of a shard directory and its size in bytes."""
+    return {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def check_shards(path: Path, meta: dict[str, Any]) -> None:
+    """UserError unless every shard file `meta.json` lists is present with its recorded size."""
+    listed = meta.get("shards")
+    if not isinstance(listed, dict) or ".metadata" not in listed:
+        raise UserError(f"checkpoint {path} is sharded but its meta.json lists no shards; it is corrupt, use another one")
+    for name, size in sorted(listed.items()):
+        if Path(name).name != name or name in (".", ".."):
+            raise UserError(f"checkpoint {path} lists a shard outside its {SHARDS}/ directory ({name!r}); "
+                            "it is corrupt, use another one")
+        file = path / SHARDS / name
+        if not file.is_file():
+            raise UserError(
+                f"checkpoint {path} is missing shard {SHARDS}/{name} ({len(listed) - 1} shard files expected); "
+                "copy the whole step directory from where it was written or resume from another checkpoint"
+            )
+        if file.stat().st_size != size:
+            raise UserError(
+                f"checkpoint {path} has a truncated or altered shard {SHARDS}/{name} ({file.stat().st_size} bytes, "
+                f"{size} written); copy it again or resume from another checkpoint"
+            )
+
+
+def load_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], distributed: bool) -> None:
+    """Fill `template` (tensors/DTensors of this process's shapes and placements) in place from
+    the DCP shards of step directory `path`; DCP reshards to this run's number of processes."""
+    import torch.distributed.checkpoint as dcp
+
+    check_shards(path, meta)
+    reader_cls, planner_cls = _dcp_classes()
+    reader = reader_cls(str(path / SHARDS))
+    files = {getattr(info, "relative_path", None) for info in reader.read_metadata().storage_data.values()}
+    missing = sorted(map(str, files - set(meta["shards"])))
+    if missing:
+        raise UserError(f"checkpoint {path} refers to shard {SHARDS}/{missing[0]} that meta.json does not list; "
+                        "it is corrupt, resume from another checkpoint")
+    try:
+        with _quiet_single_process():
+            dcp.load(template, storage_reader=reader, planner=planner_cls(), no_dist=not distributed)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - DCP wraps every read failure in its own types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path} has unreadable shards ({first[:200]}); resume from another checkpoint") from None
+
+
+def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The full weights of a sharded checkpoint, read in this process (for eval and generate)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    check_shards(path, meta)
+    metadata = _dcp_classes()[0](str(path / SHARDS)).read_metadata()
+    model = {key[len("model."):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+             for key, md in metadata.state_dict_metadata.items()
+             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
+    template = {"model": model}
+    load_shards(path, meta, template, distributed=False)
+    return template["model"]
+
+
+def _metadata_unpickler() -> type:
+    """A pickle.Unpickler for DCP's `.metadata` that resolves only the globals it needs."""
+    import pickle
+
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    allowed = {
+        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+        ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
+    }
+
+    class Unpickler(pickle.Unpickler):
+        """Admits DCP's metadata classes, torch.Size, dtypes and layouts, and nothing else."""
+
+        def find_class(self, module: str, name: str) -> Any:
+            found = getattr(dcp_metadata, name, None)
+            if module == dcp_metadata.__name__ and isinstance(found, type) and found.__module__ == module:
+                return found  # a class DCP defines for its metadata (not one it merely imports)
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            if (module, name) in allowed:
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+    return Unpickler
+
+
+@functools.cache
+def _dcp_classes() -> tuple[type, type]:
+    """(reader, planner) classes, built on first use: importing DCP costs about a second, which
+    every `tango-lm` command would otherwise pay."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    unpickler = _metadata_unpickler()
+
+    class TrustedMetadataReader(FileSystemReader):
+        """DCP's reader with `.metadata` read by the restricted unpickler above."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            try:
+                with self.fs.create_stream(path, "rb") as f:
+                    metadata = unpickler(f).load()
+            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as exc:
+                where = Path(str(path)).parent.parent
+                raise UserError(f"checkpoint {where} has unreadable shard metadata ({type(exc).__name__}: "
+                                f"{str(exc)[:120]}); resume from another checkpoint") from None
+            if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+                where = Path(str(path)).parent.parent
+                raise UserError(f"checkpoint {where} has shard metadata of the wrong kind; resume from another checkpoint")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class TensorsOnlyPlanner(DefaultLoadPlanner):
+        """We store only tensors with DCP; DCP would read any other item with a full unpickle."""
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            raise UserError(f"checkpoint shards hold a non-tensor item {read_item.dest_index.fqn!r} where a tensor "
+                            "belongs; the checkpoint is corrupt or foreign, resume from another one")
+
+    return TrustedMetadataReader, TensorsOnlyPlanner
+

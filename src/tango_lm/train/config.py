@@ -51,7 +51,7 @@ class TrainConfig:
     seed: int = 17  # model seed: initialization
     data_seed: int = 101  # data-order seed, separate from the model seed (seed pairs 17/101)
     seq_len: int | None = None  # default: model.context_length
-    batch_size: int = 8  # windows per micro-batch
+    batch_size: int = 8  # windows per micro-batch over all processes; each of N takes batch_size / N
     grad_accum: int = 1
     steps: int | None = None
     tokens: int | None = None
@@ -68,7 +68,7 @@ class TrainConfig:
     eval_every: int = 200
     eval_windows: int = 64  # fixed dev windows evaluated on the schedule
     test_windows: int | None = None  # None: the whole test split
-    eval_batch_size: int | None = None
+    eval_batch_size: int | None = None  # windows per eval forward (default: batch_size / processes)
     select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)
     save_every: int = 200
     keep_last: int = 2
@@ -77,12 +77,18 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     progress: bool = True
+    # Under torchrun (docs/distributed.md): ddp replicates the model, fsdp shards it (FSDP2).
+    # The global batch per optimizer step is batch_size * grad_accum windows on any process count.
+    parallel: str = "none"  # none | ddp | fsdp
+    checkpoint_format: str = "full"  # full: one safetensors file (any process count) | sharded: DCP shards
 
 
 _CHOICES = {
     "train.schedule": ("wsd", "cosine", "constant"),
     "train.select": ("best", "final"),
     "train.precision": ("auto", "fp32", "bf16"),
+    "train.parallel": ("none", "ddp", "fsdp"),
+    "train.checkpoint_format": ("full", "sharded"),
 }
 
 

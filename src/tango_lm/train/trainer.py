@@ -1,10 +1,16 @@
 """The training loop (SPEC 6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
 optional torch.compile, dev NLL on a schedule, best-dev checkpoint, test NLL of the selected
-checkpoint, JSONL metrics, a progress bar, and exact resume."""
+checkpoint, JSONL metrics, a progress bar, and exact resume.
+
+Under torchrun the same loop runs data-parallel (train/distributed.py, docs/distributed.md): every
+process reads its slice of the same global batches, the logged loss is the all-reduced global mean,
+and only rank 0 logs, shows progress and writes files (every rank takes part in gathering a
+checkpoint). Without torchrun nothing changes: one process trains exactly as it always has."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,15 +28,22 @@ from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
+from tango_lm.train import distributed
 from tango_lm.train.checkpoint import (
+    SHARDS,
+    begin_checkpoint,
     complete_steps,
+    finish_checkpoint,
     load_checkpoint,
+    load_shards,
     prune_checkpoints,
-    save_checkpoint,
+    save_shards,
+    step_dir_name,
+    tmp_step_dir,
     write_json_atomic,
 )
 from tango_lm.train.config import RunConfig
-from tango_lm.train.device import autocast, autocast_dtype, pick_device
+from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.optim import build_optimizer, lr_at
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
@@ -57,6 +70,7 @@ class Trainer:
     def __init__(self, run: RunConfig, resume: bool = False) -> None:
         self.run = run
         cfg = run.train
+        distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
         self.out = Path(cfg.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         existing = complete_steps(self.ckpt_root)
@@ -71,20 +85,30 @@ class Trainer:
             raise UserError(
                 f"train.seq_len={self.seq_len} is longer than model.context_length={run.model.context_length}; lower seq_len"
             )
-        self.device = pick_device(cfg.device)
+        self.dist = distributed.setup(run)  # one process: no process group, the configured device
+        self.device = self.dist.device
         self.dtype = autocast_dtype(cfg.precision, self.device)
         self.total_steps = run.total_steps()
 
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # every process builds the same initial model
         self.model = build_model(run.model).to(self.device)
-        self.step_fn = torch.compile(self.model.nll) if cfg.compile else self.model.nll
+        self.ddp: torch.nn.Module | None = None
+        if self.dist.parallel == "fsdp":
+            distributed.shard_fsdp(self.model)  # in place: the optimizer below holds the shards
+        elif self.dist.parallel == "ddp":
+            self.ddp = distributed.wrap_ddp(self.model, self.dist, run.model.arch)
+        forward = self.ddp if self.ddp is not None else self.model.nll
+        self.step_fn = torch.compile(forward) if cfg.compile else forward
         self.optimizer = build_optimizer(self.model, cfg)
+        # batch_size is the global micro-batch: each process takes its slice of the same order.
         self.loader = WindowLoader(
-            self.dataset.tokens(run.data.train_split), self.seq_len, cfg.batch_size, cfg.data_seed
+            self.dataset.tokens(run.data.train_split), self.seq_len, cfg.batch_size // self.dist.world_size,
+            cfg.data_seed, self.dist.rank, self.dist.world_size,
         )
-        eval_bs = cfg.eval_batch_size or cfg.batch_size
+        # Each eval batch runs on one process: by default the per-process training micro-batch.
+        self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
         self.dev_batches = list(
-            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, eval_bs, cfg.eval_windows)
+            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows)
         )
         self.step = 0
         self.tokens_seen = 0
@@ -111,27 +135,35 @@ class Trainer:
             )
         state = ckpt.train_state()
         try:
-            self.model.load_state_dict(ckpt.model_state())
-            self.optimizer.load_state_dict(state["optimizer"])
+            if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
+                tensors, _ = distributed.sharded_state(self.model, self.optimizer)
+                load_shards(ckpt.path, ckpt.meta, tensors, self.dist.active)
+                distributed.load_sharded_state(self.model, self.optimizer, tensors, state["optimizer_param_groups"])
+            else:  # full weights and optimizer state: the same on any number of processes
+                distributed.load_full_model_state(self.model, ckpt.model_state(), self.dist)
+                distributed.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.dist)
             self.loader.load_state_dict(state["loader"])
             torch.set_rng_state(state["rng"]["torch"])
-            if self.device.type == "cuda" and state["rng"].get("cuda") is not None:
-                torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+            cuda_rng = state["rng"].get("cuda")  # one state per GPU rank 0 saw; another node may have fewer
+            if self.device.type == "cuda" and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda_rng)
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint") from None
         self._truncate_metrics(self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
-    def _train_state(self) -> dict[str, Any]:
+    def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything but the weights. The loader position is global (the same on every rank) and
+        the RNG state is rank 0's, so the state resumes on any number of processes."""
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if optimizer is None else optimizer,
             "loader": self.loader.state_dict(),
             "rng": rng,
             "step": self.step,
@@ -140,25 +172,44 @@ class Trainer:
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
-        path = save_checkpoint(
-            self.ckpt_root,
-            self.step,
-            self.model.state_dict(),
-            self._train_state(),
-            self.run.to_dict(),
-            self.dataset.tokenizer.to_dict(),
-            {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen},
-        )
-        protect = {self.best["step"]} if self.best["step"] is not None else set()
-        prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
+        """Write the step directory. Every process calls this; rank 0 writes the files, the
+        COMPLETE marker and the rename once every rank's part is on disk."""
+        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen}
+        if self.dist.active:
+            meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
+        if self.run.train.checkpoint_format == "sharded":
+            # Every rank writes its shard into rank 0's temporary directory.
+            tag = distributed.broadcast_int(self.dist, os.getpid())
+            tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
+            if self.dist.is_main:
+                begin_checkpoint(self.ckpt_root, self.step, tag)
+            tensors, param_groups = distributed.sharded_state(self.model, self.optimizer)
+            distributed.barrier(self.dist)  # the directory exists before anyone writes into it
+            save_shards(tmp / SHARDS, tensors, self.dist.active)  # returns once every shard and .metadata are written
+            model_state = None
+            train_state = {**self._train_state({}), "optimizer_param_groups": param_groups}
+            del train_state["optimizer"]  # its tensors are in the shards
+        else:  # full state dicts (gathered to rank 0 under FSDP), the single-process format
+            tmp = begin_checkpoint(self.ckpt_root, self.step, os.getpid()) if self.dist.is_main else None
+            model_state = distributed.full_model_state(self.model, self.dist)
+            train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
+        path = self.ckpt_root / step_dir_name(self.step)
+        if self.dist.is_main:
+            path = finish_checkpoint(tmp, self.step, model_state, train_state, self.run.to_dict(),
+                                     self.dataset.tokenizer.to_dict(), meta)
+            protect = {self.best["step"]} if self.best["step"] is not None else set()
+            prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
+        distributed.barrier(self.dist)  # no rank moves on (or reads it back) before it is complete
         return path
 
     def _write_best(self) -> None:
-        if self.best["step"] is not None:
+        if self.best["step"] is not None and self.dist.is_main:
             write_json_atomic(self.out / "best.json", self.best)
 
     # -- logging ------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -166,7 +217,7 @@ class Trainer:
         """Drop records a killed run wrote after the checkpoint we resume from, so the log is
         exactly what an uninterrupted run writes."""
         path = self.out / "metrics.jsonl"
-        if not path.exists():
+        if not path.exists() or not self.dist.is_main:
             return
         kept = []
         for line in path.read_text().splitlines():
@@ -182,7 +233,7 @@ class Trainer:
 
     # -- loop ---------------------------------------------------------------------------------
     def evaluate_dev(self) -> float:
-        nll, _ = evaluate_nll(self.model, self.dev_batches, self.device, self.dtype)
+        nll, _ = evaluate_nll(self.model, self.dev_batches, self.device, self.dtype, env=self.dist)
         return nll
 
     def train_step(self) -> float:
@@ -198,12 +249,14 @@ class Trainer:
         if segments is not None:
             self.model.set_active_segment(segment_for_step(self.step, segments))
         total = 0.0
-        for _ in range(cfg.grad_accum):
+        for micro in range(cfg.grad_accum):
             inputs, targets = self.loader.next_batch()
             inputs, targets = inputs.to(self.device), targets.to(self.device)
-            with autocast(self.device, self.dtype):
-                loss = self.step_fn(inputs, targets)
-            (loss / cfg.grad_accum).backward()
+            # DDP all-reduces (averages) gradients in the last micro-batch's backward only.
+            with distributed.grad_sync(self.ddp, micro == cfg.grad_accum - 1):
+                with autocast(self.device, self.dtype):
+                    loss = self.step_fn(inputs, targets)
+                (loss / cfg.grad_accum).backward()
             total += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         with keep_inactive_columns(self.model, self.optimizer):
@@ -212,20 +265,21 @@ class Trainer:
         self.model.set_active_segment(None)
         self.step += 1
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
-        self._last = {"lr": lr, "grad_norm": float(grad_norm)}
-        return total / cfg.grad_accum
+        self._last = {"lr": lr, "grad_norm": distributed.grad_norm_value(grad_norm)}
+        return distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
 
     def fit(self) -> TrainResult:
         cfg = self.run.train
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.out / "config.json", self.run.to_dict())
-        (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.out / "config.json", self.run.to_dict())
+            (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0:
             self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
         losses: dict[int, float] = {}
-        tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not cfg.progress, unit="step",
-                   desc=f"train {self.run.model.arch}", dynamic_ncols=True)
+        tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
+                   unit="step", desc=f"train {self.run.model.arch}", dynamic_ncols=True)
         dev_nll = None
         while self.step < self.total_steps:
             t0 = time.perf_counter()
@@ -260,14 +314,15 @@ class Trainer:
         cfg = self.run.train
         if cfg.select == "best" and self.best["step"] is not None and self.best["step"] != self.step:
             best = load_checkpoint(self.ckpt_root / f"step-{self.best['step']:08d}")
-            self.model.load_state_dict(best.model_state())
+            distributed.load_full_model_state(self.model, best.model_state(), self.dist)
         selected = self.best["step"] if cfg.select == "best" and self.best["step"] is not None else self.step
         test_tokens = self.dataset.tokens(self.run.data.test_split)
         test_nll, n_test = evaluate_nll(
             self.model,
-            eval_batches(test_tokens, self.seq_len, cfg.eval_batch_size or cfg.batch_size, cfg.test_windows),
+            eval_batches(test_tokens, self.seq_len, self.eval_batch_size, cfg.test_windows),
             self.device,
             self.dtype,
+            env=self.dist,
         )
         recent = self.step_times[-THROUGHPUT_WINDOW:]
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
@@ -287,11 +342,16 @@ class Trainer:
             "flops_per_token": self.run.model.flops_per_token(self.seq_len),
             "out_dir": str(self.out),
         }
-        write_json_atomic(self.out / "summary.json", summary)
+        if self.dist.is_main:
+            write_json_atomic(self.out / "summary.json", summary)
         self._log({"event": "summary", "step": self.step, **summary})
         return summary
 
 
 def train(run: RunConfig, resume: bool = False) -> TrainResult:
-    """Train a run to its budget (resuming from its latest checkpoint when asked)."""
-    return Trainer(run, resume=resume).fit()
+    """Train a run to its budget (resuming from its latest checkpoint when asked). Under torchrun
+    every process calls this; it joins the process group and leaves it at the end."""
+    try:
+        return Trainer(run, resume=resume).fit()
+    finally:
+        distributed.teardown()
