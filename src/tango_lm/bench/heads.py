@@ -19,7 +19,7 @@ subprocess so that no variant's freed memory or allocator state flatters another
 - memory on CUDA: `torch.cuda.max_memory_allocated()` during the first step minus what was
   allocated before it (the inputs);
 - memory on CPU: torch's CPU allocations are invisible to `tracemalloc`, so the measure is the
-  growth of the process's peak resident set (`getrusage(...).ru_maxrss`) over the first step,
+  growth of the process's peak resident set (VmHWM on Linux, else `ru_maxrss`) over the first step,
   from a baseline taken after the inputs were created and written. It counts pages actually
   touched, including the gradient buffers the step leaves behind (for the twin head, two V x d
   table gradients instead of one), and allocator slack; it is an upper bound on the peak of
@@ -81,6 +81,16 @@ def _loss(variant: str, x: dict[str, torch.Tensor], chunk: int) -> torch.Tensor:
 
 
 def _max_rss_bytes() -> int:
+    """This process's peak resident set. On Linux, VmHWM of /proc/self/status: `ru_maxrss` of a
+    child started by fork + exec begins at the parent's peak (the kernel carries it over), so
+    growth measured with it in a subprocess would be hidden below the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
@@ -119,7 +129,7 @@ def measure_variant(variant: str, positions: int, vocab: int, d: int, chunk: int
         before = _max_rss_bytes()
         first = step()
         peak = _max_rss_bytes() - before
-        method = "peak RSS growth (ru_maxrss)"
+        method = "peak RSS growth (VmHWM)"
     times = [step() for _ in range(steps)]
     return {"variant": variant, "step_s": statistics.median(times) if times else first, "first_step_s": first,
             "cpu_s": statistics.median(cpu_times[1:] or cpu_times),

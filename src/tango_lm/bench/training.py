@@ -1,51 +1,133 @@
-"""Training throughput of TANGO and Loop Transformer++ at matched parameters, side by side.
+"""Training throughput of architectures at matched total parameters, side by side in one process.
 
-Both models take full training steps (forward, backward, AdamW) on the same random token batch;
-steps alternate between the models so both see the same machine state, and each model's time
-is the median of its timed steps. Achieved FLOP/s uses the analytic FLOPs per token
-(`tango_lm.models.flops`) and is also given as a fraction of a matmul peak measured here.
+Every model takes full training steps (forward, backward, AdamW) on the same random token batch;
+steps alternate between the models (model 1, model 2, ..., model 1, ...) so all of them see the
+same machine state, and each model's time is the median of its timed steps. Achieved FLOP/s uses
+the analytic FLOPs per token (`cfg.flops_per_token(T)`, `tango_lm.models.flops`) and MFU divides
+it by a matmul peak measured in the same run (`bench/peak.py`, before and after the steps; the
+larger counts). Peak memory per model: on CUDA, `torch.cuda.max_memory_allocated()` reset before
+each of the model's steps, minus what the other models and the batch hold; on CPU, the peak
+resident-set growth of the same training step in a fresh subprocess per model (`bench/memory.py`).
+Every number is also given as a ratio to the Loop Transformer++ measured in the same process.
+
+Widths are matched with `tango_lm.models.matching.match_width` against the TANGO model's total;
+an architecture that cannot be matched runs at width 4·d_model and its row says why.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
 
 import torch
 
+from tango_lm.bench.memory import measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
+from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 
+BASELINE = "loop-transformer"
+DEFAULT_ARCHS = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
+                 "gau", "flash")
+OPTIONAL_ARCHS = ("dense", "gdn-hybrid", "moe", "attnres")
+PAIR = ("loop-transformer", "tango")  # `tango-lm bench` without --suite: the original comparison
+
 
 def matched_pair(d_model: int, depth: int, tango_width: int, vocab_size: int, seq_len: int) -> list[ModelConfig]:
     """TANGO at `tango_width` and a Loop Transformer++ whose width matches its total parameters."""
-    tango = ModelConfig(arch="tango", d_model=d_model, depth=depth, width=tango_width,
-                        vocab_size=vocab_size, context_length=seq_len)
-    loop = match_width(tango.replace(arch="loop-transformer"), tango.num_params()["total"])
-    return [loop, tango]
+    return [cfg for _, cfg, _ in matched_configs(PAIR, d_model, depth, tango_width, vocab_size, seq_len) if cfg]
+
+
+def matched_configs(archs: tuple[str, ...] | list[str], d_model: int, depth: int, tango_width: int,
+                    vocab_size: int, seq_len: int) -> list[tuple[str, ModelConfig | None, str]]:
+    """(arch, config, note) per architecture: TANGO at `tango_width`, every other architecture at the
+    width whose total parameter count is nearest TANGO's; the Loop Transformer++ baseline is added
+    when missing. The note says how the width was chosen: an architecture that cannot be matched
+    runs at width 4·d_model, and one that cannot be built at these sizes has config None."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    archs = list(dict.fromkeys(archs))
+    unknown = [a for a in archs if a not in ARCHITECTURES]
+    if unknown:
+        raise UserError(f"unknown architecture {unknown[0]!r}; choose from: {', '.join(ARCHITECTURES)}")
+    if BASELINE not in archs:
+        archs.append(BASELINE)
+    tango = ModelConfig(arch="tango", d_model=d_model, depth=depth, width=tango_width, vocab_size=vocab_size,
+                        context_length=seq_len)
+    target = tango.num_params()["total"]
+    out: list[tuple[str, ModelConfig | None, str]] = []
+    for arch in archs:
+        if arch == "tango":
+            out.append((arch, tango, f"reference, F={tango_width}"))
+            continue
+        try:
+            cfg = match_width(tango.replace(arch=arch), target)
+            gap = cfg.num_params()["total"] - target
+            out.append((arch, cfg, f"matched ({gap / target:+.2%})"))
+        except UserError as exc:
+            try:
+                out.append((arch, tango.replace(arch=arch, width=4 * d_model), f"NOT matched, width 4d: {exc}"))
+            except UserError as exc2:
+                out.append((arch, None, f"skipped: {exc2}"))
+    base = out[archs.index(BASELINE)]
+    if base[1] is None:
+        raise UserError(f"the baseline {BASELINE} cannot be built at these sizes: {base[2]}")
+    return out
+
+
+def _own_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return params + sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                        if isinstance(t, torch.Tensor))
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, batch_size: int = 4,
                        steps: int = 6, warmup: int = 2, tango_width: int = 8192, vocab_size: int = 257,
-                       device: str = "auto", print_table: bool = True, configs: list[ModelConfig] | None = None
-                       ) -> dict[str, Any]:
+                       device: str = "auto", print_table: bool = True, configs: list[ModelConfig] | None = None,
+                       archs: tuple[str, ...] | list[str] | None = None, memory: bool = True, memory_steps: int = 2,
+                       threads: int | None = None) -> dict[str, Any]:
+    """Train every model side by side (see the module doc). `archs` None and `configs` None: the
+    original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement."""
     dev = pick_device(device)
+    if threads:
+        torch.set_num_threads(threads)
     dtype = autocast_dtype("auto", dev)
-    configs = configs or matched_pair(d_model, depth, tango_width, vocab_size, seq_len)
+    if configs is not None:
+        pairs, skipped = [(c, "given") for c in configs], []
+    else:
+        pairs = matched_configs(archs or PAIR, d_model, depth, tango_width, vocab_size, seq_len)
+    skipped = [{"arch": a, "note": note} for a, c, note in pairs if c is None]
+    pairs = [(c, note) for _, c, note in pairs if c is not None]
+    configs = [c for c, _ in pairs]
+    load_start = _load()
+    peak_before = measure_matmul_peak(dev, dtype or torch.float32)
     torch.manual_seed(0)
     models = [build_model(c).to(dev) for c in configs]
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models]
-    inputs = torch.randint(0, configs[0].vocab_size, (batch_size, seq_len + 1), device=dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
+    inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
     times: list[list[float]] = [[] for _ in models]
+    cpu_times: list[list[float]] = [[] for _ in models]
+    cuda_peaks = [0 for _ in models]
     for i in range(warmup + steps):
         for j, (model, opt) in enumerate(zip(models, opts, strict=True)):
             _sync(dev)
-            t0 = time.perf_counter()
+            if dev.type == "cuda":
+                others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
+                torch.cuda.reset_peak_memory_stats(dev)
+            t0, c0 = time.perf_counter(), time.process_time()
             with autocast(dev, dtype):
                 loss = model.nll(x, y)
             loss.backward()
@@ -54,39 +136,84 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
             _sync(dev)
             if i >= warmup:
                 times[j].append(time.perf_counter() - t0)
-    peak = measure_matmul_peak(dev, dtype or torch.float32)
+                cpu_times[j].append(time.process_time() - c0)
+            if dev.type == "cuda":
+                cuda_peaks[j] = max(cuda_peaks[j], torch.cuda.max_memory_allocated(dev) - others)
+    peak_after = measure_matmul_peak(dev, dtype or torch.float32)
+    load_end = _load()
+    peak = max(peak_before, peak_after)
+    del models, opts
+    if dev.type == "cuda":
+        mem_method = "cuda max_memory_allocated per model step, minus the other models"
+    elif memory:
+        mem_method = f"peak RSS growth over {memory_steps} training steps, one fresh subprocess per model"
+    else:
+        mem_method = "not measured"
     rows = []
-    for cfg, ts in zip(configs, times, strict=True):
+    for j, ((cfg, note), ts, cs) in enumerate(zip(pairs, times, cpu_times, strict=True)):
         step_s = statistics.median(ts)
         tok_s = batch_size * seq_len / step_s
         fpt = cfg.flops_per_token(seq_len)
-        rows.append({"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"],
+        if dev.type == "cuda":
+            mem = cuda_peaks[j]
+        elif memory:
+            mem = measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)["peak_bytes"]
+        else:
+            mem = None
+        rows.append({"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"], "note": note,
                      "tokens_per_s": tok_s, "flops_per_token": fpt, "flop_per_s": tok_s * fpt,
-                     "mfu": tok_s * fpt / peak, "step_s": step_s})
-    base = rows[0]
+                     "mfu": tok_s * fpt / peak, "step_s": step_s, "step_s_all": ts,
+                     "cpu_s": statistics.median(cs), "peak_bytes": mem})
+    base = next((r for r in rows if r["arch"] == BASELINE), rows[0])
     for r in rows:
         r["tokens_per_s_vs_loop"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["flop_per_s_vs_loop"] = r["flop_per_s"] / base["flop_per_s"]
+        r["mfu_vs_loop"] = r["mfu"] / base["mfu"]
+        r["tokens_per_cpu_s_vs_loop"] = base["cpu_s"] / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
+        r["memory_vs_loop"] = (r["peak_bytes"] / base["peak_bytes"]
+                               if r["peak_bytes"] is not None and base["peak_bytes"] else None)
     report = {"device": str(dev), "threads": torch.get_num_threads(), "d_model": configs[0].d_model,
               "seq_len": seq_len, "depth": configs[0].depth, "batch_size": batch_size, "timed_steps": steps,
-              "matmul_peak_flop_per_s": peak, "models": rows}
+              "warmup_steps": warmup, "vocab_size": configs[0].vocab_size, "tango_width": tango_width,
+              "precision": "bf16 autocast" if dtype is not None else "fp32",
+              "matmul_peak_flop_per_s": peak, "matmul_peak_before": peak_before, "matmul_peak_after": peak_after,
+              "memory_method": mem_method, "load_avg_start": load_start, "load_avg_end": load_end,
+              "baseline": base["arch"], "models": rows, "skipped": skipped}
     if print_table:
         print(format_report(report))
     return report
 
 
+def _load_text(report: dict[str, Any]) -> str:
+    if report.get("load_avg_start") is None:
+        return ""
+    return f", 1-min load avg {report['load_avg_start']:.1f} -> {report['load_avg_end']:.1f}"
+
+
 def format_report(report: dict[str, Any]) -> str:
+    mib = 2**20
     lines = [
-        f"device {report['device']} ({report['threads']} threads), d={report['d_model']}, T={report['seq_len']}, "
-        f"depth {report['depth']}, batch {report['batch_size']}, median of {report['timed_steps']} steps",
-        f"measured matmul peak: {report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s",
-        f"{'arch':<18}{'width':>7}{'params':>12}{'tok/s':>9}{'MFLOP/tok':>11}{'GFLOP/s':>9}{'MFU':>7}"
-        f"{'tok/s vs loop':>15}{'FLOP/s vs loop':>16}",
+        f"train: device {report['device']} ({report['threads']} threads{_load_text(report)}), "
+        f"d={report['d_model']}, T={report['seq_len']}, depth {report['depth']}, batch {report['batch_size']}, "
+        f"V={report['vocab_size']}, {report['precision']}, AdamW; models alternate step by step in one process; "
+        f"tok/s = median of {report['timed_steps']} timed steps after {report['warmup_steps']} warm-up",
+        f"FLOPs: analytic cfg.flops_per_token(T) (3x forward); MFU against the measured matmul peak "
+        f"{report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s (best square matmul, before "
+        f"{report['matmul_peak_before'] / 1e9:.1f} / after {report['matmul_peak_after'] / 1e9:.1f}); "
+        f"tok/cpu-s x: by median process CPU time per step (steadier on a shared machine); "
+        f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}",
+        f"{'arch':<19}{'width':>6}{'params':>11}{'tok/s':>8}{'MFLOP/tok':>10}{'GFLOP/s':>8}{'MFU':>7}"
+        f"{'peak MiB':>9}{'tok/s x':>8}{'tok/cpu-s x':>12}{'MFU x':>7}{'mem x':>7}  note",
     ]
     for r in report["models"]:
+        mem = f"{r['peak_bytes'] / mib:>9.0f}" if r["peak_bytes"] is not None else f"{'-':>9}"
+        mem_x = f"{r['memory_vs_loop']:>7.2f}" if r["memory_vs_loop"] is not None else f"{'-':>7}"
         lines.append(
-            f"{r['arch']:<18}{r['width']:>7}{r['params_total']:>12,}{r['tokens_per_s']:>9,.0f}"
-            f"{r['flops_per_token'] / 1e6:>11.1f}{r['flop_per_s'] / 1e9:>9.1f}{r['mfu']:>7.1%}"
-            f"{r['tokens_per_s_vs_loop']:>15.2f}{r['flop_per_s_vs_loop']:>16.2f}"
+            f"{r['arch']:<19}{r['width']:>6}{r['params_total']:>11,}{r['tokens_per_s']:>8,.0f}"
+            f"{r['flops_per_token'] / 1e6:>10.1f}{r['flop_per_s'] / 1e9:>8.1f}{r['mfu']:>7.1%}{mem}"
+            f"{r['tokens_per_s_vs_loop']:>8.2f}{r['tokens_per_cpu_s_vs_loop']:>12.2f}{r['mfu_vs_loop']:>7.2f}{mem_x}"
+            f"  {r['note']}"
         )
+    for r in report.get("skipped", []):
+        lines.append(f"{r['arch']:<19}{'-':>6}  {r['note']}")
     return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""Decoding speed and decode-cache size per architecture, and the onóna head's serving paths.
+
+Architectures (the matched set of `bench/training.py`): each model generates `new_tokens` tokens
+after a random prompt of `prompt_len` tokens with `serve.generate.generate` (decode cache, one
+position per step), at each batch size, greedy and at temperature 1. A timed run is the whole
+`generate` call, prefill included; tokens/s counts the new tokens of every row. Runs alternate
+between the models (every model, batch and mode once per round), and each number is the median
+over the timed rounds, after one short warm-up round. Cache bytes per token are
+`cache.nbytes() / positions` of one sequence after prompt + new tokens (fp32).
+
+Heads: on one backbone, the Standard head against onóna sampled two ways at temperature 1 without
+truncation: one projection per position (`head.sample`, what `generate` does on its own) and
+both projections (`top_k=V`, which changes no probability but forces the full mixture). Ratios
+are to the Standard head.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from tango_lm.bench.peak import _sync
+from tango_lm.bench.training import BASELINE, DEFAULT_ARCHS, matched_configs
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.model import build_model
+from tango_lm.serve.generate import generate
+from tango_lm.train.device import pick_device
+
+MODES = {"greedy": 0.0, "t=1": 1.0}
+HEAD_VARIANTS = ("standard", "onona-one", "onona-both")
+
+
+def _timed_generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, temperature: float,
+                    top_k: int | None = None) -> tuple[float, float]:
+    _sync(prompt.device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    generate(model, prompt, new_tokens, temperature=temperature, top_k=top_k, seed=0)
+    _sync(prompt.device)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+@torch.no_grad()
+def cache_bytes_per_token(model: torch.nn.Module, positions: int, device: torch.device) -> float:
+    """Bytes of one sequence's decode cache per position after `positions` positions."""
+    cache = model.new_cache(positions)
+    ids = torch.randint(0, model.config.vocab_size, (1, positions), device=device)
+    model.hidden(ids, cache)
+    return cache.nbytes() / cache.position
+
+
+def _prompts(batches: tuple[int, ...], prompt_len: int, vocab: int, device: torch.device) -> dict[int, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    return {b: torch.randint(0, vocab, (b, prompt_len), generator=gen, device=device) for b in batches}
+
+
+def run_decode_bench(archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS, d_model: int = 256, depth: int = 4,
+                     tango_width: int = 8192, vocab_size: int = 257, prompt_len: int = 32, new_tokens: int = 128,
+                     batches: tuple[int, ...] = (1, 8), repeats: int = 3, head_backbone: str = "dense",
+                     head_vocab: int = 50304, heads: bool = True, device: str = "auto", threads: int | None = None,
+                     print_table: bool = True) -> dict[str, Any]:
+    dev = pick_device(device)
+    if threads:
+        torch.set_num_threads(threads)
+    positions = prompt_len + new_tokens
+    report: dict[str, Any] = {"device": str(dev), "threads": torch.get_num_threads(), "d_model": d_model,
+                              "depth": depth, "vocab_size": vocab_size, "prompt_len": prompt_len,
+                              "new_tokens": new_tokens, "batches": list(batches), "modes": list(MODES),
+                              "repeats": repeats}
+    triples = matched_configs(archs, d_model, depth, tango_width, vocab_size, positions)
+    report["skipped"] = [{"arch": a, "note": note} for a, c, note in triples if c is None]
+    pairs = [(c, note) for _, c, note in triples if c is not None]
+    models = {}
+    for cfg, _ in pairs:
+        torch.manual_seed(0)
+        models[cfg.arch] = build_model(cfg).to(dev).eval()
+    cases = [(b, m) for b in batches for m in MODES]
+    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats)
+    rows = []
+    for cfg, note in pairs:
+        row: dict[str, Any] = {"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"],
+                               "note": note, "tokens_per_s": {}, "cache_bytes_per_token":
+                               cache_bytes_per_token(models[cfg.arch], positions, dev)}
+        for b, m in cases:
+            row["tokens_per_s"][f"b{b} {m}"] = b * new_tokens / statistics.median(wall[cfg.arch, b, m])
+        rows.append(row)
+    base = next(r for r in rows if r["arch"] == BASELINE)
+    for r in rows:
+        r["tokens_per_s_vs_loop"] = {k: v / base["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
+        r["cache_vs_loop"] = r["cache_bytes_per_token"] / base["cache_bytes_per_token"]
+    report["archs"] = rows
+    del models
+    if heads:
+        report["heads"] = run_head_decode(head_backbone, d_model, depth, head_vocab, prompt_len, new_tokens, batches,
+                                          repeats, dev)
+    if print_table:
+        print(format_report(report))
+    return report
+
+
+def _interleaved(models: dict[str, Any], cases: list[tuple[int, str]], prompts: dict[int, torch.Tensor],
+                 new_tokens: int, repeats: int, top_k: dict[str, int | None] | None = None,
+                 temperature: dict[str, float] | None = None) -> dict[tuple[str, int, str], list[float]]:
+    """Wall seconds per (model, batch, mode): one short warm-up round, then `repeats` rounds of
+    every case for every model."""
+    out: dict[tuple[str, int, str], list[float]] = {}
+    for i in range(1 + repeats):
+        n = min(8, new_tokens) if i == 0 else new_tokens
+        for b, m in cases:
+            for name, model in models.items():
+                t = temperature[name] if temperature else MODES[m]
+                wall, _ = _timed_generate(model, prompts[b], n, t, (top_k or {}).get(name))
+                if i > 0:
+                    out.setdefault((name, b, m), []).append(wall)
+    return out
+
+
+def run_head_decode(backbone: str, d_model: int, depth: int, vocab_size: int, prompt_len: int, new_tokens: int,
+                    batches: tuple[int, ...], repeats: int, dev: torch.device) -> dict[str, Any]:
+    """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated."""
+    base = ModelConfig(arch=backbone, d_model=d_model, depth=depth, width=4 * d_model, vocab_size=vocab_size,
+                       context_length=prompt_len + new_tokens)
+    models = {}
+    for name in HEAD_VARIANTS:
+        torch.manual_seed(0)  # one seed: every head gets the same body
+        models[name] = build_model(base.replace(head=name.split("-")[0])).to(dev).eval()
+    if not hasattr(models["onona-one"].head, "sample"):
+        raise RuntimeError("the onóna head has no one-projection sampler")
+    top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
+    temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)
+    cases = [(b, "t=1") for b in batches]
+    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats,
+                        top_k, temperature)
+    paths = {"standard": "one table (full softmax)", "onona-one": "one projection per position (head.sample)",
+             "onona-both": "both projections (top_k=V)"}
+    rows = []
+    for name in HEAD_VARIANTS:
+        tps = {f"b{b}": b * new_tokens / statistics.median(wall[name, b, "t=1"]) for b in batches}
+        rows.append({"variant": name, "path": paths[name], "params_total": models[name].config.num_params()["total"],
+                     "tokens_per_s": tps})
+    for r in rows:
+        r["tokens_per_s_vs_standard"] = {k: v / rows[0]["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
+    return {"backbone": backbone, "d_model": d_model, "depth": depth, "width": base.width, "vocab_size": vocab_size,
+            "variants": rows}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    keys = [f"b{b} {m}" for b in report["batches"] for m in report["modes"]]
+    lines = [
+        f"decode: device {report['device']} ({report['threads']} threads), matched models of the train suite "
+        f"(d={report['d_model']}, depth {report['depth']}, V={report['vocab_size']}), prompt {report['prompt_len']} "
+        f"+ {report['new_tokens']} new tokens; tok/s = new tokens (all rows) / wall time of the whole generate call "
+        f"(prefill included), median of {report['repeats']} rounds alternating models; cache = cache.nbytes() / "
+        f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32)",
+        f"{'arch':<19}" + "".join(f"{k:>11}" for k in keys) + "".join(f"{k + ' x':>13}" for k in keys)
+        + f"{'cache B/tok':>12}{'cache x':>8}  note",
+    ]
+    for r in report["archs"]:
+        lines.append(f"{r['arch']:<19}" + "".join(f"{r['tokens_per_s'][k]:>11,.0f}" for k in keys)
+                     + "".join(f"{r['tokens_per_s_vs_loop'][k]:>13.2f}" for k in keys)
+                     + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}")
+    for r in report.get("skipped", []):
+        lines.append(f"{r['arch']:<19}  {r['note']}")
+    if "heads" in report:
+        h = report["heads"]
+        bkeys = [f"b{b}" for b in report["batches"]]
+        lines += [
+            "",
+            f"decode heads: {h['backbone']} backbone (d={h['d_model']}, depth {h['depth']}, width {h['width']}), "
+            f"V={h['vocab_size']}, same body for every head, temperature 1 untruncated, prompt "
+            f"{report['prompt_len']} + {report['new_tokens']} new tokens, median of {report['repeats']} rounds "
+            f"alternating heads; ratios to Standard",
+            f"{'variant':<12}" + "".join(f"{k + ' tok/s':>11}" for k in bkeys) + "".join(f"{k + ' x':>8}" for k in bkeys)
+            + "  path",
+        ]
+        for r in h["variants"]:
+            lines.append(f"{r['variant']:<12}" + "".join(f"{r['tokens_per_s'][k]:>11,.0f}" for k in bkeys)
+                         + "".join(f"{r['tokens_per_s_vs_standard'][k]:>8.2f}" for k in bkeys) + f"  {r['path']}")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""`tango-lm bench`: the benchmark suites (SPEC 6, "Throughput").
+
+- `train` (`bench/training.py`): training tokens/s, analytic FLOPs per token, achieved FLOP/s, MFU
+  against a matmul peak measured in the same run, and peak memory, of every architecture at
+  matched total parameters, trained side by side; ratios to Loop Transformer++.
+- `decode` (`bench/decode.py`): decoding tokens/s and decode-cache bytes per token per
+  architecture; onóna's one-projection sampling against both projections and the Standard head.
+- `windowed` (`bench/windowed.py`): windowed against full TANGO time per token as T grows.
+- `memory` (`bench/memory.py`): peak memory of a whole training step, onóna against Standard.
+- `all`: every suite, in that order.
+
+Without `--suite`, `tango-lm bench` is the original comparison: TANGO against a matched Loop
+Transformer++ at d=256, T=256 (the train suite with `--archs tango,loop-transformer`), and
+`--json` prints that one report. With `--suite`, `--json` prints one object with a key per suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from typing import Any
+
+from tango_lm.errors import UserError
+
+# torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
+
+SUITES = ("train", "decode", "windowed", "memory")
+WINDOWED_TARGET = 1.3  # windowed time/token at the longest T over its time at the shortest
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    """The `bench` subcommand's options."""
+    s.add_argument("--suite", choices=(*SUITES, "all"), default=None,
+                   help="benchmark suite (default: TANGO vs matched Loop Transformer++ training speed)")
+    s.add_argument("--archs", type=_names, default=None,
+                   help="comma-separated architectures for train/decode (default for --suite: tango, tango-windowed, "
+                        "tango-3set, tango-compact, loop-transformer, untied-transformer, gau, flash)")
+    s.add_argument("--d-model", type=int, default=256)
+    s.add_argument("--seq-len", type=int, default=256)
+    s.add_argument("--depth", type=int, default=4)
+    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--steps", type=int, default=6, help="timed training steps per model")
+    s.add_argument("--warmup", type=int, default=2, help="untimed training steps per model")
+    s.add_argument("--tango-width", type=int, default=8192, help="TANGO's F; the other widths are matched to it")
+    s.add_argument("--vocab-size", type=int, default=257, help="vocabulary of the train and decode suites")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    s.add_argument("--no-memory", action="store_true", help="train suite: skip the per-model memory measurement")
+    s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement")
+    g = s.add_argument_group("decode suite")
+    g.add_argument("--prompt-len", type=int, default=32)
+    g.add_argument("--new-tokens", type=int, default=128)
+    g.add_argument("--decode-batches", type=_ints, default=(1, 8))
+    g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
+    g.add_argument("--head-backbone", default="dense", help="architecture under the heads (decode suite)")
+    g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
+    g = s.add_argument_group("windowed suite")
+    g.add_argument("--window", type=int, default=64)
+    g.add_argument("--windowed-lens", type=_ints, default=(256, 512, 1024, 2048, 4096))
+    g.add_argument("--windowed-width", type=int, default=2048, help="TANGO's F in the windowed comparison")
+    g.add_argument("--windowed-tokens", type=int, default=16384, help="tokens per step at every T")
+    g.add_argument("--no-full-tango", action="store_true", help="windowed suite: time the windowed block only")
+    g.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="windowed suite timer")
+    g = s.add_argument_group("memory suite")
+    g.add_argument("--memory-backbone", default="dense-142m",
+                   help="a preset (its model section) or an architecture at --d-model/--depth")
+    g.add_argument("--memory-batch-size", type=int, default=1)
+    g.add_argument("--memory-seq-len", type=int, default=512)
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+            "processor": platform.processor() or None, "threads": torch.get_num_threads()}
+
+
+def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
+    import torch
+
+    from tango_lm.bench.windowed import windowed_time_per_token
+
+    kwargs = dict(seq_lens=args.windowed_lens, window=args.window, d_model=args.d_model, width=args.windowed_width,
+                  tokens=args.windowed_tokens, repeats=args.repeats, include_tango=not args.no_full_tango,
+                  device=args.device, print_table=False)
+    if args.clock != "wall":
+        kwargs["clock"] = args.clock
+    rows = windowed_time_per_token(**kwargs)
+    last = rows[-1]
+    report = {"device": str(_device(args.device)), "threads": torch.get_num_threads(), "d_model": args.d_model,
+              "width": args.windowed_width, "window": args.window, "tokens_per_step": args.windowed_tokens,
+              "repeats": args.repeats, "clock": args.clock, "rows": rows, "target": WINDOWED_TARGET,
+              "longest_vs_first": last["windowed_vs_first"],
+              "target_met": last["windowed_vs_first"] <= WINDOWED_TARGET}
+    if print_table:
+        print(format_windowed(report))
+    return report
+
+
+def _device(name: str) -> Any:
+    from tango_lm.train.device import pick_device
+
+    return pick_device(name)
+
+
+def format_windowed(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    lines = [
+        f"windowed: device {report['device']} ({report['threads']} threads), one block, d={report['d_model']}, "
+        f"F={report['width']}, W={report['window']}, forward + backward on {report['tokens_per_step']} tokens per "
+        f"step (batch = tokens / T), same weights for both blocks; each time is the best of {report['repeats']} "
+        f"rounds that alternate every T and block ({report['clock']} clock, bench/windowed.py)",
+        f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len']):>11}{'tango us/tok':>14}"
+        f"{'tango/windowed':>16}",
+    ]
+    for r in rows:
+        tango = (f"{r['tango_us_per_token']:>14.2f}{r['tango_vs_windowed']:>16.2f}" if "tango_us_per_token" in r
+                 else "")
+        lines.append(f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}"
+                     f"{r['windowed_vs_first']:>11.2f}{tango}")
+    lines.append(f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
+                 f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
+                 f"({'met' if report['target_met'] else 'NOT met'})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the suites `args` names, print each table unless --json, and return the report (the
+    caller prints it as JSON)."""
+    import torch
+
+    from tango_lm.bench.decode import run_decode_bench
+    from tango_lm.bench.memory import run_memory_bench
+    from tango_lm.bench.training import DEFAULT_ARCHS, PAIR, run_training_bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    show = not args.json
+    if args.suite is None:
+        report = run_training_bench(d_model=args.d_model, seq_len=args.seq_len, depth=args.depth,
+                                    batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                                    tango_width=args.tango_width, vocab_size=args.vocab_size, device=args.device,
+                                    archs=args.archs or PAIR, memory=not args.no_memory,
+                                    memory_steps=args.memory_steps, threads=args.threads, print_table=show)
+        return report
+    for name in ("steps", "repeats", "memory_steps"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    suites = SUITES if args.suite == "all" else (args.suite,)
+    archs = args.archs or DEFAULT_ARCHS
+    out: dict[str, Any] = {"suites": list(suites), "environment": environment()}
+    for i, suite in enumerate(suites):
+        if show and i:
+            print()
+        if suite == "train":
+            out["train"] = run_training_bench(
+                d_model=args.d_model, seq_len=args.seq_len, depth=args.depth, batch_size=args.batch_size,
+                steps=args.steps, warmup=args.warmup, tango_width=args.tango_width, vocab_size=args.vocab_size,
+                device=args.device, archs=archs, memory=not args.no_memory, memory_steps=args.memory_steps,
+                threads=args.threads, print_table=show)
+        elif suite == "decode":
+            out["decode"] = run_decode_bench(
+                archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,
+                vocab_size=args.vocab_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                batches=args.decode_batches, repeats=args.repeats, head_backbone=args.head_backbone,
+                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show)
+        elif suite == "windowed":
+            out["windowed"] = run_windowed(args, show)
+        elif suite == "memory":
+            out["memory"] = run_memory_bench(
+                backbone=args.memory_backbone, d_model=args.d_model, depth=args.depth, vocab_size=args.head_vocab,
+                batch_size=args.memory_batch_size, seq_len=args.memory_seq_len, steps=args.memory_steps,
+                device=args.device, threads=args.threads, print_table=show)
+    return out

@@ -1,0 +1,126 @@
+"""Smoke tests of `tango-lm bench` (bench/suite.py and the suites it runs): tiny sizes, one or two
+steps; they check the reports' structure and that every ratio is computed from the measured
+numbers. No timing thresholds: the machine is shared."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from tango_lm.bench import decode, memory, suite, training
+from tango_lm.cli import main
+from tango_lm.models.config import ModelConfig
+
+TINY = ["--d-model", "32", "--depth", "3", "--seq-len", "16", "--batch-size", "2", "--tango-width", "64",
+        "--vocab-size", "40"]
+
+
+def _bench_json(capsys, *args: str) -> dict:
+    assert main(["bench", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_train_suite_rows_and_ratios(capsys):
+    report = _bench_json(capsys, "--suite", "train", "--archs", "tango,gau,flash", *TINY, "--steps", "2",
+                         "--warmup", "1", "--no-memory")
+    assert report["suites"] == ["train"] and "environment" in report
+    train = report["train"]
+    rows = {r["arch"]: r for r in train["models"]}
+    assert list(rows) == ["tango", "gau", "flash", "loop-transformer"]  # the baseline is added
+    base = rows["loop-transformer"]
+    peak = train["matmul_peak_flop_per_s"]
+    assert peak == max(train["matmul_peak_before"], train["matmul_peak_after"]) > 0
+    for r in rows.values():
+        cfg = ModelConfig(arch=r["arch"], d_model=32, depth=3, width=r["width"], vocab_size=40, context_length=16)
+        assert r["params_total"] == cfg.num_params()["total"]
+        assert r["flops_per_token"] == cfg.flops_per_token(16)
+        assert len(r["step_s_all"]) == 2
+        assert r["tokens_per_s"] == pytest.approx(2 * 16 / r["step_s"])
+        assert r["flop_per_s"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"])
+        assert r["mfu"] == pytest.approx(r["flop_per_s"] / peak)
+        assert r["tokens_per_s_vs_loop"] == pytest.approx(r["tokens_per_s"] / base["tokens_per_s"])
+        assert r["mfu_vs_loop"] == pytest.approx(r["mfu"] / base["mfu"])
+        assert r["tokens_per_cpu_s_vs_loop"] == pytest.approx(base["cpu_s"] / r["cpu_s"])
+        assert r["peak_bytes"] is None and r["memory_vs_loop"] is None
+    assert rows["tango"]["note"].startswith("reference") and rows["gau"]["note"].startswith("matched")
+
+
+def test_unbuildable_arch_is_reported_not_run():
+    triples = training.matched_configs(["tango-3set", "tango"], 32, 1, 64, 40, 16)
+    assert [a for a, _, _ in triples] == ["tango-3set", "tango", "loop-transformer"]
+    arch, cfg, note = triples[0]
+    assert cfg is None and note.startswith("skipped") and "depth" in note
+
+
+def test_default_bench_is_the_original_pair(capsys):
+    report = _bench_json(capsys, *TINY, "--steps", "1", "--warmup", "0", "--no-memory")
+    assert [r["arch"] for r in report["models"]] == ["loop-transformer", "tango"]
+    assert report["models"][0]["tokens_per_s_vs_loop"] == 1.0
+    text = training.format_report(report)
+    assert "train: device" in text and "tok/s = median of 1 timed steps" in text
+
+
+def test_decode_suite_rows_and_ratios():
+    report = decode.run_decode_bench(archs=("tango", "loop-transformer", "gau"), d_model=32, depth=2, tango_width=64,
+                                     vocab_size=40, prompt_len=3, new_tokens=2, batches=(1, 2), repeats=1,
+                                     head_vocab=50, device="cpu", print_table=False)
+    keys = ["b1 greedy", "b1 t=1", "b2 greedy", "b2 t=1"]
+    base = next(r for r in report["archs"] if r["arch"] == "loop-transformer")
+    for r in report["archs"]:
+        assert list(r["tokens_per_s"]) == keys
+        for k in keys:
+            assert r["tokens_per_s_vs_loop"][k] == pytest.approx(r["tokens_per_s"][k] / base["tokens_per_s"][k])
+        assert r["cache_bytes_per_token"] > 0
+        assert r["cache_vs_loop"] == pytest.approx(r["cache_bytes_per_token"] / base["cache_bytes_per_token"])
+    heads = report["heads"]["variants"]
+    assert [h["variant"] for h in heads] == ["standard", "onona-one", "onona-both"]
+    for h in heads:
+        assert h["tokens_per_s_vs_standard"]["b2"] == pytest.approx(h["tokens_per_s"]["b2"] / heads[0]["tokens_per_s"]["b2"])
+    text = decode.format_report(report)
+    assert "decode: device" in text and "decode heads:" in text and "onona-both" in text
+
+
+def test_cache_bytes_per_token_of_a_transformer():
+    cfg = ModelConfig(arch="loop-transformer", d_model=32, depth=2, width=64, vocab_size=40, context_length=8)
+    model = cfg.build().eval()
+    # keys and values, d_model floats each, per application (the loop applies its block depth times)
+    assert decode.cache_bytes_per_token(model, 8, torch.device("cpu")) == 2 * 32 * 4 * 2
+
+
+def test_windowed_suite_ratio_and_target(capsys):
+    args = argparse.Namespace(windowed_lens=(8, 16), window=4, d_model=32, windowed_width=16,
+                                    windowed_tokens=32, repeats=1, no_full_tango=False, device="cpu", clock="wall")
+    report = suite.run_windowed(args, print_table=True)
+    rows = report["rows"]
+    assert [r["seq_len"] for r in rows] == [8, 16]
+    assert rows[1]["windowed_vs_first"] == pytest.approx(rows[1]["windowed_us_per_token"] / rows[0]["windowed_us_per_token"])
+    assert report["longest_vs_first"] == rows[-1]["windowed_vs_first"]
+    assert report["target_met"] == (report["longest_vs_first"] <= suite.WINDOWED_TARGET)
+    assert "windowed: device" in capsys.readouterr().out
+
+
+def test_training_step_memory_in_process():
+    cfg = ModelConfig(arch="dense", d_model=32, depth=1, width=64, vocab_size=50, context_length=8)
+    row = memory.measure_training_step(cfg.to_dict(), batch_size=1, seq_len=8, device="cpu", steps=1)
+    assert row["param_bytes"] == 4 * cfg.num_params()["total"] == row["grad_bytes"]
+    assert row["optimizer_bytes"] >= 2 * row["param_bytes"]  # AdamW's two moments (and its step counters)
+    assert row["state_bytes"] == row["param_bytes"] + row["grad_bytes"] + row["optimizer_bytes"]
+    assert row["other_bytes"] == row["peak_bytes"] - row["state_bytes"]
+
+
+def test_memory_suite_in_subprocesses(capsys):
+    report = _bench_json(capsys, "--suite", "memory", "--memory-backbone", "dense", "--d-model", "32", "--depth", "1",
+                         "--head-vocab", "50", "--memory-batch-size", "1", "--memory-seq-len", "8",
+                         "--memory-steps", "1")
+    mem = report["memory"]
+    heads = {r["head"]: r for r in mem["heads"]}
+    assert list(heads) == ["standard", "onona"] and mem["vocab_size"] == 50
+    assert heads["onona"]["params_total"] == heads["standard"]["params_total"] + 50 * 32 + 32
+    for r in heads.values():
+        assert r["peak_bytes"] > 0
+        assert r["peak_vs_standard"] == pytest.approx(r["peak_bytes"] / heads["standard"]["peak_bytes"])
+        assert r["state_vs_standard"] == pytest.approx(r["state_bytes"] / heads["standard"]["state_bytes"])
+    assert "memory: whole training step" in memory.format_report(mem)
