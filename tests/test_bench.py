@@ -14,8 +14,8 @@ from tango_lm.bench import decode, memory, suite, training
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
 
-TINY = ["--d-model", "32", "--depth", "3", "--seq-len", "16", "--batch-size", "2", "--tango-width", "64",
-        "--vocab-size", "40"]
+TINY = ["--d-model", "32", "--depth", "3", "--seq-len", "16", "--batch-size", "2", "--tango-width", "256",
+        "--vocab-size", "40", "--peak-size", "128"]
 
 
 def _bench_json(capsys, *args: str) -> dict:
@@ -48,11 +48,13 @@ def test_train_suite_rows_and_ratios(capsys):
     assert rows["tango"]["note"].startswith("reference") and rows["gau"]["note"].startswith("matched")
 
 
-def test_unbuildable_arch_is_reported_not_run():
+def test_unmatched_and_unbuildable_archs_say_so():
     triples = training.matched_configs(["tango-3set", "tango"], 32, 1, 64, 40, 16)
     assert [a for a, _, _ in triples] == ["tango-3set", "tango", "loop-transformer"]
     arch, cfg, note = triples[0]
     assert cfg is None and note.startswith("skipped") and "depth" in note
+    (_, cfg, note), = [t for t in training.matched_configs(["gau"], 32, 3, 64, 40, 16) if t[0] == "gau"]
+    assert cfg.width == 4 * 32 and note.startswith("NOT matched")
 
 
 def test_default_bench_is_the_original_pair(capsys):

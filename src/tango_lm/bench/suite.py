@@ -58,6 +58,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     s.add_argument("--no-memory", action="store_true", help="train suite: skip the per-model memory measurement")
     s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement")
+    s.add_argument("--peak-size", type=int, default=None,
+                   help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)")
     g = s.add_argument_group("decode suite")
     g.add_argument("--prompt-len", type=int, default=32)
     g.add_argument("--new-tokens", type=int, default=128)
@@ -153,7 +155,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                                     tango_width=args.tango_width, vocab_size=args.vocab_size, device=args.device,
                                     archs=args.archs or PAIR, memory=not args.no_memory,
-                                    memory_steps=args.memory_steps, threads=args.threads, print_table=show)
+                                    memory_steps=args.memory_steps, threads=args.threads,
+                                    peak_size=args.peak_size, print_table=show)
         return report
     for name in ("steps", "repeats", "memory_steps"):
         if getattr(args, name) < 1:
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 d_model=args.d_model, seq_len=args.seq_len, depth=args.depth, batch_size=args.batch_size,
                 steps=args.steps, warmup=args.warmup, tango_width=args.tango_width, vocab_size=args.vocab_size,
                 device=args.device, archs=archs, memory=not args.no_memory, memory_steps=args.memory_steps,
-                threads=args.threads, print_table=show)
+                threads=args.threads, peak_size=args.peak_size, print_table=show)
         elif suite == "decode":
             out["decode"] = run_decode_bench(
                 archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,

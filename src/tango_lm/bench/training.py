@@ -97,9 +97,10 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
                        steps: int = 6, warmup: int = 2, tango_width: int = 8192, vocab_size: int = 257,
                        device: str = "auto", print_table: bool = True, configs: list[ModelConfig] | None = None,
                        archs: tuple[str, ...] | list[str] | None = None, memory: bool = True, memory_steps: int = 2,
-                       threads: int | None = None) -> dict[str, Any]:
+                       threads: int | None = None, peak_size: int | None = None) -> dict[str, Any]:
     """Train every model side by side (see the module doc). `archs` None and `configs` None: the
-    original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement."""
+    original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement;
+    `peak_size` is the side of the peak's square matmuls (default: bench/peak.py's)."""
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)
@@ -112,7 +113,7 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     pairs = [(c, note) for _, c, note in pairs if c is not None]
     configs = [c for c, _ in pairs]
     load_start = _load()
-    peak_before = measure_matmul_peak(dev, dtype or torch.float32)
+    peak_before = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     torch.manual_seed(0)
     models = [build_model(c).to(dev) for c in configs]
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
@@ -139,7 +140,7 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
                 cpu_times[j].append(time.process_time() - c0)
             if dev.type == "cuda":
                 cuda_peaks[j] = max(cuda_peaks[j], torch.cuda.max_memory_allocated(dev) - others)
-    peak_after = measure_matmul_peak(dev, dtype or torch.float32)
+    peak_after = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     load_end = _load()
     peak = max(peak_before, peak_after)
     del models, opts
@@ -177,6 +178,7 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
               "warmup_steps": warmup, "vocab_size": configs[0].vocab_size, "tango_width": tango_width,
               "precision": "bf16 autocast" if dtype is not None else "fp32",
               "matmul_peak_flop_per_s": peak, "matmul_peak_before": peak_before, "matmul_peak_after": peak_after,
+              "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
               "memory_method": mem_method, "load_avg_start": load_start, "load_avg_end": load_end,
               "baseline": base["arch"], "models": rows, "skipped": skipped}
     if print_table:
@@ -198,7 +200,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"V={report['vocab_size']}, {report['precision']}, AdamW; models alternate step by step in one process; "
         f"tok/s = median of {report['timed_steps']} timed steps after {report['warmup_steps']} warm-up",
         f"FLOPs: analytic cfg.flops_per_token(T) (3x forward); MFU against the measured matmul peak "
-        f"{report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s (best square matmul, before "
+        f"{report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s (best of 5 square matmuls, n={report['matmul_peak_size']}; "
+        f"before "
         f"{report['matmul_peak_before'] / 1e9:.1f} / after {report['matmul_peak_after'] / 1e9:.1f}); "
         f"tok/cpu-s x: by median process CPU time per step (steadier on a shared machine); "
         f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}",
