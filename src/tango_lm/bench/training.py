@@ -7,7 +7,7 @@ the analytic FLOPs per token (`cfg.flops_per_token(T)`, `tango_lm.models.flops`)
 it by a matmul peak measured in the same run (`bench/peak.py`, before and after the steps; the
 larger counts). Peak memory per model: on CUDA, `torch.cuda.max_memory_allocated()` reset before
 each of the model's steps, minus what the other models and the batch hold; on CPU, the peak
-resident-set growth of the same training step in a fresh subprocess per model (`bench/memory.py`).
+resident-set growth of the same training steps in a fresh subprocess per model (`bench/memory.py`).
 Every number is also given as a ratio to the Loop Transformer++ measured in the same process.
 
 Widths are matched with `tango_lm.models.matching.match_width` against the TANGO model's total;
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tango_lm.bench.memory import measure_in_subprocess
+from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
@@ -147,7 +147,9 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     if dev.type == "cuda":
         mem_method = "cuda max_memory_allocated per model step, minus the other models"
     elif memory:
-        mem_method = f"peak RSS growth over {memory_steps} training steps, one fresh subprocess per model"
+        threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
+        mem_method = (f"peak RSS growth (VmHWM, MALLOC_MMAP_THRESHOLD_={threshold}) over {memory_steps} training "
+                      "steps, one fresh subprocess per model")
     else:
         mem_method = "not measured"
     rows = []
