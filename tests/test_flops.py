@@ -71,7 +71,6 @@ import tango_lm.layers.flash
 import tango_lm.layers.gated_deltanet
 import tango_lm.layers.gau
 import tango_lm.layers.tango
-import tango_lm.layers.tango_variants
 import tango_lm.layers.tango_windowed
 import tango_lm.ops.twin_loss
 from tango_lm import ModelConfig
@@ -360,9 +359,9 @@ def use_head_reference(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def use_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    # tango_mix is imported by name into the blocks, so patching ops.tango_mix alone would not reach them.
+    # tango_mix is imported by name into layers.tango (the three-set block reuses TangoBlock.mix), so
+    # patching ops.tango_mix alone would not reach the blocks.
     monkeypatch.setattr(tango_lm.layers.tango, "tango_mix", tango_mix_reference)
-    monkeypatch.setattr(tango_lm.layers.tango_variants, "tango_mix", tango_mix_reference)
     monkeypatch.setattr(F, "scaled_dot_product_attention", causal_sdpa)
     monkeypatch.setattr(tango_lm.layers.gau, "relu2_attention", causal_relu2)
     monkeypatch.setattr(FlashLayer, "quadratic", flash_quadratic)
@@ -464,7 +463,6 @@ def test_square_count_converts_to_causal(case):
     if case.startswith("tango") and case != "tango-compact":  # the fused op counts what the composition counts
         with pytest.MonkeyPatch.context() as patch, torch.no_grad(), count() as ref:
             patch.setattr(tango_lm.layers.tango, "tango_mix", tango_mix_reference)
-            patch.setattr(tango_lm.layers.tango_variants, "tango_mix", tango_mix_reference)
             model.nll(x, y)
         assert split(ref) == (weights, square)
 

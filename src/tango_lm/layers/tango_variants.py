@@ -41,9 +41,9 @@ from torch import nn
 from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
+from tango_lm.layers.tango import TangoBlock
 from tango_lm.ops.attention import causal_attention
 from tango_lm.ops.gate_average import gate_average, merge_heads, split_heads
-from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
 
 
@@ -106,17 +106,9 @@ class ThreeSetTangoBlock(_SharedQueryKey):
         self.depth = depth
         self.sets = nn.ModuleList(GatedProjections(d_model, n_heads, width, active_width) for _ in range(3))
 
-    def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """`gbar * u`, as `TangoBlock.mix`."""
-        return tango_mix(q, k, a, u)
-
-    def mix_cached(
-        self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState
-    ) -> torch.Tensor:
-        """As `TangoBlock.mix_cached`: the new positions attend over this application's cache."""
-        k_all = state.append("k", k)
-        g_all = state.append("g", split_heads(F.silu(a), self.n_heads))
-        return merge_heads(causal_attention(q, k_all, g_all)) * u
+    # Each application mixes exactly as TANGO does (only the projections differ): reuse its methods.
+    mix = TangoBlock.mix
+    mix_cached = TangoBlock.mix_cached
 
     def forward(
         self,
