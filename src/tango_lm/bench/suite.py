@@ -146,9 +146,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tango_lm.bench.decode import run_decode_bench
     from tango_lm.bench.memory import run_memory_bench
     from tango_lm.bench.training import DEFAULT_ARCHS, PAIR, run_training_bench
+    from tango_lm.train.cpu_allocator import keep_freed_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # host memory as training uses it (cpu_allocator.py); the memory suite's children do not
     show = not args.json
     if args.suite is None:
         report = run_training_bench(d_model=args.d_model, seq_len=args.seq_len, depth=args.depth,

@@ -29,6 +29,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
+from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 
 BASELINE = "loop-transformer"
@@ -104,6 +105,7 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)
+    allocator = "glibc, freed memory kept" if dev.type == "cpu" and keep_freed_memory() else "default"
     dtype = autocast_dtype("auto", dev)
     if configs is not None:
         pairs, skipped = [(c, "given") for c in configs], []
@@ -181,7 +183,8 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
               "precision": "bf16 autocast" if dtype is not None else "fp32",
               "matmul_peak_flop_per_s": peak, "matmul_peak_before": peak_before, "matmul_peak_after": peak_after,
               "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
-              "memory_method": mem_method, "load_avg_start": load_start, "load_avg_end": load_end,
+              "memory_method": mem_method, "allocator": allocator,
+              "load_avg_start": load_start, "load_avg_end": load_end,
               "baseline": base["arch"], "models": rows, "skipped": skipped}
     if print_table:
         print(format_report(report))
@@ -199,7 +202,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"train: device {report['device']} ({report['threads']} threads{_load_text(report)}), "
         f"d={report['d_model']}, T={report['seq_len']}, depth {report['depth']}, batch {report['batch_size']}, "
-        f"V={report['vocab_size']}, {report['precision']}, AdamW; models alternate step by step in one process; "
+        f"V={report['vocab_size']}, {report['precision']}, AdamW, CPU allocator: {report.get('allocator', 'default')}; "
+        f"models alternate step by step in one process; "
         f"tok/s = median of {report['timed_steps']} timed steps after {report['warmup_steps']} warm-up",
         f"FLOPs: analytic cfg.flops_per_token(T) (3x forward); MFU against the measured matmul peak "
         f"{report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s (best of 5 square matmuls, n={report['matmul_peak_size']}; "

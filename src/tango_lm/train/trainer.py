@@ -43,6 +43,7 @@ from tango_lm.train.checkpoint import (
     write_json_atomic,
 )
 from tango_lm.train.config import RunConfig
+from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.optim import build_optimizer, lr_at
 
@@ -87,6 +88,8 @@ class Trainer:
             )
         self.dist = distributed.setup(run)  # one process: no process group, the configured device
         self.device = self.dist.device
+        if self.device.type == "cpu":
+            keep_freed_memory()  # no page faults on every step's activations (cpu_allocator.py)
         self.dtype = autocast_dtype(cfg.precision, self.device)
         self.total_steps = run.total_steps()
 
