@@ -434,6 +434,63 @@ def test_reference_count_equals_analytic(case, monkeypatch):
     assert 1.9 * matmuls(fwd) <= matmuls(bwd) <= 2.0 * matmuls(fwd)
 
 
+# Rotating narrow-width training (SPEC 2.6): case -> K. With BASE's 4 heads of F/H = 16 (TANGO family)
+# or the FFN / compact width as one part, the segments are: tango 5, 5, 5, 1 per head (mean 4);
+# tango-3set 6, 6, 4; tango-compact and loop 24, 24, 16 of 64; untied 20, 20, 8 of 48 (mean 16).
+ACTIVE_WIDTH = {"tango": 5, "tango-3set": 6, "tango-compact": 24, "loop-transformer": 24, "untied-transformer": 20}
+
+
+@pytest.mark.parametrize("case", sorted(ACTIVE_WIDTH))
+def test_active_width_count_equals_analytic(case, monkeypatch):
+    """Each segment's step counted on the reference path (forward and backward); over one rotation
+    they average to the analytic training count (weights exactly, mixing up to the per-token int()).
+    All segments active (evaluation) count the full width, which `full_width=True` gives."""
+    cfg, t = config(case, active_width=ACTIVE_WIDTH[case])
+    model = build(cfg)
+    x, y = batch(cfg, t)
+    arch, head = ARCHITECTURES[cfg.arch], HEADS[cfg.head]
+    n, segments = B * t, model.num_segments
+    assert segments == 4 if case == "tango" else segments == 3
+    weights = mixing = 0
+    for segment in range(segments):
+        model.set_active_segment(segment)
+        fwd, bwd, loss, real = reference_counts(model, x, y, monkeypatch)
+        torch.testing.assert_close(loss, real, rtol=1e-4, atol=1e-5)
+        assert 1.9 * matmuls(fwd) <= matmuls(bwd) <= 2.0 * matmuls(fwd)  # the backward runs the same width
+        weights, mixing = weights + split(fwd)[0], mixing + split(fwd)[1]
+    assert weights == pytest.approx(segments * 2 * n * (arch.matmul_params_per_token(cfg)
+                                                        + head.matmul_params_per_token(cfg)), rel=1e-12, abs=0)
+    assert 0 <= mixing - segments * n * arch.attention_flops_per_token(cfg, t) < segments * n
+    assert 0 <= weights + mixing - segments * n * forward_flops_per_token(cfg, t) < 2 * segments * n
+    assert flops_per_token(cfg, t) == 3 * forward_flops_per_token(cfg, t) == cfg.flops_per_token(t)
+
+    plain = cfg.replace(active_width=None)
+    model.set_active_segment(None)
+    fwd, _, _, _ = reference_counts(model, x, y, monkeypatch)
+    assert split(fwd)[0] == 2 * n * (arch.matmul_params_per_token(plain) + head.matmul_params_per_token(plain))
+    assert 0 <= sum(split(fwd)) - n * forward_flops_per_token(cfg, t, full_width=True) < n
+    assert cfg.flops_per_token(t, full_width=True) == plain.flops_per_token(t) > cfg.flops_per_token(t)
+
+
+def test_active_width_counts_like_the_narrow_model():
+    """With K dividing each part, a step runs exactly a model of width (parts x K): TANGO with K = 4
+    of 16 columns per head counts as TANGO of width 16, Untied with K = 16 of 48 as Untied of width 16.
+    The 70M depth-8 rotating presets train at about 1/5 of their full-width FLOPs in the gated width."""
+    for case, k in (("tango", 4), ("untied-transformer", 16)):
+        cfg, t = config(case, active_width=k)
+        narrow, _ = config(case, width=16)
+        assert cfg.flops_per_token(t) == narrow.flops_per_token(t) < cfg.flops_per_token(t, full_width=True)
+    cfg, t = config("tango", active_width=5)  # segments 5, 5, 5, 1: mean 4 per head, as K = 4
+    assert cfg.flops_per_token(t) == config("tango", width=16)[0].flops_per_token(t)
+    # tango-70m-d8-rotating: F/H = 1780 in ceil(1780 / 368) = 5 segments, so 1780 / 5 = 356 per head.
+    rotating = ModelConfig(arch="tango", d_model=512, n_heads=16, width=28480, depth=8, active_width=368,
+                           vocab_size=50257, context_length=1024)
+    d, f, pairs = 512, 16 * 356, (1024 + 1) / 2
+    forward = 2 * (8 * (2 * d * d + 3 * d * f) + 50257 * d) + int(8 * 2 * (d + f) * pairs)
+    assert rotating.flops_per_token(1024) == 3 * forward
+    assert 3.5 < rotating.flops_per_token(1024, full_width=True) / rotating.flops_per_token(1024) < 4.5
+
+
 # Square path: FlopCounterMode counts the full T x T of causal attention, i.e. counted mixing =
 # applications x B x T^2 x (FLOPs per source and destination below).
 SQUARE_WIDTH = {

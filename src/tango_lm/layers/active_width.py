@@ -45,6 +45,15 @@ def segment_for_step(step: int, segments: int) -> int:
     return step % segments
 
 
+def trained_width(width: int, units: int, active_width: int | None) -> float:
+    """The gated width a training step runs, averaged over one rotation: `width` split into `units`
+    parts of `ceil(width / units / K)` segments each, so width / segments (with K dividing the part,
+    units * K; otherwise the last, shorter segment counts what it runs). `width` without active_width."""
+    if active_width is None:
+        return width
+    return width / num_segments(width // units, active_width)
+
+
 def check_active_width(active_width: int | None, width_per_unit: int, what: str, fix: str) -> None:
     """UserError unless 1 <= active_width <= width_per_unit (`what` names that width)."""
     if active_width is None:

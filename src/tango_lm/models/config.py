@@ -135,10 +135,12 @@ class ModelConfig:
 
         return count_params(self)
 
-    def flops_per_token(self, seq_len: int | None = None) -> int:
+    def flops_per_token(self, seq_len: int | None = None, *, full_width: bool = False) -> int:
+        """Training FLOPs per token (`models/flops.py`). With `active_width`, those of the columns a
+        step runs (averaged over a rotation); `full_width=True` counts every column (evaluation)."""
         from tango_lm.models.flops import flops_per_token
 
-        return flops_per_token(self, seq_len or self.context_length)
+        return flops_per_token(self, seq_len or self.context_length, full_width=full_width)
 
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}

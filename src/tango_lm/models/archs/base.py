@@ -27,8 +27,10 @@ class Architecture:
         raise NotImplementedError
 
     @staticmethod
-    def matmul_params_per_token(cfg: ModelConfig) -> int:
-        """Weights each token multiplies through in one forward (loops counted per application)."""
+    def matmul_params_per_token(cfg: ModelConfig) -> float:
+        """Weights each token multiplies through in one forward (loops counted per application).
+        Under rotating narrow-width training only the active columns, averaged over a rotation
+        (so possibly fractional)."""
         raise NotImplementedError
 
     @staticmethod

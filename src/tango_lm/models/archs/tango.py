@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.errors import UserError
-from tango_lm.layers.active_width import check_active_width
+from tango_lm.layers.active_width import check_active_width, trained_width
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -37,11 +37,17 @@ class Tango(Architecture):
         return 2 * d * d + 3 * d * f + 2 * d
 
     @staticmethod
-    def matmul_params_per_token(cfg: ModelConfig) -> int:
-        d, f = cfg.d_model, cfg.width
+    def trained_width(cfg: ModelConfig) -> float:
+        """F, or under rotating narrow-width training the gate columns a step runs (K of each
+        head's F/H, averaged over a rotation): W_g, W_u, W_o and the gate average use only those."""
+        return trained_width(cfg.width, cfg.n_heads, cfg.active_width)
+
+    @classmethod
+    def matmul_params_per_token(cls, cfg: ModelConfig) -> float:
+        d, f = cfg.d_model, cls.trained_width(cfg)
         return cfg.depth * (2 * d * d + 3 * d * f)
 
-    @staticmethod
-    def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    @classmethod
+    def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> int:
         # q.k over d_h per head (2d in all) and the gate average over F (2F), per visible source.
-        return int(cfg.depth * 2 * (cfg.d_model + cfg.width) * causal_pairs_per_token(seq_len))
+        return int(cfg.depth * 2 * (cfg.d_model + cls.trained_width(cfg)) * causal_pairs_per_token(seq_len))

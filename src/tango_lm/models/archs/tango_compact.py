@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.errors import UserError
-from tango_lm.layers.active_width import check_active_width
+from tango_lm.layers.active_width import check_active_width, trained_width
 from tango_lm.layers.tango_variants import CompactTangoBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -44,8 +44,11 @@ class TangoCompact(Architecture):
         return 2 * d * d + d * r + r * f + 2 * d * f + 2 * d
 
     @staticmethod
-    def matmul_params_per_token(cfg: ModelConfig) -> int:
-        d, f, r = cfg.d_model, cfg.width, controller_width(cfg)
+    def matmul_params_per_token(cfg: ModelConfig) -> float:
+        # Rotating narrow width runs K of the F columns (W_e, W_u, W_o; averaged over a rotation);
+        # the controller and its average always run in full.
+        d, r = cfg.d_model, controller_width(cfg)
+        f = trained_width(cfg.width, 1, cfg.active_width)
         return cfg.depth * (2 * d * d + d * r + r * f + 2 * d * f)
 
     @staticmethod

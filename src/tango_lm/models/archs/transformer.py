@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tango_lm.layers.active_width import check_active_width
+from tango_lm.layers.active_width import check_active_width, trained_width
 from tango_lm.layers.transformer import TransformerBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -38,8 +38,9 @@ class _TransformerPP(Architecture):
         return cls.unique_blocks(cfg) * block_params(cfg) + cfg.d_model
 
     @staticmethod
-    def matmul_params_per_token(cfg: ModelConfig) -> int:
-        d, f = cfg.d_model, cfg.width
+    def matmul_params_per_token(cfg: ModelConfig) -> float:
+        # Rotating narrow width runs K of the F FFN columns (averaged over a rotation).
+        d, f = cfg.d_model, trained_width(cfg.width, 1, cfg.active_width)
         return cfg.depth * (4 * d * d + 3 * d * f)
 
     @staticmethod
