@@ -152,3 +152,23 @@ def test_onona_serving_fold_gives_the_same_numbers():
     torch.testing.assert_close(folded, plain, rtol=0, atol=1e-6)
     greedy = generate(model, x[:1, :3], 8, temperature=0)
     assert torch.equal(greedy[:, 3:4], model(x[:1, :3])[:, -1].argmax(-1, keepdim=True))
+
+
+def test_onona_serving_fold_is_kept_until_the_weights_change():
+    torch.manual_seed(2)
+    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=30, context_length=16)).eval()
+    x = torch.randint(0, 30, (2, 9))
+    head = model.head
+    with torch.no_grad(), head.serving():
+        first = head._folded
+    with torch.no_grad(), head.serving():
+        assert head._folded is first  # unchanged weights: the fold is reused, not recomputed
+    for param in (head.table_a.weight, head.table_b.weight, head.gate.weight):
+        with torch.no_grad():
+            param.add_(0.1 * torch.randn_like(param))  # as an optimizer step would
+            plain = model(x)
+            with head.serving():
+                assert head._folded is not first
+                first = head._folded
+                torch.testing.assert_close(model(x), plain, rtol=0, atol=1e-6)

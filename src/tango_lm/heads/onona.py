@@ -89,19 +89,30 @@ class OnonaHead(Head):
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
         self.ablation: str | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._fold_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
         """Serve from the folded input table M = (A + B) / 2 and the precomputed gate logits
-        rmsnorm(M) w of every vocabulary row (seed 001 Appendix B), computed once instead of per
-        token; the same numbers, looked up."""
-        with torch.no_grad():
-            merged = 0.5 * (self.table_a.weight + self.table_b.weight)
-            self._folded = (merged, self.gate(merged))
+        rmsnorm(M) w of every vocabulary row (seed 001 Appendix B); the same numbers, looked up.
+        The fold is kept between calls while the weights are unchanged (a serving process pays it
+        once, not per request); any in-place update of A, B or the gate refolds."""
+        key = self._weights_key()
+        if self._fold_cache is None or self._fold_cache[0] != key:
+            with torch.no_grad():
+                merged = 0.5 * (self.table_a.weight + self.table_b.weight)
+                self._fold_cache = (key, (merged, self.gate(merged)))
+        self._folded = self._fold_cache[1]
         try:
             yield
         finally:
             self._folded = None
+
+    def _weights_key(self) -> tuple:
+        """Identity and version of every tensor the fold reads: changes on optimizer steps,
+        `load_state_dict`, `.to()` and any in-place edit."""
+        tensors = (self.table_a.weight, self.table_b.weight, *self.gate.parameters())
+        return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
 
     def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """M[x] = (A[x] + B[x]) / 2."""
