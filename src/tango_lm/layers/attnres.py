@@ -22,6 +22,8 @@ and no stacked copy of the sources is made (autograd keeps only the sources them
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -48,6 +50,12 @@ class DepthSources:
         self.partial: torch.Tensor | None = None
         self.partial_normed: torch.Tensor | None = None
         self.count = 0
+
+    def copy(self) -> DepthSources:
+        """A copy that `add` can extend without changing this one (the tensors are shared)."""
+        other = copy.copy(self)
+        other.values, other.normed = list(self.values), list(self.normed)
+        return other
 
     def current(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self.partial is None:

@@ -2,7 +2,9 @@
 
 Forward FLOPs per token are 2 x (weights multiplied, loops counted per application, plus the
 output projection) plus the token-mixing FLOPs averaged over a causal sequence, where position t
-sees t + 1 sources. Elementwise work (norms, activations, softmax) is not counted, as usual for MFU.
+sees t + 1 sources. Elementwise work (norms, activations, softmax) is not counted, as usual for MFU,
+and neither is recomputation (`train.activation_checkpointing` reruns each block's forward in the
+backward: hardware FLOPs rise, model FLOPs and so MFU do not).
 
 Rotating narrow-width training (`active_width`, SPEC 2.6) runs only K of each head's (or the FFN's)
 gated columns per step, so by default the count is what a training step runs: the active columns,

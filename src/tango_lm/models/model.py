@@ -79,6 +79,12 @@ class LanguageModel(nn.Module):
         """Run only segment `index` of every block's gated width; None runs all columns (eval default)."""
         active_width.set_active_segment(self.backbone, index)
 
+    # -- activation checkpointing (train.activation_checkpointing, models/backbone.py) -------------
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block application in the backward of training forwards (less activation
+        memory for one more forward of the body); decoding and evaluation are unaffected."""
+        self.backbone.activation_checkpointing = bool(enabled)
+
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """An empty decode cache for up to `capacity` positions (default: the context length)."""
         return DecodeCache(len(self.backbone.schedule), capacity or self.config.context_length)

@@ -75,6 +75,9 @@ class TrainConfig:
     log_every: int = 10
     precision: str = "auto"  # auto (bf16 autocast on GPUs that support it) | fp32 | bf16
     compile: bool = False
+    # Recompute each block application in the backward (torch.utils.checkpoint, non-reentrant): autograd
+    # keeps each application's input instead of its activations, for one more forward of the body.
+    activation_checkpointing: bool = False
     device: str = "auto"
     progress: bool = True
     # Under torchrun (docs/distributed.md): ddp replicates the model, fsdp shards it (FSDP2).

@@ -1,6 +1,6 @@
 """The training loop (SPEC 6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
-optional torch.compile, dev NLL on a schedule, best-dev checkpoint, test NLL of the selected
-checkpoint, JSONL metrics, a progress bar, and exact resume.
+optional torch.compile and activation checkpointing, dev NLL on a schedule, best-dev checkpoint,
+test NLL of the selected checkpoint, JSONL metrics, a progress bar, and exact resume.
 
 Under torchrun the same loop runs data-parallel (train/distributed.py, docs/distributed.md): every
 process reads its slice of the same global batches, the logged loss is the all-reduced global mean,
@@ -95,6 +95,7 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)  # every process builds the same initial model
         self.model = build_model(run.model).to(self.device)
+        self.model.set_activation_checkpointing(cfg.activation_checkpointing)
         self.ddp: torch.nn.Module | None = None
         if self.dist.parallel == "fsdp":
             distributed.shard_fsdp(self.model)  # in place: the optimizer below holds the shards

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tango_lm.errors import UserError
 from tango_lm.layers.attnres import AttnRes, AttnResLayer, DepthSources
@@ -54,10 +55,22 @@ class AttnResBackbone(Backbone):
         start = cache.position if cache is not None else 0
         rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device, start=start, dtype=x.dtype)
         sources = DepthSources(x, self.block, self.eps)
+        recompute = self.recomputes(cache)
         for application, index in enumerate(self.schedule):
-            state = cache.states[application] if cache is not None else None
-            self.layers[index](sources, rope, state)
+            if recompute:  # a layer edits its sources in place: checkpoint it on a copy
+                sources = checkpoint(_apply_layer, self.layers[index], sources, rope, use_reentrant=False)
+            else:
+                state = cache.states[application] if cache is not None else None
+                self.layers[index](sources, rope, state)
         return self.out_res(*sources.current())
+
+
+def _apply_layer(layer: AttnResLayer, sources: DepthSources, rope: tuple[torch.Tensor, torch.Tensor]) -> DepthSources:
+    """The sources after `layer`, leaving `sources` as it was, so the backward's recomputation
+    starts from the same sources as the forward did."""
+    after = sources.copy()
+    layer(after, rope)
+    return after
 
 
 class AttnResArch(Architecture):
