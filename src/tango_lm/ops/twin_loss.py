@@ -95,12 +95,13 @@ class _Buffers:
 
 class _MixtureNLL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, targets, log_prior, chunk, sigsoftmax, ignore_index, *hs_tables):
-        k = len(hs_tables) // 2
-        hs, tables = list(hs_tables[:k]), list(hs_tables[k:])
+    def forward(ctx, targets, log_prior, chunk, sigsoftmax, ignore_index, h_slots, w_slots, *inputs):
+        # inputs: each distinct tensor once; component i uses inputs[h_slots[i]] and inputs[w_slots[i]].
+        k = len(h_slots)
+        hs, tables = [inputs[j] for j in h_slots], [inputs[j] for j in w_slots]
         n = targets.shape[0]
         device_type = targets.device.type
-        cdtype = _compute_dtype(device_type, hs + tables)
+        cdtype = _compute_dtype(device_type, list(inputs))
         acc = _wide(torch.promote_types(cdtype, hs[0].dtype))
         valid = targets != ignore_index
         safe = targets.masked_fill(~valid, 0)
@@ -125,8 +126,9 @@ class _MixtureNLL(torch.autograd.Function):
             comp = comp + log_prior.to(acc)
         log_p = torch.logsumexp(comp, dim=1)
         resp = (comp - log_p[:, None]).exp() * valid[:, None]
-        ctx.save_for_backward(safe, lse, resp, *hs, *tables)
-        ctx.k, ctx.chunk, ctx.sigsoftmax, ctx.cdtype = k, chunk, sigsoftmax, cdtype
+        ctx.save_for_backward(safe, lse, resp, *inputs)
+        ctx.h_slots, ctx.w_slots = h_slots, w_slots
+        ctx.chunk, ctx.sigsoftmax, ctx.cdtype = chunk, sigsoftmax, cdtype
         ctx.prior_dtype = log_prior.dtype if log_prior is not None else acc
         return -(log_p * valid).sum()
 
@@ -135,21 +137,25 @@ class _MixtureNLL(torch.autograd.Function):
         # Per chunk and component, with q = softmax(s) and r the row weights r_nk * grad_out:
         #   dL/ds = diag(r) (q - onehot(y))   [times s'(z) for sigsoftmax],
         # with r applied to the [c, d] sides: dh = r * ((q - onehot) W), dW += (q - onehot)ᵀ (r * h).
-        safe, lse, resp, *saved = ctx.saved_tensors
-        k, chunk = ctx.k, ctx.chunk
-        hs, tables = saved[:k], saved[k:]
+        # A tensor several components share (the twin head's h, MoS's table) accumulates one gradient.
+        safe, lse, resp, *inputs = ctx.saved_tensors
+        h_slots, w_slots, chunk = ctx.h_slots, ctx.w_slots, ctx.chunk
+        k = len(h_slots)
         need = ctx.needs_input_grad
-        need_h, need_w = need[5 : 5 + k], need[5 + k :]
+        need_in = need[7:]
+        need_h, need_w = [need_in[j] for j in h_slots], [need_in[j] for j in w_slots]
         acc = lse.dtype
         scale = resp * grad_out.to(acc)  # [N, K]
         d_prior = -scale if need[1] else None
         n = safe.shape[0]
         device_type = safe.device.type
-        d_h = [torch.empty(h.shape, dtype=acc, device=h.device) if need_h[i] else None for i, h in enumerate(hs)]
-        d_w = [torch.zeros(w.shape, dtype=acc, device=w.device) if need_w[i] else None for i, w in enumerate(tables)]
+        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) if need_in[j] else None
+                 for j, t in enumerate(inputs)]
+        d_h, d_w = [grads[j] for j in h_slots], [grads[j] for j in w_slots]
         with torch.autocast(device_type, enabled=False):
-            hc, wc = _cast_all(list(hs), ctx.cdtype), _cast_all(list(tables), ctx.cdtype)
-            buf = _Buffers(min(chunk, n), tables[0].shape[0], acc, ctx.cdtype, safe.device)
+            cast = _cast_all(list(inputs), ctx.cdtype)
+            hc, wc = [cast[j] for j in h_slots], [cast[j] for j in w_slots]
+            buf = _Buffers(min(chunk, n), wc[0].shape[0], acc, ctx.cdtype, safe.device)
             rows = torch.arange(min(chunk, n), device=safe.device)
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
@@ -172,7 +178,7 @@ class _MixtureNLL(torch.autograd.Function):
                         del slope
                     qc = buf.low_copy(q)
                     if need_h[i]:
-                        d_h[i][s:e] = (qc @ wc[i]).to(acc).mul_(r)
+                        d_h[i][s:e] += (qc @ wc[i]).to(acc).mul_(r)
                     if need_w[i]:
                         rh = (r * hc[i][s:e].to(acc)).to(ctx.cdtype)
                         if ctx.cdtype == acc:
@@ -180,11 +186,10 @@ class _MixtureNLL(torch.autograd.Function):
                         else:
                             d_w[i] += (qc.T @ rh).to(acc)
             del buf
-        d_h = [g.to(h.dtype) if g is not None else None for g, h in zip(d_h, hs, strict=True)]
-        d_w = [g.to(w.dtype) if g is not None else None for g, w in zip(d_w, tables, strict=True)]
+        grads = [g.to(t.dtype) if g is not None else None for g, t in zip(grads, inputs, strict=True)]
         if d_prior is not None:
             d_prior = d_prior.to(ctx.prior_dtype)
-        return (None, d_prior, None, None, None, *d_h, *d_w)
+        return (None, d_prior, None, None, None, None, None, *grads)
 
 
 def mixture_nll(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: torch.Tensor,
@@ -201,7 +206,21 @@ def mixture_nll(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: tor
         raise ValueError("a mixture of several components needs log_prior [N, K]")
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 (got {chunk})")
-    return _MixtureNLL.apply(targets.reshape(-1), log_prior, int(chunk), sigsoftmax, ignore_index, *hs, *tables)
+    # Each distinct tensor is one input: Dynamo cannot trace an autograd.Function that receives one
+    # tensor twice (torch.compile would graph-break around the loss), and a shared tensor then
+    # gets one gradient buffer instead of one per component.
+    inputs: list[torch.Tensor] = []
+
+    def slot(t: torch.Tensor) -> int:
+        for j, seen in enumerate(inputs):
+            if seen is t:
+                return j
+        inputs.append(t)
+        return len(inputs) - 1
+
+    h_slots, w_slots = tuple(slot(h) for h in hs), tuple(slot(w) for w in tables)
+    return _MixtureNLL.apply(targets.reshape(-1), log_prior, int(chunk), sigsoftmax, ignore_index,
+                             h_slots, w_slots, *inputs)
 
 
 def softmax_nll(h: torch.Tensor, table: torch.Tensor, targets: torch.Tensor, *, sigsoftmax: bool = False,
