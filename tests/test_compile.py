@@ -1,8 +1,8 @@
 """`torch.compile` (inductor, CPU) of `model.nll`: the same loss and gradients as eager, in one
 graph (`fullgraph=True`, so a graph break, e.g. around the fused loss's autograd Function, fails).
 
-TANGO runs the plain composition under compile (`TangoBlock.mix`): inductor fuses it itself and
-cannot compile the eager fused CPU op. The twin head passes its hidden state to the fused loss as
+TANGO and windowed TANGO run their plain compositions under compile (`tango_mix`, `windowed_mix`):
+inductor fuses them itself and cannot compile the eager fused CPU ops. The twin head passes its hidden state to the fused loss as
 two components; the loss takes each distinct tensor once, which Dynamo needs to trace it."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ BASE = dict(d_model=32, head_dim=8, width=64, depth=2, vocab_size=61, context_le
 CASES = {
     "tango-onona": {"arch": "tango", "head": "onona"},
     "loop-transformer": {"arch": "loop-transformer"},
+    "tango-windowed": {"arch": "tango-windowed", "window": 3},
 }
 
 

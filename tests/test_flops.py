@@ -84,7 +84,7 @@ from tango_lm.models.archs.tango_compact import controller_width
 from tango_lm.models.flops import flops_per_token, forward_flops_per_token
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.ops.delta_rule import delta_rule_recurrent
-from tango_lm.ops.gate_average import merge_heads
+from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix_reference
 from tango_lm.ops.twin_loss import mixture_nll_reference
 from tango_lm.ops.windowed import FEATURE_MAPS
@@ -293,12 +293,13 @@ def flash_linear(q, k, v, group_size, scale=1.0):
     return torch.cat(out, dim=-2)
 
 
-def windowed_model(q, k, q_raw, k_raw, g, u, window, feature_map="elu+1", chunk_size=None):
+def windowed_model(q, k, q_raw, k_raw, a, u, window, feature_map="elu+1", chunk_size=None):
     """Windowed TANGO destination by destination: exact weights over min(W, t + 1) sources, and the
     feature-map state S = sum phi(k_s) [g_s, 1]^T (numerator and normaliser), written once per
     source leaving the window, read once per destination with older sources."""
     phi = FEATURE_MAPS[feature_map]
     pq, pk = phi(q_raw), phi(k_raw)
+    g = split_heads(F.silu(a), q.shape[1])
     g1 = torch.cat([g, torch.ones_like(g[..., :1])], dim=-1)
     w = g.shape[-1]
     state, rows = None, []
@@ -586,9 +587,11 @@ def test_gdn_chunked_count():
 
 def test_windowed_chunked_count():
     """Windowed TANGO's chunks score a [C, 2C] band exactly and by feature map (both over every
-    band pair) and use the prefix state from the third chunk on; with C = W = 3, T = 8 that is
-    more than the model FLOPs, which count each source once in a window and the state once per
-    source and destination. (The analytic count is not changed here: it matches the model FLOPs.)"""
+    band pair); the fused mix multiplies each chunk's rows by the gates of its own chunk and the
+    previous one, and from the third chunk on adds its predecessor-but-one to the prefix state and
+    reads it. With C = W = 3, T = 8 that is more than the model FLOPs, which count each source once
+    in a window and the state once per source and destination. (The analytic count is not changed
+    here: it matches the model FLOPs.)"""
     cfg, t = config("tango-windowed")
     model = build(cfg)
     for layer in model.backbone.layers:
@@ -598,9 +601,13 @@ def test_windowed_chunked_count():
         model.nll(x, y)
     d, f, dh, c = cfg.d_model, cfg.width, cfg.head_dim, cfg.window
     n = -(-t // c)
-    band = n * B * (2 * 2 * c * 2 * c * d + 2 * 2 * c * c * f)  # scores, feature scores; two halves of weights @ g
-    prefix = max(n - 2, 0) * B * 2 * 2 * c * dh * f  # S of each chunk, read by each chunk >= 2
-    assert split(fwd)[1] == cfg.depth * (band + prefix)
+    scores = n * B * 2 * 2 * c * 2 * c * d  # exact and feature-map scores over the band
+    gates = 0
+    for i in range(n):
+        rows = min(c, t - i * c)
+        gates += 2 * rows * rows * f + (2 * rows * c * f if i >= 1 else 0)  # own chunk, previous chunk
+        gates += (2 * c * dh * f + 2 * rows * dh * f) if i >= 2 else 0  # prefix state: add, read
+    assert split(fwd)[1] == cfg.depth * (scores + B * gates)
     assert split(fwd)[1] > B * t * ARCHITECTURES["tango-windowed"].attention_flops_per_token(cfg, t)
 
 

@@ -24,8 +24,8 @@ from tango_lm.ops.windowed import (
     FEATURE_MAPS,
     windowed_gate_average,
     windowed_gate_average_reference,
-    windowed_mix,
 )
+from tango_lm.ops.windowed_mix import windowed_mix, windowed_mix_fused, windowed_mix_reference
 
 SIZES = (1, 7, 63, 130)
 WINDOWS = (1, 5, 64, 200)  # 200 > every T: all exact
@@ -122,14 +122,61 @@ def test_spec_formula_by_hand(feature_map):
 
 
 def test_windowed_mix_is_merge_times_u():
-    (q_rot, k_rot, q_raw, k_raw, g), _ = make_inputs(63, width=4)
-    b, h, t, w = g.shape
-    u = torch.randn(b, t, h * w, dtype=torch.float64)
+    (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(63, width=4)
+    b, h, t, d_h = q_rot.shape
+    a, u = torch.randn(2, b, t, h * 4, dtype=torch.float64)
+    g = torch.nn.functional.silu(a).view(b, t, h, 4).transpose(1, 2)
     for chunk_size in (None, 5):
         avg = windowed_gate_average_reference(q_rot, k_rot, q_raw, k_raw, g, 5)
-        want = avg.transpose(1, 2).reshape(b, t, h * w) * u
-        got = windowed_mix(q_rot, k_rot, q_raw, k_raw, g, u, 5, chunk_size=chunk_size)
-        assert got.shape == u.shape and rel_err(got, want) < 1e-12
+        want = avg.transpose(1, 2).reshape(b, t, h * 4) * u
+        for mix in (windowed_mix_reference, windowed_mix_fused, windowed_mix):
+            got = mix(q_rot, k_rot, q_raw, k_raw, a, u, 5, chunk_size=chunk_size)
+            assert got.shape == u.shape and rel_err(got, want) < 1e-12, mix.__name__
+
+
+@pytest.mark.parametrize("feature_map", sorted(FEATURE_MAPS))
+@pytest.mark.parametrize(("t", "window", "chunk_size"), [
+    (1, 3, None), (7, 3, 3), (13, 3, 3), (30, 4, 5), (31, 4, 5), (64, 5, 7), (130, 64, None), (67, 200, None),
+])
+def test_fused_mix_matches_composition(feature_map, t, window, chunk_size):
+    # Odd T, partial last chunks, 1 to 19 chunks (the prefix sums start at the third), W >= T.
+    (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(t, width=6, seed=t)
+    b, h, _, _ = q_rot.shape
+    gen = torch.Generator().manual_seed(t + 1)
+    a, u, dy = (torch.randn(b, t, h * 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    a, u = a.requires_grad_(True), u.requires_grad_(True)
+    xs = (q_rot, k_rot, q_raw, k_raw, a, u)
+    ref = windowed_mix_reference(*xs, window, feature_map, chunk_size)
+    got = windowed_mix_fused(*xs, window, feature_map, chunk_size)
+    assert rel_err(got, ref) < 1e-12
+    want = torch.autograd.grad(ref, xs, dy)
+    have = torch.autograd.grad(got, xs, dy)
+    for name, x, e in zip(("q_rot", "k_rot", "q_raw", "k_raw", "a", "u"), have, want, strict=True):
+        assert rel_err(x, e) < 1e-10, name
+
+
+def test_fused_mix_gradcheck():
+    (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(11, width=3, scale=0.7)
+    b, h, t, _ = q_rot.shape
+    a = torch.randn(b, t, h * 3, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(b, t, h * 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *x: windowed_mix_fused(*x, 2, "elu+1", 3),
+                                    (q_rot, k_rot, q_raw, k_raw, a, u))
+
+
+def test_block_uses_the_fused_mix_on_cpu_fp32(monkeypatch):
+    import tango_lm.ops.windowed_mix as ops
+
+    calls = []
+    monkeypatch.setattr(ops, "windowed_mix_fused", lambda *x: calls.append(1) or windowed_mix_reference(*x))
+    block = WindowedTangoBlock(16, 2, 24, 1e-6, window=3)
+    cos, sin = rope_tables(9, 8, 10000.0, torch.device("cpu"))
+    block(torch.randn(2, 9, 16), (cos, sin))
+    assert calls
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        block(torch.randn(2, 9, 16), (cos, sin))
+    assert not calls  # low precision: the composition, in fp32 inside
 
 
 # -- stability -----------------------------------------------------------------------------------

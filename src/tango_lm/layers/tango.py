@@ -16,7 +16,7 @@ from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
 from tango_lm.ops.gate_average import merge_heads, split_heads
-from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference
+from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
 
 
@@ -48,10 +48,6 @@ class TangoBlock(nn.Module):
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """`gbar * u` from q, k [B, H, T, d_h], gate pre-activations a and u [B, T, F].
         Variants (windowed, compact) change only this."""
-        if torch.compiler.is_compiling():
-            # Inductor fuses the composition's elementwise passes itself, and it cannot compile the
-            # fused CPU op (its `out=` writes into transposed views fail in functionalization).
-            return tango_mix_reference(q, k, a, u)
         return tango_mix(q, k, a, u)
 
     def mix_cached(

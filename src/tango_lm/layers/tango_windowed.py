@@ -25,8 +25,8 @@ from tango_lm.ops.windowed import (
     apply_feature_map,
     compute_dtype,
     windowed_gate_average_cached,
-    windowed_mix,
 )
+from tango_lm.ops.windowed_mix import windowed_mix
 from tango_lm.serve.cache import LayerState
 
 
@@ -51,8 +51,7 @@ class WindowedTangoBlock(TangoBlock):
         k_raw: torch.Tensor,
     ) -> torch.Tensor:
         """`gbar * u` from rotated q, k and un-rotated q_raw, k_raw [B, H, T, d_h], a and u [B, T, F]."""
-        g = split_heads(F.silu(a), self.n_heads)
-        return windowed_mix(q, k, q_raw, k_raw, g, u, self.window, self.feature_map, self.chunk_size)
+        return windowed_mix(q, k, q_raw, k_raw, a, u, self.window, self.feature_map, self.chunk_size)
 
     def mix_cached(  # type: ignore[override]
         self,

@@ -94,7 +94,9 @@ def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.
 
 
 def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The fused op on CPUs; elsewhere the composition, whose SDPA call runs fused GPU kernels."""
-    if a.device.type == "cpu" and q.dtype == a.dtype == u.dtype:
+    """The fused op on CPUs in eager mode; elsewhere the composition, whose SDPA call runs fused
+    GPU kernels. Under torch.compile the composition too: inductor fuses its elementwise passes
+    itself, and cannot compile the fused op (its `out=` writes into transposed views)."""
+    if a.device.type == "cpu" and q.dtype == a.dtype == u.dtype and not torch.compiler.is_compiling():
         return tango_mix_fused(q, k, a, u)
     return tango_mix_reference(q, k, a, u)

@@ -140,6 +140,60 @@ def _addbmm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     out.flatten(0, -3).baddbmm_(a.flatten(0, -3), b.flatten(0, -3))
 
 
+def band_weights(
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    window: int,
+    feature_map: str = "elu+1",
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Everything but the gates, chunk-major in the compute dtype, for chunks of C positions:
+
+    - weights [n, ..., C, 2C]: destination a of chunk i against the 2C sources of chunks i - 1
+      (columns :C) and i (columns C:), normalised (zero where no source or no destination is);
+    - prefix_q [n, ..., C, d_h]: phi(q) times the row's scale for the summary of chunks <= i - 2
+      (read only for i >= 2): gbar += prefix_q @ sum_{chunks j <= i-2} phi(k_j)^T g_j;
+    - pk [n, ..., C, d_h]: phi(k) per chunk, zero past T.
+    """
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    t, d_h = q_rot.shape[-2], q_rot.shape[-1]
+    c = min(chunk_size or max(window, MIN_CHUNK), t)
+    if c < min(window, t):
+        raise ValueError(f"chunk_size {c} is shorter than the window {window}")
+    n = -(-t // c)
+    dtype = compute_dtype(q_rot, k_rot, q_raw, k_raw)
+    with torch.autocast(q_rot.device.type, enabled=False):
+        qr = _chunk_major(q_rot.to(dtype), n, c)
+        pq = _chunk_major(apply_feature_map(q_raw.to(dtype), feature_map), n, c)
+        # Keys and features get one leading zero chunk: [:-1] is each chunk's predecessor.
+        kr = _chunk_major(k_rot.to(dtype), n, c, lead=1)
+        pk = _chunk_major(apply_feature_map(k_raw.to(dtype), feature_map), n, c, lead=1)
+
+        # The band: destination a of chunk i (local index c + a) against the 2c sources of chunks
+        # i - 1 and i (local index j); the distance t - s is c + a - j.
+        scores = _bmm(qr, torch.cat([kr[:-1], kr[1:]], dim=-2).transpose(-1, -2)) / math.sqrt(d_h)
+        linear = _bmm(pq, torch.cat([pk[:-1], pk[1:]], dim=-2).transpose(-1, -2))
+        device = q_rot.device
+        a = torch.arange(c, device=device)[:, None]
+        j = torch.arange(2 * c, device=device)[None, :]
+        dist = c + a - j
+        exists = torch.ones((n,) + (1,) * (qr.dim() - 2) + (2 * c,), dtype=torch.bool, device=device)
+        exists[0, ..., :c] = False  # the first chunk has no predecessor
+        in_window = (dist >= 0) & (dist < window) & exists
+        is_old = (dist >= window) & exists
+
+        prefix_den = None
+        if n > 2:
+            # Exclusive prefix over chunks: chunk i reads the sums over chunks 0 .. i - 2.
+            z_prefix = torch.cumsum(pk[1 : n - 1].sum(-2), dim=0)
+            prefix_den = F.pad((pq[2:] * z_prefix.unsqueeze(-2)).sum(-1), (0, 0) * (pq.dim() - 2) + (2, 0))
+        weights, prefix_scale = _normalized_weights(scores, in_window, linear, is_old, prefix_den)
+    return weights, pq * prefix_scale.unsqueeze(-1), pk[1:]
+
+
 def windowed_gate_average_chunks(
     q_rot: torch.Tensor,
     k_rot: torch.Tensor,
@@ -150,47 +204,18 @@ def windowed_gate_average_chunks(
     feature_map: str = "elu+1",
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """The linear-time path; returns gbar chunk-major, [n, ..., C, w] in the compute dtype, rows
-    past T zero-padded. `windowed_gate_average` and `windowed_mix` lay it out."""
-    if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
-    t, d_h = q_rot.shape[-2], q_rot.shape[-1]
-    c = min(chunk_size or max(window, MIN_CHUNK), t)
-    if c < min(window, t):
-        raise ValueError(f"chunk_size {c} is shorter than the window {window}")
-    n = -(-t // c)
-    dtype = compute_dtype(q_rot, k_rot, q_raw, k_raw, g)
+    """The linear-time path composed of library ops; returns gbar chunk-major, [n, ..., C, w] in
+    the compute dtype, rows past T zero-padded. `windowed_gate_average` lays it out."""
+    weights, prefix_q, pk = band_weights(q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size)
+    n, c = weights.shape[0], weights.shape[-2]
+    dtype = torch.promote_types(weights.dtype, g.dtype)
     with torch.autocast(g.device.type, enabled=False):
-        qr = _chunk_major(q_rot.to(dtype), n, c)
-        pq = _chunk_major(apply_feature_map(q_raw.to(dtype), feature_map), n, c)
-        # Keys, features and gates get one leading zero chunk: [:-1] is each chunk's predecessor.
-        kr = _chunk_major(k_rot.to(dtype), n, c, lead=1)
-        pk = _chunk_major(apply_feature_map(k_raw.to(dtype), feature_map), n, c, lead=1)
         gc = _chunk_major(g.to(dtype), n, c, lead=1)
-
-        # The band: destination a of chunk i (local index c + a) against the 2c sources of chunks
-        # i - 1 and i (local index j); the distance t - s is c + a - j.
-        scores = _bmm(qr, torch.cat([kr[:-1], kr[1:]], dim=-2).transpose(-1, -2)) / math.sqrt(d_h)
-        linear = _bmm(pq, torch.cat([pk[:-1], pk[1:]], dim=-2).transpose(-1, -2))
-        a = torch.arange(c, device=g.device)[:, None]
-        j = torch.arange(2 * c, device=g.device)[None, :]
-        dist = c + a - j
-        exists = torch.ones((n,) + (1,) * (qr.dim() - 2) + (2 * c,), dtype=torch.bool, device=g.device)
-        exists[0, ..., :c] = False  # the first chunk has no predecessor
-        in_window = (dist >= 0) & (dist < window) & exists
-        is_old = (dist >= window) & exists
-
-        prefix_den = s_prefix = None
-        if n > 2:
-            # Exclusive prefix over chunks: chunk i reads the sums over chunks 0 .. i - 2.
-            s_prefix = torch.cumsum(_bmm(pk[1 : n - 1].transpose(-1, -2), gc[1 : n - 1]), dim=0)
-            z_prefix = torch.cumsum(pk[1 : n - 1].sum(-2), dim=0)
-            prefix_den = F.pad((pq[2:] * z_prefix.unsqueeze(-2)).sum(-1), (0, 0) * (pq.dim() - 2) + (2, 0))
-        weights, prefix_scale = _normalized_weights(scores, in_window, linear, is_old, prefix_den)
         out = _bmm(weights[..., c:], gc[1:])
         _addbmm_(out, weights[..., :c], gc[:-1])
-        if s_prefix is not None:
-            _addbmm_(out[2:], (pq * prefix_scale.unsqueeze(-1))[2:], s_prefix)
+        if n > 2:
+            s_prefix = torch.cumsum(_bmm(pk[: n - 2].transpose(-1, -2), gc[1 : n - 1]), dim=0)
+            _addbmm_(out[2:], prefix_q[2:], s_prefix)
     return out
 
 
@@ -209,28 +234,6 @@ def windowed_gate_average(
     out = windowed_gate_average_chunks(q_rot, k_rot, q_raw, k_raw, g, window, feature_map, chunk_size)
     t = q_rot.shape[-2]
     return out.movedim(0, -3).flatten(-3, -2)[..., :t, :].to(g.dtype)
-
-
-def windowed_mix(
-    q_rot: torch.Tensor,
-    k_rot: torch.Tensor,
-    q_raw: torch.Tensor,
-    k_raw: torch.Tensor,
-    g: torch.Tensor,
-    u: torch.Tensor,
-    window: int,
-    feature_map: str = "elu+1",
-    chunk_size: int | None = None,
-) -> torch.Tensor:
-    """`merge_heads(windowed_gate_average(...)) * u` for q_* [B, H, T, d_h], g [B, H, T, F/H] and
-    u [B, T, F], with the layout change from chunk-major folded into the product by u."""
-    out = windowed_gate_average_chunks(q_rot, k_rot, q_raw, k_raw, g, window, feature_map, chunk_size)
-    n, b, h, c, w = out.shape
-    t = u.shape[1]
-    if n * c != t:
-        u = F.pad(u, (0, 0, 0, n * c - t))
-    y = u.view(b, n, c, h, w) * out.permute(1, 0, 3, 2, 4)  # laid out like u: [B, n, C, H, w]
-    return y.view(b, n * c, h * w)[:, :t].to(u.dtype)
 
 
 def windowed_gate_average_cached(

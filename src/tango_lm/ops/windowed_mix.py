@@ -1,0 +1,149 @@
+"""Windowed TANGO's token mixing fused for CPUs: `y = merge_heads(windowed_gate_average(...)) * u`
+with the gates `g = silu(a)`.
+
+`band_weights` (ops/windowed.py) computes the small tensors: the normalised [C, 2C] band weights
+per chunk and the feature-map factors, all O(T C) per head. What remains is the wide part, O(T C w)
+per head: each chunk's gate average is its band weights times the gates of its own chunk and the
+previous one, plus phi(q) times the running sum S = sum phi(k_s) g_s^T of the chunks before those.
+Composed of library ops (`windowed_mix_reference`), that part copies the [B, T, F] gates into
+chunk-major layout, and autograd's backward of the chunk slices fills and adds full-size zero
+gradients: on the project's CPU those passes cost more than the matmuls. This op instead
+
+- reads the gates of each chunk and head in place (a strided [C, F/H] view of [B, T, F]) and
+  writes each average straight into a head-major buffer, one batch element and chunk at a time,
+  the heads batched in one matmul;
+- writes every gradient once, into its final buffer (the chunk's gates get their three
+  contributions: own band, the next chunk's band, the prefix sums read by later chunks);
+- folds the SiLU and the product by u into those passes, as `tango_mix.py` does for TANGO.
+
+It keeps the band weights, the gates, u, the average and the running sums for the backward.
+Tested against `windowed_mix_reference` (forward and gradients, float64, odd T, partial chunks).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tango_lm.ops.gate_average import split_heads
+from tango_lm.ops.windowed import band_weights, windowed_gate_average_chunks
+
+
+def windowed_mix_reference(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
+                           a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
+                           chunk_size: int | None = None) -> torch.Tensor:
+    """The composition: q_* [B, H, T, d_h], gate pre-activations a and u [B, T, F] -> [B, T, F]."""
+    g = split_heads(F.silu(a), q_rot.shape[1])
+    out = windowed_gate_average_chunks(q_rot, k_rot, q_raw, k_raw, g, window, feature_map, chunk_size)
+    n, b, h, c, w = out.shape
+    t = u.shape[1]
+    if n * c != t:
+        u = F.pad(u, (0, 0, 0, n * c - t))
+    y = u.view(b, n, c, h, w) * out.permute(1, 0, 3, 2, 4)  # laid out like u: [B, n, C, H, w]
+    return y.view(b, n * c, h * w)[:, :t].to(u.dtype)
+
+
+def _chunks(t: int, c: int) -> list[tuple[int, int]]:
+    return [(s, min(s + c, t)) for s in range(0, t, c)]
+
+
+class _WindowedBandMix(torch.autograd.Function):
+    """weights [n, B, H, C, 2C], prefix_q and pk [n, B, H, C, d_h] (band_weights), a, u [B, T, F]."""
+
+    @staticmethod
+    def forward(ctx, weights, prefix_q, pk, a, u):
+        n, bsz, h, c, _ = weights.shape
+        t, f = a.shape[1], a.shape[2]
+        w, d_h = f // h, pk.shape[-1]
+        g = F.silu(a)
+        gh = g.view(bsz, t, h, w)  # rows s0:e of batch element b, head-major: gh[b, s0:e].transpose(0, 1)
+        avg = torch.empty(bsz, h, t, w, dtype=a.dtype, device=a.device)
+        # sums[i - 2] = sum over chunks j <= i - 2 of phi(k_j)^T g_j, the summary chunk i reads.
+        sums = a.new_empty(max(n - 2, 0), bsz, h, d_h, w)
+        spans = _chunks(t, c)
+        for b in range(bsz):
+            for i, (s0, e) in enumerate(spans):
+                rows = e - s0
+                out = avg[b, :, s0:e]
+                torch.bmm(weights[i, b, :, :rows, c : c + rows], gh[b, s0:e].transpose(0, 1), out=out)
+                if i >= 1:
+                    out.baddbmm_(weights[i, b, :, :rows, :c], gh[b, s0 - c : s0].transpose(0, 1))
+                if i >= 2:
+                    j0 = (i - 2) * c
+                    add = torch.bmm(pk[i - 2, b].transpose(-1, -2), gh[b, j0 : j0 + c].transpose(0, 1))
+                    if i >= 3:
+                        add += sums[i - 3, b]
+                    sums[i - 2, b] = add
+                    out.baddbmm_(prefix_q[i, b, :, :rows], add)
+        y = torch.empty_like(u)
+        torch.mul(avg.transpose(1, 2), u.view_as(avg.transpose(1, 2)), out=y.view_as(avg.transpose(1, 2)))
+        ctx.save_for_backward(weights, prefix_q, pk, a, g, u, avg, sums)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        weights, prefix_q, pk, a, g, u, avg, sums = ctx.saved_tensors
+        n, bsz, h, c, _ = weights.shape
+        t, f = a.shape[1], a.shape[2]
+        w = f // h
+        grad_y = grad_y.contiguous()
+        grad_y_heads = grad_y.view(bsz, t, h, w).transpose(1, 2)
+        grad_u = torch.empty_like(u)
+        torch.mul(grad_y_heads, avg, out=grad_u.view(bsz, t, h, w).transpose(1, 2))
+        grad_avg = torch.mul(grad_y_heads, u.view(bsz, t, h, w).transpose(1, 2))  # [B, H, T, w]
+        gh = g.view(bsz, t, h, w)
+        grad_weights = torch.zeros_like(weights)  # stays zero where no source or destination is
+        grad_prefix_q = torch.zeros_like(prefix_q)
+        grad_pk = torch.zeros_like(pk)
+        grad_g = torch.empty(bsz, h, t, w, dtype=a.dtype, device=a.device)
+        spans = _chunks(t, c)
+        for b in range(bsz):
+            later = None  # sum of the gradients of the summaries read by chunks >= i + 2
+            grad_sum = [None] * n  # gradient of the summary chunk i reads
+            for i in reversed(range(n)):
+                s0, e = spans[i]
+                rows = e - s0
+                d_out = grad_avg[b, :, s0:e]
+                cur = gh[b, s0:e].transpose(0, 1)
+                torch.bmm(d_out, cur.transpose(-1, -2), out=grad_weights[i, b, :, :rows, c : c + rows])
+                d_g = grad_g[b, :, s0:e]
+                torch.bmm(weights[i, b, :, :rows, c : c + rows].transpose(-1, -2), d_out, out=d_g)
+                if i >= 1:
+                    prev = gh[b, s0 - c : s0].transpose(0, 1)
+                    torch.bmm(d_out, prev.transpose(-1, -2), out=grad_weights[i, b, :, :rows, :c])
+                if i + 1 < n:  # the next chunk's band reads this chunk's gates
+                    s1, e1 = spans[i + 1]
+                    d_g.baddbmm_(weights[i + 1, b, :, : e1 - s1, :c].transpose(-1, -2), grad_avg[b, :, s1:e1])
+                if i >= 2:
+                    grad_sum[i] = torch.bmm(prefix_q[i, b, :, :rows].transpose(-1, -2), d_out)
+                    torch.bmm(d_out, sums[i - 2, b].transpose(-1, -2), out=grad_prefix_q[i, b, :, :rows])
+                if i + 2 < n:  # this chunk is summarised for chunks i + 2, ...
+                    later = grad_sum[i + 2] if later is None else later + grad_sum[i + 2]
+                    grad_sum[i + 2] = None
+                    torch.bmm(cur, later.transpose(-1, -2), out=grad_pk[i, b])
+                    d_g.baddbmm_(pk[i, b], later)
+        grad_a = torch.empty_like(a)
+        torch.ops.aten.silu_backward.grad_input(
+            grad_g.transpose(1, 2), a.view_as(grad_g.transpose(1, 2)), grad_input=grad_a.view_as(grad_g.transpose(1, 2))
+        )
+        return grad_weights, grad_prefix_q, grad_pk, grad_a, grad_u
+
+
+def windowed_mix_fused(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
+                       a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
+                       chunk_size: int | None = None) -> torch.Tensor:
+    """Same contract as `windowed_mix_reference`; a and u in the compute dtype (fp32 or wider)."""
+    weights, prefix_q, pk = band_weights(q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size)
+    return _WindowedBandMix.apply(weights, prefix_q, pk, a.contiguous(), u.contiguous())
+
+
+def windowed_mix(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
+                 a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
+                 chunk_size: int | None = None) -> torch.Tensor:
+    """The fused op on CPUs in fp32 or wider, in eager mode; elsewhere (GPUs, autocast,
+    torch.compile, as for `tango_mix`) the composition."""
+    wide = a.dtype in (torch.float32, torch.float64) and a.dtype == u.dtype == q_rot.dtype
+    eager = not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+    if a.device.type == "cpu" and wide and eager:
+        return windowed_mix_fused(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)
+    return windowed_mix_reference(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)
