@@ -65,3 +65,15 @@ def test_dispatch_uses_fused_on_cpu(monkeypatch):
     xs = inputs(1, 2, 4, 4, 3, torch.float32)
     tango_mix(*xs)
     assert calls == [1]
+
+
+@pytest.mark.parametrize(("block", "t"), [(4, 13), (5, 10), (8, 8), (3, 1), (16, 40)])
+def test_causal_blocks_match_naive(monkeypatch, block, t):
+    # Destination blocks that skip later sources: several blocks, a partial last one, T = block.
+    monkeypatch.setattr("tango_lm.ops.tango_mix.CAUSAL_BLOCK", block)
+    xs = inputs(2, 3, t, 4, 5, torch.float64, seed=t)
+    dy = torch.randn(2, t, 15, dtype=torch.float64)
+    for got, exp, name in zip(grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), ("y", "dq", "dk", "da", "du"),
+                              strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12, msg=name)
+    assert torch.autograd.gradcheck(tango_mix_fused, inputs(1, 2, t, 3, 2, torch.float64, seed=1))
