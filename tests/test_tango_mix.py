@@ -77,3 +77,15 @@ def test_causal_blocks_match_naive(monkeypatch, block, t):
                               strict=True):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12, msg=name)
     assert torch.autograd.gradcheck(tango_mix_fused, inputs(1, 2, t, 3, 2, torch.float64, seed=1))
+
+
+def test_uninitialised_memory_never_reaches_the_output(monkeypatch):
+    # fla's rule: NaN-filled buffers show any element the op forgets to write (blocks of 4, T = 13).
+    monkeypatch.setattr("tango_lm.ops.tango_mix.CAUSAL_BLOCK", 4)
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan")))
+    xs = inputs(2, 3, 13, 4, 5, torch.float64, seed=3)
+    dy = torch.randn(2, 13, 15, dtype=torch.float64)
+    for got, exp in zip(grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)

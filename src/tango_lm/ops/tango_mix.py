@@ -52,7 +52,7 @@ def _query_blocks(t: int) -> list[tuple[int, int]]:
 def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Causal softmax of q k^T / sqrt(d_h), normalized in fp32 or wider, returned in q's dtype."""
     t = q.shape[-2]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # scale the small operand
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu_(1)
     scores = scores.masked_fill_(mask, float("-inf"))
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
@@ -87,8 +87,9 @@ class _TangoMix(torch.autograd.Function):
         grad_avg = torch.mul(grad_y_heads, _heads(u, n_heads))
         g_heads = _heads(g, n_heads)
         blocks = _query_blocks(q.shape[2])
-        # Entries above the diagonal blocks stay zero (their probabilities are zero anyway).
-        grad_probs = torch.empty_like(probs) if len(blocks) == 1 else torch.zeros_like(probs)
+        grad_probs = torch.empty_like(probs)
+        for r0, r1 in blocks[:-1]:
+            grad_probs[:, :, r0:r1, r1:] = 0  # sources after the block: zero probability, zero gradient
         grad_g_heads = torch.empty_like(avg)
         for b in range(q.shape[0]):
             for r0, r1 in blocks:
@@ -101,10 +102,12 @@ class _TangoMix(torch.autograd.Function):
             grad_g_heads.transpose(1, 2), a.view_as(grad_g_heads.transpose(1, 2)),
             grad_input=grad_a.view_as(grad_g_heads.transpose(1, 2)),
         )
-        # Softmax backward; masked entries have probability 0 and so get no gradient.
-        grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
-        grad_scores.mul_(q.shape[-1] ** -0.5)
-        return torch.matmul(grad_scores, k), torch.matmul(grad_scores.transpose(-1, -2), q), grad_a, grad_u
+        # Softmax backward in one kernel; masked entries have probability 0 and so get no gradient.
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        scale = q.shape[-1] ** -0.5
+        grad_q = torch.matmul(grad_scores, k).mul_(scale)
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q).mul_(scale)
+        return grad_q, grad_k, grad_a, grad_u
 
 
 def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
