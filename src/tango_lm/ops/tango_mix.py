@@ -59,18 +59,22 @@ def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 class _TangoMix(torch.autograd.Function):
+    # One batch element at a time, so that each element's gates, average and their gradients
+    # ([T, F], a few MiB) are still in cache when the next pass over them runs.
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         n_heads = q.shape[1]
         probs = _causal_probs(q, k)
-        g = F.silu(a)
-        g_heads = _heads(g, n_heads)
-        avg = torch.empty(q.shape[:3] + (g_heads.shape[-1],), dtype=g.dtype, device=g.device)
-        for b in range(q.shape[0]):
-            for r0, r1 in _query_blocks(q.shape[2]):  # destinations r0:r1 see sources :r1
-                torch.bmm(probs[b, :, r0:r1, :r1], g_heads[b, :, :r1], out=avg[b, :, r0:r1])
+        g = torch.empty_like(a)
+        avg = torch.empty(q.shape[:3] + (a.shape[-1] // n_heads,), dtype=a.dtype, device=a.device)
         y = torch.empty_like(u)
-        torch.mul(avg.transpose(1, 2), u.view_as(avg.transpose(1, 2)), out=y.view_as(avg.transpose(1, 2)))
+        for b in range(q.shape[0]):
+            torch.ops.aten.silu.out(a[b], out=g[b])
+            g_heads = _heads(g[b : b + 1], n_heads)[0]
+            for r0, r1 in _query_blocks(q.shape[2]):  # destinations r0:r1 see sources :r1
+                torch.bmm(probs[b, :, r0:r1, :r1], g_heads[:, :r1], out=avg[b, :, r0:r1])
+            torch.mul(avg[b].transpose(0, 1), u[b].view_as(avg[b].transpose(0, 1)),
+                      out=y[b].view_as(avg[b].transpose(0, 1)))
         ctx.save_for_backward(q, k, a, g, u, probs, avg)
         return y
 
@@ -79,29 +83,28 @@ class _TangoMix(torch.autograd.Function):
         q, k, a, g, u, probs, avg = ctx.saved_tensors
         n_heads = q.shape[1]
         grad_y = grad_y.contiguous()
-        grad_y_heads = _heads(grad_y, n_heads)
-        # dL/du = dy * avg, written straight into u's [B, T, F] layout.
-        grad_u = torch.empty_like(u)
-        torch.mul(grad_y_heads, avg, out=_heads(grad_u, n_heads))
-        # dL/davg = dy * u, in head-major layout for the matmuls.
-        grad_avg = torch.mul(grad_y_heads, _heads(u, n_heads))
-        g_heads = _heads(g, n_heads)
         blocks = _query_blocks(q.shape[2])
         grad_probs = torch.empty_like(probs)
         for r0, r1 in blocks[:-1]:
             grad_probs[:, :, r0:r1, r1:] = 0  # sources after the block: zero probability, zero gradient
-        grad_g_heads = torch.empty_like(avg)
+        grad_u, grad_a = torch.empty_like(u), torch.empty_like(a)
+        grad_avg = torch.empty_like(avg[0])  # [H, T, F/H] for one batch element, reused
+        grad_g = torch.empty_like(avg[0])
         for b in range(q.shape[0]):
+            grad_y_heads = _heads(grad_y[b : b + 1], n_heads)[0]
+            # dL/du = dy * avg, written straight into u's [T, F] layout; dL/davg = dy * u, head-major.
+            torch.mul(grad_y_heads, avg[b], out=_heads(grad_u[b : b + 1], n_heads)[0])
+            torch.mul(grad_y_heads, _heads(u[b : b + 1], n_heads)[0], out=grad_avg)
+            g_heads = _heads(g[b : b + 1], n_heads)[0]
             for r0, r1 in blocks:
-                torch.bmm(grad_avg[b, :, r0:r1], g_heads[b, :, :r1].transpose(-1, -2), out=grad_probs[b, :, r0:r1, :r1])
+                torch.bmm(grad_avg[:, r0:r1], g_heads[:, :r1].transpose(-1, -2), out=grad_probs[b, :, r0:r1, :r1])
                 # Sources r0:r1 are seen by destinations r0: onwards.
-                torch.bmm(probs[b, :, r0:, r0:r1].transpose(-1, -2), grad_avg[b, :, r0:], out=grad_g_heads[b, :, r0:r1])
-        # SiLU backward fused with the transpose back to [B, T, F].
-        grad_a = torch.empty_like(a)
-        torch.ops.aten.silu_backward.grad_input(
-            grad_g_heads.transpose(1, 2), a.view_as(grad_g_heads.transpose(1, 2)),
-            grad_input=grad_a.view_as(grad_g_heads.transpose(1, 2)),
-        )
+                torch.bmm(probs[b, :, r0:, r0:r1].transpose(-1, -2), grad_avg[:, r0:], out=grad_g[:, r0:r1])
+            # SiLU backward fused with the transpose back to [T, F].
+            torch.ops.aten.silu_backward.grad_input(
+                grad_g.transpose(0, 1), a[b].view_as(grad_g.transpose(0, 1)),
+                grad_input=grad_a[b].view_as(grad_g.transpose(0, 1)),
+            )
         # Softmax backward in one kernel; masked entries have probability 0 and so get no gradient.
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         scale = q.shape[-1] ** -0.5
