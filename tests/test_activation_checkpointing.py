@@ -40,15 +40,7 @@ GEN = torch.Generator().manual_seed(3)
 X, Y = torch.randint(0, 61, (2, 19), generator=GEN), torch.randint(0, 61, (2, 19), generator=GEN)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_for(case: str) -> torch.nn.Module:

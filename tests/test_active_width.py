@@ -189,15 +189,7 @@ def test_inactive_columns_get_exactly_zero_gradient(arch):
 
 
 # -- the real trainer --------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # helpers.TINY_MODEL: 2 heads of F/H = 32 gate columns; K = 12 -> segments [0,12) [12,24) [24,32).

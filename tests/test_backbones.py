@@ -29,10 +29,7 @@ ARCHS = ("dense", "gdn-hybrid", "moe", "attnres")
 V, T = 61, 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- the formulas, written out from SPEC 4 ----------------------------------------------------

@@ -37,15 +37,7 @@ FILES = {"model.safetensors", "train_state.pt", "config.json", "tokenizer.json",
 DEV_SCRIPT = {2: 3.0, 4: 1.0, 6: 2.0, 8: 2.5}  # best dev at step 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

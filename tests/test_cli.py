@@ -23,16 +23,7 @@ from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="session")

@@ -70,15 +70,7 @@ dist.destroy_process_group()
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _overrides(data_dir: Path, out: Path, model: dict, train_kw: dict) -> list[str]:

@@ -35,10 +35,7 @@ ARCHS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer = "byte", **model) -> Path:

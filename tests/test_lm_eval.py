@@ -35,10 +35,7 @@ TASKS = Path(__file__).parent / "fixtures" / "lm_eval_tasks"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

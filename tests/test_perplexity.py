@@ -32,10 +32,7 @@ CONTEXT = 16
 TOK = ByteTokenizer()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "sweeps"
 BASE = {"model": {k: v for k, v in helpers.TINY_MODEL.items() if k != "arch"}, "train": dict(helpers.TINY_TRAIN)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_grid(tmp_path: Path, axes: dict, data_dir: Path | None = None, **train) -> Path:

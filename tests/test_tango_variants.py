@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import helpers
 import pytest
 import torch
 
@@ -21,10 +20,7 @@ EPS = 1e-6
 THETA = 10000.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def numel(model: torch.nn.Module) -> tuple[int, int]:

@@ -28,15 +28,7 @@ TINY = {"model.d_model": 48, "model.n_heads": 4, "model.n_kv_heads": 2, "model.h
         "model.depth": 2, "model.vocab_size": 257, "model.context_length": 32}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_every_architecture_has_a_preset_here():

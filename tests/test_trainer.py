@@ -17,16 +17,7 @@ from tango_lm.train.config import RunConfig
 from tango_lm.train.optim import lr_at
 from tango_lm.train.trainer import Trainer, train
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with helpers.one_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory):
-    return helpers.synthetic_dataset(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _interrupted(monkeypatch, run, stop: int) -> None:
