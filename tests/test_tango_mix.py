@@ -89,3 +89,26 @@ def test_uninitialised_memory_never_reaches_the_output(monkeypatch):
     dy = torch.randn(2, 13, 15, dtype=torch.float64)
     for got, exp in zip(grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), strict=True):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_probabilities_kept_or_recomputed_give_the_same_gradients(monkeypatch, recompute):
+    monkeypatch.setattr("tango_lm.ops.tango_mix.recompute_probs", lambda t, w: recompute)
+    xs = inputs(2, 3, 13, 4, 5, torch.float64, seed=5)
+    dy = torch.randn(2, 13, 15, dtype=torch.float64)
+    for got, exp in zip(grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), strict=True):
+        torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+def test_long_sequences_do_not_keep_the_probabilities():
+    # T = 40 > F/H = 5: the [B, H, T, T] probabilities (2 * 3 * 40 * 40 floats) are not kept.
+    saved = []
+    xs = inputs(2, 3, 40, 4, 5, torch.float32, seed=6)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        tango_mix_fused(*xs)
+    assert torch.Size([2, 3, 40, 40]) not in saved and saved
+    saved.clear()
+    short = inputs(2, 3, 4, 4, 5, torch.float32, seed=6)  # T = 4 <= 5: kept
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        tango_mix_fused(*short)
+    assert torch.Size([2, 3, 4, 4]) in saved

@@ -12,8 +12,9 @@ attention itself. This op instead
 - fuses the transpose back with the product by u, and the backward transposes with the SiLU
   backward and the products by u and the average.
 
-The probabilities [B, H, T, T] are kept for the backward. `tango_mix_reference` is the plain
-composition it is tested against (forward and gradients).
+The probabilities [B, H, T, T] are kept for the backward while T <= F/H and recomputed from q
+and k beyond (`recompute_probs`), so at long context they do not outgrow the gates.
+`tango_mix_reference` is the plain composition it is tested against (forward and gradients).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
 
 
+def recompute_probs(t: int, gate_width_per_head: int) -> bool:
+    """Whether the backward recomputes the [B, H, T, T] probabilities instead of keeping them:
+    when they would take more memory than the gates [B, H, T, F/H]."""
+    return t > gate_width_per_head
+
+
 class _TangoMix(torch.autograd.Function):
     # One batch element at a time, so that each element's gates, average and their gradients
     # ([T, F], a few MiB) are still in cache when the next pass over them runs.
@@ -75,12 +82,18 @@ class _TangoMix(torch.autograd.Function):
                 torch.bmm(probs[b, :, r0:r1, :r1], g_heads[:, :r1], out=avg[b, :, r0:r1])
             torch.mul(avg[b].transpose(0, 1), u[b].view_as(avg[b].transpose(0, 1)),
                       out=y[b].view_as(avg[b].transpose(0, 1)))
-        ctx.save_for_backward(q, k, a, g, u, probs, avg)
+        # Keep the probabilities only while they are smaller than the gates they average; past
+        # that (T > F/H) the backward recomputes them from q and k, at 2 T d_h FLOPs per
+        # destination and head against the 6 T F/H of the op's matmuls.
+        ctx.recompute = recompute_probs(q.shape[2], avg.shape[-1])
+        ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         q, k, a, g, u, probs, avg = ctx.saved_tensors
+        if ctx.recompute:
+            probs = _causal_probs(q, k)
         n_heads = q.shape[1]
         grad_y = grad_y.contiguous()
         blocks = _query_blocks(q.shape[2])
