@@ -1,5 +1,5 @@
 """Data-parallel training under torchrun with 2 gloo ranks on CPU (train/distributed.py): DDP and
-FSDP2 match one process on the same global batch, checkpoints move between process counts in both
+FSDP2 (also under torch.compile) match one process on the same global batch, checkpoints move between process counts in both
 directions and formats, and bad launches fail with one line and exit code 2.
 
 One `torchrun --nproc-per-node 2` launch trains every 2-rank run of this module in sequence (each
@@ -46,6 +46,8 @@ RUNS = {
     "ddp_aw": (AW, {"parallel": "ddp"}, False),
     "fsdp": (UNTIED, {"parallel": "fsdp"}, True),
     "sharded": ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, True),
+    # torch.compile on each rank over FSDP2 shards; its reference is the eager single process.
+    "fsdp_compile": (UNTIED, {"parallel": "fsdp", "compile": True}, True),
 }
 # The 1 -> 2 direction: a single-process run cut at step 8, finished by 2 FSDP ranks.
 ONE_TO_TWO = ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, False)
@@ -94,7 +96,7 @@ def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     refs, done = {}, {}
     for name, (model, train_kw, scripted) in {**RUNS, "one_to_two": ONE_TO_TWO}.items():
-        single = {k: v for k, v in train_kw.items() if k not in ("parallel", "checkpoint_format")}
+        single = {k: v for k, v in train_kw.items() if k not in ("parallel", "checkpoint_format", "compile")}
         key = json.dumps([model, single, scripted], sort_keys=True)
         if key not in done:  # runs that differ only in parallelism share their reference
             with pytest.MonkeyPatch.context() as m:
