@@ -8,8 +8,8 @@ heads (no per-head loop, no per-(t, s) products), and runs fused kernels on GPUs
 `gate_average_reference` is the plain definition it is tested against. The TANGO block on a CPU
 uses the fused op in `tango_mix.py`, which also folds in the SiLU and the product by u.
 
-The fused CPU op skips the all-zero upper triangle in blocks of 256 destinations: faster from
-T = 512 on, not at T = 256, where smaller blocks ran at a lower FLOP rate (`tango_mix._query_blocks`).
+The fused CPU op skips the all-zero blocks above the diagonal, with each matmul split so that
+its pieces stay wide (`tango_mix._blocks`).
 """
 
 from __future__ import annotations
