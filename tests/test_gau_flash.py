@@ -123,10 +123,14 @@ def make_layer(kind: str, context: int, group: int = 4) -> GAULayer | FlashLayer
 
 
 @pytest.mark.parametrize(
-    ("kind", "t", "group"),
-    [("gau", 13, 0), ("gau", 1, 0), ("flash", 13, 4), ("flash", 3, 4), ("flash", 12, 4), ("flash", 11, 1)],
+    ("kind", "t", "group", "block"),
+    [("gau", 13, 0, None), ("gau", 1, 0, None), ("flash", 13, 4, None), ("flash", 3, 4, None), ("flash", 12, 4, None),
+     ("flash", 11, 1, None), ("gau", 13, 0, 4), ("flash", 15, 8, 3)],
 )
-def test_layer_matches_naive_reference(kind, t, group):
+def test_layer_matches_naive_reference(monkeypatch, kind, t, group, block):
+    # block: blocks of the causal product short enough that the blocked CPU op runs (ops/causal_matmul.py)
+    if block is not None:
+        monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", block)
     context = 16
     layer = make_layer(kind, context, group)
     x = torch.randn(2, t, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(t), requires_grad=True)

@@ -1,0 +1,62 @@
+"""Forward + backward time of the blocked CPU ops against their compositions, alternating in one
+process (median of rounds). Usage: python tools/op_speed.py causal N T E | windowed B T F
+
+    causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
+    windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from tango_lm.ops.causal_matmul import causal_matmul_fused, causal_matmul_reference
+from tango_lm.ops.windowed_mix import windowed_mix_fused, windowed_mix_reference
+from tango_lm.train.cpu_allocator import keep_freed_memory
+
+
+def time_pair(make_inputs, fused, reference, rounds: int = 12) -> None:
+    inputs = make_inputs()
+    dy = torch.randn_like(reference(*inputs).detach())
+    times: dict[str, list[tuple[float, float]]] = {"fused": [], "composition": []}
+    for _ in range(rounds):
+        for name, fn in (("fused", fused), ("composition", reference)):
+            start = time.perf_counter()
+            out = fn(*inputs)
+            mid = time.perf_counter()
+            out.backward(dy)
+            times[name].append((mid - start, time.perf_counter() - mid))
+            for x in inputs:
+                if isinstance(x, torch.Tensor):
+                    x.grad = None
+    medians = {k: [statistics.median(r[i] for r in v[2:]) for i in (0, 1)] for k, v in times.items()}
+    base = sum(medians["composition"])
+    for name, (fwd, bwd) in medians.items():
+        print(f"{name:12s} forward {fwd * 1e3:7.2f} ms  backward {bwd * 1e3:7.2f} ms  x {(fwd + bwd) / base:.2f}")
+
+
+def main() -> None:
+    keep_freed_memory()
+    kind, *sizes = sys.argv[1:]
+    gen = torch.Generator().manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen).requires_grad_(True)
+
+    if kind == "causal":
+        n, t, e = (int(s) for s in sizes)
+        time_pair(lambda: (leaf(n, t, t), leaf(n, t, e)), causal_matmul_fused, causal_matmul_reference)
+    elif kind == "windowed":
+        b, t, f = (int(s) for s in sizes)
+        qk = [leaf(b, 8, t, 32) for _ in range(4)]
+        time_pair(lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
+                  lambda *x: windowed_mix_fused(*x), lambda *x: windowed_mix_reference(*x))
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
