@@ -155,6 +155,27 @@ def test_fused_mix_matches_composition(feature_map, t, window, chunk_size):
         assert rel_err(x, e) < 1e-10, name
 
 
+def test_fused_mix_never_reads_uninitialised_memory(monkeypatch):
+    # Every buffer the op allocates starts as NaN: a partial last chunk (31 = 6 * 5 + 1), the
+    # chunk buffers' unused rows, the first chunk's missing previous chunk.
+    (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(31, width=6, seed=4)
+    b, h, t, _ = q_rot.shape
+    gen = torch.Generator().manual_seed(5)
+    a, u, dy = (torch.randn(b, t, h * 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    xs = (q_rot, k_rot, q_raw, k_raw, a.requires_grad_(True), u.requires_grad_(True))
+    ref = windowed_mix_reference(*xs, 4, "elu+1", 5)
+    want = torch.autograd.grad(ref, xs, dy)
+    real_empty, real_empty_like, real_new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: real_new_empty(*a, **k).fill_(float("nan")))
+    got = windowed_mix_fused(*xs, 4, "elu+1", 5)
+    assert rel_err(got, ref) < 1e-12
+    for name, x, e in zip(("q_rot", "k_rot", "q_raw", "k_raw", "a", "u"), torch.autograd.grad(got, xs, dy), want,
+                          strict=True):
+        assert rel_err(x, e) < 1e-10, name
+
+
 def test_fused_mix_gradcheck():
     (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(11, width=3, scale=0.7)
     b, h, t, _ = q_rot.shape
