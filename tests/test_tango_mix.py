@@ -67,9 +67,9 @@ def test_dispatch_uses_fused_on_cpu(monkeypatch):
     assert calls == [1]
 
 
-@pytest.mark.parametrize(("block", "t"), [(4, 13), (5, 10), (8, 8), (3, 1), (16, 40)])
+@pytest.mark.parametrize(("block", "t"), [(4, 13), (5, 10), (8, 8), (3, 1), (16, 40), (3, 40)])
 def test_causal_blocks_match_naive(monkeypatch, block, t):
-    # Destination blocks that skip later sources: several blocks, a partial last one, T = block.
+    # Blocks that skip later sources: several, a partial last one, T = block, doubled blocks (T > 8 blocks).
     monkeypatch.setattr("tango_lm.ops.tango_mix.CAUSAL_BLOCK", block)
     xs = inputs(2, 3, t, 4, 5, torch.float64, seed=t)
     dy = torch.randn(2, t, 15, dtype=torch.float64)

@@ -1,7 +1,9 @@
 """Forward + backward time of the blocked CPU ops against their compositions, alternating in one
-process (median of rounds). Usage: python tools/op_speed.py causal N T E | windowed B T F
+process (median of rounds). Usage: python tools/op_speed.py causal N T E | tango B T F [BLOCK] |
+windowed B T F
 
     causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
+    tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32), in blocks of BLOCK positions
     windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
 """
 
@@ -13,6 +15,7 @@ import time
 
 import torch
 
+import tango_lm.ops.tango_mix as tango_mix
 from tango_lm.ops.causal_matmul import causal_matmul_fused, causal_matmul_reference
 from tango_lm.ops.windowed_mix import windowed_mix_fused, windowed_mix_reference
 from tango_lm.train.cpu_allocator import keep_freed_memory
@@ -49,6 +52,12 @@ def main() -> None:
     if kind == "causal":
         n, t, e = (int(s) for s in sizes)
         time_pair(lambda: (leaf(n, t, t), leaf(n, t, e)), causal_matmul_fused, causal_matmul_reference)
+    elif kind == "tango":
+        b, t, f, *block = (int(s) for s in sizes)
+        if block:
+            tango_mix._block_size = lambda t: block[0]
+        time_pair(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)),
+                  tango_mix.tango_mix_fused, tango_mix.tango_mix_reference)
     elif kind == "windowed":
         b, t, f = (int(s) for s in sizes)
         qk = [leaf(b, 8, t, 32) for _ in range(4)]

@@ -8,7 +8,8 @@ attention itself. This op instead
 
 - multiplies the probabilities by a strided per-head view of the gates (BLAS reads the
   [T, F/H] slice of a [T, F] matrix in place), one batch element at a time, in blocks that skip
-  the all-zero probabilities above the diagonal (`_blocks`);
+  the all-zero probabilities above the diagonal (`_blocks`), each block's heads in one batched
+  matmul into a contiguous output (the average is kept by destination block);
 - fuses the transpose back with the product by u, and the backward transposes with the SiLU
   backward and the products by u and the average.
 
@@ -38,19 +39,36 @@ def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x.view(b, t, n_heads, f // n_heads).transpose(1, 2)
 
 
-CAUSAL_BLOCK = 128  # positions per block; the all-zero blocks above the diagonal are skipped
+CAUSAL_BLOCK = 64  # positions per block up to T = 8 blocks; twice that beyond
+
+
+def _block_size(t: int) -> int:
+    """Smaller blocks skip more zeros (blocks of n waste n / 2T of the square) but make more,
+    smaller matmuls. Measured on the project's CPU (op forward + backward, H = 8, F/H = 1024,
+    `tools/op_speed.py tango B T F BLOCK`): blocks of 64 were 0-8% faster than 128 at T = 256,
+    equal at T = 512 and 5-10% slower at T = 1024."""
+    return CAUSAL_BLOCK if t <= 8 * CAUSAL_BLOCK else 2 * CAUSAL_BLOCK
 
 
 def _blocks(t: int) -> list[tuple[int, int]]:
-    """Blocks (s0, s1) of CAUSAL_BLOCK positions. Each matmul of the op is split along the
-    positions of one operand so that every piece stays a wide matmul and none multiplies an
-    all-zero block of probabilities: sources s0:s1 are seen by destinations s0: onwards, and
-    destinations s0:s1 see sources :s1. At T = 256 that is 3/4 of the square's work, at T = 1024
-    36/64. Measured on the project's CPU (one batch element, H = 8, F/H = 1024, T = 256): the
-    forward's matmul 6.3 -> 5.1-5.4 ms, the probability gradient's 6.0 -> 5.1-5.4 ms, the gate
-    gradient's 6.7 -> 6.5 ms; splitting by destination blocks instead (each piece a short matmul)
-    was not faster."""
-    return causal_blocks(t, CAUSAL_BLOCK)
+    """The op's blocks. Each matmul is cut into blocks along the side that keeps its contraction
+    long and skips the all-zero probabilities above the diagonal: the average and the probability
+    gradient by destinations (destinations r0:r1 see sources :r1), the gate gradient by sources
+    (sources s0:s1 are seen by destinations s0 onwards). At T = 256 that is 5/8 of the square's
+    work, at T = 1024 (blocks of 128) 9/16."""
+    return causal_blocks(t, _block_size(t))
+
+
+def _contiguous(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A contiguous tensor of `shape` on the start of a flat scratch buffer. The heads' matmuls
+    run as one batched call only into a contiguous output; into a strided slice they run head by
+    head, at up to half the speed for these sizes."""
+    return buffer[: torch.Size(shape).numel()].view(shape)
+
+
+def _rows(x: torch.Tensor, b: int, r0: int, r1: int, n_heads: int) -> torch.Tensor:
+    """Rows r0:r1 of batch element b of a [B, T, F] tensor as a head-major view [H, r1 - r0, F/H]."""
+    return x[b, r0:r1].view(r1 - r0, n_heads, -1).transpose(0, 1)
 
 
 def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -73,25 +91,25 @@ class _TangoMix(torch.autograd.Function):
     # ([T, F], a few MiB) are still in cache when the next pass over them runs.
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        n_heads = q.shape[1]
+        bsz, n_heads, t, _ = q.shape
+        w = a.shape[-1] // n_heads
+        blocks = _blocks(t)
         probs = _causal_probs(q, k)
         g = torch.empty_like(a)
-        avg = torch.empty(q.shape[:3] + (a.shape[-1] // n_heads,), dtype=a.dtype, device=a.device)
+        # The average by destination block, [B, blocks, H, block, F/H]: each block contiguous.
+        avg = torch.empty(bsz, len(blocks), n_heads, blocks[0][1], w, dtype=a.dtype, device=a.device)
         y = torch.empty_like(u)
-        for b in range(q.shape[0]):
+        for b in range(bsz):
             torch.ops.aten.silu.out(a[b], out=g[b])
             g_heads = _heads(g[b : b + 1], n_heads)[0]
-            for i, (s0, s1) in enumerate(_blocks(q.shape[2])):  # sources s0:s1, seen from s0 on
-                if i == 0:
-                    torch.bmm(probs[b, :, :, :s1], g_heads[:, :s1], out=avg[b])
-                else:
-                    avg[b, :, s0:].baddbmm_(probs[b, :, s0:, s0:s1], g_heads[:, s0:s1])
-            torch.mul(avg[b].transpose(0, 1), u[b].view_as(avg[b].transpose(0, 1)),
-                      out=y[b].view_as(avg[b].transpose(0, 1)))
+            for i, (r0, r1) in enumerate(blocks):  # destinations r0:r1 see sources :r1
+                out = avg[b, i, :, : r1 - r0]
+                torch.bmm(probs[b, :, r0:r1, :r1], g_heads[:, :r1], out=out)
+                torch.mul(out, _rows(u, b, r0, r1, n_heads), out=_rows(y, b, r0, r1, n_heads))
         # Keep the probabilities only while they are smaller than the gates they average; past
         # that (T > F/H) the backward recomputes them from q and k, at 2 T d_h FLOPs per
         # destination and head against the 6 T F/H of the op's matmuls.
-        ctx.recompute = recompute_probs(q.shape[2], avg.shape[-1])
+        ctx.recompute = recompute_probs(t, w)
         ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
         return y
 
@@ -100,33 +118,32 @@ class _TangoMix(torch.autograd.Function):
         q, k, a, g, u, probs, avg = ctx.saved_tensors
         if ctx.recompute:
             probs = _causal_probs(q, k)
-        n_heads = q.shape[1]
+        bsz, n_heads, t, _ = q.shape
+        block, w = avg.shape[-2:]
         grad_y = grad_y.contiguous()
-        blocks = _blocks(q.shape[2])
+        blocks = _blocks(t)
         grad_probs = torch.empty_like(probs)
-        for s0, s1 in blocks[1:]:
-            grad_probs[:, :, :s0, s0:s1] = 0  # sources after the destination: zero probability, zero gradient
         grad_u, grad_a = torch.empty_like(u), torch.empty_like(a)
-        grad_avg = torch.empty_like(avg[0])  # [H, T, F/H] for one batch element, reused
-        grad_g = torch.empty_like(avg[0])
-        for b in range(q.shape[0]):
-            grad_y_heads = _heads(grad_y[b : b + 1], n_heads)[0]
-            # dL/du = dy * avg, written straight into u's [T, F] layout; dL/davg = dy * u, head-major.
-            torch.mul(grad_y_heads, avg[b], out=_heads(grad_u[b : b + 1], n_heads)[0])
-            torch.mul(grad_y_heads, _heads(u[b : b + 1], n_heads)[0], out=grad_avg)
+        grad_avg = torch.empty(n_heads, t, w, dtype=a.dtype, device=a.device)  # one batch element, reused
+        scratch = torch.empty(n_heads * block * max(t, w), dtype=a.dtype, device=a.device)
+        for b in range(bsz):
+            # dL/davg = dy * u, head-major; dL/du = dy * avg, written straight into u's [T, F] layout.
+            torch.mul(_rows(grad_y, b, 0, t, n_heads), _rows(u, b, 0, t, n_heads), out=grad_avg)
             g_heads = _heads(g[b : b + 1], n_heads)[0]
-            for s0, s1 in blocks:  # sources s0:s1 are seen by destinations s0: onwards
-                torch.bmm(grad_avg[:, s0:], g_heads[:, s0:s1].transpose(-1, -2), out=grad_probs[b, :, s0:, s0:s1])
-            for i, (r0, r1) in enumerate(reversed(blocks)):  # destinations r0:r1 see sources :r1
-                if i == 0:
-                    torch.bmm(probs[b, :, r0:, :].transpose(-1, -2), grad_avg[:, r0:], out=grad_g)
-                else:
-                    grad_g[:, :r1].baddbmm_(probs[b, :, r0:r1, :r1].transpose(-1, -2), grad_avg[:, r0:r1])
-            # SiLU backward fused with the transpose back to [T, F].
-            torch.ops.aten.silu_backward.grad_input(
-                grad_g.transpose(0, 1), a[b].view_as(grad_g.transpose(0, 1)),
-                grad_input=grad_a[b].view_as(grad_g.transpose(0, 1)),
-            )
+            for i, (r0, r1) in enumerate(blocks):  # destinations r0:r1 see sources :r1
+                torch.mul(_rows(grad_y, b, r0, r1, n_heads), avg[b, i, :, : r1 - r0],
+                          out=_rows(grad_u, b, r0, r1, n_heads))
+                piece = _contiguous(scratch, n_heads, r1 - r0, r1)
+                torch.bmm(grad_avg[:, r0:r1], g_heads[:, :r1].transpose(-1, -2), out=piece)
+                grad_probs[b, :, r0:r1, :r1] = piece
+                grad_probs[b, :, r0:r1, r1:] = 0  # later sources: zero probability, zero gradient
+            for s0, s1 in blocks:  # sources s0:s1 are seen by destinations s0 onwards
+                grad_g = _contiguous(scratch, n_heads, s1 - s0, w)
+                torch.bmm(probs[b, :, s0:, s0:s1].transpose(-1, -2), grad_avg[:, s0:], out=grad_g)
+                # SiLU backward fused with the transpose back to [T, F].
+                torch.ops.aten.silu_backward.grad_input(
+                    grad_g, _rows(a, b, s0, s1, n_heads), grad_input=_rows(grad_a, b, s0, s1, n_heads)
+                )
         # Softmax backward in one kernel; masked entries have probability 0 and so get no gradient.
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         scale = q.shape[-1] ** -0.5
