@@ -11,7 +11,7 @@ from torch import nn
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.config import TrainConfig
-from tango_lm.train.optim import build_optimizer, lr_at
+from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 
 LR, FLOOR_RATIO = 2e-3, 0.1
 FLOOR = LR * FLOOR_RATIO
@@ -128,3 +128,47 @@ def test_frozen_parameters_are_left_out():
     model.norm.weight.requires_grad_(False)
     opt = build_optimizer(model, _cfg())
     assert all(p is not model.norm.weight for g in opt.param_groups for p in g["params"])
+
+
+def _tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=32, depth=2, vocab_size=19,
+                                   context_length=8))
+
+
+def test_fused_adamw_on_plain_cpu_parameters_matches_the_foreach_path():
+    fused_model, foreach_model = _tiny_model(), _tiny_model()
+    fused = build_optimizer(fused_model, _cfg())
+    assert all(g["fused"] for g in fused.param_groups)
+    foreach = build_optimizer(foreach_model, _cfg())
+    set_fused(foreach, False)
+    assert not any(g["fused"] for g in foreach.param_groups)
+    x = torch.randint(0, 19, (2, 9))
+    for _ in range(3):
+        for model, opt in ((fused_model, fused), (foreach_model, foreach)):
+            model.nll(x[:, :-1], x[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(fused_model.parameters(), foreach_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_flag_survives_a_state_dict_from_another_setup():
+    # A checkpoint written without the fused kernel restores fused=None into the groups.
+    model = _tiny_model()
+    opt = build_optimizer(model, _cfg())
+    saved = opt.state_dict()
+    for group in saved["param_groups"]:
+        group["fused"] = None
+    opt.load_state_dict(saved)
+    assert not any(g["fused"] for g in opt.param_groups)
+    set_fused(opt, use_fused_adamw(model))
+    assert all(g["fused"] for g in opt.param_groups)
+
+
+def test_fused_kernel_only_where_it_runs():
+    assert use_fused_adamw(nn.Linear(3, 2))
+    counted = nn.Linear(3, 2)
+    counted.register_parameter("steps", nn.Parameter(torch.zeros(2, dtype=torch.long), requires_grad=False))
+    assert use_fused_adamw(counted)  # frozen parameters are not the optimizer's
+    assert not use_fused_adamw(nn.Linear(3, 2, device="meta"))

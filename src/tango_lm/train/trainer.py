@@ -45,7 +45,7 @@ from tango_lm.train.checkpoint import (
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
-from tango_lm.train.optim import build_optimizer, lr_at
+from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
 
@@ -146,6 +146,7 @@ class Trainer:
             else:  # full weights and optimizer state: the same on any number of processes
                 distributed.load_full_model_state(self.model, ckpt.model_state(), self.dist)
                 distributed.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.dist)
+            set_fused(self.optimizer, use_fused_adamw(self.model))  # the checkpoint may come from another setup
             self.loader.load_state_dict(state["loader"])
             torch.set_rng_state(state["rng"]["torch"])
             cuda_rng = state["rng"].get("cuda")  # one state per GPU rank 0 saw; another node may have fewer
