@@ -61,6 +61,8 @@ class FlashLayer(GatedUnit):
         if state is not None:
             return self.mix_cached(quad_q, quad_k, lin_q, lin_k, v, state)
         quad = self.quadratic(quad_q, quad_k, v)
+        if quad_q.shape[-2] <= self.group_size:  # one group: no earlier group for the linear part
+            return quad
         return quad + group_linear_attention(lin_q, lin_k, v, self.group_size, self.lin_scale)
 
     def mix_cached(
