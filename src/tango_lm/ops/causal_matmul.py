@@ -11,7 +11,7 @@ Measured on the project's CPU (forward + backward, e = 2048, `tools/op_speed.py 
 0.69x the composition's time at T = 1024 (one sequence), 0.81x at T = 256 (four).
 
 The op computes `tril(p) @ v` exactly, with that function's gradients (the gradient for p is
-zero above the diagonal): the diagonal blocks of p are masked on a small copy.
+zero above the diagonal): each piece of p is copied to mask its part of the diagonal block.
 `causal_matmul_reference` is the composition it is tested against.
 """
 
@@ -42,7 +42,7 @@ def _source_block(p: torch.Tensor, s0: int, s1: int) -> torch.Tensor:
 
 class _CausalMatmul(torch.autograd.Function):
     # One leading index at a time with 2-D matmuls that write into views of the outputs (BLAS takes
-    # the row stride as its leading dimension); only the diagonal blocks of p are copied, to mask them.
+    # the row stride as its leading dimension); the pieces of p are copied, to mask the diagonal.
     @staticmethod
     def forward(ctx, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(v)
