@@ -48,7 +48,7 @@ from tango_lm.bench.peak import _sync
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
-from tango_lm.train.optim import use_fused_adamw
+from tango_lm.train.optim import adamw
 
 HEADS_COMPARED = ("standard", "onona")
 MMAP_THRESHOLD = 131072  # bytes: glibc serves blocks this large by mmap in the CPU children
@@ -67,7 +67,7 @@ def _warm_runtime(dev: torch.device) -> None:
     """One small training step (large enough to start the thread pool), so lazy runtime set-up is
     paid before the baseline is taken."""
     lin = torch.nn.Linear(256, 256).to(dev)
-    opt = torch.optim.AdamW(lin.parameters(), lr=1e-3, fused=use_fused_adamw(lin) or None)
+    opt = adamw(lin.parameters(), lin, lr=1e-3)
     x = torch.randn(256, 256, device=dev)
     F.cross_entropy(F.scaled_dot_product_attention(x[None], x[None], lin(x)[None], is_causal=True)[0],
                     torch.zeros(256, dtype=torch.long, device=dev)).backward()
@@ -121,8 +121,7 @@ def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int,
     torch.manual_seed(seed)
     model = build_model(cfg).to(dev)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=use_fused_adamw(model) or None)  # as the trainer's (train/optim.py)
+    opt = adamw(model.parameters(), model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     times = []
     for _ in range(steps):
         _sync(dev)

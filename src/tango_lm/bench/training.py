@@ -31,7 +31,7 @@ from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
-from tango_lm.train.optim import use_fused_adamw
+from tango_lm.train.optim import adamw
 
 BASELINE = "loop-transformer"
 DEFAULT_ARCHS = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
@@ -119,9 +119,7 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     peak_before = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     torch.manual_seed(0)
     models = [build_model(c).to(dev) for c in configs]
-    # The trainer's optimizer: AdamW's fused kernel where it runs (train/optim.py).
-    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                              fused=use_fused_adamw(m) or None) for m in models]
+    opts = [adamw(m.parameters(), m, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
     times: list[list[float]] = [[] for _ in models]

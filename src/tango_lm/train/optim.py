@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +32,12 @@ def set_fused(optimizer: torch.optim.Optimizer, fused: bool) -> None:
             group["foreach"] = None
 
 
+def adamw(params: Iterable[Any], model: nn.Module, **hyper: Any) -> torch.optim.AdamW:
+    """AdamW over `params` (tensors or param groups of `model`), with the fused kernel where it runs.
+    The trainer and the benchmarks build theirs here, so they time and measure the same update."""
+    return torch.optim.AdamW(params, fused=use_fused_adamw(model) or None, **hyper)
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """Decay weight matrices and tables; never norms or biases. Fused where it runs."""
     decay, no_decay = [], []
@@ -40,8 +48,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    fused = use_fused_adamw(model)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, fused=fused or None)
+    return adamw(groups, model, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
 
 
 def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
