@@ -1,10 +1,12 @@
 """Forward + backward time of the blocked CPU ops against their compositions, alternating in one
 process (median of rounds). Usage: python tools/op_speed.py causal N T E | tango B T F [BLOCK] |
-windowed B T F
+windowed B T F | adamw
 
     causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
     tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32), in blocks of BLOCK positions
     windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
+    adamw     one AdamW step, fused kernel against the default (foreach) path, on the bench's
+              matched GAU model (6.5M parameters, random gradients)
 """
 
 from __future__ import annotations
@@ -41,6 +43,26 @@ def time_pair(make_inputs, fused, reference, rounds: int = 12) -> None:
         print(f"{name:12s} forward {fwd * 1e3:7.2f} ms  backward {bwd * 1e3:7.2f} ms  x {(fwd + bwd) / base:.2f}")
 
 
+def time_adamw(rounds: int = 20) -> None:
+    from tango_lm import ModelConfig, build_model
+
+    model = build_model(ModelConfig(arch="gau", d_model=256, depth=4, width=2048, vocab_size=257,
+                                    context_length=256))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opts = {"fused": torch.optim.AdamW(model.parameters(), fused=True),
+            "default": torch.optim.AdamW(model.parameters())}
+    times: dict[str, list[float]] = {name: [] for name in opts}
+    for _ in range(rounds):
+        for name, opt in opts.items():
+            start = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters())
+    for name, ts in times.items():
+        print(f"{name:8s} {statistics.median(ts[3:]) * 1e3:6.2f} ms per step ({params:,} parameters)")
+
+
 def main() -> None:
     keep_freed_memory()
     kind, *sizes = sys.argv[1:]
@@ -63,6 +85,8 @@ def main() -> None:
         qk = [leaf(b, 8, t, 32) for _ in range(4)]
         time_pair(lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
                   lambda *x: windowed_mix_fused(*x), lambda *x: windowed_mix_reference(*x))
+    elif kind == "adamw":
+        time_adamw()
     else:
         raise SystemExit(__doc__)
 
