@@ -56,7 +56,8 @@ def test_gradcheck(monkeypatch):
 def test_uninitialised_memory_never_reaches_the_output(monkeypatch):
     # NaN-filled buffers show any element the op forgets to write.
     monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", 4)
-    real_empty_like = torch.empty_like
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real_empty_like(*a, **k).fill_(float("nan")))
     p, v = inputs((2,), 13, 5, seed=3)
     dy = torch.randn(2, 13, 5, dtype=torch.float64)
