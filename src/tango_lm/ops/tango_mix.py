@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tango_lm.ops.causal_matmul import causal_blocks
+from tango_lm.ops.causal_matmul import causal_blocks, scratch_view
 from tango_lm.ops.gate_average import gate_average_sdpa, merge_heads, split_heads
 
 
@@ -57,13 +57,6 @@ def _blocks(t: int) -> list[tuple[int, int]]:
     (sources s0:s1 are seen by destinations s0 onwards). At T = 256 that is 5/8 of the square's
     work, at T = 1024 (blocks of 128) 9/16."""
     return causal_blocks(t, _block_size(t))
-
-
-def _contiguous(buffer: torch.Tensor, *shape: int) -> torch.Tensor:
-    """A contiguous tensor of `shape` on the start of a flat scratch buffer. The heads' matmuls
-    run as one batched call only into a contiguous output; into a strided slice they run head by
-    head, at up to half the speed for these sizes."""
-    return buffer[: torch.Size(shape).numel()].view(shape)
 
 
 def _rows(x: torch.Tensor, b: int, r0: int, r1: int, n_heads: int) -> torch.Tensor:
@@ -133,12 +126,12 @@ class _TangoMix(torch.autograd.Function):
             for i, (r0, r1) in enumerate(blocks):  # destinations r0:r1 see sources :r1
                 torch.mul(_rows(grad_y, b, r0, r1, n_heads), avg[b, i, :, : r1 - r0],
                           out=_rows(grad_u, b, r0, r1, n_heads))
-                piece = _contiguous(scratch, n_heads, r1 - r0, r1)
+                piece = scratch_view(scratch, n_heads, r1 - r0, r1)
                 torch.bmm(grad_avg[:, r0:r1], g_heads[:, :r1].transpose(-1, -2), out=piece)
                 grad_probs[b, :, r0:r1, :r1] = piece
                 grad_probs[b, :, r0:r1, r1:] = 0  # later sources: zero probability, zero gradient
             for s0, s1 in blocks:  # sources s0:s1 are seen by destinations s0 onwards
-                grad_g = _contiguous(scratch, n_heads, s1 - s0, w)
+                grad_g = scratch_view(scratch, n_heads, s1 - s0, w)
                 torch.bmm(probs[b, :, s0:, s0:s1].transpose(-1, -2), grad_avg[:, s0:], out=grad_g)
                 # SiLU backward fused with the transpose back to [T, F].
                 torch.ops.aten.silu_backward.grad_input(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tango_lm.ops.causal_matmul import scratch_view
 from tango_lm.ops.gate_average import split_heads
 from tango_lm.ops.windowed import band_weights, windowed_gate_average_chunks
 
@@ -66,14 +67,14 @@ class _WindowedBandMix(torch.autograd.Function):
         spans = _chunks(t, c)
         # Each chunk's average goes to a contiguous buffer first: matmuls into a slice of `avg` (a
         # strided batch of heads) run head by head, at about half the speed for these sizes.
-        chunk_avg = a.new_empty(h, c, w)
+        chunk_avg = a.new_empty(h * c * w)
         # One batch element at a time, so that its gates and average ([T, F]) are still in cache
         # for the SiLU before and the product by u after the chunk loop.
         for b in range(bsz):
             torch.ops.aten.silu.out(a[b], out=g[b])
             for i, (s0, e) in enumerate(spans):
                 rows, lo = e - s0, max(s0 - c, 0)
-                out = chunk_avg[:, :rows]
+                out = scratch_view(chunk_avg, h, rows, w)
                 # The band: the previous chunk's sources and this chunk's, in one matmul.
                 torch.bmm(weights[i, b, :, :rows, c - (s0 - lo) : c + rows], gh[b, lo:e].transpose(0, 1), out=out)
                 if i >= 2:
@@ -102,7 +103,7 @@ class _WindowedBandMix(torch.autograd.Function):
         grad_pk = torch.zeros_like(pk)
         grad_avg = torch.empty_like(avg[0])  # [H, T, w] for one batch element, reused
         grad_g = torch.empty_like(avg[0])
-        chunk_grad_g = a.new_empty(h, c, w)  # contiguous, as chunk_avg in the forward
+        chunk_grad_g = a.new_empty(h * c * w)  # as chunk_avg in the forward
         spans = _chunks(t, c)
         for b in range(bsz):
             # dL/du = dy * avg, written straight into u's [T, F] layout; dL/davg = dy * u, head-major.
@@ -117,7 +118,7 @@ class _WindowedBandMix(torch.autograd.Function):
                 d_out = grad_avg[:, s0:e]
                 band = gh[b, lo:e].transpose(0, 1)  # the previous chunk's gates and this chunk's
                 torch.bmm(d_out, band.transpose(-1, -2), out=grad_weights[i, b, :, :rows, c - (s0 - lo) : c + rows])
-                d_g = chunk_grad_g[:, :rows]
+                d_g = scratch_view(chunk_grad_g, h, rows, w)
                 torch.bmm(weights[i, b, :, :rows, c : c + rows].transpose(-1, -2), d_out, out=d_g)
                 if i + 1 < n:  # the next chunk's band reads this chunk's gates
                     s1, e1 = spans[i + 1]
