@@ -1,10 +1,14 @@
 """Forward + backward time of the blocked CPU ops against their compositions, alternating in one
 process (median of rounds). Usage: python tools/op_speed.py causal N T E | tango B T F [BLOCK] |
-windowed B T F | adamw
+windowed B T F | pieces T F | adamw
 
     causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
     tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32), in blocks of BLOCK positions
     windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
+    pieces    the matmul pieces of TANGO's gate average alone (probabilities [H, T, T] times one
+              sequence's gates, a strided [T, F] matrix, H = 8), for blocks of 32, 64 and 128
+              destinations and one full-square matmul: GFLOP/s of the work run and of the causal
+              half the model FLOPs count
     adamw     one AdamW step, fused kernel against the default (foreach) path, on the bench's
               matched GAU model (6.5M parameters, random gradients)
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -63,6 +68,39 @@ def time_adamw(rounds: int = 20) -> None:
         print(f"{name:8s} {statistics.median(ts[3:]) * 1e3:6.2f} ms per step ({params:,} parameters)")
 
 
+def time_pieces(t: int, f: int, rounds: int = 9, n_heads: int = 8) -> None:
+    w = f // n_heads
+    probs = torch.rand(n_heads, t, t).tril_()
+    gates = torch.randn(t, f).view(t, n_heads, w).transpose(0, 1)  # strided per-head view, as in the op
+    counted = 2 * n_heads * t * (t + 1) / 2 * w
+
+    def blocked(block: int) -> tuple[Callable[[], None], float]:
+        blocks = [(r0, min(r0 + block, t)) for r0 in range(0, t, block)]
+        out = torch.empty(n_heads, block, w)
+
+        def run() -> None:
+            for r0, r1 in blocks:
+                torch.bmm(probs[:, r0:r1, :r1], gates[:, :r1], out=out[:, : r1 - r0])
+
+        return run, sum(2 * n_heads * (r1 - r0) * r1 * w for r0, r1 in blocks)
+
+    full_out = torch.empty(n_heads, t, w)
+    cases = {f"blocks of {n}": blocked(n) for n in (32, 64, 128) if n < t}
+    cases["full square"] = (lambda: torch.bmm(probs, gates, out=full_out), 2 * n_heads * t * t * w)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (run, _) in cases.items():
+            run()  # warm: operands in cache, as when a block's pieces run back to back
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    print(f"gate average forward pieces, T = {t}, F = {f}, H = {n_heads} (median of {rounds} rounds, alternating)")
+    for name, (_, flops) in cases.items():
+        sec = statistics.median(times[name])
+        print(f"{name:14s} {sec * 1e3:7.2f} ms  computes {flops / (n_heads * t * t * w * 2):.3f} of the square  "
+              f"{flops / sec / 1e9:6.1f} GFLOP/s run  {counted / sec / 1e9:6.1f} GFLOP/s counted")
+
+
 def main() -> None:
     keep_freed_memory()
     kind, *sizes = sys.argv[1:]
@@ -85,6 +123,9 @@ def main() -> None:
         qk = [leaf(b, 8, t, 32) for _ in range(4)]
         time_pair(lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
                   lambda *x: windowed_mix_fused(*x), lambda *x: windowed_mix_reference(*x))
+    elif kind == "pieces":
+        t, f = (int(s) for s in sizes)
+        time_pieces(t, f)
     elif kind == "adamw":
         time_adamw()
     else:

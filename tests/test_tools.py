@@ -1,0 +1,37 @@
+"""The measurement scripts under tools/ run end to end at tiny sizes, so the docs' commands keep
+working (their timings are not checked)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def _run(script: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(TOOLS / script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("args", [("causal", "2", "40", "8"), ("tango", "1", "40", "64", "16"),
+                                  ("windowed", "1", "40", "64")])
+def test_op_speed_pairs(args):
+    out = _run("op_speed.py", *args)
+    assert out.startswith("fused") and "composition" in out
+
+
+def test_op_speed_pieces():
+    out = _run("op_speed.py", "pieces", "80", "64")
+    assert "blocks of 32" in out and "blocks of 64" in out and "full square" in out
+    assert "blocks of 128" not in out  # no block as long as the sequence
+
+
+def test_step_profile():
+    out = _run("step_profile.py", "tango:64", "loop-transformer:64", "--seq-len", "16", "--batch-size", "1",
+               "--steps", "1", "--top", "3")
+    assert "tango:64:" in out and "loop-transformer:64:" in out and "GFLOP/s" in out
