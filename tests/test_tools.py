@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tango_lm.ops import cpu_kernels
+
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
@@ -18,11 +20,16 @@ def _run(script: str, *args: str) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("args", [("causal", "2", "40", "8"), ("tango", "1", "40", "64", "16"),
-                                  ("windowed", "1", "40", "64")])
+@pytest.mark.parametrize("args", [("causal", "2", "40", "8"), ("windowed", "1", "40", "64")])
 def test_op_speed_pairs(args):
     out = _run("op_speed.py", *args)
     assert out.startswith("fused") and "composition" in out
+
+
+def test_op_speed_tango_variants():
+    out = _run("op_speed.py", "tango", "1", "40", "128", "16")
+    assert out.startswith("blocked") and "composition" in out
+    assert ("C kernels" in out) == cpu_kernels.available()
 
 
 def test_op_speed_pieces():

@@ -3,7 +3,8 @@ process (median of rounds). Usage: python tools/op_speed.py causal N T E | tango
 windowed B T F | pieces T F | adamw
 
     causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
-    tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32), in blocks of BLOCK positions
+    tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32): the blocked PyTorch products (in
+              blocks of BLOCK positions) and the C kernels of ops/cpu_kernels.py where they build
     windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
     pieces    the matmul pieces of TANGO's gate average alone (probabilities [H, T, T] times one
               sequence's gates, a strided [T, F] matrix, H = 8), for blocks of 32, 64 and 128
@@ -15,6 +16,7 @@ windowed B T F | pieces T F | adamw
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -23,17 +25,24 @@ from collections.abc import Callable
 import torch
 
 import tango_lm.ops.tango_mix as tango_mix
+from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_matmul_fused, causal_matmul_reference
 from tango_lm.ops.windowed_mix import windowed_mix_fused, windowed_mix_reference
 from tango_lm.train.cpu_allocator import keep_freed_memory
 
 
 def time_pair(make_inputs, fused, reference, rounds: int = 12) -> None:
+    time_variants(make_inputs, {"fused": fused, "composition": reference}, rounds)
+
+
+def time_variants(make_inputs, variants: dict, rounds: int = 12) -> None:
+    """Forward and backward medians of each variant, run in turn round after round; the x column
+    is to the "composition" variant."""
     inputs = make_inputs()
-    dy = torch.randn_like(reference(*inputs).detach())
-    times: dict[str, list[tuple[float, float]]] = {"fused": [], "composition": []}
+    dy = torch.randn_like(variants["composition"](*inputs).detach())
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(rounds):
-        for name, fn in (("fused", fused), ("composition", reference)):
+        for name, fn in variants.items():
             start = time.perf_counter()
             out = fn(*inputs)
             mid = time.perf_counter()
@@ -116,8 +125,11 @@ def main() -> None:
         b, t, f, *block = (int(s) for s in sizes)
         if block:
             tango_mix._block_size = lambda t: block[0]
-        time_pair(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)),
-                  tango_mix.tango_mix_fused, tango_mix.tango_mix_reference)
+        variants = {"blocked": functools.partial(tango_mix.tango_mix_fused, kernels=False)}
+        if cpu_kernels.usable(torch.zeros(1, 1, f), 8):
+            variants["C kernels"] = functools.partial(tango_mix.tango_mix_fused, kernels=True)
+        variants["composition"] = tango_mix.tango_mix_reference
+        time_variants(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)), variants)
     elif kind == "windowed":
         b, t, f = (int(s) for s in sizes)
         qk = [leaf(b, 8, t, 32) for _ in range(4)]

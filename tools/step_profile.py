@@ -4,6 +4,8 @@ Every aten op of the forward and backward is timed as it runs (a TorchDispatchMo
 synchronous), grouped by op and, for matmuls, by operand shapes, with the achieved GFLOP/s of each
 matmul group. The models alternate step by step, as in `tango-lm bench`. The timing adds some
 overhead per op, the same for every model; compare rows, not the step time with the bench's.
+Under the timing mode TANGO's mixing runs its blocked PyTorch products, not the C kernels of
+`ops/cpu_kernels.py` (which no dispatch mode can see): its rows profile that path.
 
 Usage: python tools/step_profile.py [ARCH:WIDTH ...] [--seq-len T] [--batch-size B] [--steps N] [--top K]
 (default: tango:8192 loop-transformer:8024, the default bench's matched pair at d = 256, depth 4).

@@ -15,6 +15,10 @@ attention itself. This op instead
 
 The probabilities [B, H, T, T] are kept for the backward while T <= F/H and recomputed from q
 and k beyond (`recompute_probs`), so at long context they do not outgrow the gates.
+
+Where the C kernels of `ops/cpu_kernels.py` build (float32, F/H a multiple of 16, a C compiler
+on the machine), `_TangoMixKernels` runs the three probability-times-gates products over the
+causal triangle only, which no BLAS call can; the blocked products above serve every other case.
 `tango_mix_reference` is the plain composition it is tested against (forward and gradients).
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_blocks, scratch_view
 from tango_lm.ops.gate_average import gate_average_sdpa, merge_heads, split_heads
 
@@ -137,17 +142,57 @@ class _TangoMix(torch.autograd.Function):
                 torch.ops.aten.silu_backward.grad_input(
                     grad_g, _rows(a, b, s0, s1, n_heads), grad_input=_rows(grad_a, b, s0, s1, n_heads)
                 )
-        # Softmax backward in one kernel; masked entries have probability 0 and so get no gradient.
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-        scale = q.shape[-1] ** -0.5
-        grad_q = torch.matmul(grad_scores, k).mul_(scale)
-        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q).mul_(scale)
-        return grad_q, grad_k, grad_a, grad_u
+        return (*_scores_backward(grad_probs, probs, q, k), grad_a, grad_u)
 
 
-def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Same contract as `tango_mix_reference`; all inputs share one dtype."""
-    return _TangoMix.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
+class _TangoMixKernels(torch.autograd.Function):
+    # The same op with the three probability-times-gates products in C (`ops/cpu_kernels.py`),
+    # which compute only the causal triangle; y = avg * u is fused into the average's kernel.
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        probs = _causal_probs(q, k).contiguous()
+        g = F.silu(a)
+        avg, y = torch.empty_like(a), torch.empty_like(u)
+        cpu_kernels.gate_average(probs, g, u, avg, y)
+        ctx.recompute = recompute_probs(q.shape[2], a.shape[-1] // q.shape[1])
+        ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        q, k, a, g, u, probs, avg = ctx.saved_tensors
+        if ctx.recompute:
+            probs = _causal_probs(q, k).contiguous()
+        grad_y = grad_y.contiguous()
+        grad_avg = grad_y * u
+        grad_u = grad_y * avg
+        grad_probs = torch.empty_like(probs)
+        cpu_kernels.gate_average_grad_probs(grad_avg, g, grad_probs)
+        grad_a = torch.empty_like(a)
+        cpu_kernels.gate_average_grad_gates(probs, grad_avg, grad_a)
+        del grad_avg  # before the softmax backward allocates
+        torch.ops.aten.silu_backward.grad_input(grad_a, a, grad_input=grad_a)
+        return (*_scores_backward(grad_probs, probs, q, k), grad_a, grad_u)
+
+
+def _scores_backward(grad_probs: torch.Tensor, probs: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    """Gradients of q and k from the probabilities' gradient: the softmax backward in one kernel
+    (masked entries have probability 0 and so get no gradient), then the two score products."""
+    grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+    scale = q.shape[-1] ** -0.5
+    grad_q = torch.matmul(grad_scores, k).mul_(scale)
+    grad_k = torch.matmul(grad_scores.transpose(-1, -2), q).mul_(scale)
+    return grad_q, grad_k
+
+
+def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, *,
+                    kernels: bool | None = None) -> torch.Tensor:
+    """Same contract as `tango_mix_reference`; all inputs share one dtype. `kernels`: the C
+    kernels (True), the blocked PyTorch products (False), or the kernels where usable (None)."""
+    if kernels is None:
+        kernels = cpu_kernels.usable(a, q.shape[1])
+    op = _TangoMixKernels if kernels else _TangoMix
+    return op.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
 
 
 def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,177 @@
+"""TANGO's gate-average products as C kernels (`cpu_kernels.c`), built for this machine at first use.
+
+BLAS has no GEMM for a causal (lower-triangular) left factor, so the PyTorch path of
+`ops/tango_mix.py` splits each product into blocks and still computes 5/8 of the T x T square at
+T = 256; these kernels compute the triangle only, with the machine's own vector width
+(`-march=native`). They are compiled once with the C compiler (`$CC`, else `cc`) into
+`$TANGO_LM_KERNEL_DIR` (default `~/.cache/tango_lm/kernels`), keyed by the source, the compiler
+and the CPU's flags, so a cluster with mixed CPUs and a shared home gets one library per CPU kind.
+Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`, `available()` is False and the PyTorch path
+runs (one warning says why when a build fails). Each call runs its (batch element, head) items
+on `torch.get_num_threads()` threads: PyTorch's own OpenMP threads when the library is built with
+OpenMP (threads of a second pool would compete with PyTorch's, which spin for a while after each
+op: a kernel call after a PyTorch op took 19 ms instead of 12 that way), else a thread pool
+(ctypes releases the GIL while the C code runs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared"]
+OPENMP = ["-fopenmp"]  # tried first; compilers without it (Apple clang) build the serial library
+WIDTH_MULTIPLE = 16  # gate columns per head must be a multiple of this (vector loads, 16 x 16 transposes)
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("TANGO_LM_KERNEL_DIR"):
+        return Path(os.environ["TANGO_LM_KERNEL_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tango_lm" / "kernels"
+
+
+def _cpu_description() -> str:
+    """The CPU's feature flags (Linux), so that -march=native builds are not shared across CPU kinds."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, _cpu_description(), *FLAGS]).encode())
+    target = _cache_dir() / f"tango_kernels_{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent ranks never load a half-written library.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        for extra in (OPENMP, []):
+            proc = subprocess.run([compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                                  timeout=300)
+            if proc.returncode == 0:
+                os.replace(tmp, target)
+                return target
+        raise RuntimeError(f"{compiler} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The built library, or None (disabled, no compiler, or the build failed: warned once)."""
+    if os.environ.get("TANGO_LM_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        warnings.warn(f"tango-lm: CPU kernels not built ({exc}); TANGO uses the PyTorch path", RuntimeWarning,
+                      stacklevel=2)
+        return None
+    lib.tango_average.argtypes = [_I64, _I64, _I64, *[_PTR] * 5, _I64, _I64, ctypes.c_int]
+    lib.tango_average.restype = None
+    lib.tango_grad_gates.argtypes = [_I64, _I64, _I64, *[_PTR] * 3, _I64, _I64, ctypes.c_int]
+    lib.tango_grad_gates.restype = None
+    lib.tango_grad_probs.argtypes = [_I64, _I64, _I64, *[_PTR] * 3, _I64, _I64, ctypes.c_int]
+    lib.tango_grad_probs.restype = ctypes.c_int
+    lib.tango_openmp.restype = ctypes.c_int
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def usable(a: torch.Tensor, n_heads: int) -> bool:
+    """Whether the kernels can run TANGO's mixing of gate pre-activations a [B, T, F]. Not under
+    a dispatch mode: FLOP counters and profilers must see the op's matmuls, and fake tensors
+    (which report device cpu) have no data for C code to read."""
+    return (a.device.type == "cpu" and a.dtype == torch.float32 and (a.shape[-1] // n_heads) % WIDTH_MULTIPLE == 0
+            and torch._C._len_torch_dispatch_stack() == 0 and available())
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def uses_openmp() -> bool:
+    return bool(library().tango_openmp())
+
+
+def _parallel(fn, n_items: int, *args) -> None:
+    """fn(*args, i0, i1, n_threads) over all items on torch.get_num_threads() threads: inside the
+    library with OpenMP, else over contiguous ranges, one per thread (the caller runs one)."""
+    global _pool
+    n = max(1, min(torch.get_num_threads(), n_items))
+    if uses_openmp():
+        results = [fn(*args, 0, n_items, n)]
+    else:
+        bounds = [n_items * i // n for i in range(n + 1)]
+        if n > 1:
+            with _pool_lock:
+                if _pool is None or _pool._max_workers < n - 1:
+                    _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="tango-kernels")
+            futures = [_pool.submit(fn, *args, bounds[i], bounds[i + 1], 1) for i in range(1, n)]
+        results = [fn(*args, bounds[0], bounds[1], 1)]
+        if n > 1:
+            results += [f.result() for f in futures]
+    if any(results):
+        raise MemoryError("tango-lm CPU kernel could not allocate its scratch buffer")
+
+
+def _check(*tensors: torch.Tensor) -> None:
+    for x in tensors:
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError("CPU kernels take contiguous float32 tensors")
+
+
+def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor, avg: torch.Tensor, y: torch.Tensor) -> None:
+    """avg = tril(probs) @ g per head and y = avg * u. probs [B, H, T, T] (zero above the
+    diagonal); g, u, avg, y [B, T, H * W]; avg and y are written."""
+    _check(probs, g, u, avg, y)
+    b, h, t, _ = probs.shape
+    lib = library()
+    _parallel(lib.tango_average, b * h, h, t, g.shape[-1] // h, probs.data_ptr(), g.data_ptr(), u.data_ptr(),
+              avg.data_ptr(), y.data_ptr())
+
+
+def gate_average_grad_gates(probs: torch.Tensor, grad_avg: torch.Tensor, out: torch.Tensor) -> None:
+    """out = tril(probs)^T @ grad_avg per head (the gates' gradient), layouts as `gate_average`."""
+    _check(probs, grad_avg, out)
+    b, h, t, _ = probs.shape
+    lib = library()
+    _parallel(lib.tango_grad_gates, b * h, h, t, grad_avg.shape[-1] // h, probs.data_ptr(), grad_avg.data_ptr(),
+              out.data_ptr())
+
+
+def gate_average_grad_probs(grad_avg: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> None:
+    """out [B, H, T, T] = grad_avg @ g^T per head on and below the diagonal, 0 above it."""
+    _check(grad_avg, g, out)
+    b, h, t, _ = out.shape
+    lib = library()
+    _parallel(lib.tango_grad_probs, b * h, h, t, g.shape[-1] // h, grad_avg.data_ptr(), g.data_ptr(), out.data_ptr())
