@@ -42,3 +42,11 @@ def test_step_profile():
     out = _run("step_profile.py", "tango:64", "loop-transformer:64", "--seq-len", "16", "--batch-size", "1",
                "--steps", "1", "--top", "3")
     assert "tango:64:" in out and "loop-transformer:64:" in out and "GFLOP/s" in out
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler: the tool has nothing to compare")
+def test_tango_kernels_tool():
+    out = _run("tango_kernels.py", "products", "40", "128", "--rounds", "1")
+    assert out.count("C kernel ") == 3 and out.count("MKL blocks of 64") == 3
+    out = _run("tango_kernels.py", "steps", "16", "--steps", "1")
+    assert "tango, C kernels" in out and "tango, blocked" in out and "x 1.000" in out
