@@ -14,8 +14,10 @@ from tango_lm.ops.tango_mix import tango_mix_fused, tango_mix_reference
 needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler: the PyTorch path runs")
 
 # (B, H, T, W): T below one row tile (6), not a multiple of it, past one source block (64 with
-# AVX-512) by one; W of 1 to 9 vectors of 16, so column tiles end part-way.
-SIZES = [(1, 1, 1, 16), (2, 3, 7, 16), (1, 2, 37, 48), (2, 2, 70, 80), (1, 1, 65, 144), (1, 2, 130, 64)]
+# AVX-512) by one; W of 1 to 9 vectors of 16, so column tiles end part-way, and widths with a
+# partial last vector (1, 5, 21, 37, 341 = three-set TANGO's 2728 / 8).
+SIZES = [(1, 1, 1, 16), (2, 3, 7, 16), (1, 2, 37, 48), (2, 2, 70, 80), (1, 1, 65, 144), (1, 2, 130, 64),
+         (2, 2, 9, 1), (1, 3, 13, 5), (2, 1, 67, 21), (1, 2, 40, 37), (1, 1, 70, 341)]
 
 
 def causal_probs(b, h, t, seed):
@@ -110,7 +112,7 @@ def naive_mix(q, k, a, u):
 
 @needs_kernels
 @pytest.mark.parametrize("recompute", [False, True])
-@pytest.mark.parametrize(("b", "h", "t", "w"), [(2, 3, 37, 48), (1, 2, 70, 16), (3, 1, 5, 32)])
+@pytest.mark.parametrize(("b", "h", "t", "w"), [(2, 3, 37, 48), (1, 2, 70, 16), (3, 1, 5, 32), (2, 2, 19, 13)])
 def test_op_on_kernels_matches_naive_forward_and_gradients(monkeypatch, recompute, b, h, t, w):
     monkeypatch.setattr("tango_lm.ops.tango_mix.recompute_probs", lambda t, w: recompute)
     gen = torch.Generator().manual_seed(t)
@@ -133,7 +135,7 @@ def test_fused_op_picks_the_kernels_where_they_apply(monkeypatch):
     real = cpu_kernels.gate_average
     monkeypatch.setattr(cpu_kernels, "gate_average", lambda *xs: calls.append(1) or real(*xs))
     gen = torch.Generator().manual_seed(0)
-    for dtype, w, expected in ((torch.float32, 16, 1), (torch.float32, 12, 0), (torch.float64, 16, 0)):
+    for dtype, w, expected in ((torch.float32, 16, 1), (torch.float32, 11, 1), (torch.float64, 16, 0)):
         q, k = torch.randn(1, 2, 5, 4, generator=gen, dtype=dtype), torch.randn(1, 2, 5, 4, generator=gen, dtype=dtype)
         a, u = torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype), torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype)
         calls.clear()
@@ -146,7 +148,7 @@ def test_not_under_dispatch_modes():
 
     a = torch.zeros(1, 2, 32)
     with FlopCounterMode(display=False):
-        assert not cpu_kernels.usable(a, 2)  # the counter sees the PyTorch path's matmuls instead
+        assert not cpu_kernels.usable(a)  # the counter sees the PyTorch path's matmuls instead
 
 
 @pytest.fixture
@@ -161,7 +163,7 @@ def fresh_library(monkeypatch, tmp_path):
 def test_disabled_by_environment(monkeypatch, fresh_library):
     monkeypatch.setenv("TANGO_LM_CPU_KERNELS", "0")
     assert not cpu_kernels.available()
-    assert not cpu_kernels.usable(torch.zeros(1, 2, 32), 2)
+    assert not cpu_kernels.usable(torch.zeros(1, 2, 32))
     assert not fresh_library.exists()
 
 

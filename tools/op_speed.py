@@ -126,7 +126,7 @@ def main() -> None:
         if block:
             tango_mix._block_size = lambda t: block[0]
         variants = {"blocked": functools.partial(tango_mix.tango_mix_fused, kernels=False)}
-        if cpu_kernels.usable(torch.zeros(1, 1, f), 8):
+        if cpu_kernels.usable(torch.zeros(1, 1, f)):
             variants["C kernels"] = functools.partial(tango_mix.tango_mix_fused, kernels=True)
         variants["composition"] = tango_mix.tango_mix_reference
         time_variants(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)), variants)

@@ -115,7 +115,7 @@ def steps(t: int, n_steps: int) -> None:
     for step in range(n_steps + 2):  # two warm-up steps
         for name, (model, opt, _) in models.items():
             kernels = arms[name][2]
-            cpu_kernels.usable = real_usable if kernels is not False else (lambda a, h: False)
+            cpu_kernels.usable = real_usable if kernels is not False else (lambda a: False)
             try:
                 start = time.perf_counter()
                 model.nll(tokens[:, :-1], tokens[:, 1:]).backward()

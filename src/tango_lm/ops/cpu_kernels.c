@@ -8,7 +8,7 @@
 
    Layouts (all float32, contiguous): probabilities P [B, H, T, T] with exact zeros above the
    diagonal; gates, u, averages and their gradients [B, T, H * W], head h in columns h*W..h*W+W-1.
-   W must be a multiple of 16. */
+   Any W: the last W % VL columns of a head go through the partial-vector tails below. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,6 +32,9 @@ typedef int64_t i64;
 
 static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
 static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+/* The first n < VL floats, zero-padded; and their store. */
+static inline vec load_part(const float *p, int n) { vec v = {0}; memcpy(&v, p, n * sizeof(float)); return v; }
+static inline void store_part(float *p, vec v, int n) { memcpy(p, &v, n * sizeof(float)); }
 static inline i64 min64(i64 a, i64 b) { return a < b ? a : b; }
 
 /* Rows t0 .. t0+rows-1 of tril(P) @ G for nv vectors of columns from c0:
@@ -102,6 +105,38 @@ static inline __attribute__((always_inline)) void grad_probs_tile(int nv, i64 t0
     }
 }
 
+/* The last n < VL columns from c0 of avg_tile and grad_gates_tile (a head's W % VL columns). */
+static void avg_tail(int n, i64 t0, i64 rows, i64 c0, const float *P, i64 T, const float *G, i64 ld, const float *U,
+                     float *AVG, float *Y) {
+    vec acc[R];
+    const float *prow[R];
+    for (int r = 0; r < R; r++) {
+        prow[r] = P + (t0 + (r < rows ? r : rows - 1)) * T;
+        acc[r] = (vec){0};
+    }
+    for (i64 s = 0; s < t0 + rows; s++) {
+        vec gv = load_part(G + s * ld + c0, n);
+        for (int r = 0; r < R; r++) acc[r] += prow[r][s] * gv;
+    }
+    for (int r = 0; r < rows; r++) {
+        i64 off = (t0 + r) * ld + c0;
+        store_part(AVG + off, acc[r], n);
+        store_part(Y + off, acc[r] * load_part(U + off, n), n);
+    }
+}
+
+static void grad_gates_tail(int n, i64 s0, i64 rows, i64 c0, const float *P, i64 T, const float *D, i64 ld,
+                            float *OUT) {
+    vec acc[R];
+    for (int r = 0; r < R; r++) acc[r] = (vec){0};
+    for (i64 t = s0; t < T; t++) {
+        vec dv = load_part(D + t * ld + c0, n);
+        const float *p = P + t * T + s0;
+        for (int r = 0; r < rows; r++) acc[r] += p[r] * dv;
+    }
+    for (int r = 0; r < rows; r++) store_part(OUT + (s0 + r) * ld + c0, acc[r], n);
+}
+
 /* Calls call(n) with a constant n = nv (1 <= nv <= CV), so that each width gets its own unrolled code. */
 #if CV == 4
 #define BY_WIDTH(nv, call)                                                                                            \
@@ -128,8 +163,9 @@ void tango_average(i64 H, i64 T, i64 W, const float *P, const float *G, const fl
     for (i64 item = i0; item < i1; item++) {
         i64 b = item / H, h = item % H, base = b * T * ld + h * W;
         const float *p = P + item * T * T;
-        for (i64 c0 = 0; c0 < W; c0 += NB) {
-            int nv = (int)(min64(NB, W - c0) / VL);
+        i64 full = W - W % VL;
+        for (i64 c0 = 0; c0 < full; c0 += NB) {
+            int nv = (int)(min64(NB, full - c0) / VL);
             for (i64 t0 = 0; t0 < T; t0 += R) {
                 i64 rows = min64(R, T - t0);
 #define AVG_TILE(n) avg_tile(n, t0, rows, c0, p, T, G + base, ld, U + base, AVG + base, Y + base)
@@ -137,6 +173,10 @@ void tango_average(i64 H, i64 T, i64 W, const float *P, const float *G, const fl
 #undef AVG_TILE
             }
         }
+        if (full < W)
+            for (i64 t0 = 0; t0 < T; t0 += R)
+                avg_tail((int)(W - full), t0, min64(R, T - t0), full, p, T, G + base, ld, U + base, AVG + base,
+                         Y + base);
     }
 }
 
@@ -148,8 +188,9 @@ void tango_grad_gates(i64 H, i64 T, i64 W, const float *P, const float *D, float
     for (i64 item = i0; item < i1; item++) {
         i64 b = item / H, h = item % H, base = b * T * ld + h * W;
         const float *p = P + item * T * T;
-        for (i64 c0 = 0; c0 < W; c0 += NB) {
-            int nv = (int)(min64(NB, W - c0) / VL);
+        i64 full = W - W % VL;
+        for (i64 c0 = 0; c0 < full; c0 += NB) {
+            int nv = (int)(min64(NB, full - c0) / VL);
             for (i64 s0 = 0; s0 < T; s0 += R) {
                 i64 rows = min64(R, T - s0);
 #define GRAD_TILE(n) grad_gates_tile(n, s0, rows, c0, p, T, D + base, ld, OUT + base)
@@ -157,6 +198,9 @@ void tango_grad_gates(i64 H, i64 T, i64 W, const float *P, const float *D, float
 #undef GRAD_TILE
             }
         }
+        if (full < W)
+            for (i64 s0 = 0; s0 < T; s0 += R)
+                grad_gates_tail((int)(W - full), s0, min64(R, T - s0), full, p, T, D + base, ld, OUT + base);
     }
 }
 
@@ -168,14 +212,15 @@ static void grad_probs_item(i64 T, i64 W, i64 ld, const float *d, const float *g
     memset(out, 0, sizeof(float) * T * T);
     for (i64 s0 = 0; s0 < T; s0 += NB) {
         i64 cols = min64(NB, T - s0);
-        for (i64 k0 = 0; k0 < W; k0 += 16) { /* transpose in 16 x 16 tiles */
+        for (i64 k0 = 0; k0 < W; k0 += 16) { /* transpose in 16 x 16 tiles, the last one possibly narrower */
+            int kn = (int)min64(16, W - k0);
             for (i64 j0 = 0; j0 < NB; j0 += 16) {
                 float tile[16][16];
                 for (int jj = 0; jj < 16; jj++) {
                     i64 j = j0 + jj;
-                    memcpy(tile[jj], g + (s0 + (j < cols ? j : cols - 1)) * ld + k0, 16 * sizeof(float));
+                    memcpy(tile[jj], g + (s0 + (j < cols ? j : cols - 1)) * ld + k0, kn * sizeof(float));
                 }
-                for (int kk = 0; kk < 16; kk++)
+                for (int kk = 0; kk < kn; kk++)
                     for (int jj = 0; jj < 16; jj++) pack[(k0 + kk) * NB + j0 + jj] = tile[jj][kk];
             }
         }

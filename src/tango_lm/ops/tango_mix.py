@@ -16,9 +16,9 @@ attention itself. This op instead
 The probabilities [B, H, T, T] are kept for the backward while T <= F/H and recomputed from q
 and k beyond (`recompute_probs`), so at long context they do not outgrow the gates.
 
-Where the C kernels of `ops/cpu_kernels.py` build (float32, F/H a multiple of 16, a C compiler
-on the machine), `_TangoMixKernels` runs the three probability-times-gates products over the
-causal triangle only, which no BLAS call can; the blocked products above serve every other case.
+In float32, where the C kernels of `ops/cpu_kernels.py` build (a C compiler on the machine),
+`_TangoMixKernels` runs the three probability-times-gates products over the causal triangle
+only, which no BLAS call can; the blocked products above serve every other case.
 `tango_mix_reference` is the plain composition it is tested against (forward and gradients).
 """
 
@@ -190,7 +190,7 @@ def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.
     """Same contract as `tango_mix_reference`; all inputs share one dtype. `kernels`: the C
     kernels (True), the blocked PyTorch products (False), or the kernels where usable (None)."""
     if kernels is None:
-        kernels = cpu_kernels.usable(a, q.shape[1])
+        kernels = cpu_kernels.usable(a)
     op = _TangoMixKernels if kernels else _TangoMix
     return op.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
 
