@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_blocks, causal_matmul, causal_matmul_fused, causal_matmul_reference
+
+needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler: the PyTorch path runs")
 
 
 def naive(p, v):
@@ -69,7 +72,8 @@ def test_float32_close_to_float64():
     p64, v64 = inputs((2,), 300, 16, seed=4)  # the default block of 128: three blocks, a partial last
     p32, v32 = (x.detach().float().requires_grad_(True) for x in (p64, v64))
     dy = torch.randn(2, 300, 16, dtype=torch.float64)
-    for got, exp in zip(grads(causal_matmul, p32, v32, dy.float()), grads(causal_matmul_reference, p64, v64, dy),
+    blocked = lambda p, v: causal_matmul_fused(p, v, kernels=False)  # noqa: E731
+    for got, exp in zip(grads(blocked, p32, v32, dy.float()), grads(causal_matmul_reference, p64, v64, dy),
                         strict=True):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
@@ -77,14 +81,35 @@ def test_float32_close_to_float64():
 
 def test_dispatch(monkeypatch):
     calls = []
-    monkeypatch.setattr("tango_lm.ops.causal_matmul.causal_matmul_fused", lambda p, v: calls.append(1) or p @ v)
+    monkeypatch.setattr("tango_lm.ops.causal_matmul.causal_matmul_fused",
+                        lambda p, v, kernels: calls.append(kernels) or p @ v)
     monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", 4)
+    monkeypatch.setattr(cpu_kernels, "usable", lambda v: False)
     causal_matmul(*inputs((1,), 9, 2, dtype=torch.float32))
-    assert calls == [1]  # longer than a block, CPU, one dtype: the blocked op
+    assert calls == [False]  # longer than a block, CPU, one dtype: the blocked op
     causal_matmul(*inputs((1,), 4, 2, dtype=torch.float32))
     p, v = inputs((1,), 9, 2, dtype=torch.float32)
     torch.testing.assert_close(causal_matmul(p, v[0]), causal_matmul_reference(p, v))
-    assert calls == [1]  # one block, or values broadcast over p's leading dimensions: the composition
+    assert calls == [False]  # one block, or values broadcast over p's leading dimensions: the composition
+    monkeypatch.setattr(cpu_kernels, "usable", lambda v: True)
+    causal_matmul(*inputs((1,), 4, 2, dtype=torch.float32))
+    assert calls == [False, True]  # the C kernels at any length
+
+
+@needs_kernels
+@pytest.mark.parametrize(("lead", "t", "e"), [((2,), 13, 5), ((2, 3), 10, 3), ((1,), 1, 2), ((), 40, 9),
+                                              ((2,), 70, 37), ((1, 1), 7, 64)])
+def test_kernels_match_naive(lead, t, e):
+    # The C kernels in float32 against the naive loop in float64: forward and both gradients.
+    p64, v64 = inputs(lead, t, e, seed=t + e)
+    p32, v32 = (x.detach().float().requires_grad_(True) for x in (p64, v64))
+    dy = torch.randn(*lead, t, e, dtype=torch.float64)
+    got = grads(lambda p, v: causal_matmul_fused(p, v, kernels=True), p32, v32, dy.float())
+    for g, w, name in zip(got, grads(naive, p64, v64, dy), ("out", "dp", "dv"), strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5, msg=name)
+    below = torch.ones(t, t, dtype=torch.bool).tril()
+    assert (got[1][..., ~below] == 0).all()
 
 
 def test_blocks_cover_the_sequence():

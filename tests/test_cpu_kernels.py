@@ -56,6 +56,16 @@ def test_average_and_its_product_with_u(b, h, t, w):
 
 
 @needs_kernels
+@pytest.mark.parametrize(("b", "h", "t", "w"), SIZES[:4] + SIZES[-2:])
+def test_average_alone(b, h, t, w):
+    # Without u and y (GAU's and FLASH's causal product): only the average is written.
+    probs, g = causal_probs(b, h, t, 10), wide(b, t, h * w, 11)
+    avg = nan_like(g)
+    cpu_kernels.gate_average(probs, g, None, avg, None)
+    torch.testing.assert_close(avg.double(), merge(probs.double() @ heads(g, h)), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
 @pytest.mark.parametrize(("b", "h", "t", "w"), SIZES)
 def test_gate_gradient(b, h, t, w):
     probs, grad_avg = causal_probs(b, h, t, 3), wide(b, t, h * w, 4)

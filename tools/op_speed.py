@@ -2,7 +2,8 @@
 process (median of rounds). Usage: python tools/op_speed.py causal N T E | tango B T F [BLOCK] |
 windowed B T F | pieces T F | adamw
 
-    causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]
+    causal    ops/causal_matmul.py: tril(p) @ v, p [N, T, T], v [N, T, E]: blocked, and on the C kernels
+              of ops/cpu_kernels.py where they build
     tango     ops/tango_mix.py: TANGO's mixing (H = 8, d_h = 32): the blocked PyTorch products (in
               blocks of BLOCK positions) and the C kernels of ops/cpu_kernels.py where they build
     windowed  ops/windowed_mix.py: the band part of windowed TANGO (H = 8, d_h = 32, W = 64)
@@ -120,7 +121,11 @@ def main() -> None:
 
     if kind == "causal":
         n, t, e = (int(s) for s in sizes)
-        time_pair(lambda: (leaf(n, t, t), leaf(n, t, e)), causal_matmul_fused, causal_matmul_reference)
+        variants = {"blocked": functools.partial(causal_matmul_fused, kernels=False)}
+        if cpu_kernels.usable(torch.zeros(1)):
+            variants["C kernels"] = functools.partial(causal_matmul_fused, kernels=True)
+        variants["composition"] = causal_matmul_reference
+        time_variants(lambda: (leaf(n, t, t), leaf(n, t, e)), variants)
     elif kind == "tango":
         b, t, f, *block = (int(s) for s in sizes)
         if block:

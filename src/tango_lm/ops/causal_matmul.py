@@ -12,12 +12,16 @@ Measured on the project's CPU (forward + backward, e = 2048, `tools/op_speed.py 
 
 The op computes `tril(p) @ v` exactly, with that function's gradients (the gradient for p is
 zero above the diagonal): each piece of p is copied to mask its part of the diagonal block.
-`causal_matmul_reference` is the composition it is tested against.
+In float32, where the C kernels of `ops/cpu_kernels.py` build, `_CausalMatmulKernels` runs the
+three products over the causal triangle only instead. `causal_matmul_reference` is the
+composition both are tested against.
 """
 
 from __future__ import annotations
 
 import torch
+
+from tango_lm.ops import cpu_kernels
 
 CAUSAL_BLOCK = 128  # positions per block
 
@@ -79,19 +83,56 @@ class _CausalMatmul(torch.autograd.Function):
         return grad_p, grad_v
 
 
-def causal_matmul_fused(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Same contract as `causal_matmul_reference`; p and v share one dtype and leading shape."""
+class _CausalMatmulKernels(torch.autograd.Function):
+    # The three products on the C kernels of TANGO's gate average (`ops/cpu_kernels.py`, one
+    # "head" of width e), which compute only the causal triangle.
+    @staticmethod
+    def forward(ctx, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n, t, _ = v.shape
+        lower = torch.tril(p).view(n, 1, t, t)  # the kernels read exact zeros above the diagonal
+        out = torch.empty_like(v)
+        cpu_kernels.gate_average(lower, v, None, out, None)
+        ctx.save_for_backward(lower, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        lower, v = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_p = grad_v = None
+        if ctx.needs_input_grad[0]:  # zero above the diagonal, as tril's gradient
+            grad_p = torch.empty_like(lower)
+            cpu_kernels.gate_average_grad_probs(grad_out, v, grad_p)
+            grad_p = grad_p.view(lower.shape[0], *lower.shape[2:])
+        if ctx.needs_input_grad[1]:
+            grad_v = torch.empty_like(v)
+            cpu_kernels.gate_average_grad_gates(lower, grad_out, grad_v)
+        return grad_p, grad_v
+
+
+def causal_matmul_fused(p: torch.Tensor, v: torch.Tensor, *, kernels: bool | None = None) -> torch.Tensor:
+    """Same contract as `causal_matmul_reference`; p and v share one dtype and leading shape.
+    `kernels`: the C kernels (True), the blocked PyTorch products (False), or the kernels where
+    usable (None)."""
+    if kernels is None:
+        kernels = cpu_kernels.usable(v)
     lead = p.shape[:-2]
-    out = _CausalMatmul.apply(p.reshape(-1, *p.shape[-2:]).contiguous(), v.reshape(-1, *v.shape[-2:]).contiguous())
+    op = _CausalMatmulKernels if kernels else _CausalMatmul
+    out = op.apply(p.reshape(-1, *p.shape[-2:]).contiguous(), v.reshape(-1, *v.shape[-2:]).contiguous())
     return out.view(*lead, *out.shape[-2:])
 
 
 def causal_matmul(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The blocked op on CPUs in eager mode (no autocast) when p and v share a dtype and leading
-    shape and the sequence is longer than one block; elsewhere the composition (GPU matmuls, and
-    inductor under torch.compile, do better with one call)."""
-    fused = (
+    """On CPUs in eager mode (no autocast), when p and v share a dtype and leading shape: the C
+    kernels where they build (float32), else the blocked op when the sequence is longer than one
+    block. Elsewhere the composition (GPU matmuls, and inductor under torch.compile, do better
+    with one call)."""
+    cpu_eager = (
         p.device.type == "cpu" and p.dtype == v.dtype and p.shape[:-2] == v.shape[:-2]
-        and p.shape[-1] > CAUSAL_BLOCK and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
     )
-    return causal_matmul_fused(p, v) if fused else causal_matmul_reference(p, v)
+    if cpu_eager and cpu_kernels.usable(v):
+        return causal_matmul_fused(p, v, kernels=True)
+    if cpu_eager and p.shape[-1] > CAUSAL_BLOCK:
+        return causal_matmul_fused(p, v, kernels=False)
+    return causal_matmul_reference(p, v)

@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) void avg_tile(int nv, i64 t0, i64 r
         i64 off = (t0 + r) * ld + c0;
         for (int j = 0; j < nv; j++) {
             store(AVG + off + VL * j, acc[r][j]);
-            store(Y + off + VL * j, acc[r][j] * load(U + off + VL * j));
+            if (Y) store(Y + off + VL * j, acc[r][j] * load(U + off + VL * j));
         }
     }
 }
@@ -121,7 +121,7 @@ static void avg_tail(int n, i64 t0, i64 rows, i64 c0, const float *P, i64 T, con
     for (int r = 0; r < rows; r++) {
         i64 off = (t0 + r) * ld + c0;
         store_part(AVG + off, acc[r], n);
-        store_part(Y + off, acc[r] * load_part(U + off, n), n);
+        if (Y) store_part(Y + off, acc[r] * load_part(U + off, n), n);
     }
 }
 
@@ -155,7 +155,7 @@ static void grad_gates_tail(int n, i64 s0, i64 rows, i64 c0, const float *P, i64
     }
 #endif
 
-/* avg = tril(P) @ silu(a) per head, and y = avg * u, for items i0 .. i1-1 (item = b * H + h). */
+/* avg = tril(P) @ G per head, and y = avg * u unless Y is NULL, for items i0 .. i1-1 (item = b * H + h). */
 void tango_average(i64 H, i64 T, i64 W, const float *P, const float *G, const float *U, float *AVG, float *Y, i64 i0,
                    i64 i1, int n_threads) {
     i64 ld = H * W;
@@ -163,20 +163,21 @@ void tango_average(i64 H, i64 T, i64 W, const float *P, const float *G, const fl
     for (i64 item = i0; item < i1; item++) {
         i64 b = item / H, h = item % H, base = b * T * ld + h * W;
         const float *p = P + item * T * T;
+        const float *u = Y ? U + base : NULL;
+        float *y = Y ? Y + base : NULL;
         i64 full = W - W % VL;
         for (i64 c0 = 0; c0 < full; c0 += NB) {
             int nv = (int)(min64(NB, full - c0) / VL);
             for (i64 t0 = 0; t0 < T; t0 += R) {
                 i64 rows = min64(R, T - t0);
-#define AVG_TILE(n) avg_tile(n, t0, rows, c0, p, T, G + base, ld, U + base, AVG + base, Y + base)
+#define AVG_TILE(n) avg_tile(n, t0, rows, c0, p, T, G + base, ld, u, AVG + base, y)
                 BY_WIDTH(nv, AVG_TILE)
 #undef AVG_TILE
             }
         }
         if (full < W)
             for (i64 t0 = 0; t0 < T; t0 += R)
-                avg_tail((int)(W - full), t0, min64(R, T - t0), full, p, T, G + base, ld, U + base, AVG + base,
-                         Y + base);
+                avg_tail((int)(W - full), t0, min64(R, T - t0), full, p, T, G + base, ld, u, AVG + base, y);
     }
 }
 

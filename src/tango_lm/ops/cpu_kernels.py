@@ -149,14 +149,15 @@ def _check(*tensors: torch.Tensor) -> None:
             raise ValueError("CPU kernels take contiguous float32 tensors")
 
 
-def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor, avg: torch.Tensor, y: torch.Tensor) -> None:
-    """avg = tril(probs) @ g per head and y = avg * u. probs [B, H, T, T] (zero above the
-    diagonal); g, u, avg, y [B, T, H * W]; avg and y are written."""
-    _check(probs, g, u, avg, y)
+def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor | None, avg: torch.Tensor,
+                 y: torch.Tensor | None) -> None:
+    """avg = tril(probs) @ g per head and, given u and y, y = avg * u. probs [B, H, T, T] (zero
+    above the diagonal); g, u, avg, y [B, T, H * W]; avg and y are written."""
+    _check(probs, g, avg, *(x for x in (u, y) if x is not None))
     b, h, t, _ = probs.shape
     lib = library()
-    _parallel(lib.tango_average, b * h, h, t, g.shape[-1] // h, probs.data_ptr(), g.data_ptr(), u.data_ptr(),
-              avg.data_ptr(), y.data_ptr())
+    _parallel(lib.tango_average, b * h, h, t, g.shape[-1] // h, probs.data_ptr(), g.data_ptr(),
+              None if u is None else u.data_ptr(), avg.data_ptr(), None if y is None else y.data_ptr())
 
 
 def gate_average_grad_gates(probs: torch.Tensor, grad_avg: torch.Tensor, out: torch.Tensor) -> None:
