@@ -4,6 +4,8 @@ on them against the naive loop, forward and gradients; and how the library is bu
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,23 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C com
 # partial last vector (1, 5, 21, 37, 341 = three-set TANGO's 2728 / 8).
 SIZES = [(1, 1, 1, 16), (2, 3, 7, 16), (1, 2, 37, 48), (2, 2, 70, 80), (1, 1, 65, 144), (1, 2, 130, 64),
          (2, 2, 9, 1), (1, 3, 13, 5), (2, 1, 67, 21), (1, 2, 40, 37), (1, 1, 70, 341)]
+
+
+# The instruction sets whose code paths the kernel tests build and check: the machine's own, and on
+# x86-64 also AVX2 (8-float vectors, 6 x 2 tiles) and plain SSE (the generic 4-float path).
+MARCHES = ["native", "x86-64-v3", "x86-64"] if platform.machine() in ("x86_64", "AMD64") else ["native"]
+
+
+@pytest.fixture(params=MARCHES)
+def march(request, monkeypatch, tmp_path_factory):
+    """The kernels built for one instruction set (the x86-64 ones run on any x86-64 machine)."""
+    if request.param != "native":
+        monkeypatch.setenv("TANGO_LM_KERNEL_MARCH", request.param)
+        monkeypatch.setenv("TANGO_LM_KERNEL_DIR", str(tmp_path_factory.getbasetemp() / "kernels"))
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.available()
+    yield request.param
+    cpu_kernels.library.cache_clear()
 
 
 def causal_probs(b, h, t, seed):
@@ -46,7 +65,7 @@ def nan_like(x):
 
 @needs_kernels
 @pytest.mark.parametrize(("b", "h", "t", "w"), SIZES)
-def test_average_and_its_product_with_u(b, h, t, w):
+def test_average_and_its_product_with_u(march, b, h, t, w):
     probs, g, u = causal_probs(b, h, t, 0), wide(b, t, h * w, 1), wide(b, t, h * w, 2)
     avg, y = nan_like(g), nan_like(g)  # NaN-filled: every element must be written
     cpu_kernels.gate_average(probs, g, u, avg, y)
@@ -57,7 +76,7 @@ def test_average_and_its_product_with_u(b, h, t, w):
 
 @needs_kernels
 @pytest.mark.parametrize(("b", "h", "t", "w"), SIZES[:4] + SIZES[-2:])
-def test_average_alone(b, h, t, w):
+def test_average_alone(march, b, h, t, w):
     # Without u and y (GAU's and FLASH's causal product): only the average is written.
     probs, g = causal_probs(b, h, t, 10), wide(b, t, h * w, 11)
     avg = nan_like(g)
@@ -67,7 +86,7 @@ def test_average_alone(b, h, t, w):
 
 @needs_kernels
 @pytest.mark.parametrize(("b", "h", "t", "w"), SIZES)
-def test_gate_gradient(b, h, t, w):
+def test_gate_gradient(march, b, h, t, w):
     probs, grad_avg = causal_probs(b, h, t, 3), wide(b, t, h * w, 4)
     out = nan_like(grad_avg)
     cpu_kernels.gate_average_grad_gates(probs, grad_avg, out)
@@ -77,7 +96,7 @@ def test_gate_gradient(b, h, t, w):
 
 @needs_kernels
 @pytest.mark.parametrize(("b", "h", "t", "w"), SIZES)
-def test_probability_gradient_is_causal(b, h, t, w):
+def test_probability_gradient_is_causal(march, b, h, t, w):
     grad_avg, g = wide(b, t, h * w, 5), wide(b, t, h * w, 6)
     out = torch.full((b, h, t, t), float("nan"))
     cpu_kernels.gate_average_grad_probs(grad_avg, g, out)

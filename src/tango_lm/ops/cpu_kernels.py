@@ -3,16 +3,16 @@
 BLAS has no GEMM for a causal (lower-triangular) left factor, so the PyTorch path of
 `ops/tango_mix.py` splits each product into blocks and still computes 5/8 of the T x T square at
 T = 256; these kernels compute the triangle only, with the machine's own vector width
-(`-march=native`). They are compiled once with the C compiler (`$CC`, else `cc`) into
-`$TANGO_LM_KERNEL_DIR` (default `~/.cache/tango_lm/kernels`), keyed by the source, the compiler
-and the CPU's flags, so a cluster with mixed CPUs and a shared home gets one library per CPU kind.
-Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`, `available()` is False and the PyTorch path
-runs (one warning says why when a build fails). Each call runs its (batch element, head) items
-on `torch.get_num_threads()` threads: PyTorch's own OpenMP threads when the library is built with
-OpenMP (threads of a second pool would compete with PyTorch's, which spin for a while after each
-op: a kernel call after a PyTorch op took 19 ms instead of 12 that way), else a thread pool
-(ctypes releases the GIL while the C code runs).
-"""
+(`-march=native`, or `$TANGO_LM_KERNEL_MARCH`). They are compiled once with the C compiler
+(`$CC`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `~/.cache/tango_lm/kernels`), keyed by
+the source, the compiler, the flags and the CPU's features, so a cluster with mixed CPUs and a
+shared home gets one library per CPU kind. Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`,
+`available()` is False and the PyTorch path runs (one warning says why when a build fails).
+Each call runs its (batch element, head) items on `torch.get_num_threads()` threads: PyTorch's
+own OpenMP threads when the library is built with OpenMP (threads of a second pool compete with
+PyTorch's, which spin for a while after each op: `python tools/tango_kernels.py products 256
+8192` shows about half the speed that way), else a thread pool (ctypes releases the GIL while the
+C code runs)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-ffp-contract=fast", "-fPIC", "-shared"]
 OPENMP = ["-fopenmp"]  # tried first; compilers without it (Apple clang) build the serial library
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -55,9 +55,16 @@ def _cpu_description() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+def _flags() -> list[str]:
+    """The build flags; `TANGO_LM_KERNEL_MARCH` (default native) picks the instruction set, so that
+    the tests also build and check the AVX2 and plain-SSE code paths on an AVX-512 machine."""
+    return [f"-march={os.environ.get('TANGO_LM_KERNEL_MARCH', 'native')}", *FLAGS]
+
+
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, _cpu_description(), *FLAGS]).encode())
+    flags = _flags()
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, _cpu_description(), *flags]).encode())
     target = _cache_dir() / f"tango_kernels_{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -67,7 +74,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         for extra in (OPENMP, []):
-            proc = subprocess.run([compiler, *FLAGS, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+            proc = subprocess.run([compiler, *flags, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
                                   timeout=300)
             if proc.returncode == 0:
                 os.replace(tmp, target)
