@@ -84,6 +84,20 @@ def recompute_probs(t: int, gate_width_per_head: int) -> bool:
     return t > gate_width_per_head
 
 
+def _save(ctx, q, k, a, g, u, probs, avg) -> None:
+    # Keep the probabilities only while they are smaller than the gates they average; past that
+    # (T > F/H) the backward recomputes them from q and k, at 2 T d_h FLOPs per destination and
+    # head against the 6 T F/H of the op's matmuls.
+    ctx.recompute = recompute_probs(q.shape[2], a.shape[-1] // q.shape[1])
+    ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
+
+
+def _saved(ctx) -> tuple[torch.Tensor, ...]:
+    """What `_save` kept: q, k, a, g, u, probs (recomputed if dropped), avg."""
+    q, k, a, g, u, probs, avg = ctx.saved_tensors
+    return q, k, a, g, u, _causal_probs(q, k) if ctx.recompute else probs, avg
+
+
 class _TangoMix(torch.autograd.Function):
     # One batch element at a time, so that each element's gates, average and their gradients
     # ([T, F], a few MiB) are still in cache when the next pass over them runs.
@@ -104,18 +118,12 @@ class _TangoMix(torch.autograd.Function):
                 out = avg[b, i, :, : r1 - r0]
                 torch.bmm(probs[b, :, r0:r1, :r1], g_heads[:, :r1], out=out)
                 torch.mul(out, _rows(u, b, r0, r1, n_heads), out=_rows(y, b, r0, r1, n_heads))
-        # Keep the probabilities only while they are smaller than the gates they average; past
-        # that (T > F/H) the backward recomputes them from q and k, at 2 T d_h FLOPs per
-        # destination and head against the 6 T F/H of the op's matmuls.
-        ctx.recompute = recompute_probs(t, w)
-        ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
+        _save(ctx, q, k, a, g, u, probs, avg)
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        q, k, a, g, u, probs, avg = ctx.saved_tensors
-        if ctx.recompute:
-            probs = _causal_probs(q, k)
+        q, k, a, g, u, probs, avg = _saved(ctx)
         bsz, n_heads, t, _ = q.shape
         block, w = avg.shape[-2:]
         grad_y = grad_y.contiguous()
@@ -154,15 +162,12 @@ class _TangoMixKernels(torch.autograd.Function):
         g = F.silu(a)
         avg, y = torch.empty_like(a), torch.empty_like(u)
         cpu_kernels.gate_average(probs, g, u, avg, y)
-        ctx.recompute = recompute_probs(q.shape[2], a.shape[-1] // q.shape[1])
-        ctx.save_for_backward(q, k, a, g, u, None if ctx.recompute else probs, avg)
+        _save(ctx, q, k, a, g, u, probs, avg)
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        q, k, a, g, u, probs, avg = ctx.saved_tensors
-        if ctx.recompute:
-            probs = _causal_probs(q, k).contiguous()
+        q, k, a, g, u, probs, avg = _saved(ctx)
         grad_y = grad_y.contiguous()
         grad_avg = grad_y * u
         grad_u = grad_y * avg
