@@ -58,6 +58,14 @@ def time_variants(make_inputs, variants: dict, rounds: int = 12) -> None:
         print(f"{name:12s} forward {fwd * 1e3:7.2f} ms  backward {bwd * 1e3:7.2f} ms  x {(fwd + bwd) / base:.2f}")
 
 
+def paths(fused, reference) -> dict:
+    """An op's blocked PyTorch path, its C-kernel path where the kernels build, and the composition."""
+    variants = {"blocked": functools.partial(fused, kernels=False)}
+    if cpu_kernels.available():
+        variants["C kernels"] = functools.partial(fused, kernels=True)
+    return {**variants, "composition": reference}
+
+
 def time_adamw(rounds: int = 20) -> None:
     from tango_lm import ModelConfig, build_model
 
@@ -121,20 +129,13 @@ def main() -> None:
 
     if kind == "causal":
         n, t, e = (int(s) for s in sizes)
-        variants = {"blocked": functools.partial(causal_matmul_fused, kernels=False)}
-        if cpu_kernels.usable(torch.zeros(1)):
-            variants["C kernels"] = functools.partial(causal_matmul_fused, kernels=True)
-        variants["composition"] = causal_matmul_reference
-        time_variants(lambda: (leaf(n, t, t), leaf(n, t, e)), variants)
+        time_variants(lambda: (leaf(n, t, t), leaf(n, t, e)), paths(causal_matmul_fused, causal_matmul_reference))
     elif kind == "tango":
         b, t, f, *block = (int(s) for s in sizes)
         if block:
             tango_mix._block_size = lambda t: block[0]
-        variants = {"blocked": functools.partial(tango_mix.tango_mix_fused, kernels=False)}
-        if cpu_kernels.usable(torch.zeros(1, 1, f)):
-            variants["C kernels"] = functools.partial(tango_mix.tango_mix_fused, kernels=True)
-        variants["composition"] = tango_mix.tango_mix_reference
-        time_variants(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)), variants)
+        time_variants(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)),
+                      paths(tango_mix.tango_mix_fused, tango_mix.tango_mix_reference))
     elif kind == "windowed":
         b, t, f = (int(s) for s in sizes)
         qk = [leaf(b, 8, t, 32) for _ in range(4)]
