@@ -107,7 +107,7 @@ def test_probability_gradient_is_causal(march, b, h, t, w):
 
 @needs_kernels
 @pytest.mark.parametrize("openmp", [True, False])
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("threads", [1, 3, 8])
 def test_results_do_not_depend_on_threads(monkeypatch, openmp, threads):
     # Each (batch element, head) item is computed whole by one thread, so results are bitwise equal.
     b, h, t, w = 2, 3, 37, 48

@@ -2,9 +2,10 @@
    computed over exactly the causal triangle (BLAS has no such GEMM; PyTorch's blocked path
    computes 5/8 of the square at T = 256). Built at first use by `cpu_kernels.py` with the
    machine's own vector width (-march=native) and called through ctypes. Each call runs its
-   (batch element, head) items on OpenMP threads: built with -fopenmp against the libgomp that
-   PyTorch has loaded, these are PyTorch's own threads (a second pool would compete with them
-   while they spin after each op); without OpenMP the caller splits the items over threads.
+   (batch element, head, column block) tasks on OpenMP threads: built with -fopenmp against the
+   libgomp that PyTorch has loaded, these are PyTorch's own threads (a second pool would compete
+   with them while they spin after each op); without OpenMP the caller splits the (batch element,
+   head) items over threads.
 
    Layouts (all float32, contiguous): probabilities P [B, H, T, T] with exact zeros above the
    diagonal; gates, u, averages and their gradients [B, T, H * W], head h in columns h*W..h*W+W-1.
@@ -155,108 +156,118 @@ static void grad_gates_tail(int n, i64 s0, i64 rows, i64 c0, const float *P, i64
     }
 #endif
 
-/* avg = tril(P) @ G per head, and y = avg * u unless Y is NULL, for items i0 .. i1-1 (item = b * H + h). */
+/* The work of each call is split into (item, column block) tasks, item = b * H + h, so that
+   even one sequence with few heads keeps every thread busy. A column block is NB columns of one
+   head; the last one also takes the head's W % VL columns that fill no whole vector. */
+
+/* Columns c0 .. c0+NB-1 (up to W) of one head's average, and of y = avg * u unless y is NULL. */
+static void average_columns(i64 T, i64 W, i64 ld, i64 c0, const float *p, const float *g, const float *u, float *avg,
+                            float *y) {
+    i64 full = W - W % VL, c1 = min64(c0 + NB, W), vend = min64(c1, full);
+    int nv = vend > c0 ? (int)((vend - c0) / VL) : 0;
+    for (i64 t0 = 0; nv && t0 < T; t0 += R) {
+        i64 rows = min64(R, T - t0);
+#define AVG_TILE(n) avg_tile(n, t0, rows, c0, p, T, g, ld, u, avg, y)
+        BY_WIDTH(nv, AVG_TILE)
+#undef AVG_TILE
+    }
+    if (c1 > full)
+        for (i64 t0 = 0; t0 < T; t0 += R) avg_tail((int)(W - full), t0, min64(R, T - t0), full, p, T, g, ld, u, avg, y);
+}
+
+/* Columns c0 .. c0+NB-1 (up to W) of one head's gate gradient tril(P)^T @ D. */
+static void grad_gates_columns(i64 T, i64 W, i64 ld, i64 c0, const float *p, const float *d, float *out) {
+    i64 full = W - W % VL, c1 = min64(c0 + NB, W), vend = min64(c1, full);
+    int nv = vend > c0 ? (int)((vend - c0) / VL) : 0;
+    for (i64 s0 = 0; nv && s0 < T; s0 += R) {
+        i64 rows = min64(R, T - s0);
+#define GRAD_TILE(n) grad_gates_tile(n, s0, rows, c0, p, T, d, ld, out)
+        BY_WIDTH(nv, GRAD_TILE)
+#undef GRAD_TILE
+    }
+    if (c1 > full)
+        for (i64 s0 = 0; s0 < T; s0 += R) grad_gates_tail((int)(W - full), s0, min64(R, T - s0), full, p, T, d, ld, out);
+}
+
+/* avg = tril(P) @ G per head, and y = avg * u unless Y is NULL, for items i0 .. i1-1. */
 void tango_average(i64 H, i64 T, i64 W, const float *P, const float *G, const float *U, float *AVG, float *Y, i64 i0,
                    i64 i1, int n_threads) {
-    i64 ld = H * W;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
+    i64 ld = H * W, n_col = (W + NB - 1) / NB;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(n_threads)
     for (i64 item = i0; item < i1; item++) {
-        i64 b = item / H, h = item % H, base = b * T * ld + h * W;
-        const float *p = P + item * T * T;
-        const float *u = Y ? U + base : NULL;
-        float *y = Y ? Y + base : NULL;
-        i64 full = W - W % VL;
-        for (i64 c0 = 0; c0 < full; c0 += NB) {
-            int nv = (int)(min64(NB, full - c0) / VL);
-            for (i64 t0 = 0; t0 < T; t0 += R) {
-                i64 rows = min64(R, T - t0);
-#define AVG_TILE(n) avg_tile(n, t0, rows, c0, p, T, G + base, ld, u, AVG + base, y)
-                BY_WIDTH(nv, AVG_TILE)
-#undef AVG_TILE
-            }
+        for (i64 ci = 0; ci < n_col; ci++) {
+            i64 base = (item / H) * T * ld + (item % H) * W;
+            average_columns(T, W, ld, ci * NB, P + item * T * T, G + base, Y ? U + base : NULL, AVG + base,
+                            Y ? Y + base : NULL);
         }
-        if (full < W)
-            for (i64 t0 = 0; t0 < T; t0 += R)
-                avg_tail((int)(W - full), t0, min64(R, T - t0), full, p, T, G + base, ld, u, AVG + base, y);
     }
 }
 
 /* grad_g = tril(P)^T @ grad_avg per head. */
 void tango_grad_gates(i64 H, i64 T, i64 W, const float *P, const float *D, float *OUT, i64 i0, i64 i1,
                       int n_threads) {
-    i64 ld = H * W;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
+    i64 ld = H * W, n_col = (W + NB - 1) / NB;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(n_threads)
     for (i64 item = i0; item < i1; item++) {
-        i64 b = item / H, h = item % H, base = b * T * ld + h * W;
-        const float *p = P + item * T * T;
-        i64 full = W - W % VL;
-        for (i64 c0 = 0; c0 < full; c0 += NB) {
-            int nv = (int)(min64(NB, full - c0) / VL);
-            for (i64 s0 = 0; s0 < T; s0 += R) {
-                i64 rows = min64(R, T - s0);
-#define GRAD_TILE(n) grad_gates_tile(n, s0, rows, c0, p, T, D + base, ld, OUT + base)
-                BY_WIDTH(nv, GRAD_TILE)
-#undef GRAD_TILE
-            }
+        for (i64 ci = 0; ci < n_col; ci++) {
+            i64 base = (item / H) * T * ld + (item % H) * W;
+            grad_gates_columns(T, W, ld, ci * NB, P + item * T * T, D + base, OUT + base);
         }
-        if (full < W)
-            for (i64 s0 = 0; s0 < T; s0 += R)
-                grad_gates_tail((int)(W - full), s0, min64(R, T - s0), full, p, T, D + base, ld, OUT + base);
     }
 }
 
-/* grad_probs[t, s] = grad_avg[t] . g[s] of one (batch element, head) for s <= t, 0 above the
-   diagonal. Sources go in blocks of NB, each block's gates transposed once into `pack` (W * NB
-   floats) and reused by every destination tile at or below it; a tile computes only the vectors
-   of sources that its last row sees. */
-static void grad_probs_item(i64 T, i64 W, i64 ld, const float *d, const float *g, float *out, float *pack) {
-    memset(out, 0, sizeof(float) * T * T);
-    for (i64 s0 = 0; s0 < T; s0 += NB) {
-        i64 cols = min64(NB, T - s0);
-        for (i64 k0 = 0; k0 < W; k0 += 16) { /* transpose in 16 x 16 tiles, the last one possibly narrower */
-            int kn = (int)min64(16, W - k0);
-            for (i64 j0 = 0; j0 < NB; j0 += 16) {
-                float tile[16][16];
-                for (int jj = 0; jj < 16; jj++) {
-                    i64 j = j0 + jj;
-                    memcpy(tile[jj], g + (s0 + (j < cols ? j : cols - 1)) * ld + k0, kn * sizeof(float));
-                }
-                for (int kk = 0; kk < kn; kk++)
-                    for (int jj = 0; jj < 16; jj++) pack[(k0 + kk) * NB + j0 + jj] = tile[jj][kk];
+/* Sources s0 .. s0+NB-1 (columns of out [T, T]) of one head's grad_probs[t, s] = grad_avg[t] . g[s]
+   for s <= t, 0 above the diagonal. The block's gates are transposed once into `pack` (W * NB
+   floats) and reused by every destination tile at or below the block; a tile computes only the
+   vectors of sources that its last row sees. */
+static void grad_probs_sources(i64 T, i64 W, i64 ld, i64 s0, const float *d, const float *g, float *out, float *pack) {
+    i64 cols = min64(NB, T - s0);
+    for (i64 t = 0; t < T; t++) memset(out + t * T + s0, 0, cols * sizeof(float));
+    for (i64 k0 = 0; k0 < W; k0 += 16) { /* transpose in 16 x 16 tiles, the last one possibly narrower */
+        int kn = (int)min64(16, W - k0);
+        for (i64 j0 = 0; j0 < NB; j0 += 16) {
+            float tile[16][16];
+            for (int jj = 0; jj < 16; jj++) {
+                i64 j = j0 + jj;
+                memcpy(tile[jj], g + (s0 + (j < cols ? j : cols - 1)) * ld + k0, kn * sizeof(float));
             }
+            for (int kk = 0; kk < kn; kk++)
+                for (int jj = 0; jj < 16; jj++) pack[(k0 + kk) * NB + j0 + jj] = tile[jj][kk];
         }
-        for (i64 t0 = (s0 / R) * R; t0 < T; t0 += R) {
-            i64 rows = min64(R, T - t0);
-            i64 reach = min64(t0 + rows - s0, cols); /* sources s0 .. s0+reach-1 are seen */
-            int nv = (int)((reach + VL - 1) / VL);
-            vec acc[R][CV];
+    }
+    for (i64 t0 = (s0 / R) * R; t0 < T; t0 += R) {
+        i64 rows = min64(R, T - t0);
+        i64 reach = min64(t0 + rows - s0, cols); /* sources s0 .. s0+reach-1 are seen */
+        int nv = (int)((reach + VL - 1) / VL);
+        vec acc[R][CV];
 #define PROBS_TILE(n) grad_probs_tile(n, t0, rows, W, d, ld, pack, acc)
-            BY_WIDTH(nv, PROBS_TILE)
+        BY_WIDTH(nv, PROBS_TILE)
 #undef PROBS_TILE
-            for (int r = 0; r < rows; r++) {
-                i64 t = t0 + r;
-                float row[NB];
-                for (int j = 0; j < nv; j++) store(row + VL * j, acc[r][j]);
-                for (i64 j = 0; j < reach && s0 + j <= t; j++) out[t * T + s0 + j] = row[j];
-            }
+        for (int r = 0; r < rows; r++) {
+            i64 t = t0 + r;
+            float row[NB];
+            for (int j = 0; j < nv; j++) store(row + VL * j, acc[r][j]);
+            for (i64 j = 0; j < reach && s0 + j <= t; j++) out[t * T + s0 + j] = row[j];
         }
     }
 }
 
 /* grad_probs [B, H, T, T] from grad_avg and g. Returns 1 if a scratch buffer could not be allocated. */
 int tango_grad_probs(i64 H, i64 T, i64 W, const float *D, const float *G, float *OUT, i64 i0, i64 i1, int n_threads) {
-    i64 ld = H * W;
+    i64 ld = H * W, n_blocks = (T + NB - 1) / NB;
     int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(n_threads) reduction(| : failed)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(n_threads) reduction(| : failed)
     for (i64 item = i0; item < i1; item++) {
-        float *pack = malloc(sizeof(float) * W * NB);
-        if (!pack) {
-            failed = 1;
-            continue;
+        for (i64 sb = 0; sb < n_blocks; sb++) {
+            float *pack = malloc(sizeof(float) * W * NB);
+            if (!pack) {
+                failed = 1;
+                continue;
+            }
+            i64 base = (item / H) * T * ld + (item % H) * W;
+            grad_probs_sources(T, W, ld, sb * NB, D + base, G + base, OUT + item * T * T, pack);
+            free(pack);
         }
-        i64 base = (item / H) * T * ld + (item % H) * W;
-        grad_probs_item(T, W, ld, D + base, G + base, OUT + item * T * T, pack);
-        free(pack);
     }
     return failed;
 }
