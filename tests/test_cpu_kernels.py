@@ -138,6 +138,20 @@ def test_results_do_not_depend_on_threads(monkeypatch, openmp, threads):
         assert torch.equal(x, y)
 
 
+@needs_kernels
+def test_openmp_calls_get_every_thread_even_with_fewer_items(monkeypatch):
+    # The library splits items by column blocks, so 2 items on 4 threads must still ask for 4.
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "uses_openmp", lambda: True)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        cpu_kernels._parallel(lambda *args: calls.append(args[-3:]), 2)
+    finally:
+        torch.set_num_threads(old)
+    assert calls == [(0, 2, 4)]
+
+
 def naive_mix(q, k, a, u):
     b, h, t, d_h = q.shape
     scores = (q @ k.transpose(-1, -2)) / d_h**0.5

@@ -8,7 +8,8 @@ every piece long: the forward by destinations (destinations r0:r1 see sources :r
 for v by sources (sources s0:s1 are seen by destinations s0 onwards), the gradient for the kernel
 (contracted over e) by sources too. At T = 256 that is 3/4 of the square's work, at T = 1024 36/64.
 Measured on the project's CPU (forward + backward, e = 2048, `tools/op_speed.py causal N T E`):
-0.67-0.68x the composition's time at T = 1024 (one sequence), 0.87-0.91x at T = 256 (four).
+this blocked op 0.66-0.68x the composition's time at T = 1024 (one sequence), 0.87-0.91x at
+T = 256 (four); the C kernels 0.52x and 0.59-0.62x.
 
 The op computes `tril(p) @ v` exactly, with that function's gradients (the gradient for p is
 zero above the diagonal): each piece of p is copied to mask its part of the diagonal block.

@@ -39,8 +39,8 @@ static inline void store_part(float *p, vec v, int n) { memcpy(p, &v, n * sizeof
 static inline i64 min64(i64 a, i64 b) { return a < b ? a : b; }
 
 /* Rows t0 .. t0+rows-1 of tril(P) @ G for nv vectors of columns from c0:
-   acc[r] = sum over s < s_end of P[t0+r, s] G[s, c0:...] (P is zero beyond each row's diagonal).
-   With u, y = acc * u is stored too. nv is a constant at each call site, so the loops unroll. */
+   acc[r] = sum over s < t0+rows of P[t0+r, s] G[s, c0:...] (P is zero beyond each row's diagonal).
+   Unless Y is NULL, y = acc * u is stored too. nv is a constant at each call site, so the loops unroll. */
 static inline __attribute__((always_inline)) void avg_tile(int nv, i64 t0, i64 rows, i64 c0, const float *P, i64 T,
                                                           const float *G, i64 ld, const float *U, float *AVG, float *Y) {
     vec acc[R][CV];

@@ -8,8 +8,8 @@ T = 256; these kernels compute the triangle only, with the machine's own vector 
 the source, the compiler, the flags and the CPU's features, so a cluster with mixed CPUs and a
 shared home gets one library per CPU kind. Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`,
 `available()` is False and the PyTorch path runs (one warning says why when a build fails).
-Each call runs its (batch element, head) items on `torch.get_num_threads()` threads: PyTorch's
-own OpenMP threads when the library is built with OpenMP (threads of a second pool compete with
+Each call runs its (batch element, head, column block) tasks on `torch.get_num_threads()`
+threads: PyTorch's own OpenMP threads when the library is built with OpenMP (threads of a second pool compete with
 PyTorch's, which spin for a while after each op: `python tools/tango_kernels.py products 256
 8192` shows about half the speed that way), else a thread pool (ctypes releases the GIL while the
 C code runs)."""
@@ -131,12 +131,13 @@ def uses_openmp() -> bool:
 
 def _parallel(fn, n_items: int, *args) -> None:
     """fn(*args, i0, i1, n_threads) over all items on torch.get_num_threads() threads: inside the
-    library with OpenMP, else over contiguous ranges, one per thread (the caller runs one)."""
+    library with OpenMP (which splits each item by column blocks too, so fewer items than threads
+    still fill them), else over contiguous ranges of items, one per thread (the caller runs one)."""
     global _pool
-    n = max(1, min(torch.get_num_threads(), n_items))
     if uses_openmp():
-        results = [fn(*args, 0, n_items, n)]
+        results = [fn(*args, 0, n_items, torch.get_num_threads())]
     else:
+        n = max(1, min(torch.get_num_threads(), n_items))
         bounds = [n_items * i // n for i in range(n + 1)]
         if n > 1:
             with _pool_lock:
