@@ -315,6 +315,19 @@ def cmd_data_prepare_mixture(args: argparse.Namespace) -> None:
     print(f"prepared {path}")
 
 
+def cmd_data_verify(args: argparse.Namespace) -> None:
+    """`data verify DIR`: re-read every shard of a prepared dataset against its manifest."""
+    from tango_lm.data.verify import verify_dataset
+
+    report = verify_dataset(args.dir)
+    if args.json:
+        _print_json(report)
+        return
+    splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
+    print(f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
+          f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest")
+
+
 def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
     from tango_lm.data.bpe import TRAIN_EXTS, train_bpe
 
@@ -533,6 +546,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_data_prepare)
     _add_source_parsers(dsrc)
     _add_train_tokenizer_parser(dsub)
+    v = dsub.add_parser("verify", help="check every shard of a prepared dataset against its manifest (sha256, "
+                                       "end-of-text ids, token ids)")
+    v.add_argument("dir", help="prepared dataset directory")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_data_verify)
 
     s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
     s.add_argument("--out", default="runs/quickstart")
