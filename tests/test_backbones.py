@@ -1,4 +1,4 @@
-"""The onóna-paper backbones (SPEC 4): Dense, GDN hybrid, MoE, AttnRes. Parameter formulas against
+"""The onóna-paper backbones (docs/design.md §4): Dense, GDN hybrid, MoE, AttnRes. Parameter formulas against
 the modules and the paper's counts, the presets, causality, the pieces each one adds (GQA with
 QK-norm, GDN layout and state, MoE dispatch/capacity/load balancing, depth attention), and the
 user errors. Cached decoding is tested for every architecture in test_generate.py."""
@@ -32,7 +32,7 @@ V, T = 61, 12
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# -- the formulas, written out from SPEC 4 ----------------------------------------------------
+# -- the formulas, written out from docs/design.md §4 ----------------------------------------------------
 def spec_non_embedding(cfg: ModelConfig, active: bool = False) -> int:
     d, h, hkv, dh, f, depth = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.width, cfg.depth
     attention = 2 * d * h * dh + 2 * d * hkv * dh + 2 * dh  # q, o; k, v; QK-norm

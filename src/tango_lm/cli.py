@@ -139,7 +139,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _eval_ppl(args: argparse.Namespace) -> None:
-    """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (SPEC 6)."""
+    """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (docs/design.md §6)."""
     from tango_lm.eval.perplexity import evaluate_checkpoint_file
 
     res = evaluate_checkpoint_file(args.checkpoint, args.ppl, args.format, stride=args.stride, device=args.device)
@@ -203,7 +203,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def _parse_segment(text: str) -> int | None:
-    """`--segment all|K` (rotating narrow-width models, SPEC 2.6): None for all segments."""
+    """`--segment all|K` (rotating narrow-width models, docs/design.md §2.6): None for all segments."""
     if text.strip().lower() == "all":
         return None
     try:
@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_presets)
 
-    s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (SPEC 2.8)")
+    s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
     s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M or 1500000")
     s.add_argument("--depth", type=int, required=True)
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")

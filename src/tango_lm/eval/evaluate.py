@@ -24,7 +24,7 @@ def evaluate_checkpoint(
     ablate: str | None = None,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
-    of the split unless `max_windows` is given. A model trained with `active_width` (SPEC 2.6)
+    of the split unless `max_windows` is given. A model trained with `active_width` (docs/design.md §2.6)
     runs with all segments active unless `segment` picks one; its result then has a "segment" key.
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)

@@ -1,4 +1,4 @@
-"""The windowed TANGO block (SPEC 2.3): TANGO's parameters, a window of exact scores, a feature
+"""The windowed TANGO block (docs/design.md §2.3): TANGO's parameters, a window of exact scores, a feature
 map beyond it.
 
 Only the token mixing differs from `TangoBlock`: the weights of sources in the last `window`

@@ -61,7 +61,7 @@ def _model_yaml(cfg: ModelConfig) -> str:
     if cfg.arch == "tango-windowed":
         lines.append(f"  window: {cfg.window}")
     if cfg.active_width is not None:
-        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (SPEC 2.6)")
+        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (docs/design.md §2.6)")
     lines += [f"  vocab_size: {cfg.vocab_size}     # GPT-2 BPE", f"  context_length: {cfg.context_length}"]
     return "\n".join(lines) + "\n"
 

@@ -1,5 +1,5 @@
-"""Run configuration: the model, the data and the training protocol (SPEC 6), and the loader for
-YAML presets/files with `key=value` overrides (SPEC 7)."""
+"""Run configuration: the model, the data and the training protocol (docs/design.md §6), and the loader for
+YAML presets/files with `key=value` overrides (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The training loop (SPEC 6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
+"""The training loop (docs/design.md §6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
 optional torch.compile and activation checkpointing, dev NLL on a schedule, best-dev checkpoint,
 test NLL of the selected checkpoint, JSONL metrics, a progress bar, and exact resume.
 
@@ -247,7 +247,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        # Rotating narrow-width training (SPEC 2.6): step n runs only segment n mod segments of the
+        # Rotating narrow-width training (docs/design.md §2.6): step n runs only segment n mod segments of the
         # gated width; the inactive columns get no gradient and `keep_inactive_columns` keeps AdamW
         # (weight decay, momentum) from moving them. Outside a step every column is active.
         segments = self.model.num_segments

@@ -1,4 +1,4 @@
-"""Windowed TANGO (SPEC 2.3): TANGO with exact scores in a window of `window` recent sources and
+"""Windowed TANGO (docs/design.md §2.3): TANGO with exact scores in a window of `window` recent sources and
 the feature map `feature_map` for older ones. Same parameters as TANGO; linear cost in T."""
 
 from __future__ import annotations
