@@ -134,6 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     else:
         segment = f", segment {res['segment']}" if "segment" in res else ""
         segment += f", table {res['ablate']} only" if "ablate" in res else ""
+        segment += f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
         print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
               f"({res['checkpoint']}, step {res['step']}{segment})")
 
@@ -451,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
-    s.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
+    s.add_argument("--windows", type=int, default=None,
+                   help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)")
     s.add_argument("--ablate", choices=["A", "B", "a", "b"], default=None,
                    help="score a twin-table (onóna) checkpoint with table A or B alone at input and output")
     s.add_argument("--segment", default="all",

@@ -67,6 +67,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 200
     eval_windows: int = 64  # fixed dev windows evaluated on the schedule
+    eval_sample_seed: int | None = None  # None: the first eval_windows dev windows; else sampled with this seed
     test_windows: int | None = None  # None: the whole test split
     eval_batch_size: int | None = None  # windows per eval forward (default: batch_size / processes)
     select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)

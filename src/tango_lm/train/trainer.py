@@ -112,7 +112,8 @@ class Trainer:
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
         self.dev_batches = list(
-            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows)
+            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows,
+                         cfg.eval_sample_seed)
         )
         self.step = 0
         self.tokens_seen = 0
