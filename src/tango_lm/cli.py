@@ -260,12 +260,14 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
     from tango_lm.data.dmmath import prepare_dmmath
+    from tango_lm.data.shards import hold_dataset_lock
 
-    path = prepare_dmmath(
-        args.out, tokenizer=args.tokenizer, train_per_module=args.train_per_module,
-        test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
-        include_extrapolate=args.extrapolate, workers=args.workers, overwrite=args.overwrite,
-    )
+    with hold_dataset_lock(args.out):  # a second writer stops now, not after the data is generated
+        path = prepare_dmmath(
+            args.out, tokenizer=args.tokenizer, train_per_module=args.train_per_module,
+            test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
+            include_extrapolate=args.extrapolate, workers=args.workers, overwrite=args.overwrite,
+        )
     print(f"prepared {path}")
 
 
@@ -276,6 +278,14 @@ def _prepare_common(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_data_prepare_source(args: argparse.Namespace) -> None:
     """`data prepare text|jsonl|parquet|code|lean|hf`: the library's prepare function for that source."""
+    from tango_lm.data.shards import hold_dataset_lock
+
+    with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read
+        path = _prepare_source(args)
+    print(f"prepared {path}")
+
+
+def _prepare_source(args: argparse.Namespace) -> Any:
     from tango_lm.data.sources import prepare_source, stdlib_path
 
     common = _prepare_common(args)
@@ -293,14 +303,16 @@ def cmd_data_prepare_source(args: argparse.Namespace) -> None:
         path = prepare_source("hf", args.name, args.out, config=args.config, split_map=args.split_map,
                               field=args.field, max_docs=args.max_docs, streaming=args.streaming,
                               revision=args.revision, **common)
-    print(f"prepared {path}")
+    return path
 
 
 def cmd_data_prepare_mixture(args: argparse.Namespace) -> None:
     from tango_lm.data.mixture import prepare_mixture
+    from tango_lm.data.shards import hold_dataset_lock
 
-    path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
-                           overwrite=args.overwrite, progress=not args.no_progress)
+    with hold_dataset_lock(args.out):
+        path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
+                               overwrite=args.overwrite, progress=not args.no_progress)
     print(f"prepared {path}")
 
 

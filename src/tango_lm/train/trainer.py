@@ -37,6 +37,7 @@ from tango_lm.train.checkpoint import (
     load_checkpoint,
     load_shards,
     prune_checkpoints,
+    remove_incomplete,
     save_shards,
     step_dir_name,
     tmp_step_dir,
@@ -46,6 +47,7 @@ from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
+from tango_lm.train.run_dir import claim_run_dir
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
 
@@ -278,6 +280,7 @@ class Trainer:
         cfg = self.run.train
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
             write_json_atomic(self.out / "config.json", self.run.to_dict())
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0:
@@ -356,8 +359,10 @@ class Trainer:
 
 def train(run: RunConfig, resume: bool = False) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked). Under torchrun
-    every process calls this; it joins the process group and leaves it at the end."""
+    every process calls this; it joins the process group and leaves it at the end. The run
+    directory is checked and locked first (train/run_dir.py): one writer per run."""
     try:
-        return Trainer(run, resume=resume).fit()
+        with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
+            return Trainer(run, resume=resume).fit()
     finally:
         distributed.teardown()
