@@ -30,6 +30,10 @@ def calls(monkeypatch):
     for name, attr in (("reference", "tango_mix_reference"), ("sdpa-sliced", "tango_mix_sliced")):
         real = getattr(tango_mix_module, attr)
         monkeypatch.setattr(tango_mix_module, attr, lambda *xs, _n=name, _f=real: seen.append(_n) or _f(*xs))
+    if tango_mix_module.tango_mix_triton is not None:
+        real_triton = tango_mix_module.tango_mix_triton.tango_mix_triton
+        monkeypatch.setattr(tango_mix_module.tango_mix_triton, "tango_mix_triton",
+                            lambda *xs: seen.append("triton") or real_triton(*xs))
     real_fused = tango_mix_module.tango_mix_fused
     monkeypatch.setattr(tango_mix_module, "tango_mix_fused",
                         lambda *xs, kernels: seen.append("c" if kernels else "blocked") or real_fused(*xs, kernels=kernels))
@@ -63,6 +67,15 @@ def test_an_implementation_that_cannot_take_the_inputs_falls_back_to_auto(calls,
     q, k, a, _ = mix_inputs(torch.float64)
     tango_mix(q, k, a, None, kernels="blocked")  # the fused CPU op needs u
     assert calls == ["blocked", "blocked", "reference"]
+
+
+def test_triton_runs_on_cpu_tensors_only_when_asked_and_interpreted(calls):
+    if tango_mix_module.tango_mix_triton is None or not tango_mix_module.tango_mix_triton.INTERPRETED:
+        pytest.skip("needs triton and TRITON_INTERPRET=1")
+    xs = mix_inputs(torch.float32)
+    tango_mix(*xs)
+    torch.testing.assert_close(tango_mix(*xs, kernels="triton"), tango_mix_reference(*xs))
+    assert calls[1:] == ["triton"] and calls[0] != "triton"
 
 
 def test_unknown_implementation_is_one_clear_error(monkeypatch):
