@@ -1,4 +1,4 @@
-"""The training loop: exact resume (SPEC 6 "exact resume"), best-dev selection, budgets,
+"""The training loop: exact resume (docs/design.md §6 "exact resume"), best-dev selection, budgets,
 gradient accumulation and the logged learning rate."""
 
 from __future__ import annotations
