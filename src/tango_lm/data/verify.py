@@ -194,7 +194,7 @@ class _Cache:
     """What the shards of one dataset directory were verified to hold, keyed by shard version."""
 
     def __init__(self, dataset: Path) -> None:
-        from tango_lm.data.dmmath import cache_root
+        from tango_lm.cache_root import cache_root
 
         key = hashlib.sha256(str(dataset.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:32]
         self.file = cache_root() / "verified-shards" / f"{key}.json"
