@@ -81,7 +81,8 @@ def test_train_state_loads_with_weights_only(scripted_run):
     out, run, _ = scripted_run
     for step in (4, 6, 8):
         state = torch.load(helpers.step_dir(out, step) / "train_state.pt", map_location="cpu", weights_only=True)
-        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best"}
+        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best", "nonfinite"}
+        assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
         assert state["loader"] == {"epoch": 0, "position": step * 4, "data_seed": 101, "seq_len": 32, "global_batch": 4}

@@ -88,6 +88,9 @@ class TrainConfig:
     # Where the log goes (train/loggers.py): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "tango-lm"
+    # Updates with a non-finite loss or gradient norm are skipped (train/nonfinite.py); more than
+    # this many in a row stop the run, keeping the last checkpoint.
+    max_nonfinite_steps: int = 5
 
 
 _CHOICES = {
@@ -156,11 +159,12 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
     obj = cls(**values)
     positive = ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows", "keep_last",
-                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps")
+                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps", "max_nonfinite_steps")
     for key in positive:
         value = getattr(obj, key, None)
-        if value is not None and value < (0 if key == "warmup_steps" else 1):
-            raise UserError(f"{name}.{key} must be at least {0 if key == 'warmup_steps' else 1} (got {value})")
+        low = 0 if key in ("warmup_steps", "max_nonfinite_steps") else 1
+        if value is not None and value < low:
+            raise UserError(f"{name}.{key} must be at least {low} (got {value})")
     for key in ("tokens_per_param", "lr", "grad_clip"):
         value = getattr(obj, key, None)
         if value is not None and value <= 0:
