@@ -200,7 +200,7 @@ def test_crash_in_final_rename_restores_existing(prepared, monkeypatch):
         return real_rename(src, dst)
 
     monkeypatch.setattr(shards.os, "rename", failing_rename)
-    with pytest.raises(OSError, match="rename failed"):
+    with pytest.raises(UserError, match="rename failed; nothing was written or replaced"):
         _write(prepared, overwrite=True)
     monkeypatch.undo()
     assert _snapshot(prepared) == before

@@ -11,7 +11,8 @@ import os
 import sys
 from typing import Any
 
-from tango_lm.errors import UserError
+from tango_lm.cli_output import Parser, held_warnings, one_line, progress_on_terminal_only
+from tango_lm.errors import UserError, os_error_text
 
 
 def _print_json(data: Any) -> None:
@@ -440,7 +441,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
+    p = Parser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("params", help="parameter counts of a model config")
@@ -584,18 +585,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """Run one command; a failure the user can fix is one line `error: ...` and exit code 2 (cli_output.py)."""
     try:
-        code = args.func(args)
+        with held_warnings():
+            args = parse_args(argv)
+            progress_on_terminal_only(args)
+            code = args.func(args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # one no other handler put into words: a full disk, an unreadable file
+        if isinstance(exc, BrokenPipeError):  # `tango-lm ... | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"error: {one_line(os_error_text(exc))}; check the disk and the path", file=sys.stderr)
+        return UserError.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `tango-lm ... | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     return code if isinstance(code, int) else 0
 
 

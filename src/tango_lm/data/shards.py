@@ -29,7 +29,7 @@ import numpy as np
 
 from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
 from tango_lm.data.verify import manifest_shards, record_verified, verify_shards
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, os_error_text
 from tango_lm.output_lock import hold_output_lock
 
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared", "check_writable"]
@@ -228,11 +228,10 @@ def _remove_leftovers(out: Path) -> None:
 
 def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[str]], source: dict[str, Any],
                     shard_tokens: int, progress: bool, batch_docs: int) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
     dtype = _dtype_for(tokenizer.vocab_size)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         split_entries: dict[str, Any] = {}
         shard_stats: dict[str, dict[str, Any]] = {}
         max_id = -1
@@ -263,6 +262,10 @@ def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[
             f.flush()
             os.fsync(f.fileno())
         _move_into_place(tmp, out)
+    except OSError as exc:  # a full disk, an unwritable folder: nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write the dataset {out}: {os_error_text(exc)}; nothing was written or replaced, "
+                        "free disk space or choose a writable output directory") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

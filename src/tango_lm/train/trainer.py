@@ -26,7 +26,7 @@ from tango_lm.config_checks import check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
@@ -420,5 +420,8 @@ def train(run: RunConfig, resume: bool = False) -> TrainResult:
     try:
         with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
             return Trainer(run, resume=resume).fit()
+    except OSError as exc:  # a disk that filled up or a folder made read-only while training
+        raise UserError(f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
+                        "intact: fix that and continue with --resume") from None
     finally:
         distributed.teardown()
