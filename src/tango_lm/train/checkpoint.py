@@ -236,8 +236,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         tokenizer = json.loads((path / "tokenizer.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"checkpoint {path} is corrupt ({type(exc).__name__}); use another checkpoint") from None
+    for name, data in (("meta.json", meta), ("config.json", config), ("tokenizer.json", tokenizer)):
+        if not isinstance(data, dict):
+            raise UserError(f"checkpoint {path} has a {name} that is a {type(data).__name__}, not a mapping; "
+                            "it is corrupt, use another checkpoint")
     if meta.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(config.get("model"), dict):
+        raise UserError(f"checkpoint {path} has a config.json without a model section; it is corrupt, use another "
+                        "checkpoint")
     return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta)
 
 

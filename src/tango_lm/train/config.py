@@ -196,7 +196,11 @@ def read_yaml(source: str) -> dict[str, Any]:
         else:
             raise UserError(f"no preset or file named {source!r}; `tango-lm presets` lists them")
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not text (not UTF-8); give a YAML file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""
