@@ -126,6 +126,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
+    if args.windows is not None and args.windows < 1:
+        raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
