@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from tango_lm.bench.decode import run_decode_bench
     from tango_lm.bench.memory import run_memory_bench
-    from tango_lm.bench.training import DEFAULT_ARCHS, PAIR, run_training_bench
+    from tango_lm.bench.training import PAIR, default_archs, run_training_bench
     from tango_lm.train.cpu_allocator import keep_freed_memory
 
     if args.threads:
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     suites = SUITES if args.suite == "all" else (args.suite,)
-    archs = args.archs or DEFAULT_ARCHS
+    archs = args.archs or default_archs()
     out: dict[str, Any] = {"suites": list(suites), "environment": environment()}
     for i, suite in enumerate(suites):
         if show and i:
