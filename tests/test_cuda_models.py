@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_generate import TINY  # the tiny per-architecture settings, one table
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.heads.registry import HEADS
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.ops import tango_mix as tango_mix_module
-
-from test_generate import TINY  # noqa: I001  (the tiny per-architecture settings, one table)
 
 pytestmark = pytest.mark.cuda
 CASES = ([(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
