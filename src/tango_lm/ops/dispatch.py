@@ -20,8 +20,10 @@ elsewhere the reference.
 The override is the op's `kernels=` argument, else the environment variable `TANGO_LM_KERNELS`.
 A named implementation runs wherever the op has it and it can take the inputs (device, dtype,
 eager or compiled); anywhere else the op falls back to `auto`'s choice without an error, so
-`TANGO_LM_KERNELS=c` means "the C kernels wherever they apply". `TANGO_LM_CPU_KERNELS=0` still
-keeps the C kernels from being built or used at all (as if no compiler were installed).
+`TANGO_LM_KERNELS=c` means "the C kernels wherever they apply". Only asking for `triton` where
+the package is not installed is an error (`UserError`, naming the extra that installs it).
+`TANGO_LM_CPU_KERNELS=0` still keeps the C kernels from being built or used at all (as if no
+compiler were installed).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import os
 from collections.abc import Mapping
 
 import torch
+
+from tango_lm.errors import UserError
 
 ENV = "TANGO_LM_KERNELS"
 KERNELS = ("auto", "reference", "blocked", "c", "triton", "sdpa-sliced")
@@ -49,6 +53,12 @@ def choose(usable: Mapping[str, bool], auto: str, kernels: str | None = None) ->
     can take these inputs (its value), else `auto`."""
     name = requested(kernels)
     return name if usable.get(name, False) else auto
+
+
+def check_installed(name: str, installed: bool, kernels: str | None = None) -> None:
+    """A `UserError` when the implementation asked for needs a package that is not installed."""
+    if not installed and requested(kernels) == name:
+        raise UserError(f"{ENV}={name} needs the {name} package: pip install 'tango-lm[{name}]'")
 
 
 def check_devices(op: str, **tensors: torch.Tensor | None) -> None:
