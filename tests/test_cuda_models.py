@@ -4,7 +4,7 @@ Every architecture (with the Standard head) and every head (on TANGO), plus TANG
 width, each as a tiny model with the same weights on both devices:
 
 - CUDA fp32 (the default kernels: Triton for the TANGO family where triton is installed, else the
-  sliced SDPA) against the CPU float64 model: log-probs, loss and every parameter's gradient;
+  sliced SDPA or the composition) against the CPU float64 model: log-probs, loss and every parameter's gradient;
 - bf16 autocast on CUDA: loss within 3% of the float64 loss;
 - cached decoding on CUDA reproduces the full forward's log-probs.
 """
@@ -19,12 +19,13 @@ from tango_lm import ModelConfig, build_model
 from tango_lm.heads.registry import HEADS
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.ops import tango_mix as tango_mix_module
+from tango_lm.ops import windowed_mix as windowed_mix_module
 
 pytestmark = pytest.mark.cuda
 CASES = ([(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
          + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
          + [("tango", "standard", 8), ("tango-3set", "standard", 8)])  # rotating narrow width: 8 of 24 columns
-TRITON_ARCHS = ("tango", "tango-3set", "tango-compact")
+TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed")
 
 
 def tiny_config(arch: str, head: str, active_width: int | None) -> ModelConfig:
@@ -70,10 +71,12 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
     x, y = (torch.randint(0, cfg.vocab_size, (2, 45), generator=gen) for _ in range(2))  # odd T
 
     triton_calls = []
-    if tango_mix_module.tango_mix_triton is not None:
-        real = tango_mix_module.tango_mix_triton.tango_mix_triton
-        monkeypatch.setattr(tango_mix_module.tango_mix_triton, "tango_mix_triton",
-                            lambda *xs: triton_calls.append(1) or real(*xs))
+    triton = tango_mix_module.tango_mix_triton is not None
+    if triton:
+        for module, name in ((tango_mix_module.tango_mix_triton, "tango_mix_triton"),
+                             (windowed_mix_module.windowed_triton, "windowed_band_mix_triton")):
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *xs, _f=real: triton_calls.append(1) or _f(*xs))
     with torch.no_grad():
         torch.testing.assert_close(gpu(x.cuda()).double().cpu(), cpu(x), rtol=1e-4, atol=2e-4)
     loss64, grads64 = loss_and_grads(cpu, x, y)
@@ -84,7 +87,7 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
         scale = grad.abs().max().clamp_min(1e-6)
         err = (grads32[name].double().cpu() - grad).abs().max() / scale
         assert err < 2e-3, f"{name}: normalized gradient error {err:.1e}"
-    if arch in TRITON_ARCHS and tango_mix_module.tango_mix_triton is not None:
+    if arch in TRITON_ARCHS and triton:
         assert triton_calls, "the TANGO mixing did not run on the Triton kernels"
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
