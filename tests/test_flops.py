@@ -348,8 +348,9 @@ def attnres_matmul(self, values, normed):
     return (alpha.unsqueeze(-2) @ torch.stack(values, dim=-2)).squeeze(-2)
 
 
-def plain_mixture_nll(hs, tables, targets, log_prior=None, *, sigsoftmax=False, chunk=0, ignore_index=-100):
-    return mixture_nll_reference(hs, tables, targets, log_prior, sigsoftmax, ignore_index)
+def plain_mixture_nll(hs, tables, targets, log_prior=None, *, components=None, sigsoftmax=False, chunk=0,
+                      ignore_index=-100):
+    return mixture_nll_reference(hs, tables, targets, log_prior, sigsoftmax, ignore_index, components)
 
 
 def use_head_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -435,7 +436,7 @@ def test_reference_count_equals_analytic(case, monkeypatch):
     assert 1.9 * matmuls(fwd) <= matmuls(bwd) <= 2.0 * matmuls(fwd)
 
 
-# Rotating narrow-width training (SPEC 2.6): case -> K. With BASE's 4 heads of F/H = 16 (TANGO family)
+# Rotating narrow-width training (docs/design.md §2.6): case -> K. With BASE's 4 heads of F/H = 16 (TANGO family)
 # or the FFN / compact width as one part, the segments are: tango 5, 5, 5, 1 per head (mean 4);
 # tango-3set 6, 6, 4; tango-compact and loop 24, 24, 16 of 64; untied 20, 20, 8 of 48 (mean 16).
 ACTIVE_WIDTH = {"tango": 5, "tango-3set": 6, "tango-compact": 24, "loop-transformer": 24, "untied-transformer": 20}

@@ -1,4 +1,4 @@
-"""Output heads (SPEC 3, seed 001): every head on the model interface (normalized fp32 log-probs,
+"""Output heads (docs/design.md §3, seed 001): every head on the model interface (normalized fp32 log-probs,
 NLL through the fused path, parameter formulas), onóna's containment of Standard, the Appendix A
 rank example, its gradient paths, the one-table ablations, one-projection sampling, and the
 factorial cells and input-gate control."""
@@ -41,7 +41,7 @@ def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
 
 
 def spec_extra_over_standard(head: str, v: int, d: int, k: int = 2) -> int:
-    """SPEC 3, written out: parameters a head adds to the Standard model."""
+    """docs/design.md §3, written out: parameters a head adds to the Standard model."""
     return {
         "standard": 0, "untied": v * d, "onona": v * d + d, "mos": k * d * d + k * d, "sigsoftmax": 0,
         "moss": k * d * d + k * d, "input-gate": v * d + d, "factorial-a-a": 0, "factorial-a-mix": v * d + d,
@@ -88,7 +88,7 @@ def test_param_formula_equals_numel(arch, head):
     assert counts["embedding"] == table
     assert counts["non_embedding"] == counts["total"] - table
     assert counts["total"] - count_params(std_cfg)["total"] == spec_extra_over_standard(head, V, 32)
-    assert all(n.endswith("weight") for n in named), "no biases (SPEC 1, seed 001 Appendix B)"
+    assert all(n.endswith("weight") for n in named), "no biases (docs/design.md §1, seed 001 Appendix B)"
     v, d = V, 32
     projections = 2 if head in ("onona", "mos", "moss", "factorial-a-mix", "factorial-m-mix") else 1
     gate = d if head in ("onona", "input-gate", "factorial-a-mix", "factorial-m-mix") else 0

@@ -1,4 +1,4 @@
-"""The public model interface (SPEC 1, 7): `tango_lm.build_model(ModelConfig)` for each
+"""The public model interface (docs/design.md §1, §7): `tango_lm.build_model(ModelConfig)` for each
 architecture: normalized causal log-probs, the fused NLL, the loop structure, state-dict names,
 and the user errors for bad inputs."""
 
@@ -132,7 +132,7 @@ PROJ = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 def test_state_dict_names(arch):
     cfg = small_config(arch)
     sd = build_model(cfg).state_dict()
-    assert all(k.endswith(".weight") for k in sd), "no biases anywhere (SPEC 1)"
+    assert all(k.endswith(".weight") for k in sd), "no biases anywhere (docs/design.md §1)"
     modules = {k.rsplit(".", 2)[-2] for k in sd}
     for name in modules:
         assert name in PROJ or name.endswith("norm") or "embed" in name, name
@@ -154,7 +154,7 @@ def test_state_dict_names(arch):
         norms = [k for k in sd if "layers.0." in k and k.rsplit(".", 2)[-2].endswith("norm")]
         assert len(norms) == 2
     assert shapes["q_proj"] == shapes["k_proj"] == (d, d)
-    # Exactly one vocabulary table (tied input/output embedding, SPEC 1).
+    # Exactly one vocabulary table (tied input/output embedding, docs/design.md §1).
     assert [tuple(v.shape) for v in sd.values() if v.shape[0] == V] == [(V, d)]
 
 
@@ -194,7 +194,7 @@ def test_same_seed_same_model_and_embedding_init():
     a, b = make(), make()
     for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert ka == kb and torch.equal(va, vb)
-    # SPEC 1: the tied embedding starts as N(0, 0.02^2) (19,200 draws: std within ~2%).
+    # docs/design.md §1: the tied embedding starts as N(0, 0.02^2) (19,200 draws: std within ~2%).
     table = [v for v in a.state_dict().values() if v.shape == (300, 64)]
     assert len(table) == 1
     assert abs(table[0].std().item() - 0.02) < 0.0005 and abs(table[0].mean().item()) < 0.0005

@@ -1,4 +1,4 @@
-"""Parameter formulas (SPEC 2.1, 2.2) against the modules, matching (SPEC 2.8) against seed 000
+"""Parameter formulas (docs/design.md §2.1, §2.2) against the modules, matching (docs/design.md §2.8) against seed 000
 Table 3, and the shipped presets against both."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ V_GPT2 = 50257
 
 
 def spec_non_embedding(arch: str, d: int, f: int, depth: int) -> int:
-    """SPEC 2.1 / 2.2, written out here (final norm included)."""
+    """docs/design.md §2.1 / §2.2, written out here (final norm included)."""
     block_pp = 4 * d * d + 3 * d * f + 2 * d
     if arch == "tango":
         return 2 * d * d + 3 * d * f + 2 * d
@@ -110,7 +110,7 @@ def test_match_tier_reproduces_table3(tier, depth):
         assert row["n_heads"] == h and f % h == 0 and row["depth"] == depth
         total = spec_non_embedding(arch, d, f, depth) + V_GPT2 * d
         assert row["total"] == total and row["gap"] == total - target
-        # Nearest multiple of H: neither neighbour is closer to the target (SPEC 2.8).
+        # Nearest multiple of H: neither neighbour is closer to the target (docs/design.md §2.8).
         for other in (f - h, f + h):
             assert abs(spec_non_embedding(arch, d, other, depth) + V_GPT2 * d - target) >= abs(total - target)
 

@@ -20,6 +20,7 @@ PRESETS = {
     "tango-compact-70m-d4": {"model.controller_width": 32}, "loop-transformer-70m-d4": {},
     "untied-transformer-70m-d4": {}, "conventional-untied-70m-d4": {"model.n_heads": 4},
     "tango-70m-d8-rotating": {"model.active_width": 1, "model.depth": 2},
+    "tango-windowed-70m-d8-rotating": {"model.active_width": 3, "model.depth": 2, "model.window": 4},
     "gau-70m-d4": {"model.qk_dim": 8}, "flash-70m-d4": {"model.qk_dim": 8, "model.group_size": 8},
     "dense-142m": {}, "gdn-hybrid-142m": {"model.gdn_head_dim": 16, "model.depth": 4},
     "moe-142m": {"model.moe_expert_width": 16}, "attnres-142m": {},

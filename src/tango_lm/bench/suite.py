@@ -1,4 +1,4 @@
-"""`tango-lm bench`: the benchmark suites (SPEC 6, "Throughput").
+"""`tango-lm bench`: the benchmark suites (docs/design.md §6, "Throughput").
 
 - `train` (`bench/training.py`): training tokens/s, analytic FLOPs per token, achieved FLOP/s, MFU
   against a matmul peak measured in the same run, and peak memory, of every architecture at

@@ -1,4 +1,4 @@
-"""Paper-style reports of a directory of runs (SPEC 6): `tango-lm report DIR`.
+"""Paper-style reports of a directory of runs (docs/design.md §6): `tango-lm report DIR`.
 
 Every run directory below DIR (one holding `config.json`) that finished (`summary.json`) is read
 with its `metrics.jsonl`. Runs are labelled by their sweep's `sweep.json` when present, else by

@@ -47,7 +47,7 @@ class Head(nn.Module):
 
 
 def vocab_table(cfg: ModelConfig) -> nn.Embedding:
-    """A V x d table drawn N(0, init_std^2) (SPEC 1), built like the Standard head's, so a head's
+    """A V x d table drawn N(0, init_std^2) (docs/design.md §1), built like the Standard head's, so a head's
     first table equals Standard's E under the same seed."""
     table = nn.Embedding(cfg.vocab_size, cfg.d_model)
     nn.init.normal_(table.weight, std=cfg.init_std)

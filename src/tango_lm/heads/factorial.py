@@ -1,4 +1,4 @@
-"""The 2x2 input-output factorial cells (seed 001, Section 4.2 and Appendix B; SPEC 3).
+"""The 2x2 input-output factorial cells (seed 001, Section 4.2 and Appendix B; docs/design.md §3).
 
 The input is A[x_t] or M[x_t] = (A[x_t] + B[x_t])/2; the output is the A softmax
 `q_A = softmax(h Aᵀ)` or the gated mixture `g_t q_A + (1 - g_t) q_B`, where a mixture cell's gate

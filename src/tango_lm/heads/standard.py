@@ -1,4 +1,4 @@
-"""The Standard head: one tied table E for input and output, `log_softmax(h E^T)` (SPEC 3)."""
+"""The Standard head: one tied table E for input and output, `log_softmax(h E^T)` (docs/design.md §3)."""
 
 from __future__ import annotations
 

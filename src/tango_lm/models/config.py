@@ -1,4 +1,4 @@
-"""`ModelConfig`: the single source of truth for a model (SPEC 7).
+"""`ModelConfig`: the single source of truth for a model (docs/design.md §7).
 
 Checkpoints store it, `params` and `match` read it, reports print it. Validation happens in
 `validate()`, which raises `UserError` with one sentence naming the bad field and the fix.
@@ -42,7 +42,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     loss_chunk: int = 1024  # positions per chunk of the fused loss: never more than chunk x V logits at once
-    # -- onóna-paper backbones (SPEC 4): dense, gdn-hybrid, moe, attnres ----------------------
+    # -- onóna-paper backbones (docs/design.md §4): dense, gdn-hybrid, moe, attnres ----------------------
     # Their attention layers are GQA with QK-norm: `n_kv_heads` above (None: n_heads).
     attention_every: int = 4  # gdn-hybrid: every 4th layer is full attention (3 GDN : 1); 0 = GDN only
     gdn_head_dim: int = 128  # gdn-hybrid: key width per GDN head

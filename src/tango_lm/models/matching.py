@@ -1,4 +1,4 @@
-"""Parameter matching (SPEC 2.8): pick each architecture's free width so its total parameter
+"""Parameter matching (docs/design.md §2.8): pick each architecture's free width so its total parameter
 count is nearest a target. Reproduces seed 000 Table 3 at the 70M and 160M tiers."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ MATCHED = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-trans
 DEPTHS = (4, 8, 16)
 # Seed 000 Table 8: rotating narrow-width training at 70M, depth 8; packed widths are per head for
 # the TANGO variants and of the whole FFN for Transformer++.
-ROTATING = {"tango": 368, "loop-transformer": 5632, "untied-transformer": 640}
+ROTATING = {"tango": 368, "tango-windowed": 368, "loop-transformer": 5632, "untied-transformer": 640}
 
 TRAIN = """data:
   dir: data/dmmath-gpt2  # tango-lm data prepare dmmath --out data/dmmath-gpt2 --tokenizer gpt2
@@ -61,7 +61,7 @@ def _model_yaml(cfg: ModelConfig) -> str:
     if cfg.arch == "tango-windowed":
         lines.append(f"  window: {cfg.window}")
     if cfg.active_width is not None:
-        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (SPEC 2.6)")
+        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (docs/design.md §2.6)")
     lines += [f"  vocab_size: {cfg.vocab_size}     # GPT-2 BPE", f"  context_length: {cfg.context_length}"]
     return "\n".join(lines) + "\n"
 

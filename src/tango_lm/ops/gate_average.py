@@ -1,4 +1,4 @@
-"""TANGO's wide-gate average (SPEC 2.2).
+"""TANGO's wide-gate average (docs/design.md §2.2).
 
 For each head h, `gbar^h_t = sum_{s<=t} softmax_s(q^h_t . k^h_s / sqrt(d_h)) g^h_s`, where the
 values are the source gates g (width F/H per head, usually far wider than d_h). It is causal

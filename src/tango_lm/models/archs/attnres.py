@@ -1,4 +1,4 @@
-"""Attention Residuals backbone (SPEC 4, AttnRes; Kimi Team 2026): the Dense model's layers, with
+"""Attention Residuals backbone (docs/design.md §4.4, AttnRes; Kimi Team 2026): the Dense model's layers, with
 the residual stream replaced by softmax attention over depth (layers/attnres.py). Sublayers are
 the attention and SwiGLU sublayers; `attnres_block` (layers per block) selects Block AttnRes.
 

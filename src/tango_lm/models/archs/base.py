@@ -40,7 +40,7 @@ class Architecture:
 
     @staticmethod
     def width_multiple(cfg: ModelConfig) -> int:
-        """The free width (`width`) is matched in steps of this (SPEC 2.8)."""
+        """The free width (`width`) is matched in steps of this (docs/design.md §2.8)."""
         return int(cfg.n_heads or 1)
 
 

@@ -1,4 +1,4 @@
-"""Dense, Qwen3-style (SPEC 4): `depth` distinct pre-norm layers of GQA + QK-norm attention with
+"""Dense, Qwen3-style (docs/design.md §4.1): `depth` distinct pre-norm layers of GQA + QK-norm attention with
 RoPE and SwiGLU, no biases, final RMSNorm. The other onóna-paper backbones reuse its attention.
 
 Parameters (H query heads, H_kv key/value heads of width d_h, FFN width F):

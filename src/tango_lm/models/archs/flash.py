@@ -1,4 +1,4 @@
-"""FLASH baseline (SPEC 2.7): `depth` independent FLASH layers (mixed-chunk attention)."""
+"""FLASH baseline (docs/design.md §2.7): `depth` independent FLASH layers (mixed-chunk attention)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GAU baseline (SPEC 2.7): `depth` independent GAU layers, no separate FFN."""
+"""GAU baseline (docs/design.md §2.7): `depth` independent GAU layers, no separate FFN."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gated DeltaNet hybrid (SPEC 4): `depth` layers, every `attention_every`-th one (default 4: three
+"""Gated DeltaNet hybrid (docs/design.md §4.2): `depth` layers, every `attention_every`-th one (default 4: three
 GDN layers to one) the Dense model's GQA + QK-norm attention, the rest Gated DeltaNet; each layer
 is followed by SwiGLU of width F, all pre-normed, final RMSNorm.
 

@@ -1,4 +1,4 @@
-"""Mixture of experts (SPEC 4): the Dense model with each SwiGLU replaced by E routed SwiGLU
+"""Mixture of experts (docs/design.md §4.3): the Dense model with each SwiGLU replaced by E routed SwiGLU
 experts of width F_e, top-k per token (layers/moe.py: routing, capacity, load-balancing loss).
 
 Active parameters are matched to Dense by `F_e = F / k` (`moe_expert_width` unset): the k experts

@@ -1,4 +1,4 @@
-"""TANGO with three gated-projection sets (SPEC 2.4): one block, shared W_q, W_k and norm, and
+"""TANGO with three gated-projection sets (docs/design.md §2.4): one block, shared W_q, W_k and norm, and
 three (W_g, W_u, W_o) sets of width F for the first, the middle and the last applications."""
 
 from __future__ import annotations

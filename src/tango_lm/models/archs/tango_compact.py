@@ -1,4 +1,4 @@
-"""Compact-controller TANGO (SPEC 2.5, the project's reading; see layers/tango_variants.py): the
+"""Compact-controller TANGO (docs/design.md §2.5, the project's reading; see layers/tango_variants.py): the
 sources emit r controller channels, attention averages them, the destination expands them to F."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Transformer++ baselines (SPEC 2.1): Untied (`depth` distinct blocks) and Loop (one block
+"""Transformer++ baselines (docs/design.md §2.1): Untied (`depth` distinct blocks) and Loop (one block
 applied `depth` times)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class _TransformerPP(Architecture):
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
-        # Rotating narrow-width training (SPEC 2.6): K columns of the FFN width.
+        # Rotating narrow-width training (docs/design.md §2.6): K columns of the FFN width.
         check_active_width(cfg.active_width, cfg.width, "the FFN width", "lower active_width or raise width")
 
     @classmethod
