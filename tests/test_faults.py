@@ -170,7 +170,9 @@ def test_an_out_dir_that_is_a_file(data_dir, tmp_path, capsys):
     (tmp_path / "run").write_text("x")
     rc, err = run_cli(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", **TRAIN)])
     assert rc == 2 and "is a file, not a directory" in helpers.assert_one_error_line(err)
-    assert (tmp_path / "run").read_text() == "x"
+    rc, err = run_cli(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run" / "a", **TRAIN)])
+    assert rc == 2 and f"lies under {tmp_path / 'run'}, which is a file" in helpers.assert_one_error_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and (tmp_path / "run").read_text() == "x"
 
 
 def test_a_read_only_output_folder(finished, data_dir, tmp_path, capsys, make_read_only):

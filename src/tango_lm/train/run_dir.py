@@ -94,6 +94,8 @@ def _check_place(out: Path) -> None:
         raise UserError(f"train.out_dir {out} is inside the prepared dataset {dataset}; "
                         "set train.out_dir to a directory outside it")
     base = _nearest_existing(out.absolute())
+    if not base.is_dir():
+        raise UserError(f"train.out_dir {out} lies under {base}, which is a file; set train.out_dir to a directory")
     if not os.access(base, os.W_OK | os.X_OK):
         raise UserError(f"cannot write to {base} (no permission, or a read-only file system); make it writable "
                         "or set train.out_dir to a writable directory")
