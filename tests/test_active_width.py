@@ -1,4 +1,4 @@
-"""Rotating narrow-width training (SPEC 2.6, layers/active_width.py): the segment schedule,
+"""Rotating narrow-width training (docs/design.md §2.6, layers/active_width.py): the segment schedule,
 validation, all-segment and one-segment evaluation against plain models, zero gradients, and the
 real trainer leaving inactive columns (and their AdamW state) exactly unchanged."""
 
@@ -50,7 +50,7 @@ def pair(arch: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def inactive_mask(arch: str, segment: int) -> torch.Tensor:
-    """Bool [width], True for columns outside `segment`, from SPEC 2.6 directly."""
+    """Bool [width], True for columns outside `segment`, from docs/design.md §2.6 directly."""
     _, units, k = ARCHS[arch]
     per_unit = BASE["width"] // units
     col = torch.arange(BASE["width"]) % per_unit

@@ -1,5 +1,5 @@
 """Seed 000 Table 3's last column (models/table3_range.py, docs/table3-ranges.md): the non-embedding
-range over a row's architectures, against the paper's eight endpoints, under SPEC 2.7's GAU/FLASH
+range over a row's architectures, against the paper's eight endpoints, under design.md §2.7's GAU/FLASH
 (RMSNorm) and the LayerNorm reading (`model.gau_norm: layernorm`, + d per layer); the `match`
 command's range line and JSON; the LayerNorm module itself."""
 
@@ -52,7 +52,7 @@ def test_one_context_set_gives_table3_widths_under_both_readings(tier, depth):
 
 
 def test_rmsnorm_reaches_no_gau_or_flash_endpoint_at_any_context():
-    # Under SPEC 2.7's count, the five endpoints TANGO, Loop and Untied do not give (44.238M, 121.293M,
+    # Under design.md §2.7's count, the five endpoints TANGO, Loop and Untied do not give (44.238M, 121.293M,
     # 121.429M, 121.272M, 121.543M) are no model's at a Table 3 width and a power-of-two context.
     reached = set()
     for (tier, depth), paper in PAPER_RANGES.items():
@@ -92,7 +92,7 @@ def test_every_endpoint_is_a_table3_model_under_the_layernorm_reading(tier, dept
                                              strict=True):
         count = fixed[arch] if width is None else gau_count(tier, depth, width, context, "layernorm")
         assert in_paper_units(count) == paper, (arch, width, context)
-        if width is not None:  # the same model under SPEC 2.7's RMSNorm misses it
+        if width is not None:  # the same model under design.md §2.7's RMSNorm misses it
             assert in_paper_units(gau_count(tier, depth, width, context, "rmsnorm")) != paper
 
 

@@ -1,6 +1,6 @@
-"""Windowed TANGO (SPEC 2.3): ops/windowed.py, layers/tango_windowed.py, models/archs/tango_windowed.py.
+"""Windowed TANGO (docs/design.md §2.3): ops/windowed.py, layers/tango_windowed.py, models/archs/tango_windowed.py.
 
-SPEC 2.3's weights, for destination t and source s <= t (per head):
+docs/design.md §2.3's weights, for destination t and source s <= t (per head):
 `w[t, s] = exp(q_t . k_s / sqrt(d_h))` (q, k rotated) when `t - W < s <= t`, else
 `w[t, s] = phi(q_t) . phi(k_s)` (phi of the un-rotated q, k), and `gbar_t = sum_s w g_s / sum_s w`.
 The naive checks below form every w[t, s] with explicit loops; the chunked linear-time path must
@@ -98,7 +98,7 @@ def phi_scalar(x: float, name: str) -> float:
 
 @pytest.mark.parametrize("feature_map", sorted(FEATURE_MAPS))
 def test_spec_formula_by_hand(feature_map):
-    # One head, T = 9, W = 3: every weight from SPEC 2.3's two cases, one (t, s) at a time.
+    # One head, T = 9, W = 3: every weight from docs/design.md §2.3's two cases, one (t, s) at a time.
     (q_rot, k_rot, q_raw, k_raw, g), _ = make_inputs(9, width=5)
     q_rot, k_rot, q_raw, k_raw, g = (x[:1, :1].detach() for x in (q_rot, k_rot, q_raw, k_raw, g))
     window, d_h = 3, q_rot.shape[-1]
@@ -245,7 +245,7 @@ def rope_naive(v: torch.Tensor, pos: int, theta: float = 10000.0) -> torch.Tenso
 
 
 def naive_block(block: WindowedTangoBlock, x: torch.Tensor, n_heads: int, window: int) -> torch.Tensor:
-    """SPEC 2.3 in the TANGO block of SPEC 2.2, from the block's weights only, one (t, s) at a time."""
+    """docs/design.md §2.3 in the TANGO block of docs/design.md §2.2, from the block's weights only, one (t, s) at a time."""
     b, t_len, d = x.shape
     d_h = d // n_heads
     h = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * block.norm.weight
@@ -286,7 +286,7 @@ def test_block_matches_naive_spec(chunk_size):
     x = torch.randn(2, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out = block(x, rope_tables(t, d // n_heads, 10000.0, x.device, dtype=x.dtype))
     want = naive_block(block, x, n_heads, window)
-    assert rel_err(out - x, want - x) < 2e-6  # the norm statistics run in fp32 (SPEC 1)
+    assert rel_err(out - x, want - x) < 2e-6  # the norm statistics run in fp32 (docs/design.md §1)
 
 
 # -- the architecture ------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ def test_time_per_token_helper_runs():
     assert rows[0]["windowed_vs_first"] == 1.0
 
 
-# -- rotating narrow-width training (SPEC 2.6) ----------------------------------------------------
+# -- rotating narrow-width training (docs/design.md §2.6) ----------------------------------------------------
 
 def narrow_reference(block: WindowedTangoBlock, x: torch.Tensor, rope, cols: torch.Tensor) -> torch.Tensor:
     """Windowed TANGO with only the gate columns `cols` (of the full width), from the quadratic

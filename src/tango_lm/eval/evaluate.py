@@ -26,7 +26,7 @@ def evaluate_checkpoint(
     """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
     of the split unless `max_windows` is given; on the dev split of a run with `eval_sample_seed`,
     the run's own sampled dev windows (its `eval_windows` unless `max_windows` is given), so the
-    result reproduces the dev NLL the run logged. A model trained with `active_width` (SPEC 2.6)
+    result reproduces the dev NLL the run logged. A model trained with `active_width` (docs/design.md §2.6)
     runs with all segments active unless `segment` picks one; its result then has a "segment" key.
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)

@@ -1,4 +1,4 @@
-"""GAU, the gated attention unit (Hua et al. 2022, "Transformer Quality in Linear Time"; SPEC 2.7).
+"""GAU, the gated attention unit (Hua et al. 2022, "Transformer Quality in Linear Time"; docs/design.md §2.7).
 
 One GAU layer replaces both attention and the FFN of a Transformer block:
 
@@ -73,7 +73,7 @@ class GatedUnit(nn.Module):
     ) -> None:
         super().__init__()
         self.width = width
-        # SPEC 2.7's RMSNorm, or a LayerNorm with a bias (+d per layer: seed 000 Table 3's
+        # design.md §2.7's RMSNorm, or a LayerNorm with a bias (+d per layer: seed 000 Table 3's
         # non-embedding ranges come closer; docs/table3-ranges.md).
         self.norm = LayerNorm(d_model, eps) if norm == "layernorm" else RMSNorm(d_model, eps)
         self.uv_proj = nn.Linear(d_model, 2 * width)  # [U | V]

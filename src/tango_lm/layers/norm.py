@@ -1,5 +1,5 @@
-"""RMSNorm computed in fp32 or wider (SPEC 1), with an optional learned weight; and LayerNorm
-(weight and bias, the same fp32 statistics) for GAU/FLASH's `gau_norm: layernorm` reading."""
+"""RMSNorm computed in fp32 or wider (docs/design.md §1), with an optional learned weight; and
+LayerNorm (weight and bias, the same fp32 statistics) for GAU/FLASH's `gau_norm: layernorm` reading."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The windowed TANGO block (SPEC 2.3): TANGO's parameters, a window of exact scores, a feature
+"""The windowed TANGO block (docs/design.md §2.3): TANGO's parameters, a window of exact scores, a feature
 map beyond it.
 
 Only the token mixing differs from `TangoBlock`: the weights of sources in the last `window`
@@ -7,7 +7,7 @@ positions are TANGO's unnormalised `exp(q.k / sqrt(d_h))` (q, k with RoPE), olde
 with those weights (`ops/windowed.py`). `forward` therefore hands `mix` both the rotated and the
 un-rotated q and k.
 
-Rotating narrow-width training (SPEC 2.6, `layers/active_width.py`) works as in `TangoBlock`: the
+Rotating narrow-width training (docs/design.md §2.6, `layers/active_width.py`) works as in `TangoBlock`: the
 block computes with W_g, W_u, W_o narrowed to the active segment, K of each head's F/H columns, so
 the gates and `u` hand the mixing op H heads of K columns; the scores (q, k) do not depend on the
 gates, so each active column is averaged exactly as in the full model.
