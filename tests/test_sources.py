@@ -12,23 +12,19 @@ from pathlib import Path
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data import sources
-from tango_lm.data.shards import PreparedDataset
-from tango_lm.data.sources import (
-    assemble_splits,
-    code_documents,
+from tango_lm.data.code import code_documents, prepare_code, stdlib_path
+from tango_lm.data.files import (
     expand_inputs,
-    hold_out,
     jsonl_documents,
     parquet_documents,
-    prepare_code,
     prepare_files,
-    prepare_hf,
-    prepare_source,
     split_inputs,
-    split_of,
     text_documents,
 )
+from tango_lm.data.hf import prepare_hf
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.sources import prepare_source
+from tango_lm.data.splits import assemble_splits, hold_out, split_of
 from tango_lm.data.tokenizers import ByteTokenizer
 from tango_lm.errors import UserError
 
@@ -235,9 +231,9 @@ def test_prepare_code(code_tree, tmp_path):
 
 
 def test_stdlib_is_the_default_tree():
-    first = next(code_documents([sources.stdlib_path()]))
+    first = next(code_documents([stdlib_path()]))
     assert first.strip()
-    assert (sources.stdlib_path() / "os.py").is_file()
+    assert (stdlib_path() / "os.py").is_file()
 
 
 # -- prepare ----------------------------------------------------------------------------------

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.sources import _check_fractions, _tokenizer, _unit, expand_inputs, split_inputs, split_of
+from tango_lm.data.files import expand_inputs, split_inputs
+from tango_lm.data.source import _tokenizer
+from tango_lm.data.splits import _check_fractions, _unit, split_of
 from tango_lm.errors import UserError
 
 __all__ = ["ProofExample", "proof_examples", "read_lean", "plan_lean", "lean_documents", "prepare_lean",
