@@ -37,10 +37,8 @@ from tango_lm.train.checkpoint import (
     complete_steps,
     finish_checkpoint,
     load_checkpoint,
-    load_shards,
     prune_checkpoints,
     remove_incomplete,
-    save_shards,
     step_dir_name,
     tmp_step_dir,
     write_json_atomic,
@@ -52,6 +50,7 @@ from tango_lm.train.loggers import LogContext, MetricLogger, check_available, cl
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 from tango_lm.train.run_dir import claim_run_dir
+from tango_lm.train.sharded_checkpoint import load_shards, save_shards
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
