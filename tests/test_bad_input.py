@@ -245,13 +245,13 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
 
 
 def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypatch):
-    from tango_lm import cli
+    from tango_lm.cli import config
 
     def noisy(args):
         warnings.warn("something worth knowing", UserWarning, stacklevel=1)
         print("done")
 
-    monkeypatch.setattr(cli, "cmd_presets", noisy)
+    monkeypatch.setattr(config, "cmd_presets", noisy)
     with warnings.catch_warnings(record=True) as shown:
         assert main(["presets"]) == 0
     assert capsys.readouterr().out == "done\n"
