@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data.code import code_documents, prepare_code, stdlib_path
+from tango_lm.data.code_trees import code_documents, prepare_code, stdlib_path
 from tango_lm.data.files import (
     expand_inputs,
     jsonl_documents,

@@ -36,7 +36,7 @@ def cmd_data_prepare_source(args: argparse.Namespace) -> None:
 
 
 def _prepare_source(args: argparse.Namespace) -> Any:
-    from tango_lm.data.code import stdlib_path
+    from tango_lm.data.code_trees import stdlib_path
     from tango_lm.data.sources import prepare_source
 
     common = _prepare_common(args)

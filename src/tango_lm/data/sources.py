@@ -1,4 +1,4 @@
-"""Data sources by name: text, JSONL and Parquet files (files.py), code trees (code.py), Lean
+"""Data sources by name: text, JSONL and Parquet files (files.py), code trees (code_trees.py), Lean
 (lean.py), Hugging Face datasets (hf.py) and mixtures of prepared datasets (mixture.py).
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.code import prepare_code
+from tango_lm.data.code_trees import prepare_code
 from tango_lm.data.files import prepare_files
 from tango_lm.data.hf import prepare_hf
 from tango_lm.errors import UserError
