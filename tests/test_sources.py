@@ -269,14 +269,14 @@ def test_prepare_parquet_own_splits_and_max_docs(tmp_path):
 def test_prepare_text_split_on_blank_lines(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.txt").write_text("p1\n\np2\n\np3\n")
-    out = prepare_source("text", [tmp_path / "t"], tmp_path / "out", BYTE, split_on_blank_lines=True,
+    out = prepare_source("text", tmp_path / "out", inputs=[tmp_path / "t"], tokenizer=BYTE, split_on_blank_lines=True,
                          dev_fraction=0, test_fraction=0, progress=False)
     assert _docs(out, "train") == ["p1", "p2", "p3"]
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(UserError, match="unknown data source 'csv'"):
-        prepare_source("csv", [], tmp_path / "x")
+    with pytest.raises(UserError, match="unknown data source 'csv'; choose one of: dmmath, text, jsonl"):
+        prepare_source("csv", tmp_path / "x")
     with pytest.raises(UserError, match="does not exist"):
         prepare_files("jsonl", [tmp_path / "missing.jsonl"], tmp_path / "x", BYTE, progress=False)
     assert not (tmp_path / "x").exists()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tango_lm.data.files import _walk
-from tango_lm.data.source import _spill_dir, _tokenizer
-from tango_lm.data.splits import _check_fractions, assemble_splits
+from tango_lm.data.source import HeldOutSource
 from tango_lm.errors import UserError
 
-__all__ = ["CODE_ALWAYS_EXCLUDED", "CODE_TEST_DIRS", "stdlib_path", "code_documents", "prepare_code"]
+__all__ = ["CodeSource", "CODE_ALWAYS_EXCLUDED", "CODE_TEST_DIRS", "stdlib_path", "code_documents", "prepare_code"]
 
 # Always skipped in code trees (installed packages are not the tree's own code), and tests unless asked.
 CODE_ALWAYS_EXCLUDED = ("site-packages", "dist-packages", "__pycache__", "node_modules")
@@ -74,6 +75,70 @@ def code_documents(roots: Sequence[str | os.PathLike], exts: Sequence[str] = (".
 
 
 
+@dataclass(kw_only=True)
+class CodeSource(HeldOutSource):
+    """Source trees (default: Python's standard library) as a dataset, one document per file.
+
+    Directories named in `exclude_dirs`, in CODE_ALWAYS_EXCLUDED, and test/tests (unless
+    `include_tests`) are skipped, as are hidden ones. Files are held out to dev/test by the hash
+    of their text (splits.py).
+    """
+
+    name = "code"
+    help = "source trees, one document per file (default: Python's stdlib)"
+
+    inputs: Sequence[str | os.PathLike] = ()
+    exts: Sequence[str] = (".py",)
+    include_tests: bool = False
+    exclude_dirs: Sequence[str] = ()
+    max_bytes: int = 1 << 20
+    path_header: bool = False
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="*", help="directories or files (none: Python's standard library)")
+        cls.add_common_arguments(parser)
+        parser.add_argument("--stdlib", action="store_true", help="add Python's standard library (sysconfig stdlib)")
+        parser.add_argument("--ext", action="append", help="file extension (repeatable; default .py)")
+        parser.add_argument("--include-tests", action="store_true", help="keep test/tests directories")
+        parser.add_argument("--exclude-dir", action="append", default=[], help="directory name to skip (repeatable)")
+        parser.add_argument("--max-file-bytes", type=int, default=1 << 20, help="skip files larger than this")
+        parser.add_argument("--path-header", action="store_true", help="start each document with a path comment")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CodeSource:
+        inputs = [*args.inputs, *([str(stdlib_path())] if args.stdlib else [])]
+        return cls(inputs=inputs, exts=args.ext or [".py"], max_bytes=args.max_file_bytes,
+                   include_tests=args.include_tests, exclude_dirs=args.exclude_dir, path_header=args.path_header,
+                   **cls.common_options(args))
+
+    @property
+    def roots(self) -> list[str]:
+        return [str(i) for i in self.inputs] or [str(stdlib_path())]
+
+    @property
+    def skipped_dirs(self) -> tuple[str, ...]:
+        return (*CODE_ALWAYS_EXCLUDED, *(() if self.include_tests else CODE_TEST_DIRS), *self.exclude_dirs)
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        exts, exclude_dirs = self.exts, self.skipped_dirs
+        for r in self.roots:
+            root = Path(r).expanduser()
+            if not root.exists():
+                raise UserError(f"input {r} does not exist; check the path")
+            if root.is_dir() and next(_walk(root, exts, exclude_dirs), None) is None:
+                raise UserError(f"no {'/'.join(exts)} files under {r}; check the path or --ext")
+        self._stats: dict[str, int] = {}
+        docs = code_documents(self.roots, exts, exclude_dirs, self.max_bytes, self.path_header, self._stats)
+        return self.held_out_splits({"train": docs}, out_dir)
+
+    def fingerprint(self) -> dict[str, Any]:
+        # `stats` is filled while the documents stream and is serialized with the manifest at the end.
+        return {"name": "code", "roots": self.roots, "exts": list(self.exts), "exclude_dirs": list(self.skipped_dirs),
+                "max_bytes": self.max_bytes, "path_header": self.path_header, "dev_fraction": self.dev_fraction,
+                "test_fraction": self.test_fraction, "seed": self.seed, "stats": self._stats}
+
+
 def prepare_code(
     inputs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -90,31 +155,8 @@ def prepare_code(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Prepare source trees (default: Python's standard library) as a dataset, one document per file.
-
-    Directories named in `exclude_dirs`, in CODE_ALWAYS_EXCLUDED, and test/tests (unless
-    `include_tests`) are skipped, as are hidden ones. Files are held out to dev/test by the hash
-    of their text (module docstring).
-    """
-    from tango_lm.data.shards import check_writable, write_prepared
-
-    _check_fractions(dev_fraction, test_fraction)
-    roots = [str(i) for i in inputs] or [str(stdlib_path())]
-    exclude_dirs = (*CODE_ALWAYS_EXCLUDED, *(() if include_tests else CODE_TEST_DIRS), *exclude_dirs)
-    tok = _tokenizer(tokenizer)
-    check_writable(out_dir, overwrite)
-    for r in roots:
-        root = Path(r).expanduser()
-        if not root.exists():
-            raise UserError(f"input {r} does not exist; check the path")
-        if root.is_dir() and next(_walk(root, exts, exclude_dirs), None) is None:
-            raise UserError(f"no {'/'.join(exts)} files under {r}; check the path or --ext")
-    stats: dict[str, int] = {}
-    docs = code_documents(roots, exts, exclude_dirs, max_bytes, path_header, stats)
-    splits = assemble_splits({"train": docs}, dev_fraction, test_fraction, seed, _spill_dir(out_dir))
-    # `stats` is filled while the documents stream and is serialized with the manifest at the end.
-    source = {"name": "code", "roots": roots, "exts": list(exts), "exclude_dirs": list(exclude_dirs),
-              "max_bytes": max_bytes, "path_header": path_header, "dev_fraction": dev_fraction,
-              "test_fraction": test_fraction, "seed": seed, "stats": stats}
-    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)
-
+    """Prepare source trees (default: Python's standard library) as a dataset (CodeSource)."""
+    source = CodeSource(inputs=inputs, tokenizer=tokenizer, exts=exts, include_tests=include_tests,
+                        exclude_dirs=exclude_dirs, max_bytes=max_bytes, path_header=path_header,
+                        dev_fraction=dev_fraction, test_fraction=test_fraction, seed=seed)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

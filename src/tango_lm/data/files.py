@@ -7,6 +7,7 @@ keeps those splits (splits.py). Readers stream: one file, or one Parquet row bat
 
 from __future__ import annotations
 
+import argparse
 import glob
 import gzip
 import io
@@ -14,18 +15,19 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from tango_lm.data.source import _limit, _spill_dir, _tokenizer
-from tango_lm.data.splits import SPLIT_ALIASES, _check_fractions, assemble_splits
+from tango_lm.data.source import HeldOutSource, _limit
+from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError
 
-__all__ = ["DEFAULT_EXTS", "expand_inputs", "split_inputs", "text_documents", "jsonl_documents",
-           "parquet_documents", "file_documents", "prepare_files"]
+__all__ = ["FileSource", "TextSource", "JsonlSource", "ParquetSource", "expand_inputs", "split_inputs",
+           "text_documents", "jsonl_documents", "parquet_documents", "file_documents", "prepare_files"]
 
-DEFAULT_EXTS = {"text": (".txt",), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",),
-                "code": (".py",), "lean": (".lean",)}
+INPUTS_HELP = ("files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with "
+               "train*/validation*/test* entries keeps its splits")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
 _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
@@ -205,6 +207,88 @@ def file_documents(kind: str, files: Iterable[Path], field: str = "text", split_
 
 
 
+@dataclass(kw_only=True)
+class FileSource(HeldOutSource):
+    """Text (`.txt`), JSONL or Parquet files (`kind`) as a dataset (splits: splits.py).
+
+    `inputs` are files, directories (walked for `exts`), glob patterns or `SPLIT=PATH` items;
+    `max_docs` caps the documents read from each of the source's splits.
+    """
+
+    kind: ClassVar[str] = ""
+    default_exts: ClassVar[tuple[str, ...]] = ()
+    ext_help: ClassVar[str] = ""  # the default extensions, as `--ext`'s help names them
+
+    inputs: Sequence[str | os.PathLike]
+    field: str = "text"
+    exts: Sequence[str] | None = None
+    split_on_blank_lines: bool = False
+    max_docs: int | None = None
+    batch_rows: int = 1024
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
+        cls.add_common_arguments(parser)
+        parser.add_argument("--ext", action="append",
+                            help=f"file extension read from directories (default {cls.ext_help})")
+        parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
+        parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
+        parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FileSource:
+        return cls(inputs=args.inputs, field=args.field, exts=args.ext,
+                   split_on_blank_lines=args.split_on_blank_lines, max_docs=args.max_docs, **cls.common_options(args))
+
+    def check(self) -> None:
+        super().check()
+        if self.max_docs is not None and self.max_docs < 1:
+            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        exts = tuple(self.exts or self.default_exts)
+        self._groups = split_inputs(self.inputs, exts)
+        self._files = {s: expand_inputs(paths, exts) for s, paths in self._groups.items()}  # fail on missing paths now
+        own = {s: _limit(file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows),
+                         self.max_docs)
+               for s, f in self._files.items()}
+        return self.held_out_splits(own, out_dir)
+
+    def fingerprint(self) -> dict[str, Any]:
+        kind = self.kind
+        return {"name": kind, "inputs": [str(i) for i in self.inputs],
+                "files": {s: len(f) for s, f in self._files.items()},
+                "own_splits": sorted(self._groups), "field": self.field if kind != "text" else None,
+                "split_on_blank_lines": self.split_on_blank_lines if kind == "text" else None,
+                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed,
+                "max_docs": self.max_docs}
+
+
+class TextSource(FileSource):
+    name = kind = "text"
+    help = "plain-text files (one document per file)"
+    default_exts = (".txt",)
+    ext_help = ".txt"
+
+
+class JsonlSource(FileSource):
+    name = kind = "jsonl"
+    help = "JSON Lines files, one document per line"
+    default_exts = (".jsonl", ".jsonl.gz")
+    ext_help = ".jsonl, .jsonl.gz, .json"
+
+
+class ParquetSource(FileSource):
+    name = kind = "parquet"
+    help = "Parquet files, read in row batches"
+    default_exts = (".parquet",)
+    ext_help = ".parquet"
+
+
+FILE_SOURCES = {cls.kind: cls for cls in (TextSource, JsonlSource, ParquetSource)}
+
+
 def prepare_files(
     kind: str,
     inputs: Sequence[str | os.PathLike],
@@ -222,29 +306,10 @@ def prepare_files(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Prepare text (`.txt`), JSONL or Parquet files as a dataset (splits: module docstring).
-
-    `inputs` are files, directories (walked for `exts`), glob patterns or `SPLIT=PATH` items;
-    `max_docs` caps the documents read from each of the source's splits.
-    """
-    from tango_lm.data.shards import check_writable, write_prepared
-
-    if kind not in ("text", "jsonl", "parquet"):
+    """Prepare text (`.txt`), JSONL or Parquet files as a dataset (FileSource)."""
+    if kind not in FILE_SOURCES:
         raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
-    _check_fractions(dev_fraction, test_fraction)
-    if max_docs is not None and max_docs < 1:
-        raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
-    exts = tuple(exts or DEFAULT_EXTS[kind])
-    tok = _tokenizer(tokenizer)
-    check_writable(out_dir, overwrite)
-    groups = split_inputs(inputs, exts)
-    files = {s: expand_inputs(paths, exts) for s, paths in groups.items()}  # fail on missing paths now
-    own = {s: _limit(file_documents(kind, f, field, split_on_blank_lines, batch_rows), max_docs)
-           for s, f in files.items()}
-    splits = assemble_splits(own, dev_fraction, test_fraction, seed, _spill_dir(out_dir))
-    source = {"name": kind, "inputs": [str(i) for i in inputs], "files": {s: len(f) for s, f in files.items()},
-              "own_splits": sorted(groups), "field": field if kind != "text" else None,
-              "split_on_blank_lines": split_on_blank_lines if kind == "text" else None,
-              "dev_fraction": dev_fraction, "test_fraction": test_fraction, "seed": seed, "max_docs": max_docs}
-    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)
-
+    source = FILE_SOURCES[kind](inputs=inputs, tokenizer=tokenizer, field=field, exts=exts,
+                                split_on_blank_lines=split_on_blank_lines, dev_fraction=dev_fraction,
+                                test_fraction=test_fraction, seed=seed, max_docs=max_docs, batch_rows=batch_rows)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

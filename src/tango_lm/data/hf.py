@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.source import _limit, _spill_dir, _tokenizer
-from tango_lm.data.splits import SPLIT_ALIASES, _check_fractions, assemble_splits
+from tango_lm.data.source import HeldOutSource, _limit
+from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError
 
-__all__ = ["load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
+__all__ = ["HFSource", "load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
 
 _HF_HINT = "install it with pip install 'tango-lm[hf]'"
 
@@ -100,6 +102,73 @@ def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterat
         raise UserError(f"lost the connection while reading {where} ({e}); run the command again") from None
 
 
+@dataclass(kw_only=True)
+class HFSource(HeldOutSource):
+    """A Hugging Face dataset (e.g. HuggingFaceFW/fineweb-edu) as a dataset.
+
+    `streaming=None` streams when `max_docs` is set (reads only what it needs) and otherwise lets
+    `datasets` download and cache the whole dataset, so preparing it again reuses the cache.
+    `max_docs` caps the documents read from each split; splits the dataset lacks are held out of
+    train (splits.py).
+    """
+
+    name = "hf"
+    help = "a Hugging Face dataset by name (needs pip install 'tango-lm[hf]')"
+
+    dataset: str  # a Hub name, a local data directory or a `save_to_disk` directory
+    config: str | None = None
+    split_map: dict[str, str] | str | None = None  # ours -> theirs, or "train=train,dev=validation"
+    field: str = "text"
+    max_docs: int | None = None
+    streaming: bool | None = None
+    revision: str | None = None
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name",
+                            help="Hub name (HuggingFaceFW/fineweb-edu), local data directory or save_to_disk directory")
+        cls.add_common_arguments(parser)
+        parser.add_argument("--config", default=None, help="dataset configuration, e.g. sample-10BT")
+        parser.add_argument("--split-map", default=None, help="OURS=THEIRS pairs, e.g. train=train,dev=validation")
+        parser.add_argument("--field", default="text")
+        parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+        parser.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=None,
+                            help="stream instead of downloading and caching (default: stream when --max-docs is set)")
+        parser.add_argument("--revision", default=None)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HFSource:
+        return cls(dataset=args.name, config=args.config, split_map=args.split_map, field=args.field,
+                   max_docs=args.max_docs, streaming=args.streaming, revision=args.revision,
+                   **cls.common_options(args))
+
+    def check(self) -> None:
+        super().check()
+        if self.max_docs is not None and self.max_docs < 1:
+            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+        split_map = self.split_map
+        self._split_map = parse_split_map(split_map) if isinstance(split_map, str) else split_map
+
+    @property
+    def streams(self) -> bool:
+        return self.max_docs is not None if self.streaming is None else self.streaming
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        name = self.dataset
+        self._loaded = load_hf_splits(name, self.config, self._split_map, streaming=self.streams,
+                                      revision=self.revision)
+        own = {s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
+               for s, ds in self._loaded.items()}
+        return self.held_out_splits(own, out_dir)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"name": "hf", "dataset": self.dataset, "config": self.config, "revision": self.revision,
+                "split_map": self._split_map, "own_splits": sorted(self._loaded), "field": self.field,
+                "max_docs": self.max_docs, "streaming": self.streams,
+                "datasets_version": getattr(_import_datasets(), "__version__", None),
+                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed}
+
+
 def prepare_hf(
     name: str,
     out_dir: str | os.PathLike,
@@ -117,30 +186,8 @@ def prepare_hf(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Prepare a Hugging Face dataset (e.g. HuggingFaceFW/fineweb-edu) as a dataset.
-
-    `streaming=None` streams when `max_docs` is set (reads only what it needs) and otherwise lets
-    `datasets` download and cache the whole dataset, so preparing it again reuses the cache.
-    `max_docs` caps the documents read from each split; splits the dataset lacks are held out of
-    train (module docstring).
-    """
-    from tango_lm.data.shards import check_writable, write_prepared
-
-    _check_fractions(dev_fraction, test_fraction)
-    if max_docs is not None and max_docs < 1:
-        raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
-    if isinstance(split_map, str):
-        split_map = parse_split_map(split_map)
-    streaming = max_docs is not None if streaming is None else streaming
-    tok = _tokenizer(tokenizer)
-    check_writable(out_dir, overwrite)
-    loaded = load_hf_splits(name, config, split_map, streaming=streaming, revision=revision)
-    own = {s: _limit(hf_documents(ds, field, f"split {s!r} of dataset {name!r}"), max_docs)
-           for s, ds in loaded.items()}
-    splits = assemble_splits(own, dev_fraction, test_fraction, seed, _spill_dir(out_dir))
-    source = {"name": "hf", "dataset": name, "config": config, "revision": revision,
-              "split_map": split_map, "own_splits": sorted(loaded), "field": field, "max_docs": max_docs,
-              "streaming": streaming, "datasets_version": getattr(_import_datasets(), "__version__", None),
-              "dev_fraction": dev_fraction, "test_fraction": test_fraction, "seed": seed}
-    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)
-
+    """Prepare the Hugging Face dataset `name` as a dataset (HFSource)."""
+    source = HFSource(dataset=name, tokenizer=tokenizer, config=config, split_map=split_map, field=field,
+                      max_docs=max_docs, streaming=streaming, revision=revision, dev_fraction=dev_fraction,
+                      test_fraction=test_fraction, seed=seed)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

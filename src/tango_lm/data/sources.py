@@ -1,37 +1,42 @@
-"""Data sources by name: text, JSONL and Parquet files (files.py), code trees (code_trees.py), Lean
-(lean.py), Hugging Face datasets (hf.py) and mixtures of prepared datasets (mixture.py).
+"""Data source registry: a new source is one file with its `DataSource` (source.py) plus one line here.
+
+`tango-lm data prepare NAME` offers these sources in this order, each with the arguments its class
+adds; `prepare_source` prepares one from Python.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.code_trees import prepare_code
-from tango_lm.data.files import prepare_files
-from tango_lm.data.hf import prepare_hf
+from tango_lm.data.code_trees import CodeSource
+from tango_lm.data.dmmath import DMMathSource
+from tango_lm.data.files import JsonlSource, ParquetSource, TextSource
+from tango_lm.data.hf import HFSource
+from tango_lm.data.lean import LeanSource
+from tango_lm.data.mixture import MixtureSource
+from tango_lm.data.source import DataSource
 from tango_lm.errors import UserError
 
-__all__ = ["SOURCE_NAMES", "prepare_source"]
+__all__ = ["SOURCES", "prepare_source"]
 
-# Sources `prepare_source` knows (mixtures and Lean live in their own modules).
-SOURCE_NAMES = ("text", "jsonl", "parquet", "code", "lean", "hf", "mixture")
+SOURCES: dict[str, type[DataSource]] = {
+    "dmmath": DMMathSource,
+    "text": TextSource,
+    "jsonl": JsonlSource,
+    "parquet": ParquetSource,
+    "code": CodeSource,
+    "lean": LeanSource,
+    "hf": HFSource,
+    "mixture": MixtureSource,
+}
 
 
-def prepare_source(name: str, *args: Any, **kwargs: Any) -> Path:
-    """Prepare a dataset from the source called `name` (one of SOURCE_NAMES); arguments as that source's."""
-    if name in ("text", "jsonl", "parquet"):
-        return prepare_files(name, *args, **kwargs)
-    if name == "code":
-        return prepare_code(*args, **kwargs)
-    if name == "lean":
-        from tango_lm.data.lean import prepare_lean
-
-        return prepare_lean(*args, **kwargs)
-    if name == "hf":
-        return prepare_hf(*args, **kwargs)
-    if name == "mixture":
-        from tango_lm.data.mixture import prepare_mixture
-
-        return prepare_mixture(*args, **kwargs)
-    raise UserError(f"unknown data source {name!r}; choose one of: {', '.join(SOURCE_NAMES)}, dmmath")
+def prepare_source(name: str, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
+                   **options: Any) -> Path:
+    """Prepare a dataset at `out_dir` from the source registered as `name`, with that source's
+    options (the fields of its class): `prepare_source("jsonl", "data/web", inputs=["a.jsonl"])`."""
+    if name not in SOURCES:
+        raise UserError(f"unknown data source {name!r}; choose one of: {', '.join(SOURCES)}")
+    return SOURCES[name](**options).prepare(out_dir, overwrite=overwrite, progress=progress)
