@@ -24,7 +24,10 @@ import torch
 from tango_lm.errors import UserError
 from tango_lm.train.checkpoint import SHARDS, write_failed
 
-__all__ = ["save_shards", "shard_manifest", "check_shards", "load_shards", "load_sharded_model"]
+__all__ = ["METADATA", "save_shards", "shard_manifest", "check_shards", "load_shards", "load_sharded_model"]
+
+# The file dcp.save writes beside the shards: which tensor chunk lies where in which shard file.
+METADATA = ".metadata"
 
 
 def save_shards(directory: Path, tensors: dict[str, Any], distributed: bool) -> None:
@@ -58,7 +61,7 @@ def shard_manifest(directory: Path) -> dict[str, int]:
 def check_shards(path: Path, meta: dict[str, Any]) -> None:
     """UserError unless every shard file `meta.json` lists is present with its recorded size."""
     listed = meta.get("shards")
-    if not isinstance(listed, dict) or ".metadata" not in listed:
+    if not isinstance(listed, dict) or METADATA not in listed:
         raise UserError(f"checkpoint {path} is sharded but its meta.json lists no shards; it is corrupt, use another one")
     for name, size in sorted(listed.items()):
         if Path(name).name != name or name in (".", ".."):
@@ -114,18 +117,26 @@ def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tens
     return template["model"]
 
 
+# The globals a `.metadata` pickle may name besides DCP's metadata classes (the public module
+# torch.distributed.checkpoint.metadata) and torch dtypes. Three of them are private to torch, and
+# there is no public way to read the file without them, because DCP pickles them: the filesystem
+# layer's _StorageInfo (where an item lies in which shard file), torch.serialization._get_layout
+# (how a torch.layout pickles), and the metadata module's _MEM_FORMAT_ENCODING (a tensor's memory
+# format; admitted as a class of that module). tests/test_sharded_checkpoint.py fails if a DCP
+# save pickles a global outside this set or stops pickling one of them.
+ALLOWED_GLOBALS = frozenset({
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
+})
+
+
 def _metadata_unpickler() -> type:
     """A pickle.Unpickler for DCP's `.metadata` that resolves only the globals it needs."""
     import pickle
 
     import torch.distributed.checkpoint.metadata as dcp_metadata
-
-    allowed = {
-        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-        ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
-    }
 
     class Unpickler(pickle.Unpickler):
         """Admits DCP's metadata classes, torch.Size, dtypes and layouts, and nothing else."""
@@ -136,7 +147,7 @@ def _metadata_unpickler() -> type:
                 return found  # a class DCP defines for its metadata (not one it merely imports)
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)
-            if (module, name) in allowed:
+            if (module, name) in ALLOWED_GLOBALS:
                 return super().find_class(module, name)
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
@@ -146,7 +157,8 @@ def _metadata_unpickler() -> type:
 @functools.cache
 def _dcp_classes() -> tuple[type, type]:
     """(reader, planner) classes, built on first use: importing DCP costs about a second, which
-    every `tango-lm` command would otherwise pay."""
+    every `tango-lm` command would otherwise pay. Both use DCP's public API only (a
+    FileSystemReader given a path, its `load_id`, the planner's `load_bytes` hook)."""
     import pickle
 
     from torch.distributed.checkpoint import FileSystemReader
@@ -156,19 +168,22 @@ def _dcp_classes() -> tuple[type, type]:
     unpickler = _metadata_unpickler()
 
     class TrustedMetadataReader(FileSystemReader):
-        """DCP's reader with `.metadata` read by the restricted unpickler above."""
+        """DCP's reader with `.metadata` read by the restricted unpickler above. It reads the
+        global metadata only (we never save per-rank metadata), so it takes no `rank`."""
 
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = self._get_metadata_path(kwargs.get("rank"))
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.metadata_file = Path(path) / METADATA
+
+        def read_metadata(self) -> Any:
+            where = self.metadata_file.parent.parent
             try:
-                with self.fs.create_stream(path, "rb") as f:
+                with open(self.metadata_file, "rb") as f:
                     metadata = unpickler(f).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as exc:
-                where = Path(str(path)).parent.parent
                 raise UserError(f"checkpoint {where} has unreadable shard metadata ({type(exc).__name__}: "
                                 f"{str(exc)[:120]}); resume from another checkpoint") from None
             if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-                where = Path(str(path)).parent.parent
                 raise UserError(f"checkpoint {where} has shard metadata of the wrong kind; resume from another checkpoint")
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
