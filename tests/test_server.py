@@ -117,8 +117,8 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     cases = [
         ({**body, "model": "gpt-4"}, 404, "model_not_found"),
-        ({**body, "prompt": "x" * CONTEXT}, 400, "context_length_exceeded"),
-        ({**body, "max_tokens": CONTEXT}, 400, "context_length_exceeded"),
+        ({**body, "prompt": "x" * (CONTEXT + 1)}, 400, "context_length_exceeded"),
+        ({**body, "max_tokens": CONTEXT}, 400, "context_length_exceeded"),  # "hi" leaves CONTEXT - 1
         ({**body, "max_tokens": -1}, 400, None),
         ({**body, "n": 10_000}, 400, None),
         ({**body, "n": 0}, 400, None),

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from tango_lm.errors import UserError
 from tango_lm.serve.batcher import Batcher, Job
+from tango_lm.serve.generate import MIN_TEMPERATURE, room_for_new_tokens
 
 MAX_STOP = 16
 
@@ -181,8 +182,9 @@ def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_si
     if max_tokens < 0:
         raise APIError(400, f"max_tokens must be at least 0 (got {max_tokens})", param="max_tokens")
     temperature = 1.0 if req.temperature is None else req.temperature
-    if not 0 <= temperature <= 2:
-        raise APIError(400, f"temperature must be between 0 and 2 (got {temperature})", param="temperature")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= 2):
+        raise APIError(400, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and 2 (got {temperature})",
+                       param="temperature")
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
@@ -196,10 +198,12 @@ def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_si
                             f"(got n={n} for {len(prompts)} prompt(s)); the server decodes at most that many rows "
                             "at once", param="n")
     for ids in prompts:
-        if len(ids) + max_tokens > context:
-            raise APIError(400, f"this model's context is {context} tokens; the prompt has {len(ids)} tokens and "
-                                f"max_tokens is {max_tokens}: shorten the prompt or lower max_tokens",
-                           param="prompt" if len(ids) >= context else "max_tokens", code="context_length_exceeded")
+        room = room_for_new_tokens(len(ids), context)  # the model reads every new token but the last
+        if max_tokens > room:
+            raise APIError(400, f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
+                                f"for {max(room, 0)} new tokens (max_tokens is {max_tokens}): shorten the prompt or "
+                                "lower max_tokens", param="prompt" if room < 1 else "max_tokens",
+                           code="context_length_exceeded")
     settings = {"n": n, "max_tokens": max_tokens, "temperature": temperature,
                 "top_p": None if top_p >= 1 else top_p, "stop": stop, "seed": req.seed}
     return prompts, settings
