@@ -1,6 +1,6 @@
 """`tango-lm sweep --launcher slurm` (sweep/launchers.py) through submitit's local executor: a job
 is an ordinary run directory; preempted (SLURM's USR2), it is requeued and resumes from its last
-checkpoint to the same losses as an uninterrupted run."""
+checkpoint (that a resumed run equals an uninterrupted one is test_trainer.py's)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from tango_lm.cli import main
 from tango_lm.errors import UserError
 from tango_lm.sweep import launchers, load_grid
 from tango_lm.sweep.launchers import executor_parameters, slurm_settings, submit_sweep, time_minutes
-from tango_lm.train.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SRC = str(Path(__file__).parents[1] / "src")
@@ -38,11 +37,11 @@ def write_grid(tmp_path: Path, data_dir: Path, slurm: dict | None = None, **trai
     return path
 
 
-def test_a_preempted_job_is_requeued_and_resumes_exactly(data_dir, tmp_path, monkeypatch):
+def test_a_preempted_job_is_requeued_and_resumes(data_dir, tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the job's process computes as this one does
-    train_settings = {"steps": 40, "save_every": 4, "eval_every": 20}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models are faster on one thread
+    train_settings = {"steps": 24, "save_every": 4, "eval_every": 12}
     grid = load_grid(write_grid(tmp_path, data_dir, **train_settings))
     (run,) = grid.runs
     settings = slurm_settings(grid, {"gpus_per_job": 0, "time": "10"})
@@ -60,12 +59,10 @@ def test_a_preempted_job_is_requeued_and_resumes_exactly(data_dir, tmp_path, mon
     submitter.join(timeout=180)
     (row,) = result["rows"]
     assert row["status"] == "resumed", row  # the requeued job found the checkpoints
-    log = next((run.out_dir.parent / ".submitit").rglob("*_log.out")).read_text()
-    assert "preempted" in log or "resuming from step" in log
-    reference = train(helpers.run_config(data_dir, tmp_path / "reference", seed=17, data_seed=101,
-                                         **train_settings))
-    assert helpers.loss_records(run.out_dir) == helpers.loss_records(tmp_path / "reference")
-    assert row["test_nll"] == reference.summary["test_nll"]
+    log = next((grid.out_dir / ".submitit").glob("*_log.out")).read_text()
+    assert "Requeued job" in log and "resuming from step" in log
+    assert [r["step"] for r in helpers.loss_records(run.out_dir)] == list(range(1, 25))  # each step once
+    assert row["steps"] == 24 and json.loads((run.out_dir / "summary.json").read_text())["steps"] == 24
     assert json.loads((grid.out_dir / "jobs.json").read_text())["jobs"][0]["job_id"] == row["job_id"]
     # submitted again: the finished run is skipped, nothing is queued
     assert submit_sweep(grid, grid.runs, settings, cluster="local", log=lambda _: None)[0]["status"] == "skipped"

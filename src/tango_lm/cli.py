@@ -599,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
     s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
     s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
-    s.add_argument("--batch-wait-ms", type=float, default=5.0,
+    s.add_argument("--batch-wait-ms", type=float, default=20.0,
                    help="how long the first request of a batch waits for others to arrive")
     s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     s.add_argument("--device", default="auto")

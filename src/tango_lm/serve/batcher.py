@@ -102,7 +102,7 @@ class Batcher:
     """Queue jobs from any thread; one worker thread decodes them in batches."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device, max_batch_size: int = 32,
-                 batch_wait: float = 0.005) -> None:
+                 batch_wait: float = 0.02) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.max_batch_size, self.batch_wait = max_batch_size, batch_wait
         self.queue: queue.Queue[Job | None] = queue.Queue()

@@ -74,7 +74,7 @@ class CompletionRequest(BaseModel):
 
 
 def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batch_size: int = 32,
-              batch_wait: float = 0.005) -> FastAPI:
+              batch_wait: float = 0.02) -> FastAPI:
     """The FastAPI app serving `model`; its batcher thread starts and stops with the app."""
     batcher = Batcher(model, tokenizer, device, max_batch_size=max_batch_size, batch_wait=batch_wait)
     context = model.config.context_length
@@ -276,7 +276,7 @@ async def _stream(events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[st
 
 
 def serve(run_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          device: str = "auto", max_batch_size: int = 32, batch_wait_ms: float = 5.0,
+          device: str = "auto", max_batch_size: int = 32, batch_wait_ms: float = 20.0,
           threads: int | None = None, log_level: str = "warning") -> None:
     """Load a checkpoint and serve it until interrupted. Port 0 picks a free port; the address is
     printed once the socket listens."""
