@@ -107,7 +107,7 @@ class Batcher:
         self.max_batch_size, self.batch_wait = max_batch_size, batch_wait
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, not yet decoded (worker thread only)
-        self.batches = 0  # decoded so far (tests and /health read it)
+        self.batches = 0  # batches started (tests and /health read it)
         self.worker = threading.Thread(target=self._run, name="tango-lm-batcher", daemon=True)
 
     def start(self) -> None:
@@ -188,6 +188,7 @@ class Batcher:
             return all(row.finish is not None for _, _, row in rows)
 
         prompt = torch.tensor([job.prompt for job, _, _ in rows], device=self.device)
+        self.batches += 1
         try:
             generate(self.model, prompt, max(job.max_tokens for job in batch), temperature=first.temperature,
                      top_p=first.top_p, seed=first.seed, on_token=on_token)
@@ -195,4 +196,3 @@ class Batcher:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             for job in batch:
                 job.emit(("error", f"decoding failed: {first_line}"))
-        self.batches += 1
