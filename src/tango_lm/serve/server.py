@@ -286,6 +286,8 @@ def serve(run_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: s
     from tango_lm.train.checkpoint import load_checkpoint
     from tango_lm.train.device import pick_device
 
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be 0 (any free port) to 65535 (got {port})")
     if max_batch_size < 1:
         raise UserError(f"--max-batch-size must be at least 1 (got {max_batch_size})")
     if batch_wait_ms < 0:
