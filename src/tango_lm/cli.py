@@ -181,6 +181,9 @@ def _eval_ppl(args: argparse.Namespace) -> None:
               f"step {res['step']})")
 
 
+SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tango_lm.sweep import load_grid, plan_rows, run_sweep
 
@@ -199,7 +202,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
         return
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    if args.launcher == "slurm":
+        from tango_lm.sweep.launchers import slurm_settings, submit_sweep
+
+        rows = submit_sweep(grid, runs, slurm_settings(grid, slurm_flags), wait=args.wait, log=log)
+        if not args.wait:
+            if args.json:
+                _print_json(rows)
+            else:
+                print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
+                print(f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
+                      "summarizes finished runs")
+            return 0
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (["--wait"] if args.wait else [])
+        if given:
+            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
+        rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:
         _print_json(rows)
@@ -281,6 +301,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if i:
             print("-" * 40)
         print(prompt_text + text)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise UserError("tango-lm serve needs FastAPI and uvicorn; pip install 'tango-lm[serve]'")
+    from tango_lm.serve.server import serve
+
+    serve(args.checkpoint, host=args.host, port=args.port, model_name=args.model_name, device=args.device,
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, threads=args.threads)
 
 
 DEFAULT_NEW_TOKENS = 64
@@ -550,6 +581,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     s.add_argument("--only", action="append", metavar="PATTERN",
                    help="only runs whose name matches (glob, or substring; repeatable)")
+    s.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)")
+    s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
+    s.add_argument("--account", default=None, help="slurm: account to charge")
+    s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
+    s.add_argument("--time", default=None, help="slurm: time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)")
+    s.add_argument("--array-parallelism", type=int, default=None, help="slurm: jobs of the array running at once")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
+    s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
+    s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_sweep)
@@ -578,6 +619,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="serve a checkpoint over HTTP with the OpenAI completions API")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
+    s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
+    s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
+    s.add_argument("--batch-wait-ms", type=float, default=20.0,
+                   help="how long the first request of a batch waits for others to arrive")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
+    s.add_argument("--device", default="auto")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
