@@ -257,8 +257,9 @@ def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd,
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32; bf16 and
+    fp16 operands take the tensor cores' own path (Triton's default setting)."""
+    return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
 
 
 def _common(q: torch.Tensor, a: torch.Tensor) -> tuple:
