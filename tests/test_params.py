@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import arch_cases
 import pytest
 import torch
 
@@ -41,6 +42,19 @@ def meta_model(cfg: ModelConfig) -> torch.nn.Module:
 
 
 ARCHS = ("tango", "loop-transformer", "untied-transformer")
+
+
+def check_param_count(arch: str) -> None:
+    """The counts from the architecture's formula (plus the Standard head's table) equal the
+    module's `numel`, at the tiny config and one application deeper."""
+    for cfg in (arch_cases.tiny_config(arch), arch_cases.tiny_config(arch, depth=arch_cases.tiny_config(arch).depth + 1)):
+        total, non_emb = numel(meta_model(cfg))
+        assert count_params(cfg) == {"total": total, "non_embedding": non_emb, "embedding": total - non_emb}, cfg
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_every_architecture_counts_its_parameters(arch):
+    check_param_count(arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

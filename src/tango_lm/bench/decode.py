@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tango_lm.bench.peak import _sync
-from tango_lm.bench.training import BASELINE, DEFAULT_ARCHS, matched_configs
+from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.serve.generate import generate
@@ -56,11 +56,12 @@ def _prompts(batches: tuple[int, ...], prompt_len: int, vocab: int, device: torc
     return {b: torch.randint(0, vocab, (b, prompt_len), generator=gen, device=device) for b in batches}
 
 
-def run_decode_bench(archs: tuple[str, ...] | list[str] = DEFAULT_ARCHS, d_model: int = 256, depth: int = 4,
+def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: int = 256, depth: int = 4,
                      tango_width: int = 8192, vocab_size: int = 257, prompt_len: int = 32, new_tokens: int = 128,
                      batches: tuple[int, ...] = (1, 8), repeats: int = 3, head_backbone: str = "dense",
                      head_vocab: int = 50304, heads: bool = True, device: str = "auto", threads: int | None = None,
                      print_table: bool = True) -> dict[str, Any]:
+    archs = archs or default_archs()
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)

@@ -14,6 +14,8 @@ from tango_lm.ops.twin_loss import LOSS_CHUNK
 class Head(nn.Module):
     """Subclasses implement `embed`, `log_probs` and `nll`, and the static parameter counts."""
 
+    display_name: str = ""  # in reports ("Standard"); empty: the registry name
+    vocab_projections: int = 1  # projections onto the vocabulary per position (h E^T, or two for mixtures)
     # Positions per chunk of a fused loss (ops/twin_loss.py); set it on the instance
     # (`model.head.loss_chunk = 512`) to trade speed for memory.
     loss_chunk: int = LOSS_CHUNK

@@ -19,6 +19,8 @@ from tango_lm.ops.twin_loss import softmax_nll
 
 
 class InputGateHead(Head):
+    display_name = "Input gate"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.table_a = vocab_table(cfg)

@@ -35,6 +35,8 @@ def sigsoftmax_log_probs(logits: torch.Tensor) -> torch.Tensor:
 class SigsoftmaxHead(StandardHead):
     """Tied table `embed_tokens`; `log_softmax(z + logsigmoid(z))`, z = h Eᵀ."""
 
+    display_name = "Sigsoftmax"
+
     def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         return sigsoftmax_log_probs(self.logits(h))
 
@@ -45,7 +47,9 @@ class SigsoftmaxHead(StandardHead):
 class MosHead(Head):
     """Tied table `embed_tokens`, `latent_proj` (W_k, stacked) and `prior_proj` (W_π)."""
 
+    display_name = "MoS"
     n_components = MOS_COMPONENTS
+    vocab_projections = MOS_COMPONENTS
     sigsoftmax = False
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -95,5 +99,7 @@ class MosHead(Head):
 
 class MossHead(MosHead):
     """MoS with sigsoftmax components (MoSS)."""
+
+    display_name = "MoSS"
 
     sigsoftmax = True

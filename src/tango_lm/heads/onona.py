@@ -80,6 +80,9 @@ class TokenGate(nn.Module):
 class OnonaHead(Head):
     """Twin tables `table_a`, `table_b` and the token gate `gate` (docs/design.md §3)."""
 
+    display_name = "onóna"
+    vocab_projections = 2
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Drawn in the order A, B, gate; the factorial cells and the input-gate control draw the

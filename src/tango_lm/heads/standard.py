@@ -12,6 +12,8 @@ from tango_lm.ops.twin_loss import softmax_nll
 
 
 class StandardHead(Head):
+    display_name = "Standard"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)

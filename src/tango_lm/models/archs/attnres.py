@@ -75,6 +75,10 @@ def _apply_layer(layer: AttnResLayer, sources: DepthSources, rope: tuple[torch.T
 
 class AttnResArch(Architecture):
     name = "attnres"
+    display_name = "AttnRes"
+    family = "onona"
+    decode_state = "keys and values of the n_kv_heads heads, every position"
+    tiny = {"n_kv_heads": 2}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -51,6 +51,10 @@ def dense_layer(cfg: ModelConfig) -> DenseBlock:
 
 class Dense(Architecture):
     name = "dense"
+    display_name = "Dense"
+    family = "onona"
+    decode_state = "keys and values of the n_kv_heads heads, every position"
+    tiny = {"n_kv_heads": 2}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

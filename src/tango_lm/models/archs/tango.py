@@ -14,6 +14,13 @@ from tango_lm.models.config import ModelConfig
 
 class Tango(Architecture):
     name = "tango"
+    display_name = "TANGO"
+    description = "TANGO (full prefix)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "rotated keys and source gates of every position (d + F per position)"
+    tiny = {}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -14,6 +14,11 @@ from tango_lm.models.config import ModelConfig
 
 class Tango3Set(Tango):
     name = "tango-3set"
+    display_name = "TANGO (3 sets)"
+    description = "TANGO with three gated-projection sets"
+    min_depth = 3
+    decode_state = "rotated keys and source gates of every position (d + F per position)"
+    tiny = {"depth": 3}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -20,6 +20,13 @@ def controller_width(cfg: ModelConfig) -> int:
 
 class TangoCompact(Architecture):
     name = "tango-compact"
+    display_name = "Compact-controller TANGO"
+    description = "compact-controller TANGO (r = d; the project's reading of the paper)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "rotated keys and controller channels of every position (d + r per position)"
+    tiny = {"controller_width": 16}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

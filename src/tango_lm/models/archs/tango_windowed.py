@@ -22,6 +22,11 @@ def window_pairs_per_token(seq_len: int, window: int) -> float:
 
 class TangoWindowed(Tango):
     name = "tango-windowed"
+    display_name = "Windowed TANGO"
+    description = "windowed TANGO (window 64, elu+1 features)"
+    decode_state = ("the last window - 1 keys, feature-mapped keys and gates, and the prefix sums of "
+                    "phi(k) g^T and phi(k) (bounded)")
+    tiny = {"window": 4}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -37,6 +42,14 @@ class TangoWindowed(Tango):
         block = WindowedTangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.window, cfg.feature_map,
                                    cfg.active_width)
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
+
+    @staticmethod
+    def decode_state_grows(cfg: ModelConfig) -> bool:
+        return False
+
+    @classmethod
+    def preset_geometry(cls, cfg: ModelConfig) -> list[str]:
+        return [*Tango.preset_geometry(cfg), f"  window: {cfg.window}"]
 
     @classmethod
     def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> int:

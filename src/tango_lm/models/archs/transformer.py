@@ -18,6 +18,11 @@ def block_params(cfg: ModelConfig) -> int:
 
 
 class _TransformerPP(Architecture):
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    width_name = "FFN"
+    decode_state = "rotated keys and values of every position"
     unique_blocks = staticmethod(lambda cfg: cfg.depth)
 
     @staticmethod
@@ -51,8 +56,14 @@ class _TransformerPP(Architecture):
 
 class UntiedTransformer(_TransformerPP):
     name = "untied-transformer"
+    display_name = "Untied Transformer++"
+    description = "Untied Transformer++"
+    variants = {"conventional-untied": "Conventional Untied"}  # seed 000 Table 6's geometries
 
 
 class LoopTransformer(_TransformerPP):
     name = "loop-transformer"
+    display_name = "Loop Transformer++"
+    description = "Loop Transformer++"
     unique_blocks = staticmethod(lambda cfg: 1)
+
