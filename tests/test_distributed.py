@@ -44,6 +44,8 @@ ACCUM = {"batch_size": 4, "grad_accum": 2}  # global batch 8 windows: 2 per rank
 RUNS = {
     "ddp": ({}, {**ACCUM, "parallel": "ddp"}, False),
     "ddp_aw": (AW, {"parallel": "ddp"}, False),
+    # The onóna validation protocol: 5 of the 9 dev windows sampled with a seed, in batches of 3.
+    "ddp_sampled": ({}, {"parallel": "ddp", "eval_sample_seed": 1234, "eval_windows": 5, "eval_batch_size": 3}, False),
     "fsdp": (UNTIED, {"parallel": "fsdp"}, True),
     "sharded": ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, True),
     # torch.compile on each rank over FSDP2 shards; its reference is the eager single process.
@@ -63,6 +65,12 @@ from tango_lm.train.trainer import Trainer
 dist.init_process_group("gloo")
 jobs = json.loads(open(sys.argv[1]).read())
 real_dev, codes = Trainer.evaluate_dev, {}
+real_init = Trainer.__init__
+def init(self, *args, **kwargs):  # record the dev windows each rank scores, in order
+    real_init(self, *args, **kwargs)
+    path = os.path.join(os.path.dirname(sys.argv[1]), f"{name}.dev-rank{os.environ['RANK']}.json")
+    open(path, "w").write(json.dumps([x.tolist() for x, _ in self.dev_batches]))
+Trainer.__init__ = init
 for name, (argv, script) in jobs.items():
     Trainer.evaluate_dev = (lambda self: script[str(self.step)]) if script else real_dev
     codes[name] = main(argv)
@@ -157,6 +165,18 @@ def test_two_ranks_match_one_process(runs, name):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+
+
+def test_sampled_dev_windows_are_the_same_on_every_rank_and_process_count(runs, data_dir, tmp_path):
+    root, _ = runs
+    model, train_kw, _ = RUNS["ddp_sampled"]
+    single = {k: v for k, v in train_kw.items() if k != "parallel"}
+    one = [x.tolist() for x, _ in Trainer(helpers.run_config(data_dir, tmp_path / "one", model, **single)).dev_batches]
+    ranks = [json.loads((root / f"ddp_sampled.dev-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1] == one and [len(b) for b in one] == [3, 2]
+    unsampled = json.loads((root / "ddp.dev-rank0.json").read_text())
+    assert [row for b in one for row in b] != [row for b in unsampled for row in b][:5]
+    # and the dev NLL the 2 ranks logged is one process's (test_two_ranks_match_one_process: best_dev_nll)
 
 
 def test_rank_zero_alone_logs_and_writes(runs):

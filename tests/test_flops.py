@@ -350,8 +350,9 @@ def attnres_matmul(self, values, normed):
     return (alpha.unsqueeze(-2) @ torch.stack(values, dim=-2)).squeeze(-2)
 
 
-def plain_mixture_nll(hs, tables, targets, log_prior=None, *, sigsoftmax=False, chunk=0, ignore_index=-100):
-    return mixture_nll_reference(hs, tables, targets, log_prior, sigsoftmax, ignore_index)
+def plain_mixture_nll(hs, tables, targets, log_prior=None, *, components=None, sigsoftmax=False, chunk=0,
+                      ignore_index=-100):
+    return mixture_nll_reference(hs, tables, targets, log_prior, sigsoftmax, ignore_index, components)
 
 
 def use_head_reference(monkeypatch: pytest.MonkeyPatch) -> None:

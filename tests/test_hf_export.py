@@ -229,3 +229,50 @@ def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
         ids = tok(text).input_ids
         assert ids == ours.encode(text), text
         assert tok.decode(ids) == ours.decode(ids)
+
+
+
+LOAD_BOTH = """
+import sys
+import transformers
+path = sys.argv[1]
+model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, local_files_only=True)
+tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)  # no trust_remote_code
+print("loaded", type(model).__name__, type(model.config).__name__, tokenizer("ab").input_ids)
+"""
+
+
+def test_auto_classes_load_without_a_prompt_or_a_model_type_warning(transformers, byte_export, tmp_path):
+    """A fresh process with stdin closed: a prompt would show up as its text (and an EOF answer), a
+    config read by the wrong class as transformers' "model of type" warning. Neither may appear."""
+    import os
+    import subprocess
+    import sys
+
+    _, out = byte_export
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "TRANSFORMERS_VERBOSITY": "info"}
+    proc = subprocess.run([sys.executable, "-c", LOAD_BOTH, str(out)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=env, timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "loaded TangoLMForCausalLM TangoLMConfig [97, 98]" in proc.stdout
+    assert "custom code" not in text and "[y/N]" not in text
+    assert "model of type" not in text
+
+
+def test_importing_the_modeling_module_registers_the_model_type(transformers, byte_export, caplog):
+    """After `import tango_lm.serve.hf_modeling` neither Auto class needs trust_remote_code. (pytest's
+    stdin raises when read, so a prompt would fail over to the warning checked here.)"""
+    import logging
+
+    import tango_lm.serve.hf_modeling as hf_modeling
+
+    _, out = byte_export
+    transformers.logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert isinstance(model, hf_modeling.TangoLMForCausalLM) and tokenizer("ab").input_ids == [97, 98]
+    assert "model of type" not in caplog.text and "custom code" not in caplog.text

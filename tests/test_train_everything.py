@@ -29,7 +29,8 @@ def preset_of(arch: str) -> str:
 
 
 # One preset per registered architecture, plus the paper's special geometries with what they need.
-GEOMETRIES = {"conventional-untied-70m-d4": {}, "tango-70m-d8-rotating": {"model.active_width": 1}}
+GEOMETRIES = {"conventional-untied-70m-d4": {}, "tango-70m-d8-rotating": {"model.active_width": 1},
+              "tango-windowed-70m-d8-rotating": {"model.active_width": 3}}
 PRESETS = {**{preset_of(arch): {} for arch in arch_cases.names()}, **GEOMETRIES}
 
 

@@ -82,12 +82,30 @@ def test_mos_style_mixture_equals_plain(sigsoftmax):
     y = torch.randint(0, 41, (29,), generator=torch.Generator().manual_seed(3))
     hs = [latent[:, 0], latent[:, 1]]
     log_prior = F.log_softmax(prior_logits, -1)
-    fused = mixture_nll(hs, [E, E], y, log_prior, sigsoftmax=sigsoftmax, chunk=6)
     plain = mixture_nll_reference(hs, [E, E], y, log_prior, sigsoftmax=sigsoftmax)
-    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=0)
     inputs = [latent, E, prior_logits]
-    for a, b in zip(grads(fused, inputs), grads(plain, inputs), strict=True):
+    # The table passed once and shared by index (as the MoS head does), and passed twice.
+    shared = mixture_nll(hs, [E], y, log_prior, components=((0, 0), (1, 0)), sigsoftmax=sigsoftmax, chunk=6)
+    twice = mixture_nll(hs, [E, E], y, log_prior, sigsoftmax=sigsoftmax, chunk=6)
+    for fused in (shared, twice):
+        torch.testing.assert_close(fused, plain, rtol=1e-12, atol=0)
+        for a, b in zip(grads(fused, inputs), grads(plain, inputs), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_components_name_shared_tensors_by_index():
+    # One hidden state under two tables (the twin head's layout), components in a mixed order.
+    dt = torch.float64
+    h, A, B = leaf(17, 5, dtype=dt, seed=0), leaf(23, 5, dtype=dt, seed=1), leaf(23, 5, dtype=dt, seed=2)
+    prior = F.log_softmax(leaf(17, 2, dtype=dt, seed=3), -1)
+    y = torch.randint(0, 23, (17,), generator=torch.Generator().manual_seed(4))
+    fused = mixture_nll([h], [A, B], y, prior, components=((0, 1), (0, 0)), chunk=4)
+    plain = mixture_nll_reference([h, h], [B, A], y, prior)
+    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=0)
+    for a, b in zip(grads(fused, [h, A, B, prior]), grads(plain, [h, A, B, prior]), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="outside"):
+        mixture_nll([h], [A], y, prior, components=((0, 0), (0, 1)))
 
 
 def test_ignored_targets_contribute_nothing():

@@ -134,6 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     else:
         segment = f", segment {res['segment']}" if "segment" in res else ""
         segment += f", table {res['ablate']} only" if "ablate" in res else ""
+        segment += f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
         print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
               f"({res['checkpoint']}, step {res['step']}{segment})")
 
@@ -259,12 +260,14 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
     from tango_lm.data.dmmath import prepare_dmmath
+    from tango_lm.data.shards import hold_dataset_lock
 
-    path = prepare_dmmath(
-        args.out, tokenizer=args.tokenizer, train_per_module=args.train_per_module,
-        test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
-        include_extrapolate=args.extrapolate, workers=args.workers, overwrite=args.overwrite,
-    )
+    with hold_dataset_lock(args.out):  # a second writer stops now, not after the data is generated
+        path = prepare_dmmath(
+            args.out, tokenizer=args.tokenizer, train_per_module=args.train_per_module,
+            test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
+            include_extrapolate=args.extrapolate, workers=args.workers, overwrite=args.overwrite,
+        )
     print(f"prepared {path}")
 
 
@@ -275,6 +278,14 @@ def _prepare_common(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_data_prepare_source(args: argparse.Namespace) -> None:
     """`data prepare text|jsonl|parquet|code|lean|hf`: the library's prepare function for that source."""
+    from tango_lm.data.shards import hold_dataset_lock
+
+    with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read
+        path = _prepare_source(args)
+    print(f"prepared {path}")
+
+
+def _prepare_source(args: argparse.Namespace) -> Any:
     from tango_lm.data.sources import prepare_source, stdlib_path
 
     common = _prepare_common(args)
@@ -292,14 +303,16 @@ def cmd_data_prepare_source(args: argparse.Namespace) -> None:
         path = prepare_source("hf", args.name, args.out, config=args.config, split_map=args.split_map,
                               field=args.field, max_docs=args.max_docs, streaming=args.streaming,
                               revision=args.revision, **common)
-    print(f"prepared {path}")
+    return path
 
 
 def cmd_data_prepare_mixture(args: argparse.Namespace) -> None:
     from tango_lm.data.mixture import prepare_mixture
+    from tango_lm.data.shards import hold_dataset_lock
 
-    path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
-                           overwrite=args.overwrite, progress=not args.no_progress)
+    with hold_dataset_lock(args.out):
+        path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
+                               overwrite=args.overwrite, progress=not args.no_progress)
     print(f"prepared {path}")
 
 
@@ -451,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
-    s.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
+    s.add_argument("--windows", type=int, default=None,
+                   help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)")
     s.add_argument("--ablate", choices=["A", "B", "a", "b"], default=None,
                    help="score a twin-table (onóna) checkpoint with table A or B alone at input and output")
     s.add_argument("--segment", default="all",

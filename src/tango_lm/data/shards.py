@@ -14,6 +14,7 @@ leaves a half-written dataset where a complete one (or none) was expected.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import numpy as np
 
 from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
 from tango_lm.errors import UserError
+from tango_lm.output_lock import hold_output_lock
 
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared", "check_writable"]
 
@@ -57,7 +59,12 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
 
     Callers that spend a long time producing the documents call this first to fail fast.
     """
+    from tango_lm.train.run_dir import enclosing, holds_run
+
     out = Path(out_dir)
+    run = enclosing(out, holds_run)
+    if run is not None:
+        raise UserError(f"{out} is inside the run directory {run}; choose an output directory outside it")
     if not out.exists():
         return
     if is_prepared(out):
@@ -191,13 +198,30 @@ def write_prepared(
     for split in splits:
         if not _SPLIT_NAME.match(split):
             raise UserError(f"invalid split name {split!r}; use letters, digits, '-', '_' or '.'")
-    check_writable(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with hold_dataset_lock(out):
+        check_writable(out, overwrite)
+        _remove_leftovers(out)
+        return _write_prepared(out, tokenizer, splits, source, shard_tokens, progress, batch_docs)
 
+
+def hold_dataset_lock(out_dir: str | os.PathLike) -> contextlib.AbstractContextManager:
+    """The one-writer lock of a dataset output directory (`.NAME.lock` beside it; output_lock.py)."""
+    return hold_output_lock(out_dir, "tango-lm data prepare", "choose another output directory", beside=True)
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Temporary and replaced copies of `out` that killed writers left beside it (we hold its lock)."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-\d+$")
+    for p in out.parent.iterdir() if out.parent.is_dir() else []:
+        if pattern.match(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[str]], source: dict[str, Any],
+                    shard_tokens: int, progress: bool, batch_docs: int) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
     dtype = _dtype_for(tokenizer.vocab_size)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left over from a crashed run of a process with our pid
     tmp.mkdir()
     try:
         split_entries: dict[str, Any] = {}
@@ -208,6 +232,9 @@ def write_prepared(
             )
             split_entries[split] = entry
             max_id = max(max_id, split_max)
+        if split_entries.get("train", {"documents": 0})["documents"] == 0:
+            raise UserError(f"the input holds no {'train ' if split_entries else ''}documents (empty or whitespace-only), "
+                            f"so no dataset was written to {out}; check the input files")
         tok_dict = tokenizer.to_dict()
         manifest = {
             "format": FORMAT,

@@ -43,7 +43,8 @@ from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.ops.attention import causal_attention
-from tango_lm.ops.gate_average import gate_average, merge_heads, split_heads
+from tango_lm.ops.gate_average import merge_heads, split_heads
+from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
 
 
@@ -160,7 +161,7 @@ class CompactTangoBlock(_SharedQueryKey):
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """`gbar * u` with a the controller pre-activation [B, T, r] and u [B, T, F]:
         average c = silu(a) per head (O(T^2 r)), then expand r -> F."""
-        cbar = merge_heads(gate_average(q, k, split_heads(F.silu(a), self.n_heads)))
+        cbar = tango_mix(q, k, a, None)  # the average alone, through the same door as TANGO's
         return F.linear(cbar, self.gated_weights()[0]) * u
 
     def mix_cached(

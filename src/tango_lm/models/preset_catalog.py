@@ -22,7 +22,7 @@ from tango_lm.models.registry import ARCHITECTURES
 DEPTHS = (4, 8, 16)
 # Seed 000 Table 8: rotating narrow-width training at 70M, depth 8; packed widths are per head for
 # the TANGO variants and of the whole FFN for Transformer++.
-ROTATING = {"tango": 368, "loop-transformer": 5632, "untied-transformer": 640}
+ROTATING = {"tango": 368, "tango-windowed": 368, "loop-transformer": 5632, "untied-transformer": 640}
 
 TRAIN = """data:
   dir: data/dmmath-gpt2  # tango-lm data prepare dmmath --out data/dmmath-gpt2 --tokenizer gpt2

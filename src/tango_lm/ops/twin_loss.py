@@ -56,15 +56,6 @@ def _compute_dtype(device_type: str, tensors: list[torch.Tensor]) -> torch.dtype
     return dtype
 
 
-def _cast_all(tensors: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Cast each tensor once (a table shared by several components is cast once)."""
-    cache: dict[int, torch.Tensor] = {}
-    out = []
-    for t in tensors:
-        if id(t) not in cache:
-            cache[id(t)] = t.to(dtype)
-        out.append(cache[id(t)])
-    return out
 
 
 def _sig_transform(z: torch.Tensor) -> torch.Tensor:
@@ -108,7 +99,8 @@ class _MixtureNLL(torch.autograd.Function):
         lse = torch.empty(n, k, dtype=acc, device=targets.device)
         comp = torch.empty(n, k, dtype=acc, device=targets.device)  # log q_k(y_n)
         with torch.autocast(device_type, enabled=False):
-            hc, wc = _cast_all(hs, cdtype), _cast_all(tables, cdtype)
+            cast = [t.to(cdtype) for t in inputs]  # each distinct input once (a shared table is cast once)
+            hc, wc = [cast[j] for j in h_slots], [cast[j] for j in w_slots]
             buf = _Buffers(min(chunk, n), tables[0].shape[0], acc, cdtype, targets.device)
             for s in range(0, n, chunk):
                 e = min(s + chunk, n)
@@ -153,7 +145,7 @@ class _MixtureNLL(torch.autograd.Function):
                  for j, t in enumerate(inputs)]
         d_h, d_w = [grads[j] for j in h_slots], [grads[j] for j in w_slots]
         with torch.autocast(device_type, enabled=False):
-            cast = _cast_all(list(inputs), ctx.cdtype)
+            cast = [t.to(ctx.cdtype) for t in inputs]
             hc, wc = [cast[j] for j in h_slots], [cast[j] for j in w_slots]
             buf = _Buffers(min(chunk, n), wc[0].shape[0], acc, ctx.cdtype, safe.device)
             rows = torch.arange(min(chunk, n), device=safe.device)
@@ -193,34 +185,38 @@ class _MixtureNLL(torch.autograd.Function):
 
 
 def mixture_nll(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: torch.Tensor,
-                log_prior: torch.Tensor | None = None, *, sigsoftmax: bool = False, chunk: int = LOSS_CHUNK,
-                ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                log_prior: torch.Tensor | None = None, *, components: tuple[tuple[int, int], ...] | None = None,
+                sigsoftmax: bool = False, chunk: int = LOSS_CHUNK, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Summed NLL of a K-component softmax mixture, in chunks of positions.
 
-    hs: K hidden states [N, d]; tables: K tables [V, d] (the same tensor may appear several times);
-    targets: [N] ids; log_prior: [N, K] log mixture weights (None for K = 1).
+    hs: hidden states [N, d]; tables: tables [V, d]; components: K pairs (index into hs, index into
+    tables), one per mixture component (default: hs[i] with tables[i]); targets: [N] ids;
+    log_prior: [N, K] log mixture weights (None for K = 1).
+
+    A tensor several components share (the twin head's h, MoS's table) is passed once and named by
+    its index in `components`: an autograd Function that receives one tensor twice cannot be traced
+    by Dynamo (torch.compile would break the graph around the loss), and a shared tensor then gets
+    one gradient buffer instead of one per component. Which tensors are shared is said by the
+    caller, never found by comparing tensors (an identity test becomes a guard on the tensors'
+    identity under torch.compile, which then recompiles for every new batch).
     """
-    if len(hs) != len(tables) or not hs:
-        raise ValueError(f"need one table per hidden state, got {len(hs)} and {len(tables)}")
-    if log_prior is None and len(hs) > 1:
+    if components is None:
+        if len(hs) != len(tables):
+            raise ValueError(f"need one table per hidden state, got {len(hs)} and {len(tables)}")
+        components = tuple((i, i) for i in range(len(hs)))
+    if not components:
+        raise ValueError("a mixture needs at least one component")
+    for h_index, w_index in components:
+        if not (0 <= h_index < len(hs) and 0 <= w_index < len(tables)):
+            raise ValueError(f"component ({h_index}, {w_index}) is outside {len(hs)} hidden states and {len(tables)} tables")
+    if log_prior is None and len(components) > 1:
         raise ValueError("a mixture of several components needs log_prior [N, K]")
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 (got {chunk})")
-    # Each distinct tensor is one input: Dynamo cannot trace an autograd.Function that receives one
-    # tensor twice (torch.compile would graph-break around the loss), and a shared tensor then
-    # gets one gradient buffer instead of one per component.
-    inputs: list[torch.Tensor] = []
-
-    def slot(t: torch.Tensor) -> int:
-        for j, seen in enumerate(inputs):
-            if seen is t:
-                return j
-        inputs.append(t)
-        return len(inputs) - 1
-
-    h_slots, w_slots = tuple(slot(h) for h in hs), tuple(slot(w) for w in tables)
+    h_slots = tuple(int(h_index) for h_index, _ in components)
+    w_slots = tuple(len(hs) + int(w_index) for _, w_index in components)
     return _MixtureNLL.apply(targets.reshape(-1), log_prior, int(chunk), sigsoftmax, ignore_index,
-                             h_slots, w_slots, *inputs)
+                             h_slots, w_slots, *hs, *tables)
 
 
 def softmax_nll(h: torch.Tensor, table: torch.Tensor, targets: torch.Tensor, *, sigsoftmax: bool = False,
@@ -243,14 +239,22 @@ def twin_nll(h: torch.Tensor, table_a: torch.Tensor, table_b: torch.Tensor, gate
     """
     flat = h.reshape(-1, h.shape[-1])
     prior = twin_log_prior(gate_logit.reshape(-1))
-    return mixture_nll([flat, flat], [table_a, table_b], targets, prior, chunk=chunk)
+    return mixture_nll([flat], [table_a, table_b], targets, prior, components=((0, 0), (0, 1)), chunk=chunk)
+
+
+def _component_pairs(hs: list[torch.Tensor], tables: list[torch.Tensor],
+                     components: tuple[tuple[int, int], ...] | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if components is None:
+        return list(zip(hs, tables, strict=True))
+    return [(hs[i], tables[j]) for i, j in components]
 
 
 def mixture_log_probs_reference(hs: list[torch.Tensor], tables: list[torch.Tensor],
-                                log_prior: torch.Tensor | None = None, sigsoftmax: bool = False) -> torch.Tensor:
+                                log_prior: torch.Tensor | None = None, sigsoftmax: bool = False,
+                                components: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
     """Plain path: the mixture's normalized log-probs [N, V], materializing every component."""
     parts = []
-    for i, (h, w) in enumerate(zip(hs, tables, strict=True)):
+    for i, (h, w) in enumerate(_component_pairs(hs, tables, components)):
         z = h @ w.T
         z = z.to(_wide(z.dtype))
         if sigsoftmax:
@@ -264,7 +268,8 @@ def mixture_log_probs_reference(hs: list[torch.Tensor], tables: list[torch.Tenso
 
 def mixture_nll_reference(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: torch.Tensor,
                           log_prior: torch.Tensor | None = None, sigsoftmax: bool = False,
-                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                          ignore_index: int = IGNORE_INDEX,
+                          components: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
     """Plain path of `mixture_nll`: gather from the materialized log-probs."""
-    lp = mixture_log_probs_reference(hs, tables, log_prior, sigsoftmax)
+    lp = mixture_log_probs_reference(hs, tables, log_prior, sigsoftmax, components)
     return F.nll_loss(lp, targets.reshape(-1), reduction="sum", ignore_index=ignore_index)

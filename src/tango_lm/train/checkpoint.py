@@ -226,14 +226,27 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int, protect: set[int]) -> None:
     """Delete all but the newest `keep_last` complete step directories, sparing `protect` steps,
-    and any leftovers of interrupted saves."""
+    and any leftovers of interrupted saves. A step directory is renamed to `.old-*` before it is
+    deleted, so a kill mid-deletion never leaves a half-deleted `step-*` that looks complete."""
     steps = complete_steps(ckpt_root)
     for p in steps[: max(0, len(steps) - keep_last)]:
         if int(p.name.split("-")[1]) not in protect:
-            shutil.rmtree(p, ignore_errors=True)
+            old = ckpt_root / f".old-{p.name}-{os.getpid()}"
+            os.rename(p, old)
+            shutil.rmtree(old, ignore_errors=True)
     for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
         if p.name.startswith((".tmp-", ".old-")):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_incomplete(ckpt_root: Path) -> None:
+    """Delete what interrupted saves and prunes left: `.tmp-*` and `.old-*` directories and
+    `step-*` directories without the COMPLETE marker (never loadable). Call it only while no other
+    process writes checkpoints here (at the start of a run, under the run's lock)."""
+    for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
+        if p.name.startswith((".tmp-", ".old-")) or (p.name.startswith("step-") and not (p / MARKER).exists()):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
 
 
 # -- sharded checkpoints (torch.distributed.checkpoint) ------------------------------------------

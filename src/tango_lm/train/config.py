@@ -67,6 +67,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 200
     eval_windows: int = 64  # fixed dev windows evaluated on the schedule
+    eval_sample_seed: int | None = None  # None: the first eval_windows dev windows; else sampled with this seed
     test_windows: int | None = None  # None: the whole test split
     eval_batch_size: int | None = None  # windows per eval forward (default: batch_size / processes)
     select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)
@@ -84,6 +85,9 @@ class TrainConfig:
     # The global batch per optimizer step is batch_size * grad_accum windows on any process count.
     parallel: str = "none"  # none | ddp | fsdp
     checkpoint_format: str = "full"  # full: one safetensors file (any process count) | sharded: DCP shards
+    # Where the log goes (train/loggers.py): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "tango-lm"
 
 
 _CHOICES = {
@@ -141,6 +145,11 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         if key not in known:
             raise UserError(f"unknown field {name}.{key}; known fields are: {', '.join(sorted(known))}")
+        if name == "train" and key == "loggers":
+            from tango_lm.train.loggers import logger_names
+
+            values[key] = logger_names(f"{name}.{key}", value)
+            continue
         values[key] = value = check_type(f"{name}.{key}", value, known[key].type)
         choices = _CHOICES.get(f"{name}.{key}")
         if choices and value not in choices:

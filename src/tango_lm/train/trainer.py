@@ -37,6 +37,7 @@ from tango_lm.train.checkpoint import (
     load_checkpoint,
     load_shards,
     prune_checkpoints,
+    remove_incomplete,
     save_shards,
     step_dir_name,
     tmp_step_dir,
@@ -45,7 +46,10 @@ from tango_lm.train.checkpoint import (
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
+from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
+from tango_lm.train.run_dir import claim_run_dir
+from tango_lm.train.utilization import matmul_peak, peak_memory_mib
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
 
@@ -72,6 +76,7 @@ class Trainer:
         self.run = run
         cfg = run.train
         distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
+        check_available(cfg.loggers)
         self.out = Path(cfg.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         existing = complete_steps(self.ckpt_root)
@@ -112,12 +117,15 @@ class Trainer:
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
         self.dev_batches = list(
-            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows)
+            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows,
+                         cfg.eval_sample_seed)
         )
         self.step = 0
         self.tokens_seen = 0
         self.best: dict[str, Any] = {"step": None, "dev_nll": float("inf")}
         self.step_times: list[float] = []
+        self.loggers: list[MetricLogger] | None = None  # opened by fit(), on rank 0
+        self.peak_flops: float | None = None  # the MFU denominator, measured by fit() on rank 0
         if existing:
             self._resume(existing[-1])
 
@@ -215,8 +223,20 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.loggers is None:  # a record outside fit(): the JSONL log alone
+            self.loggers = open_loggers(["jsonl"], self._log_context())
+        for logger in self.loggers:
+            logger.log(record)
+
+    def _log_context(self) -> LogContext:
+        return LogContext(self.out, self.step, self.run.to_dict(), self.run.train.wandb_project)
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs per second per process over the start-up matmul peak (bench/peak.py)."""
+        if not self.peak_flops:
+            return None
+        flops = self.run.model.flops_per_token(self.seq_len) * tokens_per_s / self.dist.world_size
+        return flops / self.peak_flops
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop records a killed run wrote after the checkpoint we resume from, so the log is
@@ -277,10 +297,23 @@ class Trainer:
         cfg = self.run.train
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
             write_json_atomic(self.out / "config.json", self.run.to_dict())
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0:
             self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
+        if self.dist.is_main:
+            self.loggers = open_loggers(cfg.loggers, self._log_context())
+            self.peak_flops = matmul_peak(self.device, self.dtype)
+        try:
+            return self._fit()
+        finally:
+            if self.loggers:
+                close_loggers(self.loggers)
+            self.loggers = None
+
+    def _fit(self) -> TrainResult:
+        cfg = self.run.train
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
@@ -292,9 +325,11 @@ class Trainer:
             dt = time.perf_counter() - t0
             self.step_times.append(dt)
             losses[self.step] = loss
+            tokens_per_s = tokens_per_step / dt
+            mfu, memory = self._mfu(tokens_per_s), peak_memory_mib(self.device)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                self._log({"step": self.step, "loss": loss, "tokens": self.tokens_seen,
-                           "tokens_per_s": tokens_per_step / dt, **self._last})
+                self._log({"step": self.step, "loss": loss, "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s,
+                           "mfu": mfu, "peak_memory_mib": memory, **self._last})
             is_last = self.step == self.total_steps
             if self.step % cfg.eval_every == 0 or is_last:
                 dev_nll = self.evaluate_dev()
@@ -308,8 +343,9 @@ class Trainer:
                     self._write_best()
             elif self.step % cfg.save_every == 0:
                 self.save()
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}",
-                            dev=f"{dev_nll:.3f}" if dev_nll is not None else "-", refresh=False)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}" if mfu is not None else "-",
+                            mem=f"{memory:,.0f}MiB", dev=f"{dev_nll:.3f}" if dev_nll is not None else "-",
+                            refresh=False)
             bar.update(1)
         bar.close()
         return TrainResult(self.finish(), losses)
@@ -331,6 +367,7 @@ class Trainer:
         )
         recent = self.step_times[-THROUGHPUT_WINDOW:]
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
+        tokens_per_s = tokens_per_step / statistics.median(recent) if recent else None
         params = self.run.model.num_params()
         summary = {
             "arch": self.run.model.arch,
@@ -343,8 +380,10 @@ class Trainer:
             "best_dev_nll": self.best["dev_nll"],
             "test_nll": test_nll,
             "test_tokens": n_test,
-            "tokens_per_s": tokens_per_step / statistics.median(recent) if recent else None,
+            "tokens_per_s": tokens_per_s,
             "flops_per_token": self.run.model.flops_per_token(self.seq_len),
+            "mfu": self._mfu(tokens_per_s) if tokens_per_s else None,
+            "peak_memory_mib": peak_memory_mib(self.device),
             "out_dir": str(self.out),
         }
         if self.dist.is_main:
@@ -355,8 +394,10 @@ class Trainer:
 
 def train(run: RunConfig, resume: bool = False) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked). Under torchrun
-    every process calls this; it joins the process group and leaves it at the end."""
+    every process calls this; it joins the process group and leaves it at the end. The run
+    directory is checked and locked first (train/run_dir.py): one writer per run."""
     try:
-        return Trainer(run, resume=resume).fit()
+        with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
+            return Trainer(run, resume=resume).fit()
     finally:
         distributed.teardown()
