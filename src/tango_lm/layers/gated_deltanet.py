@@ -92,9 +92,7 @@ class GatedDeltaNet(nn.Module):
         # Mamba-2 / fla initialization of the decay: A ~ U(0, 16), dt ~ logU(1e-3, 0.1).
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(0, 16).clamp_(min=1e-4).log())
         dt = torch.exp(torch.rand(n_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.A_log._no_weight_decay = True
-        self.dt_bias._no_weight_decay = True
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt); vectors: no weight decay
 
     def forward(
         self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, state: LayerState | None = None

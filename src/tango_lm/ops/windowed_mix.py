@@ -151,8 +151,9 @@ def windowed_mix_fused(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Te
 def windowed_mix(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
                  a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
                  chunk_size: int | None = None) -> torch.Tensor:
-    """The fused op on CPUs in fp32 or wider, in eager mode; elsewhere (GPUs, autocast,
-    torch.compile, as for `tango_mix`) the composition."""
+    """The fused op on CPUs for fp32 or wider inputs of one dtype, in eager mode and outside CPU
+    autocast; elsewhere (GPUs, other dtypes, CPU autocast, torch.compile) the composition. (Unlike
+    `tango_mix`, which chooses by device, dtype and torch.compile only, this also checks autocast.)"""
     wide = a.dtype in (torch.float32, torch.float64) and a.dtype == u.dtype == q_rot.dtype
     eager = not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
     if a.device.type == "cpu" and wide and eager:
