@@ -20,6 +20,7 @@ def block_params(cfg: ModelConfig) -> int:
 class _TransformerPP(Architecture):
     family = "tango"
     matched = True
+    rotating_width = True
     in_bench_suite = True
     width_name = "FFN"
     decode_state = "rotated keys and values of every position"
