@@ -1,4 +1,7 @@
-"""Sampling from a trained model with a decode cache: greedy, temperature, top-k and top-p."""
+"""Sampling from a trained model with a decode cache: greedy, temperature, top-k and top-p.
+
+On CUDA `generate` decodes with static steps replayed as CUDA graphs (`serve/static_decode.py`);
+on CPUs, and with `static=None`, with the eager cached forward below."""
 
 from __future__ import annotations
 
@@ -48,9 +51,13 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     eos_id: int | None = None,
+    static: str | None = "auto",
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to max_new_tokens; returns [B, T + n] (rows stop early only
-    when every row has produced eos_id)."""
+    when every row has produced eos_id). `static`: "auto" (CUDA graphs on CUDA, the eager decode
+    elsewhere), None (the eager decode), or a `serve.static_decode` mode ("eager", "compile",
+    "cuda-graphs"). Static and eager decoding draw their random numbers differently, so a seed
+    gives the same samples within one of them (greedy tokens agree between them)."""
     if temperature < 0:
         raise UserError(f"temperature must be >= 0 (got {temperature}); use 0 for greedy decoding")
     if top_p is not None and not 0 < top_p <= 1:
@@ -64,9 +71,14 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    from tango_lm.serve.static_decode import decode_static, default_mode
+
+    mode = default_mode(prompt.device) if static == "auto" else static
     model.eval()
     serving = getattr(model.head, "serving", contextlib.nullcontext)
     with serving():
+        if mode is not None and max_new_tokens > 0:
+            return decode_static(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode)
         return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id)
 
 
