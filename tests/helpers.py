@@ -126,9 +126,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# Fields of a training record that depend on the machine and the moment, not on the run.
+MEASURED = ("tokens_per_s", "mfu", "peak_memory_mib")
+
+
 def loss_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Training-loss records without the wall-clock field."""
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in read_metrics(run_dir) if "loss" in r]
+    """Training-loss records without the wall-clock and memory fields."""
+    return [{k: v for k, v in r.items() if k not in MEASURED} for r in read_metrics(run_dir) if "loss" in r]
 
 
 def dev_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import arch_cases
 import helpers
 import pytest
 import torch
@@ -17,42 +18,36 @@ import tango_lm.models.backbone
 from tango_lm import ModelConfig, build_model
 from tango_lm.cli import main
 from tango_lm.layers.attnres import DepthSources
-from tango_lm.models.registry import ARCHITECTURES
 
-BASE = dict(d_model=32, head_dim=8, width=64, depth=3, vocab_size=61, context_length=24)
-CASES = {  # case -> config overrides (4 heads of 8; T = 19 below)
-    "tango": {},
-    "tango-rotating": {"active_width": 5},  # segment 1 of [0,5) [5,10) [10,15) [15,16) per head
-    "tango-windowed": {"arch": "tango-windowed", "window": 4},
-    "tango-3set": {"arch": "tango-3set"},
-    "tango-compact": {"arch": "tango-compact", "controller_width": 16},
-    "loop-transformer": {"arch": "loop-transformer"},
-    "untied-transformer": {"arch": "untied-transformer"},
-    "gau": {"arch": "gau", "qk_dim": 8},
-    "flash": {"arch": "flash", "qk_dim": 8, "group_size": 4},
-    "dense": {"arch": "dense", "n_kv_heads": 2},
-    "gdn-hybrid": {"arch": "gdn-hybrid", "attention_every": 3, "gdn_head_dim": 8, "gdn_chunk": 4, "n_kv_heads": 2},
-    "moe": {"arch": "moe", "n_experts": 4, "moe_top_k": 2},  # capacity 1.25: some tokens dropped, deterministically
-    "attnres": {"arch": "attnres"},
-    "attnres-block": {"arch": "attnres", "depth": 4, "attnres_block": 1},
+# Each architecture's tiny model (4 heads of 8, width 48), plus variants worth their own case.
+VARIANTS = {
+    "tango-rotating": ("tango", {"active_width": 5}),  # segment 1 of [0,5) [5,10) [10,12) per head
+    "moe-dropping": ("moe", {"capacity_factor_train": 1.25}),  # some tokens dropped, deterministically
+    "attnres-block": ("attnres", {"depth": 4, "attnres_block": 1}),
 }
+CASES = {**{arch: (arch, {}) for arch in arch_cases.names()}, **VARIANTS}
+T = 19
 GEN = torch.Generator().manual_seed(3)
-X, Y = torch.randint(0, 61, (2, 19), generator=GEN), torch.randint(0, 61, (2, 19), generator=GEN)
+X, Y = (torch.randint(0, arch_cases.BASE["vocab_size"], (2, T), generator=GEN) for _ in range(2))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def model_for(case: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(**{**BASE, **CASES[case]})).double().train()
+    arch, changes = CASES[case]
+    model = train_model(arch_cases.tiny_config(arch, **changes))
     if case == "tango-rotating":
         model.set_active_segment(1)
     return model
 
 
-@pytest.fixture
-def checkpoint_calls(monkeypatch) -> Iterator[list[tuple]]:
+def train_model(cfg: ModelConfig) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(cfg).double().train()
+
+
+def record_checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The arguments of every `checkpoint` call the backbones make (the real one still runs)."""
     calls: list[tuple] = []
     real = tango_lm.models.backbone.checkpoint
@@ -64,7 +59,12 @@ def checkpoint_calls(monkeypatch) -> Iterator[list[tuple]]:
 
     monkeypatch.setattr(tango_lm.models.backbone, "checkpoint", recording)
     monkeypatch.setattr(tango_lm.models.archs.attnres, "checkpoint", recording)
-    yield calls
+    return calls
+
+
+@pytest.fixture
+def checkpoint_calls(monkeypatch) -> Iterator[list[tuple]]:
+    yield record_checkpoints(monkeypatch)
 
 
 def loss_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
@@ -74,15 +74,11 @@ def loss_and_grads(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torc
     return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_every_arch_is_covered():
-    assert {CASES[c].get("arch", "tango") for c in CASES} == set(ARCHITECTURES)
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_same_loss_and_gradients(case, checkpoint_calls):
+def check_same_loss_and_gradients(model: torch.nn.Module, checkpoint_calls: list[tuple]) -> dict:
     """float64: the recomputed backward gives the plain model's loss and every parameter gradient;
-    each of the `depth` applications (a looped block's too) is one checkpoint."""
-    model = model_for(case)
+    each of the `depth` applications (a looped block's too) is one checkpoint. Returns the
+    gradients under checkpointing."""
+    model.set_activation_checkpointing(False)
     loss, grads = loss_and_grads(model)
     assert not checkpoint_calls
     model.set_activation_checkpointing(True)
@@ -95,9 +91,20 @@ def test_same_loss_and_gradients(case, checkpoint_calls):
             assert grads_ckpt[name] is None, name
             continue
         torch.testing.assert_close(grads_ckpt[name], grad, rtol=1e-10, atol=1e-14, msg=name)
-    if case == "moe":  # the load-balancing loss reaches the router through the recomputed layers
-        assert model.backbone.aux_loss() is not None
-        assert all(grads_ckpt[n].abs().sum() > 0 for n in grads if n.endswith("router.weight"))
+    return grads_ckpt
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_loss_and_gradients(case, checkpoint_calls):
+    check_same_loss_and_gradients(model_for(case), checkpoint_calls)
+
+
+def test_load_balancing_reaches_the_router_through_recomputation(checkpoint_calls):
+    model = model_for("moe-dropping")
+    grads = check_same_loss_and_gradients(model, checkpoint_calls)
+    assert model.backbone.aux_loss() is not None
+    routers = [n for n in grads if n.endswith("router.weight")]
+    assert routers and all(grads[n].abs().sum() > 0 for n in routers)
 
 
 def retained_bytes(model: torch.nn.Module, calls: list[tuple]) -> int:
@@ -129,19 +136,26 @@ def retained_bytes(model: torch.nn.Module, calls: list[tuple]) -> int:
     return sum(kept.values())
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_checkpointing_keeps_fewer_bytes(case, checkpoint_calls):
-    """Here checkpointing keeps 4% (windowed TANGO) to 21% (full AttnRes, whose checkpoints hold
-    every depth source) of the plain model's bytes; the test asks for less than 30%."""
-    model = model_for(case)
+def check_fewer_bytes(model: torch.nn.Module, checkpoint_calls: list[tuple]) -> tuple[int, int]:
+    """Checkpointing keeps less than 30% of the bytes autograd keeps without it; returns both."""
+    model.set_activation_checkpointing(False)
     plain = retained_bytes(model, checkpoint_calls)
     model.set_activation_checkpointing(True)
     ckpt = retained_bytes(model, checkpoint_calls)
     assert 0 < ckpt < 0.3 * plain, (ckpt, plain)
+    return plain, ckpt
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_checkpointing_keeps_fewer_bytes(case, checkpoint_calls):
+    """Here checkpointing keeps a few percent (windowed TANGO) to about a fifth (full AttnRes, whose
+    checkpoints hold every depth source) of the plain model's bytes; the test asks for less than 30%."""
+    model = model_for(case)
+    plain, ckpt = check_fewer_bytes(model, checkpoint_calls)
     if case == "tango":
         # At the least, each application no longer keeps its gate pre-activations and
         # destination projections ([B, T, F] each, float64).
-        assert plain - ckpt >= model.config.depth * 2 * (2 * 19 * 64 * 8)
+        assert plain - ckpt >= model.config.depth * 2 * (2 * T * model.config.width * 8)
 
 
 def test_decoding_and_evaluation_do_not_recompute(checkpoint_calls):

@@ -1,4 +1,4 @@
-"""Rotating narrow-width training (SPEC 2.6, layers/active_width.py): the segment schedule,
+"""Rotating narrow-width training (docs/design.md §2.6, layers/active_width.py): the segment schedule,
 validation, all-segment and one-segment evaluation against plain models, zero gradients, and the
 real trainer leaving inactive columns (and their AdamW state) exactly unchanged."""
 
@@ -19,12 +19,14 @@ from tango_lm.models.archs.base import Architecture
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.train import trainer as trainer_module
+from tango_lm.train.config import load_run_config
 from tango_lm.train.trainer import Trainer, train
 
 # 4 heads of F/H = 12 gate columns (TANGO family); FFN / compact width 48 as one part.
 BASE = dict(d_model=32, head_dim=8, width=48, depth=3, vocab_size=61, context_length=24)
 ARCHS = {  # arch -> (extra fields, parts the width is cut into, K)
     "tango": ({}, 4, 5),  # segments [0,5) [5,10) [10,12) of each head's 12 columns
+    "tango-windowed": ({"window": 5}, 4, 5),  # T = 19 > W: exact and feature-map weights
     "tango-3set": ({}, 4, 5),
     "tango-compact": ({"controller_width": 8}, 1, 20),  # [0,20) [20,40) [40,48)
     "loop-transformer": ({}, 1, 20),
@@ -48,7 +50,7 @@ def pair(arch: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def inactive_mask(arch: str, segment: int) -> torch.Tensor:
-    """Bool [width], True for columns outside `segment`, from SPEC 2.6 directly."""
+    """Bool [width], True for columns outside `segment`, from docs/design.md §2.6 directly."""
     _, units, k = ARCHS[arch]
     per_unit = BASE["width"] // units
     col = torch.arange(BASE["width"]) % per_unit
@@ -111,6 +113,7 @@ def test_plain_model_has_no_segments():
         (dict(arch="tango", active_width=0), r"active_width=0 must be between 1 and the per-head gate width .*\(12\)"),
         (dict(arch="tango", active_width=13), r"active_width=13 must be between 1 and the per-head gate width"),
         (dict(arch="tango-3set", active_width=13), "per-head gate width"),
+        (dict(arch="tango-windowed", active_width=13), "per-head gate width"),
         (dict(arch="tango-compact", active_width=49), r"between 1 and the gate width width \(48\)"),
         (dict(arch="loop-transformer", active_width=49), r"between 1 and the FFN width \(48\); lower active_width"),
         (dict(arch="untied-transformer", active_width=0), "FFN width"),
@@ -132,6 +135,20 @@ def test_arch_without_support_rejects_active_width(monkeypatch):
     cfg = ModelConfig(**{**BASE, "arch": "plain", "active_width": 4})
     with pytest.raises(UserError, match="active_width .* is not supported by arch=plain; remove active_width"):
         build_model(cfg)
+
+
+# Seed 000 Table 8: the packed active width of each rotating preset (per head for the TANGO
+# variants, of the whole FFN for Transformer++) and the segments it cuts the matched width into.
+TABLE8 = {"tango": (368, 5), "tango-windowed": (368, 5), "loop-transformer": (5632, 5), "untied-transformer": (640, 5)}
+
+
+@pytest.mark.parametrize("arch", sorted(TABLE8))
+def test_table8_rotating_presets(arch):
+    cfg = load_run_config(f"{arch}-70m-d8-rotating", []).model
+    assert (cfg.arch, cfg.d_model, cfg.depth) == (arch, 512, 8)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert (cfg.active_width, model.num_segments) == TABLE8[arch]
 
 
 # -- evaluation modes --------------------------------------------------------------------------
@@ -162,7 +179,7 @@ def test_one_segment_equals_the_model_with_other_columns_zeroed(arch):
         assert (got - full).abs().max() > 1e-4  # a segment alone is a different model
 
 
-@pytest.mark.parametrize("arch", ["tango", "tango-3set", "tango-compact"])
+@pytest.mark.parametrize("arch", ["tango", "tango-windowed", "tango-3set", "tango-compact"])
 def test_cached_decoding_with_one_segment(arch):
     narrow, _ = pair(arch)
     narrow.set_active_segment(2)  # the short last segment
@@ -193,7 +210,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # helpers.TINY_MODEL: 2 heads of F/H = 32 gate columns; K = 12 -> segments [0,12) [12,24) [24,32).
-TRAIN_ARCHS = {"tango": ({}, 2), "tango-3set": ({"depth": 3}, 2), "loop-transformer": ({}, 1)}
+TRAIN_ARCHS = {"tango": ({}, 2), "tango-windowed": ({"window": 7}, 2), "tango-3set": ({"depth": 3}, 2),
+               "loop-transformer": ({}, 1)}
 K = 12
 
 

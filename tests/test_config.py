@@ -1,4 +1,4 @@
-"""Configs (SPEC 7): ModelConfig validation, `key=value` overrides, YAML presets and files, and
+"""Configs (docs/design.md §7): ModelConfig validation, `key=value` overrides, YAML presets and files, and
 the training budget."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_model_config_errors_name_the_field(fields, names):
 
 def test_model_config_valid_and_derived():
     cfg = ModelConfig(arch="tango", d_model=64, width=64, vocab_size=50)
-    assert cfg.n_heads == 2 and cfg.head_dim == 32  # d_h = 32 by default (SPEC 1)
+    assert cfg.n_heads == 2 and cfg.head_dim == 32  # d_h = 32 by default (docs/design.md §1)
     cfg = ModelConfig(arch="untied-transformer", d_model=64, n_heads=8, width=50, vocab_size=50)
     assert cfg.head_dim == 8  # a Transformer++ FFN width need not divide by the heads
     wider = cfg.replace(d_model=128)
@@ -231,7 +231,7 @@ def test_total_steps_from_tokens():
 def test_total_steps_from_tokens_per_param():
     cfg = budget_config("train.tokens_per_param=2.5")
     d, f, v = 32, 48, 50
-    total = 2 * d * d + 3 * d * f + 2 * d + v * d  # TANGO, SPEC 2.2
+    total = 2 * d * d + 3 * d * f + 2 * d + v * d  # TANGO, docs/design.md §2.2
     budget = 2.5 * total
     per_step = 2 * 3 * 16
     steps = cfg.total_steps()

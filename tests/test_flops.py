@@ -60,6 +60,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+import arch_cases
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,7 +94,8 @@ aten = torch.ops.aten
 B = 2
 BASE = {"d_model": 32, "head_dim": 8, "width": 64, "depth": 2, "vocab_size": 64, "context_length": 32}
 
-# case -> (config overrides, sequence length T)
+# The hand derivations' configurations: case -> (config overrides, sequence length T). The generic
+# tests below build every registered architecture from tests/arch_cases.py instead.
 CASES: dict[str, tuple[dict, int]] = {
     "tango": ({}, 8),
     "tango-3set": ({"arch": "tango-3set", "depth": 3}, 8),
@@ -397,14 +399,20 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def test_every_registered_arch_and_head_is_covered():
-    assert {CASES[c][0].get("arch", "tango") for c in CASES} == set(ARCHITECTURES)
-    assert {head for head, _ in HEAD_CASES} == set(HEADS)
+GENERIC_T = 8  # tiny models: T spans two FLASH groups, two GDN chunks and windowed TANGO's window
+GENERIC_VARIANTS = {"attnres-block": ("attnres", {"depth": 4, "attnres_block": 1})}
+GENERIC_CASES = {**{arch: (arch, {}) for arch in arch_cases.names()}, **GENERIC_VARIANTS}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+def generic_config(case: str) -> ModelConfig:
+    arch, changes = GENERIC_CASES[case]
+    return arch_cases.tiny_config(arch, **changes)
+
+
+@pytest.mark.parametrize("case", sorted(GENERIC_CASES))
 def test_training_flops_are_three_forwards(case):
-    cfg, t = config(case)
+    cfg = generic_config(case)
+    t = GENERIC_T
     assert flops_per_token(cfg, t) == 3 * forward_flops_per_token(cfg, t) == cfg.flops_per_token(t)
 
 
@@ -417,10 +425,8 @@ def test_analytic_mixing_matches_hand_derivation(case):
     assert analytic == int(hand)  # the arch truncates per token; < 1 FLOP
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_reference_count_equals_analytic(case, monkeypatch):
+def check_reference_count(cfg: ModelConfig, t: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted on the causal reference path: weights exactly, mixing up to the per-token int()."""
-    cfg, t = config(case)
     model = build(cfg)
     x, y = batch(cfg, t)
     fwd, bwd, loss, real = reference_counts(model, x, y, monkeypatch)
@@ -436,7 +442,12 @@ def test_reference_count_equals_analytic(case, monkeypatch):
     assert 1.9 * matmuls(fwd) <= matmuls(bwd) <= 2.0 * matmuls(fwd)
 
 
-# Rotating narrow-width training (SPEC 2.6): case -> K. With BASE's 4 heads of F/H = 16 (TANGO family)
+@pytest.mark.parametrize("case", sorted(GENERIC_CASES))
+def test_reference_count_equals_analytic(case, monkeypatch):
+    check_reference_count(generic_config(case), GENERIC_T, monkeypatch)
+
+
+# Rotating narrow-width training (docs/design.md §2.6): case -> K. With BASE's 4 heads of F/H = 16 (TANGO family)
 # or the FFN / compact width as one part, the segments are: tango 5, 5, 5, 1 per head (mean 4);
 # tango-3set 6, 6, 4; tango-compact and loop 24, 24, 16 of 64; untied 20, 20, 8 of 48 (mean 16).
 ACTIVE_WIDTH = {"tango": 5, "tango-3set": 6, "tango-compact": 24, "loop-transformer": 24, "untied-transformer": 20}
@@ -661,5 +672,5 @@ def test_head_counts(head, arch_case, monkeypatch):
     assert split(f_fwd)[0] == weights - gate
     # The fused loss recomputes its logits: 3 vocabulary matmuls in the backward per forward one
     # (its weight gradient is an in-place addmm_, which `count` registers).
-    vocab = 2 * n * cfg.vocab_size * cfg.d_model * (2 if "mix" in head or head in ("onona", "mos", "moss") else 1)
+    vocab = 2 * n * cfg.vocab_size * cfg.d_model * HEADS[head].vocab_projections
     assert split(f_bwd)[0] == 2 * (split(f_fwd)[0] - vocab) + 3 * vocab

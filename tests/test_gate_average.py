@@ -1,4 +1,4 @@
-"""The wide-gate average (SPEC 2.2, ops/gate_average.py) against a naive reference written here.
+"""The wide-gate average (docs/design.md §2.2, ops/gate_average.py) against a naive reference written here.
 
 `gbar^h_t = sum_{s<=t} a^h[t, s] g^h_s` with `a^h[t, s] = softmax_{s<=t}(q^h_t . k^h_s / sqrt(d_h))`.
 The reference forms every weight a[t, s] explicitly (exp / sum, no library softmax or SDPA) and

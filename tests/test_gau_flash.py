@@ -1,6 +1,6 @@
-"""GAU and FLASH (SPEC 2.7): the chunked linear part against a quadratic reference, both layers
+"""GAU and FLASH (docs/design.md §2.7): the chunked linear part against a quadratic reference, both layers
 against naive per-position references, causality, cached decoding, parameter formulas and the
-Table 3 widths (SPEC 2.8)."""
+Table 3 widths (docs/design.md §2.8)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def rotate(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
 
 
 def naive_layer(layer: GAULayer | FlashLayer, x: torch.Tensor, context: int, theta: float = 10000.0) -> torch.Tensor:
-    """One GAU / FLASH layer, one destination and one source at a time (SPEC 2.7)."""
+    """One GAU / FLASH layer, one destination and one source at a time (docs/design.md §2.7)."""
     e = layer.width
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * layer.norm.weight
     uv = F.silu(h @ layer.uv_proj.weight.T + layer.uv_proj.bias)
@@ -217,7 +217,7 @@ def test_bf16_autocast_forward_runs():
 
 
 def spec_params(arch: str, d: int, e: int, s: int, depth: int, n: int, g: int) -> int:
-    """SPEC 2.7 per-layer formulas, written out, times depth, plus the final norm."""
+    """docs/design.md §2.7 per-layer formulas, written out, times depth, plus the final norm."""
     if arch == "gau":
         layer = 3 * d * e + 2 * e + d * s + s + 4 * s + d + d + (2 * n - 1)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import arch_cases
 import pytest
 import torch
 
@@ -9,26 +10,14 @@ from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.serve.generate import filter_logits, generate, sample_next
 
-# Every registered architecture must have a tiny config here, so each one's cache is tested.
-TINY = {
-    "tango": {},
-    "tango-3set": {},  # depth 3: one application per set
-    "tango-compact": {"controller_width": 12},
-    "tango-windowed": {"window": 5},
-    "loop-transformer": {},
-    "untied-transformer": {},
-    "gau": {"qk_dim": 8},
-    "flash": {"qk_dim": 8, "group_size": 8},
-    "dense": {"n_kv_heads": 2},
-    "gdn-hybrid": {"n_kv_heads": 2, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 4},
-    "moe": {"n_kv_heads": 2, "n_experts": 4, "moe_top_k": 2, "capacity_factor_train": 2.0},  # E/k: no drops
-    "attnres": {"n_kv_heads": 2, "attnres_block": 1},
-}
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add overhead
 
 
-def tiny_model(arch: str) -> torch.nn.Module:
-    cfg = ModelConfig(arch=arch, d_model=32, head_dim=8, width=48, depth=3, vocab_size=61, context_length=48,
-                      **TINY[arch])
+def tiny_model(arch: str, **changes) -> torch.nn.Module:
+    return model_for(arch_cases.tiny_config(arch, **changes))
+
+
+def model_for(cfg: ModelConfig) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_model(cfg).double().eval()
     with torch.no_grad():  # move off zero/one inits (gates, offsets, biases) so every path matters
@@ -37,21 +26,34 @@ def tiny_model(arch: str) -> torch.nn.Module:
     return model
 
 
-def test_every_architecture_has_a_tiny_config():
-    assert set(TINY) == set(ARCHITECTURES)
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_cached_decoding_reproduces_full_forward(arch):
-    model = tiny_model(arch)
-    x = torch.randint(0, 61, (2, 37), generator=torch.Generator().manual_seed(1))
+def check_cached_decoding(cfg: ModelConfig) -> None:
+    """A prefill, single steps and a chunk through the decode cache give the full forward's
+    log-probs (float64), and the cache grows with the positions exactly when the architecture
+    says its decode state does."""
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 37), generator=torch.Generator().manual_seed(1))
     full = model(x)
     cache = model.new_cache()
     pieces = [model(x[:, :11], cache)]  # prefill
-    pieces += [model(x[:, i : i + 1], cache) for i in range(11, 30)]  # one token at a time
+    sizes = []
+    for i in range(11, 30):  # one token at a time
+        pieces.append(model(x[:, i : i + 1], cache))
+        sizes.append(cache.nbytes())
     pieces.append(model(x[:, 30:], cache))  # a chunk after single steps
     torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)
     assert cache.position == 37 and cache.nbytes() > 0
+    half = len(sizes) // 2
+    grows = max(sizes[half:]) > max(sizes[:half])
+    assert grows == ARCHITECTURES[cfg.arch].decode_state_grows(cfg), sizes
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_cached_decoding_reproduces_full_forward(arch):
+    check_cached_decoding(arch_cases.tiny_config(arch))
+
+
+def test_cached_decoding_of_block_attnres():
+    check_cached_decoding(arch_cases.tiny_config("attnres", attnres_block=1))
 
 
 def test_cache_beyond_context_is_a_user_error():

@@ -1,4 +1,4 @@
-"""Output heads (SPEC 3, seed 001): every head on the model interface (normalized fp32 log-probs,
+"""Output heads (docs/design.md §3, seed 001): every head on the model interface (normalized fp32 log-probs,
 NLL through the fused path, parameter formulas), onóna's containment of Standard, the Appendix A
 rank example, its gradient paths, the one-table ablations, one-projection sampling, and the
 factorial cells and input-gate control."""
@@ -40,18 +40,20 @@ def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-def spec_extra_over_standard(head: str, v: int, d: int, k: int = 2) -> int:
-    """SPEC 3, written out: parameters a head adds to the Standard model."""
+def spec_extra_over_standard(v: int, d: int, k: int = 2) -> dict[str, int]:
+    """docs/design.md §3, written out: parameters each head of the papers adds to the Standard model."""
     return {
         "standard": 0, "untied": v * d, "onona": v * d + d, "mos": k * d * d + k * d, "sigsoftmax": 0,
         "moss": k * d * d + k * d, "input-gate": v * d + d, "factorial-a-a": 0, "factorial-a-mix": v * d + d,
         "factorial-m-a": v * d, "factorial-m-mix": v * d + d,
-    }[head]
+    }
 
 
-def test_every_head_has_a_formula():
-    assert set(HEADS) == {"standard", "untied", "onona", "mos", "sigsoftmax", "moss", "input-gate",
-                          "factorial-a-a", "factorial-a-mix", "factorial-m-a", "factorial-m-mix"}
+SPEC_HEADS = sorted(spec_extra_over_standard(1, 1))
+
+
+def test_every_head_of_the_papers_is_registered():
+    assert set(SPEC_HEADS) <= set(HEADS)
 
 
 # -- every head on the model interface ---------------------------------------------------------------
@@ -78,8 +80,9 @@ def test_log_probs_normalized_and_nll_is_gathered_mean(arch, head):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("head", sorted(HEADS))
-def test_param_formula_equals_numel(arch, head):
-    cfg, std_cfg = small_config(arch, head), small_config(arch, "standard")
+def test_counts_equal_numel(arch, head):
+    """Every registered head: the counts equal the module's, vocabulary tables as 'embedding'."""
+    cfg = small_config(arch, head)
     model = build_model(cfg)
     counts = count_params(cfg)
     named = dict(model.named_parameters())
@@ -87,13 +90,20 @@ def test_param_formula_equals_numel(arch, head):
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts["embedding"] == table
     assert counts["non_embedding"] == counts["total"] - table
-    assert counts["total"] - count_params(std_cfg)["total"] == spec_extra_over_standard(head, V, 32)
-    assert all(n.endswith("weight") for n in named), "no biases (SPEC 1, seed 001 Appendix B)"
+    assert all(n.endswith("weight") for n in named), "no biases (docs/design.md §1, seed 001 Appendix B)"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head", SPEC_HEADS)
+def test_param_formula_equals_numel(arch, head):
+    cfg, std_cfg = small_config(arch, head), small_config(arch, "standard")
+    assert count_params(cfg)["total"] - count_params(std_cfg)["total"] == spec_extra_over_standard(V, 32)[head]
     v, d = V, 32
     projections = 2 if head in ("onona", "mos", "moss", "factorial-a-mix", "factorial-m-mix") else 1
     gate = d if head in ("onona", "input-gate", "factorial-a-mix", "factorial-m-mix") else 0
     mos = 2 * d * d + 2 * d if head in ("mos", "moss") else 0
     assert HEADS[head].matmul_params_per_token(cfg) == projections * v * d + gate + mos
+    assert HEADS[head].vocab_projections == projections
 
 
 # -- onóna containment: A = B = E reproduces Standard for every gate value -------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import arch_cases
 import helpers
 import pytest
 import torch
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from tango_lm.cli import main
 from tango_lm.data.bpe import train_bpe
 from tango_lm.data.tokenizers import Tokenizer, get_tokenizer, tokenizer_from_dict
+from tango_lm.layers.moe import capacity_factor
 from tango_lm.serve.generate import generate
 from tango_lm.train.checkpoint import load_checkpoint, save_checkpoint
 from tango_lm.train.config import RunConfig
@@ -25,14 +27,9 @@ from tango_lm.train.config import RunConfig
 MODELING = Path(__file__).parents[1] / "src" / "tango_lm" / "serve" / "hf_modeling.py"
 TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
          "I'm you'll they've  double   spaces   ", "ÜNÏCÖDÉ 123456 3.14 ∑x²"]
-# One small config per family the wrapper must serve: TANGO, attention (dense), recurrent state
-# (gdn-hybrid), routed experts (moe, at a training capacity that drops tokens).
-ARCHS = {
-    "tango": {},
-    "dense": {"n_kv_heads": 1},
-    "gdn-hybrid": {"n_kv_heads": 1, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 4},
-    "moe": {"n_kv_heads": 1, "n_experts": 4, "moe_top_k": 2, "capacity_factor_train": 0.5},
-}
+# Every registered architecture's tiny model (tests/arch_cases.py), and routed experts at a
+# training capacity that drops tokens.
+CASES = {**{arch: (arch, {}) for arch in arch_cases.names()}, "moe-dropping": ("moe", {"capacity_factor_train": 0.5})}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,8 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer = "byte", **model) -> Path:
     """A randomly initialized tiny checkpoint, its weights moved off their init so every path matters."""
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    cfg = {**helpers.TINY_MODEL, "arch": arch, "context_length": 48, "vocab_size": tok.vocab_size,
-           **ARCHS.get(arch, {}), **model}
+    cfg = arch_cases.tiny_fields(arch, context_length=48, vocab_size=tok.vocab_size, **model)
     run = RunConfig.from_dict({"model": cfg, "data": {"dir": str(root / "data")},
                                "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
     torch.manual_seed(0)
@@ -150,12 +146,16 @@ def test_auto_model_logits_are_the_models_log_probs(transformers, byte_export):
         torch.testing.assert_close(hf(ids, labels=labels).loss, masked, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_greedy_generate_equals_tango_generate_with_and_without_cache(transformers, tmp_path, arch):
-    ckpt = make_checkpoint(tmp_path, arch)
-    hf = load_hf(transformers, export(ckpt, tmp_path / "hf"))
+def check_round_trip(transformers, root: Path, arch: str, **model) -> None:
+    """Export a checkpoint, load it with AutoModelForCausalLM: its logits are the model's
+    log-probs, and greedy `generate()` with and without the cache gives `tango-lm generate`'s
+    greedy tokens."""
+    ckpt = make_checkpoint(root, arch, **model)
+    hf = load_hf(transformers, export(ckpt, root / "hf"))
     ref = load_checkpoint(ckpt).build_model()
     prompts = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capacity_factor(ref, "eval"):  # served as in external evaluation
+        torch.testing.assert_close(hf(prompts).logits, ref(prompts), rtol=0, atol=0)
     for prompt in (prompts[:1], prompts):  # one prompt, and a batch of equal-length prompts
         want = generate(ref, prompt, 24, temperature=0)  # tango-lm generate --temperature 0 (--no-stop)
         kwargs = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
@@ -167,10 +167,15 @@ def test_greedy_generate_equals_tango_generate_with_and_without_cache(transforme
     stopped = hf.generate(prompts[:1], max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=eos)
     assert stopped.tolist() == generate(ref, prompts[:1], 24, temperature=0, eos_id=eos).tolist()
     assert stopped.shape[1] == 10
-    if arch == "tango":  # beam search reorders the cache rows
-        beams = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
-        assert hf.generate(prompts[:1], **beams).tolist() == hf.generate(prompts[:1], use_cache=False,
-                                                                          **beams).tolist()
+    # beam search reorders the cache rows
+    beams = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+    assert hf.generate(prompts[:1], **beams).tolist() == hf.generate(prompts[:1], use_cache=False, **beams).tolist()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_generate_equals_tango_generate_with_and_without_cache(transformers, tmp_path, case):
+    arch, changes = CASES[case]
+    check_round_trip(transformers, tmp_path, arch, **changes)
 
 
 def test_generate_on_static_steps_is_the_same(transformers, byte_export, monkeypatch):
@@ -238,3 +243,50 @@ def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
         ids = tok(text).input_ids
         assert ids == ours.encode(text), text
         assert tok.decode(ids) == ours.decode(ids)
+
+
+
+LOAD_BOTH = """
+import sys
+import transformers
+path = sys.argv[1]
+model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, local_files_only=True)
+tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)  # no trust_remote_code
+print("loaded", type(model).__name__, type(model.config).__name__, tokenizer("ab").input_ids)
+"""
+
+
+def test_auto_classes_load_without_a_prompt_or_a_model_type_warning(transformers, byte_export, tmp_path):
+    """A fresh process with stdin closed: a prompt would show up as its text (and an EOF answer), a
+    config read by the wrong class as transformers' "model of type" warning. Neither may appear."""
+    import os
+    import subprocess
+    import sys
+
+    _, out = byte_export
+    src = str(Path(__file__).parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "TRANSFORMERS_VERBOSITY": "info"}
+    proc = subprocess.run([sys.executable, "-c", LOAD_BOTH, str(out)], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=env, timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "loaded TangoLMForCausalLM TangoLMConfig [97, 98]" in proc.stdout
+    assert "custom code" not in text and "[y/N]" not in text
+    assert "model of type" not in text
+
+
+def test_importing_the_modeling_module_registers_the_model_type(transformers, byte_export, caplog):
+    """After `import tango_lm.serve.hf_modeling` neither Auto class needs trust_remote_code. (pytest's
+    stdin raises when read, so a prompt would fail over to the warning checked here.)"""
+    import logging
+
+    import tango_lm.serve.hf_modeling as hf_modeling
+
+    _, out = byte_export
+    transformers.logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert isinstance(model, hf_modeling.TangoLMForCausalLM) and tokenizer("ab").input_ids == [97, 98]
+    assert "model of type" not in caplog.text and "custom code" not in caplog.text

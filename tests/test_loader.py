@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tango_lm.data.loader import WindowLoader, count_eval_windows, eval_batches
+from tango_lm.data.loader import WindowLoader, count_eval_windows, eval_batches, eval_window_ids
 from tango_lm.errors import UserError
 
 SEQ = 8
@@ -128,3 +128,32 @@ def test_eval_batches_max_windows():
 def test_eval_batches_too_short():
     with pytest.raises(UserError, match="fewer than one window"):
         eval_batches(np.arange(SEQ, dtype=np.uint16), SEQ, batch_size=2)
+
+
+# -- sampled evaluation windows (train.eval_sample_seed; the onóna paper's 1,024 windows, seed 1234) --
+def test_sampled_window_ids_are_a_pure_function_of_seed_windows_and_count():
+    first = eval_window_ids(37, 5, sample_seed=1234)
+    torch.manual_seed(99)  # the global RNGs play no part
+    np.random.seed(99)
+    torch.rand(3)
+    assert eval_window_ids(37, 5, sample_seed=1234).tolist() == first.tolist() == [20, 4, 23, 34, 18]
+    everything = eval_window_ids(37, None, sample_seed=1234)
+    assert sorted(everything.tolist()) == list(range(37))  # without replacement
+    for k in (1, 5, 36):  # a sample of k is the first k of a larger one
+        assert eval_window_ids(37, k, sample_seed=1234).tolist() == everything[:k].tolist()
+    assert eval_window_ids(37, 5, sample_seed=1235).tolist() != first.tolist()
+    assert eval_window_ids(37, 5).tolist() == [0, 1, 2, 3, 4]  # no seed: the first windows, in order
+    assert eval_window_ids(37, 100, sample_seed=7).shape == (37,)
+
+
+def test_eval_batches_with_a_sample_seed_score_the_sampled_windows():
+    tokens = _tokens()
+    batches = list(eval_batches(tokens, SEQ, batch_size=3, max_windows=7, sample_seed=1234))
+    assert [x.shape[0] for x, _ in batches] == [3, 3, 1]
+    ids = eval_window_ids(37, 7, sample_seed=1234).tolist()
+    assert [w for x, _ in batches for w in _window_ids(x)] == ids
+    for (x, y), start in zip(batches, range(0, 7, 3), strict=True):  # each window's targets follow its inputs
+        assert torch.equal(y[:, :-1], x[:, 1:])
+        assert [int(r[0]) for r in x] == [i * SEQ for i in ids[start : start + 3]]
+    again = list(eval_batches(tokens, SEQ, batch_size=3, max_windows=7, sample_seed=1234))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again, strict=True))

@@ -1,4 +1,4 @@
-"""AdamW parameter groups and the learning-rate schedules (SPEC 6)."""
+"""AdamW parameter groups and the learning-rate schedules (docs/design.md §6)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Parameter formulas (SPEC 2.1, 2.2) against the modules, matching (SPEC 2.8) against seed 000
+"""Parameter formulas (docs/design.md §2.1, §2.2) against the modules, matching (docs/design.md §2.8) against seed 000
 Table 3, and the shipped presets against both."""
 
 from __future__ import annotations
 
 import re
 
+import arch_cases
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ V_GPT2 = 50257
 
 
 def spec_non_embedding(arch: str, d: int, f: int, depth: int) -> int:
-    """SPEC 2.1 / 2.2, written out here (final norm included)."""
+    """docs/design.md §2.1 / §2.2, written out here (final norm included)."""
     block_pp = 4 * d * d + 3 * d * f + 2 * d
     if arch == "tango":
         return 2 * d * d + 3 * d * f + 2 * d
@@ -41,6 +42,19 @@ def meta_model(cfg: ModelConfig) -> torch.nn.Module:
 
 
 ARCHS = ("tango", "loop-transformer", "untied-transformer")
+
+
+def check_param_count(arch: str) -> None:
+    """The counts from the architecture's formula (plus the Standard head's table) equal the
+    module's `numel`, at the tiny config and one application deeper."""
+    for cfg in (arch_cases.tiny_config(arch), arch_cases.tiny_config(arch, depth=arch_cases.tiny_config(arch).depth + 1)):
+        total, non_emb = numel(meta_model(cfg))
+        assert count_params(cfg) == {"total": total, "non_embedding": non_emb, "embedding": total - non_emb}, cfg
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_every_architecture_counts_its_parameters(arch):
+    check_param_count(arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -110,7 +124,7 @@ def test_match_tier_reproduces_table3(tier, depth):
         assert row["n_heads"] == h and f % h == 0 and row["depth"] == depth
         total = spec_non_embedding(arch, d, f, depth) + V_GPT2 * d
         assert row["total"] == total and row["gap"] == total - target
-        # Nearest multiple of H: neither neighbour is closer to the target (SPEC 2.8).
+        # Nearest multiple of H: neither neighbour is closer to the target (docs/design.md §2.8).
         for other in (f - h, f + h):
             assert abs(spec_non_embedding(arch, d, other, depth) + V_GPT2 * d - target) >= abs(total - target)
 

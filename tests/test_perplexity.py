@@ -1,4 +1,4 @@
-"""External perplexity (SPEC 6): rolling-window document NLL, WikiText word perplexity and
+"""External perplexity (docs/design.md §6): rolling-window document NLL, WikiText word perplexity and
 LAMBADA last-word perplexity/accuracy, each checked against a brute-force computation that runs
 the model on every token's full prefix."""
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 
+import arch_cases
 import pytest
 import torch
-from test_generate import TINY, tiny_model
+from test_generate import model_for, tiny_model
 from torch._dynamo.utils import counters
 
 from tango_lm import ModelConfig, build_model
@@ -18,7 +19,9 @@ from tango_lm.serve.generate import generate
 from tango_lm.serve.static_decode import StaticDecoder, sample_from_noise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-REQUESTS = (11, 8, 2)  # prefill lengths: inside a FLASH group (g = 8), at its boundary, inside the first window
+# Prefill lengths: inside a FLASH group (tiny g = 4), at a group boundary, inside the first window
+# of windowed TANGO (tiny W = 4); the steps then cross groups and windows.
+REQUESTS = (11, 8, 2)
 
 
 def eager_log_probs(model, x, prefill):
@@ -47,35 +50,43 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_every_architecture_is_covered():
-    assert set(TINY) == set(ARCHITECTURES)
-
-
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_static_steps_equal_the_eager_decode(arch):
-    model = tiny_model(arch)
-    x = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(1))
+def check_static_decoding(cfg: ModelConfig) -> None:
+    """Static steps (run eagerly) give the eager decode's log-probs (float64) at every position of
+    three requests on one decoder, whose buffers every request reuses."""
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     decoder = StaticDecoder(model, 2, "eager")
-    for prefill in REQUESTS:  # one decoder, its buffers reused by every request
+    for prefill in REQUESTS:
         want = eager_log_probs(model, x, prefill)
         torch.testing.assert_close(static_log_probs(decoder, x, prefill), want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
-def test_compiled_static_step_is_one_graph_for_every_position(arch):
-    # Dynamo's single graph (fullgraph), run op by op: the tracing is what a compiled or CUDA-graph
-    # step needs; one application per block kind keeps it quick (three for the three-set block).
-    cfg = ModelConfig(arch=arch, d_model=32, head_dim=8, width=48, depth=3 if arch == "tango-3set" else 1,
-                      vocab_size=61, context_length=48, **TINY[arch])
-    torch.manual_seed(0)
-    model = build_model(cfg).double().eval()
-    x = torch.randint(0, 61, (2, 14), generator=torch.Generator().manual_seed(1))
+def check_one_graph(cfg: ModelConfig) -> None:
+    """Traced by Dynamo (fullgraph, its "eager" backend: the same graph a compiled or CUDA-graph
+    step needs, run op by op) the step gives the same log-probs, and one graph serves every
+    position of two requests."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 14), generator=torch.Generator().manual_seed(1))
     decoder = StaticDecoder(model, 2, "compile", backend="eager")
     for prefill in (9, 11):  # a second request, at another position: no new graph
         want = eager_log_probs(model, x, prefill)
         torch.testing.assert_close(static_log_probs(decoder, x, prefill), want, rtol=1e-10, atol=1e-10)
     assert not decoder.compiled_failed
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_static_steps_equal_the_eager_decode(arch):
+    check_static_decoding(arch_cases.tiny_config(arch))
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_compiled_static_step_is_one_graph_for_every_position(arch):
+    # One application per block kind keeps the tracing quick (the architectures that need more
+    # say so in their tiny depth).
+    check_one_graph(arch_cases.tiny_config(arch, depth=ARCHITECTURES[arch].tiny.get("depth", 1)))
 
 
 def test_generate_static_greedy_equals_eager_and_reuses_the_decoder():
@@ -152,7 +163,7 @@ def test_onona_static_sample_is_the_one_projection_sample():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", arch_cases.names())
 def test_cuda_graph_decode_equals_the_eager_decode(arch):
     model = tiny_model(arch).float().cuda()
     prompt = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(1)).cuda()

@@ -219,9 +219,9 @@ def test_one_sweep_at_a_time(data_dir, tmp_path):
 
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
     (tmp_path / "sweep").mkdir()
-    with open(tmp_path / "sweep" / ".sweep.lock", "a+") as f:
+    with open(tmp_path / "sweep" / ".lock", "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        with pytest.raises(UserError, match="another sweep"):
+        with pytest.raises(UserError, match="is in use by"):
             run_sweep(load_grid(path), progress=False, log=lambda _: None)
 
 

@@ -1,6 +1,6 @@
-"""The TANGO block (SPEC 2.2, layers/tango.py) against a naive reference of the whole block.
+"""The TANGO block (docs/design.md §2.2, layers/tango.py) against a naive reference of the whole block.
 
-The reference is written from SPEC 2.2's equations with nothing from the library but the block's
+The reference is written from docs/design.md §2.2's equations with nothing from the library but the block's
 weights: RMSNorm, rotate-half RoPE per head on q and k (positions 0..T-1, theta 10,000), the SiLU
 source gate, a per-head softmax average with an explicit loop over destinations and sources, the
 destination projection, the down projection and the residual.
@@ -77,7 +77,7 @@ def naive_block(block: TangoBlock, x: torch.Tensor, n_heads: int) -> torch.Tenso
 
 
 def swiglu_naive(block: TangoBlock, x: torch.Tensor, swap: bool = False) -> torch.Tensor:
-    """`x + W_o(silu(W_g h) * W_u h)` (SPEC 2.2's self-only property); swap exchanges W_g and W_u."""
+    """`x + W_o(silu(W_g h) * W_u h)` (docs/design.md §2.2's self-only property); swap exchanges W_g and W_u."""
     h = rms_norm_naive(x, block.norm.weight)
     wg, wu = block.gate_proj.weight, block.up_proj.weight
     if swap:
@@ -102,7 +102,7 @@ def rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
     return ((a - e).abs().max() / e.abs().max()).item()
 
 
-# The block takes its norm statistics and RoPE in fp32 (SPEC 1), so float64 agreement is to
+# The block takes its norm statistics and RoPE in fp32 (docs/design.md §1), so float64 agreement is to
 # fp32 rounding; any structural mistake (head split, rotation, scale, roles) is O(1).
 TOL = 2e-6
 
@@ -172,7 +172,7 @@ def diagonal_attention_setup(d: int, n_heads: int, width: int, t: int, scale: fl
 
 @pytest.mark.parametrize(("d", "n_heads", "width", "t"), CASES)
 def test_self_only_attention_is_swiglu(d, n_heads, width, t):
-    # SPEC 2.2: when each destination attends only to itself, the block is the SwiGLU FFN
+    # docs/design.md §2.2: when each destination attends only to itself, the block is the SwiGLU FFN
     # x + W_o(silu(W_g h) * W_u h), with W_g = gate_proj and W_u = up_proj.
     block, x = diagonal_attention_setup(d, n_heads, width, t)
     out = run_block(block, x).detach()

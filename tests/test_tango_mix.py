@@ -61,7 +61,7 @@ def test_fused_float32_close_to_float64():
 
 def test_dispatch_uses_fused_on_cpu(monkeypatch):
     calls = []
-    monkeypatch.setattr("tango_lm.ops.tango_mix.tango_mix_fused", lambda *xs: calls.append(1) or tango_mix_reference(*xs))
+    monkeypatch.setattr("tango_lm.ops.tango_mix.tango_mix_fused", lambda *xs, **kw: calls.append(1) or tango_mix_reference(*xs))
     xs = inputs(1, 2, 4, 4, 3, torch.float32)
     tango_mix(*xs)
     assert calls == [1]

@@ -1,4 +1,4 @@
-"""TANGO with three gated-projection sets (SPEC 2.4) and compact-controller TANGO (SPEC 2.5,
+"""TANGO with three gated-projection sets (docs/design.md §2.4) and compact-controller TANGO (docs/design.md §2.5,
 layers/tango_variants.py): which set each application uses, the compact block against a naive
 reference and against TANGO with the gate silu(h W_c) W_e, parameter formulas against `numel`.
 (Cached decoding of both is tested through TINY in test_generate.py.)"""
@@ -134,7 +134,7 @@ def test_three_set_formula_equals_numel(d, head_dim, f, depth, vocab):
 
 
 def test_three_set_spec_check():
-    # SPEC 2.4: V = 50257, d = 1216, 38 heads, F = 570 -> 70,310,336.
+    # docs/design.md §2.4: V = 50257, d = 1216, 38 heads, F = 570 -> 70,310,336.
     cfg = ModelConfig(arch="tango-3set", d_model=1216, n_heads=38, width=570, depth=4, vocab_size=50257)
     with torch.device("meta"):
         model = build_model(cfg)
@@ -168,7 +168,7 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, n_heads: int) -> torch.T
 
 
 def naive_compact(block: CompactTangoBlock, x: torch.Tensor) -> torch.Tensor:
-    """SPEC 2.5 as written: c = silu(h W_c) split in heads, averaged per head, expanded by W_e."""
+    """docs/design.md §2.5 as written: c = silu(h W_c) split in heads, averaged per head, expanded by W_e."""
     n_heads = block.n_heads
     h = rms_norm_naive(x, block.norm.weight)
     a = attention_weights(h @ block.q_proj.weight.T, h @ block.k_proj.weight.T, n_heads)
@@ -181,7 +181,7 @@ def naive_compact(block: CompactTangoBlock, x: torch.Tensor) -> torch.Tensor:
 
 
 def naive_tango_with_gate(block: CompactTangoBlock, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """TANGO (SPEC 2.2) with a given source gate g [B, T, F] split in heads of F/H."""
+    """TANGO (docs/design.md §2.2) with a given source gate g [B, T, F] split in heads of F/H."""
     n_heads = block.n_heads
     h = rms_norm_naive(x, block.norm.weight)
     a = attention_weights(h @ block.q_proj.weight.T, h @ block.k_proj.weight.T, n_heads)
@@ -199,7 +199,7 @@ def rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
     return ((a - e).abs().max() / e.abs().max()).item()
 
 
-TOL = 2e-6  # the block's norm and RoPE run in fp32 (SPEC 1)
+TOL = 2e-6  # the block's norm and RoPE run in fp32 (docs/design.md §1)
 
 
 @pytest.mark.parametrize(("d", "n_heads", "width", "r", "t"), [(32, 2, 40, 12, 7), (48, 4, 30, 20, 13)])
@@ -232,7 +232,7 @@ def block_diagonal_(w: torch.Tensor, n_heads: int) -> None:
 def test_compact_is_tango_with_gate_silu_h_wc_we(n_heads, block_diag):
     # By linearity, averaging c and then expanding equals averaging the expanded gate c W_e, when
     # each gate column reads the controller of its own head: always with one head, and with
-    # several heads when W_e is head-block-diagonal (SPEC 2.5; see the module docstring).
+    # several heads when W_e is head-block-diagonal (docs/design.md §2.5; see the module docstring).
     d, width, r, t = 32, 24, 8, 11
     block = compact_block(d, n_heads, width, r, seed=7)
     if block_diag:

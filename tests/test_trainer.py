@@ -1,4 +1,4 @@
-"""The training loop: exact resume (SPEC 6 "exact resume"), best-dev selection, budgets,
+"""The training loop: exact resume (docs/design.md §6 "exact resume"), best-dev selection, budgets,
 gradient accumulation and the logged learning rate."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_training_without_resume_refuses_existing_checkpoints(data_dir, tmp_path
     out = tmp_path / "run"
     train(helpers.run_config(data_dir, out, steps=4))
     before = helpers.snapshot(out)
-    with pytest.raises(UserError, match="already holds checkpoints"):
+    with pytest.raises(UserError, match="already holds a run"):
         train(helpers.run_config(data_dir, out, steps=8))
     assert helpers.snapshot(out) == before
 

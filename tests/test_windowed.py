@@ -1,6 +1,6 @@
-"""Windowed TANGO (SPEC 2.3): ops/windowed.py, layers/tango_windowed.py, models/archs/tango_windowed.py.
+"""Windowed TANGO (docs/design.md §2.3): ops/windowed.py, layers/tango_windowed.py, models/archs/tango_windowed.py.
 
-SPEC 2.3's weights, for destination t and source s <= t (per head):
+docs/design.md §2.3's weights, for destination t and source s <= t (per head):
 `w[t, s] = exp(q_t . k_s / sqrt(d_h))` (q, k rotated) when `t - W < s <= t`, else
 `w[t, s] = phi(q_t) . phi(k_s)` (phi of the un-rotated q, k), and `gbar_t = sum_s w g_s / sum_s w`.
 The naive checks below form every w[t, s] with explicit loops; the chunked linear-time path must
@@ -13,13 +13,15 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.bench.windowed import windowed_time_per_token
-from tango_lm.layers.rope import rope_tables
+from tango_lm.layers.rope import apply_rope, rope_tables
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
 from tango_lm.models.archs.tango import Tango
 from tango_lm.models.archs.tango_windowed import TangoWindowed
+from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.windowed import (
     FEATURE_MAPS,
     windowed_gate_average,
@@ -96,7 +98,7 @@ def phi_scalar(x: float, name: str) -> float:
 
 @pytest.mark.parametrize("feature_map", sorted(FEATURE_MAPS))
 def test_spec_formula_by_hand(feature_map):
-    # One head, T = 9, W = 3: every weight from SPEC 2.3's two cases, one (t, s) at a time.
+    # One head, T = 9, W = 3: every weight from docs/design.md §2.3's two cases, one (t, s) at a time.
     (q_rot, k_rot, q_raw, k_raw, g), _ = make_inputs(9, width=5)
     q_rot, k_rot, q_raw, k_raw, g = (x[:1, :1].detach() for x in (q_rot, k_rot, q_raw, k_raw, g))
     window, d_h = 3, q_rot.shape[-1]
@@ -243,7 +245,7 @@ def rope_naive(v: torch.Tensor, pos: int, theta: float = 10000.0) -> torch.Tenso
 
 
 def naive_block(block: WindowedTangoBlock, x: torch.Tensor, n_heads: int, window: int) -> torch.Tensor:
-    """SPEC 2.3 in the TANGO block of SPEC 2.2, from the block's weights only, one (t, s) at a time."""
+    """docs/design.md §2.3 in the TANGO block of docs/design.md §2.2, from the block's weights only, one (t, s) at a time."""
     b, t_len, d = x.shape
     d_h = d // n_heads
     h = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * block.norm.weight
@@ -284,7 +286,7 @@ def test_block_matches_naive_spec(chunk_size):
     x = torch.randn(2, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out = block(x, rope_tables(t, d // n_heads, 10000.0, x.device, dtype=x.dtype))
     want = naive_block(block, x, n_heads, window)
-    assert rel_err(out - x, want - x) < 2e-6  # the norm statistics run in fp32 (SPEC 1)
+    assert rel_err(out - x, want - x) < 2e-6  # the norm statistics run in fp32 (docs/design.md §1)
 
 
 # -- the architecture ------------------------------------------------------------------------------
@@ -383,3 +385,64 @@ def test_time_per_token_helper_runs():
     assert [r["seq_len"] for r in rows] == [8, 16] and [r["batch"] for r in rows] == [8, 4]
     assert all(r["windowed_us_per_token"] > 0 and r["tango_us_per_token"] > 0 for r in rows)
     assert rows[0]["windowed_vs_first"] == 1.0
+
+
+# -- rotating narrow-width training (docs/design.md §2.6) ----------------------------------------------------
+
+def narrow_reference(block: WindowedTangoBlock, x: torch.Tensor, rope, cols: torch.Tensor) -> torch.Tensor:
+    """Windowed TANGO with only the gate columns `cols` (of the full width), from the quadratic
+    reference: W_g, W_u rows and W_o columns indexed directly, nothing from `ActiveColumns`."""
+    h = block.norm(x)
+    q_raw = split_heads(h @ block.q_proj.weight.T, block.n_heads)
+    k_raw = split_heads(h @ block.k_proj.weight.T, block.n_heads)
+    q, k = apply_rope(q_raw, *rope), apply_rope(k_raw, *rope)
+    a = h @ block.gate_proj.weight[cols].T
+    u = h @ block.up_proj.weight[cols].T
+    g = split_heads(F.silu(a), block.n_heads)
+    avg = windowed_gate_average_reference(q, k, q_raw, k_raw, g, block.window, block.feature_map)
+    return x + (merge_heads(avg) * u) @ block.down_proj.weight[:, cols].T
+
+
+@pytest.mark.parametrize("mix", ["fused", "composition"])
+def test_rotating_segment_matches_reference_on_active_columns(monkeypatch, mix):
+    # 3 heads of F/H = 13 columns, K = 5: segments [0,5) [5,10) [10,13) of each head; T = 37 with
+    # W = 4 and chunks of 5 runs the band, the feature-map weights and the prefix sums.
+    import tango_lm.layers.tango_windowed as layer
+
+    monkeypatch.setattr(layer, "windowed_mix", windowed_mix_fused if mix == "fused" else windowed_mix_reference)
+    d, heads, width, t, k = 24, 3, 39, 37, 5
+    torch.manual_seed(0)
+    block = WindowedTangoBlock(d, heads, width, 1e-6, window=4, active_width=k).double()
+    block.chunk_size = 5
+    x0 = torch.randn(2, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    dy = torch.randn(2, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    rope = rope_tables(t, d // heads, 10000.0, x0.device, dtype=x0.dtype)
+    params = dict(block.named_parameters())
+    for segment, (lo, hi) in enumerate([(0, 5), (5, 10), (10, 13)]):
+        cols = torch.tensor([hd * 13 + c for hd in range(heads) for c in range(lo, hi)])
+        outs, grads = [], []
+        for run in ("block", "reference"):
+            x = x0.clone().requires_grad_(True)
+            block.active.select(segment)
+            out = block(x, rope) if run == "block" else narrow_reference(block, x, rope, cols)
+            outs.append(out)
+            grads.append(torch.autograd.grad(out, [x, *params.values()], dy))
+        assert rel_err(outs[0], outs[1]) < 1e-12, segment
+        for name, got, want in zip(["x", *params], grads[0], grads[1], strict=True):
+            assert rel_err(got, want) < 1e-10, (segment, name)
+        inactive = torch.ones(width, dtype=torch.bool)
+        inactive[cols] = False
+        got = dict(zip(params, grads[0][1:], strict=True))
+        assert not got["gate_proj.weight"][inactive].any() and not got["down_proj.weight"][:, inactive].any()
+        assert got["up_proj.weight"][~inactive].abs().max() > 0
+    block.active.select(None)
+
+
+def test_rotating_flops_count_the_active_columns():
+    cfg = ModelConfig(arch="tango-windowed", d_model=32, head_dim=8, width=48, depth=2, window=2, vocab_size=61,
+                      active_width=5)  # 4 heads of 12 columns: 3 segments, 48 / 3 = 16 columns a step
+    narrow = cfg.replace(active_width=None, width=16)
+    for t in (3, 37):
+        assert TangoWindowed.attention_flops_per_token(cfg, t) == TangoWindowed.attention_flops_per_token(narrow, t)
+    assert cfg.flops_per_token(37) < cfg.flops_per_token(37, full_width=True)
+    assert cfg.flops_per_token(37, full_width=True) == cfg.replace(active_width=None).flops_per_token(37)

@@ -1,5 +1,5 @@
 """Speed and peak memory of the output head alone: Standard against the twin (onóna) head, each on
-its plain path and on the chunked fused loss of `ops/twin_loss.py` (SPEC 3, "Memory").
+its plain path and on the chunked fused loss of `ops/twin_loss.py` (docs/design.md §3, "Memory").
 
 One step is a forward and backward of the summed NLL over `positions` hidden states:
 

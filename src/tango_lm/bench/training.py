@@ -34,15 +34,14 @@ from tango_lm.train.device import autocast, autocast_dtype, pick_device
 from tango_lm.train.optim import adamw
 
 BASELINE = "loop-transformer"
-DEFAULT_ARCHS = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
-                 "gau", "flash")
-OPTIONAL_ARCHS = ("dense", "gdn-hybrid", "moe", "attnres")
 PAIR = ("loop-transformer", "tango")  # `tango-lm bench` without --suite: the original comparison
 
 
-def matched_pair(d_model: int, depth: int, tango_width: int, vocab_size: int, seq_len: int) -> list[ModelConfig]:
-    """TANGO at `tango_width` and a Loop Transformer++ whose width matches its total parameters."""
-    return [cfg for _, cfg, _ in matched_configs(PAIR, d_model, depth, tango_width, vocab_size, seq_len) if cfg]
+def default_archs() -> list[str]:
+    """The training and decode suites' architectures: those registered with `in_bench_suite`."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    return [name for name, arch in ARCHITECTURES.items() if arch.in_bench_suite]
 
 
 def matched_configs(archs: tuple[str, ...] | list[str], d_model: int, depth: int, tango_width: int,

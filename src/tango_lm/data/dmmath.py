@@ -4,7 +4,7 @@ Why a separate environment: the PyPI package `mathematics-dataset` does not run 
 sympy 1.14 as shipped (`np.object`, `ndarray.itemset`, and `base_solution_linear` moved inside
 sympy). It runs with numpy 1.26.4 plus a small patch, but pinning numpy 1.x in the user's own
 environment would break torch and everything else there. So the generator lives in a dedicated
-virtual environment (`<cache>/dmmath-env`, cache = $TANGO_LM_CACHE or ~/.cache/tango-lm) that
+virtual environment (`<cache>/dmmath-env`, `<cache>` = `tango_lm.cache_root.cache_root()`) that
 is created once, and `dmmath_worker.py` runs in it as a subprocess, patching and importing the
 generator there. What it generates is cached under `<cache>/dmmath/<key>`, keyed by the
 generation parameters and the generator's pinned versions, so a second prepare reuses it.
@@ -29,6 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tango_lm.cache_root import cache_root
 from tango_lm.errors import UserError
 
 __all__ = ["prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
@@ -40,12 +41,6 @@ WORKER_VERSION = 1
 TRAIN_SPLITS = ("train-easy", "train-medium", "train-hard")
 _ENV_MARKER = "tango-lm-env.json"
 _WORKER = Path(__file__).with_name("dmmath_worker.py")
-
-
-def cache_root() -> Path:
-    """Root of tango-lm's caches: $TANGO_LM_CACHE, else ~/.cache/tango-lm."""
-    env = os.environ.get("TANGO_LM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "tango-lm"
 
 
 def _generated_root() -> Path:

@@ -19,7 +19,7 @@ import torch
 
 from tango_lm.errors import UserError
 
-__all__ = ["WindowLoader", "eval_batches", "count_eval_windows", "num_windows"]
+__all__ = ["WindowLoader", "eval_batches", "eval_window_ids", "count_eval_windows", "num_windows"]
 
 # Multiplier that keeps (data_seed, epoch) pairs from colliding for any realistic epoch count.
 _EPOCH_STRIDE = 1_000_003
@@ -162,10 +162,30 @@ def count_eval_windows(tokens: np.ndarray, seq_len: int, max_windows: int | None
     return n if max_windows is None else min(n, max(0, int(max_windows)))
 
 
+def eval_window_ids(n_windows: int, max_windows: int | None = None, sample_seed: int | None = None) -> np.ndarray:
+    """The ids of the windows an evaluation scores, in the order it scores them.
+
+    Without `sample_seed`: the first `max_windows` (all when None), in order. With it: `max_windows`
+    windows drawn without replacement, the first entries of a permutation of all `n_windows` seeded
+    with `sample_seed` alone (the onóna paper's "1,024 held-out windows sampled with seed 1234").
+    A pure function of its arguments, so every run, every process and every process count scores
+    the same windows in the same order; the sample of k windows is the first k of a larger one."""
+    count = n_windows if max_windows is None else min(n_windows, max(0, int(max_windows)))
+    if sample_seed is None:
+        return np.arange(count, dtype=np.int64)
+    g = torch.Generator().manual_seed(int(sample_seed))
+    return torch.randperm(n_windows, generator=g)[:count].numpy()
+
+
 def eval_batches(
-    tokens: np.ndarray, seq_len: int, batch_size: int, max_windows: int | None = None
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    max_windows: int | None = None,
+    sample_seed: int | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Fixed evaluation batches over the first `max_windows` windows (all when None), in order.
+    """Fixed evaluation batches over the windows `eval_window_ids` picks: the first `max_windows`
+    (all when None) in order, or `max_windows` sampled with `sample_seed`.
 
     Every call yields the same batches; each target token of the covered windows appears exactly
     once. The last batch may hold fewer than `batch_size` windows.
@@ -179,10 +199,10 @@ def eval_batches(
             f"the evaluation split has {len(tokens)} tokens, fewer than one window of seq_len {seq_len} "
             f"needs ({seq_len + 1}); use more evaluation data or a smaller seq_len"
         )
+    ids = eval_window_ids(num_windows(len(tokens), seq_len), n, sample_seed)
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for start in range(0, n, batch_size):
-            ids = np.arange(start, min(start + batch_size, n), dtype=np.int64)
-            yield _gather(tokens, ids, seq_len)
+            yield _gather(tokens, ids[start : start + batch_size], seq_len)
 
     return batches()

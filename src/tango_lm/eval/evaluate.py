@@ -24,7 +24,9 @@ def evaluate_checkpoint(
     ablate: str | None = None,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
-    of the split unless `max_windows` is given. A model trained with `active_width` (SPEC 2.6)
+    of the split unless `max_windows` is given; on the dev split of a run with `eval_sample_seed`,
+    the run's own sampled dev windows (its `eval_windows` unless `max_windows` is given), so the
+    result reproduces the dev NLL the run logged. A model trained with `active_width` (docs/design.md §2.6)
     runs with all segments active unless `segment` picks one; its result then has a "segment" key.
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)
@@ -52,8 +54,14 @@ def evaluate_checkpoint(
     seq_len = run["train"]["seq_len"] or run["model"]["context_length"]
     bs = batch_size or run["train"].get("eval_batch_size") or run["train"]["batch_size"]
     dtype = autocast_dtype(run["train"]["precision"], dev)
-    nll, tokens = evaluate_nll(model, eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows), dev, dtype)
+    sample_seed = run["train"].get("eval_sample_seed") if split_name == run["data"]["dev_split"] else None
+    if sample_seed is not None and max_windows is None:
+        max_windows = run["train"]["eval_windows"]
+    batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed)
+    nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    if sample_seed is not None:
+        res["sample_seed"] = sample_seed
     if ablate is not None:
         res["ablate"] = ablate.upper()
     if model.num_segments is not None:  # trained with active_width: say which columns ran

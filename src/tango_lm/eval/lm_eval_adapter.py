@@ -1,4 +1,4 @@
-"""tango-lm checkpoints as an lm-evaluation-harness model (SPEC 6: downstream tasks).
+"""tango-lm checkpoints as an lm-evaluation-harness model (docs/design.md §6: downstream tasks).
 
     pip install 'tango-lm[eval]'
     tango-lm-eval run --model tango-lm --model_args checkpoint=runs/x --tasks hellaswag

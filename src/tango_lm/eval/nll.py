@@ -1,4 +1,4 @@
-"""Mean NLL of a model over a fixed list of windows (dev/test evaluation, SPEC 6).
+"""Mean NLL of a model over a fixed list of windows (dev/test evaluation, docs/design.md §6).
 
 Under torchrun (`env` with more than one process) the batches are dealt round-robin: rank r
 scores batches r, r + N, r + 2N, ... and the (NLL sum, token count) pairs are all-reduced, so every

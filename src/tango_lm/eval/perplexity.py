@@ -1,4 +1,4 @@
-"""External perplexity on local files (SPEC 6): `tango-lm eval CHECKPOINT --ppl FILE --format F`.
+"""External perplexity on local files (docs/design.md §6): `tango-lm eval CHECKPOINT --ppl FILE --format F`.
 
 Rolling-window document NLL. A document's tokens are scored after the end-of-text token (so its
 first token is predicted from end-of-text, as after the previous document in training), and

@@ -1,4 +1,4 @@
-"""Paper-style reports of a directory of runs (SPEC 6): `tango-lm report DIR`.
+"""Paper-style reports of a directory of runs (docs/design.md §6): `tango-lm report DIR`.
 
 Every run directory below DIR (one holding `config.json`) that finished (`summary.json`) is read
 with its `metrics.jsonl`. Runs are labelled by their sweep's `sweep.json` when present, else by
@@ -41,14 +41,6 @@ from tango_lm.errors import UserError
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
-NAMES = {
-    "tango": "TANGO", "tango-windowed": "Windowed TANGO", "tango-3set": "TANGO (3 sets)",
-    "tango-compact": "Compact-controller TANGO", "loop-transformer": "Loop Transformer++",
-    "untied-transformer": "Untied Transformer++", "conventional-untied": "Conventional Untied",
-    "gau": "Full-attention GAU", "flash": "FLASH", "dense": "Dense", "gdn-hybrid": "GDN hybrid", "moe": "MoE",
-    "attnres": "AttnRes", "standard": "Standard", "onona": "onóna", "mos": "MoS", "sigsoftmax": "Sigsoftmax",
-    "moss": "MoSS", "untied": "Untied head", "input-gate": "Input gate",
-}
 
 
 @dataclass
@@ -223,12 +215,28 @@ def _natural(v: Any) -> tuple[int, Any]:
     return (0, float(v)) if isinstance(v, (int, float)) else (1, str(v))
 
 
-def model_order(model: str) -> tuple[int, int, str]:
-    from tango_lm.heads.registry import HEADS
+def arch_labels() -> dict[str, str]:
+    """Every `arch` label a run can carry -> its display name, in report order: each registered
+    architecture followed by its paper geometries (`conventional-untied` after the Untied one)."""
     from tango_lm.models.registry import ARCHITECTURES
 
-    archs = list(ARCHITECTURES)
-    archs.insert(archs.index("untied-transformer") + 1, "conventional-untied")
+    labels: dict[str, str] = {}
+    for name, arch in ARCHITECTURES.items():
+        labels[name] = arch.display_name or name
+        labels.update(arch.variants)
+    return labels
+
+
+def head_label(head: str) -> str:
+    from tango_lm.heads.registry import HEADS
+
+    return (HEADS[head].display_name if head in HEADS else "") or head
+
+
+def model_order(model: str) -> tuple[int, int, str]:
+    from tango_lm.heads.registry import HEADS
+
+    archs = list(arch_labels())
     arch, _, head = model.partition("+")
     heads = list(HEADS)
     return (archs.index(arch) if arch in archs else len(archs), heads.index(head) + 1 if head in heads else 0, model)
@@ -243,7 +251,7 @@ def _row_order(records: list[RunRecord]) -> list[tuple[Any, ...]]:
 
 def model_name(model: str) -> str:
     arch, _, head = model.partition("+")
-    return NAMES.get(arch, arch) + (f" ({NAMES.get(head, head)})" if head else "")
+    return arch_labels().get(arch, arch) + (f" ({head_label(head)})" if head else "")
 
 
 # -- statistics -------------------------------------------------------------------------------
@@ -406,7 +414,7 @@ def to_markdown(report: dict[str, Any], digits: int = 3) -> str:
         out += ["## Heads against Standard", "", "Means over the seeds both heads have; Δ = head − Standard, "
                 "negative values favor the head.", ""]
         rows = [[str(h[k]) if k in h else "" for k in ("dataset", "tier", "depth", *extra)]
-                + [model_name(h["arch"]), NAMES.get(h["head"], h["head"]), _fmt(h["head_nll"], digits + 1),
+                + [model_name(h["arch"]), head_label(h["head"]), _fmt(h["head_nll"], digits + 1),
                    _fmt(h["standard_nll"], digits + 1), _fmt(h["delta"], digits + 1, sign=True)
                    + (f" ± {_fmt(h['delta_std'], digits + 1)}" if h["delta_std"] is not None else ""), str(h["n"])]
                 for h in report["heads"]]

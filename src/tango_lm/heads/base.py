@@ -14,6 +14,8 @@ from tango_lm.ops.twin_loss import LOSS_CHUNK
 class Head(nn.Module):
     """Subclasses implement `embed`, `log_probs` and `nll`, and the static parameter counts."""
 
+    display_name: str = ""  # in reports ("Standard"); empty: the registry name
+    vocab_projections: int = 1  # projections onto the vocabulary per position (h E^T, or two for mixtures)
     # Positions per chunk of a fused loss (ops/twin_loss.py); set it on the instance
     # (`model.head.loss_chunk = 512`) to trade speed for memory.
     loss_chunk: int = LOSS_CHUNK
@@ -47,7 +49,7 @@ class Head(nn.Module):
 
 
 def vocab_table(cfg: ModelConfig) -> nn.Embedding:
-    """A V x d table drawn N(0, init_std^2) (SPEC 1), built like the Standard head's, so a head's
+    """A V x d table drawn N(0, init_std^2) (docs/design.md §1), built like the Standard head's, so a head's
     first table equals Standard's E under the same seed."""
     table = nn.Embedding(cfg.vocab_size, cfg.d_model)
     nn.init.normal_(table.weight, std=cfg.init_std)

@@ -1,4 +1,4 @@
-"""The 2x2 input-output factorial cells (seed 001, Section 4.2 and Appendix B; SPEC 3).
+"""The 2x2 input-output factorial cells (seed 001, Section 4.2 and Appendix B; docs/design.md §3).
 
 The input is A[x_t] or M[x_t] = (A[x_t] + B[x_t])/2; the output is the A softmax
 `q_A = softmax(h Aᵀ)` or the gated mixture `g_t q_A + (1 - g_t) q_B`, where a mixture cell's gate
@@ -8,7 +8,7 @@ reads the rmsnorm of *that cell's own input vector*: `g_t = σ(wᵀ rmsnorm(x_t�
     factorial-a-a      A       A-softmax   Vd          (Standard with the table named table_a)
     factorial-a-mix    A       mixture     2Vd + d
     factorial-m-a      M       A-softmax   2Vd
-    factorial-m-mix    M       mixture     2Vd + d     (onóna itself: an alias of OnonaHead)
+    factorial-m-mix    M       mixture     2Vd + d     (onóna itself: OnonaHead under the cell's name)
 
 Like the paper, every cell draws the complete two-table model (A, B, gate, in onóna's order)
 and then drops what it does not use, so under one seed A is the same in all four cells and
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tango_lm.heads.base import Head, float_logits, vocab_table
-from tango_lm.heads.onona import TokenGate, twin_log_probs
+from tango_lm.heads.onona import OnonaHead, TokenGate, twin_log_probs
 from tango_lm.models.config import ModelConfig
 from tango_lm.ops.twin_loss import softmax_nll, twin_nll
 
@@ -31,6 +31,7 @@ class FactorialHead(Head):
 
     input_rows = "m"
     output = "mix"
+    vocab_projections = 2
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -85,6 +86,7 @@ class FactorialAA(FactorialHead):
     """Input A, output A-softmax: the grid's single-table corner."""
 
     input_rows, output = "a", "a"
+    vocab_projections = 1
 
 
 class FactorialAMix(FactorialHead):
@@ -97,3 +99,10 @@ class FactorialMA(FactorialHead):
     """Input M, output A-softmax: the input role of B alone (fixed averaging, no gate)."""
 
     input_rows, output = "m", "a"
+    vocab_projections = 1
+
+
+class FactorialMMix(OnonaHead):
+    """Input M, output gated mixture: onóna itself, reported under its cell's name."""
+
+    display_name = ""

@@ -1,4 +1,4 @@
-"""The input-gate control (seed 001, Section 4.1; SPEC 3): a learned input mixture with an averaged
+"""The input-gate control (seed 001, Section 4.1; docs/design.md §3): a learned input mixture with an averaged
 single-table head.
 
 Input row of token v: `g_v A_v + (1 - g_v) B_v` with `g_v = σ(wᵀ rmsnorm(M_v))`, M = (A + B)/2;
@@ -19,6 +19,8 @@ from tango_lm.ops.twin_loss import softmax_nll
 
 
 class InputGateHead(Head):
+    display_name = "Input gate"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.table_a = vocab_table(cfg)

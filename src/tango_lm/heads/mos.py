@@ -1,4 +1,4 @@
-"""Heads that mix or reshape softmaxes under one tied table (seed 001, Section 3.3; SPEC 3).
+"""Heads that mix or reshape softmaxes under one tied table (seed 001, Section 3.3; docs/design.md §3).
 
 - `mos`: mixture of softmaxes (Yang et al. 2018, seed 001 Eq. 3) with K = 2:
   `p = Σ_k π_k softmax(E tanh(W_k h))`, `π = softmax(W_π h)`.
@@ -6,7 +6,7 @@
   with `z = h Eᵀ`; no parameters beyond E.
 - `moss`: MoS whose components are sigsoftmax.
 
-Parameters: SPEC 3 counts MoS's extra as K·d² + K·d. Following SPEC 1 ("no biases") and the
+Parameters: docs/design.md §3 counts MoS's extra as K·d² + K·d. Following docs/design.md §1 ("no biases") and the
 paper ("all output projections are bias-free"), that is `latent_proj` (W_1..W_K stacked, K·d x d,
 no bias: K·d²) plus `prior_proj` (W_π, K x d, no bias: K·d); no biases anywhere. Both are drawn
 N(0, init_std²) after E, and E is drawn like the Standard head's, so it equals Standard's E
@@ -35,6 +35,8 @@ def sigsoftmax_log_probs(logits: torch.Tensor) -> torch.Tensor:
 class SigsoftmaxHead(StandardHead):
     """Tied table `embed_tokens`; `log_softmax(z + logsigmoid(z))`, z = h Eᵀ."""
 
+    display_name = "Sigsoftmax"
+
     def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         return sigsoftmax_log_probs(self.logits(h))
 
@@ -45,7 +47,9 @@ class SigsoftmaxHead(StandardHead):
 class MosHead(Head):
     """Tied table `embed_tokens`, `latent_proj` (W_k, stacked) and `prior_proj` (W_π)."""
 
+    display_name = "MoS"
     n_components = MOS_COMPONENTS
+    vocab_projections = MOS_COMPONENTS
     sigsoftmax = False
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -95,5 +99,7 @@ class MosHead(Head):
 
 class MossHead(MosHead):
     """MoS with sigsoftmax components (MoSS)."""
+
+    display_name = "MoSS"
 
     sigsoftmax = True

@@ -1,4 +1,4 @@
-"""onóna: twin embeddings with tied unembeddings (seed 001, SPEC 3).
+"""onóna: twin embeddings with tied unembeddings (seed 001, docs/design.md §3).
 
 Two tables A, B ∈ R^{V×d}, drawn independently N(0, init_std²). The body reads the average
 M = (A + B)/2 of the input token (Eq. 4); the head mixes the two tied softmaxes with a gate that
@@ -14,7 +14,7 @@ Gate initialisation: the paper's code (Figure 2) uses `nn.Linear(d, 1, bias=Fals
 re-initialisation, i.e. PyTorch's default U(-1/√d, 1/√d); since rmsnorm(M[x]) has unit RMS the
 initial gate logits have std ≈ 1/√3 and the gates start spread around ½. That is the default here
 (`TokenGate(init="uniform")`); `gate.reset_parameters("zeros")` starts every gate at exactly ½,
-the constant gate of Appendix A. The weightless RMSNorm uses the model's `norm_eps` (SPEC 1's
+the constant gate of Appendix A. The weightless RMSNorm uses the model's `norm_eps` (docs/design.md §1's
 1e-6) where the paper's `F.rms_norm` took the dtype's machine epsilon.
 
 Serving (Appendix B): `gate_vector()` is σ(rmsnorm(M) w) ∈ [0, 1]^V, and `sample()` draws the
@@ -78,7 +78,10 @@ class TokenGate(nn.Module):
 
 
 class OnonaHead(Head):
-    """Twin tables `table_a`, `table_b` and the token gate `gate` (SPEC 3)."""
+    """Twin tables `table_a`, `table_b` and the token gate `gate` (docs/design.md §3)."""
+
+    display_name = "onóna"
+    vocab_projections = 2
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

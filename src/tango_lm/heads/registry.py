@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tango_lm.heads.factorial import FactorialAA, FactorialAMix, FactorialMA
+from tango_lm.heads.factorial import FactorialAA, FactorialAMix, FactorialMA, FactorialMMix
 from tango_lm.heads.input_gate import InputGateHead
 from tango_lm.heads.mos import MosHead, MossHead, SigsoftmaxHead
 from tango_lm.heads.onona import OnonaHead
@@ -20,5 +20,5 @@ HEADS = {
     "factorial-a-a": FactorialAA,
     "factorial-a-mix": FactorialAMix,
     "factorial-m-a": FactorialMA,
-    "factorial-m-mix": OnonaHead,  # the M-input, mixture-output cell is onóna itself
+    "factorial-m-mix": FactorialMMix,  # the M-input, mixture-output cell is onóna itself
 }

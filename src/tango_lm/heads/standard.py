@@ -1,4 +1,4 @@
-"""The Standard head: one tied table E for input and output, `log_softmax(h E^T)` (SPEC 3)."""
+"""The Standard head: one tied table E for input and output, `log_softmax(h E^T)` (docs/design.md §3)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from tango_lm.ops.twin_loss import softmax_nll
 
 
 class StandardHead(Head):
+    display_name = "Standard"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)

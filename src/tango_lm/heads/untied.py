@@ -15,6 +15,8 @@ from tango_lm.ops.twin_loss import softmax_nll
 
 
 class UntiedHead(StandardHead):
+    display_name = "Untied head"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)

@@ -1,4 +1,4 @@
-"""Rotating narrow-width training (SPEC 2.6, seed 000 Table 8).
+"""Rotating narrow-width training (docs/design.md §2.6, seed 000 Table 8).
 
 With `active_width = K`, a gated width of `units` equal parts (TANGO: the H heads, each with F/H
 gate columns; Transformer++ and compact TANGO: the whole FFN / expansion width, one part) is cut

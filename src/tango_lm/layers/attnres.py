@@ -1,4 +1,4 @@
-"""Attention Residuals (SPEC 4, AttnRes; Kimi Team 2026, arXiv 2603.15031).
+"""Attention Residuals (docs/design.md §4.4, AttnRes; Kimi Team 2026, arXiv 2603.15031).
 
 The residual stream is replaced by softmax attention over depth. Sublayer l (attention or SwiGLU,
 each still pre-normed) reads

@@ -1,4 +1,4 @@
-"""FLASH (Hua et al. 2022, "Transformer Quality in Linear Time"; SPEC 2.7): GAU with mixed-chunk
+"""FLASH (Hua et al. 2022, "Transformer Quality in Linear Time"; docs/design.md §2.7): GAU with mixed-chunk
 attention, linear in the sequence length.
 
 The projections are GAU's, with four offset-scales of the base Z (quad_q, quad_k, lin_q, lin_k),

@@ -1,4 +1,4 @@
-"""Gated DeltaNet token mixer and block (SPEC 4, GDN hybrid; Yang, Kautz, Hatamizadeh, ICLR 2025).
+"""Gated DeltaNet token mixer and block (docs/design.md §4.2, GDN hybrid; Yang, Kautz, Hatamizadeh, ICLR 2025).
 
     q, k, v = SiLU(ShortConv(W_q x)), SiLU(ShortConv(W_k x)), SiLU(ShortConv(W_v x))
     q, k    = L2-normalized per head (q also scaled by d_k^-1/2, as fla does)

@@ -1,4 +1,4 @@
-"""GAU, the gated attention unit (Hua et al. 2022, "Transformer Quality in Linear Time"; SPEC 2.7).
+"""GAU, the gated attention unit (Hua et al. 2022, "Transformer Quality in Linear Time"; docs/design.md §2.7).
 
 One GAU layer replaces both attention and the FFN of a Transformer block:
 

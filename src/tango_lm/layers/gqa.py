@@ -1,4 +1,4 @@
-"""Qwen3-style attention and block (SPEC 4, Dense): grouped-query attention with QK-norm and RoPE,
+"""Qwen3-style attention and block (docs/design.md §4.1, Dense): grouped-query attention with QK-norm and RoPE,
 then SwiGLU, each pre-normed, no biases.
 
 QK-norm is RMSNorm over d_h on every query and key head (learned weights `q_norm`, `k_norm` shared

@@ -1,4 +1,4 @@
-"""Top-k routed SwiGLU experts with a capacity factor and a load-balancing loss (SPEC 4, MoE;
+"""Top-k routed SwiGLU experts with a capacity factor and a load-balancing loss (docs/design.md §4.3, MoE;
 Fedus et al. 2022), and the Dense block with its FFN replaced by them.
 
 Routing: `p = softmax(router(x))` over E experts (fp32), each token takes its top-k experts with

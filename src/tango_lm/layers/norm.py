@@ -1,4 +1,4 @@
-"""RMSNorm computed in fp32 or wider (SPEC 1), with an optional learned weight."""
+"""RMSNorm computed in fp32 or wider (docs/design.md §1), with an optional learned weight."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rotary position embedding, rotate-half form (SPEC 1)."""
+"""Rotary position embedding, rotate-half form (docs/design.md §1)."""
 
 from __future__ import annotations
 

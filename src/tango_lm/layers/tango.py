@@ -1,4 +1,4 @@
-"""The TANGO block (SPEC 2.2): one block that replaces attention and the feed-forward network.
+"""The TANGO block (docs/design.md §2.2): one block that replaces attention and the feed-forward network.
 
 Each source token emits a SiLU gate `g = silu(h W_g)`; attention (q, k with RoPE, no value
 projection) averages the gates per destination; the average gates the destination's projection
@@ -32,7 +32,7 @@ class TangoBlock(nn.Module):
         self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
-        # Rotating narrow-width training (SPEC 2.6): K active columns of each head's F/H gate columns.
+        # Rotating narrow-width training (docs/design.md §2.6): K active columns of each head's F/H gate columns.
         self.active = None if active_width is None else ActiveColumns(
             width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
         )

@@ -1,13 +1,13 @@
-"""Two TANGO variants that change which weights make the gates (SPEC 2.4, 2.5).
+"""Two TANGO variants that change which weights make the gates (docs/design.md §2.4, §2.5).
 
-**Three gated-projection sets** (`ThreeSetTangoBlock`, SPEC 2.4). One looped block whose norm and
+**Three gated-projection sets** (`ThreeSetTangoBlock`, docs/design.md §2.4). One looped block whose norm and
 `W_q`, `W_k` are shared by every application, with three sets `(W_g, W_u, W_o)` of width F: set 1
 in the first application, set 3 in the last, set 2 in every middle one (so depth >= 3). Each
-application is the TANGO block of SPEC 2.2 with its set's projections. Parameters
+application is the TANGO block of docs/design.md §2.2 with its set's projections. Parameters
 `2d^2 + 9dF + d` (plus the model's final norm). State-dict names: `sets.{0,1,2}.gate_proj` etc.
 
-**Compact-controller TANGO** (`CompactTangoBlock`, SPEC 2.5). The paper's text for this variant is
-not available; this is *the project's reading*, as SPEC 2.5 lays it down:
+**Compact-controller TANGO** (`CompactTangoBlock`, docs/design.md §2.5). The paper's text for this variant is
+not available; this is *the project's reading*, as docs/design.md §2.5 lays it down:
 
 ```
 c_s      = silu(h_s W_c)                      # controller_proj: d -> r (default r = d), H heads of r/H
@@ -22,10 +22,10 @@ decoding caches r gate channels per position instead of F. By linearity
 one head, or a W_e that maps each head's r/H controller channels only into that head's F/H gate
 columns, this is exactly TANGO with the gate `silu(h W_c) W_e` in place of `silu(h W_g)`; with
 several heads and a full W_e each gate column is a sum of the heads' averages. The expansion is
-a full `r x F` matrix because SPEC 2.5 counts `rF` parameters for it. Parameters
+a full `r x F` matrix because docs/design.md §2.5 counts `rF` parameters for it. Parameters
 `2d^2 + dr + rF + 2dF + d` (plus the final norm). `r` must be a multiple of H; F need not be.
 
-Rotating narrow-width training (SPEC 2.6, `layers/active_width.py`): the three-set block narrows
+Rotating narrow-width training (docs/design.md §2.6, `layers/active_width.py`): the three-set block narrows
 every set the same way TANGO does (K columns of each head's F/H); the compact block narrows its
 F columns as one part (like a Transformer++ FFN: its F columns belong to no head), i.e. the rows
 of `expand_proj` and `up_proj` and the columns of `down_proj`; the controller and its O(T^2 r)
@@ -43,7 +43,8 @@ from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.ops.attention import causal_attention
-from tango_lm.ops.gate_average import gate_average, merge_heads, split_heads
+from tango_lm.ops.gate_average import merge_heads, split_heads
+from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
 
 
@@ -66,7 +67,7 @@ class _SharedQueryKey(nn.Module):
         return q, k
 
 
-# -- three gated-projection sets (SPEC 2.4) -------------------------------------------------------
+# -- three gated-projection sets (docs/design.md §2.4) -------------------------------------------------------
 class GatedProjections(nn.Module):
     """One set (W_g, W_u, W_o) of width F: `gate_proj`, `up_proj`, `down_proj`."""
 
@@ -125,7 +126,7 @@ class ThreeSetTangoBlock(_SharedQueryKey):
         return x + F.linear(mixed, w_o)
 
 
-# -- compact controller (SPEC 2.5) ----------------------------------------------------------------
+# -- compact controller (docs/design.md §2.5) ----------------------------------------------------------------
 class CompactTangoBlock(_SharedQueryKey):
     """Compact-controller TANGO (the project's reading, see the module docstring).
     Parameters: 2d^2 + dr + rF + 2dF + d."""
@@ -160,7 +161,7 @@ class CompactTangoBlock(_SharedQueryKey):
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """`gbar * u` with a the controller pre-activation [B, T, r] and u [B, T, F]:
         average c = silu(a) per head (O(T^2 r)), then expand r -> F."""
-        cbar = merge_heads(gate_average(q, k, split_heads(F.silu(a), self.n_heads)))
+        cbar = tango_mix(q, k, a, None)  # the average alone, through the same door as TANGO's
         return F.linear(cbar, self.gated_weights()[0]) * u
 
     def mix_cached(

@@ -1,4 +1,4 @@
-"""The windowed TANGO block (SPEC 2.3): TANGO's parameters, a window of exact scores, a feature
+"""The windowed TANGO block (docs/design.md §2.3): TANGO's parameters, a window of exact scores, a feature
 map beyond it.
 
 Only the token mixing differs from `TangoBlock`: the weights of sources in the last `window`
@@ -6,6 +6,11 @@ positions are TANGO's unnormalised `exp(q.k / sqrt(d_h))` (q, k with RoPE), olde
 `phi(q_raw) . phi(k_raw)` with phi applied to the un-rotated q and k, and the gates are averaged
 with those weights (`ops/windowed.py`). `forward` therefore hands `mix` both the rotated and the
 un-rotated q and k.
+
+Rotating narrow-width training (docs/design.md §2.6, `layers/active_width.py`) works as in `TangoBlock`: the
+block computes with W_g, W_u, W_o narrowed to the active segment, K of each head's F/H columns, so
+the gates and `u` hand the mixing op H heads of K columns; the scores (q, k) do not depend on the
+gates, so each active column is averaged exactly as in the full model.
 
 Decode state per application (`LayerState.extra`, constant size once W - 1 positions are seen):
 the last W - 1 rotated keys, their phi(k_raw) and their gates, and the prefix sums
@@ -37,9 +42,16 @@ class WindowedTangoBlock(TangoBlock):
     """Windowed TANGO; the same parameters as `TangoBlock` (2d^2 + 3dF + d)."""
 
     def __init__(
-        self, d_model: int, n_heads: int, width: int, eps: float, window: int = 64, feature_map: str = "elu+1"
+        self,
+        d_model: int,
+        n_heads: int,
+        width: int,
+        eps: float,
+        window: int = 64,
+        feature_map: str = "elu+1",
+        active_width: int | None = None,
     ) -> None:
-        super().__init__(d_model, n_heads, width, eps)
+        super().__init__(d_model, n_heads, width, eps, active_width)
         self.window = window
         self.feature_map = feature_map
         self.chunk_size: int | None = None  # None: max(W, MIN_CHUNK); tests shrink it to exercise the prefix path
@@ -114,12 +126,13 @@ class WindowedTangoBlock(TangoBlock):
         q_raw = split_heads(self.q_proj(h), self.n_heads)
         k_raw = split_heads(self.k_proj(h), self.n_heads)
         q, k = apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
-        a, u = self.gate_proj(h), self.up_proj(h)
+        w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
+        a, u = F.linear(h, w_g), F.linear(h, w_u)
         if state is None:
             mixed = self.mix(q, k, a, u, q_raw, k_raw)
         else:
             mixed = self.mix_cached(q, k, a, u, state, q_raw, k_raw)
-        return x + self.down_proj(mixed)
+        return x + F.linear(mixed, w_o)
 
     # -- static decode steps (serve/static_decode.py) ---------------------------------------------
     def enter_static(self, state: LayerState, position: int) -> None:

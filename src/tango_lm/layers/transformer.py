@@ -1,4 +1,4 @@
-"""Transformer++ parts (SPEC 2.1): causal multi-head attention with RoPE, SwiGLU, and the block
+"""Transformer++ parts (docs/design.md §2.1): causal multi-head attention with RoPE, SwiGLU, and the block
 `x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))`."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d_model, width, bias=False)
         self.up_proj = nn.Linear(d_model, width, bias=False)
         self.down_proj = nn.Linear(width, d_model, bias=False)
-        # Rotating narrow-width training (SPEC 2.6): K active columns of the FFN width.
+        # Rotating narrow-width training (docs/design.md §2.6): K active columns of the FFN width.
         self.active = None if active_width is None else ActiveColumns(
             width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
         )

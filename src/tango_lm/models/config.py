@@ -1,4 +1,4 @@
-"""`ModelConfig`: the single source of truth for a model (SPEC 7).
+"""`ModelConfig`: the single source of truth for a model (docs/design.md §7).
 
 Checkpoints store it, `params` and `match` read it, reports print it. Validation happens in
 `validate()`, which raises `UserError` with one sentence naming the bad field and the fix.
@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from tango_lm.config_checks import check_finite, check_model_numbers
 from tango_lm.errors import UserError
 
 
@@ -42,7 +43,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     loss_chunk: int = 1024  # positions per chunk of the fused loss: never more than chunk x V logits at once
-    # -- onóna-paper backbones (SPEC 4): dense, gdn-hybrid, moe, attnres ----------------------
+    # -- onóna-paper backbones (docs/design.md §4): dense, gdn-hybrid, moe, attnres ----------------------
     # Their attention layers are GQA with QK-norm: `n_kv_heads` above (None: n_heads).
     attention_every: int = 4  # gdn-hybrid: every 4th layer is full attention (3 GDN : 1); 0 = GDN only
     gdn_head_dim: int = 128  # gdn-hybrid: key width per GDN head
@@ -78,6 +79,7 @@ class ModelConfig:
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
+        check_model_numbers(self)  # finite, in range (config_checks.py)
         if not ARCHITECTURES[self.arch].uses_heads:
             ARCHITECTURES[self.arch].validate(self)
             return
@@ -158,7 +160,7 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         if typ is None or (typ in (int, float) and isinstance(value, bool)):
             continue
         if typ is float and isinstance(value, (int, float)):
-            return float(value)
+            return check_finite(name, value)
         if typ is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, typ):

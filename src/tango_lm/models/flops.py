@@ -6,7 +6,7 @@ sees t + 1 sources. Elementwise work (norms, activations, softmax) is not counte
 and neither is recomputation (`train.activation_checkpointing` reruns each block's forward in the
 backward: hardware FLOPs rise, model FLOPs and so MFU do not).
 
-Rotating narrow-width training (`active_width`, SPEC 2.6) runs only K of each head's (or the FFN's)
+Rotating narrow-width training (`active_width`, docs/design.md §2.6) runs only K of each head's (or the FFN's)
 gated columns per step, so by default the count is what a training step runs: the active columns,
 averaged over one rotation (the last segment may be shorter). `full_width=True` counts every
 column, as evaluation with all segments runs; without `active_width` the two are the same.

@@ -1,4 +1,4 @@
-"""Parameter matching (SPEC 2.8): pick each architecture's free width so its total parameter
+"""Parameter matching (docs/design.md §2.8): pick each architecture's free width so its total parameter
 count is nearest a target. Reproduces seed 000 Table 3 at the 70M and 160M tiers."""
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ from tango_lm.models.params import count_params
 
 # Tier name -> (total parameters, d_model) as the TANGO paper defines them.
 TIERS = {"70M": (70_000_000, 512), "160M": (160_000_000, 768)}
-MATCHED_ARCHS = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
-                 "gau", "flash")
+
+
+def matched_archs() -> list[str]:
+    """The architectures of the TANGO paper's matched comparison, in registry order."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    return [name for name, arch in ARCHITECTURES.items() if arch.matched]
 
 
 def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
@@ -59,10 +64,12 @@ def match_tier(
     """One row per architecture: its matched width and parameter counts."""
     if depth < 1:
         raise UserError(f"depth must be at least 1 (got {depth})")
+    from tango_lm.models.registry import ARCHITECTURES
+
     rows = []
-    for arch in archs or MATCHED_ARCHS:
-        if archs is None and arch == "tango-3set" and depth < 3:
-            continue  # three sets need three applications
+    for arch in archs or matched_archs():
+        if archs is None and depth < ARCHITECTURES[arch].min_depth:
+            continue  # e.g. three sets need three applications
         base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
         rows.append(_row(match_width(base, target), target))
     return rows

@@ -1,4 +1,4 @@
-"""`LanguageModel`: head embedding -> backbone -> final RMSNorm -> head (SPEC 1, 7)."""
+"""`LanguageModel`: head embedding -> backbone -> final RMSNorm -> head (docs/design.md §1, §7)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class LanguageModel(nn.Module):
         if config.active_width is not None and not active_width.active_columns(self.backbone):
             raise UserError(
                 f"model.active_width (rotating narrow-width training) is not supported by arch={config.arch}; "
-                "remove active_width or use tango, tango-3set, tango-compact or a Transformer++ arch"
+                "remove active_width or use tango, tango-windowed, tango-3set, tango-compact or a Transformer++ arch"
             )
         # The body is initialized before the head draws its tables, so with one seed every head
         # gets the same initial body (the onóna protocol compares heads on identical bodies).
@@ -69,7 +69,7 @@ class LanguageModel(nn.Module):
         """Next-token log-probs [B, T, V] (fp32) of the given positions."""
         return self.head.log_probs(self.hidden(input_ids, cache), input_ids)
 
-    # -- rotating narrow-width training (SPEC 2.6, layers/active_width.py) -----------------------
+    # -- rotating narrow-width training (docs/design.md §2.6, layers/active_width.py) -----------------------
     @property
     def num_segments(self) -> int | None:
         """Segments of the gated width under `active_width` (None when it is not set)."""
@@ -95,7 +95,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         total = self.head.nll(self.hidden(input_ids), input_ids, targets)
         loss = total / targets.numel() if reduction == "mean" else total
-        # MoE load-balancing loss (SPEC 4): part of the training objective only (per token for
+        # MoE load-balancing loss (docs/design.md §4.3): part of the training objective only (per token for
         # 'mean', per token x count for 'sum'); evaluation NLL stays pure.
         aux = self.backbone.aux_loss() if self.training and hasattr(self.backbone, "aux_loss") else None
         if aux is not None:
@@ -104,5 +104,5 @@ class LanguageModel(nn.Module):
 
 
 def build_model(config: ModelConfig) -> LanguageModel:
-    """Build the model a config describes (SPEC 7)."""
+    """Build the model a config describes (docs/design.md §7)."""
     return LanguageModel(config)

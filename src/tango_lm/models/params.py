@@ -1,4 +1,4 @@
-"""Parameter counts from the formulas (SPEC 2); tests hold every formula to the module's `numel`."""
+"""Parameter counts from the formulas (docs/design.md §2-§4); tests hold every formula to the module's `numel`."""
 
 from __future__ import annotations
 

@@ -8,25 +8,21 @@ The onóna-paper presets (dense, gdn-hybrid, moe, attnres) are written by hand.
 from __future__ import annotations
 
 from tango_lm.models.config import ModelConfig
-from tango_lm.models.matching import ACTIVE_RATIO, CONVENTIONAL_UNTIED, TIERS, conventional_untied, match_width
+from tango_lm.models.matching import (
+    ACTIVE_RATIO,
+    CONVENTIONAL_UNTIED,
+    TIERS,
+    conventional_untied,
+    match_width,
+    matched_archs,
+)
 from tango_lm.models.params import count_params
+from tango_lm.models.registry import ARCHITECTURES
 
-NAMES = {
-    "tango": "TANGO (full prefix)",
-    "tango-windowed": "windowed TANGO (window 64, elu+1 features)",
-    "tango-3set": "TANGO with three gated-projection sets",
-    "tango-compact": "compact-controller TANGO (r = d; the project's reading of the paper)",
-    "loop-transformer": "Loop Transformer++",
-    "untied-transformer": "Untied Transformer++",
-    "gau": "full-attention GAU (s = 128)",
-    "flash": "FLASH (s = 128, g = 256)",
-}
-MATCHED = ("tango", "tango-windowed", "tango-3set", "tango-compact", "loop-transformer", "untied-transformer",
-           "gau", "flash")
 DEPTHS = (4, 8, 16)
 # Seed 000 Table 8: rotating narrow-width training at 70M, depth 8; packed widths are per head for
 # the TANGO variants and of the whole FFN for Transformer++.
-ROTATING = {"tango": 368, "loop-transformer": 5632, "untied-transformer": 640}
+ROTATING = {"tango": 368, "tango-windowed": 368, "loop-transformer": 5632, "untied-transformer": 640}
 
 TRAIN = """data:
   dir: data/dmmath-gpt2  # tango-lm data prepare dmmath --out data/dmmath-gpt2 --tokenizer gpt2
@@ -49,21 +45,15 @@ train:
 
 def _model_yaml(cfg: ModelConfig) -> str:
     lines = ["model:", f"  arch: {cfg.arch}", "  head: standard", f"  d_model: {cfg.d_model}"]
-    if cfg.arch in ("gau", "flash"):
-        lines.append(f"  qk_dim: {cfg.qk_dim}          # s")
-        if cfg.arch == "flash":
-            lines.append(f"  group_size: {cfg.group_size}     # g")
-        lines.append(f"  width: {cfg.width}          # e: the expansion width")
-    else:
-        lines.append(f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}")
-        lines.append(f"  width: {cfg.width}          # F: {'FFN' if 'transformer' in cfg.arch else 'gate'} width")
-    lines.append(f"  depth: {cfg.depth}             # block applications")
-    if cfg.arch == "tango-windowed":
-        lines.append(f"  window: {cfg.window}")
+    lines += ARCHITECTURES[cfg.arch].preset_geometry(cfg)
     if cfg.active_width is not None:
-        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (SPEC 2.6)")
+        lines.append(f"  active_width: {cfg.active_width}   # rotating narrow-width training (docs/design.md §2.6)")
     lines += [f"  vocab_size: {cfg.vocab_size}     # GPT-2 BPE", f"  context_length: {cfg.context_length}"]
     return "\n".join(lines) + "\n"
+
+
+def _title(arch: str) -> str:
+    return ARCHITECTURES[arch].description
 
 
 def _preset(name: str, cfg: ModelConfig, source: str) -> str:
@@ -78,12 +68,12 @@ def tango_presets() -> dict[str, str]:
     out: dict[str, str] = {}
     for tier, (target, d_model) in TIERS.items():
         for depth in DEPTHS:
-            for arch in MATCHED:
-                if arch == "tango-3set" and depth < 3:
+            for arch in matched_archs():
+                if depth < ARCHITECTURES[arch].min_depth:
                     continue
                 cfg = match_width(ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model), target)
                 name = f"{arch}-{tier.lower()}-d{depth}"
-                out[name] = _preset(name, cfg, f"{NAMES[arch]}, {tier} tier, depth {depth}: matched by "
+                out[name] = _preset(name, cfg, f"{_title(arch)}, {tier} tier, depth {depth}: matched by "
                                                f"`tango-lm match --tier {tier} --depth {depth}` (seed 000 Table 3).")
             conventional = conventional_untied(tier, depth)
             if conventional is not None and (tier, depth) in CONVENTIONAL_UNTIED:
@@ -94,13 +84,13 @@ def tango_presets() -> dict[str, str]:
         for ratio, (d, heads, width) in table.items():
             cfg = ModelConfig(arch=arch, d_model=d, n_heads=heads, width=width, depth=4)
             name = f"{arch}-70m-d4-ratio{ratio:g}"
-            out[name] = _preset(name, cfg, f"{NAMES[arch]}, active ratio F/d = {ratio:g} at 70M, depth 4 "
+            out[name] = _preset(name, cfg, f"{_title(arch)}, active ratio F/d = {ratio:g} at 70M, depth 4 "
                                            "(seed 000 Table 9).")
     target, d_model = TIERS["70M"]
     for arch, active in ROTATING.items():
         cfg = match_width(ModelConfig(arch=arch, d_model=d_model, depth=8, width=d_model), target)
         cfg = cfg.replace(active_width=active)
         name = f"{arch}-70m-d8-rotating"
-        out[name] = _preset(name, cfg, f"{NAMES[arch]}, 70M, depth 8, rotating narrow-width training with "
+        out[name] = _preset(name, cfg, f"{_title(arch)}, 70M, depth 8, rotating narrow-width training with "
                                        f"{active} active columns (seed 000 Table 8).")
     return out

@@ -1,4 +1,8 @@
-"""Architecture registry: a new architecture is one file in `models/archs/` plus one line here."""
+"""Architecture registry: a new architecture is one file in `models/archs/` plus one line here.
+
+The order is the TANGO paper's column order, then the onóna paper's backbones: `tango-lm match`,
+the generated presets, the benchmark suite and the reports list architectures in this order.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ from tango_lm.models.archs.transformer import LoopTransformer, UntiedTransformer
 
 ARCHITECTURES = {
     "tango": Tango,
+    "tango-windowed": TangoWindowed,
     "tango-3set": Tango3Set,
     "tango-compact": TangoCompact,
-    "tango-windowed": TangoWindowed,
     "loop-transformer": LoopTransformer,
     "untied-transformer": UntiedTransformer,
     "gau": Gau,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from tango_lm.ops import cpu_kernels
+from tango_lm.ops.dispatch import check_devices, choose, eager
 
 CAUSAL_BLOCK = 128  # positions per block
 
@@ -123,17 +124,19 @@ def causal_matmul_fused(p: torch.Tensor, v: torch.Tensor, *, kernels: bool | Non
     return out.view(*lead, *out.shape[-2:])
 
 
-def causal_matmul(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = None) -> torch.Tensor:
     """On CPUs in eager mode (no autocast), when p and v share a dtype and leading shape: the C
     kernels where they build (float32), else the blocked op when the sequence is longer than one
     block. Elsewhere the composition (GPU matmuls, and inductor under torch.compile, do better
-    with one call)."""
+    with one call). `kernels` or $TANGO_LM_KERNELS overrides (`ops/dispatch.py`)."""
+    check_devices("causal_matmul", p=p, v=v)
     cpu_eager = (
         p.device.type == "cpu" and p.dtype == v.dtype and p.shape[:-2] == v.shape[:-2]
-        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+        and eager() and not torch.is_autocast_enabled("cpu")
     )
-    if cpu_eager and cpu_kernels.usable(v):
-        return causal_matmul_fused(p, v, kernels=True)
-    if cpu_eager and p.shape[-1] > CAUSAL_BLOCK:
-        return causal_matmul_fused(p, v, kernels=False)
-    return causal_matmul_reference(p, v)
+    c = cpu_eager and cpu_kernels.usable(v)
+    auto = "c" if c else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
+    name = choose({"reference": True, "blocked": cpu_eager, "c": c}, auto, kernels)
+    if name == "reference":
+        return causal_matmul_reference(p, v)
+    return causal_matmul_fused(p, v, kernels=name == "c")

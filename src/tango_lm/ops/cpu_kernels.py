@@ -4,7 +4,7 @@ BLAS has no GEMM for a causal (lower-triangular) left factor, so the PyTorch pat
 `ops/tango_mix.py` splits each product into blocks and still computes 5/8 of the T x T square at
 T = 256; these kernels compute the triangle only, with the machine's own vector width
 (`-march=native`, or `$TANGO_LM_KERNEL_MARCH`). They are compiled once with the C compiler
-(`$CC`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `~/.cache/tango_lm/kernels`), keyed by
+(`$CC`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `kernels/` under `tango_lm.cache_root`), keyed by
 the source, the compiler, the flags and the CPU's features, so a cluster with mixed CPUs and a
 shared home gets one library per CPU kind. Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`,
 `available()` is False and the PyTorch path runs (one warning says why when a build fails).
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from tango_lm.cache_root import cache_root
+
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-ffp-contract=fast", "-fPIC", "-shared"]
 OPENMP = ["-fopenmp"]  # tried first; compilers without it (Apple clang) build the serial library
@@ -41,7 +43,7 @@ _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 def _cache_dir() -> Path:
     if os.environ.get("TANGO_LM_KERNEL_DIR"):
         return Path(os.environ["TANGO_LM_KERNEL_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tango_lm" / "kernels"
+    return cache_root() / "kernels"
 
 
 def _cpu_description() -> str:
@@ -151,16 +153,30 @@ def _parallel(fn, n_items: int, *args) -> None:
         raise MemoryError("tango-lm CPU kernel could not allocate its scratch buffer")
 
 
-def _check(*tensors: torch.Tensor) -> None:
-    for x in tensors:
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError("CPU kernels take contiguous float32 tensors")
+def _check(square: torch.Tensor, *wide: torch.Tensor) -> None:
+    """Everything the C code assumes about its arguments, checked before a pointer reaches it (a
+    wrong shape would otherwise read or write out of bounds): contiguous float32 CPU tensors, `square`
+    [B, H, T, T], every wide tensor [B, T, F] with one F, a multiple of H."""
+    for x in (square, *wide):
+        if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError(f"the CPU kernels take contiguous float32 CPU tensors, got {x.dtype} on {x.device}"
+                             f"{'' if x.is_contiguous() else ' (not contiguous)'}")
+    if square.dim() != 4 or square.shape[2] != square.shape[3]:
+        raise ValueError(f"the CPU kernels take probabilities [B, H, T, T], got {list(square.shape)}")
+    b, h, t, _ = square.shape
+    f = wide[0].shape[-1]
+    for x in wide:
+        if x.dim() != 3 or tuple(x.shape) != (b, t, f) or h == 0 or f % h:
+            raise ValueError(f"the CPU kernels take [B, T, F] tensors with B = {b}, T = {t} and one F that {h} "
+                             f"heads divide, beside probabilities {list(square.shape)}; got {list(x.shape)}")
 
 
 def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor | None, avg: torch.Tensor,
                  y: torch.Tensor | None) -> None:
     """avg = tril(probs) @ g per head and, given u and y, y = avg * u. probs [B, H, T, T] (zero
     above the diagonal); g, u, avg, y [B, T, H * W]; avg and y are written."""
+    if (u is None) != (y is None):
+        raise ValueError("the CPU kernels take u and y together (y = avg * u) or neither")
     _check(probs, g, avg, *(x for x in (u, y) if x is not None))
     b, h, t, _ = probs.shape
     lib = library()
@@ -179,7 +195,7 @@ def gate_average_grad_gates(probs: torch.Tensor, grad_avg: torch.Tensor, out: to
 
 def gate_average_grad_probs(grad_avg: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> None:
     """out [B, H, T, T] = grad_avg @ g^T per head on and below the diagonal, 0 above it."""
-    _check(grad_avg, g, out)
+    _check(out, grad_avg, g)
     b, h, t, _ = out.shape
     lib = library()
     _parallel(lib.tango_grad_probs, b * h, h, t, g.shape[-1] // h, grad_avg.data_ptr(), g.data_ptr(), out.data_ptr())

@@ -4,7 +4,7 @@ The recurrence, with the state kept as M = Sᵀ [d_k, d_v] (fla's layout):
 
     M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ        o_t = M_tᵀ q_t
 
-(SPEC 4 writes the same thing as S_t = S_{t−1}(α_t(I − β_t k_t k_tᵀ)) + β_t v_t k_tᵀ, o_t = S_t q_t.)
+(docs/design.md §4.2 writes the same thing as S_t = S_{t−1}(α_t(I − β_t k_t k_tᵀ)) + β_t v_t k_tᵀ, o_t = S_t q_t.)
 `g = log α ≤ 0` is passed instead of α so products of many gates stay in log space.
 
 Chunkwise form (the WY / UT-transform algorithm of Yang et al. 2024, "Parallelizing Linear

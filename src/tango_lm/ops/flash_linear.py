@@ -1,4 +1,4 @@
-"""FLASH's global linear attention across groups (Hua et al. 2022, SPEC 2.7), causal form.
+"""FLASH's global linear attention across groups (Hua et al. 2022, docs/design.md §2.7), causal form.
 
 Positions are cut into groups of `g` aligned to position 0 (group of t is `t // g`). Position t
 attends linearly to every source in an *earlier* group:

@@ -1,4 +1,4 @@
-"""TANGO's wide-gate average (SPEC 2.2).
+"""TANGO's wide-gate average (docs/design.md §2.2).
 
 For each head h, `gbar^h_t = sum_{s<=t} softmax_s(q^h_t . k^h_s / sqrt(d_h)) g^h_s`, where the
 values are the source gates g (width F/H per head, usually far wider than d_h). It is causal
@@ -10,12 +10,23 @@ uses the fused op in `tango_mix.py`, which also folds in the SiLU and the produc
 
 The fused CPU op skips the all-zero blocks above the diagonal, with each matmul split so that
 its pieces stay wide (`tango_mix._blocks`).
+
+On GPUs no fused SDPA backend takes values that much wider than the queries (flash attention needs
+equal widths up to 256, cuDNN widths up to 256, the memory-efficient kernel multiples of 8), so one
+SDPA call runs PyTorch's math backend, which holds the [B, H, T, T] probabilities in fp32.
+`gate_average_sliced` cuts the values into slices of at most `SDPA_SLICE` columns (a multiple of 8,
+zero-padded) and runs them as extra heads with q and k broadcast to every slice, which the fused
+backends take. It is the CUDA path where the Triton kernels (`tango_mix_triton.py`) cannot run.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from tango_lm.ops.dispatch import check_devices, choose
+
+SDPA_SLICE = 128  # widest value slice; fused SDPA backends take up to 256
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -46,6 +57,35 @@ def gate_average_sdpa(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torc
     return F.scaled_dot_product_attention(q, k, g, is_causal=True)
 
 
-def gate_average(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """The causal average of the gates (the default path)."""
+def slices(width: int, max_slice: int = SDPA_SLICE) -> tuple[int, int]:
+    """(n, s): the fewest slices of at most `max_slice` columns, each s columns wide, s a multiple of 8
+    (n * s >= width; 1780 -> 14 x 128, 593 -> 5 x 120, 368 -> 3 x 128)."""
+    n = _ceil_div(width, max_slice)
+    return n, _ceil_div(_ceil_div(width, n), 8) * 8
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def gate_average_sliced(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, max_slice: int = SDPA_SLICE) -> torch.Tensor:
+    """Same contract as `gate_average_sdpa`, with the values run as n slices of s columns (`slices`):
+    q, k [B, H, T, d_h] broadcast to [B, H * n, T, d_h], g to [B, H * n, T, s]; one copy of each."""
+    b, h, t, w = g.shape
+    n, s = slices(w, max_slice)
+    if n == 1 and s == w:
+        return gate_average_sdpa(q, k, g)
+    values = F.pad(g, (0, n * s - w)).unflatten(-1, (n, s)).transpose(2, 3).reshape(b, h * n, t, s)
+    qs, ks = (x.unsqueeze(2).expand(b, h, n, t, x.shape[-1]).reshape(b, h * n, t, x.shape[-1]) for x in (q, k))
+    out = F.scaled_dot_product_attention(qs, ks, values, is_causal=True)
+    return out.view(b, h, n, t, s).transpose(2, 3).reshape(b, h, t, n * s)[..., :w]
+
+
+def gate_average(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, *, kernels: str | None = None) -> torch.Tensor:
+    """The causal average of the gates: the sliced SDPA on CUDA, one SDPA call elsewhere
+    ('reference'); `kernels` or $TANGO_LM_KERNELS overrides (ops/dispatch.py)."""
+    check_devices("gate_average", q=q, k=k, g=g)
+    auto = "sdpa-sliced" if g.is_cuda else "reference"
+    if choose({"reference": True, "sdpa-sliced": True}, auto, kernels) == "sdpa-sliced":
+        return gate_average_sliced(q, k, g)
     return gate_average_sdpa(q, k, g)

@@ -1,6 +1,12 @@
-"""TANGO's token mixing fused for CPUs: `y = gate_average(q, k, silu(a)) * u`.
+"""TANGO's token mixing, `y = gate_average(q, k, silu(a)) * u`, and the one door to its implementations.
 
-The composition of library ops moves the wide [B, T, F] tensors through several extra memory
+`tango_mix` picks the implementation (`ops/dispatch.py`): on CPUs the fused ops below, on CUDA the
+Triton kernels of `tango_mix_triton.py` (or, without triton, the sliced SDPA of
+`ops/gate_average.py`), under torch.compile on CPUs the composition. Without u (tango-compact's
+narrow average of its controller) it returns the average alone: the reference on CPUs, the same
+Triton or sliced paths on CUDA.
+
+**The fused CPU ops.** The composition of library ops moves the wide [B, T, F] tensors through several extra memory
 passes: the gates are transposed to head-major [B, H, T, F/H] for attention and the average
 back, in the forward and again in the backward, and the SiLU, the product with u and their
 backwards each read and write them once more. On a CPU those passes cost about as much as the
@@ -29,13 +35,27 @@ import torch.nn.functional as F
 
 from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_blocks, scratch_view
-from tango_lm.ops.gate_average import gate_average_sdpa, merge_heads, split_heads
+from tango_lm.ops.dispatch import check_devices, check_installed, choose, eager
+from tango_lm.ops.gate_average import gate_average_sdpa, gate_average_sliced, merge_heads, split_heads
+
+try:  # registers the Triton custom ops (before any torch.compile trace reaches `tango_mix`)
+    from tango_lm.ops import tango_mix_triton
+except ImportError:  # no triton: CUDA runs the sliced SDPA
+    tango_mix_triton = None
 
 
-def tango_mix_reference(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """q, k: [B, H, T, d_h]; a (gate pre-activation), u: [B, T, F] -> [B, T, F]."""
+def tango_mix_reference(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+    """q, k: [B, H, T, d_h]; a (gate pre-activation), u: [B, T, F] -> [B, T, F] (without u, the average)."""
     g = split_heads(F.silu(a), q.shape[1])
-    return merge_heads(gate_average_sdpa(q, k, g)) * u
+    avg = merge_heads(gate_average_sdpa(q, k, g))
+    return avg if u is None else avg * u
+
+
+def tango_mix_sliced(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+    """The composition with the average as the sliced SDPA (`gate_average_sliced`): no fused SDPA
+    backend takes the gates' full width per head."""
+    avg = merge_heads(gate_average_sliced(q, k, split_heads(F.silu(a), q.shape[1])))
+    return avg if u is None else avg * u
 
 
 def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -200,10 +220,39 @@ def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.
     return op.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
 
 
-def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The fused op on CPUs in eager mode; elsewhere the composition, whose SDPA call runs fused
-    GPU kernels. Under torch.compile the composition too: inductor fuses its elementwise passes
-    itself, and cannot compile the fused op (its `out=` writes into transposed views)."""
-    if a.device.type == "cpu" and q.dtype == a.dtype == u.dtype and not torch.compiler.is_compiling():
-        return tango_mix_fused(q, k, a, u)
+def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, *,
+              kernels: str | None = None) -> torch.Tensor:
+    """`gate_average(q, k, silu(a)) * u` (u None: the average alone), through the implementation
+    that `kernels` (or $TANGO_LM_KERNELS, else 'auto') names, where it can take these inputs:
+
+    - CPUs: in eager mode the fused op, on the C kernels where they build (float32) and blocked
+      otherwise; under torch.compile the composition (inductor fuses its elementwise passes itself
+      and cannot compile the fused op's `out=` writes into transposed views). Without u the composition.
+    - CUDA: the Triton kernels (a custom op, so also inside torch.compile graphs) for fp32, bf16 and
+      fp16 inputs of one dtype; otherwise (no triton, other dtypes) the sliced SDPA.
+    """
+    check_devices("tango_mix", q=q, k=k, a=a, u=u)
+    check_installed("triton", tango_mix_triton is not None, kernels)
+    name = choose(*_paths(q, k, a, u), kernels)
+    if name == "triton":
+        return tango_mix_triton.tango_mix_triton(q, k, a, u)
+    if name == "sdpa-sliced":
+        return tango_mix_sliced(q, k, a, u)
+    if name in ("c", "blocked"):
+        return tango_mix_fused(q, k, a, u, kernels=name == "c")
     return tango_mix_reference(q, k, a, u)
+
+
+def _paths(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> tuple[dict[str, bool], str]:
+    """Which implementations can take these inputs, and the one 'auto' picks."""
+    cpu_fused = a.device.type == "cpu" and u is not None and q.dtype == a.dtype == u.dtype and eager()
+    c = cpu_fused and cpu_kernels.usable(a)
+    triton = tango_mix_triton is not None and tango_mix_triton.supported(q, k, a, u)
+    usable = {"reference": True, "sdpa-sliced": True, "blocked": cpu_fused, "c": c, "triton": triton}
+    if a.device.type == "cpu":
+        auto = "c" if c else "blocked" if cpu_fused else "reference"
+    elif a.is_cuda:
+        auto = "triton" if triton else "sdpa-sliced"
+    else:
+        auto = "reference"
+    return usable, auto

@@ -1,4 +1,4 @@
-"""Chunked NLL of softmax mixtures: the fused loss of the onóna head and its relatives (SPEC 3).
+"""Chunked NLL of softmax mixtures: the fused loss of the onóna head and its relatives (docs/design.md §3).
 
 The heads score positions n = 1..N with K components, each a hidden state `h_k` [N, d] and a
 vocabulary table `W_k` [V, d], and a per-position log-prior `log π` [N, K]:

@@ -1,4 +1,4 @@
-"""Windowed TANGO's gate average (SPEC 2.3): exact scores in a recent window, a feature map beyond.
+"""Windowed TANGO's gate average (docs/design.md §2.3): exact scores in a recent window, a feature map beyond.
 
 For destination t and source s <= t (per head; q, k [..., T, d_h], gates g [..., T, w]):
 
@@ -6,7 +6,7 @@ For destination t and source s <= t (per head; q, k [..., T, d_h], gates g [...,
     w[t, s] = phi(q_t) . phi(k_s)           for s <= t - W       (phi of the UN-rotated q, k)
     gbar_t  = sum_s w[t, s] g_s / sum_s w[t, s]
 
-Feature maps (`FEATURE_MAPS`): "elu+1" (SPEC's default, phi(x) = elu(x) + 1 > 0) and "relu"
+Feature maps (`FEATURE_MAPS`): "elu+1" (the default of docs/design.md §2.3, phi(x) = elu(x) + 1 > 0) and "relu"
 (phi(x) = max(x, 0); a destination whose older weights are all zero simply averages its window).
 "exp" is not offered: phi(q) . phi(k) would then grow like exp(|q| + |k|) and overflow in fp32.
 

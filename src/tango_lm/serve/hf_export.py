@@ -2,7 +2,13 @@
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # transformers 5 reads config.json first
+    tokenizer = AutoTokenizer.from_pretrained(DIR)  # a built-in fast tokenizer: no custom code
+
+Loading the model registers the `tango_lm` model type with transformers' Auto classes for the rest
+of the process (so does `import tango_lm.serve.hf_modeling`, after which neither call needs
+`trust_remote_code`). transformers 5's AutoTokenizer reads `config.json` before
+`tokenizer_config.json`, so in a process that has done neither, it asks whether to run the export's
+code; pass `trust_remote_code=True` there, or use `PreTrainedTokenizerFast.from_pretrained(DIR)`.
 
 DIR holds
 
@@ -113,7 +119,7 @@ Exported from `{checkpoint}` (step {step}) by `tango-lm export`.
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{name}")  # after the model (or `import tango_lm.serve.hf_modeling`)
 ids = tokenizer("Hello", return_tensors="pt").input_ids
 out = model.generate(ids, max_new_tokens=20, do_sample=False)
 print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))

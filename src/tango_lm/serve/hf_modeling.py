@@ -203,3 +203,18 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             raise TypeError(f"tango-lm models use their own decode cache, not {type(state).__name__}; "
                             "call generate() without one (or with model.new_cache())")
         return {**inputs, "input_ids": input_ids[:, state.position :], CACHE_NAME: state, "use_cache": True}
+
+
+# transformers 5's AutoTokenizer builds the model config before it reads tokenizer_config.json, so
+# for a remote-code config it asks whether to run the code (and, answered "no" or with stdin closed,
+# logs "You are using a model of type `tango_lm` to instantiate a model of type ``"). Registering the
+# model type when this module runs (an export loaded with trust_remote_code=True, or `import
+# tango_lm.serve.hf_modeling`) makes `tango_lm` a known type for the rest of the process: both Auto
+# classes then load an export without trust_remote_code, without a prompt or that warning.
+try:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoConfig.register(TangoLMConfig.model_type, TangoLMConfig, exist_ok=True)
+    AutoModelForCausalLM.register(TangoLMConfig, TangoLMForCausalLM, exist_ok=True)
+except (ImportError, ValueError):  # a transformers without these registries: loading still works with remote code
+    pass

@@ -1,4 +1,4 @@
-"""Sweeps (SPEC 6): grids of architectures x datasets x tiers x depths x seed pairs, each
+"""Sweeps (docs/design.md §6): grids of architectures x datasets x tiers x depths x seed pairs, each
 combination an ordinary training run; `tango-lm sweep GRID.yaml` runs them and
 `tango-lm report DIR` summarizes them."""
 

@@ -1,4 +1,4 @@
-"""Sweep grids (SPEC 6): a base run config and axes whose product is a list of runs.
+"""Sweep grids (docs/design.md §6): a base run config and axes whose product is a list of runs.
 
 A grid is a YAML file:
 
@@ -19,7 +19,7 @@ Axes and what they set:
 - `dataset`: `data.dir` (a mapping name -> directory, or a list of directories named by basename).
 - `tier`: a parameter target; `70M` / `160M` use the TANGO paper's d (512 / 768) unless a
   `d_model` axis is given, other targets (`2M`, `250K`, `1500000`) use the d_model axis or the
-  base's. Each architecture's `width` is matched to the target (SPEC 2.8) with the `standard`
+  base's. Each architecture's `width` is matched to the target (docs/design.md §2.8) with the `standard`
   head, then the run's head is put on, so head-vs-Standard pairs share their backbone exactly
   (the onóna paper's protocol). `target_params` is the same with explicit counts.
   `arch: conventional-untied` takes seed 000 Table 6's geometry for a paper tier and depth.

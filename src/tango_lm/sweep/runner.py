@@ -12,27 +12,28 @@ Restart rules, so a sweep killed at any point loses nothing and picks up where i
 
 A run that raises (a `UserError` or anything else) gets `failed.json` (the one-line error) and
 `failed.log` (the traceback) and the sweep goes on; the next invocation retries it.
-`KeyboardInterrupt` stops the sweep. One sweep at a time may use an output directory (a lock
-file, released by the OS when the process dies).
+`KeyboardInterrupt` stops the sweep. One sweep at a time may use an output directory, and the
+sweep holds each run directory's lock while it prepares and trains that run (`output_lock.py`):
+a run another process is training is reported as not trained and left alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
-import os
+import shutil
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tango_lm.errors import UserError
+from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import complete_steps, write_json_atomic
 
-STALE_FILES = ("metrics.jsonl", "best.json", "summary.json")
+STALE_FILES = ("metrics.jsonl", "best.json", "summary.json", "config.json", "config.yaml")
 FAILED_FILES = ("failed.json", "failed.log")
 
 
@@ -90,43 +91,51 @@ def run_sweep(
 ) -> list[dict[str, Any]]:
     """Train every run of the grid that is not finished; returns one status row per run.
     `progress` overrides the runs' `train.progress` when given."""
-    from tango_lm.train.trainer import train
-
     runs = grid.runs if runs is None else runs
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
-    grid.out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    with _sweep_lock(grid.out_dir):
+    with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         for i, run in enumerate(runs, 1):
-            state = run_state(run)
             head = f"[{i}/{len(runs)}] {run.name}"
+            state = run_state(run)
             if state["state"] == "done":
                 log(f"{head}: finished before, skipped")
                 rows.append(_row(run, "skipped", state["summary"]))
                 continue
             if progress is not None:
                 run.config.train.progress = progress
-            _prepare_dir(run, state)
-            how = {"resume": f"resuming from step {state.get('from_step')}", "retry": "retrying after a failure"}
-            log(f"{head}: {how.get(state['state'], 'training')} ({state['steps']} steps)")
-            t0 = time.time()
             try:
-                summary = train(run.config, resume=state["state"] == "resume").summary
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - record every failure and go on with the sweep
-                error = _record_failure(run, exc)
-                log(f"{head}: failed: {error}")
-                rows.append(_row(run, "failed", None, error))
-            else:
-                rows.append(_row(run, "resumed" if state["state"] == "resume" else "trained", summary,
-                                 seconds=time.time() - t0))
+                with hold_output_lock(run.out_dir, "tango-lm sweep", "stop it first"):
+                    rows.append(_train_one(run, head, log))
+            except OutputLocked as exc:  # another process trains it: record nothing in its directory
+                log(f"{head}: not trained: {exc}")
+                rows.append(_row(run, "failed", None, str(exc)))
             finally:
                 _release_memory()
             write_json_atomic(grid.out_dir / "status.json", {"runs": rows, "total": len(runs)})
     return rows
+
+
+def _train_one(run: SweepRun, head: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train (or resume, or retry) one run whose directory this process holds locked."""
+    from tango_lm.train.trainer import train
+
+    state = run_state(run)  # again, under the lock
+    _prepare_dir(run, state)
+    how = {"resume": f"resuming from step {state.get('from_step')}", "retry": "retrying after a failure"}
+    log(f"{head}: {how.get(state['state'], 'training')} ({state['steps']} steps)")
+    t0 = time.time()
+    try:
+        summary = train(run.config, resume=state["state"] == "resume").summary
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - record every failure and go on with the sweep
+        error = _record_failure(run, exc)
+        log(f"{head}: failed: {error}")
+        return _row(run, "failed", None, error)
+    return _row(run, "resumed" if state["state"] == "resume" else "trained", summary, seconds=time.time() - t0)
 
 
 def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
@@ -137,6 +146,8 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
     if state["state"] in ("new", "retry"):
         for name in STALE_FILES:  # left by an attempt killed before its first checkpoint
             (out / name).unlink(missing_ok=True)
+        if (out / "checkpoints").is_dir():  # no complete step in it (else the state is resume)
+            shutil.rmtree(out / "checkpoints")
     write_json_atomic(out / "sweep.json", {"name": run.name, "labels": run.labels})
 
 
@@ -167,29 +178,3 @@ def _release_memory() -> None:
             torch.cuda.empty_cache()
     except Exception:  # noqa: BLE001 - freeing memory is best effort
         pass
-
-
-@contextlib.contextmanager
-def _sweep_lock(out_dir: Path) -> Iterator[None]:
-    """An exclusive lock on `out_dir/.sweep.lock` for this process's lifetime in the sweep."""
-    try:
-        import fcntl
-    except ImportError:  # not on POSIX: no lock
-        yield
-        return
-    path = out_dir / ".sweep.lock"
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise UserError(f"another sweep ({holder}) is running in {out_dir}; wait for it or stop it first") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()}")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

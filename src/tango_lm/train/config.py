@@ -1,5 +1,5 @@
-"""Run configuration: the model, the data and the training protocol (SPEC 6), and the loader for
-YAML presets/files with `key=value` overrides (SPEC 7)."""
+"""Run configuration: the model, the data and the training protocol (docs/design.md §6), and the loader for
+YAML presets/files with `key=value` overrides (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 200
     eval_windows: int = 64  # fixed dev windows evaluated on the schedule
+    eval_sample_seed: int | None = None  # None: the first eval_windows dev windows; else sampled with this seed
     test_windows: int | None = None  # None: the whole test split
     eval_batch_size: int | None = None  # windows per eval forward (default: batch_size / processes)
     select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)
@@ -84,6 +85,12 @@ class TrainConfig:
     # The global batch per optimizer step is batch_size * grad_accum windows on any process count.
     parallel: str = "none"  # none | ddp | fsdp
     checkpoint_format: str = "full"  # full: one safetensors file (any process count) | sharded: DCP shards
+    # Where the log goes (train/loggers.py): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "tango-lm"
+    # Updates with a non-finite loss or gradient norm are skipped (train/nonfinite.py); more than
+    # this many in a row stop the run, keeping the last checkpoint.
+    max_nonfinite_steps: int = 5
 
 
 _CHOICES = {
@@ -141,17 +148,23 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         if key not in known:
             raise UserError(f"unknown field {name}.{key}; known fields are: {', '.join(sorted(known))}")
+        if name == "train" and key == "loggers":
+            from tango_lm.train.loggers import logger_names
+
+            values[key] = logger_names(f"{name}.{key}", value)
+            continue
         values[key] = value = check_type(f"{name}.{key}", value, known[key].type)
         choices = _CHOICES.get(f"{name}.{key}")
         if choices and value not in choices:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
     obj = cls(**values)
     positive = ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows", "keep_last",
-                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps")
+                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps", "max_nonfinite_steps")
     for key in positive:
         value = getattr(obj, key, None)
-        if value is not None and value < (0 if key == "warmup_steps" else 1):
-            raise UserError(f"{name}.{key} must be at least {0 if key == 'warmup_steps' else 1} (got {value})")
+        low = 0 if key in ("warmup_steps", "max_nonfinite_steps") else 1
+        if value is not None and value < low:
+            raise UserError(f"{name}.{key} must be at least {low} (got {value})")
     for key in ("tokens_per_param", "lr", "grad_clip"):
         value = getattr(obj, key, None)
         if value is not None and value <= 0:
@@ -183,7 +196,11 @@ def read_yaml(source: str) -> dict[str, Any]:
         else:
             raise UserError(f"no preset or file named {source!r}; `tango-lm presets` lists them")
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not text (not UTF-8); give a YAML file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""

@@ -30,10 +30,14 @@ from torch import nn
 from tango_lm.errors import UserError
 from tango_lm.train.device import pick_device
 
-# Architectures whose forward can leave a parameter without a gradient (an MoE expert that got
-# no tokens this step): DDP has to look for such parameters after every backward; FSDP2 cannot
-# train them.
-SKIPS_PARAMETERS = frozenset({"moe"})
+
+def skips_parameters(arch: str) -> bool:
+    """Whether the architecture's forward can leave a parameter without a gradient (an MoE expert
+    that got no tokens this step): DDP has to look for such parameters after every backward; FSDP2
+    cannot train them."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    return ARCHITECTURES[arch].skips_parameters
 
 _owned_group: list[bool] = []  # non-empty while a process group `setup` formed is alive
 
@@ -90,7 +94,7 @@ def check_launch(run: Any, world_size: int) -> None:
             f"processes; set train.batch_size to a multiple of {world_size} or launch a number of processes "
             "that divides it"
         )
-    if cfg.parallel == "fsdp" and run.model.arch in SKIPS_PARAMETERS:
+    if cfg.parallel == "fsdp" and skips_parameters(run.model.arch):
         # FSDP2 reduce-scatters the gradients a rank has; ranks whose batches skipped different
         # experts would send collectives of different sizes.
         raise UserError(
@@ -196,7 +200,7 @@ def wrap_ddp(model: nn.Module, env: DistEnv, arch: str) -> nn.Module:
     return DistributedDataParallel(
         NLLForward(model),
         device_ids=[env.device.index] if env.device.type == "cuda" else None,
-        find_unused_parameters=arch in SKIPS_PARAMETERS,
+        find_unused_parameters=skips_parameters(arch),
     )
 
 

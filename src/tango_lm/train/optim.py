@@ -1,4 +1,4 @@
-"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedules (SPEC 6)."""
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedules (docs/design.md §6)."""
 
 from __future__ import annotations
 

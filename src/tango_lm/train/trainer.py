@@ -1,4 +1,4 @@
-"""The training loop (SPEC 6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
+"""The training loop (docs/design.md §6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
 optional torch.compile and activation checkpointing, dev NLL on a schedule, best-dev checkpoint,
 test NLL of the selected checkpoint, JSONL metrics, a progress bar, and exact resume.
 
@@ -10,6 +10,7 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -21,10 +22,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from tango_lm.config_checks import check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
@@ -37,6 +39,7 @@ from tango_lm.train.checkpoint import (
     load_checkpoint,
     load_shards,
     prune_checkpoints,
+    remove_incomplete,
     save_shards,
     step_dir_name,
     tmp_step_dir,
@@ -45,7 +48,11 @@ from tango_lm.train.checkpoint import (
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
+from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
+from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
+from tango_lm.train.run_dir import claim_run_dir
+from tango_lm.train.utilization import matmul_peak, peak_memory_mib
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
 
@@ -72,6 +79,7 @@ class Trainer:
         self.run = run
         cfg = run.train
         distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
+        check_available(cfg.loggers)
         self.out = Path(cfg.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         existing = complete_steps(self.ckpt_root)
@@ -93,6 +101,8 @@ class Trainer:
         self.dtype = autocast_dtype(cfg.precision, self.device)
         self.total_steps = run.total_steps()
 
+        check_fits_memory(run.model, self.device, self.dist.world_size if self.dist.parallel == "fsdp" else 1)
+        self.nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps)
         torch.manual_seed(cfg.seed)  # every process builds the same initial model
         self.model = build_model(run.model).to(self.device)
         self.model.set_activation_checkpointing(cfg.activation_checkpointing)
@@ -112,12 +122,15 @@ class Trainer:
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
         self.dev_batches = list(
-            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows)
+            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows,
+                         cfg.eval_sample_seed)
         )
         self.step = 0
         self.tokens_seen = 0
         self.best: dict[str, Any] = {"step": None, "dev_nll": float("inf")}
         self.step_times: list[float] = []
+        self.loggers: list[MetricLogger] | None = None  # opened by fit(), on rank 0
+        self.peak_flops: float | None = None  # the MFU denominator, measured by fit() on rank 0
         if existing:
             self._resume(existing[-1])
 
@@ -155,6 +168,7 @@ class Trainer:
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
+            self.nonfinite.load_state_dict(state.get("nonfinite", {}))
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint") from None
@@ -174,11 +188,14 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "best": {"step": self.best["step"], "dev_nll": float(self.best["dev_nll"])},
+            "nonfinite": self.nonfinite.state_dict(),
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
         """Write the step directory. Every process calls this; rank 0 writes the files, the
         COMPLETE marker and the rename once every rank's part is on disk."""
+        all_finite = distributed.mean_over_ranks(self.dist, float(not finite_weights(self.model))) == 0
+        check_weights(all_finite, self.step, self._latest())  # no checkpoint holds a NaN
         meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen}
         if self.dist.active:
             meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
@@ -215,8 +232,20 @@ class Trainer:
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.loggers is None:  # a record outside fit(): the JSONL log alone
+            self.loggers = open_loggers(["jsonl"], self._log_context())
+        for logger in self.loggers:
+            logger.log(record)
+
+    def _log_context(self) -> LogContext:
+        return LogContext(self.out, self.step, self.run.to_dict(), self.run.train.wandb_project)
+
+    def _mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs per second per process over the start-up matmul peak (bench/peak.py)."""
+        if not self.peak_flops:
+            return None
+        flops = self.run.model.flops_per_token(self.seq_len) * tokens_per_s / self.dist.world_size
+        return flops / self.peak_flops
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop records a killed run wrote after the checkpoint we resume from, so the log is
@@ -247,7 +276,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        # Rotating narrow-width training (SPEC 2.6): step n runs only segment n mod segments of the
+        # Rotating narrow-width training (docs/design.md §2.6): step n runs only segment n mod segments of the
         # gated width; the inactive columns get no gradient and `keep_inactive_columns` keeps AdamW
         # (weight decay, momentum) from moving them. Outside a step every column is active.
         segments = self.model.num_segments
@@ -263,24 +292,47 @@ class Trainer:
                     loss = self.step_fn(inputs, targets)
                 (loss / cfg.grad_accum).backward()
             total += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        with keep_inactive_columns(self.model, self.optimizer):
-            self.optimizer.step()
+        grad_norm = distributed.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
+        skip = self.nonfinite.skip(loss, grad_norm)  # both values are global: every rank decides alike
+        if not skip:
+            with keep_inactive_columns(self.model, self.optimizer):
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.set_active_segment(None)
         self.step += 1
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
-        self._last = {"lr": lr, "grad_norm": distributed.grad_norm_value(grad_norm)}
-        return distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
+        self._last = {"lr": lr, "grad_norm": grad_norm if math.isfinite(grad_norm) else None}
+        if skip:  # a skipped step still counts: its batch is consumed (train/nonfinite.py)
+            self._last["skipped"] = True
+            self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
+        return loss
+
+    def _latest(self) -> str:
+        steps = complete_steps(self.ckpt_root)
+        return f"checkpoint {steps[-1]}" if steps else "no checkpoint (none was written yet), so nothing"
 
     def fit(self) -> TrainResult:
         cfg = self.run.train
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
             write_json_atomic(self.out / "config.json", self.run.to_dict())
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0:
             self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
+        if self.dist.is_main:
+            self.loggers = open_loggers(cfg.loggers, self._log_context())
+            self.peak_flops = matmul_peak(self.device, self.dtype)
+        try:
+            return self._fit()
+        finally:
+            if self.loggers:
+                close_loggers(self.loggers)
+            self.loggers = None
+
+    def _fit(self) -> TrainResult:
+        cfg = self.run.train
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
@@ -292,9 +344,12 @@ class Trainer:
             dt = time.perf_counter() - t0
             self.step_times.append(dt)
             losses[self.step] = loss
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                self._log({"step": self.step, "loss": loss, "tokens": self.tokens_seen,
-                           "tokens_per_s": tokens_per_step / dt, **self._last})
+            tokens_per_s = tokens_per_step / dt
+            mfu, memory = self._mfu(tokens_per_s), peak_memory_mib(self.device)
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps or "skipped" in self._last:
+                self._log({"step": self.step, "loss": loss if math.isfinite(loss) else None,
+                           "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s,
+                           "mfu": mfu, "peak_memory_mib": memory, **self._last})
             is_last = self.step == self.total_steps
             if self.step % cfg.eval_every == 0 or is_last:
                 dev_nll = self.evaluate_dev()
@@ -308,8 +363,9 @@ class Trainer:
                     self._write_best()
             elif self.step % cfg.save_every == 0:
                 self.save()
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}",
-                            dev=f"{dev_nll:.3f}" if dev_nll is not None else "-", refresh=False)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}" if mfu is not None else "-",
+                            mem=f"{memory:,.0f}MiB", dev=f"{dev_nll:.3f}" if dev_nll is not None else "-",
+                            refresh=False)
             bar.update(1)
         bar.close()
         return TrainResult(self.finish(), losses)
@@ -331,6 +387,7 @@ class Trainer:
         )
         recent = self.step_times[-THROUGHPUT_WINDOW:]
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
+        tokens_per_s = tokens_per_step / statistics.median(recent) if recent else None
         params = self.run.model.num_params()
         summary = {
             "arch": self.run.model.arch,
@@ -339,12 +396,15 @@ class Trainer:
             "params_non_embedding": params["non_embedding"],
             "steps": self.step,
             "tokens": self.tokens_seen,
+            "skipped_steps": self.nonfinite.skipped,
             "selected_step": selected,
             "best_dev_nll": self.best["dev_nll"],
             "test_nll": test_nll,
             "test_tokens": n_test,
-            "tokens_per_s": tokens_per_step / statistics.median(recent) if recent else None,
+            "tokens_per_s": tokens_per_s,
             "flops_per_token": self.run.model.flops_per_token(self.seq_len),
+            "mfu": self._mfu(tokens_per_s) if tokens_per_s else None,
+            "peak_memory_mib": peak_memory_mib(self.device),
             "out_dir": str(self.out),
         }
         if self.dist.is_main:
@@ -355,8 +415,13 @@ class Trainer:
 
 def train(run: RunConfig, resume: bool = False) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked). Under torchrun
-    every process calls this; it joins the process group and leaves it at the end."""
+    every process calls this; it joins the process group and leaves it at the end. The run
+    directory is checked and locked first (train/run_dir.py): one writer per run."""
     try:
-        return Trainer(run, resume=resume).fit()
+        with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
+            return Trainer(run, resume=resume).fit()
+    except OSError as exc:  # a disk that filled up or a folder made read-only while training
+        raise UserError(f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
+                        "intact: fix that and continue with --resume") from None
     finally:
         distributed.teardown()

@@ -1,4 +1,4 @@
-"""Attention Residuals backbone (SPEC 4, AttnRes; Kimi Team 2026): the Dense model's layers, with
+"""Attention Residuals backbone (docs/design.md §4.4, AttnRes; Kimi Team 2026): the Dense model's layers, with
 the residual stream replaced by softmax attention over depth (layers/attnres.py). Sublayers are
 the attention and SwiGLU sublayers; `attnres_block` (layers per block) selects Block AttnRes.
 
@@ -75,6 +75,10 @@ def _apply_layer(layer: AttnResLayer, sources: DepthSources, rope: tuple[torch.T
 
 class AttnResArch(Architecture):
     name = "attnres"
+    display_name = "AttnRes"
+    family = "onona"
+    decode_state = "keys and values of the n_kv_heads heads, every position"
+    tiny = {"n_kv_heads": 2}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -9,10 +9,32 @@ from tango_lm.models.config import ModelConfig
 
 class Architecture:
     """Stateless description of one architecture. Counts exclude the vocabulary tables, which
-    belong to the head; they include the final norm (`d`)."""
+    belong to the head; they include the final norm (`d`).
+
+    Everything the rest of the toolkit needs to know about an architecture lives here, so a new
+    one is this class plus one registry line: the tables of `tango-lm match`, the generated
+    presets, the benchmark suite, the reports and the generic tests all read these attributes.
+    """
 
     name: str = ""
+    display_name: str = ""  # in reports and tables: "Loop Transformer++"
+    description: str = ""  # one line for generated presets: "TANGO (full prefix)"
+    family: str = ""  # the paper it comes from: "tango" (arXiv:2608.22117) or "onona" (arXiv:2611.10556)
+    matched: bool = False  # in `tango-lm match` and the generated presets (the TANGO paper's Table 3)
+    in_bench_suite: bool = False  # in `tango-lm bench --suite training` (and decode) by default
     uses_heads: bool = True  # False: no multi-head split (GAU, FLASH), so d_model need not divide by heads
+    min_depth: int = 1  # fewer applications cannot build it (three sets need three)
+    width_name: str = "gate"  # what `width` is, for generated presets: "gate" (TANGO's F) or "FFN"
+    # Labels of the paper's fixed geometries of this architecture that sweeps accept as `arch`
+    # (label -> display name), reported right after it.
+    variants: dict[str, str] = {}
+    decode_state: str = ""  # what one application's decode state holds (serve/cache.py)
+    # A forward may leave a parameter without a gradient (an MoE expert no token chose): DDP has to
+    # look for such parameters after every backward, and FSDP cannot train the model.
+    skips_parameters: bool = False
+    # The fields that make a tiny model of it on top of tests/arch_cases.py's base (d = 32, heads
+    # of 8): the generic tests build every registered architecture from this.
+    tiny: dict = {}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -40,8 +62,22 @@ class Architecture:
 
     @staticmethod
     def width_multiple(cfg: ModelConfig) -> int:
-        """The free width (`width`) is matched in steps of this (SPEC 2.8)."""
+        """The free width (`width`) is matched in steps of this (docs/design.md §2.8)."""
         return int(cfg.n_heads or 1)
+
+    @staticmethod
+    def decode_state_grows(cfg: ModelConfig) -> bool:
+        """Whether the decode state grows with every position (keys, values, gates) rather than
+        staying bounded (a window, prefix sums, a recurrent state)."""
+        return True
+
+    @classmethod
+    def preset_geometry(cls, cfg: ModelConfig) -> list[str]:
+        """The shape lines of a generated preset's `model:` section, between `d_model` and
+        `vocab_size` (models/preset_catalog.py)."""
+        return [f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}",
+                f"  width: {cfg.width}          # F: {cls.width_name} width",
+                f"  depth: {cfg.depth}             # block applications"]
 
 
 def causal_pairs_per_token(seq_len: int) -> float:

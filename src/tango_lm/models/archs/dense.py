@@ -1,4 +1,4 @@
-"""Dense, Qwen3-style (SPEC 4): `depth` distinct pre-norm layers of GQA + QK-norm attention with
+"""Dense, Qwen3-style (docs/design.md §4.1): `depth` distinct pre-norm layers of GQA + QK-norm attention with
 RoPE and SwiGLU, no biases, final RMSNorm. The other onóna-paper backbones reuse its attention.
 
 Parameters (H query heads, H_kv key/value heads of width d_h, FFN width F):
@@ -51,6 +51,10 @@ def dense_layer(cfg: ModelConfig) -> DenseBlock:
 
 class Dense(Architecture):
     name = "dense"
+    display_name = "Dense"
+    family = "onona"
+    decode_state = "keys and values of the n_kv_heads heads, every position"
+    tiny = {"n_kv_heads": 2}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -1,4 +1,4 @@
-"""FLASH baseline (SPEC 2.7): `depth` independent FLASH layers (mixed-chunk attention)."""
+"""FLASH baseline (docs/design.md §2.7): `depth` independent FLASH layers (mixed-chunk attention)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,13 @@ def group_pairs_per_token(seq_len: int, group_size: int) -> float:
 
 class Flash(Architecture):
     name = "flash"
+    display_name = "FLASH"
+    description = "FLASH (s = 128, g = 256)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "the current group's keys and values, and the sum of K^T V over completed groups (bounded)"
+    tiny = {"qk_dim": 8, "group_size": 4}
     uses_heads = False
 
     @staticmethod
@@ -65,3 +72,14 @@ class Flash(Architecture):
     @staticmethod
     def width_multiple(cfg: ModelConfig) -> int:
         return 16
+
+    @staticmethod
+    def decode_state_grows(cfg: ModelConfig) -> bool:
+        return False
+
+    @staticmethod
+    def preset_geometry(cfg: ModelConfig) -> list[str]:
+        return [f"  qk_dim: {cfg.qk_dim}          # s",
+                f"  group_size: {cfg.group_size}     # g",
+                f"  width: {cfg.width}          # e: the expansion width",
+                f"  depth: {cfg.depth}             # block applications"]

@@ -1,4 +1,4 @@
-"""GAU baseline (SPEC 2.7): `depth` independent GAU layers, no separate FFN."""
+"""GAU baseline (docs/design.md §2.7): `depth` independent GAU layers, no separate FFN."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def gated_unit_matmul_params(cfg: ModelConfig) -> int:
 
 class Gau(Architecture):
     name = "gau"
+    display_name = "Full-attention GAU"
+    description = "full-attention GAU (s = 128)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "rotated keys (s) and values (e) of every position"
+    tiny = {"qk_dim": 8}
     uses_heads = False
 
     @staticmethod
@@ -63,3 +70,9 @@ class Gau(Architecture):
     @staticmethod
     def width_multiple(cfg: ModelConfig) -> int:
         return 16
+
+    @staticmethod
+    def preset_geometry(cfg: ModelConfig) -> list[str]:
+        return [f"  qk_dim: {cfg.qk_dim}          # s",
+                f"  width: {cfg.width}          # e: the expansion width",
+                f"  depth: {cfg.depth}             # block applications"]

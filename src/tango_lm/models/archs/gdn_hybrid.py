@@ -1,4 +1,4 @@
-"""Gated DeltaNet hybrid (SPEC 4): `depth` layers, every `attention_every`-th one (default 4: three
+"""Gated DeltaNet hybrid (docs/design.md §4.2): `depth` layers, every `attention_every`-th one (default 4: three
 GDN layers to one) the Dense model's GQA + QK-norm attention, the rest Gated DeltaNet; each layer
 is followed by SwiGLU of width F, all pre-normed, final RMSNorm.
 
@@ -60,6 +60,12 @@ def gdn_layer_params(cfg: ModelConfig) -> int:
 
 class GdnHybrid(Architecture):
     name = "gdn-hybrid"
+    display_name = "GDN hybrid"
+    family = "onona"
+    decode_state = ("GDN layers: the d_k x d_v state per head and the last conv_size - 1 inputs of q, k, v "
+                    "(bounded); attention layers: keys and values of every position")
+    tiny = {"n_kv_heads": 2, "depth": 3, "attention_every": 3, "gdn_head_dim": 8, "gdn_expand_v": 2.0,
+            "gdn_chunk": 4}  # GDN, GDN, attention
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -106,6 +112,10 @@ class GdnHybrid(Architecture):
         gdn = 2 * d * heads * dk + 3 * d * heads * dv + 2 * d * heads + cfg.conv_size * heads * (2 * dk + dv)
         ffn = 3 * d * cfg.width
         return n_attn * (attention_matmul_params(cfg) + ffn) + (cfg.depth - n_attn) * (gdn + ffn)
+
+    @staticmethod
+    def decode_state_grows(cfg: ModelConfig) -> bool:
+        return n_attention_layers(cfg) > 0
 
     @staticmethod
     def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:

@@ -1,4 +1,4 @@
-"""Mixture of experts (SPEC 4): the Dense model with each SwiGLU replaced by E routed SwiGLU
+"""Mixture of experts (docs/design.md §4.3): the Dense model with each SwiGLU replaced by E routed SwiGLU
 experts of width F_e, top-k per token (layers/moe.py: routing, capacity, load-balancing loss).
 
 Active parameters are matched to Dense by `F_e = F / k` (`moe_expert_width` unset): the k experts
@@ -43,6 +43,12 @@ class MoEBackbone(Backbone):
 
 class MoE(Architecture):
     name = "moe"
+    display_name = "MoE"
+    family = "onona"
+    decode_state = "keys and values of the n_kv_heads heads, every position"
+    skips_parameters = True
+    # Capacity E / k drops no token, so a decoded position equals the full forward's.
+    tiny = {"n_kv_heads": 2, "n_experts": 4, "moe_top_k": 2, "moe_expert_width": None, "capacity_factor_train": 2.0}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -1,4 +1,4 @@
-"""Full-prefix TANGO (SPEC 2.2): one TANGO block applied `depth` times."""
+"""Full-prefix TANGO (docs/design.md §2.2): one TANGO block applied `depth` times."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ from tango_lm.models.config import ModelConfig
 
 class Tango(Architecture):
     name = "tango"
+    display_name = "TANGO"
+    description = "TANGO (full prefix)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "rotated keys and source gates of every position (d + F per position)"
+    tiny = {}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -22,7 +29,7 @@ class Tango(Architecture):
                 f"model.width={cfg.width} is not a multiple of n_heads={cfg.n_heads}: TANGO splits the gate "
                 f"width across heads; use a multiple of {cfg.n_heads} such as {cfg.width - cfg.width % cfg.n_heads or cfg.n_heads}"
             )
-        # Rotating narrow-width training (SPEC 2.6): K columns of each head's gate width.
+        # Rotating narrow-width training (docs/design.md §2.6): K columns of each head's gate width.
         check_active_width(cfg.active_width, cfg.width // cfg.n_heads, "the per-head gate width width/n_heads",
                            "lower active_width or raise width")
 

@@ -1,4 +1,4 @@
-"""TANGO with three gated-projection sets (SPEC 2.4): one block, shared W_q, W_k and norm, and
+"""TANGO with three gated-projection sets (docs/design.md §2.4): one block, shared W_q, W_k and norm, and
 three (W_g, W_u, W_o) sets of width F for the first, the middle and the last applications."""
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ from tango_lm.models.config import ModelConfig
 
 class Tango3Set(Tango):
     name = "tango-3set"
+    display_name = "TANGO (3 sets)"
+    description = "TANGO with three gated-projection sets"
+    min_depth = 3
+    decode_state = "rotated keys and source gates of every position (d + F per position)"
+    tiny = {"depth": 3}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

@@ -1,4 +1,4 @@
-"""Compact-controller TANGO (SPEC 2.5, the project's reading; see layers/tango_variants.py): the
+"""Compact-controller TANGO (docs/design.md §2.5, the project's reading; see layers/tango_variants.py): the
 sources emit r controller channels, attention averages them, the destination expands them to F."""
 
 from __future__ import annotations
@@ -20,6 +20,13 @@ def controller_width(cfg: ModelConfig) -> int:
 
 class TangoCompact(Architecture):
     name = "tango-compact"
+    display_name = "Compact-controller TANGO"
+    description = "compact-controller TANGO (r = d; the project's reading of the paper)"
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    decode_state = "rotated keys and controller channels of every position (d + r per position)"
+    tiny = {"controller_width": 16}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

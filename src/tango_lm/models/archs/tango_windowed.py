@@ -1,4 +1,4 @@
-"""Windowed TANGO (SPEC 2.3): TANGO with exact scores in a window of `window` recent sources and
+"""Windowed TANGO (docs/design.md §2.3): TANGO with exact scores in a window of `window` recent sources and
 the feature map `feature_map` for older ones. Same parameters as TANGO; linear cost in T."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ def window_pairs_per_token(seq_len: int, window: int) -> float:
 
 class TangoWindowed(Tango):
     name = "tango-windowed"
+    display_name = "Windowed TANGO"
+    description = "windowed TANGO (window 64, elu+1 features)"
+    decode_state = ("the last window - 1 keys, feature-mapped keys and gates, and the prefix sums of "
+                    "phi(k) g^T and phi(k) (bounded)")
+    tiny = {"window": 4}
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -34,17 +39,27 @@ class TangoWindowed(Tango):
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        block = WindowedTangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.window, cfg.feature_map)
+        block = WindowedTangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.window, cfg.feature_map,
+                                   cfg.active_width)
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod
-    def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    def decode_state_grows(cfg: ModelConfig) -> bool:
+        return False
+
+    @classmethod
+    def preset_geometry(cls, cfg: ModelConfig) -> list[str]:
+        return [*Tango.preset_geometry(cfg), f"  window: {cfg.window}"]
+
+    @classmethod
+    def attention_flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> int:
         """Per application: TANGO's 2(d + F) per exactly-scored source, over min(W, t + 1) sources;
         plus, for destinations with sources older than the window (t >= W, a fraction (T - W) / T),
         the feature-map part: adding phi(k) g^T and phi(k) to the prefix state (2 d_h (F/H + 1) per
         head) and reading it out with phi(q) (the same again), 4 (d_h F + d) in all.
-        With W >= T it is TANGO's count."""
-        d, f = cfg.d_model, cfg.width
+        With W >= T it is TANGO's count. Under rotating narrow-width training F is the gate columns
+        a step runs (`Tango.trained_width`), as for TANGO."""
+        d, f = cfg.d_model, cls.trained_width(cfg)
         exact = 2 * (d + f) * window_pairs_per_token(seq_len, cfg.window)
         old_fraction = max(seq_len - cfg.window, 0) / seq_len
         feature = 4 * (cfg.head_dim * f + d) * old_fraction

@@ -1,4 +1,4 @@
-"""Transformer++ baselines (SPEC 2.1): Untied (`depth` distinct blocks) and Loop (one block
+"""Transformer++ baselines (docs/design.md §2.1): Untied (`depth` distinct blocks) and Loop (one block
 applied `depth` times)."""
 
 from __future__ import annotations
@@ -18,11 +18,16 @@ def block_params(cfg: ModelConfig) -> int:
 
 
 class _TransformerPP(Architecture):
+    family = "tango"
+    matched = True
+    in_bench_suite = True
+    width_name = "FFN"
+    decode_state = "rotated keys and values of every position"
     unique_blocks = staticmethod(lambda cfg: cfg.depth)
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
-        # Rotating narrow-width training (SPEC 2.6): K columns of the FFN width.
+        # Rotating narrow-width training (docs/design.md §2.6): K columns of the FFN width.
         check_active_width(cfg.active_width, cfg.width, "the FFN width", "lower active_width or raise width")
 
     @classmethod
@@ -51,8 +56,14 @@ class _TransformerPP(Architecture):
 
 class UntiedTransformer(_TransformerPP):
     name = "untied-transformer"
+    display_name = "Untied Transformer++"
+    description = "Untied Transformer++"
+    variants = {"conventional-untied": "Conventional Untied"}  # seed 000 Table 6's geometries
 
 
 class LoopTransformer(_TransformerPP):
     name = "loop-transformer"
+    display_name = "Loop Transformer++"
+    description = "Loop Transformer++"
     unique_blocks = staticmethod(lambda cfg: 1)
+

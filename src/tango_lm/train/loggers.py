@@ -1,0 +1,182 @@
+"""Where the training log goes (`train.loggers`): every record the trainer writes reaches each
+logger of the list, on rank 0 only.
+
+- `jsonl` (always in the list): `metrics.jsonl` in the run directory, one JSON object per record.
+  It is the run's own record: `--resume` truncates it and `tango-lm report` reads it.
+- `tensorboard`: event files in `RUN/tensorboard` through `torch.utils.tensorboard`
+  (`pip install 'tango-lm[tensorboard]'`; `tensorboard --logdir RUN`).
+- `wandb`: a Weights & Biases run in project `train.wandb_project`, its files in `RUN/wandb`
+  (`pip install 'tango-lm[wandb]'`). W&B's own settings apply: `WANDB_MODE=offline` logs with no
+  network (`wandb sync RUN/wandb/offline-run-*` uploads later), `WANDB_ENTITY` picks the team.
+
+Scalars: every number of a record (booleans as 0/1) is logged under `GROUP/KEY` at the record's
+step, where GROUP is the record's `event` if it has one (the final `summary`: test NLL of the
+selected checkpoint, ...), else `dev` for a dev-NLL record and `train` for a training record
+(loss, lr, grad_norm, tokens_per_s, mfu, peak_memory_mib, tokens). TensorBoard stores them as
+float32, W&B as JSON numbers.
+
+Resuming: TensorBoard writes to the same directory and hides the events a killed attempt wrote
+after the checkpoint it resumes from (`purge_step`); W&B continues the same run id (kept in
+`RUN/wandb.json`). W&B cannot drop history: online, the server ignores steps it already has (the
+resumed run recomputes them exactly, timings aside); offline, the resumed attempt is a second
+`offline-run-*` directory of the same run id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+
+
+@dataclass
+class LogContext:
+    """What a logger needs to open: the run directory, the step the run starts after (0, or the
+    checkpoint it resumes from) and the resolved run config."""
+
+    out_dir: Path
+    start_step: int
+    config: dict[str, Any]
+    wandb_project: str
+
+
+class MetricLogger:
+    """One destination of the training log."""
+
+    name = ""
+    requires: tuple[str, str] | None = None  # (module, tango-lm extra that installs it)
+
+    def log(self, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release what the logger holds; called once at the end of the run."""
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's numbers as `GROUP/KEY` scalars (module docstring)."""
+    group = record.get("event") or ("dev" if "dev_nll" in record else "train")
+    out = {}
+    for key, value in record.items():
+        if key in ("step", "event") or value is None or isinstance(value, str):
+            continue
+        if isinstance(value, (bool, int, float)):
+            out[f"{group}/{key}"] = float(value)
+    return out
+
+
+class JsonlLogger(MetricLogger):
+    name = "jsonl"
+
+    def __init__(self, ctx: LogContext) -> None:
+        self.path = ctx.out_dir / "metrics.jsonl"
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:  # opened per record: a kill loses at most the line being written
+            f.write(json.dumps(record) + "\n")
+
+
+class TensorBoardLogger(MetricLogger):
+    name = "tensorboard"
+    requires = ("tensorboard", "tensorboard")
+
+    def __init__(self, ctx: LogContext) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = ctx.out_dir / "tensorboard"
+        # Events past the step we resume from belong to a killed attempt: hide them.
+        purge = ctx.start_step + 1 if log_dir.is_dir() and any(log_dir.iterdir()) else None
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        for tag, value in scalars(record).items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger(MetricLogger):
+    name = "wandb"
+    requires = ("wandb", "wandb")
+    ID_FILE = "wandb.json"
+
+    def __init__(self, ctx: LogContext) -> None:
+        import wandb
+
+        id_file = ctx.out_dir / self.ID_FILE
+        run_id = _read_run_id(id_file) or secrets.token_hex(4)  # W&B ids: lowercase letters and digits
+        try:
+            self.run = wandb.init(project=ctx.wandb_project, id=run_id, resume="allow", name=str(ctx.out_dir),
+                                  dir=str(ctx.out_dir), config=ctx.config, settings=wandb.Settings(console="off"))
+        except Exception as exc:  # noqa: BLE001 - wandb raises its own error types for login and network problems
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
+                            "to log without a network, or drop wandb from train.loggers") from None
+        id_file.write_text(json.dumps({"run_id": run_id, "project": ctx.wandb_project}) + "\n")
+
+    def log(self, record: dict[str, Any]) -> None:
+        # Records of one step (training, dev, summary) merge into one history row at that step.
+        self.run.log(scalars(record), step=int(record.get("step", 0)))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _read_run_id(path: Path) -> str | None:
+    try:
+        run_id = json.loads(path.read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+LOGGERS: dict[str, type[MetricLogger]] = {cls.name: cls for cls in (JsonlLogger, TensorBoardLogger, WandbLogger)}
+
+
+def logger_names(field: str, value: Any) -> list[str]:
+    """Validate `train.loggers`: a list (or comma-separated string) of known names with `jsonl`."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{field} must be a list of logger names such as [jsonl, tensorboard] (got {value!r})")
+    for name in value:
+        if name not in LOGGERS:
+            raise UserError(f"{field} has unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+    if len(set(value)) != len(value):
+        raise UserError(f"{field} names a logger twice ({value}); list each once")
+    if "jsonl" not in value:
+        raise UserError(f"{field} must include jsonl (metrics.jsonl is the run's record that --resume and "
+                        f"`tango-lm report` read); write e.g. [jsonl, {', '.join(value) or 'tensorboard'}]")
+    return value
+
+
+def check_available(names: list[str]) -> None:
+    """A logger whose package is missing is an error before the run writes anything."""
+    for name in names:
+        requires = LOGGERS[name].requires
+        if requires is not None and importlib.util.find_spec(requires[0]) is None:
+            raise UserError(f"train.loggers includes {name} but the {requires[0]} package is not installed; "
+                            f"pip install 'tango-lm[{requires[1]}]' or drop {name} from train.loggers")
+
+
+def open_loggers(names: list[str], ctx: LogContext) -> list[MetricLogger]:
+    opened: list[MetricLogger] = []
+    try:
+        for name in names:
+            opened.append(LOGGERS[name](ctx))
+    except BaseException:
+        close_loggers(opened)
+        raise
+    return opened
+
+
+def close_loggers(loggers: list[MetricLogger]) -> None:
+    for logger in loggers:
+        logger.close()

@@ -1,0 +1,109 @@
+"""What a run directory is, and what `train` checks before it writes one.
+
+A directory holds a run when any of `RUN_FILES` is in it: the config files, the metrics log, the
+best-dev record, the summary or the checkpoints. A fresh `train` (no `--resume`) refuses such a
+directory, whichever of them it holds, so two runs never mix their records.
+
+Before anything is written, `claim_run_dir` checks, reading only:
+
+- `train.out_dir` is a directory (or does not exist yet), its `checkpoints` too;
+- it is not inside a prepared dataset (a run there would be renamed away or replaced with it);
+- the nearest existing directory on its path is writable, and so are the run files a resume appends to;
+
+then takes the run directory's lock (`output_lock.py`; rank 0 alone under torchrun, since only rank
+0 writes run files) and, under it, checks what the directory holds: run files without `--resume`
+are refused, and so is a `checkpoints` that is a file or run files that cannot be written. Every
+rank runs the checks, so under torchrun they all stop with the same error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+from tango_lm.output_lock import hold_output_lock
+
+__all__ = ["RUN_FILES", "run_files", "holds_run", "enclosing", "check_out_dir", "claim_run_dir"]
+
+RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
+_APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
+
+
+def run_files(path: str | os.PathLike) -> list[str]:
+    """The run files present in directory `path` (none when it is not a directory)."""
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    return [name for name in RUN_FILES if os.path.lexists(p / name)]
+
+
+def holds_run(path: str | os.PathLike) -> bool:
+    return bool(run_files(path))
+
+
+def enclosing(path: str | os.PathLike, predicate: Callable[[Path], bool]) -> Path | None:
+    """The first of `path` and its ancestors for which `predicate` holds, or None."""
+    p = Path(path).absolute()
+    for candidate in (p, *p.parents):
+        if candidate.is_dir() and predicate(candidate):
+            return candidate
+    return None
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(path.anchor)
+
+
+def check_out_dir(run: Any, resume: bool) -> None:
+    """UserError unless `run.train.out_dir` can take this run (module docstring); reads only."""
+    out = Path(run.train.out_dir)
+    _check_place(out)
+    _check_contents(out, resume)
+
+
+def _check_place(out: Path) -> None:
+    from tango_lm.data.shards import is_prepared
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"train.out_dir {out} is a file, not a directory; set train.out_dir to a directory")
+    dataset = enclosing(out, is_prepared)
+    if dataset is not None:
+        raise UserError(f"train.out_dir {out} is inside the prepared dataset {dataset}; "
+                        "set train.out_dir to a directory outside it")
+    base = _nearest_existing(out.absolute())
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write to {base} (no permission, or a read-only file system); make it writable "
+                        "or set train.out_dir to a writable directory")
+
+
+def _check_contents(out: Path, resume: bool) -> None:
+    ckpt = out / "checkpoints"
+    if os.path.lexists(ckpt) and not ckpt.is_dir():
+        raise UserError(f"{ckpt} is a file, not a checkpoint directory; move it away and run again")
+    if not resume:
+        found = run_files(out)
+        if found:
+            raise UserError(f"{out} already holds a run ({', '.join(found)}); pass --resume to continue that run "
+                            "or set train.out_dir to a new directory")
+    for target in [ckpt, *(out / name for name in _APPENDED)]:
+        if target.exists() and not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
+            raise UserError(f"cannot write to {target} (no permission, or a read-only file system); make it "
+                            "writable or set train.out_dir to another directory")
+
+
+@contextlib.contextmanager
+def claim_run_dir(run: Any, resume: bool, main_process: bool = True) -> Iterator[None]:
+    """Check `run.train.out_dir` and hold its lock for the body of the `with` block. What the
+    directory holds is checked under the lock (a writer that holds it reports that first)."""
+    out = Path(run.train.out_dir)
+    _check_place(out)
+    with hold_output_lock(out, "tango-lm train", "set train.out_dir to another directory", enabled=main_process):
+        _check_contents(out, resume)
+        yield

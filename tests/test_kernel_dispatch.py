@@ -1,0 +1,154 @@
+"""The one door to the ops' implementations (ops/dispatch.py): the override, the fallback where a
+named implementation cannot run, the CPU choices left as they were, one-line errors, and the one
+cache root (cache_root.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tango_lm.cache_root import cache_root
+from tango_lm.errors import UserError
+from tango_lm.ops import cpu_kernels, dispatch
+from tango_lm.ops import tango_mix as tango_mix_module
+from tango_lm.ops.causal_matmul import causal_matmul
+from tango_lm.ops.gate_average import gate_average, gate_average_reference, gate_average_sliced, slices
+from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference
+
+
+def mix_inputs(dtype=torch.float32, b=1, h=2, t=5, d=4, w=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype)
+                 for s in ((b, h, t, d), (b, h, t, d), (b, t, h * w), (b, t, h * w)))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Records which tango_mix implementation ran (each still computes its result)."""
+    seen = []
+    for name, attr in (("reference", "tango_mix_reference"), ("sdpa-sliced", "tango_mix_sliced")):
+        real = getattr(tango_mix_module, attr)
+        monkeypatch.setattr(tango_mix_module, attr, lambda *xs, _n=name, _f=real: seen.append(_n) or _f(*xs))
+    if tango_mix_module.tango_mix_triton is not None:
+        real_triton = tango_mix_module.tango_mix_triton.tango_mix_triton
+        monkeypatch.setattr(tango_mix_module.tango_mix_triton, "tango_mix_triton",
+                            lambda *xs: seen.append("triton") or real_triton(*xs))
+    real_fused = tango_mix_module.tango_mix_fused
+    monkeypatch.setattr(tango_mix_module, "tango_mix_fused",
+                        lambda *xs, kernels: seen.append("c" if kernels else "blocked") or real_fused(*xs, kernels=kernels))
+    monkeypatch.delenv(dispatch.ENV, raising=False)
+    return seen
+
+
+def test_auto_on_cpu_picks_what_it_picked_before(calls):
+    tango_mix(*mix_inputs(torch.float32))
+    tango_mix(*mix_inputs(torch.float64))
+    q, k, a, _ = mix_inputs(torch.float32)
+    tango_mix(q, k, a, None)  # the narrow average (tango-compact): the composition, as before
+    assert calls == ["c" if cpu_kernels.available() else "blocked", "blocked", "reference"]
+
+
+@pytest.mark.parametrize("name", ["reference", "blocked", "sdpa-sliced"])
+def test_the_environment_variable_and_the_argument_pick_the_implementation(calls, monkeypatch, name):
+    xs = mix_inputs(torch.float64)
+    want = tango_mix_reference(*xs)
+    monkeypatch.setenv(dispatch.ENV, name)
+    torch.testing.assert_close(tango_mix(*xs), want)
+    monkeypatch.setenv(dispatch.ENV, "auto")
+    torch.testing.assert_close(tango_mix(*xs, kernels=name), want)  # the argument wins over the variable
+    assert calls == [name, name]
+
+
+def test_an_implementation_that_cannot_take_the_inputs_falls_back_to_auto(calls):
+    tango_mix(*mix_inputs(torch.float64), kernels="c")  # the C kernels take float32 only
+    q, k, a, _ = mix_inputs(torch.float64)
+    tango_mix(q, k, a, None, kernels="blocked")  # the fused CPU op needs u
+    expected = ["blocked", "reference"]
+    if tango_mix_module.tango_mix_triton is not None:
+        tango_mix(*mix_inputs(torch.float64), kernels="triton")  # no float64 Triton kernels
+        expected.append("blocked")
+    assert calls == expected
+
+
+def test_asking_for_triton_without_triton_names_the_extra(monkeypatch):
+    monkeypatch.setattr(tango_mix_module, "tango_mix_triton", None)
+    with pytest.raises(UserError, match=r"TANGO_LM_KERNELS=triton needs the triton package: "
+                                        r"pip install 'tango-lm\[triton\]'"):
+        tango_mix(*mix_inputs(), kernels="triton")
+    tango_mix(*mix_inputs())  # auto does not need it
+
+
+def test_triton_runs_on_cpu_tensors_only_when_asked_and_interpreted(calls):
+    if tango_mix_module.tango_mix_triton is None or not tango_mix_module.tango_mix_triton.INTERPRETED:
+        pytest.skip("needs triton and TRITON_INTERPRET=1")
+    xs = mix_inputs(torch.float32)
+    tango_mix(*xs)
+    torch.testing.assert_close(tango_mix(*xs, kernels="triton"), tango_mix_reference(*xs))
+    assert calls[1:] == ["triton"] and calls[0] != "triton"
+
+
+def test_unknown_implementation_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV, "fast")
+    with pytest.raises(ValueError, match=r"TANGO_LM_KERNELS='fast'; choose one of: auto, reference, blocked"):
+        tango_mix(*mix_inputs())
+    with pytest.raises(ValueError, match=r"kernels='cuda'"):
+        causal_matmul(torch.zeros(1, 3, 3), torch.zeros(1, 3, 2), kernels="cuda")
+
+
+def test_inputs_on_two_devices_are_one_line_error():
+    q, k, a, u = mix_inputs()
+    with pytest.raises(ValueError, match=r"^tango_mix: inputs on different devices \(q on cpu, k on cpu, a on meta, "
+                                         r"u on cpu\); move them to one device$"):
+        tango_mix(q, k, a.to("meta"), u)
+    with pytest.raises(ValueError, match="gate_average: inputs on different devices"):
+        gate_average(q, k.to("meta"), q)
+
+
+@pytest.mark.parametrize(("width", "max_slice"), [(37, 16), (5, 128), (48, 16), (129, 128), (23, 8)])
+def test_sliced_sdpa_matches_the_reference(width, max_slice):
+    # The CUDA fallback's arithmetic, on the CPU: odd widths, zero-padded slices, several heads.
+    n, s = slices(width, max_slice)
+    assert s % 8 == 0 and s <= max(max_slice, 8) and (n - 1) * s < width <= n * s
+    gen = torch.Generator().manual_seed(width)
+    q, k = (torch.randn(2, 3, 11, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    g = torch.randn(2, 3, 11, width, generator=gen, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 3, 11, width, generator=gen, dtype=torch.float64)
+    got = gate_average_sliced(q, k, g, max_slice)
+    want = gate_average_reference(q, k, g)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for x, y in zip(torch.autograd.grad(got, (q, k, g), dy), torch.autograd.grad(want, (q, k, g), dy), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+
+
+def test_cpu_kernels_refuse_mismatched_shapes_before_any_pointer_reaches_c():
+    probs = torch.softmax(torch.randn(2, 3, 7, 7), -1)
+    g = torch.randn(2, 7, 3 * 5)
+    with pytest.raises(ValueError, match=r"\[B, T, F\] tensors with B = 2, T = 7.*got \[2, 9, 15\]"):
+        cpu_kernels.gate_average(probs, torch.randn(2, 9, 15), None, torch.empty(2, 9, 15), None)
+    with pytest.raises(ValueError, match="got \\[2, 7, 14\\]"):  # F not a multiple of H
+        cpu_kernels.gate_average_grad_gates(probs, torch.randn(2, 7, 14), torch.empty(2, 7, 14))
+    with pytest.raises(ValueError, match=r"probabilities \[B, H, T, T\], got \[2, 3, 7, 6\]"):
+        cpu_kernels.gate_average_grad_probs(g, g, torch.empty(2, 3, 7, 6))
+    with pytest.raises(ValueError, match="contiguous float32 CPU tensors, got torch.float64"):
+        cpu_kernels.gate_average(probs, g.double(), None, torch.empty_like(g), None)
+    with pytest.raises(ValueError, match="u and y together"):
+        cpu_kernels.gate_average(probs, g, g, torch.empty_like(g), None)
+
+
+def test_one_cache_root(monkeypatch, tmp_path):
+    from tango_lm.data import dmmath
+
+    monkeypatch.delenv("TANGO_LM_KERNEL_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("TANGO_LM_CACHE", raising=False)
+    assert cache_root() == Path.home() / ".cache" / "tango-lm"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "tango-lm"
+    monkeypatch.setenv("TANGO_LM_CACHE", str(tmp_path / "root"))
+    assert cache_root() == tmp_path / "root"
+    assert cpu_kernels._cache_dir() == tmp_path / "root" / "kernels"
+    assert dmmath._generated_root() == tmp_path / "root" / "dmmath"
+    monkeypatch.setenv("TANGO_LM_KERNEL_DIR", str(tmp_path / "k"))  # still moves the kernels alone
+    assert cpu_kernels._cache_dir() == tmp_path / "k"

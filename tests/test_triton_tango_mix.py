@@ -1,0 +1,119 @@
+"""The Triton kernels of TANGO's mixing (ops/tango_mix_triton.py) against the float64 reference:
+the output and every gradient, at odd sizes (T and widths that end blocks part-way, T = 1), in
+fp32, bf16 and fp16, with and without u, with strided inputs and NaN-filled buffers; the custom
+op's registration (fake tensors, autograd, torch.compile). Without a GPU they run on CPU tensors in
+triton's interpreter (TRITON_INTERPRET=1, set by conftest.py; blocks of 16, so these sizes cross
+several blocks in every direction); with one, the same tests run on CUDA (`cuda` marker)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton_ops = pytest.importorskip("tango_lm.ops.tango_mix_triton", exc_type=ImportError,
+                                 reason="triton is not installed (pip install 'tango-lm[triton]')")
+
+from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference  # noqa: E402
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not triton_ops.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")),
+    pytest.param("cuda", marks=pytest.mark.cuda),
+]
+# Normalized max error (max |got - want| / max |want|) allowed per input dtype: bf16 and fp16 round
+# the probabilities and gates to 8 and 11 bits before the tensor-core products, as flash attention does.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+NAMES = ("y", "dq", "dk", "da", "du")
+
+
+def inputs(b, h, t, d, w, dtype, device, with_u=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [((b, h, t, d), 1.5), ((b, h, t, d), 1.5), ((b, t, h * w), 1.0)] + [((b, t, h * w), 1.0)] * with_u
+    xs = [(torch.randn(*s, generator=gen, dtype=torch.float64) * sc).to(dtype) for s, sc in shapes]
+    dy = torch.randn(b, t, h * w, generator=gen, dtype=torch.float64).to(dtype)
+    return [x.to(device).requires_grad_(True) for x in xs], dy.to(device)
+
+
+def value_and_grads(fn, xs, dy):
+    y = fn(*xs) if len(xs) == 4 else fn(*xs, None)
+    return (y, *torch.autograd.grad(y, xs, dy))
+
+
+def check_against_float64(got, xs, dy):
+    xs64 = [x.detach().cpu().double().requires_grad_(True) for x in xs]
+    want = value_and_grads(tango_mix_reference, xs64, dy.cpu().double())
+    tol = TOLERANCE[xs[0].dtype]
+    for g, w, name in zip(got, want, NAMES, strict=False):
+        assert g.dtype == xs[0].dtype and g.shape == w.shape, name
+        err = (g.detach().cpu().double() - w).abs().max() / w.abs().max().clamp_min(1e-3)  # dq = 0 at T = 1
+        assert err <= tol, f"{name}: normalized error {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("b", "h", "t", "d", "w", "dtype"), [
+    (2, 2, 37, 8, 21, torch.float32),   # T and W end blocks part-way; several query, key and column blocks
+    (1, 2, 33, 16, 19, torch.bfloat16),
+    (1, 2, 17, 32, 9, torch.float16),   # d_h = 32, the TANGO paper's
+    (1, 1, 1, 4, 3, torch.float32),     # one position
+])
+def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, dtype):
+    # fla's rule: NaN-filled buffers show any element a kernel forgets to write.
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
+    check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_average_alone_for_the_compact_controller(device):
+    xs, dy = inputs(1, 3, 20, 8, 13, torch.float32, device, with_u=False, seed=1)
+    got = value_and_grads(triton_ops.tango_mix_triton, xs, dy)
+    check_against_float64(got, xs, dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_takes_strided_inputs(device):
+    # q, k as the per-head views the block makes ([B, T, H, d] transposed), a gradient with stride 0.
+    b, h, t, d, w = 1, 2, 19, 8, 11
+    (q, k, a, u), _ = inputs(b, h, t, d, w, torch.float32, device, seed=2)
+    q_view = q.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(True)
+    k_view = k.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(True)
+    assert not q_view.is_contiguous()
+    xs = [q_view, k_view, a, u]
+    dy = torch.ones(1, 1, 1, device=device, dtype=torch.float32).expand(b, t, h * w)
+    check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_custom_op_registration(device):
+    # Fake (meta) implementations, the autograd formula and schema, as torch.compile relies on them.
+    (q, k, a, u), _ = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=3)
+    torch.library.opcheck(torch.ops.tango_lm.tango_mix_triton_forward, (q, k, a, u, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    y, lse, avg = torch.ops.tango_lm.tango_mix_triton_forward(q, k, a, u, True)
+    torch.library.opcheck(torch.ops.tango_lm.tango_mix_triton_backward, (torch.ones_like(y), q, k, a, u, y, avg, lse),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_inside_a_compiled_graph(device):
+    # The custom op keeps the graph whole (fullgraph) and gives the eager kernels' values and gradients.
+    xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=4)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, a, u: tango_mix(q, k, a, u, kernels="triton").sum(-1),
+                             fullgraph=True, dynamic=False, backend="aot_eager")
+    got = compiled(*xs)
+    grads = torch.autograd.grad(got, xs, torch.ones_like(got))
+    want = triton_ops.tango_mix_triton(*xs).sum(-1)
+    torch.testing.assert_close(got, want)
+    for x, y in zip(grads, torch.autograd.grad(want, xs, torch.ones_like(want)), strict=True):
+        torch.testing.assert_close(x, y)
+    torch._dynamo.reset()
+
+
+def test_triton_takes_only_what_it_supports():
+    q, k = torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4)
+    a = torch.zeros(1, 5, 6)
+    assert triton_ops.supported(q, k, a, a) == triton_ops.INTERPRETED  # CPU tensors only when interpreted
+    assert not triton_ops.supported(q.double(), k.double(), a.double(), a.double())  # no float64 kernels
+    assert not triton_ops.supported(q, k, a.half(), a)  # one dtype for all inputs
+    assert not triton_ops.supported(q, k, torch.zeros(1, 5, 7), torch.zeros(1, 5, 7))  # F a multiple of H
