@@ -1,4 +1,4 @@
-"""Using a trained checkpoint: `generate` and `export`."""
+"""Using a trained checkpoint: `generate`, `serve` and `export`."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(prompt_text + text)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise UserError("tango-lm serve needs FastAPI and uvicorn; pip install 'tango-lm[serve]'")
+    from tango_lm.serve.server import serve
+
+    serve(args.checkpoint, host=args.host, port=args.port, model_name=args.model_name, device=args.device,
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, threads=args.threads)
+
+
 DEFAULT_NEW_TOKENS = 64
 
 
@@ -82,7 +93,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    """`generate`, `export`."""
+    """`generate`, `serve`, `export`."""
     s = sub.add_parser("generate", help="sample text from a checkpoint")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
@@ -97,6 +108,18 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="serve a checkpoint over HTTP with the OpenAI completions API")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
+    s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
+    s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
+    s.add_argument("--batch-wait-ms", type=float, default=20.0,
+                   help="how long the first request of a batch waits for others to arrive")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
+    s.add_argument("--device", default="auto")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")

@@ -9,6 +9,8 @@ from typing import Any
 from tango_lm.cli.output import _print_json, _table
 from tango_lm.errors import UserError
 
+SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
+
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tango_lm.sweep import load_grid, plan_rows, run_sweep
@@ -21,14 +23,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = plan_rows(grid, runs)
         if args.json:
             _print_json(rows)
-            return
+            return 0
         print(_table(rows, [("run", "run", ""), ("state", "state", ""), ("width", "width", ""),
                             ("params", "params", ",d"), ("steps", "steps", ",d"), ("tokens", "tokens", ",d"),
                             ("note", "note", "")]))
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
-        return
+        return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    if args.launcher == "slurm":
+        from tango_lm.sweep.launchers import slurm_settings, submit_sweep
+
+        rows = submit_sweep(grid, runs, slurm_settings(grid, slurm_flags), wait=args.wait, log=log)
+        if not args.wait:
+            if args.json:
+                _print_json(rows)
+            else:
+                print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
+                print(f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
+                      "summarizes finished runs")
+            return 0
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (["--wait"] if args.wait else [])
+        if given:
+            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
+        rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:
         _print_json(rows)
@@ -64,6 +83,16 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     s.add_argument("--only", action="append", metavar="PATTERN",
                    help="only runs whose name matches (glob, or substring; repeatable)")
+    s.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)")
+    s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
+    s.add_argument("--account", default=None, help="slurm: account to charge")
+    s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
+    s.add_argument("--time", default=None, help="slurm: time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)")
+    s.add_argument("--array-parallelism", type=int, default=None, help="slurm: jobs of the array running at once")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
+    s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
+    s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_sweep)

@@ -217,7 +217,6 @@ class FileSource(HeldOutSource):
 
     kind: ClassVar[str] = ""
     default_exts: ClassVar[tuple[str, ...]] = ()
-    ext_help: ClassVar[str] = ""  # the default extensions, as `--ext`'s help names them
 
     inputs: Sequence[str | os.PathLike]
     field: str = "text"
@@ -231,7 +230,7 @@ class FileSource(HeldOutSource):
         parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
         cls.add_common_arguments(parser)
         parser.add_argument("--ext", action="append",
-                            help=f"file extension read from directories (default {cls.ext_help})")
+                            help=f"file extension read from directories (default {', '.join(cls.default_exts)})")
         parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
         parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
         parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
@@ -269,21 +268,18 @@ class TextSource(FileSource):
     name = kind = "text"
     help = "plain-text files (one document per file)"
     default_exts = (".txt",)
-    ext_help = ".txt"
 
 
 class JsonlSource(FileSource):
     name = kind = "jsonl"
     help = "JSON Lines files, one document per line"
     default_exts = (".jsonl", ".jsonl.gz")
-    ext_help = ".jsonl, .jsonl.gz, .json"
 
 
 class ParquetSource(FileSource):
     name = kind = "parquet"
     help = "Parquet files, read in row batches"
     default_exts = (".parquet",)
-    ext_help = ".parquet"
 
 
 FILE_SOURCES = {cls.kind: cls for cls in (TextSource, JsonlSource, ParquetSource)}
