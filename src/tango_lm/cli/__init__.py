@@ -1,6 +1,10 @@
 """The `tango-lm` command: parse arguments, call the library, print results.
 
-Every error a user can cause is a `UserError`: printed as one line `error: ...`, exit code 2.
+One module per command group adds its parsers and holds its commands: `config` (params, presets,
+match), `train` (train, eval, quickstart), `sweep` (sweep, report), `generate` (generate, serve,
+export), `data` (data prepare, generated from the data-source registry; train-tokenizer; verify)
+and `bench`. `output` turns failures into one line. Every error a user can cause is a
+`UserError`: printed as one line `error: ...`, exit code 2.
 """
 
 from __future__ import annotations
