@@ -1,18 +1,18 @@
 # Set-up and the two everyday commands. `make quickstart` and `make test` create .venv on first use:
 # a virtual environment that reuses an installed torch (GPU users keep theirs) and otherwise
-# installs the CPU build of torch 2.13.0, then installs tango-lm with its test, eval and hf extras.
+# installs the CPU build of torch 2.13.0, then installs tango-lm with its test, eval, hf and triton extras.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup quickstart test bench lint clean
+.PHONY: setup quickstart test bench lint gpu-check clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0 || $(BIN)/python -m pip install torch
-	$(BIN)/python -m pip install -e '.[test,eval,hf]'
+	$(BIN)/python -m pip install -e '.[test,eval,hf,triton]'
 	touch $@
 
 quickstart: setup
@@ -23,6 +23,10 @@ test: setup
 
 bench: setup
 	$(BIN)/tango-lm bench
+
+# On a machine with a CUDA GPU (no network needed, no install: it runs the sources with PYTHONPATH=src).
+gpu-check:
+	tools/gpu_check.sh
 
 lint: setup
 	$(BIN)/ruff check src tests

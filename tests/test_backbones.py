@@ -13,6 +13,7 @@ import pytest
 import torch
 from test_model import check_causal
 
+import tango_lm.layers.moe
 from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.layers import attnres as attnres_layers
 from tango_lm.layers.attnres import AttnRes, attn_res_reference
@@ -331,14 +332,24 @@ def moe_reference(layer: MoEFeedForward, h: torch.Tensor, factor: float) -> torc
 
 
 @pytest.mark.parametrize(("factor", "renormalize"), [(0.5, True), (1.25, False), (2.0, True)])
-def test_moe_dispatch_matches_token_by_token_reference(factor, renormalize):
+@pytest.mark.parametrize("capacity_path", [False, True])
+def test_moe_dispatch_matches_token_by_token_reference(factor, renormalize, capacity_path, monkeypatch):
+    # Both dispatch paths (ops/moe_dispatch.py): sorted (eager CPU) and fixed capacity buffers
+    # (torch.compile, GPUs), outputs and gradients.
+    monkeypatch.setattr(tango_lm.layers.moe, "use_capacity_dispatch", lambda x: capacity_path)
     torch.manual_seed(0)
     layer = MoEFeedForward(16, 4, 2, 8, renormalize, factor).double().eval()
     with torch.no_grad():
         layer.router.weight.normal_(0, 1.0)
-        h = torch.randn(2, 9, 16, dtype=torch.float64)
-        torch.testing.assert_close(layer(h), moe_reference(layer, h, factor))
+    h = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+    out, ref = layer(h), moe_reference(layer, h, factor)
+    torch.testing.assert_close(out, ref)
     assert (layer.last_dropped > 0) == (factor == 0.5)
+    grad = torch.randn_like(out)
+    params = [h, *layer.parameters()]
+    for a, b in zip(torch.autograd.grad(out, params, grad, allow_unused=True),
+                    torch.autograd.grad(ref, params, grad, allow_unused=True), strict=True):
+        torch.testing.assert_close(a, b, msg=lambda m: f"gradient: {m}")
 
 
 def test_moe_dropped_tokens_pass_through_the_residual():

@@ -1,5 +1,8 @@
 """`torch.compile` (inductor, CPU) of `model.nll`: the same loss and gradients as eager, in one
 graph (`fullgraph=True`, so a graph break, e.g. around the fused loss's autograd Function, fails).
+Every architecture (each with one of the heads, so every head is covered) traces into one graph
+(`torch._dynamo.explain`), and training steps with fresh batches never recompile (Dynamo's
+counters): `train.compile=true` compiles once.
 
 TANGO and windowed TANGO run their plain compositions under compile (`tango_mix`, `windowed_mix`):
 inductor fuses them itself and cannot compile the eager fused CPU ops. The twin head passes its hidden state to the fused loss as
@@ -13,6 +16,8 @@ import pytest
 import torch
 
 from tango_lm import ModelConfig, build_model
+from tango_lm.heads.registry import HEADS
+from tango_lm.models.registry import ARCHITECTURES
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None,
@@ -58,3 +63,50 @@ def test_compiled_nll_matches_eager(case):
     for name, grad in grads.items():
         assert grad.abs().sum() > 0, name  # every parameter (both tables, the gate) is trained
         torch.testing.assert_close(grads_c[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+# Every architecture at a tiny size, each with a head so that every head is traced once.
+ARCH_EXTRA = {"tango-windowed": {"window": 3}, "gau": {"qk_dim": 8}, "flash": {"qk_dim": 8, "group_size": 4},
+              "gdn-hybrid": {"gdn_head_dim": 8, "attention_every": 2}, "moe": {"n_experts": 4, "moe_expert_width": 16}}
+ARCH_HEAD = dict(zip(sorted(ARCHITECTURES), [*sorted(HEADS), "standard"], strict=False))
+
+
+def tiny(arch: str, head: str = "standard") -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**BASE, "depth": 3}, arch=arch, head=head, **ARCH_EXTRA.get(arch, {}))
+    return build_model(cfg).train()
+
+
+def test_every_head_has_an_architecture():
+    assert set(ARCH_HEAD) == set(ARCHITECTURES) and set(ARCH_HEAD.values()) == set(HEADS)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_training_forward_is_one_graph(arch):
+    model = tiny(arch, ARCH_HEAD[arch])
+    x, y = (torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    explained = torch._dynamo.explain(model.nll)(x, y)
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
+@pytest.mark.parametrize(("arch", "head"), [("loop-transformer", "onona"), ("moe", "mos")])
+def test_training_steps_do_not_recompile(arch, head):
+    # Fresh batches and updated weights every step, as in the trainer; the backend does not matter
+    # to Dynamo's guards, so the cheap one runs. (torch 2.11 recompiled the loss every step when
+    # it compared tensors by identity.)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = tiny(arch, head)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = torch.compile(model.nll, backend="eager")
+    graphs = []
+    for i in range(4):
+        x, y = (torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(10 * i + s)) for s in (1, 2))
+        step(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 1, 1, 1], graphs
+    assert not counters["recompiles"] and not counters["graph_break"], (counters["recompiles"], counters["graph_break"])

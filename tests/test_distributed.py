@@ -53,6 +53,9 @@ RUNS = {
 }
 # The 1 -> 2 direction: a single-process run cut at step 8, finished by 2 FSDP ranks.
 ONE_TO_TWO = ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, False)
+# A NaN loss on rank 1 alone at step 3 (train/nonfinite.py): both FSDP ranks skip that update, as
+# one process whose loss is NaN at step 3 does.
+NAN_ON_RANK_1 = (UNTIED, {"parallel": "fsdp"}, [3])
 DEV_SCRIPT = {4: 3.0, 8: 2.0, 12: 2.5}
 
 # Runs each job's `tango-lm train` in turn inside one process group (formed here, so the trainer
@@ -70,8 +73,11 @@ def init(self, *args, **kwargs):  # record the dev windows each rank scores, in 
     real_init(self, *args, **kwargs)
     path = os.path.join(os.path.dirname(sys.argv[1]), f"{name}.dev-rank{os.environ['RANK']}.json")
     open(path, "w").write(json.dumps([x.tolist() for x, _ in self.dev_batches]))
+    if len(jobs[name]) > 2 and os.environ["RANK"] == "1":  # a NaN loss at these steps, on rank 1 only
+        forward, trainer = self.step_fn, self
+        self.step_fn = lambda x, y: forward(x, y) * (float("nan") if trainer.step + 1 in jobs[name][2] else 1.0)
 Trainer.__init__ = init
-for name, (argv, script) in jobs.items():
+for name, (argv, script, *_) in jobs.items():
     Trainer.evaluate_dev = (lambda self: script[str(self.step)]) if script else real_dev
     codes[name] = main(argv)
 if os.environ["RANK"] == "0":
@@ -120,6 +126,21 @@ def runs(data_dir, tmp_path_factory):
     cut = _cut_at_8(root / "one_to_two-ref", root / "one_to_two")
     model, train_kw, _ = ONE_TO_TWO
     jobs["one_to_two"] = [["train", *_overrides(data_dir, cut, model, train_kw), "--resume", "--no-progress"], None]
+    model, train_kw, nan_steps = NAN_ON_RANK_1
+    with pytest.MonkeyPatch.context() as m:
+        real = Trainer.train_step
+
+        def nan_loss(self):
+            forward = self.step_fn
+            self.step_fn = lambda x, y: forward(x, y) * (float("nan") if self.step + 1 in nan_steps else 1.0)
+            try:
+                return real(self)
+            finally:
+                self.step_fn = forward
+
+        m.setattr(Trainer, "train_step", nan_loss)
+        refs["nan"] = train(helpers.run_config(data_dir, root / "nan-ref", model))
+    jobs["nan"] = [["train", *_overrides(data_dir, root / "nan", model, train_kw), "--no-progress"], None, nan_steps]
     (root / "jobs.json").write_text(json.dumps(jobs))
     (root / "driver.py").write_text(DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -165,6 +186,21 @@ def test_two_ranks_match_one_process(runs, name):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_nan_on_one_rank_skips_the_update_on_every_rank(runs):
+    root, refs = runs
+    records, ref_records = helpers.loss_records(root / "nan"), helpers.loss_records(root / "nan-ref")
+    assert [r["step"] for r in records if r.get("skipped")] == [r["step"] for r in ref_records if r.get("skipped")] == [3]
+    assert records[2]["loss"] is None and records[2]["grad_norm"] is None
+    for step, loss in _losses(root / "nan").items():
+        if step != 3:
+            assert loss == pytest.approx(refs["nan"].losses[step], rel=LOSS_RTOL), step
+    a = load_checkpoint(helpers.step_dir(root / "nan-ref", 12)).model_state()
+    b = load_checkpoint(helpers.step_dir(root / "nan", 12)).model_state()
+    for k in a:  # had the ranks disagreed, their shards would have moved apart from here on
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+    assert json.loads((root / "nan" / "summary.json").read_text())["skipped_steps"] == 1
 
 
 def test_sampled_dev_windows_are_the_same_on_every_rank_and_process_count(runs, data_dir, tmp_path):

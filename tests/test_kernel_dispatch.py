@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tango_lm.cache_root import cache_root
+from tango_lm.errors import UserError
 from tango_lm.ops import cpu_kernels, dispatch
 from tango_lm.ops import tango_mix as tango_mix_module
 from tango_lm.ops.causal_matmul import causal_matmul
@@ -60,13 +61,23 @@ def test_the_environment_variable_and_the_argument_pick_the_implementation(calls
     assert calls == [name, name]
 
 
-def test_an_implementation_that_cannot_take_the_inputs_falls_back_to_auto(calls, monkeypatch):
-    monkeypatch.setattr(tango_mix_module, "tango_mix_triton", None)  # as without triton
+def test_an_implementation_that_cannot_take_the_inputs_falls_back_to_auto(calls):
     tango_mix(*mix_inputs(torch.float64), kernels="c")  # the C kernels take float32 only
-    tango_mix(*mix_inputs(torch.float64), kernels="triton")
     q, k, a, _ = mix_inputs(torch.float64)
     tango_mix(q, k, a, None, kernels="blocked")  # the fused CPU op needs u
-    assert calls == ["blocked", "blocked", "reference"]
+    expected = ["blocked", "reference"]
+    if tango_mix_module.tango_mix_triton is not None:
+        tango_mix(*mix_inputs(torch.float64), kernels="triton")  # no float64 Triton kernels
+        expected.append("blocked")
+    assert calls == expected
+
+
+def test_asking_for_triton_without_triton_names_the_extra(monkeypatch):
+    monkeypatch.setattr(tango_mix_module, "tango_mix_triton", None)
+    with pytest.raises(UserError, match=r"TANGO_LM_KERNELS=triton needs the triton package: "
+                                        r"pip install 'tango-lm\[triton\]'"):
+        tango_mix(*mix_inputs(), kernels="triton")
+    tango_mix(*mix_inputs())  # auto does not need it
 
 
 def test_triton_runs_on_cpu_tensors_only_when_asked_and_interpreted(calls):

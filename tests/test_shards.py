@@ -74,18 +74,23 @@ def test_round_trip_gpt2_single_shard_is_memmap(tmp_path):
 
 def test_large_vocab_uses_uint32(tmp_path):
     class Wide(ByteTokenizer):
+        """Byte ids shifted past 2**16 (end-of-text stays the byte tokenizer's, as recorded)."""
+
         def __init__(self) -> None:
             super().__init__()
-            self.vocab_size, self.eot_id = 70_000, 69_999
+            self.vocab_size = 70_000
+
+        def encode_batch(self, texts):
+            return [[i + 69_000 for i in ids] for ids in super().encode_batch(texts)]
 
         def to_dict(self):
             return ByteTokenizer().to_dict()  # rebuildable on open; only the dtype matters here
 
     path = write_prepared(tmp_path / "w", Wide(), {"train": ["ab"]}, {}, progress=False)
-    ds = PreparedDataset.open(path)
+    ds = PreparedDataset.open(path, verify=True)
     assert ds.manifest["dtype"] == "<u4"
-    assert ds.tokens("train").tolist() == [97, 98, 69_999]
-    assert ds.max_token_id == 69_999
+    assert ds.tokens("train").tolist() == [69_097, 69_098, 256]
+    assert ds.max_token_id == 69_098
 
 
 def test_unknown_split_lists_available(prepared):
@@ -132,14 +137,14 @@ def test_truncated_shard(prepared):
         PreparedDataset.open(prepared)
 
 
-def test_checksum_mismatch_only_with_verify(prepared):
+def test_a_shard_edited_in_place_fails_its_checksum(prepared):
+    PreparedDataset.open(prepared)  # verified once (and cached) ...
     f = prepared / "train-00000.bin"
     data = bytearray(f.read_bytes())
     data[0] ^= 1
-    f.write_bytes(bytes(data))
-    PreparedDataset.open(prepared)  # sizes still match
+    f.write_bytes(bytes(data))  # ... then edited: the sizes still match, the version does not
     with pytest.raises(UserError, match="train-00000.bin fails its sha256 checksum"):
-        PreparedDataset.open(prepared, verify=True)
+        PreparedDataset.open(prepared)
 
 
 def test_existing_dataset_needs_overwrite(prepared):
@@ -195,7 +200,7 @@ def test_crash_in_final_rename_restores_existing(prepared, monkeypatch):
         return real_rename(src, dst)
 
     monkeypatch.setattr(shards.os, "rename", failing_rename)
-    with pytest.raises(OSError, match="rename failed"):
+    with pytest.raises(UserError, match="rename failed; nothing was written or replaced"):
         _write(prepared, overwrite=True)
     monkeypatch.undo()
     assert _snapshot(prepared) == before

@@ -3,7 +3,8 @@
 `cache_root()` is `$TANGO_LM_CACHE`, else `$XDG_CACHE_HOME/tango-lm`, else `~/.cache/tango-lm`.
 Under it: `kernels/` (the C kernels of `ops/cpu_kernels.py`, built per CPU kind; `$TANGO_LM_KERNEL_DIR`
 still moves just these), `dmmath-env/` (DeepMind's generator's own virtual environment) and
-`dmmath/` (what the generator produced, keyed by its parameters). Deleting the folder is always
+`dmmath/` (what the generator produced, keyed by its parameters), `verified-shards/` (what each
+prepared dataset's shards were verified to hold, data/verify.py). Deleting the folder is always
 safe: everything in it is rebuilt or regenerated on next use.
 """
 

@@ -11,7 +11,8 @@ import os
 import sys
 from typing import Any
 
-from tango_lm.errors import UserError
+from tango_lm.cli_output import Parser, held_warnings, one_line, progress_on_terminal_only
+from tango_lm.errors import UserError, os_error_text
 
 
 def _print_json(data: Any) -> None:
@@ -217,20 +218,28 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
     from tango_lm.data.tokenizers import tokenizer_from_dict
-    from tango_lm.serve.generate import generate
+    from tango_lm.serve.generate import check_sampling, generate, room_for_new_tokens
     from tango_lm.train.checkpoint import load_checkpoint
     from tango_lm.train.device import pick_device
 
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens or 0)  # before the slow load
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples must be at least 1 (got {args.num_samples})")
+    prompt_text = _utf8_prompt(args.prompt).replace("\\n", "\n")
     ckpt = load_checkpoint(args.checkpoint)
     device = pick_device(args.device)
     model = ckpt.build_model(device)
     tok = tokenizer_from_dict(ckpt.tokenizer)
-    prompt_text = args.prompt.replace("\\n", "\n")
     ids = tok.encode(prompt_text)
     if not ids:
         raise UserError("the prompt is empty; give some text with --prompt")
+    room = room_for_new_tokens(len(ids), model.config.context_length)
+    if room < 1:
+        raise UserError(f"the prompt has {len(ids)} tokens, more than the model's context of "
+                        f"{model.config.context_length}; shorten it")
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     prompt = torch.tensor([ids] * args.num_samples, device=device)
-    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+    out = generate(model, prompt, max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, eos_id=None if args.no_stop else tok.eot_id)
     texts = []
     for row in out.tolist():
@@ -238,6 +247,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if not args.no_stop and tok.eot_id in new:
             new = new[: new.index(tok.eot_id)]
         texts.append(tok.decode(new))
+    if args.max_new_tokens is None and room < DEFAULT_NEW_TOKENS:
+        print(f"note: at most {room} new tokens (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} tokens fill the "
+              f"rest of the model's context of {model.config.context_length}", file=sys.stderr)
     if args.json:
         _print_json({"prompt": args.prompt, "completions": texts, "checkpoint": str(ckpt.path)})
         return
@@ -245,6 +257,21 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if i:
             print("-" * 40)
         print(prompt_text + text)
+
+
+DEFAULT_NEW_TOKENS = 64
+
+
+def _utf8_prompt(text: str) -> str:
+    """The prompt, or a UserError when the shell passed bytes that are not UTF-8 (Python keeps
+    them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"character U+{bad:04X}"
+        raise UserError(f"--prompt is not valid UTF-8 ({byte} at character {exc.start}); pass UTF-8 text") from None
+    return text
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -314,6 +341,19 @@ def cmd_data_prepare_mixture(args: argparse.Namespace) -> None:
         path = prepare_mixture(args.out, args.source_dirs, tokens=args.tokens, seed=args.seed,
                                overwrite=args.overwrite, progress=not args.no_progress)
     print(f"prepared {path}")
+
+
+def cmd_data_verify(args: argparse.Namespace) -> None:
+    """`data verify DIR`: re-read every shard of a prepared dataset against its manifest."""
+    from tango_lm.data.verify import verify_dataset
+
+    report = verify_dataset(args.dir)
+    if args.json:
+        _print_json(report)
+        return
+    splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
+    print(f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
+          f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest")
 
 
 def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
@@ -430,7 +470,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
+    p = Parser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("params", help="parameter counts of a model config")
@@ -503,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("generate", help="sample text from a checkpoint")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
-    s.add_argument("--max-new-tokens", type=int, default=64)
+    s.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default 64, or as many as the prompt leaves room for in the context")
     s.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
     s.add_argument("--top-k", type=int, default=None)
     s.add_argument("--top-p", type=float, default=None)
@@ -538,6 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_data_prepare)
     _add_source_parsers(dsrc)
     _add_train_tokenizer_parser(dsub)
+    v = dsub.add_parser("verify", help="check every shard of a prepared dataset against its manifest (sha256, "
+                                       "end-of-text ids, token ids)")
+    v.add_argument("dir", help="prepared dataset directory")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_data_verify)
 
     s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
     s.add_argument("--out", default="runs/quickstart")
@@ -569,18 +615,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """Run one command; a failure the user can fix is one line `error: ...` and exit code 2 (cli_output.py)."""
     try:
-        code = args.func(args)
+        with held_warnings():
+            args = parse_args(argv)
+            progress_on_terminal_only(args)
+            code = args.func(args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # one no other handler put into words: a full disk, an unreadable file
+        if isinstance(exc, BrokenPipeError):  # `tango-lm ... | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"error: {one_line(os_error_text(exc))}; check the disk and the path", file=sys.stderr)
+        return UserError.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `tango-lm ... | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     return code if isinstance(code, int) else 0
 
 

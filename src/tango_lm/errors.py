@@ -11,3 +11,9 @@ class UserError(Exception):
     """A problem with the user's config, data, checkpoint or arguments (exit code 2)."""
 
     exit_code = 2
+
+
+def os_error_text(exc: OSError) -> str:
+    """`reason (path)` of an OSError, e.g. `No space left on device (runs/x/metrics.jsonl)`."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return f"{reason} ({exc.filename})" if exc.filename else reason

@@ -79,6 +79,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                    help="a preset (its model section) or an architecture at --d-model/--depth")
     g.add_argument("--memory-batch-size", type=int, default=1)
     g.add_argument("--memory-seq-len", type=int, default=512)
+    s.add_argument("--compile", action="store_true",
+                   help="train and memory suites: also time every model through torch.compile, beside eager; "
+                        "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     tango_width=args.tango_width, vocab_size=args.vocab_size, device=args.device,
                                     archs=args.archs or PAIR, memory=not args.no_memory,
                                     memory_steps=args.memory_steps, threads=args.threads,
-                                    peak_size=args.peak_size, print_table=show)
+                                    peak_size=args.peak_size, print_table=show, compile=args.compile)
         return report
     for name in ("steps", "repeats", "memory_steps"):
         if getattr(args, name) < 1:
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 d_model=args.d_model, seq_len=args.seq_len, depth=args.depth, batch_size=args.batch_size,
                 steps=args.steps, warmup=args.warmup, tango_width=args.tango_width, vocab_size=args.vocab_size,
                 device=args.device, archs=archs, memory=not args.no_memory, memory_steps=args.memory_steps,
-                threads=args.threads, peak_size=args.peak_size, print_table=show)
+                threads=args.threads, peak_size=args.peak_size, print_table=show, compile=args.compile)
         elif suite == "decode":
             out["decode"] = run_decode_bench(
                 archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,

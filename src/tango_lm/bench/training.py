@@ -98,10 +98,14 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
                        steps: int = 6, warmup: int = 2, tango_width: int = 8192, vocab_size: int = 257,
                        device: str = "auto", print_table: bool = True, configs: list[ModelConfig] | None = None,
                        archs: tuple[str, ...] | list[str] | None = None, memory: bool = True, memory_steps: int = 2,
-                       threads: int | None = None, peak_size: int | None = None) -> dict[str, Any]:
+                       threads: int | None = None, peak_size: int | None = None,
+                       compile: bool = False) -> dict[str, Any]:
     """Train every model side by side (see the module doc). `archs` None and `configs` None: the
     original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement;
-    `peak_size` is the side of the peak's square matmuls (default: bench/peak.py's)."""
+    `peak_size` is the side of the peak's square matmuls (default: bench/peak.py's). `compile`:
+    every model also trains through `torch.compile(model.nll)` (as `train.compile=true` does), its
+    steps alternating with the eager ones; compiled rows are compared with the compiled baseline
+    and with their own eager row (the warm-up steps, which compile, are not timed)."""
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)
@@ -114,38 +118,45 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     skipped = [{"arch": a, "note": note} for a, c, note in pairs if c is None]
     pairs = [(c, note) for _, c, note in pairs if c is not None]
     configs = [c for c, _ in pairs]
+    modes = ("eager", "compiled") if compile else ("eager",)
+    if compile and warmup < 1:
+        raise UserError("--compile needs at least one --warmup step (the first compiled step compiles)")
     load_start = _load()
     peak_before = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     torch.manual_seed(0)
     models = [build_model(c).to(dev) for c in configs]
     opts = [adamw(m.parameters(), m, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
+    # One runner per (model, mode); a model's compiled runner shares its weights and optimizer.
+    runners = [(j, mode, torch.compile(model.nll) if mode == "compiled" else model.nll)
+               for j, model in enumerate(models) for mode in modes]
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
-    times: list[list[float]] = [[] for _ in models]
-    cpu_times: list[list[float]] = [[] for _ in models]
-    cuda_peaks = [0 for _ in models]
+    times: list[list[float]] = [[] for _ in runners]
+    cpu_times: list[list[float]] = [[] for _ in runners]
+    cuda_peaks = [0 for _ in runners]
     for i in range(warmup + steps):
-        for j, (model, opt) in enumerate(zip(models, opts, strict=True)):
+        for r, (j, _, step_fn) in enumerate(runners):
+            model, opt = models[j], opts[j]
             _sync(dev)
             if dev.type == "cuda":
                 others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
                 torch.cuda.reset_peak_memory_stats(dev)
             t0, c0 = time.perf_counter(), time.process_time()
             with autocast(dev, dtype):
-                loss = model.nll(x, y)
+                loss = step_fn(x, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(dev)
             if i >= warmup:
-                times[j].append(time.perf_counter() - t0)
-                cpu_times[j].append(time.process_time() - c0)
+                times[r].append(time.perf_counter() - t0)
+                cpu_times[r].append(time.process_time() - c0)
             if dev.type == "cuda":
-                cuda_peaks[j] = max(cuda_peaks[j], torch.cuda.max_memory_allocated(dev) - others)
+                cuda_peaks[r] = max(cuda_peaks[r], torch.cuda.max_memory_allocated(dev) - others)
     peak_after = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     load_end = _load()
     peak = max(peak_before, peak_after)
-    del models, opts
+    del models, opts, runners
     if dev.type == "cuda":
         mem_method = "cuda max_memory_allocated per model step, minus the other models"
     elif memory:
@@ -155,22 +166,27 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     else:
         mem_method = "not measured"
     rows = []
-    for j, ((cfg, note), ts, cs) in enumerate(zip(pairs, times, cpu_times, strict=True)):
+    order = [(j, mode) for j in range(len(pairs)) for mode in modes]  # the runners' order
+    for r, ((j, mode), ts, cs) in enumerate(zip(order, times, cpu_times, strict=True)):
+        cfg, note = pairs[j]
         step_s = statistics.median(ts)
         tok_s = batch_size * seq_len / step_s
         fpt = cfg.flops_per_token(seq_len)
         if dev.type == "cuda":
-            mem = cuda_peaks[j]
-        elif memory:
+            mem = cuda_peaks[r]
+        elif memory and mode == "eager":  # the subprocess measures an eager step
             mem = measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)["peak_bytes"]
         else:
             mem = None
-        rows.append({"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"], "note": note,
-                     "tokens_per_s": tok_s, "flops_per_token": fpt, "flop_per_s": tok_s * fpt,
+        rows.append({"arch": cfg.arch, "mode": mode, "width": cfg.width, "params_total": cfg.num_params()["total"],
+                     "note": note, "tokens_per_s": tok_s, "flops_per_token": fpt, "flop_per_s": tok_s * fpt,
                      "mfu": tok_s * fpt / peak, "step_s": step_s, "step_s_all": ts,
                      "cpu_s": statistics.median(cs), "peak_bytes": mem})
-    base = next((r for r in rows if r["arch"] == BASELINE), rows[0])
     for r in rows:
+        eager = next(e for e in rows if e["arch"] == r["arch"] and e["mode"] == "eager")
+        r["tokens_per_s_vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"]
+        same_mode = [b for b in rows if b["mode"] == r["mode"]]
+        base = next((b for b in same_mode if b["arch"] == BASELINE), same_mode[0])
         r["tokens_per_s_vs_loop"] = r["tokens_per_s"] / base["tokens_per_s"]
         r["flop_per_s_vs_loop"] = r["flop_per_s"] / base["flop_per_s"]
         r["mfu_vs_loop"] = r["mfu"] / base["mfu"]
@@ -185,7 +201,8 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
               "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
               "memory_method": mem_method, "allocator": allocator,
               "load_avg_start": load_start, "load_avg_end": load_end,
-              "baseline": base["arch"], "models": rows, "skipped": skipped}
+              "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else rows[0]["arch"],
+              "modes": list(modes), "models": rows, "skipped": skipped}
     if print_table:
         print(format_report(report))
     return report
@@ -199,6 +216,9 @@ def _load_text(report: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     mib = 2**20
+    compiled = len(report.get("modes", ["eager"])) > 1
+    mode_head = f"{'mode':<9}" if compiled else ""
+    vs_eager_head = f"{'vs eager':>9}" if compiled else ""
     lines = [
         f"train: device {report['device']} ({report['threads']} threads{_load_text(report)}), "
         f"d={report['d_model']}, T={report['seq_len']}, depth {report['depth']}, batch {report['batch_size']}, "
@@ -210,18 +230,22 @@ def format_report(report: dict[str, Any]) -> str:
         f"before "
         f"{report['matmul_peak_before'] / 1e9:.1f} / after {report['matmul_peak_after'] / 1e9:.1f}); "
         f"tok/cpu-s x: by median process CPU time per step (steadier on a shared machine); "
-        f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}",
-        f"{'arch':<19}{'width':>6}{'params':>11}{'tok/s':>8}{'MFLOP/tok':>10}{'GFLOP/s':>8}{'MFU':>7}"
-        f"{'peak MiB':>9}{'tok/s x':>8}{'tok/cpu-s x':>12}{'MFU x':>7}{'mem x':>7}  note",
+        f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}"
+        + (" in the same mode; compiled: torch.compile(model.nll), vs eager = tok/s over the same model's eager "
+           "tok/s" if compiled else ""),
+        f"{'arch':<19}{mode_head}{'width':>6}{'params':>11}{'tok/s':>8}{'MFLOP/tok':>10}{'GFLOP/s':>8}{'MFU':>7}"
+        f"{'peak MiB':>9}{'tok/s x':>8}{'tok/cpu-s x':>12}{'MFU x':>7}{'mem x':>7}{vs_eager_head}  note",
     ]
     for r in report["models"]:
         mem = f"{r['peak_bytes'] / mib:>9.0f}" if r["peak_bytes"] is not None else f"{'-':>9}"
         mem_x = f"{r['memory_vs_loop']:>7.2f}" if r["memory_vs_loop"] is not None else f"{'-':>7}"
+        mode = f"{r.get('mode', 'eager'):<9}" if compiled else ""
+        vs_eager = f"{r['tokens_per_s_vs_eager']:>9.2f}" if compiled else ""
         lines.append(
-            f"{r['arch']:<19}{r['width']:>6}{r['params_total']:>11,}{r['tokens_per_s']:>8,.0f}"
+            f"{r['arch']:<19}{mode}{r['width']:>6}{r['params_total']:>11,}{r['tokens_per_s']:>8,.0f}"
             f"{r['flops_per_token'] / 1e6:>10.1f}{r['flop_per_s'] / 1e9:>8.1f}{r['mfu']:>7.1%}{mem}"
             f"{r['tokens_per_s_vs_loop']:>8.2f}{r['tokens_per_cpu_s_vs_loop']:>12.2f}{r['mfu_vs_loop']:>7.2f}{mem_x}"
-            f"  {r['note']}"
+            f"{vs_eager}  {r['note']}"
         )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}{'-':>6}  {r['note']}")

@@ -63,6 +63,8 @@ def train_bpe(
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ModuleNotFoundError:
         raise UserError("training a BPE needs the package `tokenizers`; install it with `pip install tokenizers`") from None
+    if max_docs is not None and max_docs < 1:
+        raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
     if vocab_size < MIN_VOCAB:
         raise UserError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + end-of-text), got {vocab_size}")
     if min_frequency < 1:

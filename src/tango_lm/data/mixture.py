@@ -66,6 +66,11 @@ class _Documents:
             for lo in range(0, len(m), _CHUNK):
                 ends.append(np.flatnonzero(np.asarray(m[lo: lo + _CHUNK]) == eot) + (base + lo))
         self.ends = np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)  # EOT positions
+        documents = ds.num_documents(split)
+        if len(self.ends) != documents or (documents and int(self.ends[-1]) != starts[-1] - 1):
+            raise UserError(f"split {split!r} of {ds.path} holds {len(self.ends)} end-of-text ids for "
+                            f"{documents} documents (or does not end with one); it was altered while being read, "
+                            "check it with `tango-lm data verify`")
 
     def __len__(self) -> int:
         return len(self.ends)

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
-from tango_lm.errors import UserError
+from tango_lm.data.verify import manifest_shards, record_verified, verify_shards
+from tango_lm.errors import UserError, os_error_text
 from tango_lm.output_lock import hold_output_lock
 
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared", "check_writable"]
@@ -79,10 +80,12 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
 class _ShardWriter:
     """Appends token arrays to fixed-size shards of one split, hashing each shard as it goes."""
 
-    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int, eot_id: int) -> None:
         self.directory, self.split, self.dtype = directory, split, dtype
         self.shard_tokens = shard_tokens
         self.shards: list[dict[str, Any]] = []
+        self.stats: dict[str, dict[str, Any]] = {}  # per shard: end-of-text ids, largest id, sha256
+        self.eot_id = eot_id
         self._file = None
         self._hash = None
         self._in_shard = 0
@@ -93,6 +96,7 @@ class _ShardWriter:
         self._hash = hashlib.sha256()
         self._in_shard = 0
         self.shards.append({"file": name, "tokens": 0, "sha256": ""})
+        self.stats[name] = {"eot": 0, "max_id": -1}
 
     def _close_current(self) -> None:
         if self._file is None:
@@ -101,7 +105,7 @@ class _ShardWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self.shards[-1]["tokens"] = self._in_shard
-        self.shards[-1]["sha256"] = self._hash.hexdigest()
+        self.shards[-1]["sha256"] = self.stats[self.shards[-1]["file"]]["sha256"] = self._hash.hexdigest()
         self._file = None
 
     def write(self, ids: np.ndarray) -> None:
@@ -112,8 +116,12 @@ class _ShardWriter:
                 self._close_current()
                 self._open_next()
             take = min(len(ids) - start, self.shard_tokens - self._in_shard)
-            chunk = ids[start : start + take].tobytes()
+            part = ids[start : start + take]
+            chunk = part.tobytes()
             self._file.write(chunk)
+            stats = self.stats[self.shards[-1]["file"]]
+            stats["eot"] += int(np.count_nonzero(part == self.eot_id))
+            stats["max_id"] = max(stats["max_id"], int(part.max()))
             self._hash.update(chunk)
             self._in_shard += take
             start += take
@@ -142,11 +150,12 @@ def _write_split(
     shard_tokens: int,
     progress: bool,
     batch_docs: int,
-) -> tuple[dict[str, Any], int]:
-    """Tokenize one split into shards; returns its manifest entry and its largest token id."""
+) -> tuple[dict[str, Any], int, dict[str, dict[str, Any]]]:
+    """Tokenize one split into shards; returns its manifest entry, its largest token id and what
+    each shard holds (for the verification cache)."""
     from tqdm.auto import tqdm
 
-    writer = _ShardWriter(directory, split, dtype, shard_tokens)
+    writer = _ShardWriter(directory, split, dtype, shard_tokens, tokenizer.eot_id)
     n_docs = n_tokens = 0
     max_id = -1
     started = time.perf_counter()
@@ -171,7 +180,7 @@ def _write_split(
             bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / (time.perf_counter() - started):.3g}")
     writer.close()
     entry = {"shards": writer.shards, "tokens": n_tokens, "documents": n_docs}
-    return entry, max_id
+    return entry, max_id, writer.stats
 
 
 def write_prepared(
@@ -219,18 +228,19 @@ def _remove_leftovers(out: Path) -> None:
 
 def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[str]], source: dict[str, Any],
                     shard_tokens: int, progress: bool, batch_docs: int) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
     dtype = _dtype_for(tokenizer.vocab_size)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         split_entries: dict[str, Any] = {}
+        shard_stats: dict[str, dict[str, Any]] = {}
         max_id = -1
         for split, docs in splits.items():
-            entry, split_max = _write_split(
+            entry, split_max, stats = _write_split(
                 tmp, split, docs, tokenizer, dtype, shard_tokens, progress, batch_docs
             )
             split_entries[split] = entry
+            shard_stats.update(stats)
             max_id = max(max_id, split_max)
         if split_entries.get("train", {"documents": 0})["documents"] == 0:
             raise UserError(f"the input holds no {'train ' if split_entries else ''}documents (empty or whitespace-only), "
@@ -252,9 +262,14 @@ def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[
             f.flush()
             os.fsync(f.fileno())
         _move_into_place(tmp, out)
+    except OSError as exc:  # a full disk, an unwritable folder: nothing half-written stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write the dataset {out}: {os_error_text(exc)}; nothing was written or replaced, "
+                        "free disk space or choose a writable output directory") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    record_verified(out, shard_stats)  # its first open need not read it back
     return out
 
 
@@ -283,11 +298,14 @@ class PreparedDataset:
         self.manifest = manifest
         self.tokenizer = tokenizer
         self.dtype = np.dtype(manifest["dtype"])
+        self.verified: dict[str, Any] = {}  # what `open` checked (data/verify.py)
         self._cache: dict[str, np.ndarray] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike, verify: bool = False) -> PreparedDataset:
-        """Open and check the dataset at `path`; `verify=True` also checks every shard's sha256."""
+        """Open and check the dataset at `path` (data/verify.py): the manifest's layout and shard
+        sizes every time, each shard's contents once per shard version; `verify=True` re-reads
+        every shard whatever the verification cache says."""
         p = Path(path)
         if not p.is_dir():
             raise UserError(f"no prepared dataset at {p} (directory missing); {_PREPARE_HINT}")
@@ -305,27 +323,18 @@ class PreparedDataset:
             raise UserError(
                 f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_PREPARE_HINT}"
             )
+        tok_dict = manifest.get("tokenizer")
         try:
-            splits = manifest["splits"]
-            dtype = np.dtype(manifest["dtype"])
-            entries = [(s, sh["file"], int(sh["tokens"]), sh["sha256"]) for s in splits
-                       for sh in splits[s]["shards"]]
-            tok_dict = manifest["tokenizer"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"{p / MANIFEST} is missing field {e}; {_PREPARE_HINT}") from None
-        for split, name, n, sha in entries:
-            f = p / name
-            if not f.is_file():
-                raise UserError(f"shard {name} of split {split!r} is missing from {p}; {_PREPARE_HINT}")
-            size = f.stat().st_size
-            if size != n * dtype.itemsize:
-                raise UserError(
-                    f"shard {f} has {size} bytes but the manifest says {n} tokens "
-                    f"({n * dtype.itemsize} bytes), so it is truncated or corrupt; {_PREPARE_HINT}"
-                )
-            if verify and _sha256_file(f) != sha:
-                raise UserError(f"shard {f} fails its sha256 checksum, so it is corrupt; {_PREPARE_HINT}")
-        return cls(p, manifest, tokenizer_from_dict(tok_dict))
+            tokenizer = tokenizer_from_dict(tok_dict)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{p / MANIFEST} has an unreadable tokenizer ({e}); {_PREPARE_HINT}") from None
+        dtype, shards = manifest_shards(p, manifest, _PREPARE_HINT)
+        if dtype.itemsize == 2 and tokenizer.vocab_size > 2**16:
+            raise UserError(f"{p / MANIFEST} stores {tokenizer.vocab_size} token ids as uint16; {_PREPARE_HINT}")
+        verified = verify_shards(p, manifest, dtype, shards, tokenizer.eot_id, _PREPARE_HINT, force=verify)
+        ds = cls(p, manifest, tokenizer)
+        ds.verified = verified
+        return ds
 
     @property
     def splits(self) -> list[str]:
@@ -363,11 +372,15 @@ class PreparedDataset:
         if split in self._cache:
             return self._cache[split]
         shards = self._entry(split)["shards"]
-        maps = [
-            np.memmap(self.path / sh["file"], dtype=self.dtype, mode="r", shape=(int(sh["tokens"]),))
-            for sh in shards
-            if int(sh["tokens"]) > 0
-        ]
+        try:
+            maps = [
+                np.memmap(self.path / sh["file"], dtype=self.dtype, mode="r", shape=(int(sh["tokens"]),))
+                for sh in shards
+                if int(sh["tokens"]) > 0
+            ]
+        except OSError as exc:
+            raise UserError(f"cannot read shard {exc.filename or self.path} of split {split!r} "
+                            f"({exc.strerror or exc}); check its permissions") from None
         if not maps:
             arr = np.empty(0, dtype=self.dtype)
         elif len(maps) == 1:
@@ -380,11 +393,3 @@ class PreparedDataset:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s}={self.num_tokens(s)}" for s in self.splits)
         return f"PreparedDataset({str(self.path)!r}, tokenizer={self.tokenizer.name}, {sizes})"
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

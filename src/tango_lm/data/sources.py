@@ -458,6 +458,8 @@ def prepare_files(
     if kind not in ("text", "jsonl", "parquet"):
         raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
     _check_fractions(dev_fraction, test_fraction)
+    if max_docs is not None and max_docs < 1:
+        raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
     exts = tuple(exts or DEFAULT_EXTS[kind])
     tok = _tokenizer(tokenizer)
     check_writable(out_dir, overwrite)

@@ -16,8 +16,9 @@ routed to expert i (before capacity) and P_i the mean router probability of expe
 alpha for a uniform router. Computed in training only and kept on the module (`aux_loss`); the
 architecture averages it over layers (`MoEBackbone.aux_loss`).
 
-Dispatch has no per-token Python loop: assignments are sorted by expert once and each expert runs
-on its contiguous slice (one loop over experts).
+Dispatch has no per-token Python loop (`ops/moe_dispatch.py`): in eager CPU runs assignments are
+sorted by expert once and each expert runs on its contiguous slice; under torch.compile and on GPUs
+each expert runs on a fixed buffer of C slots (static shapes, no host sync).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import nn
 from tango_lm.layers.gqa import GroupedQueryAttention
 from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.transformer import SwiGLU
+from tango_lm.ops.moe_dispatch import dispatch_capacity, dispatch_sorted, use_capacity_dispatch
 from tango_lm.serve.cache import LayerState
 
 
@@ -63,7 +65,12 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d_model, expert_width) for _ in range(n_experts))
         self.aux_loss: torch.Tensor | None = None
-        self.last_dropped: float = 0.0  # share of assignments over capacity in the last call
+        self.dropped: torch.Tensor | None = None  # share of assignments over capacity in the last call
+
+    @property
+    def last_dropped(self) -> float:
+        """Share of the last call's assignments that were over capacity (a host read)."""
+        return 0.0 if self.dropped is None else float(self.dropped)
 
     def capacity(self, n_tokens: int, capacity_factor: float) -> int:
         return max(1, math.ceil(capacity_factor * n_tokens * self.top_k / self.n_experts))
@@ -88,20 +95,10 @@ class MoEFeedForward(nn.Module):
         # Position of each assignment in its expert's queue; over-capacity ones are dropped.
         position = (onehot.cumsum(0) * onehot).sum(-1) - 1
         factor = self.capacity_factor_eval if state is not None else self.capacity_factor
-        keep = position < self.capacity(n, factor)
-        self.last_dropped = 0.0 if keep.all() else float(1 - keep.float().mean())
-        kept = keep.nonzero().squeeze(-1)
-        order = kept[flat[kept].argsort(stable=True)]  # kept assignments grouped by expert
-        counts = torch.bincount(flat[order], minlength=e).tolist()
-        out = torch.zeros_like(x)
-        start = 0
-        for i, count in enumerate(counts):
-            if count:
-                idx = order[start : start + count]
-                tokens = idx // k
-                y = self.experts[i](x[tokens]) * weights.reshape(-1)[idx, None].to(x.dtype)
-                out.index_add_(0, tokens, y.to(out.dtype))  # autocast may have run the expert in bf16
-                start += count
+        capacity = self.capacity(n, factor)
+        self.dropped = (position >= capacity).float().mean()  # read on the host only via `last_dropped`
+        dispatch = dispatch_capacity if use_capacity_dispatch(x) else dispatch_sorted
+        out = dispatch(x, self.experts, flat, weights.reshape(-1), position, capacity, k)
         return out.view(shape)
 
 

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from tango_lm.config_checks import check_finite, check_model_numbers
 from tango_lm.errors import UserError
 
 
@@ -78,6 +79,7 @@ class ModelConfig:
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
+        check_model_numbers(self)  # finite, in range (config_checks.py)
         if not ARCHITECTURES[self.arch].uses_heads:
             ARCHITECTURES[self.arch].validate(self)
             return
@@ -158,7 +160,7 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         if typ is None or (typ in (int, float) and isinstance(value, bool)):
             continue
         if typ is float and isinstance(value, (int, float)):
-            return float(value)
+            return check_finite(name, value)
         if typ is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, typ):

@@ -1,27 +1,30 @@
 """One door for the ops that have several implementations, and one override.
 
 Every op below has a single public function that decides which implementation runs
-(`tango_mix`, `gate_average`, `windowed_mix`, `causal_matmul`); each asks `choose` here. The names:
+(`tango_mix`, with or without u, `gate_average`, `windowed_mix`, `causal_matmul`); each asks
+`choose` here. The names:
 
 | name | what | ops that have it |
 |---|---|---|
 | `reference` | the plain composition of library ops (runs anywhere, and under `torch.compile`) | all |
-| `blocked` | the eager CPU ops that skip the zero blocks above the diagonal | tango_mix, windowed_mix, causal_matmul |
+| `blocked` | the fused eager CPU ops (blocked over the causal triangle, or chunked) | tango_mix, windowed_mix, causal_matmul |
 | `c` | those ops with their products on the C kernels (`ops/cpu_kernels.py`): float32 on CPUs | tango_mix, causal_matmul |
-| `triton` | the Triton kernels: CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` | tango_mix, gate_average, windowed_mix |
+| `triton` | the Triton kernels: CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` | tango_mix, windowed_mix |
 | `sdpa-sliced` | SDPA with the gates cut into slices of at most 128 columns run as extra heads | tango_mix, gate_average |
 
 `auto` (the default) picks per call, from the inputs: on CPUs exactly what the ops picked before
 this door existed (C kernels in float32 where they build, else the blocked op, in eager mode; the
 reference under `torch.compile`); on CUDA the Triton kernels when triton imports and takes the
 inputs' dtypes, else the sliced SDPA (never SDPA's math backend, which holds [B, H, T, T] in fp32);
-elsewhere the reference.
+elsewhere the reference (for windowed_mix on CUDA without triton: its chunked composition).
 
 The override is the op's `kernels=` argument, else the environment variable `TANGO_LM_KERNELS`.
 A named implementation runs wherever the op has it and it can take the inputs (device, dtype,
 eager or compiled); anywhere else the op falls back to `auto`'s choice without an error, so
-`TANGO_LM_KERNELS=c` means "the C kernels wherever they apply". `TANGO_LM_CPU_KERNELS=0` still
-keeps the C kernels from being built or used at all (as if no compiler were installed).
+`TANGO_LM_KERNELS=c` means "the C kernels wherever they apply". Only asking for `triton` where
+the package is not installed is an error (`UserError`, naming the extra that installs it).
+`TANGO_LM_CPU_KERNELS=0` still keeps the C kernels from being built or used at all (as if no
+compiler were installed).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import os
 from collections.abc import Mapping
 
 import torch
+
+from tango_lm.errors import UserError
 
 ENV = "TANGO_LM_KERNELS"
 KERNELS = ("auto", "reference", "blocked", "c", "triton", "sdpa-sliced")
@@ -49,6 +54,12 @@ def choose(usable: Mapping[str, bool], auto: str, kernels: str | None = None) ->
     can take these inputs (its value), else `auto`."""
     name = requested(kernels)
     return name if usable.get(name, False) else auto
+
+
+def check_installed(name: str, installed: bool, kernels: str | None = None) -> None:
+    """A `UserError` when the implementation asked for needs a package that is not installed."""
+    if not installed and requested(kernels) == name:
+        raise UserError(f"{ENV}={name} needs the {name} package: pip install 'tango-lm[{name}]'")
 
 
 def check_devices(op: str, **tensors: torch.Tensor | None) -> None:

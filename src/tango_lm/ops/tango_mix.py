@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_blocks, scratch_view
-from tango_lm.ops.dispatch import check_devices, choose, eager
+from tango_lm.ops.dispatch import check_devices, check_installed, choose, eager
 from tango_lm.ops.gate_average import gate_average_sdpa, gate_average_sliced, merge_heads, split_heads
 
 try:  # registers the Triton custom ops (before any torch.compile trace reaches `tango_mix`)
@@ -232,6 +232,7 @@ def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
       fp16 inputs of one dtype; otherwise (no triton, other dtypes) the sliced SDPA.
     """
     check_devices("tango_mix", q=q, k=k, a=a, u=u)
+    check_installed("triton", tango_mix_triton is not None, kernels)
     name = choose(*_paths(q, k, a, u), kernels)
     if name == "triton":
         return tango_mix_triton.tango_mix_triton(q, k, a, u)

@@ -1,5 +1,6 @@
-"""Windowed TANGO's token mixing fused for CPUs: `y = merge_heads(windowed_gate_average(...)) * u`
-with the gates `g = silu(a)`.
+"""Windowed TANGO's token mixing, `y = merge_heads(windowed_gate_average(...)) * u` with the gates
+`g = silu(a)`, and the one door to its implementations (`windowed_mix`): the fused CPU op below,
+the Triton kernels of `windowed_triton.py` on CUDA, the composition elsewhere.
 
 `band_weights` (ops/windowed.py) computes the small tensors: the normalised [C, 2C] band weights
 per chunk and the feature-map factors, all O(T C) per head. What remains is the wide part, O(T C w)
@@ -28,8 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from tango_lm.ops.causal_matmul import scratch_view
+from tango_lm.ops.dispatch import check_devices, check_installed, choose, eager
 from tango_lm.ops.gate_average import split_heads
 from tango_lm.ops.windowed import band_weights, windowed_gate_average_chunks
+
+try:  # registers the Triton custom ops (before any torch.compile trace reaches `windowed_mix`)
+    from tango_lm.ops import windowed_triton
+except ImportError:  # no triton: CUDA runs the composition
+    windowed_triton = None
 
 
 def windowed_mix_reference(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
@@ -150,12 +157,21 @@ def windowed_mix_fused(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Te
 
 def windowed_mix(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
                  a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
-                 chunk_size: int | None = None) -> torch.Tensor:
-    """The fused op on CPUs for fp32 or wider inputs of one dtype, in eager mode and outside CPU
-    autocast; elsewhere (GPUs, other dtypes, CPU autocast, torch.compile) the composition. (Unlike
-    `tango_mix`, which chooses by device, dtype and torch.compile only, this also checks autocast.)"""
+                 chunk_size: int | None = None, *, kernels: str | None = None) -> torch.Tensor:
+    """The fused op ('blocked') on CPUs in fp32 or wider, in eager mode without autocast; on CUDA
+    the wide part on the Triton kernels (`windowed_triton.py`) where triton is installed; elsewhere
+    (and under torch.compile on CPUs) the composition. `kernels` or $TANGO_LM_KERNELS overrides
+    (`ops/dispatch.py`)."""
+    check_devices("windowed_mix", q_rot=q_rot, k_rot=k_rot, q_raw=q_raw, k_raw=k_raw, a=a, u=u)
+    check_installed("triton", windowed_triton is not None, kernels)
     wide = a.dtype in (torch.float32, torch.float64) and a.dtype == u.dtype == q_rot.dtype
-    eager = not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
-    if a.device.type == "cpu" and wide and eager:
+    fused = a.device.type == "cpu" and wide and eager() and not torch.is_autocast_enabled("cpu")
+    triton = windowed_triton is not None and windowed_triton.supported(q_rot, k_rot, a, u)
+    auto = "blocked" if fused else "triton" if a.is_cuda and triton else "reference"
+    name = choose({"reference": True, "blocked": fused, "triton": triton}, auto, kernels)
+    if name == "blocked":
         return windowed_mix_fused(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)
+    if name == "triton":
+        weights, prefix_q, pk = band_weights(q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size)
+        return windowed_triton.windowed_band_mix_triton(weights, prefix_q, pk, a, u)
     return windowed_mix_reference(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)

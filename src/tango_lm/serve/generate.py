@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -38,6 +39,29 @@ def sample_next(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
+MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
+
+
+def check_sampling(temperature: float, top_k: int | None = None, top_p: float | None = None,
+                   max_new_tokens: int = 0) -> None:
+    """UserError for sampling settings that cannot be honoured (NaN, tiny or negative temperature, ...)."""
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+        raise UserError(f"temperature must be 0 (greedy decoding) or a finite number of at least {MIN_TEMPERATURE:g} "
+                        f"(got {temperature!r})")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"top_k must be at least 1 (got {top_k}); leave it out to sample from every token")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"top_p must be in (0, 1] (got {top_p})")
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be at least 0 (got {max_new_tokens})")
+
+
+def room_for_new_tokens(prompt_tokens: int, context_length: int) -> int:
+    """How many tokens a prompt can be continued by: the model reads the prompt and every new
+    token but the last, at most `context_length` positions."""
+    return context_length - prompt_tokens + 1
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -50,17 +74,16 @@ def generate(
     eos_id: int | None = None,
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to max_new_tokens; returns [B, T + n] (rows stop early only
-    when every row has produced eos_id)."""
-    if temperature < 0:
-        raise UserError(f"temperature must be >= 0 (got {temperature}); use 0 for greedy decoding")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise UserError(f"top_p must be in (0, 1] (got {top_p})")
-    total = prompt.shape[1] + max_new_tokens
-    if total > model.config.context_length:
+    when every row has produced eos_id). The last new token is never fed back, so a prompt of
+    the whole context still gets one (`room_for_new_tokens`)."""
+    check_sampling(temperature, top_k, top_p, max_new_tokens)
+    room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
+    if max_new_tokens > room:
         raise UserError(
-            f"prompt of {prompt.shape[1]} tokens plus {max_new_tokens} new tokens exceeds the model's context of "
-            f"{model.config.context_length}; shorten the prompt or lower --max-new-tokens"
+            f"a prompt of {prompt.shape[1]} tokens leaves room for {max(room, 0)} new tokens in the model's context of "
+            f"{model.config.context_length} (asked for {max_new_tokens}); shorten the prompt or lower --max-new-tokens"
         )
+    total = prompt.shape[1] + max(max_new_tokens - 1, 0)  # positions the model reads
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)

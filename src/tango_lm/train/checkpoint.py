@@ -121,12 +121,32 @@ def tmp_step_dir(ckpt_root: Path, step: int, tag: int | str) -> Path:
 
 def begin_checkpoint(ckpt_root: Path, step: int, tag: int | str) -> Path:
     """Create the empty temporary step directory `tmp_step_dir(...)` and return it."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = tmp_step_dir(ckpt_root, step, tag)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise write_failed(ckpt_root, step, exc) from None
     return tmp
+
+
+def write_failed(ckpt_root: Path, step: int, exc: BaseException) -> UserError:
+    """The error of a save that failed (a full disk, a folder made read-only): one line, what to do."""
+    text = str(exc).strip()
+    reason = getattr(exc, "strerror", None) or (text.splitlines()[0][:200] if text else type(exc).__name__)
+    return UserError(f"cannot write checkpoint {step_dir_name(step)} in {ckpt_root} ({reason}); the partial copy was "
+                     "removed and earlier checkpoints are intact: free disk space or fix the folder's permissions, "
+                     "then continue with --resume")
+
+
+def _same_mode(directory: Path) -> None:
+    """Give every file the mode our own JSON files got (safetensors writes 0600 whatever the umask)."""
+    mode = (directory / "config.json").stat().st_mode & 0o777
+    for p in directory.rglob("*"):
+        if p.is_file() and (p.stat().st_mode & 0o777) != mode:
+            os.chmod(p, mode)
 
 
 def finish_checkpoint(
@@ -139,7 +159,17 @@ def finish_checkpoint(
     meta: dict[str, Any],
 ) -> Path:
     """Write the rest of a step directory begun by `begin_checkpoint` (weights unless it holds
-    shards), mark it complete and rename it into place; return its final path."""
+    shards), mark it complete and rename it into place; return its final path. When a write fails
+    (OSError) the temporary directory is removed and a UserError raised; earlier steps stay."""
+    try:
+        return _finish(tmp, step, model_state, train_state, config, tokenizer, meta)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_failed(tmp.parent, step, exc) from None
+
+
+def _finish(tmp: Path, step: int, model_state: dict[str, torch.Tensor] | None, train_state: dict[str, Any],
+            config: dict[str, Any], tokenizer: dict[str, Any], meta: dict[str, Any]) -> Path:
     layout: dict[str, Any] = {}
     if model_state is not None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
@@ -152,12 +182,17 @@ def finish_checkpoint(
     _write_json(tmp / "config.json", config)
     _write_json(tmp / "tokenizer.json", tokenizer)
     _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, **meta})
+    _same_mode(tmp)
     _write_json(tmp / MARKER, {"step": step})
     ckpt_root, final = tmp.parent, tmp.parent / step_dir_name(step)
     if final.exists():  # re-saving a step after a resume: move the old copy aside first
         old = ckpt_root / f".old-{step_dir_name(step)}-{os.getpid()}"
         os.rename(final, old)
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            os.rename(old, final)  # put the earlier copy back
+            raise
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
@@ -201,8 +236,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         tokenizer = json.loads((path / "tokenizer.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"checkpoint {path} is corrupt ({type(exc).__name__}); use another checkpoint") from None
+    for name, data in (("meta.json", meta), ("config.json", config), ("tokenizer.json", tokenizer)):
+        if not isinstance(data, dict):
+            raise UserError(f"checkpoint {path} has a {name} that is a {type(data).__name__}, not a mapping; "
+                            "it is corrupt, use another checkpoint")
     if meta.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(config.get("model"), dict):
+        raise UserError(f"checkpoint {path} has a config.json without a model section; it is corrupt, use another "
+                        "checkpoint")
     return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta)
 
 
@@ -253,10 +295,16 @@ def remove_incomplete(ckpt_root: Path) -> None:
 def save_shards(directory: Path, tensors: dict[str, Any], distributed: bool) -> None:
     """Write `tensors` (a nested dict of tensors/DTensors) with DCP; under torchrun every process
     calls this with its own shards and rank 0 writes `.metadata`."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    with _quiet_single_process():
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=not distributed)
+    try:
+        with _quiet_single_process():
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=not distributed)
+    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's write failure (a full disk) in its own type
+        if not distributed or dist.get_rank() == 0:
+            shutil.rmtree(directory.parent, ignore_errors=True)
+        raise write_failed(directory.parent.parent, int(directory.parent.name.split("-")[2]), exc) from None
 
 
 @contextlib.contextmanager

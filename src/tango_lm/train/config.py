@@ -88,6 +88,9 @@ class TrainConfig:
     # Where the log goes (train/loggers.py): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "tango-lm"
+    # Updates with a non-finite loss or gradient norm are skipped (train/nonfinite.py); more than
+    # this many in a row stop the run, keeping the last checkpoint.
+    max_nonfinite_steps: int = 5
 
 
 _CHOICES = {
@@ -156,11 +159,12 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
     obj = cls(**values)
     positive = ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows", "keep_last",
-                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps")
+                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps", "max_nonfinite_steps")
     for key in positive:
         value = getattr(obj, key, None)
-        if value is not None and value < (0 if key == "warmup_steps" else 1):
-            raise UserError(f"{name}.{key} must be at least {0 if key == 'warmup_steps' else 1} (got {value})")
+        low = 0 if key in ("warmup_steps", "max_nonfinite_steps") else 1
+        if value is not None and value < low:
+            raise UserError(f"{name}.{key} must be at least {low} (got {value})")
     for key in ("tokens_per_param", "lr", "grad_clip"):
         value = getattr(obj, key, None)
         if value is not None and value <= 0:
@@ -192,7 +196,11 @@ def read_yaml(source: str) -> dict[str, Any]:
         else:
             raise UserError(f"no preset or file named {source!r}; `tango-lm presets` lists them")
     try:
-        data = parse_yaml(path.read_text()) or {}
+        data = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not text (not UTF-8); give a YAML file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""

@@ -79,8 +79,8 @@ def _check_place(out: Path) -> None:
                         "set train.out_dir to a directory outside it")
     base = _nearest_existing(out.absolute())
     if not os.access(base, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write to {base} (permission denied); make it writable or set "
-                        "train.out_dir to a writable directory")
+        raise UserError(f"cannot write to {base} (no permission, or a read-only file system); make it writable "
+                        "or set train.out_dir to a writable directory")
 
 
 def _check_contents(out: Path, resume: bool) -> None:
@@ -94,8 +94,8 @@ def _check_contents(out: Path, resume: bool) -> None:
                             "or set train.out_dir to a new directory")
     for target in [ckpt, *(out / name for name in _APPENDED)]:
         if target.exists() and not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
-            raise UserError(f"cannot write to {target} (permission denied); make it writable or set "
-                            "train.out_dir to another directory")
+            raise UserError(f"cannot write to {target} (no permission, or a read-only file system); make it "
+                            "writable or set train.out_dir to another directory")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -21,10 +22,11 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from tango_lm.config_checks import check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
@@ -47,6 +49,7 @@ from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
+from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 from tango_lm.train.run_dir import claim_run_dir
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib
@@ -98,6 +101,8 @@ class Trainer:
         self.dtype = autocast_dtype(cfg.precision, self.device)
         self.total_steps = run.total_steps()
 
+        check_fits_memory(run.model, self.device, self.dist.world_size if self.dist.parallel == "fsdp" else 1)
+        self.nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps)
         torch.manual_seed(cfg.seed)  # every process builds the same initial model
         self.model = build_model(run.model).to(self.device)
         self.model.set_activation_checkpointing(cfg.activation_checkpointing)
@@ -163,6 +168,7 @@ class Trainer:
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
+            self.nonfinite.load_state_dict(state.get("nonfinite", {}))
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint") from None
@@ -182,11 +188,14 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "best": {"step": self.best["step"], "dev_nll": float(self.best["dev_nll"])},
+            "nonfinite": self.nonfinite.state_dict(),
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
         """Write the step directory. Every process calls this; rank 0 writes the files, the
         COMPLETE marker and the rename once every rank's part is on disk."""
+        all_finite = distributed.mean_over_ranks(self.dist, float(not finite_weights(self.model))) == 0
+        check_weights(all_finite, self.step, self._latest())  # no checkpoint holds a NaN
         meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen}
         if self.dist.active:
             meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
@@ -283,15 +292,25 @@ class Trainer:
                     loss = self.step_fn(inputs, targets)
                 (loss / cfg.grad_accum).backward()
             total += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        with keep_inactive_columns(self.model, self.optimizer):
-            self.optimizer.step()
+        grad_norm = distributed.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
+        skip = self.nonfinite.skip(loss, grad_norm)  # both values are global: every rank decides alike
+        if not skip:
+            with keep_inactive_columns(self.model, self.optimizer):
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.set_active_segment(None)
         self.step += 1
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
-        self._last = {"lr": lr, "grad_norm": distributed.grad_norm_value(grad_norm)}
-        return distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
+        self._last = {"lr": lr, "grad_norm": grad_norm if math.isfinite(grad_norm) else None}
+        if skip:  # a skipped step still counts: its batch is consumed (train/nonfinite.py)
+            self._last["skipped"] = True
+            self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
+        return loss
+
+    def _latest(self) -> str:
+        steps = complete_steps(self.ckpt_root)
+        return f"checkpoint {steps[-1]}" if steps else "no checkpoint (none was written yet), so nothing"
 
     def fit(self) -> TrainResult:
         cfg = self.run.train
@@ -327,8 +346,9 @@ class Trainer:
             losses[self.step] = loss
             tokens_per_s = tokens_per_step / dt
             mfu, memory = self._mfu(tokens_per_s), peak_memory_mib(self.device)
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                self._log({"step": self.step, "loss": loss, "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s,
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps or "skipped" in self._last:
+                self._log({"step": self.step, "loss": loss if math.isfinite(loss) else None,
+                           "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s,
                            "mfu": mfu, "peak_memory_mib": memory, **self._last})
             is_last = self.step == self.total_steps
             if self.step % cfg.eval_every == 0 or is_last:
@@ -376,6 +396,7 @@ class Trainer:
             "params_non_embedding": params["non_embedding"],
             "steps": self.step,
             "tokens": self.tokens_seen,
+            "skipped_steps": self.nonfinite.skipped,
             "selected_step": selected,
             "best_dev_nll": self.best["dev_nll"],
             "test_nll": test_nll,
@@ -399,5 +420,8 @@ def train(run: RunConfig, resume: bool = False) -> TrainResult:
     try:
         with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
             return Trainer(run, resume=resume).fit()
+    except OSError as exc:  # a disk that filled up or a folder made read-only while training
+        raise UserError(f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
+                        "intact: fix that and continue with --resume") from None
     finally:
         distributed.teardown()

@@ -1,0 +1,69 @@
+"""What a `tango-lm` command prints when it fails: one line, `error: ...`, and nothing else.
+
+- Bad arguments (a missing option, a value of the wrong type) are a `UserError` like any other,
+  not argparse's usage block: `Parser.error` raises it, naming the `--help` to read.
+- Warnings a command raises (a torch UserWarning, say) are held back while it runs: printed when it
+  succeeds, dropped when it fails, so the error is the one line on stderr.
+- Progress bars are drawn on a terminal only: redirected to a file or a pipe, stderr gets no bars
+  (and nothing a failing command would have to take back).
+- The error line is one line: control characters in it (a newline in a file name) are escaped.
+- An OSError no other handler turned into a sentence (a full disk, an unreadable file) still gets
+  one line with its reason and path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+from tango_lm.errors import UserError
+
+__all__ = ["Parser", "one_line", "held_warnings", "progress_on_terminal_only"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one-line UserErrors (its subparsers inherit this class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog}: {message}; see `{self.prog} --help`")
+
+
+def one_line(message: str) -> str:
+    """`message` with control characters escaped (a newline becomes the two characters `\\n`)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
+@contextlib.contextmanager
+def held_warnings() -> Iterator[None]:
+    """Collect the warnings raised in the block and print them after it, unless it raised a UserError."""
+    failed = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            try:
+                yield
+            except UserError:
+                failed = True
+                raise
+    finally:
+        for w in [] if failed else caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def progress_on_terminal_only(args: Any) -> None:
+    """Commands with a `--no-progress` flag draw bars only when stderr is a terminal."""
+    if hasattr(args, "no_progress") and not _is_terminal(sys.stderr):
+        args.no_progress = True
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

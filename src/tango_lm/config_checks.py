@@ -1,0 +1,98 @@
+"""Numbers a config may hold: finite, in range, and a model whose training state fits in memory.
+
+All three are checked before anything is written:
+
+- every float field of every section is finite (`train.lr=.nan`, `model.init_std=.inf` are refused
+  when the value is read, in `models.config.check_type`);
+- the model's real-valued fields are in range (`MODEL_RANGES`: a norm epsilon, RoPE base or init
+  std of zero or below would divide by zero or produce NaN in the first forward);
+- the weights, gradients and AdamW's two moments (16 bytes per parameter in fp32; split over the
+  processes under FSDP) fit in the memory of the device that trains them (`check_fits_memory`),
+  so a mistyped width stops at once instead of swapping or dying in the allocator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from tango_lm.errors import UserError
+
+__all__ = ["MODEL_RANGES", "TRAIN_BYTES_PER_PARAM", "check_finite", "check_model_numbers", "check_fits_memory"]
+
+# field -> (lowest allowed value, whether the bound itself is allowed)
+MODEL_RANGES: dict[str, tuple[float, bool]] = {
+    "norm_eps": (0.0, False),
+    "rope_theta": (0.0, False),
+    "init_std": (0.0, False),
+    "gdn_expand_v": (0.0, False),
+    "capacity_factor_train": (0.0, False),
+    "capacity_factor_eval": (0.0, False),
+    "aux_loss_weight": (0.0, True),
+}
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW exp_avg + exp_avg_sq
+
+
+def check_finite(name: str, value: float | int) -> float:
+    """`value` as a finite float, or UserError naming the field."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise UserError(f"{name} must be a finite number (got {value!r}); give a value such as 1e-3")
+    return number
+
+
+def check_model_numbers(cfg: Any) -> None:
+    """UserError unless every field of `MODEL_RANGES` is in its range."""
+    for name, (low, inclusive) in MODEL_RANGES.items():
+        value = getattr(cfg, name)
+        if value < low or (value == low and not inclusive):
+            bound = f"at least {low:g}" if inclusive else f"above {low:g}"
+            raise UserError(f"model.{name} must be {bound} (got {value!r})")
+
+
+def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1) -> None:
+    """UserError when the model's training state cannot fit in `device`'s memory (`shards`
+    processes share it under FSDP); devices whose size is unknown are not checked."""
+    params = model_cfg.num_params()["total"]
+    need = params * TRAIN_BYTES_PER_PARAM / max(1, shards)
+    have, where = _device_memory(device)
+    if have is None or need <= have:
+        return
+    per = f" per process of {shards}" if shards > 1 else ""
+    raise UserError(
+        f"the model has {params:,} parameters: training keeps {TRAIN_BYTES_PER_PARAM} bytes per parameter (weights, "
+        f"gradients and AdamW's moments), {need / 2**30:,.1f} GiB{per}, more than the {have / 2**30:,.1f} GiB of {where}; "
+        "lower model.width, model.d_model or model.depth"
+    )
+
+
+def _device_memory(device: Any) -> tuple[int | None, str]:
+    kind = getattr(device, "type", str(device))
+    if kind == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).total_memory, f"GPU {index}"
+    if kind in ("cpu", "mps"):
+        return _host_memory(), "this machine's memory"
+    return None, kind
+
+
+def _host_memory() -> int | None:
+    """Physical memory, or the container's (cgroup) limit when that is lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(limit_file).read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total

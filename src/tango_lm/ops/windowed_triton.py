@@ -1,0 +1,256 @@
+"""Windowed TANGO's wide part as Triton kernels: the same contract as `_WindowedBandMix`
+(ops/windowed_mix.py), `y = (band average + prefix average) * u` from the small tensors of
+`band_weights` (ops/windowed.py) and the gate pre-activations a, u [B, T, F].
+
+Per head, with chunks of C positions, band weights Wb_i [C, 2C] (chunk i's destinations against
+the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, d_h], and g = silu(a):
+
+    avg_i = Wb_i[:, :C] g_{i-1} + Wb_i[:, C:] g_i + pq_i S_{i-2},    S_m = sum_{c <= m} pk_c^T g_c
+
+- `_forward_kernel`: one program per (column block, head) walks the chunks in order, carrying the
+  running sum S [d_h, column block] in registers and the previous chunk's gates, so no per-chunk
+  state is ever written (the composition keeps S for every chunk); SiLU on load, u in the epilogue.
+- `_band_backward_kernel`: one program per (chunk, head) contracts over the whole width for the
+  band weights' gradient, dWb_i = dgbar_i [g_{i-1}, g_i]^T.
+- `_backward_kernel`: one program per (column block, head) walks the chunks forward (S again,
+  for pq's gradient dgbar_i S_{i-2}^T) and then backward, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i
+  for the gates' gradient (own band, the next chunk's band, pk_c R_c) and pk's (g_c R_c^T); the
+  two gradients contracted over the width are accumulated atomically across column blocks.
+
+The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
+when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise. Tested against
+`windowed_mix_reference` in float64 under the interpreter (tests/test_triton_windowed.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tango_lm.ops.tango_mix_triton import DTYPES, INTERPRETED, _configs, _dot, _precision, _silu_f32
+
+_FORWARD_CONFIGS = _configs(("BLOCK_W",), [(64, 4, 2), (128, 4, 2), (128, 8, 2)])
+_BAND_CONFIGS = _configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
+_BACKWARD_CONFIGS = _configs(("BLOCK_W",), [(32, 4, 2), (64, 4, 2), (128, 8, 2)])
+_KEY = ["T", "W", "C", "D"]
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> bool:
+    """CUDA tensors (or CPU ones when interpreted); gates a, u of one dtype of `DTYPES`; q, k that
+    `band_weights` turns into fp32 weights (no float64); d_h <= 256."""
+    device_ok = a.is_cuda or (INTERPRETED and a.device.type == "cpu")
+    return (device_ok and a.dtype in DTYPES and u.dtype == a.dtype and torch.float64 not in (q.dtype, k.dtype)
+            and q.shape[-1] <= 256 and a.dim() == 3 and u.shape == a.shape)
+
+
+@triton.autotune(_FORWARD_CONFIGS, key=_KEY)
+@triton.jit
+def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.constexpr, PRECISION: tl.constexpr,
+                    BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    dt = A.dtype.element_ty
+    F = H * W
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    cols = h * W + offs_w
+    cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
+    cd = (offs_c[:, None] < C) & (offs_d[None, :] < D)
+    BH = tl.num_programs(1)
+    s = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)  # S_{i-2}
+    g_prev = tl.zeros([BLOCK_C, BLOCK_W], dt)
+    for i in range(0, N):
+        rows = i * C + offs_c
+        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
+        g = _silu_f32(tl.load(A + b * T * F + rows[:, None] * F + cols[None, :], mask=mask, other=0.0)).to(dt)
+        small = (i * BH + bh) * C  # first row of chunk i, batch b, head h in the [n, B, H, C, .] tensors
+        wb = WB + (small + offs_c[:, None]) * 2 * C + offs_c[None, :]
+        acc = _dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
+        acc += _dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
+        if i >= 2:
+            pq = tl.load(PQ + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
+            acc += _dot(pq.to(dt), s.to(dt), PRECISION)
+        if i >= 1:  # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
+            prev = ((i - 1) * BH + bh) * C
+            pkt = tl.load(PK + (prev + offs_c[None, :]) * D + offs_d[:, None],
+                          mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+            s += _dot(pkt.to(dt), g_prev, PRECISION)
+        out = b * T * F + rows[:, None] * F + cols[None, :]
+        if HAS_AVG:
+            tl.store(AVG + out, acc.to(dt), mask=mask)
+        u = tl.load(U + out, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + out, (acc * u).to(dt), mask=mask)
+        g_prev = g
+
+
+@triton.autotune(_BAND_CONFIGS, key=_KEY)
+@triton.jit
+def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constexpr, BLOCK_C: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+    i, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    dt = A.dtype.element_ty
+    F = H * W
+    offs_c = tl.arange(0, BLOCK_C)
+    rows = i * C + offs_c
+    prev_rows = rows - C
+    acc_prev = tl.zeros([BLOCK_C, BLOCK_C], tl.float32)
+    acc_cur = tl.zeros([BLOCK_C, BLOCK_C], tl.float32)
+    for start_w in range(0, W, BLOCK_W):
+        offs_w = start_w + tl.arange(0, BLOCK_W)
+        cols = h * W + offs_w
+        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
+        base = b * T * F + rows[:, None] * F + cols[None, :]
+        dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
+            tl.float32)
+        tmask = (offs_c[None, :] < C) & (rows[None, :] < T) & (offs_w[:, None] < W)
+        gt = _silu_f32(tl.load(A + b * T * F + rows[None, :] * F + cols[:, None], mask=tmask, other=0.0)).to(dt)
+        pmask = (offs_c[None, :] < C) & (prev_rows[None, :] >= 0) & (offs_w[:, None] < W)
+        gpt = _silu_f32(tl.load(A + b * T * F + prev_rows[None, :] * F + cols[:, None], mask=pmask, other=0.0)).to(dt)
+        acc_prev += _dot(dg.to(dt), gpt, PRECISION)
+        acc_cur += _dot(dg.to(dt), gt, PRECISION)
+    cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
+    out = DWB + ((i * tl.num_programs(1) + bh) * C + offs_c[:, None]) * 2 * C + offs_c[None, :]  # [n, B, H, C, 2C]
+    tl.store(out, acc_prev, mask=cc)
+    tl.store(out + C, acc_cur, mask=cc)
+
+
+@triton.autotune(_BACKWARD_CONFIGS, key=_KEY, reset_to_zero=["DPQ", "DPK"])
+@triton.jit
+def _backward_kernel(WB, PQ, PK, A, U, DY, AVG, DPQ, DPK, DA, DU, H, T, W, C, D, N, PRECISION: tl.constexpr,
+                     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    dt = A.dtype.element_ty
+    F = H * W
+    BH = tl.num_programs(1)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    cols = h * W + offs_w
+    cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
+    cd = (offs_c[:, None] < C) & (offs_d[None, :] < D)
+    # Forward sweep: pq's gradient dgbar_i S_{i-2}^T.
+    s = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
+    g_prev = tl.zeros([BLOCK_C, BLOCK_W], dt)
+    for i in range(0, N):
+        rows = i * C + offs_c
+        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
+        base = b * T * F + rows[:, None] * F + cols[None, :]
+        if i >= 2:
+            dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(
+                U + base, mask=mask, other=0.0).to(tl.float32)
+            dpq = _dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
+            tl.atomic_add(DPQ + ((i * BH + bh) * C + offs_c[:, None]) * D + offs_d[None, :], dpq, mask=cd)
+        if i >= 1:
+            pkt = tl.load(PK + (((i - 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
+                          mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+            s += _dot(pkt.to(dt), g_prev, PRECISION)
+        g_prev = _silu_f32(tl.load(A + base, mask=mask, other=0.0)).to(dt)
+    # Backward sweep over chunks c = N-1 .. 0, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i.
+    r = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
+    dg_next = tl.zeros([BLOCK_C, BLOCK_W], dt)  # dgbar_{c+1}
+    for j in range(0, N):
+        c = N - 1 - j
+        rows = c * C + offs_c
+        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
+        base = b * T * F + rows[:, None] * F + cols[None, :]
+        dy = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32)
+        dg = (dy * tl.load(U + base, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        small = (c * BH + bh) * C
+        wbt = WB + (small + offs_c[None, :]) * 2 * C + offs_c[:, None]  # transposed tile of Wb_c
+        grad = _dot(tl.load(wbt + C, mask=cc, other=0.0).to(dt), dg, PRECISION)
+        if c + 1 < N:
+            nbt = WB + (((c + 1) * BH + bh) * C + offs_c[None, :]) * 2 * C + offs_c[:, None]
+            grad += _dot(tl.load(nbt, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
+        a = tl.load(A + base, mask=mask, other=0.0).to(tl.float32)
+        if c + 2 < N:
+            pk = tl.load(PK + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
+            grad += _dot(pk.to(dt), r.to(dt), PRECISION)
+            g = (a / (1.0 + tl.exp(-a))).to(dt)
+            tl.atomic_add(DPK + (small + offs_c[:, None]) * D + offs_d[None, :],
+                          _dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd)
+        sig = 1.0 / (1.0 + tl.exp(-a))
+        tl.store(DA + base, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
+        avg = tl.load(AVG + base, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DU + base, (dy * avg).to(DU.dtype.element_ty), mask=mask)
+        if c + 1 < N:
+            if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}
+                pqt = tl.load(PQ + (((c + 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
+                              mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+                r += _dot(pqt.to(dt), dg_next, PRECISION)
+        dg_next = dg
+
+
+def _sizes(weights: torch.Tensor, pk: torch.Tensor, a: torch.Tensor) -> tuple:
+    n, bsz, h, c, _ = weights.shape
+    t, f = a.shape[1], a.shape[2]
+    d = pk.shape[-1]
+    return n, bsz, h, c, t, f // h, d, max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(d))
+
+
+@torch.library.custom_op("tango_lm::windowed_mix_triton_forward", mutates_args=())
+def _forward(weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor, u: torch.Tensor,
+             store_avg: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, the average when store_avg else an empty tensor); every input contiguous."""
+    n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
+    y = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    avg = torch.empty(a.shape, dtype=a.dtype, device=a.device) if store_avg else a.new_empty(0)
+    if y.numel():
+        _forward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
+            weights, prefix_q, pk, a, u, y, avg if store_avg else y, h, t, w, c, d, n, HAS_AVG=store_avg,
+            PRECISION=_precision(a.dtype), BLOCK_C=block_c, BLOCK_D=block_d)
+    return y, avg
+
+
+@_forward.register_fake
+def _forward_fake(weights, prefix_q, pk, a, u, store_avg):
+    return a.new_empty(a.shape), a.new_empty(a.shape) if store_avg else a.new_empty(0)
+
+
+@torch.library.custom_op("tango_lm::windowed_mix_triton_backward", mutates_args=())
+def _backward(dy: torch.Tensor, weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor,
+              u: torch.Tensor, avg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor]:
+    """(d weights, d prefix_q, d pk, da, du)."""
+    dy = dy.contiguous()
+    n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
+    d_weights = torch.zeros_like(weights)  # zero where no source or destination is
+    d_prefix_q, d_pk = torch.zeros_like(prefix_q), torch.zeros_like(pk)  # accumulated atomically
+    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    du = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    if da.numel():
+        prec = _precision(a.dtype)
+        _band_backward_kernel[(n, bsz * h)](a, u, dy, d_weights, h, t, w, c, d, n, PRECISION=prec, BLOCK_C=block_c)
+        _backward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
+            weights, prefix_q, pk, a, u, dy, avg, d_prefix_q, d_pk, da, du, h, t, w, c, d, n, PRECISION=prec,
+            BLOCK_C=block_c, BLOCK_D=block_d)
+    return d_weights, d_prefix_q, d_pk, da, du
+
+
+@_backward.register_fake
+def _backward_fake(dy, weights, prefix_q, pk, a, u, avg):
+    return (weights.new_empty(weights.shape), prefix_q.new_empty(prefix_q.shape), pk.new_empty(pk.shape),
+            a.new_empty(a.shape), a.new_empty(a.shape))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    weights, prefix_q, pk, a, u, _ = inputs
+    ctx.save_for_backward(weights, prefix_q, pk, a, u, output[1])
+
+
+def _autograd_backward(ctx, dy, _davg):
+    return (*_backward(dy, *ctx.saved_tensors), None)
+
+
+_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def windowed_band_mix_triton(weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor,
+                             u: torch.Tensor) -> torch.Tensor:
+    """`_WindowedBandMix.apply` on the Triton kernels (inputs must pass `supported`)."""
+    needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (weights, prefix_q, pk, a, u))
+    xs = (x.contiguous() for x in (weights, prefix_q, pk, a, u))
+    return _forward(*xs, needs_grad)[0]

@@ -1,0 +1,70 @@
+"""The Triton kernels of windowed TANGO's wide part (ops/windowed_triton.py) against the float64
+composition `windowed_mix_reference`: output and every gradient (through `band_weights` to the
+rotated and un-rotated q and k, and to a and u), at odd T with a partial last chunk, several chunks
+(so the running prefix sums carry across them), one chunk, in fp32 and bf16, NaN-filled buffers;
+the custom ops' registration. Interpreted on CPU tensors without a GPU (conftest.py), on CUDA with
+the `cuda` marker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+windowed_triton = pytest.importorskip("tango_lm.ops.windowed_triton", exc_type=ImportError,
+                                      reason="triton is not installed (pip install 'tango-lm[triton]')")
+
+from tango_lm.ops.windowed import band_weights  # noqa: E402
+from tango_lm.ops.windowed_mix import windowed_mix, windowed_mix_reference  # noqa: E402
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not windowed_triton.INTERPRETED,
+                                                 reason="CPU tensors need TRITON_INTERPRET=1")),
+    pytest.param("cuda", marks=pytest.mark.cuda),
+]
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+NAMES = ("y", "dq_rot", "dk_rot", "dq_raw", "dk_raw", "da", "du")
+
+
+def inputs(b, h, t, d, w, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype) for s in [(b, h, t, d)] * 4 + [(b, t, h * w)] * 2]
+    dy = torch.randn(b, t, h * w, generator=gen, dtype=torch.float64).to(dtype)
+    return [x.to(device).requires_grad_(True) for x in xs], dy.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("b", "h", "t", "d", "w", "window", "chunk", "dtype"), [
+    (2, 1, 29, 8, 11, 5, 6, torch.float32),     # 5 chunks, the last partial: prefix sums over 3 of them
+    (1, 2, 23, 16, 9, 4, 5, torch.bfloat16),
+    (1, 1, 7, 4, 5, 3, None, torch.float32),    # one chunk: the band alone
+])
+def test_triton_windowed_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, window, chunk,
+                                                                  dtype):
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
+    got = windowed_mix(*xs, window, "elu+1", chunk, kernels="triton")
+    got = (got, *torch.autograd.grad(got, xs, dy))
+    xs64 = [x.detach().cpu().double().requires_grad_(True) for x in xs]
+    want = windowed_mix_reference(*xs64, window, "elu+1", chunk)
+    want = (want, *torch.autograd.grad(want, xs64, dy.cpu().double()))
+    for g, ref, name in zip(got, want, NAMES, strict=True):
+        assert g.dtype == dtype and torch.isfinite(g).all(), name
+        err = (g.detach().cpu().double() - ref).abs().max() / ref.abs().max().clamp_min(1e-3)
+        assert err <= TOLERANCE[dtype], f"{name}: normalized error {err:.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_windowed_custom_op_registration(device):
+    xs, _ = inputs(1, 2, 11, 4, 3, torch.float32, device, seed=1)
+    weights, prefix_q, pk = (x.detach().contiguous() for x in band_weights(*xs[:4], 3, "elu+1", 4))
+    a, u = (x.detach() for x in xs[4:])
+    torch.library.opcheck(torch.ops.tango_lm.windowed_mix_triton_forward, (weights, prefix_q, pk, a, u, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_triton_windowed_dispatch():
+    xs, _ = inputs(1, 1, 5, 4, 3, torch.float32, "cpu")
+    assert windowed_triton.supported(*xs[:2], *xs[4:]) == windowed_triton.INTERPRETED
+    assert not windowed_triton.supported(xs[0].double(), xs[1], *xs[4:])  # band weights in float64
+    assert not windowed_triton.supported(*xs[:2], xs[4].double(), xs[5].double())
