@@ -28,6 +28,7 @@ from test_generate import check_cached_decoding
 from test_hf_export import check_round_trip
 from test_model import check_causal
 from test_params import check_param_count
+from test_static_decode import check_one_graph, check_static_decoding
 from test_train_everything import check_trains_through_the_cli, tiny_overrides
 from torch import nn
 
@@ -114,6 +115,11 @@ def test_causal(toy):
 
 def test_cached_decoding(toy):
     check_cached_decoding(arch_cases.tiny_config(toy))
+
+
+def test_static_decoding(toy):
+    check_static_decoding(arch_cases.tiny_config(toy))
+    check_one_graph(arch_cases.tiny_config(toy, depth=1))
 
 
 def test_activation_checkpointing_recomputes_the_same(toy, monkeypatch):

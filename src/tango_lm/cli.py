@@ -79,23 +79,45 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> None:
-    from tango_lm.models.matching import _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.matching import TIERS, _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.table3_range import non_embedding_range, paper_range
 
     target, d_model = parse_tier(args.tier, args.d_model)
-    rows = match_tier(target, d_model, args.depth, args.arch or None, vocab_size=args.vocab_size,
-                      context_length=args.context_length)
+    contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
+    fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
+    rows = match_tier(target, d_model, args.depth, args.arch or None, context_length=contexts[0], **fields)
+    gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
+    if gau:  # one GAU row per context length, together
+        more = [match_tier(target, d_model, args.depth, ["gau"], context_length=n, **fields)[0] for n in contexts[1:]]
+        rows[gau[0] + 1 : gau[0] + 1] = more
+        for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
+            row["context_length"] = n
     conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
     if conventional is not None and not args.arch:
         rows.append(_row(conventional, target, arch="conventional-untied"))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
+    # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
+    span = non_embedding_range(rows)
+    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and args.vocab_size == 50257
+    paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
+    if span is not None:
+        span["paper_millions"] = list(paper) if paper else None
     if args.json:
         _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
-                     "active_ratio": ratios})
+                     "non_embedding_range": span, "active_ratio": ratios})
         return
     columns = [("arch", "arch", ""), ("d_model", "d", "d"), ("n_heads", "heads", "d"), ("width", "width", "d"),
                ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
+    if len(contexts) > 1:
+        columns.insert(4, ("context_length", "n", "d"))
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
+    if span is not None:
+        line = (f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
+                f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})")
+        if span["paper_millions"]:
+            line += f"; the paper: {span['paper_millions'][0]:.3f}M to {span['paper_millions'][1]:.3f}M"
+        print(line)
     if ratios:
         print("\nactive-ratio geometries (seed 000 Table 9; 70M, depth 4)")
         print(_table(ratios, [("target_ratio", "F/d target", ""), ("realized_ratio", "F/d", ".3f"), *columns]))
@@ -126,6 +148,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
+    if args.windows is not None and args.windows < 1:
+        raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
@@ -157,6 +181,9 @@ def _eval_ppl(args: argparse.Namespace) -> None:
               f"step {res['step']})")
 
 
+SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tango_lm.sweep import load_grid, plan_rows, run_sweep
 
@@ -175,7 +202,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
         return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    if args.launcher == "slurm":
+        from tango_lm.sweep.launchers import slurm_settings, submit_sweep
+
+        rows = submit_sweep(grid, runs, slurm_settings(grid, slurm_flags), wait=args.wait, log=log)
+        if not args.wait:
+            if args.json:
+                _print_json(rows)
+            else:
+                print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
+                print(f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
+                      "summarizes finished runs")
+            return 0
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (["--wait"] if args.wait else [])
+        if given:
+            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
+        rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:
         _print_json(rows)
@@ -257,6 +301,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if i:
             print("-" * 40)
         print(prompt_text + text)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise UserError("tango-lm serve needs FastAPI and uvicorn; pip install 'tango-lm[serve]'")
+    from tango_lm.serve.server import serve
+
+    serve(args.checkpoint, host=args.host, port=args.port, model_name=args.model_name, device=args.device,
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, threads=args.threads)
 
 
 DEFAULT_NEW_TOKENS = 64
@@ -490,7 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=50257)
-    s.add_argument("--context-length", type=int, default=1024)
+    s.add_argument("--context-length", type=int, nargs="+", default=[1024],
+                   help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)")
+    s.add_argument("--gau-norm", choices=("rmsnorm", "layernorm"), default="rmsnorm",
+                   help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)")
     s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_match)
@@ -526,6 +584,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
     s.add_argument("--only", action="append", metavar="PATTERN",
                    help="only runs whose name matches (glob, or substring; repeatable)")
+    s.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)")
+    s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
+    s.add_argument("--account", default=None, help="slurm: account to charge")
+    s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
+    s.add_argument("--time", default=None, help="slurm: time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)")
+    s.add_argument("--array-parallelism", type=int, default=None, help="slurm: jobs of the array running at once")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
+    s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
+    s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_sweep)
@@ -554,6 +622,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="serve a checkpoint over HTTP with the OpenAI completions API")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
+    s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
+    s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
+    s.add_argument("--batch-wait-ms", type=float, default=20.0,
+                   help="how long the first request of a batch waits for others to arrive")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
+    s.add_argument("--device", default="auto")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")

@@ -53,11 +53,11 @@ class ShortConvolution(nn.Module):
         if state is None:
             window = F.pad(x, (0, 0, keep, 0))
         else:
-            prev = state.extra.get(name)
+            prev = state.read(name)
             if prev is None:
                 prev = x.new_zeros(x.shape[0], keep, x.shape[2])
             window = torch.cat([prev, x], dim=1)
-            state.extra[name] = window[:, window.shape[1] - keep :].detach() if keep else window[:, :0]
+            state.write(name, window[:, window.shape[1] - keep :].detach() if keep else window[:, :0])
         return F.conv1d(window.transpose(1, 2), self.weight, groups=x.shape[-1]).transpose(1, 2)
 
 
@@ -109,10 +109,10 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(h).to(wide)).transpose(1, 2)  # [B, H, T]
         log_alpha = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(h).to(wide) + self.dt_bias.to(wide))
         log_alpha = log_alpha.transpose(1, 2)
-        s0 = state.extra.get("S") if state is not None else None
+        s0 = state.read("S") if state is not None else None
         o, s = gated_delta_rule(q, k, v, beta, log_alpha, s0, self.chunk, self.backend if state is None else "torch")
         if state is not None:
-            state.extra["S"] = s.detach()
+            state.write("S", s.detach())
         gate = split_heads(F.silu(self.g_proj(h)), self.n_heads)
         return self.o_proj(merge_heads(self.o_norm(o) * gate))
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.norm import LayerNorm, RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.causal_matmul import causal_matmul
 from tango_lm.serve.cache import LayerState
@@ -32,22 +32,25 @@ def offset_scale(z: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> to
 
 
 def relu2_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor, scale: float,
+    position: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal squared-ReLU attention with a relative-position bias.
 
     q [..., T, s], k [..., S, s], v [..., S, e] -> [..., T, e]; the queries are the last T of the S
-    positions (S == T in a full forward, S > T when decoding). `rel_bias` has 2L - 1 entries, the
-    one for offset t - j at index t - j + L - 1; it covers every offset when S <= L.
+    positions (S == T in a full forward, S > T when decoding), or, with `position` [1] (a static
+    decode step over a full buffer), one query at that index of the S. `rel_bias` has 2L - 1
+    entries, the one for offset t - j at index t - j + L - 1; it covers every offset when S <= L.
     """
     t, s = q.shape[-2], k.shape[-2]
     half = (rel_bias.shape[0] + 1) // 2
     if s > half:
         raise ValueError(f"{s} positions exceed the relative bias's range of {half}")
-    offset = torch.arange(s - t, s, device=q.device)[:, None] - torch.arange(s, device=q.device)[None, :]
-    scores = (q @ k.transpose(-1, -2)) * scale + rel_bias[offset + half - 1].to(q.dtype)
+    rows = torch.arange(s - t, s, device=q.device) if position is None else position
+    offset = rows[:, None] - torch.arange(s, device=q.device)[None, :]
+    scores = (q @ k.transpose(-1, -2)) * scale + rel_bias[(offset + half - 1).clamp_min(0)].to(q.dtype)
     kernel = F.relu(scores).square()
-    if s == t:  # a full forward: the product skips the blocks above the diagonal, masking as it goes
+    if s == t and position is None:  # a full forward: the product skips the blocks above the diagonal
         return causal_matmul(kernel, v)
     return kernel.masked_fill(offset < 0, 0.0) @ v
 
@@ -61,11 +64,21 @@ class GatedUnit(nn.Module):
     (`scale_offset`, with Adam the small gamma grows within the first steps)."""
 
     def __init__(
-        self, d_model: int, width: int, qk_dim: int, n_offsets: int, bias_range: int, eps: float, init_std: float
+        self,
+        d_model: int,
+        width: int,
+        qk_dim: int,
+        n_offsets: int,
+        bias_range: int,
+        eps: float,
+        init_std: float,
+        norm: str = "rmsnorm",
     ) -> None:
         super().__init__()
         self.width = width
-        self.norm = RMSNorm(d_model, eps)
+        # design.md §2.7's RMSNorm, or a LayerNorm with a bias (+d per layer: seed 000 Table 3's
+        # non-embedding ranges come closer; docs/table3-ranges.md).
+        self.norm = LayerNorm(d_model, eps) if norm == "layernorm" else RMSNorm(d_model, eps)
         self.uv_proj = nn.Linear(d_model, 2 * width)  # [U | V]
         self.z_proj = nn.Linear(d_model, qk_dim)  # the shared query/key base Z
         self.gamma = nn.Parameter(torch.empty(n_offsets, qk_dim).normal_(std=init_std))
@@ -93,16 +106,25 @@ class GatedUnit(nn.Module):
 
 class GAULayer(GatedUnit):
     """One GAU layer: full causal relu^2 attention scaled by 1/n, relative bias over 2n - 1 offsets.
-    Parameters: 3de + 2e + ds + s + 4s + d + d + (2n - 1). Decoding caches K and V."""
+    Parameters: 3de + 2e + ds + s + 4s + d + d + (2n - 1) (+ d with `norm="layernorm"`).
+    Decoding caches K and V."""
 
     def __init__(
-        self, d_model: int, width: int, qk_dim: int, context_length: int, eps: float = 1e-6, init_std: float = 0.02
+        self,
+        d_model: int,
+        width: int,
+        qk_dim: int,
+        context_length: int,
+        eps: float = 1e-6,
+        init_std: float = 0.02,
+        norm: str = "rmsnorm",
     ) -> None:
-        super().__init__(d_model, width, qk_dim, 2, context_length, eps, init_std)
+        super().__init__(d_model, width, qk_dim, 2, context_length, eps, init_std, norm)
         self.scale = 1.0 / context_length
 
     def mix(self, base: torch.Tensor, v: torch.Tensor, state: LayerState | None) -> torch.Tensor:
         q, k = base.unbind(1)
         if state is not None:  # decoding: the new queries see every cached key and value
             k, v = state.append("k", k), state.append("v", v)
-        return relu2_attention(q, k, v, self.rel_bias, self.scale)
+        position = state.position if state is not None else None  # static steps: the whole buffer
+        return relu2_attention(q, k, v, self.rel_bias, self.scale, position)

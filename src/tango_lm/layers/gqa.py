@@ -56,7 +56,8 @@ class GroupedQueryAttention(nn.Module):
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+        mask = state.key_mask() if state is not None else None
+        return self.o_proj(merge_heads(causal_attention(q, k, v, mask)))
 
 
 def dense_block(d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, width: int, eps: float) -> PreNormBlock:

@@ -35,7 +35,8 @@ class CausalSelfAttention(nn.Module):
         v = split_heads(self.v_proj(h), self.n_heads)
         if state is not None:  # decoding: attend over everything cached for this application
             k, v = state.append("k", k), state.append("v", v)
-        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+        mask = state.key_mask() if state is not None else None
+        return self.o_proj(merge_heads(causal_attention(q, k, v, mask)))
 
 
 class SwiGLU(nn.Module):

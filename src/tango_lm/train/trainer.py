@@ -9,6 +9,7 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -325,11 +326,15 @@ class Trainer:
             self.loggers = open_loggers(cfg.loggers, self._log_context())
             self.peak_flops = matmul_peak(self.device, self.dtype)
         try:
-            return self._fit()
-        finally:
-            if self.loggers:
-                close_loggers(self.loggers)
-            self.loggers = None
+            result = self._fit()
+        except BaseException:
+            loggers, self.loggers = self.loggers or [], None
+            with contextlib.suppress(Exception):  # the error that stopped training is the one to report
+                close_loggers(loggers)
+            raise
+        loggers, self.loggers = self.loggers or [], None
+        close_loggers(loggers)
+        return result
 
     def _fit(self) -> TrainResult:
         cfg = self.run.train
