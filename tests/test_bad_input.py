@@ -161,6 +161,8 @@ BAD = {
                                               "--vocab-size", "300", "--out", str(c.tmp / "tok.json"),
                                               "--max-docs", "-1"],
     "verify_missing_dataset": lambda c: ["data", "verify", str(c.tmp / "nothing-here")],
+    "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
+    "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
     # loggers, serve, sweep launchers
     "logger_unknown": lambda c: c.train("train.loggers=[jsonl,mlflow]"),
     "loggers_without_jsonl": lambda c: c.train("train.loggers=[tensorboard]"),
@@ -229,6 +231,8 @@ EXPECT = {
     "empty_input": "the input holds no train documents (empty or whitespace-only), so no dataset was written",
     "warning_before_error": "unknown architecture 'nope'",
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
+    "eval_negative_windows": "--windows must be at least 1 (got -1)",
+    "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
 }
 
 

@@ -24,7 +24,7 @@ from tango_lm.ops import windowed_mix as windowed_mix_module
 pytestmark = pytest.mark.cuda
 CASES = ([(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
          + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
-         + [("tango", "standard", 8), ("tango-3set", "standard", 8)])  # rotating narrow width: 8 of 12 columns per head
+         + [(arch, "standard", 8) for arch in ("tango", "tango-3set", "tango-windowed")])  # rotating width: 8 of 12 per head
 TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed")
 
 

@@ -84,6 +84,14 @@ def test_example_grids_load():
     assert tokens == {"70M": 20 * 70_000_000, "160M": 20 * 160_000_000}
 
 
+def test_shipped_grids_use_the_papers_seed_pairs():
+    # Seed 000 Table 13: model seed / data-order seed 17/101, 23/103 and 41/107.
+    paper = [(17, 101), (23, 103), (41, 107)]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        pairs = list(dict.fromkeys(tuple(r.labels["seed"]) for r in load_grid(path, check_data=False).runs))
+        assert pairs == paper[: len(pairs)], path.name
+
+
 MALFORMED = {
     "unknown_axis": ({"colour": ["red"]}, "unknown axis 'colour'"),
     "bad_type": ({"depth": ["two"]}, "takes positive integers"),

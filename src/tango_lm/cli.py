@@ -79,23 +79,45 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> None:
-    from tango_lm.models.matching import _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.matching import TIERS, _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.table3_range import non_embedding_range, paper_range
 
     target, d_model = parse_tier(args.tier, args.d_model)
-    rows = match_tier(target, d_model, args.depth, args.arch or None, vocab_size=args.vocab_size,
-                      context_length=args.context_length)
+    contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
+    fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
+    rows = match_tier(target, d_model, args.depth, args.arch or None, context_length=contexts[0], **fields)
+    gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
+    if gau:  # one GAU row per context length, together
+        more = [match_tier(target, d_model, args.depth, ["gau"], context_length=n, **fields)[0] for n in contexts[1:]]
+        rows[gau[0] + 1 : gau[0] + 1] = more
+        for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
+            row["context_length"] = n
     conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
     if conventional is not None and not args.arch:
         rows.append(_row(conventional, target, arch="conventional-untied"))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
+    # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
+    span = non_embedding_range(rows)
+    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and args.vocab_size == 50257
+    paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
+    if span is not None:
+        span["paper_millions"] = list(paper) if paper else None
     if args.json:
         _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
-                     "active_ratio": ratios})
+                     "non_embedding_range": span, "active_ratio": ratios})
         return
     columns = [("arch", "arch", ""), ("d_model", "d", "d"), ("n_heads", "heads", "d"), ("width", "width", "d"),
                ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
+    if len(contexts) > 1:
+        columns.insert(4, ("context_length", "n", "d"))
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
+    if span is not None:
+        line = (f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
+                f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})")
+        if span["paper_millions"]:
+            line += f"; the paper: {span['paper_millions'][0]:.3f}M to {span['paper_millions'][1]:.3f}M"
+        print(line)
     if ratios:
         print("\nactive-ratio geometries (seed 000 Table 9; 70M, depth 4)")
         print(_table(ratios, [("target_ratio", "F/d target", ""), ("realized_ratio", "F/d", ".3f"), *columns]))
@@ -126,6 +148,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
+    if args.windows is not None and args.windows < 1:
+        raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
@@ -518,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=50257)
-    s.add_argument("--context-length", type=int, default=1024)
+    s.add_argument("--context-length", type=int, nargs="+", default=[1024],
+                   help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)")
+    s.add_argument("--gau-norm", choices=("rmsnorm", "layernorm"), default="rmsnorm",
+                   help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)")
     s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_match)

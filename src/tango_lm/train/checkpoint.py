@@ -136,6 +136,8 @@ def write_failed(ckpt_root: Path, step: int, exc: BaseException) -> UserError:
     """The error of a save that failed (a full disk, a folder made read-only): one line, what to do."""
     text = str(exc).strip()
     reason = getattr(exc, "strerror", None) or (text.splitlines()[0][:200] if text else type(exc).__name__)
+    with contextlib.suppress(OSError):  # torch.save says only "unexpected pos 576 vs 534" when the disk is full
+        reason += f"; {shutil.disk_usage(ckpt_root).free / 2**20:,.1f} MiB free there"
     return UserError(f"cannot write checkpoint {step_dir_name(step)} in {ckpt_root} ({reason}); the partial copy was "
                      "removed and earlier checkpoints are intact: free disk space or fix the folder's permissions, "
                      "then continue with --resume")
@@ -160,10 +162,11 @@ def finish_checkpoint(
 ) -> Path:
     """Write the rest of a step directory begun by `begin_checkpoint` (weights unless it holds
     shards), mark it complete and rename it into place; return its final path. When a write fails
-    (OSError) the temporary directory is removed and a UserError raised; earlier steps stay."""
+    (a full disk, whichever writer finds it) the temporary directory is removed and a UserError
+    raised; earlier steps stay."""
     try:
         return _finish(tmp, step, model_state, train_state, config, tokenizer, meta)
-    except OSError as exc:
+    except (OSError, SafetensorError, RuntimeError) as exc:  # safetensors and torch.save report a full disk so
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_failed(tmp.parent, step, exc) from None
 
