@@ -178,6 +178,20 @@ def test_greedy_generate_equals_tango_generate_with_and_without_cache(transforme
     check_round_trip(transformers, tmp_path, arch, **changes)
 
 
+def test_generate_on_static_steps_is_the_same(transformers, byte_export, monkeypatch):
+    # What runs on CUDA (CUDA graphs there): static decode steps after the prompt, here run eagerly.
+    import tango_lm.serve.static_decode as static_decode
+
+    hf = load_hf(transformers, byte_export[1])
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    greedy = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": None}
+    beams = {"max_new_tokens": 6, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+    want = [hf.generate(prompt, **greedy).tolist(), hf.generate(prompt, **beams).tolist()]
+    monkeypatch.setattr(static_decode, "default_mode", lambda device: "eager")
+    assert [hf.generate(prompt, **greedy).tolist(), hf.generate(prompt, **beams).tolist()] == want
+    assert hf.model._static_decoders  # the static decoder ran
+
+
 def test_cached_forward_steps_reproduce_the_full_forward(transformers, byte_export):
     _, out = byte_export
     hf = load_hf(transformers, out)

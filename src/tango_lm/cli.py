@@ -195,12 +195,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = plan_rows(grid, runs)
         if args.json:
             _print_json(rows)
-            return
+            return 0
         print(_table(rows, [("run", "run", ""), ("state", "state", ""), ("width", "width", ""),
                             ("params", "params", ",d"), ("steps", "steps", ",d"), ("tokens", "tokens", ",d"),
                             ("note", "note", "")]))
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
-        return
+        return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
     slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
     if args.launcher == "slurm":
@@ -451,11 +451,14 @@ def _prepare_options(p: argparse.ArgumentParser) -> None:
 
 def _add_source_parsers(dsrc: Any) -> None:
     """`data prepare` sources other than dmmath (tango_lm.data.sources, lean, mixture)."""
+    from tango_lm.data.sources import DEFAULT_EXTS
+
     inputs_help = "files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with " \
                   "train*/validation*/test* entries keeps its splits"
-    for name, help_text, ext in (("text", "plain-text files (one document per file)", ".txt"),
-                                 ("jsonl", "JSON Lines files, one document per line", ".jsonl, .jsonl.gz, .json"),
-                                 ("parquet", "Parquet files, read in row batches", ".parquet")):
+    for name, help_text in (("text", "plain-text files (one document per file)"),
+                            ("jsonl", "JSON Lines files, one document per line"),
+                            ("parquet", "Parquet files, read in row batches")):
+        ext = ", ".join(DEFAULT_EXTS[name])
         t = dsrc.add_parser(name, help=help_text)
         t.add_argument("inputs", nargs="+", help=inputs_help)
         _prepare_options(t)

@@ -65,7 +65,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--decode-batches", type=_ints, default=(1, 8))
     g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
-    g.add_argument("--head-backbone", default="dense", help="architecture under the heads (decode suite)")
+    g.add_argument("--head-backbone", default="dense",
+                   help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)")
+    g.add_argument("--decode-tier", choices=("70m", "160m"), default=None,
+                   help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
+                        "at --d-model")
     g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
     g = s.add_argument_group("windowed suite")
     g.add_argument("--window", type=int, default=64)
@@ -183,7 +187,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,
                 vocab_size=args.vocab_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                 batches=args.decode_batches, repeats=args.repeats, head_backbone=args.head_backbone,
-                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show)
+                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show,
+                static=args.compile, tier=args.decode_tier)
         elif suite == "windowed":
             out["windowed"] = run_windowed(args, show)
         elif suite == "memory":

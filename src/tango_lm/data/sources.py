@@ -64,8 +64,7 @@ SPLITS = ("train", "dev", "test")
 SPLIT_ALIASES = {"train": "train", "dev": "dev", "validation": "dev", "valid": "dev", "val": "dev", "test": "test"}
 # Sources `prepare_source` knows (mixtures and Lean live in their own modules).
 SOURCE_NAMES = ("text", "jsonl", "parquet", "code", "lean", "hf", "mixture")
-DEFAULT_EXTS = {"text": (".txt",), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",),
-                "code": (".py",), "lean": (".lean",)}
+DEFAULT_EXTS = {"text": (".txt",), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)}
 # Always skipped in code trees (installed packages are not the tree's own code), and tests unless asked.
 CODE_ALWAYS_EXCLUDED = ("site-packages", "dist-packages", "__pycache__", "node_modules")
 CODE_TEST_DIRS = ("test", "tests")
