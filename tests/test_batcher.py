@@ -128,3 +128,25 @@ def test_serve_errors_are_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else find_spec(name, *a))
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert "pip install 'tango-lm[serve]'" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_onona_requests_at_temperature_1_sample_with_one_projection(monkeypatch):
+    """The server's untruncated temperature-1 rows go through the head's one-projection sampler
+    (generate's exact path), and with a seed give generate's samples."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", head="onona", d_model=16, head_dim=8, width=16, depth=1,
+                                    vocab_size=257, context_length=32))
+    calls = []
+    real = type(model.head).sample
+    monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or real(self, *a))
+    events: list = []
+    job = Job(prompt=[97, 98], n=3, max_tokens=5, temperature=1.0, top_p=None, stop=[], seed=11, emit=events.append)
+    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    batcher.waiting = [job]
+    batcher._decode(batcher._take_batch())
+    assert calls  # the one-projection sampler drew the tokens
+    want = generate(model, torch.tensor([job.prompt] * 3), 5, temperature=1.0, seed=11)[:, 2:].tolist()
+    for row in range(3):
+        text = "".join(e[2] for e in events if e[0] == "text" and e[1] == row)
+        ids = want[row][: want[row].index(BYTES.eot_id)] if BYTES.eot_id in want[row] else want[row]
+        assert text == BYTES.decode(ids)

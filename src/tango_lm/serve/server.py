@@ -120,7 +120,8 @@ def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batc
         jobs = []
         for p, ids in enumerate(prompts):
             def emit(event: tuple, p: int = p) -> None:  # called by the batcher thread
-                loop.call_soon_threadsafe(events.put_nowait, (p, *event))
+                if not loop.is_closed():  # a server shutting down has no one left to answer
+                    loop.call_soon_threadsafe(events.put_nowait, (p, *event))
 
             jobs.append(Job(prompt=ids, emit=emit, **settings))
         for job in jobs:
