@@ -86,7 +86,11 @@ def rotate(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
 def naive_layer(layer: GAULayer | FlashLayer, x: torch.Tensor, context: int, theta: float = 10000.0) -> torch.Tensor:
     """One GAU / FLASH layer, one destination and one source at a time (docs/design.md §2.7)."""
     e = layer.width
-    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * layer.norm.weight
+    if hasattr(layer.norm, "bias"):  # gau_norm: layernorm, (x - mean) / std * weight + bias
+        c = x - x.mean(-1, keepdim=True)
+        h = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * layer.norm.weight + layer.norm.bias
+    else:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + layer.norm.eps) * layer.norm.weight
     uv = F.silu(h @ layer.uv_proj.weight.T + layer.uv_proj.bias)
     u, v = uv[..., :e], uv[..., e:]
     z = F.silu(h @ layer.z_proj.weight.T + layer.z_proj.bias)
@@ -113,26 +117,28 @@ def naive_layer(layer: GAULayer | FlashLayer, x: torch.Tensor, context: int, the
     return torch.stack(rows, 1)
 
 
-def make_layer(kind: str, context: int, group: int = 4) -> GAULayer | FlashLayer:
+def make_layer(kind: str, context: int, group: int = 4, norm: str = "rmsnorm") -> GAULayer | FlashLayer:
     torch.manual_seed(1)
     if kind == "gau":
-        layer = GAULayer(12, 10, 6, context)
+        layer = GAULayer(12, 10, 6, context, norm=norm)
     else:
-        layer = FlashLayer(12, 10, 6, group, context)
+        layer = FlashLayer(12, 10, 6, group, context, norm=norm)
     return randomize(layer.double(), seed=2)
 
 
 @pytest.mark.parametrize(
-    ("kind", "t", "group", "block"),
-    [("gau", 13, 0, None), ("gau", 1, 0, None), ("flash", 13, 4, None), ("flash", 3, 4, None), ("flash", 12, 4, None),
-     ("flash", 11, 1, None), ("gau", 13, 0, 4), ("flash", 15, 8, 3)],
+    ("kind", "t", "group", "block", "norm"),
+    [("gau", 13, 0, None, "rmsnorm"), ("gau", 1, 0, None, "rmsnorm"), ("flash", 13, 4, None, "rmsnorm"),
+     ("flash", 3, 4, None, "rmsnorm"), ("flash", 12, 4, None, "rmsnorm"), ("flash", 11, 1, None, "rmsnorm"),
+     ("gau", 13, 0, 4, "rmsnorm"), ("flash", 15, 8, 3, "rmsnorm"),
+     ("gau", 13, 0, None, "layernorm"), ("flash", 13, 4, None, "layernorm")],  # docs/table3-ranges.md
 )
-def test_layer_matches_naive_reference(monkeypatch, kind, t, group, block):
+def test_layer_matches_naive_reference(monkeypatch, kind, t, group, block, norm):
     # block: blocks of the causal product short enough that the blocked CPU op runs (ops/causal_matmul.py)
     if block is not None:
         monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", block)
     context = 16
-    layer = make_layer(kind, context, group)
+    layer = make_layer(kind, context, group, norm)
     x = torch.randn(2, t, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(t), requires_grad=True)
     out = layer(x, rope_tables(t, 6, 10000.0, x.device, dtype=x.dtype))
     ref = naive_layer(layer, x, context)
@@ -216,25 +222,28 @@ def test_bf16_autocast_forward_runs():
 # -- configs, parameters, FLOPs and matching --------------------------------------------------
 
 
-def spec_params(arch: str, d: int, e: int, s: int, depth: int, n: int, g: int) -> int:
-    """docs/design.md §2.7 per-layer formulas, written out, times depth, plus the final norm."""
+def spec_params(arch: str, d: int, e: int, s: int, depth: int, n: int, g: int, norm: str = "rmsnorm") -> int:
+    """docs/design.md §2.7 per-layer formulas, written out, times depth, plus the final norm (a
+    LayerNorm has a bias too: + d per layer)."""
     if arch == "gau":
         layer = 3 * d * e + 2 * e + d * s + s + 4 * s + d + d + (2 * n - 1)
     else:
         layer = 3 * d * e + 2 * e + d * s + s + 8 * s + d + d + (2 * g - 1)
-    return depth * layer + d
+    return depth * (layer + (d if norm == "layernorm" else 0)) + d
 
 
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("arch", ["gau", "flash"])
 @pytest.mark.parametrize(("d", "e", "s", "depth", "n", "g"), [(16, 24, 8, 1, 10, 3), (32, 48, 4, 3, 7, 16)])
-def test_formula_equals_numel(arch, d, e, s, depth, n, g):
+def test_formula_equals_numel(arch, d, e, s, depth, n, g, norm):
     cfg = ModelConfig(
-        arch=arch, d_model=d, head_dim=8, width=e, qk_dim=s, group_size=g, depth=depth, vocab_size=29, context_length=n
+        arch=arch, d_model=d, head_dim=8, width=e, qk_dim=s, group_size=g, depth=depth, vocab_size=29, context_length=n,
+        gau_norm=norm,
     )
     model = build_model(cfg)
     non_emb = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("head."))
     counts = count_params(cfg)
-    assert counts["non_embedding"] == non_emb == spec_params(arch, d, e, s, depth, n, g)
+    assert counts["non_embedding"] == non_emb == spec_params(arch, d, e, s, depth, n, g, norm)
     assert counts["total"] == sum(p.numel() for p in model.parameters()) == non_emb + 29 * d
     names = {
         name.split(".")[-1] if name.endswith(("gamma", "beta", "rel_bias")) else name.split(".")[-2]
@@ -256,6 +265,7 @@ def test_spec_check_number_flash():
         ({"arch": "gau", "qk_dim": 7}, "qk_dim"),
         ({"arch": "flash", "qk_dim": 0}, "qk_dim"),
         ({"arch": "flash", "group_size": 0}, "group_size"),
+        ({"arch": "gau", "gau_norm": "scalenorm"}, "unknown model.gau_norm 'scalenorm' for GAU/FLASH; choose one of"),
     ],
 )
 def test_bad_configs_are_user_errors(fields, match):

@@ -16,7 +16,7 @@ import helpers
 import pytest
 import yaml
 
-from tango_lm.cli import main
+from tango_lm.cli import main, parse_args
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
 from tango_lm.sweep import load_grid, run_sweep
@@ -84,6 +84,14 @@ def test_example_grids_load():
     assert tokens == {"70M": 20 * 70_000_000, "160M": 20 * 160_000_000}
 
 
+def test_shipped_grids_use_the_papers_seed_pairs():
+    # Seed 000 Table 13: model seed / data-order seed 17/101, 23/103 and 41/107.
+    paper = [(17, 101), (23, 103), (41, 107)]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        pairs = list(dict.fromkeys(tuple(r.labels["seed"]) for r in load_grid(path, check_data=False).runs))
+        assert pairs == paper[: len(pairs)], path.name
+
+
 MALFORMED = {
     "unknown_axis": ({"colour": ["red"]}, "unknown axis 'colour'"),
     "bad_type": ({"depth": ["two"]}, "takes positive integers"),
@@ -136,6 +144,9 @@ def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):
     assert main(["sweep", str(path), "--dry-run", "--only", "*/arch=gau"]) == 0
     out = capsys.readouterr().out
     assert "depth=2/arch=gau" in out and "arch=tango" not in out and "2 runs" in out
+    for extra in ([], ["--json"]):  # the command itself says success (main does not paper over a None)
+        args = parse_args(["sweep", str(path), "--dry-run", *extra])
+        assert args.func(args) == 0
     assert not (tmp_path / "sweep").exists()
 
 

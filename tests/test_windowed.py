@@ -403,6 +403,7 @@ def narrow_reference(block: WindowedTangoBlock, x: torch.Tensor, rope, cols: tor
     return x + (merge_heads(avg) * u) @ block.down_proj.weight[:, cols].T
 
 
+@pytest.mark.usefixtures("one_thread")  # tiny tensors: threads only contend
 @pytest.mark.parametrize("mix", ["fused", "composition"])
 def test_rotating_segment_matches_reference_on_active_columns(monkeypatch, mix):
     # 3 heads of F/H = 13 columns, K = 5: segments [0,5) [5,10) [10,13) of each head; T = 37 with

@@ -25,7 +25,7 @@ from tango_lm.serve.cache import LayerState
 
 
 class FlashLayer(GatedUnit):
-    """One FLASH layer. Parameters: 3de + 2e + ds + s + 8s + d + d + (2g - 1).
+    """One FLASH layer. Parameters: 3de + 2e + ds + s + 8s + d + d + (2g - 1) (+ d with a LayerNorm).
 
     Decoding keeps, per layer, the current (incomplete) group's quad keys, values and lin keys and
     the running `sum lin_k^T V` over completed groups: memory O(g (s + e) + s e), not O(T)."""
@@ -39,8 +39,9 @@ class FlashLayer(GatedUnit):
         context_length: int,
         eps: float = 1e-6,
         init_std: float = 0.02,
+        norm: str = "rmsnorm",
     ) -> None:
-        super().__init__(d_model, width, qk_dim, 4, group_size, eps, init_std)
+        super().__init__(d_model, width, qk_dim, 4, group_size, eps, init_std, norm)
         self.group_size = group_size
         self.quad_scale = 1.0 / group_size
         self.lin_scale = 1.0 / context_length

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.norm import LayerNorm, RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.causal_matmul import causal_matmul
 from tango_lm.serve.cache import LayerState
@@ -64,11 +64,21 @@ class GatedUnit(nn.Module):
     (`scale_offset`, with Adam the small gamma grows within the first steps)."""
 
     def __init__(
-        self, d_model: int, width: int, qk_dim: int, n_offsets: int, bias_range: int, eps: float, init_std: float
+        self,
+        d_model: int,
+        width: int,
+        qk_dim: int,
+        n_offsets: int,
+        bias_range: int,
+        eps: float,
+        init_std: float,
+        norm: str = "rmsnorm",
     ) -> None:
         super().__init__()
         self.width = width
-        self.norm = RMSNorm(d_model, eps)
+        # design.md §2.7's RMSNorm, or a LayerNorm with a bias (+d per layer: seed 000 Table 3's
+        # non-embedding ranges come closer; docs/table3-ranges.md).
+        self.norm = LayerNorm(d_model, eps) if norm == "layernorm" else RMSNorm(d_model, eps)
         self.uv_proj = nn.Linear(d_model, 2 * width)  # [U | V]
         self.z_proj = nn.Linear(d_model, qk_dim)  # the shared query/key base Z
         self.gamma = nn.Parameter(torch.empty(n_offsets, qk_dim).normal_(std=init_std))
@@ -96,12 +106,20 @@ class GatedUnit(nn.Module):
 
 class GAULayer(GatedUnit):
     """One GAU layer: full causal relu^2 attention scaled by 1/n, relative bias over 2n - 1 offsets.
-    Parameters: 3de + 2e + ds + s + 4s + d + d + (2n - 1). Decoding caches K and V."""
+    Parameters: 3de + 2e + ds + s + 4s + d + d + (2n - 1) (+ d with `norm="layernorm"`).
+    Decoding caches K and V."""
 
     def __init__(
-        self, d_model: int, width: int, qk_dim: int, context_length: int, eps: float = 1e-6, init_std: float = 0.02
+        self,
+        d_model: int,
+        width: int,
+        qk_dim: int,
+        context_length: int,
+        eps: float = 1e-6,
+        init_std: float = 0.02,
+        norm: str = "rmsnorm",
     ) -> None:
-        super().__init__(d_model, width, qk_dim, 2, context_length, eps, init_std)
+        super().__init__(d_model, width, qk_dim, 2, context_length, eps, init_std, norm)
         self.scale = 1.0 / context_length
 
     def mix(self, base: torch.Tensor, v: torch.Tensor, state: LayerState | None) -> torch.Tensor:

@@ -38,6 +38,7 @@ class ModelConfig:
     controller_width: int | None = None  # compact-controller TANGO: r (default d_model)
     qk_dim: int = 128  # GAU / FLASH: s, the shared query/key width
     group_size: int = 256  # FLASH: g, the quadratic attention group
+    gau_norm: str = "rmsnorm"  # GAU / FLASH: rmsnorm (design.md §2.7) | layernorm (with a bias: +d per layer)
     active_width: int | None = None  # rotating narrow-width training: K active columns per head / FFN
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6

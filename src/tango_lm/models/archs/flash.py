@@ -39,7 +39,8 @@ class Flash(Architecture):
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
             FlashLayer(
-                cfg.d_model, cfg.width, cfg.qk_dim, cfg.group_size, cfg.context_length, cfg.norm_eps, cfg.init_std
+                cfg.d_model, cfg.width, cfg.qk_dim, cfg.group_size, cfg.context_length, cfg.norm_eps, cfg.init_std,
+                cfg.gau_norm,
             )
             for _ in range(cfg.depth)
         ]

@@ -10,18 +10,24 @@ from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
 
+GAU_NORMS = ("rmsnorm", "layernorm")
+
 
 def check_qk_dim(cfg: ModelConfig) -> None:
-    """GAU and FLASH rotate the single query/key head of width s = qk_dim with RoPE."""
+    """GAU and FLASH rotate the single query/key head of width s = qk_dim with RoPE (and take one
+    of `GAU_NORMS`)."""
     if cfg.qk_dim < 2 or cfg.qk_dim % 2:
         raise UserError(f"model.qk_dim={cfg.qk_dim} must be a positive even number for RoPE; use 128 (the paper's s)")
+    if cfg.gau_norm not in GAU_NORMS:
+        raise UserError(f"unknown model.gau_norm {cfg.gau_norm!r} for GAU/FLASH; choose one of: {', '.join(GAU_NORMS)}")
 
 
 def gated_unit_params(cfg: ModelConfig, n_offsets: int, bias_values: int) -> int:
     """One layer: [U|V] and Z projections with biases (2de + 2e + ds + s), 2 x n_offsets x s
-    offset-scales, W_o with bias (de + d), the norm (d) and the relative bias."""
+    offset-scales, W_o with bias (de + d), the norm (d, or 2d for a LayerNorm) and the relative bias."""
     d, e, s = cfg.d_model, cfg.width, cfg.qk_dim
-    return 3 * d * e + 2 * e + d * s + s + 2 * n_offsets * s + d + d + bias_values
+    norm = 2 * d if cfg.gau_norm == "layernorm" else d
+    return 3 * d * e + 2 * e + d * s + s + 2 * n_offsets * s + d + norm + bias_values
 
 
 def gated_unit_matmul_params(cfg: ModelConfig) -> int:
@@ -48,7 +54,7 @@ class Gau(Architecture):
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
-            GAULayer(cfg.d_model, cfg.width, cfg.qk_dim, cfg.context_length, cfg.norm_eps, cfg.init_std)
+            GAULayer(cfg.d_model, cfg.width, cfg.qk_dim, cfg.context_length, cfg.norm_eps, cfg.init_std, cfg.gau_norm)
             for _ in range(cfg.depth)
         ]
         return Backbone(layers, list(range(cfg.depth)), cfg.qk_dim, cfg.rope_theta)
