@@ -113,6 +113,12 @@ def test_training_step_memory_in_process():
     assert row["other_bytes"] == row["peak_bytes"] - row["state_bytes"]
 
 
+def test_compiled_training_step_memory(cheap_compile):
+    cfg = ModelConfig(arch="dense", d_model=32, depth=1, width=64, vocab_size=50, context_length=8)
+    row = memory.measure_training_step(cfg.to_dict(), batch_size=1, seq_len=8, device="cpu", steps=1, compile=True)
+    assert row["mode"] == "compiled" and row["param_bytes"] == 4 * cfg.num_params()["total"]
+
+
 def test_memory_suite_in_subprocesses(capsys):
     report = _bench_json(capsys, "--suite", "memory", "--memory-backbone", "dense", "--d-model", "32", "--depth", "1",
                          "--head-vocab", "50", "--memory-batch-size", "1", "--memory-seq-len", "8",

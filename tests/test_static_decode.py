@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from tango_lm import ModelConfig, build_model
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.serve.generate import generate
-from tango_lm.serve.static_decode import StaticDecoder, sample_from_noise
+from tango_lm.serve.static_decode import StaticDecoder, capacity_bucket, sample_from_noise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # Prefill lengths: inside a FLASH group (tiny g = 4), at a group boundary, inside the first window
@@ -90,13 +90,18 @@ def test_compiled_static_step_is_one_graph_for_every_position(arch):
 
 
 def test_generate_static_greedy_equals_eager_and_reuses_the_decoder():
-    model = tiny_model("tango-windowed")
+    model = tiny_model("tango-windowed")  # context 48: one capacity bucket
     prompt = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(2))
     for n in (9, 4):
         want = generate(model, prompt[:, : n - 2], n, temperature=0, static=None)
         got = generate(model, prompt[:, : n - 2], n, temperature=0, static="eager")
         assert torch.equal(got, want)
     assert len(model._static_decoders) == 1
+
+
+def test_capacity_buckets():
+    assert [capacity_bucket(n, 1024) for n in (1, 64, 65, 500, 513, 768, 2000)] == [64, 64, 128, 512, 1024, 1024, 1024]
+    assert capacity_bucket(100, 48) == 48
 
 
 def test_seeded_sampling_is_the_same_eager_and_compiled():
@@ -110,12 +115,11 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
                                   (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9})):
         prompt = torch.randint(0, 37, (rows, 3), generator=torch.Generator().manual_seed(rows))
         runs = [generate(model, prompt, 6, seed=3, static="eager", **kwargs)]
-        model._static_decoders.clear()
-        model._static_decoders[(rows, "compile", torch.device("cpu"), torch.float32)] = StaticDecoder(
-            model, rows, "compile", backend=backend)
+        key = (rows, 16, "compile", torch.device("cpu"), torch.float32)  # capacity: the context (16)
+        model._static_decoders[key] = StaticDecoder(model, rows, "compile", backend=backend, capacity=16)
         runs.append(generate(model, prompt, 6, seed=3, static="compile", **kwargs))
         assert torch.equal(runs[0], runs[1]), kwargs
-        assert not model._static_decoders[(rows, "compile", torch.device("cpu"), torch.float32)].compiled_failed
+        assert not model._static_decoders[key].compiled_failed
 
 
 def test_a_failing_compiled_step_falls_back_with_one_line(caplog):

@@ -15,7 +15,7 @@
 # - decode-70m / decode-160m: the 70M / 160M presets, prompt 512, 256 new tokens, batch 1 and 16,
 #   eager and static steps; the heads on dense-142m (onóna one projection vs Standard).
 # - windowed: windowed vs full TANGO time per token as T grows (eager).
-# - memory: whole-step peak memory, onóna vs Standard on dense-142m, 32 x 1024 (eager).
+# - memory: whole-step peak memory, onóna vs Standard on dense-142m, 32 x 1024, eager and compiled.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-suites-$(date +%Y%m%d-%H%M%S)}
@@ -46,6 +46,6 @@ run decode-small "${TIMEOUT_DECODE:-600}" --suite decode --compile
 run decode-70m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 70m
 run decode-160m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 160m
 run windowed "${TIMEOUT_WINDOWED:-600}" --suite windowed
-run memory "${TIMEOUT_MEMORY:-600}" --suite memory --memory-batch-size 32 --memory-seq-len 1024
+run memory "${TIMEOUT_MEMORY:-900}" --suite memory --memory-batch-size 32 --memory-seq-len 1024 --compile
 
 PYTHONPATH=src "$PY" tools/gpu_suites_table.py "$OUT"

@@ -84,7 +84,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-batch-size", type=int, default=1)
     g.add_argument("--memory-seq-len", type=int, default=512)
     s.add_argument("--compile", action="store_true",
-                   help="train and memory suites: also time every model through torch.compile, beside eager; "
+                   help="train and memory suites: also every model through torch.compile, beside eager; "
                         "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -195,5 +195,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["memory"] = run_memory_bench(
                 backbone=args.memory_backbone, d_model=args.d_model, depth=args.depth, vocab_size=args.head_vocab,
                 batch_size=args.memory_batch_size, seq_len=args.memory_seq_len, steps=args.memory_steps,
-                device=args.device, threads=args.threads, print_table=show)
+                device=args.device, threads=args.threads, print_table=show, compile=args.compile)
     return out

@@ -291,7 +291,7 @@ def decode_steps(model: torch.nn.Module, prompt: torch.Tensor, mode: str | None,
             log_probs = model(torch.tensor([[nxt]], device=prompt.device), cache)[:, -1]
     from tango_lm.serve.static_decode import static_decoder
 
-    decoder = static_decoder(model, 1, mode)
+    decoder = static_decoder(model, 1, mode, capacity)
     h = decoder.prefill(prompt)[:, -1:]
     log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0]
     idle = torch.full((1, model.config.vocab_size), 0.5, device=prompt.device)  # greedy steps read no noise

@@ -1,8 +1,10 @@
 """Static-shape decoding (gpt-fast's scheme): one decode step with the same shapes and tensor
 addresses every time, compiled once and, on CUDA, replayed as a CUDA graph.
 
-A `StaticDecoder` holds one decode cache of the model's context length for one batch size and
-reuses it for every request. A request runs in three parts:
+A `StaticDecoder` holds one decode cache for one batch size and capacity and reuses it for every
+request; `static_decoder` keeps one per (batch, capacity bucket), the capacity rounded up to a power
+of two (at most the context length), since every step attends over the whole buffer and TANGO's
+cache holds F gate channels per position. A request runs in three parts:
 
 1. Prefill: the prompt goes through the ordinary cached forward (eager, any length); the cache's
    buffers are the decoder's own, preallocated to the context length.
@@ -60,11 +62,12 @@ def sample_from_noise(log_probs: torch.Tensor, noise: torch.Tensor, temperature:
 class StaticDecoder:
     """Static decode steps of one model for one batch size (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, batch: int, mode: str = "eager", backend: str = "inductor") -> None:
+    def __init__(self, model: torch.nn.Module, batch: int, mode: str = "eager", backend: str = "inductor",
+                 capacity: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"static decode mode must be one of {MODES}, got {mode!r}")
         self.model, self.batch, self.mode = model, batch, mode
-        self.cache = model.new_cache()
+        self.cache = model.new_cache(capacity)
         self.device = next(model.parameters()).device
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         self.length = 0  # the position on the host (the tensor is never read back)
@@ -149,7 +152,7 @@ def decode_static(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: 
                   top_k: int | None, top_p: float | None, generator: torch.Generator | None, eos_id: int | None,
                   mode: str) -> torch.Tensor:
     """`generate`'s loop on static steps (inside the head's serving context): [B, T + n]."""
-    decoder = static_decoder(model, prompt.shape[0], mode)
+    decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
     width = model.config.vocab_size + (1 if one_projection else 0)
     rows = prompt.shape[0]
@@ -181,12 +184,20 @@ def decode_static(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: 
     return torch.cat(out, dim=1)
 
 
-def static_decoder(model: torch.nn.Module, batch: int, mode: str) -> StaticDecoder:
-    """The model's decoder for this batch size and mode, built once and kept on the model (a new
-    one after the model moves to another device or dtype)."""
+def capacity_bucket(positions: int, context_length: int) -> int:
+    """The cache capacity for `positions`: the next power of two (at least 64), at most the context."""
+    return min(context_length, max(64, 1 << max(positions - 1, 0).bit_length()))
+
+
+def static_decoder(model: torch.nn.Module, batch: int, mode: str, positions: int | None = None) -> StaticDecoder:
+    """The model's decoder for this batch size, mode and the capacity bucket of `positions` (None:
+    the context length), built once and kept on the model (a new one after the model moves to
+    another device or dtype)."""
+    context = model.config.context_length
+    capacity = capacity_bucket(positions, context) if positions is not None else context
     param = next(model.parameters())
-    key = (batch, mode, param.device, param.dtype)
+    key = (batch, capacity, mode, param.device, param.dtype)
     decoders = model.__dict__.setdefault("_static_decoders", {})
     if key not in decoders:
-        decoders[key] = StaticDecoder(model, batch, mode)
+        decoders[key] = StaticDecoder(model, batch, mode, capacity=capacity)
     return decoders[key]
