@@ -4,7 +4,7 @@ The generic tests (parameter counts against `numel`, FLOPs against FlopCounterMo
 cached decoding against the full forward, activation checkpointing, training from a preset, the
 Hugging Face export) build each architecture from `tiny_config`: the shared `BASE` below plus the
 fields the architecture class declares in `tiny`. Nothing here names an architecture, so a newly
-registered one is covered with no edit to the tests (tests/test_toy_architecture.py shows it).
+registered one is covered with no edit to the tests (tests/models/test_toy_architecture.py shows it).
 """
 
 from __future__ import annotations

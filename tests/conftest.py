@@ -11,8 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import helpers  # noqa: E402
 import pytest  # noqa: E402
+
+from tests import helpers  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

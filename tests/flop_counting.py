@@ -1,4 +1,4 @@
-"""FlopCounterMode counts made comparable with the analytic model FLOPs (for tests/test_flops.py and
+"""FlopCounterMode counts made comparable with the analytic model FLOPs (for tests/models/test_flops.py and
 the generic FLOPs check there).
 
 What FlopCounterMode counts, and how the tests make it comparable:

@@ -24,6 +24,9 @@ from tango_lm.data.shards import PreparedDataset, is_prepared, write_prepared
 from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.train.config import RunConfig
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+FIXTURES = ROOT / "tests" / "fixtures"
+
 # d_model 32 with head_dim 16 -> 2 heads; width 64 is a multiple of 2.
 TINY_MODEL: dict[str, Any] = {
     "arch": "tango",

@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import helpers
+
+ROOT = helpers.ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gate_average_bench  # noqa: E402

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tango_lm.ops import cpu_kernels
+from tests import helpers
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+TOOLS = helpers.ROOT / "tools"
 
 
 def _run(script: str, *args: str) -> str:

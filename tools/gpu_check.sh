@@ -37,7 +37,7 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 
 # -- sections: name, time limit in seconds, command ------------------------------------------------
 section cuda-tests "${CUDA_TESTS_LIMIT:-210}" \
-    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests/test_triton_tango_mix.py tests/test_triton_windowed.py tests/test_cuda_models.py"
+    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests/ops/test_triton_tango_mix.py tests/ops/test_triton_windowed.py tests/models/test_cuda_models.py"
 section train-bench "${TRAIN_BENCH_LIMIT:-180}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
 section kernel-bench "${KERNEL_BENCH_LIMIT:-75}" \

@@ -5,7 +5,7 @@ length, FLASH), and the paper's values to set it against.
 The paper prints the range in millions with three decimals; `paper_range` returns it as such and
 `in_paper_units` rounds a count the same way, so a reading reproduces an endpoint when the two are
 equal. Which reading of GAU/FLASH comes closest, and why none reproduces all eight endpoints, is in
-docs/table3-ranges.md (tested in tests/test_table3_ranges.py).
+docs/table3-ranges.md (tested in tests/models/test_table3_ranges.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, 
 
 The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
 when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise. Tested against
-`windowed_mix_reference` in float64 under the interpreter (tests/test_triton_windowed.py).
+`windowed_mix_reference` in float64 under the interpreter (tests/ops/test_triton_windowed.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ can prevent it (checked against transformers 5.24):
   avoid both, and `config.json` is read the same way by every caller.
 
 So load the tokenizer on its own with `AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)`
-or `PreTrainedTokenizerFast.from_pretrained(DIR)` (neither asks; tests/test_hf_export.py runs each
+or `PreTrainedTokenizerFast.from_pretrained(DIR)` (neither asks; tests/serve/test_hf_export.py runs each
 in a fresh process with stdin closed, and pins the question above so these notes change with
 transformers).
 

@@ -122,7 +122,7 @@ def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tens
 # there is no public way to read the file without them, because DCP pickles them: the filesystem
 # layer's _StorageInfo (where an item lies in which shard file), torch.serialization._get_layout
 # (how a torch.layout pickles), and the metadata module's _MEM_FORMAT_ENCODING (a tensor's memory
-# format; admitted as a class of that module). tests/test_sharded_checkpoint.py fails if a DCP
+# format; admitted as a class of that module). tests/train/test_sharded_checkpoint.py fails if a DCP
 # save pickles a global outside this set or stops pickling one of them.
 ALLOWED_GLOBALS = frozenset({
     ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),

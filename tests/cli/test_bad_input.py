@@ -1,0 +1,274 @@
+"""Every command's bad arguments are clean: exit code 2, one line `error: ...` on stderr and nothing
+else (no traceback, usage block, warning or progress bar), nothing on disk touched. The table adds
+to test_cli.py's: generate's sampling arguments, numbers that cannot train, corrupt checkpoint
+configs, unreadable or binary YAML and shards, empty or truncated data preparation, and control
+characters in file names."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.data import verify
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TRAIN = {"steps": 2, "save_every": 2, "eval_every": 2}
+
+
+@pytest.fixture(scope="module")
+def run(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bad-input") / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out, **TRAIN), "--no-progress"]) == 0
+    return out
+
+
+@dataclass
+class Ctx:
+    data: Path
+    run: Path
+    tmp: Path
+    monkeypatch: pytest.MonkeyPatch
+
+    @property
+    def new_out(self) -> Path:
+        return self.tmp / "new-run"
+
+    def train(self, *extra: str) -> list[str]:
+        return ["train", *helpers.cli_overrides(self.data, self.new_out, **TRAIN), *extra]
+
+    def generate(self, *extra: str) -> list[str]:
+        return ["generate", str(self.run), "--prompt", "abc", "--max-new-tokens", "2", *extra]
+
+    def prepare(self, *extra: str) -> list[str]:
+        return ["data", "prepare", "text", "--out", str(self.tmp / "new-data"), "--tokenizer", "byte", *extra]
+
+
+def _checkpoint_with_config(c: Ctx, config) -> Path:
+    copy = Path(shutil.copytree(c.run, c.tmp / "odd-run"))
+    for step in copy.glob("checkpoints/step-*"):
+        (step / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def _file(c: Ctx, name: str, data: bytes) -> Path:
+    path = c.tmp / name
+    path.write_bytes(data)
+    return path
+
+
+def _unreadable(c: Ctx, path: Path) -> Path:
+    """`path` made unreadable: by its mode for a normal user, by a failing open for root."""
+    if os.geteuid() != 0:
+        path.chmod(0)
+        return path
+    real_open = builtins.open
+
+    def refuse(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    for module in (builtins, verify):
+        c.monkeypatch.setattr(module, "open", refuse, raising=False)
+    c.monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: refuse(self) if self == path else real_read(self))
+    return path
+
+
+def real_read(path: Path) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _unreadable_shard(c: Ctx) -> Path:
+    copy = Path(shutil.copytree(c.data, c.tmp / "data-unreadable"))  # a new copy: verified afresh
+    _unreadable(c, copy / "train-00000.bin")
+    return copy
+
+
+def _grid(c: Ctx) -> Path:
+    base = {"model": helpers.TINY_MODEL, "data": {"dir": str(c.data)}, "train": {**helpers.TINY_TRAIN, **TRAIN}}
+    return _file(c, "grid.yaml", json.dumps({"out_dir": str(c.tmp / "sweep"), "base": base,
+                                             "axes": {"seed": [17]}}).encode())
+
+
+def _warns_then_fails(c: Ctx) -> list[str]:
+    """A command that raises a torch-style UserWarning before it finds the bad argument."""
+    from tango_lm.train import config
+
+    real = config.apply_overrides
+
+    def noisy(*args, **kwargs):
+        warnings.warn("TypedStorage is deprecated", UserWarning, stacklevel=1)
+        return real(*args, **kwargs)
+
+    c.monkeypatch.setattr(config, "apply_overrides", noisy)
+    return c.train("model.arch=nope")
+
+
+BAD = {
+    # generate
+    "prompt_not_utf8": lambda c: ["generate", str(c.run), "--prompt", "ab\udcffc", "--max-new-tokens", "2"],
+    "temperature_nan": lambda c: c.generate("--temperature", "nan"),
+    "temperature_inf": lambda c: c.generate("--temperature", "inf"),
+    "temperature_denormal": lambda c: c.generate("--temperature", "1e-310"),
+    "temperature_negative": lambda c: c.generate("--temperature", "-0.5"),
+    "num_samples_zero": lambda c: c.generate("--num-samples", "0"),
+    "num_samples_negative": lambda c: c.generate("--num-samples", "-3"),
+    "max_new_tokens_negative": lambda c: c.generate("--max-new-tokens", "-1"),
+    "max_new_tokens_past_context": lambda c: c.generate("--max-new-tokens", "31"),
+    "top_k_zero": lambda c: c.generate("--top-k", "0"),
+    "top_k_negative": lambda c: c.generate("--top-k", "-5"),
+    "top_p_nan": lambda c: c.generate("--top-p", "nan"),
+    "prompt_longer_than_context": lambda c: ["generate", str(c.run), "--prompt", "a" * 40],
+    "num_samples_not_a_number": lambda c: c.generate("--num-samples", "many"),
+    "generate_without_prompt": lambda c: ["generate", str(c.run)],
+    # checkpoints whose config.json is not a run config
+    "checkpoint_config_without_model": lambda c: ["generate", str(_checkpoint_with_config(c, {"train": {}})),
+                                                  "--prompt", "a"],
+    "checkpoint_config_is_a_list": lambda c: ["eval", str(_checkpoint_with_config(c, ["model"])), "--split", "dev"],
+    # numbers that cannot train
+    "lr_inf": lambda c: c.train("train.lr=.inf"),
+    "lr_nan": lambda c: c.train("train.lr=.nan"),
+    "init_std_nan": lambda c: c.train("model.init_std=.nan"),
+    "norm_eps_negative": lambda c: c.train("model.norm_eps=-1"),
+    "rope_theta_zero": lambda c: c.train("model.rope_theta=0"),
+    "lr_overflows_float": lambda c: c.train("train.lr=" + "9" * 400),
+    "width_beyond_memory": lambda c: c.train("model.width=100000000000"),
+    "max_nonfinite_steps_negative": lambda c: c.train("train.max_nonfinite_steps=-1"),
+    # config files
+    "binary_yaml": lambda c: ["train", str(_file(c, "weights.yaml", bytes(range(256)) * 4))],
+    "unreadable_yaml": lambda c: ["train", str(_unreadable(c, _file(c, "locked.yaml", b"model: {arch: tango}\n")))],
+    "config_name_with_newline": lambda c: ["train", str(c.tmp / "two\nlines.yaml")],
+    "config_name_with_escape": lambda c: ["params", str(c.tmp / "\x1b[31mred.yaml")],
+    # data
+    "unreadable_shard": lambda c: c.train(f"data.dir={_unreadable_shard(c)}"),
+    "max_docs_negative": lambda c: c.prepare(str(_file(c, "doc.txt", b"some text")), "--max-docs", "-1"),
+    "max_docs_zero": lambda c: c.prepare(str(_file(c, "doc.txt", b"some text")), "--max-docs", "0"),
+    "empty_input": lambda c: c.prepare(str(_file(c, "empty.txt", b""))),
+    "whitespace_input": lambda c: c.prepare(str(_file(c, "blank.txt", b"  \n\n \t\n"))),
+    "tokenizer_max_docs_negative": lambda c: ["data", "train-tokenizer", "--input", str(_file(c, "t.txt", b"ab ab")),
+                                              "--vocab-size", "300", "--out", str(c.tmp / "tok.json"),
+                                              "--max-docs", "-1"],
+    "verify_missing_dataset": lambda c: ["data", "verify", str(c.tmp / "nothing-here")],
+    "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
+    "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
+    # loggers, serve, sweep launchers
+    "logger_unknown": lambda c: c.train("train.loggers=[jsonl,mlflow]"),
+    "loggers_without_jsonl": lambda c: c.train("train.loggers=[tensorboard]"),
+    "serve_max_batch_size_zero": lambda c: ["serve", str(c.run), "--max-batch-size", "0"],
+    "serve_threads_zero": lambda c: ["serve", str(c.run), "--threads", "0"],
+    "serve_port_out_of_range": lambda c: ["serve", str(c.run), "--port", "70000"],
+    "serve_missing_run": lambda c: ["serve", str(c.tmp / "no-run")],
+    "sweep_slurm_flag_without_slurm": lambda c: ["sweep", str(_grid(c)), "--partition", "gpu"],
+    "sweep_slurm_bad_time": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--time", "soon"],
+    "sweep_slurm_negative_gpus": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--gpus-per-job", "-1"],
+    # what comes before an error is not printed
+    "warning_before_error": _warns_then_fails,
+    "argparse_usage": lambda c: ["train", "--no-such-flag"],
+    "unknown_command": lambda c: ["trian"],
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_error_line(case, run, data_dir, tmp_path, capsys, monkeypatch):
+    ctx = Ctx(data=data_dir, run=run, tmp=tmp_path, monkeypatch=monkeypatch)
+    argv = BAD[case](ctx)
+    before = helpers.snapshot(ctx.data, ctx.run, ctx.tmp)
+    capsys.readouterr()
+    try:
+        with warnings.catch_warnings(record=True) as leaked:  # what the command line would print
+            rc = main(argv)
+    except BaseException as exc:  # noqa: BLE001 - an escaping exception (or argparse's exit) is the failure
+        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert rc == 2, captured
+    assert [str(w.message) for w in leaked] == []
+    helpers.assert_one_error_line(captured.err)
+    assert captured.out == ""
+    with contextlib.suppress(FileNotFoundError):
+        for p in ctx.tmp.rglob("*"):
+            p.chmod(p.stat().st_mode | 0o600)
+    assert helpers.snapshot(ctx.data, ctx.run, ctx.tmp) == before
+    assert not ctx.new_out.exists() and not (ctx.tmp / "new-data").exists()
+
+
+EXPECT = {
+    "prompt_not_utf8": "--prompt is not valid UTF-8 (byte 0xff at character 2)",
+    "temperature_nan": "temperature must be 0 (greedy decoding) or a finite number of at least 0.0001 (got nan)",
+    "temperature_denormal": "(got 1e-310)",
+    "num_samples_zero": "--num-samples must be at least 1 (got 0)",
+    "max_new_tokens_negative": "max_new_tokens must be at least 0 (got -1)",
+    "max_new_tokens_past_context": "a prompt of 3 tokens leaves room for 30 new tokens in the model's context of 32",
+    "top_k_zero": "top_k must be at least 1 (got 0)",
+    "prompt_longer_than_context": "the prompt has 40 tokens, more than the model's context of 32",
+    "num_samples_not_a_number": "tango-lm generate: argument --num-samples: invalid int value: 'many'; see",
+    "checkpoint_config_without_model": "has a config.json without a model section",
+    "checkpoint_config_is_a_list": "has a config.json that is a list, not a mapping",
+    "lr_inf": "train.lr must be a finite number (got inf)",
+    "lr_nan": "train.lr must be a finite number (got nan)",
+    "init_std_nan": "model.init_std must be a finite number (got nan)",
+    "norm_eps_negative": "model.norm_eps must be above 0 (got -1.0)",
+    "rope_theta_zero": "model.rope_theta must be above 0 (got 0.0)",
+    "width_beyond_memory": "training keeps 16 bytes per parameter",
+    "binary_yaml": "weights.yaml is not text (not UTF-8)",
+    "unreadable_yaml": "cannot read config file",
+    "config_name_with_newline": "two\\nlines.yaml does not exist",
+    "config_name_with_escape": "\\x1b[31mred.yaml",
+    "unreadable_shard": "cannot read shard",
+    "max_docs_negative": "max_docs must be at least 1, got -1",
+    "empty_input": "the input holds no train documents (empty or whitespace-only), so no dataset was written",
+    "warning_before_error": "unknown architecture 'nope'",
+    "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
+    "eval_negative_windows": "--windows must be at least 1 (got -1)",
+    "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
+}
+
+
+def test_error_messages_say_what_to_change(run, data_dir, tmp_path, capsys, monkeypatch):
+    for case, needle in EXPECT.items():
+        with monkeypatch.context() as m:
+            ctx = Ctx(data=data_dir, run=run, tmp=tmp_path / case, monkeypatch=m)
+            ctx.tmp.mkdir()
+            assert main(BAD[case](ctx)) == 2, case
+        line = helpers.assert_one_error_line(capsys.readouterr().err)
+        assert needle in line, (case, line)
+
+
+def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
+    """Only the last new token needs no room: 32 prompt tokens in a context of 32 get one more.
+    The default of 64 new tokens is clipped to that room, with a note; the warning is printed
+    because the command succeeded."""
+    assert main(["generate", str(run), "--prompt", "b" * 32, "--temperature", "0", "--no-stop", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)["completions"][0].encode()) == 1
+    assert captured.err == ("note: at most 1 new tokens (not 64): the prompt's 32 tokens fill the rest of the model's "
+                            "context of 32\n")
+    assert main(["generate", str(run), "--prompt", "b" * 31, "--max-new-tokens", "2", "--temperature", "0",
+                 "--no-stop", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["completions"][0].encode()) == 2
+
+
+def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypatch):
+    from tango_lm.cli import config
+
+    def noisy(args):
+        warnings.warn("something worth knowing", UserWarning, stacklevel=1)
+        print("done")
+
+    monkeypatch.setattr(config, "cmd_presets", noisy)
+    with warnings.catch_warnings(record=True) as shown:
+        assert main(["presets"]) == 0
+    assert capsys.readouterr().out == "done\n"
+    assert [str(w.message) for w in shown] == ["something worth knowing"]

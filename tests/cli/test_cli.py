@@ -1,0 +1,334 @@
+"""The `tango-lm` command line: results of params/match/eval/train, and bad input (exit code 2,
+one `error:` line, no traceback, nothing on disk touched)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tango_lm.cli import main
+from tango_lm.eval.evaluate import evaluate_checkpoint
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.model import build_model
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory):
+    return helpers.synthetic_gpt2_dataset(tmp_path_factory)
+
+
+TRAIN = {"steps": 4, "save_every": 2, "eval_every": 2}
+
+
+@pytest.fixture(scope="module")
+def cli_run(data_dir, tmp_path_factory):
+    """A finished tiny run trained through `tango-lm train --json`; (run dir, printed summary)."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["train", *helpers.cli_overrides(data_dir, out, **TRAIN), "--json"])
+    assert rc == 0
+    return out, json.loads(buf.getvalue())
+
+
+def _run_json(capsys, argv: list[str]) -> dict:
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return json.loads(captured.out)
+
+
+# -- train / eval ------------------------------------------------------------------------------
+def test_train_json_prints_the_summary(cli_run):
+    out, summary = cli_run
+    assert summary == json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["tokens"] == 4 * 4 * 32
+    assert summary["arch"] == "tango" and summary["params_total"] == 16480
+    assert summary["out_dir"] == str(out)
+    assert math.isfinite(summary["test_nll"]) and summary["test_tokens"] == 9 * 32
+    assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4]
+
+
+def test_train_text_output(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out, steps=2, eval_every=2, save_every=2)]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert "test NLL" in text and f"{summary['test_nll']:.4f}" in text
+    assert f"run directory: {out} (test NLL from step {summary['selected_step']})" in text
+
+
+def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(yaml.safe_dump({"model": helpers.TINY_MODEL,
+                                   "data": {"dir": str(data_dir)},
+                                   "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path / "run"), "steps": 99}}))
+    summary = _run_json(capsys, ["train", str(cfg), "train.steps=2", "eval_every=1", "--json"])
+    assert summary["steps"] == 2
+    assert [r["step"] for r in helpers.dev_records(tmp_path / "run")] == [1, 2]  # bare key went to train
+
+
+def test_train_resume_flag_continues(cli_run, data_dir, tmp_path, capsys):
+    out = shutil.copytree(cli_run[0], tmp_path / "run")
+    summary = _run_json(capsys, ["train", *helpers.cli_overrides(data_dir, out, **{**TRAIN, "steps": 6}),
+                                 "--resume", "--json"])
+    assert summary["steps"] == 6
+    assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_eval_json_fields(cli_run, capsys):
+    out, summary = cli_run
+    best = json.loads((out / "best.json").read_text())["step"]
+    res = _run_json(capsys, ["eval", str(out), "--split", "dev", "--json"])
+    assert set(res) == {"checkpoint", "step", "split", "nll", "tokens"}
+    assert res["split"] == "dev" and res["step"] == best
+    assert res["checkpoint"] == str(helpers.step_dir(out, best))
+    assert res["tokens"] == 9 * 32
+    assert res["nll"] == evaluate_checkpoint(str(out), "dev")["nll"]
+    assert 0 < res["nll"] < 10
+    test = _run_json(capsys, ["eval", str(out), "--json"])
+    assert test["split"] == "test"
+    if summary["selected_step"] == best:
+        assert test["nll"] == summary["test_nll"]
+    few = _run_json(capsys, ["eval", str(helpers.step_dir(out, 2)), "--split", "dev", "--windows", "2", "--json"])
+    assert few["step"] == 2 and few["tokens"] == 2 * 32
+
+
+def test_eval_text_output(cli_run, capsys):
+    out, _ = cli_run
+    assert main(["eval", str(out), "--split", "dev"]) == 0
+    res = evaluate_checkpoint(str(out), "dev")
+    assert capsys.readouterr().out.startswith(f"dev NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens")
+
+
+# -- params / match ----------------------------------------------------------------------------
+def test_params_from_overrides_only_matches_numel(capsys):
+    res = _run_json(capsys, ["params", "arch=tango", "d_model=64", "width=128", "vocab_size=257", "--json"])
+    model = build_model(ModelConfig(arch="tango", d_model=64, width=128, vocab_size=257))
+    total = sum(p.numel() for p in model.parameters())
+    embed = sum(p.numel() for n, p in model.named_parameters() if "embed" in n)
+    assert embed == 257 * 64
+    assert res["total"] == total and res["non_embedding"] == total - embed
+    assert (res["arch"], res["d_model"], res["width"], res["vocab_size"]) == ("tango", 64, 128, 257)
+
+
+def test_params_of_preset(capsys):
+    res = _run_json(capsys, ["params", "tango-70m-d4", "--json"])
+    assert res["total"] == 70002176 and res["non_embedding"] == 44270592
+    res = _run_json(capsys, ["params", "tango-70m-d4", "model.width=28144", "--json"])
+    expected = ModelConfig(arch="tango", d_model=512, width=28144, depth=4, vocab_size=50257).num_params()
+    assert res["total"] == expected["total"] != 70002176
+
+
+def test_params_text_output(capsys):
+    assert main(["params", "tango-70m-d4"]) == 0
+    text = capsys.readouterr().out
+    assert "70,002,176" in text and "44,270,592" in text
+
+
+@pytest.mark.parametrize("depth,widths", [
+    (4, {"tango": 28480, "loop-transformer": 28144, "untied-transformer": 6528}),
+    (8, {"untied-transformer": 2912}),
+])
+def test_match_tier_70m(capsys, depth, widths):
+    res = _run_json(capsys, ["match", "--tier", "70M", "--depth", str(depth), "--json"])
+    assert res["target"] == 70_000_000 and res["d_model"] == 512 and res["depth"] == depth
+    got = {m["arch"]: m for m in res["models"]}
+    for arch, width in widths.items():
+        assert got[arch]["width"] == width
+        counts = ModelConfig(arch=arch, d_model=512, width=width, depth=depth, vocab_size=50257).num_params()
+        assert got[arch]["total"] == counts["total"] and got[arch]["non_embedding"] == counts["non_embedding"]
+
+
+# -- bad input ---------------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    data: Path
+    run: Path
+    gpt2: Path
+    tmp: Path
+
+    @property
+    def new_out(self) -> Path:
+        return self.tmp / "new-run"
+
+    def train(self, *extra: str) -> list[str]:
+        return ["train", *helpers.cli_overrides(self.data, self.new_out, **TRAIN), *extra]
+
+
+def _corrupt_run(c: Ctx) -> Path:
+    copy = shutil.copytree(c.run, c.tmp / "corrupt-run")
+    best = json.loads((copy / "best.json").read_text())["step"]
+    path = helpers.step_dir(copy, best) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+    return copy
+
+
+def _data_without_shard(c: Ctx) -> Path:
+    copy = shutil.copytree(c.data, c.tmp / "data-no-shard")
+    (copy / "train-00000.bin").unlink()
+    return copy
+
+
+def _data_garbage_manifest(c: Ctx) -> Path:
+    copy = shutil.copytree(c.data, c.tmp / "data-bad-manifest")
+    (copy / "manifest.json").write_text("{ this is not json")
+    return copy
+
+
+def _bad_yaml(c: Ctx) -> Path:
+    path = c.tmp / "bad.yaml"
+    path.write_text("model:\n  arch: tango\n  width: [64, 128\ntrain: {steps: 2}\n")
+    return path
+
+
+def _list_yaml(c: Ctx) -> Path:
+    path = c.tmp / "list.yaml"
+    path.write_text("- model\n- train\n")
+    return path
+
+
+BAD = {
+    "unknown_arch": lambda c: c.train("model.arch=nope"),
+    "unknown_model_field": lambda c: c.train("model.nope=1"),
+    "unknown_train_field": lambda c: c.train("train.nope=1"),
+    "unknown_data_field": lambda c: c.train("data.nope=1"),
+    "unknown_section": lambda c: c.train("optim.lr=1"),
+    "wrong_type_int": lambda c: c.train("model.d_model=abc"),
+    "wrong_type_float": lambda c: c.train("train.lr=fast"),
+    "bool_for_int": lambda c: c.train("model.depth=true"),
+    "bad_choice": lambda c: c.train("train.schedule=linear"),
+    "override_without_equals": lambda c: ["train", "tango-70m-d4", "model.width"],
+    "no_budget": lambda c: c.train("train.steps="),
+    "zero_batch": lambda c: c.train("train.batch_size=0"),
+    "tango_width_not_multiple_of_heads": lambda c: c.train("model.width=65"),
+    "d_model_not_multiple_of_heads": lambda c: c.train("model.n_heads=3"),
+    "odd_head_dim": lambda c: c.train("model.d_model=30", "model.n_heads=2", "model.width=64"),
+    "seq_len_over_context": lambda c: c.train("train.seq_len=64"),
+    "batch_larger_than_data": lambda c: c.train("train.batch_size=64"),
+    "token_ids_outside_vocab": lambda c: c.train("model.vocab_size=100"),
+    "missing_data_dir": lambda c: c.train(f"data.dir={c.tmp / 'no-such-data'}"),
+    "data_missing_shard": lambda c: c.train(f"data.dir={_data_without_shard(c)}"),
+    "data_garbage_manifest": lambda c: c.train(f"data.dir={_data_garbage_manifest(c)}"),
+    "missing_split": lambda c: c.train("data.dev_split=validation"),
+    "checkpoints_exist_without_resume": lambda c: ["train", *helpers.cli_overrides(c.data, c.run, **TRAIN)],
+    "resume_with_other_model": lambda c: ["train", *helpers.cli_overrides(c.data, c.run, **TRAIN),
+                                          "model.width=128", "--resume"],
+    "unknown_preset": lambda c: ["train", "tango-7b-d4", f"data.dir={c.data}", f"train.out_dir={c.new_out}"],
+    "unknown_preset_params": lambda c: ["params", "no-such-preset", "--json"],
+    "missing_yaml_file": lambda c: ["train", str(c.tmp / "missing.yaml")],
+    "malformed_yaml": lambda c: ["train", str(_bad_yaml(c)), f"data.dir={c.data}", f"train.out_dir={c.new_out}"],
+    "yaml_not_a_mapping": lambda c: ["params", str(_list_yaml(c))],
+    "params_unknown_arch": lambda c: ["params", "arch=nope", "--json"],
+    "params_wrong_type": lambda c: ["params", "arch=tango", "d_model=abc"],
+    "match_bad_tier": lambda c: ["match", "--tier", "lots", "--depth", "4"],
+    "eval_other_tokenizer": lambda c: ["eval", str(c.run), "--data", str(c.gpt2)],
+    "eval_missing_checkpoint": lambda c: ["eval", str(c.tmp / "no-such-run")],
+    "eval_corrupt_checkpoint": lambda c: ["eval", str(_corrupt_run(c)), "--json"],
+    "eval_missing_data": lambda c: ["eval", str(c.run), "--data", str(c.tmp / "no-such-data")],
+    "eval_corrupt_data": lambda c: ["eval", str(c.run), "--data", str(_data_garbage_manifest(c))],
+    "eval_unknown_split": lambda c: ["eval", str(c.run), "--split", "validation"],
+    "eval_zero_windows": lambda c: ["eval", str(c.run), "--windows", "0"],
+    "eval_unknown_device": lambda c: ["eval", str(c.run), "--device", "tpu9"],
+    "negative_lr": lambda c: c.train("train.lr=-1"),
+    "zero_steps": lambda c: c.train("train.steps=0"),
+    "negative_steps": lambda c: c.train("train.steps=-1"),
+    "zero_keep_last": lambda c: c.train("train.keep_last=0"),
+    "beta_out_of_range": lambda c: c.train("train.beta2=1.5"),
+    "negative_grad_clip": lambda c: c.train("train.grad_clip=-1"),
+    "negative_min_lr_ratio": lambda c: c.train("train.min_lr_ratio=-1"),
+    "params_unknown_train_field": lambda c: ["params", "tango-70m-d4", "train.nope=1"],
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    list(BAD),
+)
+def test_bad_input_exits_2_with_one_error_line(case, cli_run, data_dir, gpt2_dir, tmp_path, capsys):
+    ctx = Ctx(data=data_dir, run=cli_run[0], gpt2=gpt2_dir, tmp=tmp_path)
+    argv = BAD[case](ctx)
+    before = helpers.snapshot(ctx.data, ctx.run, ctx.gpt2, ctx.tmp)
+    capsys.readouterr()
+    try:
+        rc = main(argv)
+    except Exception as exc:  # noqa: BLE001 - an escaping exception is the failure we report
+        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
+    captured = capsys.readouterr()
+    assert rc == 2, captured
+    helpers.assert_one_error_line(captured.err)
+    assert captured.out == ""
+    assert helpers.snapshot(ctx.data, ctx.run, ctx.gpt2, ctx.tmp) == before
+    assert not ctx.new_out.exists()
+
+
+def test_error_messages_name_the_problem(cli_run, data_dir, gpt2_dir, tmp_path, capsys):
+    ctx = Ctx(data=data_dir, run=cli_run[0], gpt2=gpt2_dir, tmp=tmp_path)
+    expect = {
+        "unknown_arch": "nope",
+        "unknown_model_field": "nope",
+        "unknown_train_field": "train.nope",
+        "wrong_type_int": "model.d_model",
+        "tango_width_not_multiple_of_heads": "model.width=65",
+        "d_model_not_multiple_of_heads": "n_heads=3",
+        "token_ids_outside_vocab": "vocab_size",
+        "eval_other_tokenizer": "gpt2",
+        "checkpoints_exist_without_resume": "--resume",
+        "unknown_preset": "tango-7b-d4",
+        "malformed_yaml": "bad.yaml",
+        "missing_data_dir": "no-such-data",
+        "data_missing_shard": "train-00000.bin",
+        "eval_corrupt_checkpoint": "corrupt-run",
+    }
+    for case, needle in expect.items():
+        assert main(BAD[case](ctx)) == 2
+        line = helpers.assert_one_error_line(capsys.readouterr().err)
+        assert needle in line, (case, line)
+
+
+def test_flags_may_come_between_overrides(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    overrides = helpers.cli_overrides(data_dir, out, steps=2, eval_every=2, save_every=2)
+    try:
+        rc = main(["train", *overrides[:3], "--json", *overrides[3:]])
+    except SystemExit as exc:
+        rc = f"argparse exit {exc.code}"
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2
+
+
+# -- the installed console script -----------------------------------------------------------------
+def _script() -> str:
+    script = Path(sys.executable).with_name("tango-lm")
+    return str(script) if script.exists() else shutil.which("tango-lm") or "tango-lm"
+
+
+def test_console_script_params_json():
+    proc = subprocess.run([_script(), "params", "arch=tango", "d_model=64", "width=128", "vocab_size=257", "--json"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["total"] == ModelConfig(arch="tango", d_model=64, width=128, vocab_size=257).num_params()["total"]
+
+
+def test_console_script_bad_input(data_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([_script(), "train", *helpers.cli_overrides(data_dir, out, **TRAIN), "model.arch=nope"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2
+    assert helpers.assert_one_error_line(proc.stderr).startswith("error: unknown architecture 'nope'")
+    assert proc.stdout == "" and not out.exists()

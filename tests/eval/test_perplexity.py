@@ -1,0 +1,288 @@
+"""External perplexity (docs/design.md §6): rolling-window document NLL, WikiText word perplexity and
+LAMBADA last-word perplexity/accuracy, each checked against a brute-force computation that runs
+the model on every token's full prefix."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tango_lm import build_model
+from tango_lm.cli import main
+from tango_lm.data.tokenizers import ByteTokenizer
+from tango_lm.errors import UserError
+from tango_lm.eval.perplexity import (
+    document_logprobs,
+    evaluate_file,
+    lambada_metrics,
+    read_lambada,
+    rolling_windows,
+    split_blank_lines,
+    split_wikitext,
+    wikitext_detokenize,
+)
+from tango_lm.models.config import ModelConfig
+from tests import helpers
+
+CONTEXT = 16
+TOK = ByteTokenizer()
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    # A large init makes the random model's predictions far from uniform, so errors show.
+    cfg = ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257,
+                      context_length=CONTEXT, init_std=0.3)
+    return build_model(cfg).eval()
+
+
+@torch.no_grad()
+def brute_logprobs(model, ids: list[int], start_of) -> list[float]:
+    """log p(ids[i]) from the model run on s[start_of(t) : t], s = [EOT] + ids, t = i + 1."""
+    s = [TOK.eot_id, *ids]
+    out = []
+    for t in range(1, len(s)):
+        prefix = torch.tensor([s[start_of(t) : t]])
+        out.append(float(model(prefix)[0, -1, s[t]]))
+    return out
+
+
+def truncated_prefix(t: int) -> int:
+    """The full prefix, truncated to the context: what stride 1 must reproduce."""
+    return max(0, t - CONTEXT)
+
+
+def rolling_start(n: int, stride: int):
+    """Where the window that scores target t starts, written out independently of the library:
+    window k covers [kS, kS + C) and scores targets up to kS + C; the final one is moved back
+    to a full context."""
+    def start(t: int) -> int:
+        if t <= CONTEXT:
+            return 0
+        k = -(-(t - CONTEXT) // stride)
+        end = min(k * stride + CONTEXT, n)
+        return max(0, end - CONTEXT)
+    return start
+
+
+# -- windows -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 40, 63])
+@pytest.mark.parametrize("stride", [1, 3, 8, 16])
+def test_rolling_windows_score_every_token_once(n, stride):
+    windows = rolling_windows(n, CONTEXT, stride)
+    scored = []
+    for a, e, k in windows:
+        assert 0 <= a < e <= n and e - a <= CONTEXT and 1 <= k <= e - a
+        targets = list(range(e - k + 1, e + 1))
+        scored += targets
+        if a > 0:  # later windows condition every new token on at least C - S earlier ones
+            assert min(targets) - a >= CONTEXT - stride
+    assert scored == list(range(1, n + 1))
+
+
+def test_stride_out_of_range_is_a_user_error():
+    with pytest.raises(UserError, match="stride"):
+        rolling_windows(10, CONTEXT, CONTEXT + 1)
+    with pytest.raises(UserError, match="stride"):
+        rolling_windows(10, CONTEXT, 0)
+
+
+# -- document NLL against brute force ----------------------------------------------------------
+DOCS = ["the cat sat on the mat and looked at the dog", "a", "short doc", "x" * 40 + " tail words here"]
+
+
+@pytest.mark.parametrize("stride", [1, 5, CONTEXT])
+def test_document_logprobs_match_brute_force(model, stride):
+    ids = [TOK.encode(d) for d in DOCS]
+    got = document_logprobs(model, ids, TOK.eot_id, CONTEXT, stride, batch_size=3)
+    for doc, lp in zip(ids, got, strict=True):
+        assert len(lp) == len(doc)
+        want = brute_logprobs(model, doc, rolling_start(len(doc), stride))
+        torch.testing.assert_close(torch.tensor(lp), torch.tensor(want), rtol=0, atol=2e-5)
+    if stride == 1:  # the exact case: every token sees its full prefix truncated to the context
+        for doc, lp in zip(ids, got, strict=True):
+            want = brute_logprobs(model, doc, truncated_prefix)
+            torch.testing.assert_close(torch.tensor(lp), torch.tensor(want), rtol=0, atol=2e-5)
+
+
+def test_text_format_word_perplexity(model, tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text("\n\n".join(DOCS[:3]) + "\n\n\n  \n" + DOCS[3] + "\n")
+    res = evaluate_file(model, TOK, path, "text", CONTEXT, stride=4)
+    total = -sum(sum(brute_logprobs(model, TOK.encode(d), rolling_start(len(TOK.encode(d)), 4))) for d in DOCS)
+    words = sum(len(d.split()) for d in DOCS)
+    assert res["documents"] == 4 and res["words"] == words
+    assert res["tokens"] == sum(len(d.encode()) for d in DOCS)
+    assert res["word_perplexity"] == pytest.approx(math.exp(total / words), rel=1e-5)
+    assert res["nll"] == pytest.approx(total / res["tokens"], rel=1e-5)
+    assert res["bits_per_byte"] == pytest.approx(total / res["bytes"] / math.log(2), rel=1e-5)
+
+
+WIKI = "\n".join([  # WikiText lines start and end with a space
+    ' ',
+    ' = Robert Boulter = ',
+    ' ',
+    ' Robert Boulter is an English film , television and theatre actor . ',
+    ' ',
+    ' = = Career = = ',
+    ' ',
+    ' In 2000 Boulter had a guest @-@ starring role ( in 1 @,@ 000 episodes ) . ',
+    ' = Du Fu = ',
+    ' ',
+    ' Du Fu was a Chinese poet .',
+    '',
+])
+
+
+def test_wikitext_documents_and_detokenization(model, tmp_path):
+    docs = split_wikitext(WIKI)
+    assert len(docs) == 2  # a new article at each top-level heading, not at "= = Career = ="
+    assert docs[0].lstrip("\n ").startswith("= Robert Boulter =") and "= = Career = =" in docs[0]
+    assert docs[1].startswith(" = Du Fu = ")
+    detok = wikitext_detokenize(docs[0])
+    assert "guest-starring" in detok and "(in 1,000 episodes)" in detok and "film, television" in detok
+    assert "actor." in detok and "== Career ==" in detok
+
+    path = tmp_path / "wiki.test.raw"
+    path.write_text(WIKI)
+    res = evaluate_file(model, TOK, path, "wikitext", CONTEXT)
+    total = 0.0
+    for d in docs:
+        ids = TOK.encode(wikitext_detokenize(d))
+        total -= sum(brute_logprobs(model, ids, rolling_start(len(ids), CONTEXT)))
+    words = sum(len(d.split()) for d in docs)  # counted in the original text
+    assert res["documents"] == 2 and res["words"] == words
+    assert res["word_perplexity"] == pytest.approx(math.exp(total / words), rel=1e-5)
+
+
+def test_blank_line_documents():
+    assert split_blank_lines("a b\nc\n\n\n d \n \t\nlast") == ["a b\nc", "d", "last"]
+    assert split_wikitext("one\n\ntwo") == ["one", "two"]  # no headings: blank-line documents
+
+
+# -- LAMBADA -----------------------------------------------------------------------------------
+class Bigram(nn.Module):
+    """A hand-made model: log-probs depend on the previous token only (a lookup table)."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        super().__init__()
+        logits = torch.zeros(257, 257)
+        logits[:, 0] = 1.0  # by default the most likely next token is byte 0
+        for prev, nxt in table.items():
+            logits[ord(prev), ord(nxt)] = 5.0
+        self.logits = nn.Parameter(logits)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.logits[ids], dim=-1)
+
+
+def test_lambada_matches_brute_force_and_counts_greedy_hits(tmp_path):
+    bigram = Bigram({"x": " ", " ": "y", "y": "z"})
+    path = tmp_path / "lambada.jsonl"
+    lines = [{"text": "ax yz"}, {"text": "the cat ab cd"}, {"text": "long context " * 3 + "yz"}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    examples = read_lambada(path)
+    assert examples[1] == ("the cat ab", "cd")
+    res = lambada_metrics(bigram, TOK, examples, CONTEXT)
+    nlls = []
+    hits = 0
+    for context, target in examples:
+        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1):]
+        k = len(TOK.encode(" " + target))
+        with torch.no_grad():
+            logp = bigram(torch.tensor([s[:-1]]))[0]
+        nlls.append(-sum(float(logp[t - 1, s[t]]) for t in range(len(s) - k, len(s))))
+        hits += all(int(logp[t - 1].argmax()) == s[t] for t in range(len(s) - k, len(s)))
+    assert hits == 1 and res["correct"] == 1 and res["accuracy"] == pytest.approx(1 / 3)
+    assert res["last_word_perplexity"] == pytest.approx(math.exp(sum(nlls) / 3), rel=1e-6)
+
+
+def test_lambada_on_the_tango_model_and_plain_lines(model, tmp_path):
+    path = tmp_path / "lambada.txt"
+    path.write_text("she opened the door and saw her\nthe end of the long story was near\n\n")
+    examples = read_lambada(path)
+    assert examples == [("she opened the door and saw", "her"), ("the end of the long story was", "near")]
+    res = lambada_metrics(model, TOK, examples, CONTEXT, batch_size=1)
+    want = []
+    for context, target in examples:
+        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1):]
+        k = len(TOK.encode(" " + target))
+        with torch.no_grad():
+            logp = model(torch.tensor([s[:-1]]))[0]
+        want.append(-sum(float(logp[t - 1, s[t]]) for t in range(len(s) - k, len(s))))
+    assert res["mean_nll"] == pytest.approx(sum(want) / 2, rel=1e-5)
+
+
+# -- bad files ---------------------------------------------------------------------------------
+BAD_FILES = {
+    "no_last_word": ("lambada", "a fine passage with its word\nlonely\n", "no last word"),
+    "empty_text_field": ("lambada", '{"text": "x y"}\n{"text": "   "}\n', "line 2"),
+    "jsonl_does_not_parse": ("lambada", '{"text": "a b"}\n{"text": "c d"\n', "not valid JSON"),
+    "no_text_field": ("lambada", '{"txt": "a b"}\n', "no string \"text\" field"),
+    "binary": ("text", b"\x89PNG\r\n\x1a\n\x00\x00\x00", "binary"),
+    "not_utf8": ("wikitext", b"caf\xe9 au lait", "not UTF-8"),
+    "empty": ("text", "\n\n  \n", "no text"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_files_are_user_errors(model, tmp_path, case):
+    fmt, content, message = BAD_FILES[case]
+    path = tmp_path / "file"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=message):
+        evaluate_file(model, TOK, path, fmt, CONTEXT)
+
+
+# -- the command line --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    data = helpers.synthetic_dataset(tmp_path_factory)
+    out = tmp_path_factory.mktemp("ppl") / "run"
+    with helpers.one_thread():
+        from tango_lm.train.trainer import train
+
+        train(helpers.run_config(data, out, steps=2, eval_every=2, save_every=2))
+    return out
+
+
+def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
+    from tango_lm.train.checkpoint import load_checkpoint
+
+    path = tmp_path / "wiki.raw"
+    path.write_text(WIKI)
+    assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "wikitext", "--stride", "8",
+                 "--device", "cpu", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    model = load_checkpoint(run_dir).build_model("cpu")
+    want = evaluate_file(model, TOK, path, "wikitext", helpers.SEQ_LEN, stride=8)
+    assert res["word_perplexity"] == pytest.approx(want["word_perplexity"], rel=1e-6)
+    assert res["context"] == helpers.SEQ_LEN and res["stride"] == 8 and res["step"] == 2
+
+    lam = tmp_path / "l.txt"
+    lam.write_text("a b c\nd e f\n")
+    assert main(["eval", str(run_dir), "--ppl", str(lam), "--format", "lambada", "--device", "cpu"]) == 0
+    assert "last-word perplexity" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["no_last_word", "jsonl_does_not_parse", "binary", "missing", "stride"])
+def test_cli_bad_ppl_input_exits_2(run_dir, tmp_path, capsys, case):
+    path = tmp_path / "f"
+    args = ["--format", "lambada"]
+    if case in BAD_FILES:
+        fmt, content, _ = BAD_FILES[case]
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        args = ["--format", fmt]
+    elif case == "stride":
+        path.write_text("some text")
+        args = ["--format", "text", "--stride", "999"]
+    assert main(["eval", str(run_dir), "--ppl", str(path), "--device", "cpu", *args]) == 2
+    helpers.assert_one_error_line(capsys.readouterr().err)

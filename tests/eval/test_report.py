@@ -1,0 +1,249 @@
+"""`tango-lm report` on hand-written run directories with known numbers: means, sample standard
+deviations, best marks, per-seed margins (seed 000 Table 13), depth scaling (Table 5) and
+head-vs-Standard deltas (seed 001 Table 1), in the JSON, CSV and Markdown outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.errors import UserError
+from tango_lm.eval.report import write_report
+from tests import helpers
+
+SEEDS = [[17, 101], [23, 103], [41, 107]]
+# (depth, arch) -> test NLL per seed
+TEST_NLL = {
+    (4, "tango"): [3.0, 3.2, 3.1],
+    (4, "loop-transformer"): [3.3, 3.4, 3.5],
+    (4, "gau"): [3.2, 3.1, 3.6],
+    (8, "tango"): [2.9, 3.0, 2.95],
+    (8, "loop-transformer"): [3.4, 3.5, 3.6],
+    (8, "gau"): [3.0, 3.05, 3.1],
+}
+# dense backbone, head -> test NLL for the first two seeds (seed 001 Table 1 pairs)
+HEADS = {"standard": [2.90, 2.80], "onona": [2.88, 2.79]}
+
+
+def write_run(root: Path, labels: dict, test_nll: float, dev_nll: float, tokens_per_s: float = 1000.0,
+              select: str = "best", sweep_json: bool = True, dev_curve: list[float] | None = None) -> Path:
+    seed = labels["seed"]
+    name = "/".join(f"{k}={'-'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in labels.items())
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"model": {"arch": labels["arch"], "head": labels.get("head", "standard"), "depth": labels["depth"]},
+              "data": {"dir": f"/data/{labels['dataset']}"},
+              "train": {"seed": seed[0], "data_seed": seed[1], "select": select}}
+    (run / "config.json").write_text(json.dumps(config))
+    dev_curve = dev_curve or [dev_nll + 0.5, dev_nll]
+    records = []
+    for i, d in enumerate(dev_curve, 1):
+        records.append({"step": 10 * i, "loss": d + 0.1, "tokens": 1000 * i})
+        records.append({"step": 10 * i, "dev_nll": d, "tokens": 1000 * i, "best": True})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    selected = 10 * len(dev_curve)
+    summary = {"arch": labels["arch"], "head": labels.get("head", "standard"), "steps": selected,
+               "selected_step": selected, "best_dev_nll": min(dev_curve), "test_nll": test_nll,
+               "tokens_per_s": tokens_per_s, "params_total": 1000, "tokens": 1000 * len(dev_curve)}
+    (run / "summary.json").write_text(json.dumps(summary))
+    if sweep_json:
+        (run / "sweep.json").write_text(json.dumps({"name": name, "labels": labels}))
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "sweep"
+    for (depth, arch), values in TEST_NLL.items():
+        for seed, v in zip(SEEDS, values, strict=True):
+            labels = {"dataset": "dmmath", "tier": "70M", "depth": depth, "arch": arch, "seed": seed}
+            write_run(root, labels, v, v + 0.05, tokens_per_s={"tango": 1e3, "gau": 3e3}.get(arch, 2e3))
+    for head, values in HEADS.items():
+        for seed, v in zip(SEEDS, values, strict=False):
+            labels = {"dataset": "climbmix", "tier": "142M", "depth": 16, "arch": "dense", "head": head, "seed": seed}
+            write_run(root, labels, v, v)
+    return root
+
+
+def _cell(report, dataset, depth, model):
+    row = next(r for r in report["main"] if r["dataset"] == dataset and r["depth"] == depth)
+    return row, row["cells"].get(model)
+
+
+def test_means_stds_and_best_marks(runs):
+    res = write_report(runs, plots=False)
+    report = res["report"]
+    assert res["warnings"] == []
+    row, tango = _cell(report, "dmmath", 4, "tango")
+    assert tango["mean"] == pytest.approx(3.1) and tango["std"] == pytest.approx(0.1) and tango["n"] == 3
+    _, gau = _cell(report, "dmmath", 4, "gau")
+    assert gau["mean"] == pytest.approx(3.3) and gau["std"] == pytest.approx(math.sqrt(0.07))  # ddof = 1
+    assert row["best"] == ["tango"]
+    row8, _ = _cell(report, "dmmath", 8, "tango")
+    assert row8["best"] == ["tango"]
+    # Rows in order: dmmath before climbmix (first seen in path order is climbmix; datasets keep
+    # that order), depth ascending within a dataset.
+    assert [(r["dataset"], r["depth"]) for r in report["main"]] == [("climbmix", 16), ("dmmath", 4), ("dmmath", 8)]
+    assert report["models"][:3] == ["tango", "loop-transformer", "gau"]  # registry order, not alphabetical
+
+    md = (runs / "report" / "report.md").read_text()
+    assert "**3.100 ± 0.100**" in md and "3.300 ± 0.265" in md and "3.400 ± 0.100" in md
+    assert "| TANGO | Loop Transformer++ | Full-attention GAU |" in md
+
+    with open(runs / "report" / "main.csv") as f:
+        rows = list(csv.DictReader(f))
+    gau4 = next(r for r in rows if r["model"] == "gau" and r["depth"] == "4")
+    assert float(gau4["mean"]) == pytest.approx(3.3) and float(gau4["std"]) == pytest.approx(math.sqrt(0.07))
+    assert gau4["best"] == "0"
+    assert next(r for r in rows if r["model"] == "tango" and r["depth"] == "4")["best"] == "1"
+
+
+def test_per_seed_margins(runs):
+    report = write_report(runs, plots=False)["report"]
+    m4 = next(m for m in report["margins"] if m["dataset"] == "dmmath" and m["depth"] == 4)
+    assert m4["model"] == "tango"
+    margins = {s: v["margin"] for s, v in m4["seeds"].items()}
+    # seed 17/101: 3.0 - min(3.3, 3.2); 23/103: 3.2 - min(3.4, 3.1) (GAU wins there); 41/107: 3.1 - 3.5
+    assert margins == pytest.approx({"17/101": -0.2, "23/103": 0.1, "41/107": -0.4})
+    assert m4["seeds"]["23/103"]["next"] == "gau" and m4["seeds"]["41/107"]["next"] == "loop-transformer"
+    md = (runs / "report" / "report.md").read_text()
+    assert "| dmmath | 70M | 4 | TANGO | -0.2000 | +0.1000 | -0.4000 |" in md
+    with open(runs / "report" / "margins.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["dataset"] == "dmmath" and r["depth"] == "4"]
+    assert [float(r["margin"]) for r in rows] == pytest.approx([-0.2, 0.1, -0.4])
+
+    # A reference model: margins of the Loop Transformer++ over the best of the others.
+    ref = write_report(runs, runs / "ref", plots=False, reference="loop-transformer")["report"]
+    m4 = next(m for m in ref["margins"] if m["dataset"] == "dmmath" and m["depth"] == 4)
+    assert {s: v["margin"] for s, v in m4["seeds"].items()} == pytest.approx(
+        {"17/101": 0.3, "23/103": 0.3, "41/107": 0.4})
+
+
+def test_depth_scaling(runs):
+    report = write_report(runs, plots=False)["report"]
+    rows = {r["model"]: r for r in report["depth"] if r["dataset"] == "dmmath"}
+    assert rows["tango"]["depths"][4]["mean"] == pytest.approx(3.1)
+    assert rows["tango"]["depths"][8]["mean"] == pytest.approx(2.95)
+    assert rows["tango"]["depths"][8]["std"] == pytest.approx(0.05)
+    assert rows["tango"]["non_increasing"] is True and rows["loop-transformer"]["non_increasing"] is False
+    md = (runs / "report" / "report.md").read_text()
+    assert "| dmmath | 70M | TANGO | 3.100 ± 0.100 | 2.950 ± 0.050 | yes |" in md
+    assert "| dmmath | 70M | Loop Transformer++ | 3.400 ± 0.100 | 3.500 ± 0.100 | no |" in md
+
+
+def test_head_vs_standard_pairs(runs):
+    report = write_report(runs, plots=False)["report"]
+    (pair,) = report["heads"]
+    assert (pair["arch"], pair["head"], pair["n"]) == ("dense", "onona", 2)
+    assert pair["head_nll"] == pytest.approx(2.835) and pair["standard_nll"] == pytest.approx(2.85)
+    assert pair["delta"] == pytest.approx(-0.015) and pair["delta_std"] == pytest.approx(math.sqrt(0.00005))
+    md = (runs / "report" / "report.md").read_text()
+    assert "| climbmix | 142M | 16 | Dense | onóna | 2.8350 | 2.8500 | -0.0150 ± 0.0071 | 2 |" in md
+    with open(runs / "report" / "heads.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["delta"]) == pytest.approx(-0.015)
+    # The main table puts the onóna arm beside its Standard backbone.
+    _, onona = _cell(report, "climbmix", 16, "dense+onona")
+    assert onona["mean"] == pytest.approx(2.835) and onona["std"] == pytest.approx(0.09 / math.sqrt(2))
+
+
+def test_dev_split_uses_the_selected_checkpoint(tmp_path):
+    root = tmp_path / "runs"
+    # select: final -> dev NLL at the final step (3.2), not the best (3.0).
+    write_run(root, {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}, 3.5, 0,
+              select="final", dev_curve=[3.0, 3.2])
+    report = write_report(root, plots=False, split="dev")["report"]
+    assert report["main"][0]["cells"]["tango"]["mean"] == pytest.approx(3.2)
+    assert report["runs"][0]["test_nll"] == 3.5
+
+
+def test_runs_without_sweep_json_are_labelled_from_their_config(tmp_path):
+    root = tmp_path / "runs"
+    for seed, v in zip(SEEDS, [1.0, 1.2, 1.1], strict=True):
+        write_run(root, {"dataset": "x", "tier": "-", "depth": 3, "arch": "tango", "seed": seed}, v, v,
+                  sweep_json=False)
+    report = write_report(root, plots=False)["report"]
+    (row,) = report["main"]
+    assert (row["dataset"], row["depth"]) == ("x", 3)
+    assert row["cells"]["tango"]["mean"] == pytest.approx(1.1)
+    assert report["seeds"] == ["17/101", "23/103", "41/107"]
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    root = tmp_path / "runs"
+    for (depth, arch), values in TEST_NLL.items():
+        if arch != "gau":
+            labels = {"dataset": "dmmath", "tier": "70M", "depth": depth, "arch": arch, "seed": SEEDS[0]}
+            write_run(root, labels, values[0], values[0], tokens_per_s=1000.0 * depth)
+    res = write_report(root)
+    pngs = sorted(Path(f).relative_to(root / "report" / "plots").as_posix() for f in res["files"] if f.endswith(".png"))
+    # learning curves per row and seed, NLL against depth, NLL against throughput
+    assert pngs == ["curves/dmmath_tier-70M_depth-4_seed-17-101.png", "curves/dmmath_tier-70M_depth-8_seed-17-101.png",
+                    "depth_dmmath_tier-70M.png", "throughput_dmmath.png"]
+    for p in pngs:
+        assert (root / "report" / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- damaged inputs ----------------------------------------------------------------------------
+def _one_run(root: Path) -> Path:
+    return write_run(root, {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}, 3.0, 3.0)
+
+
+def test_partial_last_metrics_line_is_skipped_with_a_warning(tmp_path, capsys):
+    run = _one_run(tmp_path / "runs")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 30, "loss": 2.')
+    assert main(["report", str(tmp_path / "runs"), "--no-plots", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning:" in captured.err and "metrics.jsonl" in captured.err and "partial last line" in captured.err
+    assert json.loads(captured.out)["main"][0]["cells"]["tango"]["mean"] == 3.0
+
+
+def test_unfinished_run_is_left_out_with_a_warning(tmp_path):
+    run = _one_run(tmp_path / "runs")
+    other = tmp_path / "runs" / "unfinished"
+    other.mkdir()
+    (other / "config.json").write_text((run / "config.json").read_text())
+    failed = tmp_path / "runs" / "failed"
+    failed.mkdir()
+    (failed / "failed.json").write_text('{"error": "bad"}')
+    res = write_report(tmp_path / "runs", plots=False)
+    assert len(res["report"]["runs"]) == 1
+    assert any("unfinished" in w and "no summary.json" in w for w in res["warnings"])
+    assert any(str(failed) in w and "failed before training" in w for w in res["warnings"])
+
+
+@pytest.mark.parametrize("case", ["truncated_summary", "corrupt_middle_metrics", "corrupt_config", "no_runs"])
+def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys, case):
+    root = tmp_path / "runs"
+    if case == "no_runs":
+        root.mkdir()
+        want = "no finished runs"
+    else:
+        run = _one_run(root)
+        if case == "truncated_summary":
+            text = (run / "summary.json").read_text()
+            (run / "summary.json").write_text(text[: len(text) // 2])
+            want = str(run / "summary.json")
+        elif case == "corrupt_middle_metrics":
+            lines = (run / "metrics.jsonl").read_text().splitlines()
+            lines[1] = lines[1][:5]
+            (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+            want = f"{run / 'metrics.jsonl'} line 2"
+        else:
+            (run / "config.json").write_text("{not json")
+            want = str(run / "config.json")
+    assert main(["report", str(root), "--no-plots"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert want in line
+
+
+def test_unknown_reference_is_a_user_error(runs):
+    with pytest.raises(UserError, match="--reference 'nope'"):
+        write_report(runs, plots=False, reference="nope")

@@ -1,0 +1,230 @@
+"""The public model interface (docs/design.md §1, §7): `tango_lm.build_model(ModelConfig)` for each
+architecture: normalized causal log-probs, the fused NLL, the loop structure, state-dict names,
+and the user errors for bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tango_lm import ModelConfig, UserError, build_model
+from tango_lm.layers.rope import rope_tables
+from tests import arch_cases
+
+ARCHS = ("tango", "loop-transformer", "untied-transformer")
+V, T, DEPTH = 97, 12, 3
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add overhead
+
+
+def small_config(arch: str, **changes) -> ModelConfig:
+    fields = dict(arch=arch, d_model=32, head_dim=16, width=48, depth=DEPTH, vocab_size=V, context_length=16)
+    fields.update(changes)
+    return ModelConfig(**fields)
+
+
+def small_model(arch: str, seed: int = 0, **changes) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = build_model(small_config(arch, **changes))
+    # Larger weights than the 0.02 init, so positions interact visibly in the outputs.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.startswith("head."):
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_log_probs_are_normalized_fp32(arch):
+    model = small_model(arch)
+    x = ids()
+    with torch.no_grad():
+        lp = model(x)
+    assert lp.shape == (2, T, V) and lp.dtype == torch.float32
+    assert torch.isfinite(lp).all() and (lp <= 0).all()
+    torch.testing.assert_close(lp.logsumexp(-1), torch.zeros(2, T), rtol=0, atol=1e-5)
+    assert lp.std(-1).min() > 1e-3  # not a uniform distribution
+
+
+def check_causal(cfg: ModelConfig) -> torch.nn.Module:
+    """float64, one row (an MoE's expert capacity is shared by the rows of a batch): changing the
+    tokens from position t on changes no log-prob before t and does change position t; changing
+    token 0 changes the last position (information flows forward)."""
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():  # larger weights than the 0.02 init, so positions interact visibly
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.startswith("head."):
+                p.normal_(0, 0.2)
+    model = model.double().eval()
+    v, t_len = cfg.vocab_size, 12
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(0, v, (1, t_len), generator=gen)
+    with torch.no_grad():
+        base = model(x)
+        for t in (1, 5, t_len - 1):
+            x2 = x.clone()
+            x2[:, t:] = (x2[:, t:] + 1 + torch.randint(0, v - 1, x2[:, t:].shape, generator=gen)) % v
+            lp = model(x2)
+            torch.testing.assert_close(lp[:, :t], base[:, :t], rtol=0, atol=1e-12, msg=f"t={t}")
+            assert (lp[:, t] - base[:, t]).abs().max() > 1e-6, f"t={t}: the changed token does not matter"
+        x2 = x.clone()
+        x2[:, 0] = (x2[:, 0] + 1) % v
+        assert (model(x2)[:, -1] - base[:, -1]).abs().max() > 1e-6
+    return model
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_causal(arch):
+    check_causal(arch_cases.tiny_config(arch))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nll_is_mean_of_gathered_log_probs(arch):
+    model = small_model(arch)
+    x, y = ids(seed=3), ids(seed=4)
+    lp = model(x)
+    manual = -lp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    nll = model.nll(x, y)
+    assert nll.dim() == 0 and nll.dtype == torch.float32
+    torch.testing.assert_close(nll, manual.mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.nll(x, y, reduction="sum"), manual.sum(), rtol=1e-5, atol=1e-5)
+    # Gradients of the fused path equal those of the explicit one.
+    params = [p for p in model.parameters()]
+    g_fused = torch.autograd.grad(nll, params)
+    g_manual = torch.autograd.grad(manual.mean(), params)
+    for a, b in zip(g_fused, g_manual, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_block_applications(arch):
+    model = small_model(arch)
+    layers = model.backbone.layers
+    calls: list[int] = []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, i=i: calls.append(i))
+    with torch.no_grad():
+        model(ids())
+    if arch == "untied-transformer":
+        assert len(layers) == DEPTH and calls == list(range(DEPTH))
+    else:
+        assert len(layers) == 1 and calls == [0] * DEPTH
+
+
+@pytest.mark.parametrize("arch", ["tango", "loop-transformer"])
+def test_loop_depth_is_applications_of_one_block(arch):
+    # Same weights, different depth: same state dict keys, different outputs; depth 3 equals
+    # applying the depth-1 model's block three times by hand.
+    deep, shallow = small_model(arch), small_model(arch, depth=1)
+    shallow.load_state_dict(deep.state_dict())
+    x = ids()
+    with torch.no_grad():
+        out_deep, out_shallow = deep(x), shallow(x)
+        assert (out_deep - out_shallow).abs().max() > 1e-4
+        h = shallow.head.embed(x)
+        block = shallow.backbone.layers[0]
+        rope = rope_tables(T, 16, 10000.0, h.device)
+        for app in range(DEPTH):
+            h = block(h, rope, app)
+        manual = shallow.head.log_probs(shallow.norm(h), x)
+    torch.testing.assert_close(out_deep, manual, rtol=0, atol=1e-6)
+
+
+PROJ = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_dict_names(arch):
+    cfg = small_config(arch)
+    sd = build_model(cfg).state_dict()
+    assert all(k.endswith(".weight") for k in sd), "no biases anywhere (docs/design.md §1)"
+    modules = {k.rsplit(".", 2)[-2] for k in sd}
+    for name in modules:
+        assert name in PROJ or name.endswith("norm") or "embed" in name, name
+    layer_ids = {k.split("layers.")[1].split(".")[0] for k in sd if "layers." in k}
+    if arch == "untied-transformer":
+        assert layer_ids == {str(i) for i in range(DEPTH)}
+    else:
+        assert layer_ids == {"0"}
+    d, f = cfg.d_model, cfg.width
+    shapes = {k.rsplit(".", 2)[-2]: tuple(v.shape) for k, v in sd.items() if "layers.0." in k}
+    if arch == "tango":
+        assert modules & PROJ == {"q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"}  # no value projection
+        assert sum(1 for n in modules if n.endswith("norm")) >= 1
+        assert shapes["gate_proj"] == shapes["up_proj"] == (f, d) and shapes["down_proj"] == (d, f)
+    else:
+        assert modules & PROJ == PROJ
+        assert shapes["v_proj"] == shapes["o_proj"] == (d, d) and shapes["down_proj"] == (d, f)
+        # Two norms per block (attention and MLP), with distinct names ending in `norm`.
+        norms = [k for k in sd if "layers.0." in k and k.rsplit(".", 2)[-2].endswith("norm")]
+        assert len(norms) == 2
+    assert shapes["q_proj"] == shapes["k_proj"] == (d, d)
+    # Exactly one vocabulary table (tied input/output embedding, docs/design.md §1).
+    assert [tuple(v.shape) for v in sd.values() if v.shape[0] == V] == [(V, d)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("bad", [V, V + 50])
+def test_token_id_outside_vocab_is_user_error(arch, bad):
+    model = small_model(arch)
+    x = ids()
+    x[1, 4] = bad
+    with pytest.raises(UserError, match="vocabulary"):
+        model(x)
+    with pytest.raises(UserError, match="vocabulary"):
+        model.nll(x, ids())
+
+
+def test_negative_token_id_is_user_error():
+    x = ids()
+    x[0, 0] = -1
+    with pytest.raises(UserError, match="vocabulary"):
+        small_model("tango")(x)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sequence_longer_than_context_is_user_error(arch):
+    model = small_model(arch)
+    with torch.no_grad():
+        assert model(ids(t=16)).shape == (2, 16, V)  # exactly context_length is fine
+    with pytest.raises(UserError, match="context_length"):
+        model(ids(t=17))
+
+
+def test_same_seed_same_model_and_embedding_init():
+    def make():
+        torch.manual_seed(5)
+        return build_model(small_config("tango", d_model=64, vocab_size=300))
+
+    a, b = make(), make()
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+    # docs/design.md §1: the tied embedding starts as N(0, 0.02^2) (19,200 draws: std within ~2%).
+    table = [v for v in a.state_dict().values() if v.shape == (300, 64)]
+    assert len(table) == 1
+    assert abs(table[0].std().item() - 0.02) < 0.0005 and abs(table[0].mean().item()) < 0.0005
+
+
+def test_sequence_longer_than_context_checked_off_cpu():
+    with torch.device("meta"):
+        model = build_model(small_config("tango"))
+        too_long = torch.zeros(1, 17, dtype=torch.long)
+    with pytest.raises(UserError, match="context_length"):
+        model(too_long)
+
+
+def test_every_head_gets_the_same_initial_body_under_one_seed():
+    """The onóna protocol compares heads on identical bodies: the body is drawn before the head."""
+    bodies = []
+    for head in ("standard", "onona", "mos", "untied"):
+        torch.manual_seed(3)
+        model = build_model(ModelConfig(arch="tango", head=head, d_model=32, head_dim=8, width=48, depth=2,
+                                        vocab_size=40, context_length=16))
+        bodies.append({k: v for k, v in model.state_dict().items() if not k.startswith("head.")})
+    for other in bodies[1:]:
+        assert all(torch.equal(bodies[0][k], other[k]) for k in bodies[0])

@@ -1,0 +1,176 @@
+"""Cached decoding and sampling (serve/cache.py, serve/generate.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tango_lm import ModelConfig, UserError, build_model
+from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.serve.generate import filter_logits, generate, sample_next
+from tests import arch_cases
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add overhead
+
+
+def tiny_model(arch: str, **changes) -> torch.nn.Module:
+    return model_for(arch_cases.tiny_config(arch, **changes))
+
+
+def model_for(cfg: ModelConfig) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(cfg).double().eval()
+    with torch.no_grad():  # move off zero/one inits (gates, offsets, biases) so every path matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def check_cached_decoding(cfg: ModelConfig) -> None:
+    """A prefill, single steps and a chunk through the decode cache give the full forward's
+    log-probs (float64), and the cache grows with the positions exactly when the architecture
+    says its decode state does."""
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 37), generator=torch.Generator().manual_seed(1))
+    full = model(x)
+    cache = model.new_cache()
+    pieces = [model(x[:, :11], cache)]  # prefill
+    sizes = []
+    for i in range(11, 30):  # one token at a time
+        pieces.append(model(x[:, i : i + 1], cache))
+        sizes.append(cache.nbytes())
+    pieces.append(model(x[:, 30:], cache))  # a chunk after single steps
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-10)
+    assert cache.position == 37 and cache.nbytes() > 0
+    half = len(sizes) // 2
+    grows = max(sizes[half:]) > max(sizes[:half])
+    assert grows == ARCHITECTURES[cfg.arch].decode_state_grows(cfg), sizes
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_cached_decoding_reproduces_full_forward(arch):
+    check_cached_decoding(arch_cases.tiny_config(arch))
+
+
+def test_cached_decoding_of_block_attnres():
+    check_cached_decoding(arch_cases.tiny_config("attnres", attnres_block=1))
+
+
+def test_cache_beyond_context_is_a_user_error():
+    model = tiny_model("tango")
+    cache = model.new_cache()
+    model(torch.zeros(1, 40, dtype=torch.long), cache)
+    with pytest.raises(UserError, match="context_length"):
+        model(torch.zeros(1, 9, dtype=torch.long), cache)
+
+
+def test_greedy_generation_matches_argmax_of_full_forward():
+    model = tiny_model("tango")
+    prompt = torch.tensor([[3, 14, 15, 9]])
+    out = generate(model, prompt, 10, temperature=0)
+    assert out.shape == (1, 14) and torch.equal(out[:, :4], prompt)
+    for t in range(4, 14):
+        assert out[0, t] == model(out[:, :t])[0, -1].argmax()
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without():
+    model = tiny_model("loop-transformer")
+    prompt = torch.tensor([[1, 2, 3]])
+    a = generate(model, prompt, 12, temperature=1.5, seed=7)
+    b = generate(model, prompt, 12, temperature=1.5, seed=7)
+    c = generate(model, prompt, 12, temperature=1.5, seed=8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_generation_stops_at_eos_for_every_row():
+    model = tiny_model("tango")
+    prompt = torch.tensor([[1, 2, 3]])
+    first = generate(model, prompt, 1, temperature=0)[0, -1].item()
+    out = generate(model, prompt, 20, temperature=0, eos_id=first)
+    assert out.shape[1] == 4
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    k2 = filter_logits(logits, top_k=2)
+    assert torch.isfinite(k2).tolist() == [[True, True, False, False, False]]
+    p = filter_logits(logits, top_p=0.7)  # 0.5 + 0.2 reaches 0.7: keep two
+    assert torch.isfinite(p).tolist() == [[True, True, False, False, False]]
+    p = filter_logits(logits, top_p=0.71)
+    assert torch.isfinite(p).tolist() == [[True, True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, top_p=0.01)).sum() == 1
+
+
+def test_sample_next_respects_top_k_support():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])).repeat(2000, 1)
+    draws = sample_next(logits, 1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {0, 1}
+    frac0 = (draws == 0).float().mean().item()
+    assert abs(frac0 - 4 / 7) < 0.04  # renormalized 0.4 / (0.4 + 0.3)
+
+
+def test_bad_sampling_arguments():
+    model = tiny_model("tango")
+    with pytest.raises(UserError, match="temperature"):
+        generate(model, torch.tensor([[1]]), 2, temperature=-1)
+    with pytest.raises(UserError, match="top_p"):
+        generate(model, torch.tensor([[1]]), 2, top_p=0)
+    with pytest.raises(UserError, match="context"):
+        generate(model, torch.tensor([[1] * 40]), 20)
+
+
+def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixture(monkeypatch):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=12, context_length=16)).eval()
+    calls = []
+    original = type(model.head).sample
+    monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or original(self, *a))
+    n = 6000
+    prompt = torch.tensor([[3, 5, 7]]).repeat(n, 1)
+    first = generate(model, prompt, 1, seed=0)[:, -1]
+    assert calls, "temperature-1 untruncated sampling must go through the head's one-projection sampler"
+    want = model(prompt[:1])[0, -1].exp()
+    got = torch.bincount(first, minlength=12).float() / n
+    # Within 4 standard errors per token, for a fixed seed.
+    se = (want * (1 - want) / n).sqrt()
+    assert ((got - want).abs() <= 4 * se + 1e-3).all(), (got, want)
+    calls.clear()
+    generate(model, prompt[:2], 2, seed=0, top_k=5)
+    assert not calls  # truncated sampling needs both projections
+
+
+def test_onona_serving_fold_gives_the_same_numbers():
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=30, context_length=16)).eval()
+    x = torch.randint(0, 30, (2, 9))
+    with torch.no_grad():
+        plain = model(x)
+        with model.head.serving():
+            folded = model(x)
+            assert model.head._folded is not None
+    assert model.head._folded is None
+    torch.testing.assert_close(folded, plain, rtol=0, atol=1e-6)
+    greedy = generate(model, x[:1, :3], 8, temperature=0)
+    assert torch.equal(greedy[:, 3:4], model(x[:1, :3])[:, -1].argmax(-1, keepdim=True))
+
+
+def test_onona_serving_fold_is_kept_until_the_weights_change():
+    torch.manual_seed(2)
+    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
+                                    vocab_size=30, context_length=16)).eval()
+    x = torch.randint(0, 30, (2, 9))
+    head = model.head
+    with torch.no_grad(), head.serving():
+        first = head._folded
+    with torch.no_grad(), head.serving():
+        assert head._folded is first  # unchanged weights: the fold is reused, not recomputed
+    for param in (head.table_a.weight, head.table_b.weight, head.gate.weight):
+        with torch.no_grad():
+            param.add_(0.1 * torch.randn_like(param))  # as an optimizer step would
+            plain = model(x)
+            with head.serving():
+                assert head._folded is not first
+                first = head._folded
+                torch.testing.assert_close(model(x), plain, rtol=0, atol=1e-6)

@@ -1,0 +1,341 @@
+"""`tango-lm export CHECKPOINT --hf DIR` (serve/hf_export.py, serve/hf_modeling.py): the directory
+loads offline with transformers' Auto classes, its logits are the model's log-probs, and greedy
+`generate()` (cached or not) gives tango-lm's own greedy tokens.
+
+Tests that load the directory are skipped when transformers is not installed
+(`pip install 'tango-lm[eval]'`); writing it needs only tango-lm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tango_lm.cli import main
+from tango_lm.data.bpe import train_bpe
+from tango_lm.data.tokenizers import Tokenizer, get_tokenizer, tokenizer_from_dict
+from tango_lm.layers.moe import capacity_factor
+from tango_lm.serve.generate import generate
+from tango_lm.train.checkpoint import load_checkpoint, save_checkpoint
+from tango_lm.train.config import RunConfig
+from tests import arch_cases, helpers
+
+MODELING = helpers.ROOT / "src" / "tango_lm" / "serve" / "hf_modeling.py"
+TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
+         "I'm you'll they've  double   spaces   ", "ÜNÏCÖDÉ 123456 3.14 ∑x²"]
+# Every registered architecture's tiny model (tests/arch_cases.py), and routed experts at a
+# training capacity that drops tokens.
+CASES = {**{arch: (arch, {}) for arch in arch_cases.names()}, "moe-dropping": ("moe", {"capacity_factor_train": 0.5})}
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer = "byte", **model) -> Path:
+    """A randomly initialized tiny checkpoint, its weights moved off their init so every path matters."""
+    tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    cfg = arch_cases.tiny_fields(arch, context_length=48, vocab_size=tok.vocab_size, **model)
+    run = RunConfig.from_dict({"model": cfg, "data": {"dir": str(root / "data")},
+                               "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
+    torch.manual_seed(0)
+    net = run.model.build()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return save_checkpoint(root / "checkpoints", 7, net.state_dict(), {}, run.to_dict(), tok.to_dict(), {})
+
+
+def export(ckpt: Path, out: Path) -> Path:
+    assert main(["export", str(ckpt), "--hf", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def byte_export(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("byte")
+    ckpt = make_checkpoint(root)
+    return ckpt, export(ckpt, root / "hf")
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def load_hf(transformers, path: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, local_files_only=True)
+    return model.eval()
+
+
+# -- the directory ----------------------------------------------------------------------------
+def test_export_writes_a_self_describing_directory(byte_export):
+    ckpt, out = byte_export
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "config.json", "generation_config.json", "model.safetensors",
+                     "modeling_tango_lm.py", "tango_tokenizer.json", "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "tango_lm" and config["architectures"] == ["TangoLMForCausalLM"]
+    assert config["auto_map"] == {"AutoConfig": "modeling_tango_lm.TangoLMConfig",
+                                  "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM"}
+    assert config["tango_config"] == load_checkpoint(ckpt).config["model"]
+    assert config["eos_token_id"] == 256 and config["torch_dtype"] == "float32"
+    assert (out / "modeling_tango_lm.py").read_text() == MODELING.read_text()
+    weights = load_file(str(out / "model.safetensors"))
+    source = load_file(str(ckpt / "model.safetensors"))
+    assert weights.keys() == {f"model.{k}" for k in source}
+    assert all(torch.equal(weights[f"model.{k}"], v) for k, v in source.items())
+    assert tokenizer_from_dict(json.loads((out / "tango_tokenizer.json").read_text())).name == "byte"
+
+
+def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
+    ckpt, _ = byte_export
+    assert main(["export", str(tmp_path / "missing"), "--hf", str(tmp_path / "out")]) == 2
+    assert "does not exist" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("keep me")
+    assert main(["export", str(ckpt), "--hf", str(busy)]) == 2
+    assert "--overwrite" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "file")]) == 2
+    assert "not a directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_overwrite_replaces_the_export_and_keeps_other_files(tmp_path, capsys, byte_export):
+    ckpt, first = byte_export
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    (out / "config.json").write_text("{}")
+    assert main(["export", str(ckpt), "--hf", str(out), "--overwrite", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["hf_dir"] == str(out) and summary["step"] == 7 and "model.safetensors" in summary["files"]
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert (out / "config.json").read_text() == (first / "config.json").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+# -- transformers --------------------------------------------------------------------------------
+def test_auto_model_logits_are_the_models_log_probs(transformers, byte_export):
+    ckpt, out = byte_export
+    hf = load_hf(transformers, out)
+    assert type(hf).__name__ == "TangoLMForCausalLM" and not hf.training
+    ref = load_checkpoint(ckpt).build_model()
+    ids = torch.randint(0, 257, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out_hf = hf(ids)
+        want = ref(ids)
+        torch.testing.assert_close(out_hf.logits, want, rtol=0, atol=0)
+        assert out_hf.logits.dtype == torch.float32
+        # logits are normalized log-probs, so softmax gives the model's distribution back
+        torch.testing.assert_close(out_hf.logits.softmax(-1).log(), want, rtol=1e-5, atol=1e-5)
+        # labels: mean next-token NLL (shifted inside), -100 ignored
+        loss = hf(ids, labels=ids).loss
+        torch.testing.assert_close(loss, ref.nll(ids[:, :-1], ids[:, 1:]), rtol=1e-6, atol=1e-6)
+        labels = ids.clone()
+        labels[:, :10] = -100
+        masked = -want[:, 9:-1].gather(-1, ids[:, 10:, None]).mean()
+        torch.testing.assert_close(hf(ids, labels=labels).loss, masked, rtol=1e-6, atol=1e-6)
+
+
+def check_round_trip(transformers, root: Path, arch: str, **model) -> None:
+    """Export a checkpoint, load it with AutoModelForCausalLM: its logits are the model's
+    log-probs, and greedy `generate()` with and without the cache gives `tango-lm generate`'s
+    greedy tokens."""
+    ckpt = make_checkpoint(root, arch, **model)
+    hf = load_hf(transformers, export(ckpt, root / "hf"))
+    ref = load_checkpoint(ckpt).build_model()
+    prompts = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capacity_factor(ref, "eval"):  # served as in external evaluation
+        torch.testing.assert_close(hf(prompts).logits, ref(prompts), rtol=0, atol=0)
+    for prompt in (prompts[:1], prompts):  # one prompt, and a batch of equal-length prompts
+        want = generate(ref, prompt, 24, temperature=0)  # tango-lm generate --temperature 0 (--no-stop)
+        kwargs = {"max_new_tokens": 24, "do_sample": False, "eos_token_id": None}
+        cached = hf.generate(prompt, **kwargs)
+        assert cached.tolist() == want.tolist()
+        assert hf.generate(prompt, use_cache=False, **kwargs).tolist() == want.tolist()
+    # an end-of-text token ends generation in both (here: the first token greedy decoding picks)
+    eos = int(want[0, 9])
+    stopped = hf.generate(prompts[:1], max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    assert stopped.tolist() == generate(ref, prompts[:1], 24, temperature=0, eos_id=eos).tolist()
+    assert stopped.shape[1] == 10
+    # beam search reorders the cache rows
+    beams = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+    assert hf.generate(prompts[:1], **beams).tolist() == hf.generate(prompts[:1], use_cache=False, **beams).tolist()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_generate_equals_tango_generate_with_and_without_cache(transformers, tmp_path, case):
+    arch, changes = CASES[case]
+    check_round_trip(transformers, tmp_path, arch, **changes)
+
+
+def test_generate_on_static_steps_is_the_same(transformers, byte_export, monkeypatch):
+    # What runs on CUDA (CUDA graphs there): static decode steps after the prompt, here run eagerly.
+    import tango_lm.serve.static_decode as static_decode
+
+    hf = load_hf(transformers, byte_export[1])
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    greedy = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": None}
+    beams = {"max_new_tokens": 6, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+    want = [hf.generate(prompt, **greedy).tolist(), hf.generate(prompt, **beams).tolist()]
+    monkeypatch.setattr(static_decode, "default_mode", lambda device: "eager")
+    assert [hf.generate(prompt, **greedy).tolist(), hf.generate(prompt, **beams).tolist()] == want
+    assert hf.model._static_decoders  # the static decoder ran
+
+
+def test_cached_forward_steps_reproduce_the_full_forward(transformers, byte_export):
+    _, out = byte_export
+    hf = load_hf(transformers, out)
+    ids = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = hf(ids).logits
+        cache = hf.new_cache()
+        first = hf(ids[:, :12], cache=cache).logits
+        steps = [hf(ids[:, i : i + 1], cache=cache).logits for i in range(12, 20)]
+    assert cache.get_seq_length() == 20
+    torch.testing.assert_close(torch.cat([first, *steps], 1), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="padding"):
+        hf(ids, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 19)], 1).long())
+
+
+def test_auto_tokenizer_matches_the_byte_tokenizer(transformers, byte_export):
+    _, out = byte_export
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ours = get_tokenizer("byte")
+    assert tok.eos_token_id == ours.eot_id == 256 and len(tok) == 257
+    for text in TEXTS:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text  # nothing added around the ids; <|endoftext|> stays text
+        assert tok.decode(ids) == text
+
+
+def test_auto_tokenizer_matches_gpt2(transformers, tmp_path):
+    out = export(make_checkpoint(tmp_path, tokenizer="gpt2", d_model=16, head_dim=8, width=16, depth=1),
+                 tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    ours = get_tokenizer("gpt2")
+    assert tok.eos_token_id == ours.eot_id == 50256 and len(tok) == 50257
+    for text in [*TEXTS, "def square(x):\n    return x * x", "trailing \n\n  "]:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text
+        assert tok.decode(ids) == text
+
+
+def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20 + "def f(x):\n    return x\n" * 10)
+    ours = train_bpe([corpus], 300, tmp_path / "tokenizer.json", progress=False)
+    out = export(make_checkpoint(tmp_path, tokenizer=ours, d_model=16, head_dim=8, width=16, depth=1),
+                 tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    assert tok.eos_token_id == ours.eot_id and len(tok) == ours.vocab_size
+    for text in [*TEXTS, "The lazy fox. def g(y):\n    return y"]:
+        ids = tok(text).input_ids
+        assert ids == ours.encode(text), text
+        assert tok.decode(ids) == ours.decode(ids)
+
+
+
+def fresh_process(transformers, script: str, export_dir: Path, tmp_path: Path) -> str:
+    """Run `script` (argv[1]: the export) in a new Python with stdin closed; its stdout and stderr
+    together. A trust-remote-code prompt shows up as its text (input() then reads EOF), a config
+    read by the wrong class as transformers' "model of type" warning."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(helpers.ROOT / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "TRANSFORMERS_VERBOSITY": "info"}
+    proc = subprocess.run([sys.executable, "-u", "-c", script, str(export_dir)], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    return proc.stdout
+
+
+def asked(text: str) -> bool:
+    return "custom code" in text or "[y/N]" in text
+
+
+LOAD_BOTH = """
+import sys
+import transformers
+path = sys.argv[1]
+model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, local_files_only=True)
+tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)  # no trust_remote_code
+print("loaded", type(model).__name__, type(model.config).__name__, tokenizer("ab").input_ids)
+"""
+
+
+def test_auto_classes_load_without_a_prompt_or_a_model_type_warning(transformers, byte_export, tmp_path):
+    """The model first, then AutoTokenizer without trust_remote_code: neither asks nor warns."""
+    text = fresh_process(transformers, LOAD_BOTH, byte_export[1], tmp_path)
+    assert "loaded TangoLMForCausalLM TangoLMConfig [97, 98]" in text
+    assert not asked(text) and "model of type" not in text
+
+
+# Tokenizer first, in one process: each step's output follows its "@@ STEP" line.
+TOKENIZER_FIRST = """
+import sys
+import transformers
+path = sys.argv[1]
+def step(name, load):
+    print(f"@@ {name}", flush=True)
+    loaded = load()
+    if isinstance(loaded, transformers.PreTrainedModel):
+        print("loaded", type(loaded).__name__, type(loaded.config).__name__, flush=True)
+    else:
+        print("ids", loaded("a <|endoftext|> b").input_ids, loaded.eos_token_id, flush=True)
+step("auto", lambda: transformers.AutoTokenizer.from_pretrained(path, local_files_only=True))
+step("fast", lambda: transformers.PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True))
+step("trusted", lambda: transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=True, local_files_only=True))
+step("model", lambda: transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True,
+                                                                        local_files_only=True))
+"""
+
+
+def test_tokenizer_first_in_a_fresh_process(transformers, byte_export, tmp_path):
+    """AutoTokenizer before anything registered the `tango_lm` type. transformers 5 builds the model
+    config first (tokenization_auto: AutoConfig.from_pretrained(trust_remote_code=None) before
+    tokenizer_config.json), and for a type it does not know, config.json's auto_map.AutoConfig
+    (which AutoModelForCausalLM needs) makes it ask (dynamic_module_utils.resolve_trust_remote_code),
+    then fall back to a bare config with the "model of type" warning. The export cannot avoid that
+    (serve/hf_export.py says why); this pins it, so the README changes when transformers does. The
+    ways the README gives instead ask nothing and warn nothing, and every tokenizer gives our ids."""
+    text = fresh_process(transformers, TOKENIZER_FIRST, byte_export[1], tmp_path)
+    sections = dict(part.split("\n", 1) for part in text.split("@@ ")[1:])
+    assert list(sections) == ["auto", "fast", "trusted", "model"], text
+    ours = get_tokenizer("byte")
+    for step in ("auto", "fast", "trusted"):
+        assert f"ids {ours.encode('a <|endoftext|> b')} {ours.eot_id}" in sections[step], sections[step]
+    assert "loaded TangoLMForCausalLM TangoLMConfig" in sections["model"]
+    for step in ("fast", "trusted", "model"):
+        assert not asked(sections[step]) and "model of type" not in sections[step], sections[step]
+    transformers_5 = int(transformers.__version__.split(".")[0]) >= 5
+    assert asked(sections["auto"]) == ("model of type" in sections["auto"]) == transformers_5, (
+        "AutoTokenizer no longer behaves as the README says: update it and serve/hf_export.py\n" + sections["auto"])
+
+
+def test_importing_the_modeling_module_registers_the_model_type(transformers, byte_export, caplog):
+    """After `import tango_lm.serve.hf_modeling` neither Auto class needs trust_remote_code. (pytest's
+    stdin raises when read, so a prompt would fail over to the warning checked here.)"""
+    import logging
+
+    import tango_lm.serve.hf_modeling as hf_modeling
+
+    _, out = byte_export
+    transformers.logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert isinstance(model, hf_modeling.TangoLMForCausalLM) and tokenizer("ab").input_ids == [97, 98]
+    assert "model of type" not in caplog.text and "custom code" not in caplog.text

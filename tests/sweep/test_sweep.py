@@ -1,0 +1,277 @@
+"""`tango-lm sweep`: grid parsing and run naming, parameter matching per architecture, failures
+recorded without stopping the sweep, and restarts that skip finished runs and resume the rest,
+also after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tango_lm.cli import main, parse_args
+from tango_lm.errors import UserError
+from tango_lm.models.matching import match_width
+from tango_lm.sweep import load_grid, run_sweep
+from tango_lm.train.trainer import Trainer
+from tests import helpers
+
+CONFIGS = helpers.ROOT / "configs" / "sweeps"
+BASE = {"model": {k: v for k, v in helpers.TINY_MODEL.items() if k != "arch"}, "train": dict(helpers.TINY_TRAIN)}
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def write_grid(tmp_path: Path, axes: dict, data_dir: Path | None = None, **train) -> Path:
+    base = json.loads(json.dumps(BASE))
+    base["train"].update(train)
+    if data_dir is not None:
+        base["data"] = {"dir": str(data_dir)}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"out_dir": str(tmp_path / "sweep"), "base": base, "axes": axes}, sort_keys=False))
+    return path
+
+
+def summaries(root: Path) -> dict[str, dict]:
+    return {str(p.parent.relative_to(root)): json.loads(p.read_text()) for p in root.rglob("summary.json")}
+
+
+# -- grids ------------------------------------------------------------------------------------
+def test_run_names_matching_and_budgets(data_dir, tmp_path):
+    axes = {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "depth": [1, 2],
+            "arch": ["tango", "loop-transformer"], "head": ["standard", "onona"], "train.lr": [0.002],
+            "seed": [[17, 101], [23, 103]]}
+    grid = load_grid(write_grid(tmp_path, axes, steps=None, tokens_per_param=2))
+    assert len(grid.runs) == 16
+    assert grid.runs[0].name == "dataset=syn/target_params=20000/depth=1/arch=tango/head=standard/train.lr=0.002/seed=17-101"
+    assert grid.runs[1].name.endswith("head=standard/train.lr=0.002/seed=23-103")
+    assert len({r.name for r in grid.runs}) == 16
+    for run in grid.runs:
+        cfg = run.config
+        assert cfg.train.out_dir == str(tmp_path / "sweep" / run.name)
+        assert cfg.data.dir == str(data_dir) and cfg.train.lr == 0.002
+        assert (cfg.train.seed, cfg.train.data_seed) == tuple(run.labels["seed"])
+        # Width matched with the standard head; the onóna arm keeps that backbone.
+        standard = cfg.model.replace(head="standard", width=cfg.model.d_model)
+        assert cfg.model.width == match_width(standard, 20000).width
+        # TPP against the target: every architecture and head trains on the same tokens.
+        assert cfg.train.tokens == 40000 and cfg.train.tokens_per_param is None
+    assert {r.config.model.head for r in grid.runs} == {"standard", "onona"}
+    assert json.loads(json.dumps(grid.runs[0].labels)) == {
+        "dataset": "syn", "target_params": 20000, "depth": 1, "arch": "tango", "head": "standard",
+        "train.lr": 0.002, "seed": [17, 101]}
+
+
+def test_example_grids_load():
+    cpu = load_grid(CONFIGS / "dmmath-cpu.yaml", check_data=False)
+    assert len(cpu.runs) == 8
+    table1 = load_grid(CONFIGS / "table1-fineweb.yaml", check_data=False)
+    assert len(table1.runs) == 72 and set(table1.missing_data) <= {"fineweb-edu"}
+    widths = {r.labels["arch"]: r.config.model.width for r in table1.runs
+              if r.labels["tier"] == "70M" and r.labels["depth"] == 4}
+    # seed 000 Table 3, 70M, depth 4 (GAU's range is 7,136-7,152 depending on context length)
+    assert widths["tango"] == widths["tango-windowed"] == 28480
+    assert (widths["loop-transformer"], widths["untied-transformer"]) == (28144, 6528)
+    assert 7136 <= widths["gau"] <= 7152 and widths["flash"] == 7152
+    tokens = {r.labels["tier"]: r.config.train.tokens for r in table1.runs}
+    assert tokens == {"70M": 20 * 70_000_000, "160M": 20 * 160_000_000}
+
+
+def test_shipped_grids_use_the_papers_seed_pairs():
+    # Seed 000 Table 13: model seed / data-order seed 17/101, 23/103 and 41/107.
+    paper = [(17, 101), (23, 103), (41, 107)]
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        pairs = list(dict.fromkeys(tuple(r.labels["seed"]) for r in load_grid(path, check_data=False).runs))
+        assert pairs == paper[: len(pairs)], path.name
+
+
+MALFORMED = {
+    "unknown_axis": ({"colour": ["red"]}, "unknown axis 'colour'"),
+    "bad_type": ({"depth": ["two"]}, "takes positive integers"),
+    "empty_axis": ({"arch": []}, "axis 'arch'"),
+    "unknown_arch": ({"arch": ["tango", "nope"]}, "unknown arch 'nope'"),
+    "dataset_missing": ({"dataset": {"gone": "/nonexistent/data"}}, "dataset 'gone'"),
+    "base_data_missing": ({"depth": [1]}, "the base's data.dir"),
+    "bad_seed": ({"seed": [[1, 2, 3]]}, "[model_seed, data_seed] pairs"),
+    "unknown_field": ({"train.colour": [1]}, "not a config field"),
+    "bad_combination": ({"model.d_model": [33]}, "run model.d_model=33"),
+    "repeated_value": ({"depth": [2, 2]}, "repeats a value"),
+    "not_a_list": ({"depth": 2}, "must be a list"),
+}
+
+
+@pytest.mark.parametrize("case", [*MALFORMED, "not_yaml", "unknown_key", "missing_file", "only_matches_nothing"])
+def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkeypatch, case):
+    args = []
+    if case == "base_data_missing":  # the default data.dir is relative: make sure it is absent here
+        monkeypatch.chdir(tmp_path)
+    if case in MALFORMED:
+        axes, want = MALFORMED[case]
+        path = write_grid(tmp_path, axes, None if case == "base_data_missing" else data_dir)
+    elif case == "not_yaml":
+        path, want = tmp_path / "g.yaml", "not valid YAML"
+        path.write_text("axes: {depth: [1, 2]\n")
+    elif case == "unknown_key":
+        path, want = tmp_path / "g.yaml", "unknown key 'axis'"
+        path.write_text("axis: {depth: [1]}\n")
+    elif case == "missing_file":
+        path, want = tmp_path / "nope.yaml", "does not exist"
+    else:
+        path, want = write_grid(tmp_path, {"depth": [1, 2]}, data_dir), "matches none"
+        args = ["--only", "depth=3"]
+    assert main(["sweep", str(path), *args]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert want in line, line
+    assert not (tmp_path / "sweep").exists()
+    if case in ("dataset_missing", "base_data_missing"):  # a dry run still lists the plan, saying what is missing
+        assert main(["sweep", str(path), "--dry-run"]) == 0
+        assert "data missing: " in capsys.readouterr().out
+
+
+def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "depth": [1, 2], "arch": ["tango", "gau"]})
+    assert main(["sweep", str(path), "--dry-run", "--only", "arch=tango", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in rows] == ["dataset=syn/depth=1/arch=tango", "dataset=syn/depth=2/arch=tango"]
+    assert all(r["state"] == "new" and r["steps"] == 12 for r in rows)
+    assert main(["sweep", str(path), "--dry-run", "--only", "*/arch=gau"]) == 0
+    out = capsys.readouterr().out
+    assert "depth=2/arch=gau" in out and "arch=tango" not in out and "2 runs" in out
+    for extra in ([], ["--json"]):  # the command itself says success (main does not paper over a None)
+        args = parse_args(["sweep", str(path), "--dry-run", *extra])
+        assert args.func(args) == 0
+    assert not (tmp_path / "sweep").exists()
+
+
+# -- running ----------------------------------------------------------------------------------
+def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeypatch, capsys):
+    import tango_lm.train.trainer as trainer_module
+
+    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer", "untied-transformer"],
+            "train.seq_len": [32, 64]}  # seq_len 64 > context 32: a UserError when the run starts
+    path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
+    original = trainer_module.train
+
+    def flaky(run, resume=False):
+        if run.model.arch == "loop-transformer":
+            raise RuntimeError("boom\nsecond line")
+        return original(run, resume=resume)
+
+    monkeypatch.setattr(trainer_module, "train", flaky)
+    assert main(["sweep", str(path), "--no-progress"]) == 1
+    root = tmp_path / "sweep"
+    out = capsys.readouterr().out
+    assert "2 of 6 runs finished" in out
+    status = {r["run"]: r for r in json.loads((root / "status.json").read_text())["runs"]}
+    assert [r["status"] for r in status.values()] == ["trained", "failed", "failed", "failed", "trained", "failed"]
+    boom = json.loads((root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.json").read_text())
+    assert boom["error"] == "RuntimeError: boom" and boom["type"] == "RuntimeError"
+    log = (root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.log").read_text()
+    assert "Traceback" in log and "boom" in log
+    user = json.loads((root / "dataset=syn/arch=tango/train.seq_len=64/failed.json").read_text())
+    assert "longer than model.context_length" in user["error"] and "\n" not in user["error"]
+
+    # Rerun with the fault gone: finished runs are not touched, the failed ones are retried.
+    monkeypatch.setattr(trainer_module, "train", original)
+    done = [root / "dataset=syn/arch=tango/train.seq_len=32", root / "dataset=syn/arch=untied-transformer/train.seq_len=32"]
+    before = helpers.snapshot(*done)
+    assert main(["sweep", str(path), "--no-progress"]) == 1
+    assert helpers.snapshot(*done) == before
+    status = [r["status"] for r in json.loads((root / "status.json").read_text())["runs"]]
+    assert status == ["skipped", "failed", "trained", "failed", "skipped", "failed"]
+    assert not (root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.json").exists()
+
+
+def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"]})
+    grid = load_grid(path)
+    original = Trainer.train_step
+
+    def stop_at_8(self):
+        if self.step == 8 and self.run.model.arch == "tango":
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop_at_8)
+        assert main(["sweep", str(path), "--no-progress"]) == 130  # Ctrl-C stops the sweep
+    tango = grid.runs[0].out_dir
+    assert not (tango / "summary.json").exists() and not (grid.runs[1].out_dir).exists()
+    rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert [r["status"] for r in rows] == ["resumed", "trained"]
+
+    from tango_lm.train.trainer import train
+
+    fresh = helpers.run_config(data_dir, tmp_path / "fresh")
+    assert train(fresh).summary["test_nll"] == json.loads((tango / "summary.json").read_text())["test_nll"]
+    assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
+
+
+def test_attempt_killed_before_its_first_checkpoint_starts_clean(data_dir, tmp_path):
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+    run_dir = load_grid(path).runs[0].out_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.9}\n{"step": 2, "lo')
+    rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert rows[0]["status"] == "trained"
+    steps = [r["step"] for r in helpers.loss_records(run_dir)]
+    assert steps == list(range(1, 13))
+
+
+def test_one_sweep_at_a_time(data_dir, tmp_path):
+    import fcntl
+
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+    (tmp_path / "sweep").mkdir()
+    with open(tmp_path / "sweep" / ".lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(UserError, match="is in use by"):
+            run_sweep(load_grid(path), progress=False, log=lambda _: None)
+
+
+def mid_run(root: Path) -> bool:
+    """Two runs finished and another one holds a checkpoint but no summary yet."""
+    finished = {p.parent for p in root.rglob("summary.json")}
+    started = {p.parents[2] for p in root.rglob("checkpoints/step-*/COMPLETE")}
+    return len(finished) >= 2 and bool(started - finished)
+
+
+def test_sigkill_loses_no_finished_run(data_dir, tmp_path):
+    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"], "seed": [[17, 101], [23, 103]]}
+    path = write_grid(tmp_path, axes, steps=16)
+    root = tmp_path / "sweep"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", "sweep", str(path), "--no-progress"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.time() + 120
+            while not mid_run(root) and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.02)
+            assert proc.poll() is None, (tmp_path / "log.txt").read_text()  # still mid-sweep
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    finished = sorted(p.parent for p in root.rglob("summary.json"))
+    assert 2 <= len(finished) < 4
+    before = helpers.snapshot(*finished)
+
+    rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert helpers.snapshot(*finished) == before  # finished runs untouched: same bytes, same mtimes
+    statuses = [r["status"] for r in rows]
+    assert statuses.count("skipped") == len(finished) and "resumed" in statuses
+    done = summaries(root)
+    assert len(done) == 4 and all(s["steps"] == 16 for s in done.values())
+    for run_dir in (p.parent for p in root.rglob("summary.json")):
+        steps = [r["step"] for r in helpers.loss_records(run_dir)]
+        assert steps == list(range(1, 17)), run_dir  # every step logged once, none lost or repeated

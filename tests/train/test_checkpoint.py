@@ -1,0 +1,369 @@
+"""Checkpoints that lose nothing: contents, best-dev resolution, pruning, corruption, and saves
+killed half-way (in-process failures and a SIGKILLed `tango-lm train`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from tango_lm.cli import main
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.errors import UserError
+from tango_lm.models.model import build_model
+from tango_lm.train import checkpoint as ckpt_mod
+from tango_lm.train.checkpoint import (
+    FORMAT,
+    complete_steps,
+    load_checkpoint,
+    prune_checkpoints,
+    resolve_run_checkpoint,
+    save_checkpoint,
+)
+from tango_lm.train.trainer import Trainer, train
+from tests import helpers
+
+FILES = {"model.safetensors", "train_state.pt", "config.json", "tokenizer.json", "meta.json", "COMPLETE"}
+DEV_SCRIPT = {2: 3.0, 4: 1.0, 6: 2.0, 8: 2.5}  # best dev at step 4
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def scripted_run(data_dir, tmp_path_factory):
+    """8 steps, eval and save every 2, keep_last 2, scripted dev NLL whose best is step 4.
+    Read-only: tests that modify it work on a copy."""
+    out = tmp_path_factory.mktemp("ckpt") / "run"
+    run = helpers.run_config(data_dir, out, steps=8, save_every=2, eval_every=2, keep_last=2)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Trainer, "evaluate_dev", lambda self: DEV_SCRIPT[self.step])
+        result = train(run)
+    return out, run, result
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# -- contents ----------------------------------------------------------------------------------
+def test_step_directories_hold_exactly_the_documented_files(scripted_run):
+    out, run, _ = scripted_run
+    for name in helpers.step_names(out):
+        assert {p.name for p in (out / "checkpoints" / name).iterdir()} == FILES
+    assert not [p for p in (out / "checkpoints").iterdir() if not p.name.startswith("step-")]
+
+
+def test_weights_are_safetensors_matching_the_model(scripted_run):
+    out, run, _ = scripted_run
+    path = helpers.step_dir(out, 8)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": FORMAT}
+    state = load_file(str(path / "model.safetensors"))
+    model = build_model(run.model)
+    assert state.keys() == model.state_dict().keys()
+    model.load_state_dict(state)  # strict
+    assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
+
+
+def test_train_state_loads_with_weights_only(scripted_run):
+    out, run, _ = scripted_run
+    for step in (4, 6, 8):
+        state = torch.load(helpers.step_dir(out, step) / "train_state.pt", map_location="cpu", weights_only=True)
+        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best", "nonfinite"}
+        assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
+        assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
+        assert state["best"] == {"step": 4, "dev_nll": 1.0}
+        assert state["loader"] == {"epoch": 0, "position": step * 4, "data_seed": 101, "seq_len": 32, "global_batch": 4}
+        assert isinstance(state["rng"]["torch"], torch.Tensor)
+        assert len(state["optimizer"]["param_groups"]) == 2
+
+
+def test_json_sidecars(scripted_run, data_dir):
+    out, run, _ = scripted_run
+    tok = PreparedDataset.open(data_dir).tokenizer.to_dict()
+    for step in (4, 6, 8):
+        path = helpers.step_dir(out, step)
+        assert json.loads((path / "config.json").read_text()) == run.to_dict()
+        assert json.loads((path / "tokenizer.json").read_text()) == tok
+        assert json.loads((path / "COMPLETE").read_text()) == {"step": step}
+        meta = json.loads((path / "meta.json").read_text())
+        assert meta == {"format": FORMAT, "step": step, "dev_nll": DEV_SCRIPT[step], "tokens_seen": step * 128}
+        ck = load_checkpoint(path)
+        assert ck.path == path and ck.meta == meta and ck.config == run.to_dict() and ck.tokenizer == tok
+
+
+def test_keep_last_prunes_but_spares_the_best(scripted_run):
+    out, _, result = scripted_run
+    assert result.summary["selected_step"] == 4
+    assert helpers.step_names(out) == ["step-00000004", "step-00000006", "step-00000008"]
+    assert json.loads((out / "best.json").read_text()) == {"step": 4, "dev_nll": 1.0}
+
+
+def test_run_directory_resolves_to_best_then_latest(scripted_run, tmp_path):
+    out, _, _ = scripted_run
+    assert load_checkpoint(out).path == helpers.step_dir(out, 4)
+    assert resolve_run_checkpoint(out, "latest") == helpers.step_dir(out, 8)
+    run = _copy(out, tmp_path / "run")
+    (run / "best.json").unlink()
+    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+    (run / "best.json").write_text(json.dumps({"step": 2, "dev_nll": 3.0}))  # pruned step
+    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+    (run / "best.json").write_text("{not json")
+    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+    (run / "best.json").write_text(json.dumps({"step": 6, "dev_nll": 2.0}))
+    assert load_checkpoint(run).path == helpers.step_dir(run, 6)
+    # A step directory itself is used as given.
+    assert load_checkpoint(helpers.step_dir(run, 8)).meta["step"] == 8
+
+
+def test_run_directory_without_checkpoints_is_a_user_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        load_checkpoint(tmp_path / "empty")
+    with pytest.raises(UserError, match="does not exist"):
+        load_checkpoint(tmp_path / "missing")
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+CORRUPTIONS = {
+    "weights_truncated": lambda p: _truncate(p / "model.safetensors"),
+    "weights_garbage": lambda p: (p / "model.safetensors").write_bytes(b"\x00" * 7),
+    "weights_missing": lambda p: (p / "model.safetensors").unlink(),
+    "train_state_garbage": lambda p: (p / "train_state.pt").write_bytes(b"not a torch file"),
+    "train_state_truncated": lambda p: _truncate(p / "train_state.pt"),
+    "meta_garbage": lambda p: (p / "meta.json").write_text("{"),
+    "meta_wrong_format": lambda p: (p / "meta.json").write_text(json.dumps({"format": "other/9", "step": 8})),
+    "config_missing": lambda p: (p / "config.json").unlink(),
+    "marker_missing": lambda p: (p / "COMPLETE").unlink(),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt_checkpoint_raises_one_line_user_error(scripted_run, tmp_path, corruption):
+    out, _, _ = scripted_run
+    path = _copy(helpers.step_dir(out, 8), tmp_path / "step-00000008")
+    # The intact copy loads completely.
+    intact = load_checkpoint(path)
+    intact.build_model()
+    intact.train_state()
+    CORRUPTIONS[corruption](path)
+    with pytest.raises(UserError) as info:
+        ck = load_checkpoint(path)
+        ck.build_model()
+        ck.train_state()
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg
+
+
+def test_resume_uses_latest_complete_and_ignores_incomplete(scripted_run, data_dir, tmp_path):
+    out, run, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    (helpers.step_dir(copy, 8) / "COMPLETE").unlink()  # as if step 8 never finished
+    trainer = Trainer(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2), resume=True)
+    assert trainer.step == 6 and trainer.best == {"step": 4, "dev_nll": 1.0}
+    state = load_checkpoint(helpers.step_dir(copy, 6)).train_state()
+    assert torch.equal(torch.get_rng_state(), state["rng"]["torch"])
+    assert trainer.loader.state_dict() == state["loader"] and trainer.tokens_seen == 6 * 128
+    helpers.assert_same_weights({k: v for k, v in trainer.model.state_dict().items()},
+                                helpers.weights(helpers.step_dir(copy, 6)))
+
+
+def test_resume_restores_the_global_rng(data_dir, tmp_path):
+    out = tmp_path / "run"
+    trainer = Trainer(helpers.run_config(data_dir, out))
+    out.mkdir()
+    trainer.train_step()
+    torch.rand(5)  # something drew from the global generator
+    trainer.save()
+    expected = torch.get_rng_state()
+    torch.manual_seed(1234)
+    Trainer(helpers.run_config(data_dir, out), resume=True)
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+def test_resume_from_weights_that_do_not_fit_is_a_user_error(scripted_run, data_dir, tmp_path, capsys):
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    path = helpers.step_dir(copy, 8) / "model.safetensors"
+    state = load_file(str(path))
+    state.pop("norm.weight")
+    save_file(state, str(path), metadata={"format": FORMAT})
+    argv = ["train", *helpers.cli_overrides(data_dir, copy, steps=10, save_every=2, eval_every=2), "--resume"]
+    try:
+        rc = main(argv)
+    except RuntimeError:
+        rc = "traceback"
+    assert rc == 2
+    helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+# -- atomic save / prune -------------------------------------------------------------------------
+def test_resaving_a_step_replaces_it_atomically(tmp_path):
+    root = tmp_path / "checkpoints"
+    a = {"w": torch.zeros(3)}
+    b = {"w": torch.ones(3)}
+    first = save_checkpoint(root, 5, a, {"step": 5}, {"model": {}, "c": 1}, {"name": "byte"}, {"dev_nll": None})
+    second = save_checkpoint(root, 5, b, {"step": 5}, {"model": {}, "c": 2}, {"name": "byte"}, {"dev_nll": 1.5})
+    assert first == second == root / "step-00000005"
+    assert [p.name for p in root.iterdir()] == ["step-00000005"]
+    ck = load_checkpoint(second)
+    assert torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"model": {}, "c": 2} and ck.meta["dev_nll"] == 1.5
+
+
+def test_prune_keeps_newest_and_protected_and_removes_leftovers(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in range(1, 6):
+        save_checkpoint(root, step, {"w": torch.zeros(1)}, {"step": step}, {}, {}, {})
+    (root / ".tmp-step-00000006-12345").mkdir()
+    (root / ".old-step-00000003-12345").mkdir()
+    prune_checkpoints(root, keep_last=2, protect={2})
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004", "step-00000005"]
+
+
+def test_tmp_directory_is_not_a_checkpoint(tmp_path):
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 1, {"w": torch.zeros(1)}, {"step": 1}, {}, {}, {})
+    tmp = root / ".tmp-step-00000002-777"
+    shutil.copytree(root / "step-00000001", tmp)
+    (tmp / "COMPLETE").unlink()
+    assert complete_steps(root) == [root / "step-00000001"]
+    assert resolve_run_checkpoint(tmp_path) == root / "step-00000001"
+    with pytest.raises(UserError, match="incomplete"):
+        load_checkpoint(tmp)
+
+
+# -- killed saves --------------------------------------------------------------------------------
+def _fail_in_torch_save(m: pytest.MonkeyPatch) -> None:
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("step") == 8:
+            Path(f).write_bytes(b"half a file")
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *args, **kwargs)
+
+    m.setattr(ckpt_mod.torch, "save", save)
+
+
+def _fail_at_marker(m: pytest.MonkeyPatch) -> None:
+    real = ckpt_mod._write_json
+
+    def write(path, data):
+        if Path(path).name == "COMPLETE" and data.get("step") == 8:
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    m.setattr(ckpt_mod, "_write_json", write)
+
+
+@pytest.mark.parametrize("fail", [_fail_in_torch_save, _fail_at_marker], ids=["train_state", "marker"])
+def test_save_killed_midway_keeps_previous_checkpoint(data_dir, tmp_path, monkeypatch, fail):
+    full_dir, out = tmp_path / "full", tmp_path / "cut"
+    full = train(helpers.run_config(data_dir, full_dir))
+    with monkeypatch.context() as m:
+        fail(m)
+        with pytest.raises(UserError, match="No space left on device"):
+            train(helpers.run_config(data_dir, out))
+    root = out / "checkpoints"
+    assert [p.name for p in complete_steps(root)] == ["step-00000004"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]  # the failed save removed its copy
+    foreign = root / ".tmp-step-00000012-4242424"  # from another (killed) process
+    foreign.mkdir()
+    (foreign / "model.safetensors").write_bytes(b"partial")
+    # The step-4 checkpoint is the latest complete one and fully loadable.
+    assert load_checkpoint(out).path == helpers.step_dir(out, 4)
+    ck = load_checkpoint(helpers.step_dir(out, 4))
+    ck.build_model()
+    assert ck.train_state()["step"] == 4
+    with pytest.raises(UserError):
+        load_checkpoint(foreign)
+    # Resume continues from step 4 and reproduces the uninterrupted run exactly.
+    resumed = train(helpers.run_config(data_dir, out), resume=True)
+    assert resumed.losses == {s: full.losses[s] for s in range(5, 13)}
+    helpers.assert_same_weights(helpers.weights(helpers.step_dir(full_dir, 12)),
+                                helpers.weights(helpers.step_dir(out, 12)))
+    assert helpers.loss_records(out) == helpers.loss_records(full_dir)
+    assert helpers.dev_records(out) == helpers.dev_records(full_dir)
+    assert resumed.summary["test_nll"] == full.summary["test_nll"]
+    # Leftovers of the killed saves are gone after the next save.
+    assert not [p for p in root.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_kill_between_best_checkpoint_and_best_json(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    script = {4: 3.0, 8: 2.0, 12: 2.5}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    real_save = Trainer.save
+
+    def save(self, dev_nll=None):
+        path = real_save(self, dev_nll)
+        if self.step == 8:
+            raise KeyboardInterrupt  # killed right after the best checkpoint is complete
+        return path
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "save", save)
+        with pytest.raises(KeyboardInterrupt):
+            train(helpers.run_config(data_dir, out))
+    summary = train(helpers.run_config(data_dir, out), resume=True).summary
+    assert summary["selected_step"] == 8
+    assert json.loads((out / "best.json").read_text())["step"] == 8
+    assert load_checkpoint(out).meta["step"] == 8  # what `tango-lm eval RUN` evaluates
+
+
+def _console_script() -> str:
+    script = Path(sys.executable).with_name("tango-lm")
+    return str(script) if script.exists() else shutil.which("tango-lm") or "tango-lm"
+
+
+def test_sigkilled_training_resumes_and_matches(data_dir, tmp_path, capsys):
+    steps = 60
+    out, ref = tmp_path / "killed", tmp_path / "ref"
+    settings = {"steps": steps, "save_every": 3, "eval_every": 3}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([_console_script(), "train", *helpers.cli_overrides(data_dir, out, **settings)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while not complete_steps(out / "checkpoints"):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    killed_at = int(complete_steps(out / "checkpoints")[-1].name.split("-")[1])
+    assert killed_at < steps
+
+    assert main(["train", *helpers.cli_overrides(data_dir, out, **settings), "--resume", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == steps and summary == json.loads((out / "summary.json").read_text())
+    assert [r["step"] for r in helpers.loss_records(out)] == list(range(1, steps + 1))
+
+    # Same numbers as a run that was never killed.
+    reference = train(helpers.run_config(data_dir, ref, **settings))
+    assert helpers.loss_records(out) == helpers.loss_records(ref)
+    assert summary["test_nll"] == reference.summary["test_nll"]
+    helpers.assert_same_weights(helpers.weights(helpers.step_dir(out, steps)), helpers.weights(helpers.step_dir(ref, steps)))

@@ -1,0 +1,119 @@
+"""`torch.compile` (inductor, CPU) of `model.nll`: the same loss and gradients as eager, in one
+graph (`fullgraph=True`, so a graph break, e.g. around the fused loss's autograd Function, fails).
+Every architecture (each with one of the heads, so every head is covered) traces into one graph
+(`torch._dynamo.explain`), and training steps with fresh batches never recompile (Dynamo's
+counters): `train.compile=true` compiles once.
+
+TANGO and windowed TANGO run their plain compositions under compile (`tango_mix`, `windowed_mix`):
+inductor fuses them itself and cannot compile the eager fused CPU ops. The twin head passes its hidden state to the fused loss as
+two components; the loss takes each distinct tensor once, which Dynamo needs to trace it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tango_lm import ModelConfig, build_model
+from tango_lm.heads.registry import HEADS
+from tango_lm.models.registry import ARCHITECTURES
+from tests import arch_cases
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None,
+    reason="torch.compile's inductor backend needs a C++ compiler on CPU (no c++ or g++ found)",
+)
+
+BASE = dict(d_model=32, head_dim=8, width=64, depth=2, vocab_size=61, context_length=16)
+CASES = {
+    "tango-onona": {"arch": "tango", "head": "onona"},
+    "loop-transformer": {"arch": "loop-transformer"},
+    "tango-windowed": {"arch": "tango-windowed", "window": 3},
+    # Paths whose eager GPU form is poor, compiled against eager: GAU's and FLASH's relu² attention
+    # and MoE's capacity dispatch (one layer each), through AOTAutograd without inductor's code
+    # generation ("aot_eager"): the graph and its backward are what is ours to test, and inductor
+    # takes ~20 s per case on a 2-core CPU. (The delta rule's backward does not run under
+    # aot_eager, a view over strides it did not trace; under inductor it matched.)
+    "gau": {"arch": "gau", "qk_dim": 8, "depth": 1},
+    "flash": {"arch": "flash", "qk_dim": 8, "group_size": 4, "depth": 1},
+    "moe": {"arch": "moe", "n_experts": 4, "moe_expert_width": 16, "depth": 1},
+}
+BACKEND = {"gau": "aot_eager", "flash": "aot_eager", "moe": "aot_eager"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.set_num_threads(threads)
+
+
+def loss_and_grads(fn, model, x, y):
+    model.zero_grad(set_to_none=True)
+    loss = fn(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_nll_matches_eager(case):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**BASE, **CASES[case]})).train()
+    gen = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 61, (2, 16), generator=gen) for _ in range(2))
+    loss, grads = loss_and_grads(model.nll, model, x, y)
+    compiled = torch.compile(model.nll, dynamic=False, fullgraph=True, backend=BACKEND.get(case, "inductor"))
+    loss_c, grads_c = loss_and_grads(compiled, model, x, y)
+    torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-5)
+    assert grads_c.keys() == grads.keys()
+    for name, grad in grads.items():
+        assert grad.abs().sum() > 0, name  # every parameter (both tables, the gate) is trained
+        torch.testing.assert_close(grads_c[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+# Every architecture at its tiny size (tests/arch_cases.py), each with a head so that every head is traced once.
+ARCH_HEAD = dict(zip(arch_cases.names(), [*sorted(HEADS), *sorted(HEADS)], strict=False))
+
+
+def tiny(arch: str, head: str = "standard") -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(arch_cases.tiny_config(arch, head=head)).train()
+
+
+def test_every_head_has_an_architecture():
+    assert set(ARCH_HEAD) == set(ARCHITECTURES) and set(ARCH_HEAD.values()) == set(HEADS)
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_training_forward_is_one_graph(arch):
+    model = tiny(arch, ARCH_HEAD[arch])
+    x, y = (torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    explained = torch._dynamo.explain(model.nll)(x, y)
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
+@pytest.mark.parametrize(("arch", "head"), [("loop-transformer", "onona"), ("moe", "mos")])
+def test_training_steps_do_not_recompile(arch, head):
+    # Fresh batches and updated weights every step, as in the trainer; the backend does not matter
+    # to Dynamo's guards, so the cheap one runs. (torch 2.11 recompiled the loss every step when
+    # it compared tensors by identity.)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = tiny(arch, head)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = torch.compile(model.nll, backend="eager")
+    graphs = []
+    for i in range(4):
+        x, y = (torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(10 * i + s)) for s in (1, 2))
+        step(x, y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 1, 1, 1], graphs
+    assert not counters["recompiles"] and not counters["graph_break"], (counters["recompiles"], counters["graph_break"])

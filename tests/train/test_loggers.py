@@ -1,0 +1,181 @@
+"""`train.loggers` (train/loggers.py): TensorBoard and W&B get every scalar of the JSONL log, MFU
+and peak memory included; a resumed run continues the same TensorBoard directory and W&B run id.
+
+The event files and the offline W&B run are read back from disk, so these tests check what a user
+would see, not what was handed to a library."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from tango_lm.cli import main
+from tango_lm.errors import UserError
+from tango_lm.train.config import RunConfig
+from tango_lm.train.loggers import scalars
+from tango_lm.train.trainer import Trainer, train
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+
+
+def jsonl_scalars(run_dir: Path) -> dict[tuple[str, int], float]:
+    out = {}
+    for record in helpers.read_metrics(run_dir):
+        for tag, value in scalars(record).items():
+            out[tag, record["step"]] = value
+    return out
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[tuple[str, int], float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    out = {}
+    for tag in events.Tags()["scalars"]:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), f"{tag}: a step logged twice {steps}"
+        out.update({(tag, e.step): e.value for e in events.Scalars(tag)})
+    return out
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a `.wandb` file: a 7-byte header, then LevelDB-log blocks of 32 KiB
+    whose records (crc32, length, type: full/first/middle/last) carry serialized `Record`s."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    pos, parts = 7, b""
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # block trailer
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            pos += room
+            continue
+        parts += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # full or last
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record
+
+
+def wandb_history(run_dir: Path) -> tuple[set[str], dict[tuple[str, int], float]]:
+    """Run ids and history of every offline run directory, later attempts overriding earlier ones."""
+    ids, out = set(), {}
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(record.run.run_id)
+            elif kind == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                out.update({(k, row["_step"]): v for k, v in row.items() if not k.startswith("_")})
+    return ids, out
+
+
+def float32(values: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+    return {k: torch.tensor(v, dtype=torch.float32).item() for k, v in values.items()}
+
+
+def test_every_jsonl_scalar_reaches_tensorboard_and_wandb(data_dir, tmp_path, offline_wandb):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    result = train(helpers.run_config(data_dir, out, steps=6, loggers=["jsonl", "tensorboard", "wandb"]))
+    logged = jsonl_scalars(out)
+    train_tags = {tag for tag, step in logged if step == 3}
+    assert train_tags == {f"train/{k}" for k in ("loss", "tokens", "tokens_per_s", "mfu", "peak_memory_mib", "lr",
+                                                 "grad_norm")}
+    assert {("dev/dev_nll", 4), ("dev/best", 4), ("summary/test_nll", 6), ("summary/mfu", 6)} <= logged.keys()
+    assert logged["summary/test_nll", 6] == result.summary["test_nll"]
+    for record in helpers.read_metrics(out):
+        if "loss" in record:
+            assert 0 < record["mfu"] < 1 and record["peak_memory_mib"] > 10
+    assert tensorboard_scalars(out) == float32(logged)  # TensorBoard keeps float32
+    ids, history = wandb_history(out)
+    assert ids == {json.loads((out / "wandb.json").read_text())["run_id"]}
+    assert history == logged
+
+
+def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, tmp_path, offline_wandb, monkeypatch):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "cut"
+    run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,tensorboard,wandb")
+    original = Trainer.train_step
+
+    def stop_after_6(self):  # the checkpoint is at 4: steps 5 and 6 are logged, then lost
+        if self.step == 6:
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop_after_6)
+        with pytest.raises(KeyboardInterrupt):
+            train(run)
+    first_id = json.loads((out / "wandb.json").read_text())["run_id"]
+    train(run, resume=True)
+    logged = jsonl_scalars(out)
+    assert sorted({step for tag, step in logged if tag == "train/loss"}) == list(range(1, 9))
+    assert tensorboard_scalars(out) == float32(logged)  # the killed attempt's steps 5, 6 are purged
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one directory, two writers
+    ids, history = wandb_history(out)
+    assert ids == {first_id} and len(list((out / "wandb").glob("offline-run-*"))) == 2
+    assert history == logged
+
+
+def test_logger_names_are_checked(data_dir, tmp_path, capsys):
+    base = {"model": helpers.TINY_MODEL, "data": {"dir": str(data_dir)}}
+    assert RunConfig.from_dict({**base, "train": {"loggers": "jsonl, tensorboard"}}).train.loggers == ["jsonl",
+                                                                                                        "tensorboard"]
+    assert RunConfig.from_dict(base).train.loggers == ["jsonl"]
+    for value, message in ((["jsonl", "mlflow"], "unknown logger 'mlflow'"), (["tensorboard"], "must include jsonl"),
+                           (["jsonl", "jsonl"], "twice"), (3, "list of logger names")):
+        with pytest.raises(UserError, match=message):
+            RunConfig.from_dict({**base, "train": {"loggers": value}})
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out), "train.loggers=[wandb]"]) == 2
+    assert "must include jsonl" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_a_missing_logger_package_names_the_extra(data_dir, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out), "train.loggers=[jsonl,wandb]"]) == 2
+    err = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "pip install 'tango-lm[wandb]'" in err
+    assert not out.exists()
+
+
+def test_a_failing_logger_stops_the_run_with_one_error_line(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tango_lm.train.loggers import TensorBoardLogger
+
+    def full_disk(self, record):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TensorBoardLogger, "log", full_disk)
+    with pytest.raises(UserError, match="the tensorboard logger failed .*No space left on device"):
+        train(helpers.run_config(data_dir, tmp_path / "run", steps=4, loggers=["jsonl", "tensorboard"]))

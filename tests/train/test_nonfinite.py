@@ -1,0 +1,105 @@
+"""Non-finite numbers in training (train/nonfinite.py): a NaN loss skips its update but still
+counts as a step, a resumed run skips and stops exactly where the uninterrupted one does, too many
+skips in a row stop the run, and non-finite weights are never saved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tango_lm.errors import UserError
+from tango_lm.train.checkpoint import complete_steps
+from tango_lm.train.trainer import Trainer, train
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def poison(monkeypatch, steps: set[int], weights_after: int | None = None) -> dict[int, dict]:
+    """Make the loss of the given (1-based) steps NaN, or a weight NaN after step `weights_after`;
+    returns the weights and AdamW step count seen at the start of each step."""
+    seen: dict[int, dict] = {}
+    real = Trainer.train_step
+
+    def train_step(self):
+        first = next(iter(self.optimizer.state.values()), {}).get("step")
+        seen[self.step + 1] = {"weights": {k: v.clone() for k, v in self.model.state_dict().items()},
+                               "adam_step": None if first is None else int(first)}
+        forward = self.step_fn
+        if self.step + 1 in steps:
+            self.step_fn = lambda inputs, targets: forward(inputs, targets) * float("nan")
+        try:
+            return real(self)
+        finally:
+            self.step_fn = forward
+            if self.step == weights_after:
+                with torch.no_grad():
+                    next(self.model.parameters()).view(-1)[0] = float("nan")
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    return seen
+
+
+def test_a_nan_loss_skips_its_update_and_still_counts(data_dir, tmp_path, monkeypatch, capsys):
+    seen = poison(monkeypatch, {3, 4})
+    result = train(helpers.run_config(data_dir, tmp_path / "run", steps=6))
+    helpers.assert_same_weights(seen[3]["weights"], seen[5]["weights"])  # steps 3 and 4 changed nothing
+    assert seen[3]["adam_step"] == seen[5]["adam_step"] == 2  # not even AdamW's step count
+    name = next(iter(seen[5]["weights"]))
+    assert not torch.equal(seen[5]["weights"][name], seen[6]["weights"][name])  # step 5 updated again
+    records = {r["step"]: r for r in helpers.loss_records(tmp_path / "run")}
+    assert sorted(records) == [1, 2, 3, 4, 5, 6]  # skipped steps are steps: logged, their data consumed
+    assert [s for s, r in records.items() if r.get("skipped")] == [3, 4]
+    assert records[3]["loss"] is None and records[3]["tokens"] == 3 * 4 * 32
+    assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 5, 6))
+    assert result.summary["skipped_steps"] == 2 and math.isfinite(result.summary["test_nll"])
+    err = capsys.readouterr().err
+    assert ("warning: step 3: the loss is nan and the gradient norm is nan; its update was skipped (1 in a row, "
+            "the run stops after 5)") in err
+    assert "warning: step 4:" in err and "(2 in a row" in err
+
+
+def test_a_resumed_run_skips_and_stops_where_the_uninterrupted_one_does(data_dir, tmp_path, monkeypatch):
+    """Skips at 3 and at 7, 8, 9 with at most 2 in a row: both runs stop at step 9, keeping step 8."""
+    settings = {"max_nonfinite_steps": 2, "keep_last": 3}
+    poison(monkeypatch, {3, 7, 8, 9})
+    with pytest.raises(UserError) as full:
+        train(helpers.run_config(data_dir, tmp_path / "full", **settings))
+
+    cut = helpers.run_config(data_dir, tmp_path / "cut", **settings)
+    real = Trainer.train_step
+
+    def stop_at_8(self):
+        if self.step == 8:
+            raise KeyboardInterrupt
+        return real(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop_at_8)
+        with pytest.raises(KeyboardInterrupt):
+            train(cut)
+    with pytest.raises(UserError) as resumed:
+        train(cut, resume=True)  # the streak of 2 was saved with the step-8 checkpoint
+
+    message = str(full.value).replace(str(tmp_path / "full"), "RUN")
+    assert message == str(resumed.value).replace(str(tmp_path / "cut"), "RUN")
+    assert message.startswith("training stopped at step 9: 3 updates in a row had a non-finite loss")
+    assert "checkpoint RUN/checkpoints/step-00000008 stays the latest checkpoint" in message
+    for run in ("full", "cut"):
+        assert [p.name for p in complete_steps(tmp_path / run / "checkpoints")] == ["step-00000004", "step-00000008"]
+    assert helpers.loss_records(tmp_path / "full") == helpers.loss_records(tmp_path / "cut")
+    helpers.assert_same_weights(helpers.weights(helpers.step_dir(tmp_path / "full", 8)),
+                                helpers.weights(helpers.step_dir(tmp_path / "cut", 8)))
+
+
+def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    poison(monkeypatch, set(), weights_after=3)
+    with pytest.raises(UserError, match="the weights became non-finite by step 4, so no checkpoint was written; "
+                                        "checkpoint .*step-00000002 stays the latest"):
+        train(helpers.run_config(data_dir, out, save_every=2, eval_every=2))
+    assert helpers.step_names(out) == ["step-00000002"]
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert all(bool(torch.isfinite(t).all()) for t in helpers.weights(helpers.step_dir(out, 2)).values())

@@ -1,0 +1,102 @@
+"""Every architecture trains end to end from its preset (shrunk) through `tango-lm train`, and
+every head trains on every onóna backbone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tango_lm.cli import main
+from tango_lm.heads.registry import HEADS
+from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.train.config import PRESET_DIR, load_run_config
+from tango_lm.train.trainer import train
+from tests import arch_cases, helpers
+
+
+def preset_of(arch: str) -> str:
+    """A shipped preset of the architecture: the first named after it, else the first that uses it."""
+    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    named = [n for n in names if n.startswith(f"{arch}-")]
+    for name in named + [n for n in names if n not in named]:
+        if load_run_config(name, []).model.arch == arch:
+            return name
+    raise AssertionError(f"architecture {arch!r} ships no preset; add one to models/presets/")
+
+
+# One preset per registered architecture, plus the paper's special geometries with what they need.
+GEOMETRIES = {"conventional-untied-70m-d4": {}, "tango-70m-d8-rotating": {"model.active_width": 1},
+              "tango-windowed-70m-d8-rotating": {"model.active_width": 3}}
+PRESETS = {**{preset_of(arch): {} for arch in arch_cases.names()}, **GEOMETRIES}
+
+
+def tiny_overrides(preset: str) -> dict[str, Any]:
+    """The preset shrunk to its architecture's tiny model (tests/arch_cases.py) on byte tokens."""
+    arch = load_run_config(preset, []).model.arch
+    fields = arch_cases.tiny_fields(arch, vocab_size=257, context_length=32)
+    fields = {"n_heads": None, "n_kv_heads": None, **fields}  # heads follow head_dim unless tiny says
+    return {f"model.{k}": v for k, v in fields.items() if k != "arch"} | PRESETS.get(preset, {})
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def check_trains_through_the_cli(config: str | Path, overrides: dict[str, Any], data_dir: Path, out: Path,
+                                 capsys: pytest.CaptureFixture) -> None:
+    """`tango-lm train CONFIG key=value ...` runs two steps with dev and test NLL."""
+    overrides = {**overrides, "data.dir": str(data_dir), "train.out_dir": str(out),
+                 "train.steps": 2, "train.tokens_per_param": None, "train.batch_size": 2, "train.grad_accum": 1,
+                 "train.eval_every": 2, "train.save_every": 2, "train.eval_windows": 2, "train.test_windows": 2,
+                 "train.warmup_steps": 1, "train.seq_len": 32, "train.progress": False}
+    argv = ["train", str(config), *(f"{k}={'null' if v is None else v}" for k, v in overrides.items()), "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 2 and summary["test_nll"] > 0
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_trains_through_the_cli(preset, data_dir, tmp_path, capsys):
+    check_trains_through_the_cli(preset, tiny_overrides(preset), data_dir, tmp_path / "run", capsys)
+
+
+@pytest.mark.parametrize("arch", sorted(a for a, c in ARCHITECTURES.items() if c.family == "onona") + ["tango"])
+def test_every_head_trains_on_the_backbone(arch, data_dir, tmp_path):
+    for head in sorted(HEADS):
+        model = {"arch": arch, "head": head, "d_model": 32, "head_dim": 8, "width": 32, "depth": 2,
+                 "vocab_size": 257, "context_length": 32, "gdn_head_dim": 8, "moe_expert_width": 16}
+        run = helpers.run_config(data_dir, tmp_path / head, model=model, steps=2, eval_every=2, save_every=2)
+        result = train(run)
+        assert result.summary["steps"] == 2 and result.summary["head"] == head
+        assert all(loss == loss for loss in result.losses.values())  # no NaN
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_bf16_autocast_step_matches_fp32(preset):
+    overrides = tiny_overrides(preset)
+    check_bf16_step(load_run_config(preset, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]).model)
+
+
+def check_bf16_step(cfg) -> None:
+    """What a GPU run does under train.precision=auto: the same step in bf16 autocast (here on the
+    CPU) gives the fp32 loss to bf16 accuracy and finite gradients for the same parameters."""
+    import torch
+
+    from tango_lm import build_model
+
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 17))
+    losses, grads = [], []
+    for bf16 in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model.nll(x[:, :-1], x[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert abs(losses[1] - losses[0]) < 0.02 * losses[0], losses
+    assert grads[1].keys() == grads[0].keys()
+    assert all(torch.isfinite(g).all() for g in grads[1].values())

@@ -1,0 +1,306 @@
+"""The training loop: exact resume (docs/design.md §6 "exact resume"), best-dev selection, budgets,
+gradient accumulation and the logged learning rate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tango_lm.errors import UserError
+from tango_lm.eval.evaluate import evaluate_checkpoint
+from tango_lm.train.checkpoint import complete_steps, load_checkpoint
+from tango_lm.train.config import RunConfig
+from tango_lm.train.optim import lr_at
+from tango_lm.train.trainer import Trainer, train
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _interrupted(monkeypatch, run, stop: int) -> None:
+    """Train `run` but stop (as on Ctrl-C) before the optimizer step after `stop`."""
+    original = Trainer.train_step
+
+    def train_step(self):
+        if self.step == stop:
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", train_step)
+        with pytest.raises(KeyboardInterrupt):
+            train(run)
+
+
+# -- exact resume ------------------------------------------------------------------------------
+# (train overrides, loader (epoch, position) at the step-8 checkpoint, loader state at step 12)
+RESUME_CASES = {
+    # 9 batches of 4 per epoch: the resumed part crosses the epoch boundary (step 9 -> 10).
+    "wsd": ({}, (0, 32), (1, 12)),
+    # 18 micro-batches per epoch of 9 global batches: checkpoint mid-epoch 1, end in epoch 2.
+    "grad_accum2": ({"grad_accum": 2}, (1, 28), (2, 24)),
+    "cosine": ({"schedule": "cosine", "warmup_steps": 3}, (0, 32), (1, 12)),
+    # 4 batches of 8 per epoch: the checkpoint sits exactly at the end of an epoch.
+    "epoch_end": ({"batch_size": 8}, (1, 32), (2, 32)),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_resume_reproduces_uninterrupted_run(data_dir, tmp_path, monkeypatch, case):
+    overrides, at_8, at_12 = RESUME_CASES[case]
+    full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
+    full = train(helpers.run_config(data_dir, full_dir, **overrides))
+    assert sorted(full.losses) == list(range(1, 13))
+
+    run = helpers.run_config(data_dir, cut_dir, **overrides)
+    _interrupted(monkeypatch, run, stop=8)
+    assert complete_steps(cut_dir / "checkpoints")[-1].name == "step-00000008"
+    assert not (cut_dir / "summary.json").exists()
+    state8 = load_checkpoint(helpers.step_dir(cut_dir, 8)).train_state()
+    assert (state8["loader"]["epoch"], state8["loader"]["position"]) == at_8
+    assert state8["step"] == 8 and state8["tokens_seen"] == 8 * run.train.grad_accum * run.train.batch_size * 32
+
+    resumed = train(helpers.run_config(data_dir, cut_dir, **overrides), resume=True)
+
+    # Only the missing steps ran, and each loss is bit-for-bit the uninterrupted one.
+    assert sorted(resumed.losses) == [9, 10, 11, 12]
+    for step, loss in resumed.losses.items():
+        assert loss == full.losses[step], step
+    # Final weights and optimizer state are identical.
+    helpers.assert_same_weights(helpers.weights(helpers.step_dir(full_dir, 12)),
+                                helpers.weights(helpers.step_dir(cut_dir, 12)))
+    sa = load_checkpoint(helpers.step_dir(full_dir, 12)).train_state()
+    sb = load_checkpoint(helpers.step_dir(cut_dir, 12)).train_state()
+    assert (sb["loader"]["epoch"], sb["loader"]["position"]) == at_12
+    assert sa["loader"] == sb["loader"] and sa["best"] == sb["best"] and sa["tokens_seen"] == sb["tokens_seen"]
+    for pa, pb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True):
+        assert torch.equal(pa["exp_avg"], pb["exp_avg"]) and torch.equal(pa["exp_avg_sq"], pb["exp_avg_sq"])
+    # The logs agree record for record (wall-clock throughput aside), with no duplicated steps.
+    assert helpers.loss_records(cut_dir) == helpers.loss_records(full_dir)
+    assert [r["step"] for r in helpers.loss_records(cut_dir)] == list(range(1, 13))
+    assert helpers.dev_records(cut_dir) == helpers.dev_records(full_dir)
+    # And so does the protocol's result.
+    for key in ("test_nll", "best_dev_nll", "selected_step", "steps", "tokens", "test_tokens"):
+        assert resumed.summary[key] == full.summary[key], key
+    assert json.loads((cut_dir / "best.json").read_text()) == json.loads((full_dir / "best.json").read_text())
+    summaries = [r for r in helpers.read_metrics(cut_dir) if r.get("event") == "summary"]
+    assert len(summaries) == 1
+
+
+def test_resume_keeps_the_best_dev_record(data_dir, tmp_path, monkeypatch):
+    """Best-dev bookkeeping survives the interruption: dev gets worse after the checkpoint."""
+    script = {4: 3.0, 8: 2.0, 12: 2.5}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    full = train(helpers.run_config(data_dir, tmp_path / "full", keep_last=1))
+    cut = tmp_path / "cut"
+    _interrupted(monkeypatch, helpers.run_config(data_dir, cut, keep_last=1), stop=8)
+    resumed = train(helpers.run_config(data_dir, cut, keep_last=1), resume=True)
+    assert resumed.summary["selected_step"] == full.summary["selected_step"] == 8
+    assert resumed.summary["best_dev_nll"] == 2.0
+    assert resumed.summary["test_nll"] == full.summary["test_nll"]
+    assert helpers.step_names(cut) == helpers.step_names(tmp_path / "full") == ["step-00000008", "step-00000012"]
+
+
+def test_resume_with_manual_steps_and_save(data_dir, tmp_path):
+    """Driving Trainer by hand (train_step/save) and resuming gives the same trajectory."""
+    full = train(helpers.run_config(data_dir, tmp_path / "full"))
+    cut = tmp_path / "cut"
+    trainer = Trainer(helpers.run_config(data_dir, cut))
+    cut.mkdir()
+    manual = [trainer.train_step() for _ in range(6)]
+    assert manual == [full.losses[s] for s in range(1, 7)]
+    trainer.save()
+    resumed = train(helpers.run_config(data_dir, cut), resume=True)
+    assert resumed.losses == {s: full.losses[s] for s in range(7, 13)}
+    helpers.assert_same_weights(helpers.weights(helpers.step_dir(tmp_path / "full", 12)),
+                                helpers.weights(helpers.step_dir(cut, 12)))
+
+
+def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
+    out = tmp_path / "run"
+    first = train(helpers.run_config(data_dir, out, steps=4))
+    before = helpers.weights(helpers.step_dir(out, 4))
+    again = train(helpers.run_config(data_dir, out, steps=4), resume=True)
+    assert again.losses == {}
+    assert again.summary["test_nll"] == first.summary["test_nll"]
+    assert again.summary["steps"] == 4
+    helpers.assert_same_weights(before, helpers.weights(helpers.step_dir(out, 4)))
+    assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4]
+    assert len([r for r in helpers.read_metrics(out) if r.get("event") == "summary"]) == 1
+
+
+def test_training_without_resume_refuses_existing_checkpoints(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4))
+    before = helpers.snapshot(out)
+    with pytest.raises(UserError, match="already holds a run"):
+        train(helpers.run_config(data_dir, out, steps=8))
+    assert helpers.snapshot(out) == before
+
+
+def test_resume_with_different_model_config_is_refused(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4))
+    before = helpers.snapshot(out)
+    with pytest.raises(UserError, match="different model config.*width"):
+        train(helpers.run_config(data_dir, out, model={"width": 128}, steps=8), resume=True)
+    assert helpers.snapshot(out) == before
+
+
+def test_changed_batch_size_on_resume_is_a_user_error(data_dir, tmp_path):
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4))
+    with pytest.raises(UserError, match="batch_size"):
+        train(helpers.run_config(data_dir, out, steps=8, batch_size=2), resume=True)
+
+
+# -- best-dev protocol -------------------------------------------------------------------------
+def _scripted_dev(monkeypatch, script: dict[int, float]) -> None:
+    def evaluate_dev(self):
+        return script[self.step]
+
+    monkeypatch.setattr(Trainer, "evaluate_dev", evaluate_dev)
+
+
+def test_best_dev_checkpoint_is_the_one_tested(data_dir, tmp_path, monkeypatch):
+    _scripted_dev(monkeypatch, {4: 3.0, 8: 2.0, 12: 2.5})  # dev gets worse after step 8
+    out = tmp_path / "run"
+    result = train(helpers.run_config(data_dir, out, keep_last=1))
+    s = result.summary
+    assert s["selected_step"] == 8 and s["best_dev_nll"] == 2.0 and s["steps"] == 12
+    assert json.loads((out / "best.json").read_text()) == {"step": 8, "dev_nll": 2.0}
+    # keep_last=1 keeps the newest checkpoint and spares the best one.
+    assert helpers.step_names(out) == ["step-00000008", "step-00000012"]
+    best = evaluate_checkpoint(str(helpers.step_dir(out, 8)), "test")
+    final = evaluate_checkpoint(str(helpers.step_dir(out, 12)), "test")
+    assert s["test_nll"] == best["nll"]
+    assert s["test_nll"] != final["nll"]  # the selection matters for this run
+    assert s["test_tokens"] == best["tokens"] == 9 * 32  # all 9 test windows
+    # The run directory resolves to the best-dev checkpoint.
+    assert evaluate_checkpoint(str(out), "test")["step"] == 8
+    dev_log = helpers.dev_records(out)
+    assert [(r["step"], r["dev_nll"], r["best"]) for r in dev_log] == [(4, 3.0, True), (8, 2.0, True), (12, 2.5, False)]
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(s))
+
+
+def test_select_final_tests_the_last_step(data_dir, tmp_path, monkeypatch):
+    _scripted_dev(monkeypatch, {4: 3.0, 8: 2.0, 12: 2.5})
+    out = tmp_path / "run"
+    s = train(helpers.run_config(data_dir, out, select="final")).summary
+    assert s["selected_step"] == 12
+    assert s["best_dev_nll"] == 2.0
+    assert s["test_nll"] == evaluate_checkpoint(str(helpers.step_dir(out, 12)), "test")["nll"]
+
+
+def test_real_dev_nll_is_logged_and_best_is_its_minimum(data_dir, tmp_path):
+    out = tmp_path / "run"
+    s = train(helpers.run_config(data_dir, out, eval_every=2)).summary
+    devs = {r["step"]: r["dev_nll"] for r in helpers.dev_records(out)}
+    assert sorted(devs) == [2, 4, 6, 8, 10, 12]
+    assert s["best_dev_nll"] == min(devs.values())
+    assert s["selected_step"] == min(devs, key=devs.get)
+    assert all(math.isfinite(v) and 0 < v < 10 for v in devs.values())
+    # The dev NLL the trainer logs is evaluate_checkpoint's on the same fixed windows.
+    ev = evaluate_checkpoint(str(helpers.step_dir(out, 12)), "dev", max_windows=8)
+    assert ev["nll"] == pytest.approx(devs[12], rel=1e-6, abs=1e-6)
+
+
+# -- budget, accumulation, schedule --------------------------------------------------------------
+def test_budget_by_tokens_and_tokens_per_param(data_dir, tmp_path):
+    per_step = 4 * 2 * 32
+    run = helpers.run_config(data_dir, tmp_path, steps=None, tokens=per_step * 3 + 1, grad_accum=2)
+    assert run.total_steps() == 4  # rounded up
+    run = helpers.run_config(data_dir, tmp_path, steps=None, tokens_per_param=0.5, grad_accum=2)
+    budget = 0.5 * run.model.num_params()["total"]  # 8240 tokens: 32.2 steps of 256
+    assert run.total_steps() == 33  # rounded up, like a token budget
+    assert (run.total_steps() - 1) * per_step < budget <= run.total_steps() * per_step
+    run = helpers.run_config(data_dir, tmp_path, steps=7, tokens=10**9)
+    assert run.total_steps() == 7  # steps wins
+    with pytest.raises(UserError, match="no training budget"):
+        helpers.run_config(data_dir, tmp_path, steps=None).total_steps()
+
+
+def test_token_budget_trains_that_many_steps(data_dir, tmp_path):
+    out = tmp_path / "run"
+    s = train(helpers.run_config(data_dir, out, steps=None, tokens=3 * 4 * 32)).summary
+    assert s["steps"] == 3 and s["tokens"] == 3 * 4 * 32
+
+
+def test_grad_accum_matches_one_big_batch(data_dir, tmp_path):
+    """batch 2 x accum 2 sees the same windows as batch 4 and takes (numerically) the same steps."""
+    a = train(helpers.run_config(data_dir, tmp_path / "a", steps=4, batch_size=4, grad_accum=1))
+    b = train(helpers.run_config(data_dir, tmp_path / "b", steps=4, batch_size=2, grad_accum=2))
+    assert a.losses[1] == pytest.approx(b.losses[1], rel=1e-6)
+    for step in range(2, 5):
+        assert a.losses[step] == pytest.approx(b.losses[step], rel=1e-4)
+    assert a.summary["tokens"] == b.summary["tokens"] == 4 * 4 * 32
+    # The accumulated gradient is the mean over micro-batches, not their sum.
+    norms_a = [r["grad_norm"] for r in helpers.loss_records(tmp_path / "a")]
+    norms_b = [r["grad_norm"] for r in helpers.loss_records(tmp_path / "b")]
+    assert norms_a == pytest.approx(norms_b, rel=1e-3)
+    wa, wb = helpers.weights(helpers.step_dir(tmp_path / "a", 4)), helpers.weights(helpers.step_dir(tmp_path / "b", 4))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+
+
+def test_logged_lr_follows_the_schedule(data_dir, tmp_path):
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=10, warmup_steps=3, schedule="wsd", decay_fraction=0.3,
+                             eval_every=10, save_every=10)
+    train(run)
+    recs = helpers.loss_records(out)
+    assert [r["lr"] for r in recs] == [lr_at(s, 10, run.train) for s in range(10)]
+    assert recs[-1]["lr"] == pytest.approx(run.train.lr * run.train.min_lr_ratio)
+    assert [r["tokens"] for r in recs] == [4 * 32 * s for s in range(1, 11)]
+    assert all(r["grad_norm"] > 0 for r in recs)
+
+
+def test_log_every_logs_multiples_and_the_last_step(data_dir, tmp_path):
+    out = tmp_path / "run"
+    result = train(helpers.run_config(data_dir, out, log_every=5))
+    recs = helpers.loss_records(out)
+    assert [r["step"] for r in recs] == [5, 10, 12]
+    assert [r["loss"] for r in recs] == [result.losses[s] for s in (5, 10, 12)]
+
+
+def test_gradients_are_clipped_before_the_update(data_dir, tmp_path, monkeypatch):
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm, *args, **kwargs):
+        params = list(params)
+        norm = clip(params, max_norm, *args, **kwargs)
+        after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        seen.append((max_norm, float(norm), float(after)))
+        return norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=3, grad_clip=0.05, eval_every=3, save_every=3))
+    assert len(seen) == 3
+    assert all(max_norm == 0.05 and before > 0.05 and after <= 0.05 * 1.0001 for max_norm, before, after in seen)
+    assert [r["grad_norm"] for r in helpers.loss_records(out)] == [before for _, before, _ in seen]
+
+
+def test_model_seed_and_data_seed_are_separate(data_dir, tmp_path):
+    def first_loss(name, **kw):
+        return train(helpers.run_config(data_dir, tmp_path / name, steps=1, eval_every=1, save_every=1,
+                                        **kw)).losses[1]
+
+    base = first_loss("base")
+    assert first_loss("same") == base
+    assert first_loss("seed", seed=18) != base
+    assert first_loss("data", data_seed=102) != base
+
+
+def test_run_config_roundtrip_through_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=2, eval_every=2, save_every=2)
+    train(run)
+    ckpt = load_checkpoint(out)
+    assert ckpt.config == run.to_dict()
+    assert RunConfig.from_dict(ckpt.config).to_dict() == run.to_dict()
+    assert json.loads((out / "config.json").read_text()) == run.to_dict()
