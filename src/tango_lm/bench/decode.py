@@ -204,6 +204,7 @@ def preset_configs(archs: tuple[str, ...] | list[str], tier: str, depth: int,
 def format_report(report: dict[str, Any]) -> str:
     keys = [case_key(b, m, path) for b in report["batches"] for m in report["modes"]
             for path in report.get("paths", ["eager"])]
+    w = max(11, max(len(k) for k in keys) + 2)  # column width: the longest key and a gap
     models = f"the {report['tier']} presets" if report.get("tier") else "matched models of the train suite"
     static = (f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round "
               f"compiles)" if report.get("static_mode") else "")
@@ -213,12 +214,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"+ {report['new_tokens']} new tokens; tok/s = new tokens (all rows) / wall time of the whole generate call "
         f"(prefill included), median of {report['repeats']} rounds alternating models; cache = cache.nbytes() / "
         f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32){static}",
-        f"{'arch':<19}" + "".join(f"{k:>11}" for k in keys) + "".join(f"{k + ' x':>13}" for k in keys)
+        f"{'arch':<19}" + "".join(f"{k:>{w}}" for k in keys) + "".join(f"{k + ' x':>{w + 2}}" for k in keys)
         + f"{'cache B/tok':>12}{'cache x':>8}  note",
     ]
     for r in report["archs"]:
-        lines.append(f"{r['arch']:<19}" + "".join(f"{r['tokens_per_s'][k]:>11,.0f}" for k in keys)
-                     + "".join(f"{r['tokens_per_s_vs_loop'][k]:>13.2f}" for k in keys)
+        lines.append(f"{r['arch']:<19}" + "".join(f"{r['tokens_per_s'][k]:>{w},.0f}" for k in keys)
+                     + "".join(f"{r['tokens_per_s_vs_loop'][k]:>{w + 2}.2f}" for k in keys)
                      + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}")
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")
@@ -229,16 +230,19 @@ def format_report(report: dict[str, Any]) -> str:
     if "heads" in report:
         h = report["heads"]
         bkeys = list(h["variants"][0]["tokens_per_s"])
+        hw = max(11, max(len(k) for k in bkeys) + 8)
         lines += [
             "",
             f"decode heads: {h['backbone']} backbone (d={h['d_model']}, depth {h['depth']}, width {h['width']}), "
             f"V={h['vocab_size']}, same body for every head, temperature 1 untruncated, prompt "
             f"{report['prompt_len']} + {report['new_tokens']} new tokens, median of {report['repeats']} rounds "
             f"alternating heads; ratios to Standard",
-            f"{'variant':<12}" + "".join(f"{k + ' tok/s':>11}" for k in bkeys) + "".join(f"{k + ' x':>8}" for k in bkeys)
+            f"{'variant':<12}" + "".join(f"{k + ' tok/s':>{hw}}" for k in bkeys)
+            + "".join(f"{k + ' x':>{hw - 3}}" for k in bkeys)
             + "  path",
         ]
         for r in h["variants"]:
-            lines.append(f"{r['variant']:<12}" + "".join(f"{r['tokens_per_s'][k]:>11,.0f}" for k in bkeys)
-                         + "".join(f"{r['tokens_per_s_vs_standard'][k]:>8.2f}" for k in bkeys) + f"  {r['path']}")
+            lines.append(f"{r['variant']:<12}" + "".join(f"{r['tokens_per_s'][k]:>{hw},.0f}" for k in bkeys)
+                         + "".join(f"{r['tokens_per_s_vs_standard'][k]:>{hw - 3}.2f}" for k in bkeys)
+                         + f"  {r['path']}")
     return "\n".join(lines)

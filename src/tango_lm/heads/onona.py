@@ -185,13 +185,16 @@ class OnonaHead(Head):
         noise [B, V + 1]: component A where noise[:, 0] < g[x_t], then the Gumbel-max argmax of that
         table's logits with noise[:, 1:]. h [B, d], input_ids [B] -> tokens [B]. With one row the
         table is picked by index inside the product, which a compiled step fuses into one pass over
-        that table only (one projection); with several rows both products run and each row keeps
-        its own (rows may pick different tables). Serving context only."""
+        that table only (one projection; run eagerly, the row's table is picked on the host); with
+        several rows both products run and each row keeps its own (rows may pick different tables).
+        Serving context only."""
         if self._folded is None:
             raise RuntimeError("sample_static runs inside `with head.serving():`")
         use_a = noise[:, 0] < torch.sigmoid(self.gate_logit(input_ids))
         wide = torch.promote_types(h.dtype, torch.float32)
-        if h.shape[0] == 1:
+        if h.shape[0] == 1 and not torch.compiler.is_compiling():
+            logits = float_logits(h, self.table_a.weight if bool(use_a) else self.table_b.weight)
+        elif h.shape[0] == 1:
             table = self._folded[2][(~use_a).long()]  # [1, V, d]: A or B
             logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
         else:
