@@ -30,7 +30,8 @@ gpu-check:
 	tools/gpu_check.sh
 
 lint: setup
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests tools
+	$(BIN)/ruff format --check src tests tools
 
 clean:
 	rm -rf $(VENV) runs

@@ -15,8 +15,7 @@ from tango_lm import ModelConfig
 from tango_lm.models.registry import ARCHITECTURES
 
 # d = 32 in 4 heads of 8, three block applications; an architecture's `tiny` fields go on top.
-BASE: dict[str, Any] = {"d_model": 32, "head_dim": 8, "width": 48, "depth": 3, "vocab_size": 61,
-                        "context_length": 48}
+BASE: dict[str, Any] = {"d_model": 32, "head_dim": 8, "width": 48, "depth": 3, "vocab_size": 61, "context_length": 48}
 
 
 def names() -> list[str]:

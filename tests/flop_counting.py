@@ -109,8 +109,10 @@ def build(cfg: ModelConfig) -> torch.nn.Module:
 
 def batch(cfg: ModelConfig, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
-    return (torch.randint(0, cfg.vocab_size, (B, t), generator=gen),
-            torch.randint(0, cfg.vocab_size, (B, t), generator=gen))
+    return (
+        torch.randint(0, cfg.vocab_size, (B, t), generator=gen),
+        torch.randint(0, cfg.vocab_size, (B, t), generator=gen),
+    )
 
 
 # -- the reference path: causal mixing as explicit per-destination matmuls -------------------------
@@ -211,8 +213,9 @@ def attnres_matmul(self, values, normed):
     return (alpha.unsqueeze(-2) @ torch.stack(values, dim=-2)).squeeze(-2)
 
 
-def plain_mixture_nll(hs, tables, targets, log_prior=None, *, components=None, sigsoftmax=False, chunk=0,
-                      ignore_index=-100):
+def plain_mixture_nll(
+    hs, tables, targets, log_prior=None, *, components=None, sigsoftmax=False, chunk=0, ignore_index=-100
+):
     return mixture_nll_reference(hs, tables, targets, log_prior, sigsoftmax, ignore_index, components)
 
 

@@ -89,8 +89,9 @@ def synthetic_gpt2_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.getbasetemp() / "tango-synthetic-gpt2"
     if not is_prepared(path):
         docs = [" ".join(["the cat sat on the mat"] * 8)] * 8
-        write_prepared(path, get_tokenizer("gpt2"), {"train": docs, "dev": docs, "test": docs}, {"name": "g"},
-                       progress=False)
+        write_prepared(
+            path, get_tokenizer("gpt2"), {"train": docs, "dev": docs, "test": docs}, {"name": "g"}, progress=False
+        )
     return path
 
 

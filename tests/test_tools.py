@@ -39,8 +39,19 @@ def test_op_speed_pieces():
 
 
 def test_step_profile():
-    out = _run("step_profile.py", "tango:64", "loop-transformer:64", "--seq-len", "16", "--batch-size", "1",
-               "--steps", "1", "--top", "3")
+    out = _run(
+        "step_profile.py",
+        "tango:64",
+        "loop-transformer:64",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "1",
+        "--steps",
+        "1",
+        "--top",
+        "3",
+    )
     assert "tango:64:" in out and "loop-transformer:64:" in out and "GFLOP/s" in out
 
 
@@ -57,10 +68,41 @@ def test_gpu_suites_script_and_table(tmp_path):
     # plus a suite that timed out), one status line per suite, then each suite's own table.
     assert subprocess.run(["bash", "-n", str(TOOLS / "gpu_suites.sh")]).returncode == 0
     report = subprocess.run(
-        [sys.executable, "-m", "tango_lm.cli", "bench", "--suite", "decode", "--archs", "tango", "--d-model", "32",
-         "--depth", "2", "--tango-width", "64", "--vocab-size", "40", "--prompt-len", "3", "--new-tokens", "2",
-         "--decode-batches", "1", "--repeats", "1", "--head-vocab", "50", "--device", "cpu", "--json"],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "tango_lm.cli",
+            "bench",
+            "--suite",
+            "decode",
+            "--archs",
+            "tango",
+            "--d-model",
+            "32",
+            "--depth",
+            "2",
+            "--tango-width",
+            "64",
+            "--vocab-size",
+            "40",
+            "--prompt-len",
+            "3",
+            "--new-tokens",
+            "2",
+            "--decode-batches",
+            "1",
+            "--repeats",
+            "1",
+            "--head-vocab",
+            "50",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr
     (tmp_path / "decode-small.json").write_text(report.stdout)
     (tmp_path / "decode-small.rc").write_text("0\n")

@@ -45,6 +45,7 @@ def implementations(include_math: bool) -> dict:
             g = gate_average_module.split_heads(torch.nn.functional.silu(a), q.shape[1])
             avg = gate_average_module.gate_average_sliced(q, k, g, max_slice)
             return gate_average_module.merge_heads(avg) * u
+
         return run
 
     impls = {}
@@ -80,8 +81,10 @@ def run(args: argparse.Namespace) -> dict:
     errors = {}
     for name, fn in impls.items():  # warm-up (compiles and autotunes the kernels) and a check
         got = step(fn)
-        errors[name] = max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-6))
-                           for x, y in zip((got[0], *got[1]), (want[0], *want[1]), strict=True))
+        errors[name] = max(
+            float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-6))
+            for x, y in zip((got[0], *got[1]), (want[0], *want[1]), strict=True)
+        )
         del got
     times = {name: [] for name in impls}
     forward_times = {name: [] for name in impls}
@@ -104,21 +107,41 @@ def run(args: argparse.Namespace) -> dict:
             if device.type == "cuda":
                 memory[name] = torch.cuda.max_memory_allocated(device) - base
             del out
-    peak = measure_matmul_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
-                               8192 if device.type == "cuda" else 512)
+    peak = measure_matmul_peak(
+        device, torch.bfloat16 if device.type == "cuda" else torch.float32, 8192 if device.type == "cuda" else 512
+    )
     rows = []
     base_name = "sdpa-sliced-128"
     base_s = statistics.median(times[base_name])
     for name in impls:
         step_s = statistics.median(times[name])
-        rows.append({"impl": name, "fwd_bwd_ms": step_s * 1e3, "fwd_ms": statistics.median(forward_times[name]) * 1e3,
-                     "tflop_per_s": causal_flops / step_s / 1e12, "of_peak": causal_flops / step_s / peak,
-                     "time_vs_sliced": step_s / base_s, "memory_mib": memory.get(name, 0) / 2**20 or None,
-                     "max_error_vs_reference": errors[name]})
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "dtype": args.dtype, "batch": b, "heads": h, "seq_len": t, "width": w,
-            "head_dim": d, "rounds": args.rounds, "reference": "math" if "math" in impls else next(iter(impls)),
-            "matmul_peak_tflop_per_s": peak / 1e12, "causal_flops": causal_flops, "rows": rows}
+        rows.append(
+            {
+                "impl": name,
+                "fwd_bwd_ms": step_s * 1e3,
+                "fwd_ms": statistics.median(forward_times[name]) * 1e3,
+                "tflop_per_s": causal_flops / step_s / 1e12,
+                "of_peak": causal_flops / step_s / peak,
+                "time_vs_sliced": step_s / base_s,
+                "memory_mib": memory.get(name, 0) / 2**20 or None,
+                "max_error_vs_reference": errors[name],
+            }
+        )
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "batch": b,
+        "heads": h,
+        "seq_len": t,
+        "width": w,
+        "head_dim": d,
+        "rounds": args.rounds,
+        "reference": "math" if "math" in impls else next(iter(impls)),
+        "matmul_peak_tflop_per_s": peak / 1e12,
+        "causal_flops": causal_flops,
+        "rows": rows,
+    }
 
 
 def format_report(report: dict) -> str:
@@ -132,8 +155,10 @@ def format_report(report: dict) -> str:
     ]
     for r in report["rows"]:
         mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
-        lines.append(f"{r['impl']:<17}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
-                     f"{r['of_peak']:>9.1%}{r['time_vs_sliced']:>9.2f}{mem}{r['max_error_vs_reference']:>9.1e}")
+        lines.append(
+            f"{r['impl']:<17}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
+            f"{r['of_peak']:>9.1%}{r['time_vs_sliced']:>9.2f}{mem}{r['max_error_vs_reference']:>9.1e}"
+        )
     return "\n".join(lines)
 
 
@@ -151,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test",
-              file=sys.stderr)
+        print(
+            "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test", file=sys.stderr
+        )
         return 2
     if tango_mix_module.tango_mix_triton is None:
         print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)

@@ -47,7 +47,9 @@ def train_result(out: Path, name: str) -> str:
     if not report or "train" not in report:
         return _last_line(out, name)
     rows = report["train"]["models"]
-    return "MFU x Loop: " + ", ".join(f"{r['arch']} {r['mfu_vs_loop']:.2f}" for r in rows if r["arch"] != "loop-transformer")
+    return "MFU x Loop: " + ", ".join(
+        f"{r['arch']} {r['mfu_vs_loop']:.2f}" for r in rows if r["arch"] != "loop-transformer"
+    )
 
 
 def kernel_result(out: Path, name: str) -> str:
@@ -79,8 +81,9 @@ def _environment() -> str:
         parts.append(f"triton {triton.__version__}")
     except ImportError:
         parts.append("no triton")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    )
     if commit.returncode == 0:
         parts.append(f"commit {commit.stdout.strip()}")
     return ", ".join(parts)
@@ -89,8 +92,10 @@ def _environment() -> str:
 def summary(out: Path) -> str:
     sections = [line.split("\t") for line in (out / "sections.tsv").read_text().splitlines() if line.strip()]
     width = max([len(s[0]) for s in sections] + [7])
-    lines = [f"gpu check: {_environment()}; logs in {out}",
-             f"{'section':<{width}}  {'status':<12}{'seconds':>8}  result"]
+    lines = [
+        f"gpu check: {_environment()}; logs in {out}",
+        f"{'section':<{width}}  {'status':<12}{'seconds':>8}  result",
+    ]
     for name, status, seconds in sections:
         result = " ".join(RESULTS.get(name, _last_line)(out, name).split())
         lines.append(f"{name:<{width}}  {status:<12}{seconds:>8}  {result}")

@@ -12,8 +12,12 @@ from pathlib import Path
 
 from tango_lm.bench import decode, memory, suite, training
 
-FORMATTERS = {"train": training.format_report, "decode": decode.format_report, "windowed": suite.format_windowed,
-              "memory": memory.format_report}
+FORMATTERS = {
+    "train": training.format_report,
+    "decode": decode.format_report,
+    "windowed": suite.format_windowed,
+    "memory": memory.format_report,
+}
 
 
 def load(out: Path, name: str) -> tuple[str, dict | None]:

@@ -36,8 +36,13 @@ def synthetic_data(root: Path, tokens: int) -> Path:
     rng = random.Random(0)
     docs = ["".join(rng.choice(string.ascii_lowercase + " ") for _ in range(255)) for _ in range(tokens // 256 + 1)]
     path = root / "data"
-    write_prepared(path, get_tokenizer("byte"), {"train": docs, "dev": docs[:8], "test": docs[:8]}, {"name": "random"},
-                   progress=False)
+    write_prepared(
+        path,
+        get_tokenizer("byte"),
+        {"train": docs, "dev": docs[:8], "test": docs[:8]},
+        {"name": "random"},
+        progress=False,
+    )
     return path
 
 
@@ -62,13 +67,29 @@ def main() -> None:
         data = synthetic_data(root, (args.steps + 2) * args.batch_size * (args.seq_len + 1))
         trainers = {}
         for name, loggers in (("jsonl", ["jsonl"]), ("all", ALL)):
-            run = RunConfig.from_dict({
-                "model": {"arch": "tango", "d_model": args.d_model, "width": args.width, "depth": args.depth,
-                          "vocab_size": 257, "context_length": args.seq_len},
-                "data": {"dir": str(data)},
-                "train": {"out_dir": str(root / name), "steps": args.steps + 2, "batch_size": args.batch_size,
-                          "log_every": args.log_every, "device": "cpu", "precision": "fp32", "loggers": loggers,
-                          "progress": False}})
+            run = RunConfig.from_dict(
+                {
+                    "model": {
+                        "arch": "tango",
+                        "d_model": args.d_model,
+                        "width": args.width,
+                        "depth": args.depth,
+                        "vocab_size": 257,
+                        "context_length": args.seq_len,
+                    },
+                    "data": {"dir": str(data)},
+                    "train": {
+                        "out_dir": str(root / name),
+                        "steps": args.steps + 2,
+                        "batch_size": args.batch_size,
+                        "log_every": args.log_every,
+                        "device": "cpu",
+                        "precision": "fp32",
+                        "loggers": loggers,
+                        "progress": False,
+                    },
+                }
+            )
             trainer = Trainer(run)
             trainer.out.mkdir(parents=True)
             trainer.loggers = open_loggers(loggers, LogContext(trainer.out, 0, run.to_dict(), "tango-lm-overhead"))
@@ -85,9 +106,17 @@ def main() -> None:
                 tokens_per_s = tokens_per_step / dt
                 t1 = time.perf_counter()
                 if trainer.step % args.log_every == 0:
-                    trainer._log({"step": trainer.step, "loss": loss, "tokens": trainer.tokens_seen,
-                                  "tokens_per_s": tokens_per_s, "mfu": trainer._mfu(tokens_per_s),
-                                  "peak_memory_mib": peak_memory_mib(trainer.device), **trainer._last})
+                    trainer._log(
+                        {
+                            "step": trainer.step,
+                            "loss": loss,
+                            "tokens": trainer.tokens_seen,
+                            "tokens_per_s": tokens_per_s,
+                            "mfu": trainer._mfu(tokens_per_s),
+                            "peak_memory_mib": peak_memory_mib(trainer.device),
+                            **trainer._last,
+                        }
+                    )
                 t2 = time.perf_counter()
                 if i >= 2:  # warm-up steps aside
                     step_s[name].append(t2 - t0)
@@ -95,14 +124,20 @@ def main() -> None:
         for trainer in trainers.values():
             close_loggers(trainer.loggers)
     base, full = statistics.median(step_s["jsonl"]), statistics.median(step_s["all"])
-    print(f"tango d={args.d_model} F={args.width} depth={args.depth} T={args.seq_len} B={args.batch_size}, "
-          f"{torch.get_num_threads()} threads, {args.steps} steps each, logged every {args.log_every}")
+    print(
+        f"tango d={args.d_model} F={args.width} depth={args.depth} T={args.seq_len} B={args.batch_size}, "
+        f"{torch.get_num_threads()} threads, {args.steps} steps each, logged every {args.log_every}"
+    )
     for name in trainers:
-        print(f"  loggers {'+'.join(['jsonl'] if name == 'jsonl' else ALL):<24} step + log "
-              f"{statistics.median(step_s[name]) * 1e3:8.2f} ms   log calls {statistics.median(log_s[name]) * 1e6:8.1f} us")
+        print(
+            f"  loggers {'+'.join(['jsonl'] if name == 'jsonl' else ALL):<24} step + log "
+            f"{statistics.median(step_s[name]) * 1e3:8.2f} ms   log calls {statistics.median(log_s[name]) * 1e6:8.1f} us"
+        )
     extra = (statistics.mean(log_s["all"]) - statistics.mean(log_s["jsonl"])) / base
-    print(f"  ratio of medians (all loggers / jsonl): {full / base:.4f}; the added logging calls alone: "
-          f"{extra:.3%} of a step (means over all steps)")
+    print(
+        f"  ratio of medians (all loggers / jsonl): {full / base:.4f}; the added logging calls alone: "
+        f"{extra:.3%} of a step (means over all steps)"
+    )
 
 
 if __name__ == "__main__":

@@ -69,12 +69,13 @@ def paths(fused, reference) -> dict:
 def time_adamw(rounds: int = 20) -> None:
     from tango_lm import ModelConfig, build_model
 
-    model = build_model(ModelConfig(arch="gau", d_model=256, depth=4, width=2048, vocab_size=257,
-                                    context_length=256))
+    model = build_model(ModelConfig(arch="gau", d_model=256, depth=4, width=2048, vocab_size=257, context_length=256))
     for p in model.parameters():
         p.grad = torch.randn_like(p)
-    opts = {"fused": torch.optim.AdamW(model.parameters(), fused=True),
-            "default": torch.optim.AdamW(model.parameters())}
+    opts = {
+        "fused": torch.optim.AdamW(model.parameters(), fused=True),
+        "default": torch.optim.AdamW(model.parameters()),
+    }
     times: dict[str, list[float]] = {name: [] for name in opts}
     for _ in range(rounds):
         for name, opt in opts.items():
@@ -115,8 +116,10 @@ def time_pieces(t: int, f: int, rounds: int = 9, n_heads: int = 8) -> None:
     print(f"gate average forward pieces, T = {t}, F = {f}, H = {n_heads} (median of {rounds} rounds, alternating)")
     for name, (_, flops) in cases.items():
         sec = statistics.median(times[name])
-        print(f"{name:14s} {sec * 1e3:7.2f} ms  computes {flops / (n_heads * t * t * w * 2):.3f} of the square  "
-              f"{flops / sec / 1e9:6.1f} GFLOP/s run  {counted / sec / 1e9:6.1f} GFLOP/s counted")
+        print(
+            f"{name:14s} {sec * 1e3:7.2f} ms  computes {flops / (n_heads * t * t * w * 2):.3f} of the square  "
+            f"{flops / sec / 1e9:6.1f} GFLOP/s run  {counted / sec / 1e9:6.1f} GFLOP/s counted"
+        )
 
 
 def main() -> None:
@@ -134,13 +137,18 @@ def main() -> None:
         b, t, f, *block = (int(s) for s in sizes)
         if block:
             tango_mix._block_size = lambda t: block[0]
-        time_variants(lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)),
-                      paths(tango_mix.tango_mix_fused, tango_mix.tango_mix_reference))
+        time_variants(
+            lambda: (leaf(b, 8, t, 32), leaf(b, 8, t, 32), leaf(b, t, f), leaf(b, t, f)),
+            paths(tango_mix.tango_mix_fused, tango_mix.tango_mix_reference),
+        )
     elif kind == "windowed":
         b, t, f = (int(s) for s in sizes)
         qk = [leaf(b, 8, t, 32) for _ in range(4)]
-        time_pair(lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
-                  lambda *x: windowed_mix_fused(*x), lambda *x: windowed_mix_reference(*x))
+        time_pair(
+            lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
+            lambda *x: windowed_mix_fused(*x),
+            lambda *x: windowed_mix_reference(*x),
+        )
     elif kind == "pieces":
         t, f = (int(s) for s in sizes)
         time_pieces(t, f)

@@ -33,8 +33,10 @@ def main() -> None:
     policy = tango_mix.recompute_probs
     for name, rule in (("kept", lambda t, w: False), ("recomputed", lambda t, w: True), ("default", policy)):
         tango_mix.recompute_probs = rule
-        print(f"T={t}, F={cfg.width}, depth {cfg.depth}, probabilities {name}: "
-              f"{saved_bytes(model, x) / 2**20:,.0f} MiB saved for the backward")
+        print(
+            f"T={t}, F={cfg.width}, depth {cfg.depth}, probabilities {name}: "
+            f"{saved_bytes(model, x) / 2**20:,.0f} MiB saved for the backward"
+        )
     tango_mix.recompute_probs = policy
 
 

@@ -42,9 +42,20 @@ PROMPT = "The history of the city begins with a small settlement on the river, w
 
 def random_checkpoint(root: Path) -> Path:
     tok = get_tokenizer("gpt2")
-    run = RunConfig.from_dict({"model": {"arch": "tango", "d_model": 256, "width": 8192, "depth": 4,
-                                         "vocab_size": tok.vocab_size, "context_length": 512},
-                               "data": {"dir": str(root / "data")}, "train": {"out_dir": str(root), "steps": 1}})
+    run = RunConfig.from_dict(
+        {
+            "model": {
+                "arch": "tango",
+                "d_model": 256,
+                "width": 8192,
+                "depth": 4,
+                "vocab_size": tok.vocab_size,
+                "context_length": 512,
+            },
+            "data": {"dir": str(root / "data")},
+            "train": {"out_dir": str(root), "steps": 1},
+        }
+    )
     torch.manual_seed(0)
     model = run.model.build()
     return save_checkpoint(root / "checkpoints", 1, model.state_dict(), {}, run.to_dict(), tok.to_dict(), {})
@@ -66,7 +77,7 @@ def generate_round(model, tok, clients: int, max_tokens: int) -> tuple[float, in
     out = generate(model, prompt, max_tokens, temperature=0, eos_id=tok.eot_id)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = 0
-    for row in out[:, len(ids):].tolist():
+    for row in out[:, len(ids) :].tolist():
         tokens += row.index(tok.eot_id) + 1 if tok.eot_id in row else len(row)
     return seconds, tokens, cpu
 
@@ -77,8 +88,14 @@ async def server_round(url: str, model_name: str, clients: int, max_tokens: int)
     api = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
     async def one() -> int:
-        stream = await api.completions.create(model=model_name, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
-                                              stream=True, stream_options={"include_usage": True})
+        stream = await api.completions.create(
+            model=model_name,
+            prompt=PROMPT,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         tokens = 0
         async for chunk in stream:
             if chunk.usage is not None:
@@ -108,12 +125,34 @@ def main() -> None:
         loaded = load_checkpoint(ckpt)
         model = loaded.build_model("cpu")
         tok = tokenizer_from_dict(loaded.tokenizer)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                                            os.environ.get("PYTHONPATH", "")])}
-        server = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", "serve", str(ckpt), "--port", "0",
-                                   "--model-name", "bench", "--device", "cpu", "--threads", str(args.threads),
-                                   "--max-batch-size", str(max(args.clients, 1)), "--batch-wait-ms",
-                                   str(args.batch_wait_ms)], stdout=subprocess.PIPE, text=True, env=env)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+        }
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tango_lm.cli",
+                "serve",
+                str(ckpt),
+                "--port",
+                "0",
+                "--model-name",
+                "bench",
+                "--device",
+                "cpu",
+                "--threads",
+                str(args.threads),
+                "--max-batch-size",
+                str(max(args.clients, 1)),
+                "--batch-wait-ms",
+                str(args.batch_wait_ms),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             line = server.stdout.readline()
             url = line.split(" at ")[-1].strip()
@@ -139,12 +178,18 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
     cfg = model.config
-    print(f"{cfg.arch} d={cfg.d_model} width={cfg.width} depth={cfg.depth} V={cfg.vocab_size}, {args.clients} rows, "
-          f"up to {args.max_tokens} new tokens, greedy, {args.threads} threads, {args.rounds} rounds")
+    print(
+        f"{cfg.arch} d={cfg.d_model} width={cfg.width} depth={cfg.depth} V={cfg.vocab_size}, {args.clients} rows, "
+        f"up to {args.max_tokens} new tokens, greedy, {args.threads} threads, {args.rounds} rounds"
+    )
     for name, values in rates.items():
-        print(f"  {name:<9} median {statistics.median(values):9.1f} tokens/s  ({', '.join(f'{v:.0f}' for v in values)})")
-    print(f"  server / generate: {statistics.median(rates['server']) / statistics.median(rates['generate']):.3f}; "
-          f"the server decoded the {args.rounds * args.clients} requests in {batches} batches")
+        print(
+            f"  {name:<9} median {statistics.median(values):9.1f} tokens/s  ({', '.join(f'{v:.0f}' for v in values)})"
+        )
+    print(
+        f"  server / generate: {statistics.median(rates['server']) / statistics.median(rates['generate']):.3f}; "
+        f"the server decoded the {args.rounds * args.clients} requests in {batches} batches"
+    )
     if per_cpu["server"]:
         g, s = statistics.median(per_cpu["generate"]), statistics.median(per_cpu["server"])
         print(f"  tokens per CPU-second: generate {g:.1f}, server process {s:.1f} (server / generate {s / g:.3f})")

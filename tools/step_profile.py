@@ -62,8 +62,9 @@ def main() -> None:
     configs = {}
     for spec in args.models:
         arch, width = spec.split(":")
-        configs[spec] = ModelConfig(arch=arch, d_model=256, depth=4, width=int(width), vocab_size=257,
-                                    context_length=args.seq_len)
+        configs[spec] = ModelConfig(
+            arch=arch, d_model=256, depth=4, width=int(width), vocab_size=257, context_length=args.seq_len
+        )
     models = {k: build_model(c) for k, c in configs.items()}
     opts = {k: adamw(m.parameters(), m, lr=1e-4) for k, m in models.items()}
     timers = {k: OpTimer() for k in configs}

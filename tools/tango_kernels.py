@@ -74,6 +74,7 @@ def products(t: int, f: int, rounds: int) -> None:
                 return time.perf_counter() - start
             finally:
                 cpu_kernels.uses_openmp = real_openmp
+
         return run
 
     def timed(fn):
@@ -82,13 +83,20 @@ def products(t: int, f: int, rounds: int) -> None:
             start = time.perf_counter()
             fn()
             return time.perf_counter() - start
+
         return run
 
     counted = 2 * HEADS * t * (t + 1) / 2 * w
-    print(f"gate-average products, one sequence, T = {t}, F = {f}, H = {HEADS}, {torch.get_num_threads()} threads, "
-          f"median of {rounds} alternating rounds, each after a PyTorch op; GFLOP/s per counted FLOP")
+    print(
+        f"gate-average products, one sequence, T = {t}, F = {f}, H = {HEADS}, {torch.get_num_threads()} threads, "
+        f"median of {rounds} alternating rounds, each after a PyTorch op; GFLOP/s per counted FLOP"
+    )
     for name, (kernel, mkl) in kernels.items():
-        variants = {"C kernel": timed(kernel), "C kernel, thread pool": from_pool(kernel), "MKL blocks of 64": timed(mkl)}
+        variants = {
+            "C kernel": timed(kernel),
+            "C kernel, thread pool": from_pool(kernel),
+            "MKL blocks of 64": timed(mkl),
+        }
         if not real_openmp():
             del variants["C kernel, thread pool"]  # the library itself runs that way
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -102,8 +110,11 @@ def products(t: int, f: int, rounds: int) -> None:
 
 def steps(t: int, n_steps: int) -> None:
     batch = 4 if t <= 256 else 1
-    arms = {"loop-transformer": ("loop-transformer", 8024, None), "tango, C kernels": ("tango", 8192, True),
-            "tango, blocked": ("tango", 8192, False)}
+    arms = {
+        "loop-transformer": ("loop-transformer", 8024, None),
+        "tango, C kernels": ("tango", 8192, True),
+        "tango, blocked": ("tango", 8192, False),
+    }
     models = {}
     for name, (arch, width, _) in arms.items():
         cfg = ModelConfig(arch=arch, d_model=256, depth=4, width=width, vocab_size=257, context_length=t)
@@ -125,8 +136,10 @@ def steps(t: int, n_steps: int) -> None:
                 cpu_kernels.usable = real_usable
             if step >= 2:
                 times[name].append(time.perf_counter() - start)
-    print(f"training steps, d = 256, depth 4, T = {t}, batch {batch}, {torch.get_num_threads()} threads, "
-          f"median of {n_steps} alternating steps after 2 warm-up")
+    print(
+        f"training steps, d = 256, depth 4, T = {t}, batch {batch}, {torch.get_num_threads()} threads, "
+        f"median of {n_steps} alternating steps after 2 warm-up"
+    )
     base = None
     for name, (_, _, flops) in models.items():
         sec = statistics.median(times[name])

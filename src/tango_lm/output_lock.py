@@ -46,8 +46,9 @@ def lock_file_for(directory: str | os.PathLike, beside: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def hold_output_lock(directory: str | os.PathLike, command: str, hint: str, *, beside: bool = False,
-                     enabled: bool = True) -> Iterator[Path]:
+def hold_output_lock(
+    directory: str | os.PathLike, command: str, hint: str, *, beside: bool = False, enabled: bool = True
+) -> Iterator[Path]:
     """Hold the exclusive lock on output `directory` for the body of the `with` block.
 
     `command` names what holds it (shown to a refused writer); `hint` ends the refusal ("choose
@@ -102,8 +103,9 @@ def _make_parents(parent: Path, directory: str | os.PathLike) -> list[Path]:
             pass
         except OSError as exc:
             _remove_empty([m for m in reversed(missing) if m != d])
-            raise UserError(f"cannot create {d} for output {directory} ({exc.strerror or exc}); "
-                            "choose a writable location") from None
+            raise UserError(
+                f"cannot create {d} for output {directory} ({exc.strerror or exc}); choose a writable location"
+            ) from None
     return list(reversed(missing))
 
 
@@ -122,8 +124,10 @@ def _acquire(lock: Path, directory: str | os.PathLike, command: str, hint: str) 
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise UserError(f"cannot create the lock file {lock} for {directory} ({exc.strerror or exc}); "
-                            "choose a writable location") from None
+            raise UserError(
+                f"cannot create the lock file {lock} for {directory} ({exc.strerror or exc}); "
+                "choose a writable location"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -132,8 +136,9 @@ def _acquire(lock: Path, directory: str | os.PathLike, command: str, hint: str) 
             raise OutputLocked(f"{directory} is in use by {holder}; wait for it to finish or {hint}") from None
         except OSError as exc:
             os.close(fd)
-            raise UserError(f"cannot lock {lock} ({exc.strerror or exc}); the file system does not support "
-                            f"file locks, {hint}") from None
+            raise UserError(
+                f"cannot lock {lock} ({exc.strerror or exc}); the file system does not support file locks, {hint}"
+            ) from None
         try:
             same = os.path.samestat(os.stat(lock), os.fstat(fd))
         except FileNotFoundError:
@@ -146,8 +151,12 @@ def _acquire(lock: Path, directory: str | os.PathLike, command: str, hint: str) 
 
 
 def _write_holder(fd: int, command: str) -> None:
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
     data = (json.dumps(info) + "\n").encode()
     try:
         os.ftruncate(fd, 0)
@@ -159,7 +168,6 @@ def _write_holder(fd: int, command: str) -> None:
 def _describe_holder(fd: int) -> str:
     try:
         info = json.loads(os.pread(fd, 4096, 0).decode())
-        return (f"{info['command']} (pid {int(info['pid'])} on host {info['host']}, "
-                f"started {info['started']})")
+        return f"{info['command']} (pid {int(info['pid'])} on host {info['host']}, started {info['started']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another tango-lm process (it has only just started)"

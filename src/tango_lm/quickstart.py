@@ -27,8 +27,9 @@ TRAIN_PER_MODULE, TEST_PER_MODULE = 150, 20
 
 def quickstart_models() -> list[ModelConfig]:
     """TANGO nearest TARGET_PARAMS, and a Loop Transformer++ matched to TANGO's exact total."""
-    base = ModelConfig(arch="tango", d_model=D_MODEL, depth=DEPTH, width=D_MODEL, vocab_size=257,
-                       context_length=SEQ_LEN)
+    base = ModelConfig(
+        arch="tango", d_model=D_MODEL, depth=DEPTH, width=D_MODEL, vocab_size=257, context_length=SEQ_LEN
+    )
     tango = match_width(base, TARGET_PARAMS)
     loop = match_width(tango.replace(arch="loop-transformer"), tango.num_params()["total"])
     return [tango, loop]
@@ -39,8 +40,9 @@ def run_quickstart(out: str = "runs/quickstart", steps: int | None = None, fresh
     data_dir = root / "dmmath-byte"
     if not is_prepared(data_dir):
         print(f"[1/3] generating DeepMind Mathematics into {data_dir} ...", flush=True)
-        prepare_dmmath(data_dir, tokenizer="byte", train_per_module=TRAIN_PER_MODULE,
-                       test_per_module=TEST_PER_MODULE, seed=0)
+        prepare_dmmath(
+            data_dir, tokenizer="byte", train_per_module=TRAIN_PER_MODULE, test_per_module=TEST_PER_MODULE, seed=0
+        )
     else:
         print(f"[1/3] using the prepared data in {data_dir}", flush=True)
     rows = []
@@ -51,11 +53,22 @@ def run_quickstart(out: str = "runs/quickstart", steps: int | None = None, fresh
         run = RunConfig(
             model=model,
             data=DataConfig(dir=str(data_dir)),
-            train=TrainConfig(out_dir=str(run_dir), steps=steps or DEFAULT_STEPS, batch_size=BATCH, lr=3e-3,
-                              warmup_steps=15, eval_every=25, eval_windows=64, save_every=25, log_every=5),
+            train=TrainConfig(
+                out_dir=str(run_dir),
+                steps=steps or DEFAULT_STEPS,
+                batch_size=BATCH,
+                lr=3e-3,
+                warmup_steps=15,
+                eval_every=25,
+                eval_windows=64,
+                save_every=25,
+                log_every=5,
+            ),
         )
-        print(f"[{2 + i}/3] training {model.arch} ({model.num_params()['total']:,} parameters, width {model.width})",
-              flush=True)
+        print(
+            f"[{2 + i}/3] training {model.arch} ({model.num_params()['total']:,} parameters, width {model.width})",
+            flush=True,
+        )
         summary_file = run_dir / "summary.json"
         if summary_file.exists() and not fresh:
             import json
@@ -68,8 +81,10 @@ def run_quickstart(out: str = "runs/quickstart", steps: int | None = None, fresh
         rows.append(train(run, resume=bool(complete_steps(run_dir / "checkpoints"))).summary)
     print()
     print(format_table(rows))
-    print(f"\nRun directories and metrics.jsonl are under {root}/; `tango-lm eval {root}/tango --split test` "
-          "re-scores a model.")
+    print(
+        f"\nRun directories and metrics.jsonl are under {root}/; `tango-lm eval {root}/tango --split test` "
+        "re-scores a model."
+    )
     return rows
 
 
@@ -77,7 +92,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     head = f"{'model':<18}{'params':>10}{'tokens':>10}{'dev NLL':>10}{'test NLL':>10}{'tokens/s':>10}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['arch']:<18}{r['params_total']:>10,}{r['tokens']:>10,}{r['best_dev_nll']:>10.4f}"
-                     f"{r['test_nll']:>10.4f}{r['tokens_per_s'] or 0:>10,.0f}")
+        lines.append(
+            f"{r['arch']:<18}{r['params_total']:>10,}{r['tokens']:>10,}{r['best_dev_nll']:>10.4f}"
+            f"{r['test_nll']:>10.4f}{r['tokens_per_s'] or 0:>10,.0f}"
+        )
     lines.append("NLL in nats per byte; test NLL of the best-dev checkpoint (DM Math interpolate split).")
     return "\n".join(lines)

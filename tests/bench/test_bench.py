@@ -14,8 +14,22 @@ from tango_lm.bench import decode, memory, suite, training
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
 
-TINY = ["--d-model", "32", "--depth", "3", "--seq-len", "16", "--batch-size", "2", "--tango-width", "256",
-        "--vocab-size", "40", "--peak-size", "128"]
+TINY = [
+    "--d-model",
+    "32",
+    "--depth",
+    "3",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "2",
+    "--tango-width",
+    "256",
+    "--vocab-size",
+    "40",
+    "--peak-size",
+    "128",
+]
 
 
 def _bench_json(capsys, *args: str) -> dict:
@@ -24,8 +38,9 @@ def _bench_json(capsys, *args: str) -> dict:
 
 
 def test_train_suite_rows_and_ratios(capsys):
-    report = _bench_json(capsys, "--suite", "train", "--archs", "tango,gau,flash", *TINY, "--steps", "2",
-                         "--warmup", "1", "--no-memory")
+    report = _bench_json(
+        capsys, "--suite", "train", "--archs", "tango,gau,flash", *TINY, "--steps", "2", "--warmup", "1", "--no-memory"
+    )
     assert report["suites"] == ["train"] and "environment" in report
     train = report["train"]
     rows = {r["arch"]: r for r in train["models"]}
@@ -53,7 +68,7 @@ def test_unmatched_and_unbuildable_archs_say_so():
     assert [a for a, _, _ in triples] == ["tango-3set", "tango", "loop-transformer"]
     arch, cfg, note = triples[0]
     assert cfg is None and note.startswith("skipped") and "depth" in note
-    (_, cfg, note), = [t for t in training.matched_configs(["gau"], 32, 3, 64, 40, 16) if t[0] == "gau"]
+    ((_, cfg, note),) = [t for t in training.matched_configs(["gau"], 32, 3, 64, 40, 16) if t[0] == "gau"]
     assert cfg.width == 4 * 32 and note.startswith("NOT matched")
 
 
@@ -66,9 +81,20 @@ def test_default_bench_is_the_original_pair(capsys):
 
 
 def test_decode_suite_rows_and_ratios():
-    report = decode.run_decode_bench(archs=("tango", "loop-transformer", "gau"), d_model=32, depth=2, tango_width=64,
-                                     vocab_size=40, prompt_len=3, new_tokens=2, batches=(1, 2), repeats=1,
-                                     head_vocab=50, device="cpu", print_table=False)
+    report = decode.run_decode_bench(
+        archs=("tango", "loop-transformer", "gau"),
+        d_model=32,
+        depth=2,
+        tango_width=64,
+        vocab_size=40,
+        prompt_len=3,
+        new_tokens=2,
+        batches=(1, 2),
+        repeats=1,
+        head_vocab=50,
+        device="cpu",
+        print_table=False,
+    )
     keys = ["b1 greedy", "b1 t=1", "b2 greedy", "b2 t=1"]
     base = next(r for r in report["archs"] if r["arch"] == "loop-transformer")
     for r in report["archs"]:
@@ -80,7 +106,9 @@ def test_decode_suite_rows_and_ratios():
     heads = report["heads"]["variants"]
     assert [h["variant"] for h in heads] == ["standard", "onona-one", "onona-both"]
     for h in heads:
-        assert h["tokens_per_s_vs_standard"]["b2"] == pytest.approx(h["tokens_per_s"]["b2"] / heads[0]["tokens_per_s"]["b2"])
+        assert h["tokens_per_s_vs_standard"]["b2"] == pytest.approx(
+            h["tokens_per_s"]["b2"] / heads[0]["tokens_per_s"]["b2"]
+        )
     text = decode.format_report(report)
     assert "decode: device" in text and "decode heads:" in text and "onona-both" in text
 
@@ -93,12 +121,23 @@ def test_cache_bytes_per_token_of_a_transformer():
 
 
 def test_windowed_suite_ratio_and_target(capsys):
-    args = argparse.Namespace(windowed_lens=(8, 16), window=4, d_model=32, windowed_width=16,
-                                    windowed_tokens=32, repeats=1, no_full_tango=False, device="cpu", clock="wall")
+    args = argparse.Namespace(
+        windowed_lens=(8, 16),
+        window=4,
+        d_model=32,
+        windowed_width=16,
+        windowed_tokens=32,
+        repeats=1,
+        no_full_tango=False,
+        device="cpu",
+        clock="wall",
+    )
     report = suite.run_windowed(args, print_table=True)
     rows = report["rows"]
     assert [r["seq_len"] for r in rows] == [8, 16]
-    assert rows[1]["windowed_vs_first"] == pytest.approx(rows[1]["windowed_us_per_token"] / rows[0]["windowed_us_per_token"])
+    assert rows[1]["windowed_vs_first"] == pytest.approx(
+        rows[1]["windowed_us_per_token"] / rows[0]["windowed_us_per_token"]
+    )
     assert report["longest_vs_first"] == rows[-1]["windowed_vs_first"]
     assert report["target_met"] == (report["longest_vs_first"] <= suite.WINDOWED_TARGET)
     assert "windowed: device" in capsys.readouterr().out
@@ -120,9 +159,25 @@ def test_compiled_training_step_memory(cheap_compile):
 
 
 def test_memory_suite_in_subprocesses(capsys):
-    report = _bench_json(capsys, "--suite", "memory", "--memory-backbone", "dense", "--d-model", "32", "--depth", "1",
-                         "--head-vocab", "50", "--memory-batch-size", "1", "--memory-seq-len", "8",
-                         "--memory-steps", "1")
+    report = _bench_json(
+        capsys,
+        "--suite",
+        "memory",
+        "--memory-backbone",
+        "dense",
+        "--d-model",
+        "32",
+        "--depth",
+        "1",
+        "--head-vocab",
+        "50",
+        "--memory-batch-size",
+        "1",
+        "--memory-seq-len",
+        "8",
+        "--memory-steps",
+        "1",
+    )
     mem = report["memory"]
     heads = {r["head"]: r for r in mem["heads"]}
     assert list(heads) == ["standard", "onona"] and mem["vocab_size"] == 50
@@ -150,29 +205,55 @@ def cheap_compile(monkeypatch):
 
 
 def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
-    report = _bench_json(capsys, "--suite", "train", "--archs", "tango", *TINY, "--steps", "1", "--warmup", "1",
-                         "--no-memory", "--compile")["train"]
+    report = _bench_json(
+        capsys,
+        "--suite",
+        "train",
+        "--archs",
+        "tango",
+        *TINY,
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--no-memory",
+        "--compile",
+    )["train"]
     assert report["modes"] == ["eager", "compiled"]
     rows = {(r["arch"], r["mode"]): r for r in report["models"]}
     assert set(rows) == {(a, m) for a in ("tango", "loop-transformer") for m in ("eager", "compiled")}
     for (arch, mode), r in rows.items():
         assert r["tokens_per_s_vs_eager"] == pytest.approx(r["tokens_per_s"] / rows[arch, "eager"]["tokens_per_s"])
         assert r["tokens_per_s_vs_loop"] == pytest.approx(
-            r["tokens_per_s"] / rows["loop-transformer", mode]["tokens_per_s"])
+            r["tokens_per_s"] / rows["loop-transformer", mode]["tokens_per_s"]
+        )
     assert "vs eager" in training.format_report(report)
     assert main(["bench", "--suite", "train", *TINY, "--warmup", "0", "--compile", "--no-memory"]) == 2
     assert "warmup" in capsys.readouterr().err
 
 
 def test_decode_suite_static_columns(cheap_compile):
-    report = decode.run_decode_bench(archs=("tango",), d_model=32, depth=2, tango_width=64, vocab_size=40,
-                                     prompt_len=3, new_tokens=2, batches=(1,), repeats=1, heads=False,
-                                     device="cpu", print_table=False, static=True)
+    report = decode.run_decode_bench(
+        archs=("tango",),
+        d_model=32,
+        depth=2,
+        tango_width=64,
+        vocab_size=40,
+        prompt_len=3,
+        new_tokens=2,
+        batches=(1,),
+        repeats=1,
+        heads=False,
+        device="cpu",
+        print_table=False,
+        static=True,
+    )
     assert report["paths"] == ["eager", "static"] and report["static_mode"] == "compile"
     for r in report["archs"]:
         assert list(r["tokens_per_s"]) == ["b1 greedy", "b1 greedy static", "b1 t=1", "b1 t=1 static"]
-        assert r["static_vs_eager"]["b1 t=1"] == pytest.approx(r["tokens_per_s"]["b1 t=1 static"]
-                                                                / r["tokens_per_s"]["b1 t=1"])
+        assert r["static_vs_eager"]["b1 t=1"] == pytest.approx(
+            r["tokens_per_s"]["b1 t=1 static"] / r["tokens_per_s"]["b1 t=1"]
+        )
     assert "static x eager" in decode.format_report(report)
 
 

@@ -98,8 +98,9 @@ def _unreadable_shard(c: Ctx) -> Path:
 
 def _grid(c: Ctx) -> Path:
     base = {"model": helpers.TINY_MODEL, "data": {"dir": str(c.data)}, "train": {**helpers.TINY_TRAIN, **TRAIN}}
-    return _file(c, "grid.yaml", json.dumps({"out_dir": str(c.tmp / "sweep"), "base": base,
-                                             "axes": {"seed": [17]}}).encode())
+    return _file(
+        c, "grid.yaml", json.dumps({"out_dir": str(c.tmp / "sweep"), "base": base, "axes": {"seed": [17]}}).encode()
+    )
 
 
 def _warns_then_fails(c: Ctx) -> list[str]:
@@ -134,8 +135,12 @@ BAD = {
     "num_samples_not_a_number": lambda c: c.generate("--num-samples", "many"),
     "generate_without_prompt": lambda c: ["generate", str(c.run)],
     # checkpoints whose config.json is not a run config
-    "checkpoint_config_without_model": lambda c: ["generate", str(_checkpoint_with_config(c, {"train": {}})),
-                                                  "--prompt", "a"],
+    "checkpoint_config_without_model": lambda c: [
+        "generate",
+        str(_checkpoint_with_config(c, {"train": {}})),
+        "--prompt",
+        "a",
+    ],
     "checkpoint_config_is_a_list": lambda c: ["eval", str(_checkpoint_with_config(c, ["model"])), "--split", "dev"],
     # numbers that cannot train
     "lr_inf": lambda c: c.train("train.lr=.inf"),
@@ -157,9 +162,18 @@ BAD = {
     "max_docs_zero": lambda c: c.prepare(str(_file(c, "doc.txt", b"some text")), "--max-docs", "0"),
     "empty_input": lambda c: c.prepare(str(_file(c, "empty.txt", b""))),
     "whitespace_input": lambda c: c.prepare(str(_file(c, "blank.txt", b"  \n\n \t\n"))),
-    "tokenizer_max_docs_negative": lambda c: ["data", "train-tokenizer", "--input", str(_file(c, "t.txt", b"ab ab")),
-                                              "--vocab-size", "300", "--out", str(c.tmp / "tok.json"),
-                                              "--max-docs", "-1"],
+    "tokenizer_max_docs_negative": lambda c: [
+        "data",
+        "train-tokenizer",
+        "--input",
+        str(_file(c, "t.txt", b"ab ab")),
+        "--vocab-size",
+        "300",
+        "--out",
+        str(c.tmp / "tok.json"),
+        "--max-docs",
+        "-1",
+    ],
     "verify_missing_dataset": lambda c: ["data", "verify", str(c.tmp / "nothing-here")],
     "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
     "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
@@ -253,10 +267,26 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
     assert main(["generate", str(run), "--prompt", "b" * 32, "--temperature", "0", "--no-stop", "--json"]) == 0
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)["completions"][0].encode()) == 1
-    assert captured.err == ("note: at most 1 new tokens (not 64): the prompt's 32 tokens fill the rest of the model's "
-                            "context of 32\n")
-    assert main(["generate", str(run), "--prompt", "b" * 31, "--max-new-tokens", "2", "--temperature", "0",
-                 "--no-stop", "--json"]) == 0
+    assert captured.err == (
+        "note: at most 1 new tokens (not 64): the prompt's 32 tokens fill the rest of the model's context of 32\n"
+    )
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "b" * 31,
+                "--max-new-tokens",
+                "2",
+                "--temperature",
+                "0",
+                "--no-stop",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert len(json.loads(capsys.readouterr().out)["completions"][0].encode()) == 2
 
 

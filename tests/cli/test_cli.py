@@ -74,9 +74,15 @@ def test_train_text_output(data_dir, tmp_path, capsys):
 
 def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump({"model": helpers.TINY_MODEL,
-                                   "data": {"dir": str(data_dir)},
-                                   "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path / "run"), "steps": 99}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": helpers.TINY_MODEL,
+                "data": {"dir": str(data_dir)},
+                "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path / "run"), "steps": 99},
+            }
+        )
+    )
     summary = _run_json(capsys, ["train", str(cfg), "train.steps=2", "eval_every=1", "--json"])
     assert summary["steps"] == 2
     assert [r["step"] for r in helpers.dev_records(tmp_path / "run")] == [1, 2]  # bare key went to train
@@ -84,8 +90,9 @@ def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):
 
 def test_train_resume_flag_continues(cli_run, data_dir, tmp_path, capsys):
     out = shutil.copytree(cli_run[0], tmp_path / "run")
-    summary = _run_json(capsys, ["train", *helpers.cli_overrides(data_dir, out, **{**TRAIN, "steps": 6}),
-                                 "--resume", "--json"])
+    summary = _run_json(
+        capsys, ["train", *helpers.cli_overrides(data_dir, out, **{**TRAIN, "steps": 6}), "--resume", "--json"]
+    )
     assert summary["steps"] == 6
     assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4, 5, 6]
 
@@ -140,10 +147,13 @@ def test_params_text_output(capsys):
     assert "70,002,176" in text and "44,270,592" in text
 
 
-@pytest.mark.parametrize("depth,widths", [
-    (4, {"tango": 28480, "loop-transformer": 28144, "untied-transformer": 6528}),
-    (8, {"untied-transformer": 2912}),
-])
+@pytest.mark.parametrize(
+    "depth,widths",
+    [
+        (4, {"tango": 28480, "loop-transformer": 28144, "untied-transformer": 6528}),
+        (8, {"untied-transformer": 2912}),
+    ],
+)
 def test_match_tier_70m(capsys, depth, widths):
     res = _run_json(capsys, ["match", "--tier", "70M", "--depth", str(depth), "--json"])
     assert res["target"] == 70_000_000 and res["d_model"] == 512 and res["depth"] == depth
@@ -226,8 +236,12 @@ BAD = {
     "data_garbage_manifest": lambda c: c.train(f"data.dir={_data_garbage_manifest(c)}"),
     "missing_split": lambda c: c.train("data.dev_split=validation"),
     "checkpoints_exist_without_resume": lambda c: ["train", *helpers.cli_overrides(c.data, c.run, **TRAIN)],
-    "resume_with_other_model": lambda c: ["train", *helpers.cli_overrides(c.data, c.run, **TRAIN),
-                                          "model.width=128", "--resume"],
+    "resume_with_other_model": lambda c: [
+        "train",
+        *helpers.cli_overrides(c.data, c.run, **TRAIN),
+        "model.width=128",
+        "--resume",
+    ],
     "unknown_preset": lambda c: ["train", "tango-7b-d4", f"data.dir={c.data}", f"train.out_dir={c.new_out}"],
     "unknown_preset_params": lambda c: ["params", "no-such-preset", "--json"],
     "missing_yaml_file": lambda c: ["train", str(c.tmp / "missing.yaml")],
@@ -318,8 +332,13 @@ def _script() -> str:
 
 
 def test_console_script_params_json():
-    proc = subprocess.run([_script(), "params", "arch=tango", "d_model=64", "width=128", "vocab_size=257", "--json"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [_script(), "params", "arch=tango", "d_model=64", "width=128", "vocab_size=257", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["total"] == ModelConfig(arch="tango", d_model=64, width=128, vocab_size=257).num_params()["total"]
@@ -327,8 +346,13 @@ def test_console_script_params_json():
 
 def test_console_script_bad_input(data_dir, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([_script(), "train", *helpers.cli_overrides(data_dir, out, **TRAIN), "model.arch=nope"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [_script(), "train", *helpers.cli_overrides(data_dir, out, **TRAIN), "model.arch=nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 2
     assert helpers.assert_one_error_line(proc.stderr).startswith("error: unknown architecture 'nope'")
     assert proc.stdout == "" and not out.exists()

@@ -20,8 +20,14 @@ CORPUS = [
     "theorem add_zero (n : Nat) : n + 0 = n := by\n  simp\n",
     "Unicode: héllo wörld, 日本語, emoji 😀, math ∑ x² ≤ π",
 ] * 5
-TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
-         "def square(x):\n    return x * x"]
+TEXTS = [
+    "Hello world",
+    "",
+    "  tabs\tand\nnew lines\n\n",
+    "never seen: zqxj ꙮ 🦜",
+    "a <|endoftext|> b",
+    "def square(x):\n    return x * x",
+]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +87,9 @@ def test_training_is_deterministic(corpus, trained, tmp_path):
 
 def test_prepared_dataset_carries_the_tokenizer(corpus, trained, tmp_path):
     tok, path = trained
-    out = prepare_files("jsonl", [corpus / "more.jsonl"], tmp_path / "d", f"bpe:{path}", dev_fraction=0,
-                        test_fraction=0, progress=False)
+    out = prepare_files(
+        "jsonl", [corpus / "more.jsonl"], tmp_path / "d", f"bpe:{path}", dev_fraction=0, test_fraction=0, progress=False
+    )
     path.rename(path.with_name("moved.json"))  # the dataset must not need the file any more
     try:
         ds = PreparedDataset.open(out, verify=True)
@@ -118,8 +125,20 @@ def test_bad_input(corpus, tmp_path):
 
 def test_cli_train_tokenizer(corpus, tmp_path, capsys):
     out = tmp_path / "tok.json"
-    rc = main(["data", "train-tokenizer", "--input", str(corpus / "doc0.txt"), str(corpus / "more.jsonl"),
-               "--vocab-size", "320", "--out", str(out), "--no-progress"])
+    rc = main(
+        [
+            "data",
+            "train-tokenizer",
+            "--input",
+            str(corpus / "doc0.txt"),
+            str(corpus / "more.jsonl"),
+            "--vocab-size",
+            "320",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert f"bpe:{out}" in capsys.readouterr().out
     tok = get_tokenizer(f"bpe:{out}")

@@ -107,8 +107,9 @@ def test_a_shard_edited_in_place_is_refused_everywhere(data_dir, tmp_path, capsy
     expect = "train-00000.bin fails its sha256 checksum"
     assert expect in refused(capsys, train_argv(data, tmp_path))
     assert expect in refused(capsys, ["data", "verify", str(data)])
-    assert expect in refused(capsys, ["data", "prepare", "mixture", "--out", str(tmp_path / "mix"),
-                                      "--source", f"{data}:1", "--no-progress"])
+    assert expect in refused(
+        capsys, ["data", "prepare", "mixture", "--out", str(tmp_path / "mix"), "--source", f"{data}:1", "--no-progress"]
+    )
     assert not (tmp_path / "mix").exists() and not (tmp_path / "run").exists()
 
 
@@ -127,7 +128,9 @@ def test_a_split_without_its_end_of_text_ids_is_refused(data_dir, tmp_path, caps
     data = copy_of(data_dir, tmp_path)
     _without_end_of_text(data)
     expect = "split 'train' of"
-    assert "holds 0 end-of-text ids but the manifest records 40 documents" in refused(capsys, train_argv(data, tmp_path))
+    assert "holds 0 end-of-text ids but the manifest records 40 documents" in refused(
+        capsys, train_argv(data, tmp_path)
+    )
     assert expect in refused(capsys, ["data", "verify", str(data)])
     with pytest.raises(UserError, match="end-of-text ids"):  # an IndexError before
         prepare_mixture(tmp_path / "mix", [f"{data}:1"], progress=False)
@@ -141,8 +144,9 @@ def test_token_ids_above_the_recorded_maximum_are_refused(data_dir, tmp_path):
 
 
 def test_each_shard_version_is_read_once(tmp_path):
-    out = write_prepared(tmp_path / "d", get_tokenizer("byte"), {"train": ["abc", "de"], "dev": ["f"]},
-                         {"name": "t"}, progress=False)
+    out = write_prepared(
+        tmp_path / "d", get_tokenizer("byte"), {"train": ["abc", "de"], "dev": ["f"]}, {"name": "t"}, progress=False
+    )
     assert PreparedDataset.open(out).verified["hashed"] == 0  # the writer recorded what it wrote
     assert PreparedDataset.open(out, verify=True).verified["hashed"] == 2
     shard = out / "dev-00000.bin"

@@ -88,8 +88,12 @@ def test_second_prepare_uses_cache(generated, tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", no_subprocess)
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     again = dmmath.prepare_dmmath(
-        tmp_path / "again", train_per_module=3, test_per_module=1, workers=2,
-        include_extrapolate=True, progress=False,
+        tmp_path / "again",
+        train_per_module=3,
+        test_per_module=1,
+        workers=2,
+        include_extrapolate=True,
+        progress=False,
     )
     a, b = PreparedDataset.open(path), PreparedDataset.open(again)
     for split in a.splits:

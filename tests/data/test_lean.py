@@ -92,8 +92,7 @@ def test_proof_weight_and_no_adjacent_copies():
 
 
 def test_prepare_lean_keeps_weight_per_split_and_files_with_their_examples(tmp_path):
-    out = prepare_lean([FIXTURES], tmp_path / "lean", BYTE, dev_fraction=0.3, test_fraction=0.3, seed=1,
-                       progress=False)
+    out = prepare_lean([FIXTURES], tmp_path / "lean", BYTE, dev_fraction=0.3, test_fraction=0.3, seed=1, progress=False)
     ds = PreparedDataset.open(out, verify=True)
     src = ds.source
     assert src["name"] == "lean" and src["proof_weight"] == 0.5
@@ -118,7 +117,22 @@ def test_prepare_lean_bad_input(tmp_path):
         prepare_lean([FIXTURES], tmp_path / "x", BYTE, proof_weight=1.0)
     with pytest.raises(UserError, match="does not exist"):
         prepare_lean([tmp_path / "nothing"], tmp_path / "x", BYTE)
-    rc = main(["data", "prepare", "lean", str(FIXTURES), "--out", str(tmp_path / "cli"), "--tokenizer", "byte",
-               "--dev-fraction", "0", "--test-fraction", "0", "--no-progress"])
+    rc = main(
+        [
+            "data",
+            "prepare",
+            "lean",
+            str(FIXTURES),
+            "--out",
+            str(tmp_path / "cli"),
+            "--tokenizer",
+            "byte",
+            "--dev-fraction",
+            "0",
+            "--test-fraction",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert PreparedDataset.open(tmp_path / "cli").splits == ["train"]

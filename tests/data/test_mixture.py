@@ -23,17 +23,18 @@ def _component(path: Path, letter: str, n_docs: int, seed: int, tok=BYTE, **kw) 
     rng = random.Random(seed)
     docs = [letter * rng.randint(1, 120) for _ in range(n_docs)]
     dev = [letter * rng.randint(1, 40) for _ in range(n_docs // 5)]
-    return write_prepared(path, tok, {"train": docs, "dev": dev}, {"name": f"letters-{letter}"},
-                          progress=False, **kw)
+    return write_prepared(path, tok, {"train": docs, "dev": dev}, {"name": f"letters-{letter}"}, progress=False, **kw)
 
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("mix")
     # Small shards, so documents cross shard borders.
-    return {"a": _component(root / "a", "a", 400, 1, shard_tokens=997),
-            "b": _component(root / "b", "b", 300, 2, shard_tokens=1009),
-            "c": _component(root / "c", "c", 200, 3)}
+    return {
+        "a": _component(root / "a", "a", 400, 1, shard_tokens=997),
+        "b": _component(root / "b", "b", 300, 2, shard_tokens=1009),
+        "c": _component(root / "c", "c", 200, 3),
+    }
 
 
 def _shares(path: Path, split: str = "train") -> dict[str, float]:
@@ -50,8 +51,9 @@ def _shares(path: Path, split: str = "train") -> dict[str, float]:
 
 
 def test_realized_proportions_match_weights(parts, tmp_path):
-    out = prepare_mixture(tmp_path / "m", [f"{parts['a']}:0.7", f"{parts['b']}:0.3"], tokens=40_000, seed=3,
-                          progress=False)
+    out = prepare_mixture(
+        tmp_path / "m", [f"{parts['a']}:0.7", f"{parts['b']}:0.3"], tokens=40_000, seed=3, progress=False
+    )
     shares = _shares(out)
     assert abs(shares["a"] - 0.7) < 0.01 and abs(shares["b"] - 0.3) < 0.01
     ds = PreparedDataset.open(out)
@@ -67,8 +69,9 @@ def test_realized_proportions_match_weights(parts, tmp_path):
 
 
 def test_default_uses_each_document_at_most_once(parts, tmp_path):
-    out = prepare_mixture(tmp_path / "m", [(str(parts["a"]), 1), (str(parts["b"]), 1), (str(parts["c"]), 2)],
-                          progress=False)
+    out = prepare_mixture(
+        tmp_path / "m", [(str(parts["a"]), 1), (str(parts["b"]), 1), (str(parts["c"]), 2)], progress=False
+    )
     ds = PreparedDataset.open(out)
     shares = _shares(out)
     for k, w in (("a", 0.25), ("b", 0.25), ("c", 0.5)):
@@ -108,8 +111,24 @@ def test_bad_components(parts, tmp_path):
 
 
 def test_cli_mixture(parts, tmp_path, capsys):
-    rc = main(["data", "prepare", "mixture", "--out", str(tmp_path / "m"), "--source", f"{parts['a']}:0.7",
-               "--source", f"{parts['b']}:0.3", "--tokens", "8000", "--seed", "1", "--no-progress"])
+    rc = main(
+        [
+            "data",
+            "prepare",
+            "mixture",
+            "--out",
+            str(tmp_path / "m"),
+            "--source",
+            f"{parts['a']}:0.7",
+            "--source",
+            f"{parts['b']}:0.3",
+            "--tokens",
+            "8000",
+            "--seed",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert [c["share"] for c in manifest["source"]["components"]] == [0.7, 0.3]

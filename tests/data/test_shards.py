@@ -30,8 +30,7 @@ def _expected(tok: Tokenizer, docs: list[str]) -> list[int]:
 def _write(path: Path, tok: Tokenizer | None = None, **kw) -> Path:
     tok = tok or ByteTokenizer()
     kw.setdefault("shard_tokens", 100)
-    return write_prepared(path, tok, {k: list(v) for k, v in DOCS.items()}, {"name": "unit"},
-                          progress=False, **kw)
+    return write_prepared(path, tok, {k: list(v) for k, v in DOCS.items()}, {"name": "unit"}, progress=False, **kw)
 
 
 @pytest.fixture
@@ -183,8 +182,16 @@ def test_crash_midway_leaves_existing_dataset_untouched(prepared):
         raise RuntimeError("disk on fire")
 
     with pytest.raises(RuntimeError, match="disk on fire"):
-        write_prepared(prepared, ByteTokenizer(), {"train": exploding_docs()}, {}, progress=False,
-                       overwrite=True, batch_docs=1, shard_tokens=4)
+        write_prepared(
+            prepared,
+            ByteTokenizer(),
+            {"train": exploding_docs()},
+            {},
+            progress=False,
+            overwrite=True,
+            batch_docs=1,
+            shard_tokens=4,
+        )
     assert _snapshot(prepared) == before
     assert _leftovers(prepared) == []
     PreparedDataset.open(prepared, verify=True)

@@ -45,8 +45,14 @@ def _write_inputs(root: Path) -> None:
 
     pq.write_table(pa.table({"text": [_sentence(i) for i in range(80)] + [None]}), root / "docs.parquet")
     tree = root / "tree"
-    for rel, text in {"pkg/a.py": "import os\n", "pkg/b.py": "x = 1\n" * 30, "pkg/tests/t.py": "assert 1\n",
-                      "pkg/skip/s.py": "y = 2\n", "lib/c.sh": "echo hi\n", "lib/big.py": "z = 3\n" * 400}.items():
+    for rel, text in {
+        "pkg/a.py": "import os\n",
+        "pkg/b.py": "x = 1\n" * 30,
+        "pkg/tests/t.py": "assert 1\n",
+        "pkg/skip/s.py": "y = 2\n",
+        "lib/c.sh": "echo hi\n",
+        "lib/big.py": "z = 3\n" * 400,
+    }.items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(text)
     (tree / "pkg" / "bin.py").write_bytes(b"\0\1\2")
@@ -62,8 +68,9 @@ def _fake_generator(root: Path, monkeypatch) -> None:
     gen.mkdir(parents=True)
     for split in ("train-easy", "train-medium", "train-hard", "interpolate", "extrapolate"):
         for m, module in enumerate(("algebra__linear_1d", "arithmetic__add_or_sub", "numbers__gcd")):
-            rows = [{"question": f"{split} {module} q{i} {_sentence(i + m)}?", "answer": str(i * (m + 2))}
-                    for i in range(6)]
+            rows = [
+                {"question": f"{split} {module} q{i} {_sentence(i + m)}?", "answer": str(i * (m + 2))} for i in range(6)
+            ]
             (gen / f"{split}__{module}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(dmmath, "generate_examples", lambda seed, counts, workers=None, progress=True: gen)
 
@@ -83,24 +90,130 @@ def _fake_datasets(monkeypatch) -> None:
 # name -> the `tango-lm` arguments that prepare it (inputs relative to the temporary directory).
 BYTE = ["--tokenizer", "byte", "--no-progress"]
 CASES = {
-    "text": ["data", "prepare", "text", "txt", "--out", "out/text", "--split-on-blank-lines", "--seed", "3",
-             "--dev-fraction", "0.1", "--test-fraction", "0.05", *BYTE],
-    "jsonl": ["data", "prepare", "jsonl", "train=train.jsonl", "dev=dev.jsonl.gz", "--out", "out/jsonl",
-              "--field", "body", "--max-docs", "40", "--test-fraction", "0.2", *BYTE],
-    "parquet": ["data", "prepare", "parquet", "docs.parquet", "--out", "out/parquet", "--dev-fraction", "0.2",
-                *BYTE],
-    "code": ["data", "prepare", "code", "tree", "--out", "out/code", "--ext", ".py", "--ext", ".sh",
-             "--include-tests", "--exclude-dir", "skip", "--max-file-bytes", "1000", "--path-header",
-             "--dev-fraction", "0.3", "--test-fraction", "0.2", *BYTE],
-    "lean": ["data", "prepare", "lean", "lean", "--out", "out/lean", "--proof-weight", "0.4",
-             "--dev-fraction", "0.25", "--test-fraction", "0.25", "--seed", "1", *BYTE],
-    "hf": ["data", "prepare", "hf", "org/web", "--out", "out/hf", "--config", "sample", "--max-docs", "50",
-           "--split-map", "train=train,dev=validation,test=holdout", "--revision", "main", *BYTE],
-    "mixture": ["data", "prepare", "mixture", "--out", "out/mixture", "--source", "out/text:0.7",
-                "--source", "out/jsonl:0.3", "--tokens", "1500", "--seed", "2", "--no-progress"],
-    "dmmath": ["data", "prepare", "dmmath", "--out", "out/dmmath", "--train-per-module", "6",
-               "--test-per-module", "6", "--dev-fraction", "0.2", "--seed", "4", "--extrapolate",
-               "--tokenizer", "byte"],
+    "text": [
+        "data",
+        "prepare",
+        "text",
+        "txt",
+        "--out",
+        "out/text",
+        "--split-on-blank-lines",
+        "--seed",
+        "3",
+        "--dev-fraction",
+        "0.1",
+        "--test-fraction",
+        "0.05",
+        *BYTE,
+    ],
+    "jsonl": [
+        "data",
+        "prepare",
+        "jsonl",
+        "train=train.jsonl",
+        "dev=dev.jsonl.gz",
+        "--out",
+        "out/jsonl",
+        "--field",
+        "body",
+        "--max-docs",
+        "40",
+        "--test-fraction",
+        "0.2",
+        *BYTE,
+    ],
+    "parquet": ["data", "prepare", "parquet", "docs.parquet", "--out", "out/parquet", "--dev-fraction", "0.2", *BYTE],
+    "code": [
+        "data",
+        "prepare",
+        "code",
+        "tree",
+        "--out",
+        "out/code",
+        "--ext",
+        ".py",
+        "--ext",
+        ".sh",
+        "--include-tests",
+        "--exclude-dir",
+        "skip",
+        "--max-file-bytes",
+        "1000",
+        "--path-header",
+        "--dev-fraction",
+        "0.3",
+        "--test-fraction",
+        "0.2",
+        *BYTE,
+    ],
+    "lean": [
+        "data",
+        "prepare",
+        "lean",
+        "lean",
+        "--out",
+        "out/lean",
+        "--proof-weight",
+        "0.4",
+        "--dev-fraction",
+        "0.25",
+        "--test-fraction",
+        "0.25",
+        "--seed",
+        "1",
+        *BYTE,
+    ],
+    "hf": [
+        "data",
+        "prepare",
+        "hf",
+        "org/web",
+        "--out",
+        "out/hf",
+        "--config",
+        "sample",
+        "--max-docs",
+        "50",
+        "--split-map",
+        "train=train,dev=validation,test=holdout",
+        "--revision",
+        "main",
+        *BYTE,
+    ],
+    "mixture": [
+        "data",
+        "prepare",
+        "mixture",
+        "--out",
+        "out/mixture",
+        "--source",
+        "out/text:0.7",
+        "--source",
+        "out/jsonl:0.3",
+        "--tokens",
+        "1500",
+        "--seed",
+        "2",
+        "--no-progress",
+    ],
+    "dmmath": [
+        "data",
+        "prepare",
+        "dmmath",
+        "--out",
+        "out/dmmath",
+        "--train-per-module",
+        "6",
+        "--test-per-module",
+        "6",
+        "--dev-fraction",
+        "0.2",
+        "--seed",
+        "4",
+        "--extrapolate",
+        "--tokenizer",
+        "byte",
+    ],
 }
 
 

@@ -122,13 +122,20 @@ def test_expand_inputs_dirs_globs_and_missing(tmp_path):
 def test_split_inputs_detects_own_splits(tmp_path):
     d = tmp_path / "corpus"
     d.mkdir()
-    for name in ("train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl", "validation.jsonl", "test.jsonl",
-                 "README.md"):
+    for name in (
+        "train-00000-of-00002.jsonl",
+        "train-00001-of-00002.jsonl",
+        "validation.jsonl",
+        "test.jsonl",
+        "README.md",
+    ):
         (d / name).write_text("")
     groups = split_inputs([d], [".jsonl"])
     assert {k: [Path(p).name for p in v] for k, v in groups.items()} == {
         "train": ["train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl"],
-        "dev": ["validation.jsonl"], "test": ["test.jsonl"]}
+        "dev": ["validation.jsonl"],
+        "test": ["test.jsonl"],
+    }
     assert split_inputs(["train=a.jsonl", "val=b.jsonl"], [".jsonl"]) == {"train": ["a.jsonl"], "dev": ["b.jsonl"]}
     assert split_inputs([d / "test.jsonl"], [".jsonl"]) == {"train": [str(d / "test.jsonl")]}
     with pytest.raises(UserError, match="has no split"):
@@ -220,8 +227,9 @@ def test_code_documents_order_filters_and_header(code_tree):
 
 
 def test_prepare_code(code_tree, tmp_path):
-    out = prepare_code([code_tree], tmp_path / "code", BYTE, max_bytes=1000, dev_fraction=0, test_fraction=0,
-                       progress=False)
+    out = prepare_code(
+        [code_tree], tmp_path / "code", BYTE, max_bytes=1000, dev_fraction=0, test_fraction=0, progress=False
+    )
     ds = PreparedDataset.open(out, verify=True)
     assert ds.splits == ["train"]
     assert _docs(out, "train") == ["import os\n", "print('b')\n", "x = 1\n"]
@@ -240,8 +248,9 @@ def test_stdlib_is_the_default_tree():
 def test_prepare_jsonl_holds_out_by_hash(tmp_path):
     rows = [{"text": f"document number {i}"} for i in range(200)]
     data = _write_jsonl(tmp_path / "a.jsonl", rows)
-    out = prepare_files("jsonl", [data], tmp_path / "out", BYTE, dev_fraction=0.1, test_fraction=0.1, seed=5,
-                        progress=False)
+    out = prepare_files(
+        "jsonl", [data], tmp_path / "out", BYTE, dev_fraction=0.1, test_fraction=0.1, seed=5, progress=False
+    )
     got = {s: _docs(out, s) for s in ("train", "dev", "test")}
     assert sorted(sum(got.values(), [])) == sorted(r["text"] for r in rows)
     for split, docs in got.items():
@@ -269,8 +278,16 @@ def test_prepare_parquet_own_splits_and_max_docs(tmp_path):
 def test_prepare_text_split_on_blank_lines(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.txt").write_text("p1\n\np2\n\np3\n")
-    out = prepare_source("text", tmp_path / "out", inputs=[tmp_path / "t"], tokenizer=BYTE, split_on_blank_lines=True,
-                         dev_fraction=0, test_fraction=0, progress=False)
+    out = prepare_source(
+        "text",
+        tmp_path / "out",
+        inputs=[tmp_path / "t"],
+        tokenizer=BYTE,
+        split_on_blank_lines=True,
+        dev_fraction=0,
+        test_fraction=0,
+        progress=False,
+    )
     assert _docs(out, "train") == ["p1", "p2", "p3"]
 
 
@@ -320,13 +337,23 @@ def test_hf_local_dataset(hf_datasets, hf_dir, tmp_path, streaming):
 
 def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
     saved = tmp_path / "saved"
-    dd = hf_datasets.DatasetDict({
-        "train": hf_datasets.Dataset.from_dict({"content": [f"a{i}" for i in range(50)]}),
-        "holdout": hf_datasets.Dataset.from_dict({"content": ["h1", "h2", "h3"]}),
-    })
+    dd = hf_datasets.DatasetDict(
+        {
+            "train": hf_datasets.Dataset.from_dict({"content": [f"a{i}" for i in range(50)]}),
+            "holdout": hf_datasets.Dataset.from_dict({"content": ["h1", "h2", "h3"]}),
+        }
+    )
     dd.save_to_disk(str(saved))
-    out = prepare_hf(str(saved), tmp_path / "out", BYTE, split_map="train=train,test=holdout", field="content",
-                     max_docs=10, dev_fraction=0.3, progress=False)
+    out = prepare_hf(
+        str(saved),
+        tmp_path / "out",
+        BYTE,
+        split_map="train=train,test=holdout",
+        field="content",
+        max_docs=10,
+        dev_fraction=0.3,
+        progress=False,
+    )
     ds = PreparedDataset.open(out)
     assert _docs(out, "test") == ["h1", "h2", "h3"]
     assert ds.num_documents("train") + ds.num_documents("dev") == 10
@@ -341,8 +368,20 @@ def test_hf_missing_package(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(UserError, match=r"pip install 'tango-lm\[hf\]'"):
         prepare_hf("HuggingFaceFW/fineweb-edu", tmp_path / "out", BYTE, progress=False)
-    rc = main(["data", "prepare", "hf", "HuggingFaceFW/fineweb-edu", "--max-docs", "5", "--out",
-               str(tmp_path / "out"), "--tokenizer", "byte"])
+    rc = main(
+        [
+            "data",
+            "prepare",
+            "hf",
+            "HuggingFaceFW/fineweb-edu",
+            "--max-docs",
+            "5",
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            "byte",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "tango-lm[hf]" in err
 
@@ -384,6 +423,7 @@ def test_hf_streaming_rows_through_fake_module(monkeypatch, tmp_path):
         def gen():
             yield {"text": "ok"}
             raise ConnectionError("connection reset")
+
         return {"train": gen()}
 
     fake.load_dataset = broken
@@ -394,13 +434,25 @@ def test_hf_streaming_rows_through_fake_module(monkeypatch, tmp_path):
 # -- command line -----------------------------------------------------------------------------
 def test_cli_prepare_jsonl_and_errors(tmp_path, capsys):
     data = _write_jsonl(tmp_path / "a.jsonl", [{"text": f"doc {i}"} for i in range(20)])
-    rc = main(["data", "prepare", "jsonl", str(data), "--out", str(tmp_path / "out"), "--tokenizer", "byte",
-               "--no-progress"])
+    rc = main(
+        ["data", "prepare", "jsonl", str(data), "--out", str(tmp_path / "out"), "--tokenizer", "byte", "--no-progress"]
+    )
     assert rc == 0 and "prepared" in capsys.readouterr().out
     assert PreparedDataset.open(tmp_path / "out").num_tokens("train") > 0
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{oops\n')
-    rc = main(["data", "prepare", "jsonl", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o2"),
-               "--tokenizer", "byte", "--no-progress"])
+    rc = main(
+        [
+            "data",
+            "prepare",
+            "jsonl",
+            str(tmp_path / "bad.jsonl"),
+            "--out",
+            str(tmp_path / "o2"),
+            "--tokenizer",
+            "byte",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "bad.jsonl, line 2" in err
     rc = main(["data", "prepare", "parquet", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "o3")])
@@ -408,9 +460,29 @@ def test_cli_prepare_jsonl_and_errors(tmp_path, capsys):
 
 
 def test_cli_prepare_code(code_tree, tmp_path, capsys):
-    rc = main(["data", "prepare", "code", str(code_tree), "--out", str(tmp_path / "c"), "--tokenizer", "byte",
-               "--include-tests", "--exclude-dir", "sub", "--max-file-bytes", "1000", "--path-header",
-               "--dev-fraction", "0", "--test-fraction", "0", "--no-progress"])
+    rc = main(
+        [
+            "data",
+            "prepare",
+            "code",
+            str(code_tree),
+            "--out",
+            str(tmp_path / "c"),
+            "--tokenizer",
+            "byte",
+            "--include-tests",
+            "--exclude-dir",
+            "sub",
+            "--max-file-bytes",
+            "1000",
+            "--path-header",
+            "--dev-fraction",
+            "0",
+            "--test-fraction",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     docs = _docs(tmp_path / "c", "train")
     assert docs[0] == "# path: a.py\nimport os\n"

@@ -48,8 +48,13 @@ class SumsSource(HeldOutSource):
         return self.held_out_splits({"train": (f"{i} + {i + 1} = {2 * i + 1}" for i in range(self.count))}, out_dir)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"name": self.name, "count": self.count, "dev_fraction": self.dev_fraction,
-                "test_fraction": self.test_fraction, "seed": self.seed}
+        return {
+            "name": self.name,
+            "count": self.count,
+            "dev_fraction": self.dev_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+        }
 
 
 @pytest.fixture
@@ -70,19 +75,42 @@ def test_the_command_line_offers_it(toy, capsys):
 
 def test_data_prepare_toy_writes_a_dataset(toy, tmp_path, capsys):
     out = tmp_path / "sums"
-    assert main(["data", "prepare", toy, "--out", str(out), "--tokenizer", "byte", "--count", "200",
-                 "--test-fraction", "0.1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                toy,
+                "--out",
+                str(out),
+                "--tokenizer",
+                "byte",
+                "--count",
+                "200",
+                "--test-fraction",
+                "0.1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == f"prepared {out}\n"
     ds = PreparedDataset.open(out, verify=True)
     assert ds.splits == ["train", "dev", "test"]
     assert sum(ds.num_documents(s) for s in ds.splits) == 200
     assert json.loads((out / "manifest.json").read_text())["source"] == {
-        "name": "toy", "count": 200, "dev_fraction": 0.02, "test_fraction": 0.1, "seed": 0}
+        "name": "toy",
+        "count": 200,
+        "dev_fraction": 0.02,
+        "test_fraction": 0.1,
+        "seed": 0,
+    }
     assert main(["data", "verify", str(out)]) == 0
     # The same source from Python, by its registered name.
     again = prepare_source(toy, tmp_path / "again", tokenizer="byte", count=200, test_fraction=0.1, progress=False)
-    assert (again / "manifest.json").read_text().split('"created"')[0] == \
-        (out / "manifest.json").read_text().split('"created"')[0]
+    assert (again / "manifest.json").read_text().split('"created"')[0] == (out / "manifest.json").read_text().split(
+        '"created"'
+    )[0]
 
 
 def test_its_bad_options_are_one_line_and_write_nothing(toy, tmp_path, capsys):

@@ -53,11 +53,34 @@ def cli_run(run_dir, tmp_path_factory):
     """lm-eval's own command line on the three local tasks, started here and awaited by the test
     that reads it (indexing lm-eval's built-in tasks takes most of its ~15 s; tests run meanwhile)."""
     out = tmp_path_factory.mktemp("lm-eval-out")
-    env = {**os.environ, **OFFLINE, "HF_HOME": str(out / "hf"), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-c", "from tango_lm.eval.lm_eval_adapter import main; main()", "run",
-           "--model", "tango-lm", "--model_args", f"checkpoint={run_dir}", "--include_path", str(TASKS),
-           "--tasks", "tango_mc,tango_ppl,tango_gen", "--batch_size", "3", "--device", "cpu",
-           "--output_path", str(out / "results"), "--log_samples"]
+    env = {
+        **os.environ,
+        **OFFLINE,
+        "HF_HOME": str(out / "hf"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-c",
+        "from tango_lm.eval.lm_eval_adapter import main; main()",
+        "run",
+        "--model",
+        "tango-lm",
+        "--model_args",
+        f"checkpoint={run_dir}",
+        "--include_path",
+        str(TASKS),
+        "--tasks",
+        "tango_mc,tango_ppl,tango_gen",
+        "--batch_size",
+        "3",
+        "--device",
+        "cpu",
+        "--output_path",
+        str(out / "results"),
+        "--log_samples",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     yield proc, out / "results"
     if proc.poll() is None:
@@ -80,7 +103,7 @@ def target_logprobs(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def direct_loglikelihood(model, context: list[int], continuation: list[int], window: int) -> tuple[float, bool]:
-    ids = (context + continuation)[-(window + 1):]
+    ids = (context + continuation)[-(window + 1) :]
     logp, greedy = target_logprobs(model, ids)
     n = len(continuation)
     return float(logp[-n:].sum()), bool(greedy[-n:].all())
@@ -91,13 +114,13 @@ def direct_rolling(model, ids: list[int], eot: int, window: int) -> float:
     total = 0.0
     for context, pred in map(make_disjoint_window, get_rolling_token_windows(ids, eot, window, 1)):
         logp, _ = target_logprobs(model, context + pred)
-        total += float(logp[-len(pred):].sum())
+        total += float(logp[-len(pred) :].sum())
     return total
 
 
 def direct_generation(model, tok, context: str, max_new: int, stops: list[str], window: int) -> str:
-    ids = (tok.encode(context) or [tok.eot_id])[-(window - max_new):]
-    out = generate(model, torch.tensor([ids]), max_new, temperature=0, eos_id=tok.eot_id)[0, len(ids):].tolist()
+    ids = (tok.encode(context) or [tok.eot_id])[-(window - max_new) :]
+    out = generate(model, torch.tensor([ids]), max_new, temperature=0, eos_id=tok.eot_id)[0, len(ids) :].tolist()
     if tok.eot_id in out:
         out = out[: out.index(tok.eot_id)]
     return truncate_at_stops(tok.decode(out), stops)
@@ -113,8 +136,15 @@ def test_loglikelihood_sums_continuation_log_probs(lm):
     assert window == 32 and lm.eot_token_id == tok.eot_id
     prompt = "abc def gh"
     greedy = direct_generation(model, tok, prompt, 3, [], window)
-    pairs = [("abc def", " ghi"), ("a", "b"), ("", "abc"), ("k" * 50, " abc"),  # cut from the left
-             ("hello", "  world"), (prompt, greedy), ("ab", "c" * 32)]
+    pairs = [
+        ("abc def", " ghi"),
+        ("a", "b"),
+        ("", "abc"),
+        ("k" * 50, " abc"),  # cut from the left
+        ("hello", "  world"),
+        (prompt, greedy),
+        ("ab", "c" * 32),
+    ]
     results = lm.loglikelihood([_request("loglikelihood", p, i) for i, p in enumerate(pairs)])
     assert len(results) == len(pairs)
     for (context, continuation), (ll, is_greedy) in zip(pairs, results, strict=True):
@@ -147,11 +177,13 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
     free = direct_generation(model, tok, "abc ", 12, [], 32)
     assert len(free) >= 4
     stop = free[2:4]  # a stop string the model will produce, so truncation is exercised
-    cases = [("abc ", {"until": [stop], "max_gen_toks": 12}),
-             ("abc ", {"max_gen_toks": 12}),
-             ("abc ", {"until": "zzz", "max_gen_toks": 5, "do_sample": False, "temperature": 0}),
-             ("", {"until": [" "], "max_gen_toks": 8}),
-             ("k" * 60, {"until": ["\n"], "max_gen_toks": 4})]  # prompt cut to the window
+    cases = [
+        ("abc ", {"until": [stop], "max_gen_toks": 12}),
+        ("abc ", {"max_gen_toks": 12}),
+        ("abc ", {"until": "zzz", "max_gen_toks": 5, "do_sample": False, "temperature": 0}),
+        ("", {"until": [" "], "max_gen_toks": 8}),
+        ("k" * 60, {"until": ["\n"], "max_gen_toks": 4}),
+    ]  # prompt cut to the window
     outs = lm.generate_until([_request("generate_until", c, i) for i, c in enumerate(cases)])
     assert outs[0] == free[: free.index(stop)] and outs[1] == free
     for (context, kwargs), out in zip(cases, outs, strict=True):
@@ -190,10 +222,21 @@ def test_model_args(run_dir):
 
 def test_moe_is_scored_at_its_evaluation_capacity(tmp_path):
     """Training capacity 0.5 drops tokens; external evaluation runs at capacity_factor_eval."""
-    run = RunConfig.from_dict({
-        "model": {**helpers.TINY_MODEL, "arch": "moe", "n_kv_heads": 2, "n_experts": 4, "moe_top_k": 2,
-                  "capacity_factor_train": 0.5, "capacity_factor_eval": 4.0},
-        "data": {"dir": str(tmp_path / "data")}, "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path)}})
+    run = RunConfig.from_dict(
+        {
+            "model": {
+                **helpers.TINY_MODEL,
+                "arch": "moe",
+                "n_kv_heads": 2,
+                "n_experts": 4,
+                "moe_top_k": 2,
+                "capacity_factor_train": 0.5,
+                "capacity_factor_eval": 4.0,
+            },
+            "data": {"dir": str(tmp_path / "data")},
+            "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path)},
+        }
+    )
     torch.manual_seed(0)
     model = run.model.build()
     with torch.no_grad():
@@ -203,7 +246,7 @@ def test_moe_is_scored_at_its_evaluation_capacity(tmp_path):
     path = save_checkpoint(tmp_path / "checkpoints", 1, model.state_dict(), {}, run.to_dict(), tok.to_dict(), {})
     lm = TangoLM(checkpoint=str(path), device="cpu")
     context, continuation = tok.encode("abcdefghij klmnop"), tok.encode(" qrstuvw")
-    (ll, _), = lm.loglikelihood([_request("loglikelihood", ("abcdefghij klmnop", " qrstuvw"))])
+    ((ll, _),) = lm.loglikelihood([_request("loglikelihood", ("abcdefghij klmnop", " qrstuvw"))])
     model = lm.model
     with capacity_factor(model, 4.0):
         at_eval, _ = direct_loglikelihood(model, context, continuation, 32)
@@ -246,8 +289,9 @@ def test_lm_eval_command_line_scores_equal_direct_log_probs(cli_run, lm):
     correct = correct_norm = 0
     mc_docs = _docs("mc.jsonl")
     for doc, sample in zip(mc_docs, _samples(results_dir, "tango_mc"), strict=True):
-        lls = [direct_loglikelihood(model, tok.encode(doc["question"]), tok.encode(" " + c), 32)[0]
-               for c in doc["choices"]]
+        lls = [
+            direct_loglikelihood(model, tok.encode(doc["question"]), tok.encode(" " + c), 32)[0] for c in doc["choices"]
+        ]
         reported = [float(r[0]) for r in sample["filtered_resps"]]
         assert reported == pytest.approx(lls, rel=1e-5, abs=1e-4)
         correct += max(range(len(lls)), key=lls.__getitem__) == doc["label"]

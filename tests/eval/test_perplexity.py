@@ -39,8 +39,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def model():
     torch.manual_seed(0)
     # A large init makes the random model's predictions far from uniform, so errors show.
-    cfg = ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257,
-                      context_length=CONTEXT, init_std=0.3)
+    cfg = ModelConfig(
+        arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257, context_length=CONTEXT, init_std=0.3
+    )
     return build_model(cfg).eval()
 
 
@@ -64,12 +65,14 @@ def rolling_start(n: int, stride: int):
     """Where the window that scores target t starts, written out independently of the library:
     window k covers [kS, kS + C) and scores targets up to kS + C; the final one is moved back
     to a full context."""
+
     def start(t: int) -> int:
         if t <= CONTEXT:
             return 0
         k = -(-(t - CONTEXT) // stride)
         end = min(k * stride + CONTEXT, n)
         return max(0, end - CONTEXT)
+
     return start
 
 
@@ -126,20 +129,22 @@ def test_text_format_word_perplexity(model, tmp_path):
     assert res["bits_per_byte"] == pytest.approx(total / res["bytes"] / math.log(2), rel=1e-5)
 
 
-WIKI = "\n".join([  # WikiText lines start and end with a space
-    ' ',
-    ' = Robert Boulter = ',
-    ' ',
-    ' Robert Boulter is an English film , television and theatre actor . ',
-    ' ',
-    ' = = Career = = ',
-    ' ',
-    ' In 2000 Boulter had a guest @-@ starring role ( in 1 @,@ 000 episodes ) . ',
-    ' = Du Fu = ',
-    ' ',
-    ' Du Fu was a Chinese poet .',
-    '',
-])
+WIKI = "\n".join(
+    [  # WikiText lines start and end with a space
+        " ",
+        " = Robert Boulter = ",
+        " ",
+        " Robert Boulter is an English film , television and theatre actor . ",
+        " ",
+        " = = Career = = ",
+        " ",
+        " In 2000 Boulter had a guest @-@ starring role ( in 1 @,@ 000 episodes ) . ",
+        " = Du Fu = ",
+        " ",
+        " Du Fu was a Chinese poet .",
+        "",
+    ]
+)
 
 
 def test_wikitext_documents_and_detokenization(model, tmp_path):
@@ -195,7 +200,7 @@ def test_lambada_matches_brute_force_and_counts_greedy_hits(tmp_path):
     nlls = []
     hits = 0
     for context, target in examples:
-        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1):]
+        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1) :]
         k = len(TOK.encode(" " + target))
         with torch.no_grad():
             logp = bigram(torch.tensor([s[:-1]]))[0]
@@ -213,7 +218,7 @@ def test_lambada_on_the_tango_model_and_plain_lines(model, tmp_path):
     res = lambada_metrics(model, TOK, examples, CONTEXT, batch_size=1)
     want = []
     for context, target in examples:
-        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1):]
+        s = [TOK.eot_id, *TOK.encode(context), *TOK.encode(" " + target)][-(CONTEXT + 1) :]
         k = len(TOK.encode(" " + target))
         with torch.no_grad():
             logp = model(torch.tensor([s[:-1]]))[0]
@@ -226,7 +231,7 @@ BAD_FILES = {
     "no_last_word": ("lambada", "a fine passage with its word\nlonely\n", "no last word"),
     "empty_text_field": ("lambada", '{"text": "x y"}\n{"text": "   "}\n', "line 2"),
     "jsonl_does_not_parse": ("lambada", '{"text": "a b"}\n{"text": "c d"\n', "not valid JSON"),
-    "no_text_field": ("lambada", '{"txt": "a b"}\n', "no string \"text\" field"),
+    "no_text_field": ("lambada", '{"txt": "a b"}\n', 'no string "text" field'),
     "binary": ("text", b"\x89PNG\r\n\x1a\n\x00\x00\x00", "binary"),
     "not_utf8": ("wikitext", b"caf\xe9 au lait", "not UTF-8"),
     "empty": ("text", "\n\n  \n", "no text"),
@@ -259,8 +264,24 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
 
     path = tmp_path / "wiki.raw"
     path.write_text(WIKI)
-    assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "wikitext", "--stride", "8",
-                 "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run_dir),
+                "--ppl",
+                str(path),
+                "--format",
+                "wikitext",
+                "--stride",
+                "8",
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     model = load_checkpoint(run_dir).build_model("cpu")
     want = evaluate_file(model, TOK, path, "wikitext", helpers.SEQ_LEN, stride=8)

@@ -30,15 +30,25 @@ TEST_NLL = {
 HEADS = {"standard": [2.90, 2.80], "onona": [2.88, 2.79]}
 
 
-def write_run(root: Path, labels: dict, test_nll: float, dev_nll: float, tokens_per_s: float = 1000.0,
-              select: str = "best", sweep_json: bool = True, dev_curve: list[float] | None = None) -> Path:
+def write_run(
+    root: Path,
+    labels: dict,
+    test_nll: float,
+    dev_nll: float,
+    tokens_per_s: float = 1000.0,
+    select: str = "best",
+    sweep_json: bool = True,
+    dev_curve: list[float] | None = None,
+) -> Path:
     seed = labels["seed"]
     name = "/".join(f"{k}={'-'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in labels.items())
     run = root / name
     run.mkdir(parents=True)
-    config = {"model": {"arch": labels["arch"], "head": labels.get("head", "standard"), "depth": labels["depth"]},
-              "data": {"dir": f"/data/{labels['dataset']}"},
-              "train": {"seed": seed[0], "data_seed": seed[1], "select": select}}
+    config = {
+        "model": {"arch": labels["arch"], "head": labels.get("head", "standard"), "depth": labels["depth"]},
+        "data": {"dir": f"/data/{labels['dataset']}"},
+        "train": {"seed": seed[0], "data_seed": seed[1], "select": select},
+    }
     (run / "config.json").write_text(json.dumps(config))
     dev_curve = dev_curve or [dev_nll + 0.5, dev_nll]
     records = []
@@ -47,9 +57,17 @@ def write_run(root: Path, labels: dict, test_nll: float, dev_nll: float, tokens_
         records.append({"step": 10 * i, "dev_nll": d, "tokens": 1000 * i, "best": True})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     selected = 10 * len(dev_curve)
-    summary = {"arch": labels["arch"], "head": labels.get("head", "standard"), "steps": selected,
-               "selected_step": selected, "best_dev_nll": min(dev_curve), "test_nll": test_nll,
-               "tokens_per_s": tokens_per_s, "params_total": 1000, "tokens": 1000 * len(dev_curve)}
+    summary = {
+        "arch": labels["arch"],
+        "head": labels.get("head", "standard"),
+        "steps": selected,
+        "selected_step": selected,
+        "best_dev_nll": min(dev_curve),
+        "test_nll": test_nll,
+        "tokens_per_s": tokens_per_s,
+        "params_total": 1000,
+        "tokens": 1000 * len(dev_curve),
+    }
     (run / "summary.json").write_text(json.dumps(summary))
     if sweep_json:
         (run / "sweep.json").write_text(json.dumps({"name": name, "labels": labels}))
@@ -121,7 +139,8 @@ def test_per_seed_margins(runs):
     ref = write_report(runs, runs / "ref", plots=False, reference="loop-transformer")["report"]
     m4 = next(m for m in ref["margins"] if m["dataset"] == "dmmath" and m["depth"] == 4)
     assert {s: v["margin"] for s, v in m4["seeds"].items()} == pytest.approx(
-        {"17/101": 0.3, "23/103": 0.3, "41/107": 0.4})
+        {"17/101": 0.3, "23/103": 0.3, "41/107": 0.4}
+    )
 
 
 def test_depth_scaling(runs):
@@ -155,8 +174,14 @@ def test_head_vs_standard_pairs(runs):
 def test_dev_split_uses_the_selected_checkpoint(tmp_path):
     root = tmp_path / "runs"
     # select: final -> dev NLL at the final step (3.2), not the best (3.0).
-    write_run(root, {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}, 3.5, 0,
-              select="final", dev_curve=[3.0, 3.2])
+    write_run(
+        root,
+        {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]},
+        3.5,
+        0,
+        select="final",
+        dev_curve=[3.0, 3.2],
+    )
     report = write_report(root, plots=False, split="dev")["report"]
     assert report["main"][0]["cells"]["tango"]["mean"] == pytest.approx(3.2)
     assert report["runs"][0]["test_nll"] == 3.5
@@ -165,8 +190,9 @@ def test_dev_split_uses_the_selected_checkpoint(tmp_path):
 def test_runs_without_sweep_json_are_labelled_from_their_config(tmp_path):
     root = tmp_path / "runs"
     for seed, v in zip(SEEDS, [1.0, 1.2, 1.1], strict=True):
-        write_run(root, {"dataset": "x", "tier": "-", "depth": 3, "arch": "tango", "seed": seed}, v, v,
-                  sweep_json=False)
+        write_run(
+            root, {"dataset": "x", "tier": "-", "depth": 3, "arch": "tango", "seed": seed}, v, v, sweep_json=False
+        )
     report = write_report(root, plots=False)["report"]
     (row,) = report["main"]
     assert (row["dataset"], row["depth"]) == ("x", 3)
@@ -184,8 +210,12 @@ def test_plots_are_written(tmp_path):
     res = write_report(root)
     pngs = sorted(Path(f).relative_to(root / "report" / "plots").as_posix() for f in res["files"] if f.endswith(".png"))
     # learning curves per row and seed, NLL against depth, NLL against throughput
-    assert pngs == ["curves/dmmath_tier-70M_depth-4_seed-17-101.png", "curves/dmmath_tier-70M_depth-8_seed-17-101.png",
-                    "depth_dmmath_tier-70M.png", "throughput_dmmath.png"]
+    assert pngs == [
+        "curves/dmmath_tier-70M_depth-4_seed-17-101.png",
+        "curves/dmmath_tier-70M_depth-8_seed-17-101.png",
+        "depth_dmmath_tier-70M.png",
+        "throughput_dmmath.png",
+    ]
     for p in pngs:
         assert (root / "report" / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

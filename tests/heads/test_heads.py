@@ -43,9 +43,17 @@ def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
 def spec_extra_over_standard(v: int, d: int, k: int = 2) -> dict[str, int]:
     """docs/design.md §3, written out: parameters each head of the papers adds to the Standard model."""
     return {
-        "standard": 0, "untied": v * d, "onona": v * d + d, "mos": k * d * d + k * d, "sigsoftmax": 0,
-        "moss": k * d * d + k * d, "input-gate": v * d + d, "factorial-a-a": 0, "factorial-a-mix": v * d + d,
-        "factorial-m-a": v * d, "factorial-m-mix": v * d + d,
+        "standard": 0,
+        "untied": v * d,
+        "onona": v * d + d,
+        "mos": k * d * d + k * d,
+        "sigsoftmax": 0,
+        "moss": k * d * d + k * d,
+        "input-gate": v * d + d,
+        "factorial-a-a": 0,
+        "factorial-a-mix": v * d + d,
+        "factorial-m-a": v * d,
+        "factorial-m-mix": v * d + d,
     }
 
 
@@ -107,8 +115,7 @@ def test_param_formula_equals_numel(arch, head):
 
 
 # -- onóna containment: A = B = E reproduces Standard for every gate value -------------------------
-@pytest.mark.parametrize("head", ["onona", "factorial-a-mix", "factorial-m-a", "factorial-a-a", "input-gate",
-                                  "untied"])
+@pytest.mark.parametrize("head", ["onona", "factorial-a-mix", "factorial-m-a", "factorial-a-a", "input-gate", "untied"])
 def test_equal_tables_reproduce_standard(head):
     std = small_model("tango", "standard", dtype=torch.float64)
     model = small_model("tango", head, seed=1, dtype=torch.float64)
@@ -265,8 +272,12 @@ def test_cached_decoding_reproduces_full_forward():
 
 
 # -- factorial cells and the input-gate control ----------------------------------------------------
-FACTORIAL = {"factorial-a-a": ({"table_a"}, "a"), "factorial-a-mix": ({"table_a", "table_b", "gate"}, "a"),
-             "factorial-m-a": ({"table_a", "table_b"}, "m"), "factorial-m-mix": ({"table_a", "table_b", "gate"}, "m")}
+FACTORIAL = {
+    "factorial-a-a": ({"table_a"}, "a"),
+    "factorial-a-mix": ({"table_a", "table_b", "gate"}, "a"),
+    "factorial-m-a": ({"table_a", "table_b"}, "m"),
+    "factorial-m-mix": ({"table_a", "table_b", "gate"}, "m"),
+}
 
 
 def test_factorial_cells_share_table_a_and_drop_unused_parameters():
@@ -312,7 +323,8 @@ def test_mos_components_and_prior():
     pi = torch.softmax(h @ head.prior_proj.weight.T, -1)
     w1, w2 = head.latent_proj.weight[:32], head.latent_proj.weight[32:]
     p = pi[..., :1] * torch.softmax(torch.tanh(h @ w1.T) @ e.T, -1) + pi[..., 1:] * torch.softmax(
-        torch.tanh(h @ w2.T) @ e.T, -1)
+        torch.tanh(h @ w2.T) @ e.T, -1
+    )
     torch.testing.assert_close(model(x), p.log(), rtol=0, atol=1e-12)
 
 
@@ -336,15 +348,36 @@ def test_eval_ablate_cli(tmp_path, capsys):
     from tango_lm.train.trainer import train
 
     docs = [f"{i} + {i} = {2 * i}" for i in range(300)]
-    data = write_prepared(tmp_path / "d", get_tokenizer("byte"), {"train": docs, "dev": docs[:40], "test": docs[40:80]},
-                          {"name": "t"}, progress=False)
+    data = write_prepared(
+        tmp_path / "d",
+        get_tokenizer("byte"),
+        {"train": docs, "dev": docs[:40], "test": docs[40:80]},
+        {"name": "t"},
+        progress=False,
+    )
     runs = {}
     for head in ("onona", "standard"):
-        run = load_run_config(None, [f"model.head={head}", "model.arch=tango", "model.d_model=32", "model.head_dim=16",
-                                     "model.width=32", "model.depth=2", "model.vocab_size=257",
-                                     "model.context_length=32", f"data.dir={data}", f"train.out_dir={tmp_path / head}",
-                                     "train.steps=3", "train.eval_every=3", "train.save_every=3", "train.batch_size=2",
-                                     "train.progress=false", "train.warmup_steps=0"])
+        run = load_run_config(
+            None,
+            [
+                f"model.head={head}",
+                "model.arch=tango",
+                "model.d_model=32",
+                "model.head_dim=16",
+                "model.width=32",
+                "model.depth=2",
+                "model.vocab_size=257",
+                "model.context_length=32",
+                f"data.dir={data}",
+                f"train.out_dir={tmp_path / head}",
+                "train.steps=3",
+                "train.eval_every=3",
+                "train.save_every=3",
+                "train.batch_size=2",
+                "train.progress=false",
+                "train.warmup_steps=0",
+            ],
+        )
         train(run)
         runs[head] = tmp_path / head
     full = evaluate_checkpoint(str(runs["onona"]), "dev")["nll"]

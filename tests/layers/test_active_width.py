@@ -221,8 +221,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # helpers.TINY_MODEL: 2 heads of F/H = 32 gate columns; K = 12 -> segments [0,12) [12,24) [24,32).
-TRAIN_ARCHS = {"tango": ({}, 2), "tango-windowed": ({"window": 7}, 2), "tango-3set": ({"depth": 3}, 2),
-               "loop-transformer": ({}, 1)}
+TRAIN_ARCHS = {
+    "tango": ({}, 2),
+    "tango-windowed": ({"window": 7}, 2),
+    "tango-3set": ({"depth": 3}, 2),
+    "loop-transformer": ({}, 1),
+}
 K = 12
 
 
@@ -234,8 +238,9 @@ def trainer_mask(units: int, segment: int) -> torch.Tensor:
 @pytest.mark.parametrize("arch", sorted(TRAIN_ARCHS))
 def test_trainer_rotates_segments_and_leaves_inactive_columns_unchanged(data_dir, tmp_path, arch):
     extra, units = TRAIN_ARCHS[arch]
-    run = helpers.run_config(data_dir, tmp_path / "run", {"arch": arch, "active_width": K, **extra},
-                             weight_decay=0.5, lr=1e-2)
+    run = helpers.run_config(
+        data_dir, tmp_path / "run", {"arch": arch, "active_width": K, **extra}, weight_decay=0.5, lr=1e-2
+    )
     trainer = Trainer(run)
     model, opt = trainer.model, trainer.optimizer
     segments = 3 if units == 2 else 6
@@ -334,5 +339,6 @@ def test_resume_continues_the_rotation_exactly(data_dir, tmp_path):
     trainer.save()
     resumed = train(helpers.run_config(data_dir, cut, model, steps=8), resume=True)
     assert resumed.losses == {s: full.losses[s] for s in range(6, 9)}
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(tmp_path / "full", 8)),
-                                helpers.weights(helpers.step_dir(cut, 8)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(tmp_path / "full", 8)), helpers.weights(helpers.step_dir(cut, 8))
+    )

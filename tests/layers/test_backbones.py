@@ -51,8 +51,14 @@ def spec_non_embedding(cfg: ModelConfig, active: bool = False) -> int:
         n_attn = depth // cfg.attention_every if cfg.attention_every else 0
         heads = cfg.gdn_n_heads or d // cfg.gdn_head_dim
         dk, dv = cfg.gdn_head_dim, int(cfg.gdn_head_dim * cfg.gdn_expand_v)
-        gdn = (2 * d * heads * dk + 3 * d * heads * dv + 2 * d * heads + 2 * heads
-               + cfg.conv_size * heads * (2 * dk + dv) + dv)
+        gdn = (
+            2 * d * heads * dk
+            + 3 * d * heads * dv
+            + 2 * d * heads
+            + 2 * heads
+            + cfg.conv_size * heads * (2 * dk + dv)
+            + dv
+        )
         return n_attn * dense_layer + (depth - n_attn) * (gdn + 3 * d * f + 2 * d) + d
     raise AssertionError(cfg.arch)
 
@@ -63,8 +69,20 @@ def numel(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def tiny(arch: str, **changes) -> ModelConfig:
-    fields = dict(arch=arch, d_model=32, head_dim=8, n_kv_heads=2, width=48, depth=3, vocab_size=V, context_length=16,
-                  gdn_head_dim=8, attention_every=2, n_experts=4, moe_top_k=2)
+    fields = dict(
+        arch=arch,
+        d_model=32,
+        head_dim=8,
+        n_kv_heads=2,
+        width=48,
+        depth=3,
+        vocab_size=V,
+        context_length=16,
+        gdn_head_dim=8,
+        attention_every=2,
+        n_experts=4,
+        moe_top_k=2,
+    )
     fields.update(changes)
     return ModelConfig(**fields)
 
@@ -84,12 +102,20 @@ def ids(b: int = 2, t: int = T, seed: int = 1) -> torch.Tensor:
 
 
 VARIANTS = [
-    ("dense", {}), ("dense", dict(n_kv_heads=None)), ("dense", dict(d_model=48, n_heads=6, n_kv_heads=3, width=40)),
-    ("gdn-hybrid", {}), ("gdn-hybrid", dict(attention_every=0)), ("gdn-hybrid", dict(attention_every=1)),
+    ("dense", {}),
+    ("dense", dict(n_kv_heads=None)),
+    ("dense", dict(d_model=48, n_heads=6, n_kv_heads=3, width=40)),
+    ("gdn-hybrid", {}),
+    ("gdn-hybrid", dict(attention_every=0)),
+    ("gdn-hybrid", dict(attention_every=1)),
     ("gdn-hybrid", dict(depth=5, attention_every=4, gdn_head_dim=16, gdn_expand_v=2.0, conv_size=3)),
     ("gdn-hybrid", dict(gdn_n_heads=3, gdn_expand_v=0.5)),
-    ("moe", {}), ("moe", dict(moe_top_k=1, moe_renormalize=False)), ("moe", dict(n_experts=3, moe_expert_width=20)),
-    ("attnres", {}), ("attnres", dict(attnres_block=1)), ("attnres", dict(attnres_block=2, depth=5)),
+    ("moe", {}),
+    ("moe", dict(moe_top_k=1, moe_renormalize=False)),
+    ("moe", dict(n_experts=3, moe_expert_width=20)),
+    ("attnres", {}),
+    ("attnres", dict(attnres_block=1)),
+    ("attnres", dict(attnres_block=2, depth=5)),
 ]
 
 
@@ -138,7 +164,12 @@ def test_presets_share_the_dense_shape_and_moe_matches_active_params():
         for arch in ARCHS:
             cfg = load_run_config(f"{arch}-{size}", []).model
             assert (cfg.d_model, cfg.depth, cfg.n_heads, cfg.n_kv_heads, cfg.width) == (
-                dense.d_model, dense.depth, dense.n_heads, dense.n_kv_heads, dense.width)
+                dense.d_model,
+                dense.depth,
+                dense.n_heads,
+                dense.n_kv_heads,
+                dense.width,
+            )
         moe = load_run_config(f"moe-{size}", []).model
         active = ARCHITECTURES["moe"].active_non_embedding_params(moe)
         assert active == spec_non_embedding(moe, active=True)
@@ -201,8 +232,19 @@ def test_moe_dropping_tokens_stays_causal():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_state_dict_names_and_no_biases(arch):
     names = [n for n, _ in build_model(tiny(arch)).named_parameters()]
-    for part in ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "gate_proj", "up_proj",
-                 "down_proj", "mlp_norm"):
+    for part in (
+        "attn_norm",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "q_norm",
+        "k_norm",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "mlp_norm",
+    ):
         assert any(f".{part}." in n for n in names), part
     assert not [n for n in names if n.endswith(".bias")]
 
@@ -223,13 +265,18 @@ def test_flops_per_token(arch):
         assert flops == dense + 3 * 4 * d * sum(sources_per_mix(cfg))
     else:  # 3 GDN layers (8 heads of 8: q, k, v, g, o, a, b, convs, recurrence 6 d_k d_v) + 1 attention
         gdn = 5 * d * d + 2 * d * 8 + 4 * 3 * d
-        expected = 3 * (2 * (dense_matmul - 3 * (2 * d * d + 2 * d * 2 * 8) + 3 * gdn + V * d)
-                        + int(attention_mix + 3 * 6 * 8 * 8 * 8))
+        expected = 3 * (
+            2 * (dense_matmul - 3 * (2 * d * d + 2 * d * 2 * 8) + 3 * gdn + V * d)
+            + int(attention_mix + 3 * 6 * 8 * 8 * 8)
+        )
         assert flops == expected
 
 
 TRAIN_MODELS = {
-    "dense": {}, "gdn-hybrid": {"gdn_head_dim": 16, "attention_every": 2}, "moe": {"n_experts": 4}, "attnres": {},
+    "dense": {},
+    "gdn-hybrid": {"gdn_head_dim": 16, "attention_every": 2},
+    "moe": {"n_experts": 4},
+    "attnres": {},
 }
 
 
@@ -346,8 +393,11 @@ def test_moe_dispatch_matches_token_by_token_reference(factor, renormalize, capa
     assert (layer.last_dropped > 0) == (factor == 0.5)
     grad = torch.randn_like(out)
     params = [h, *layer.parameters()]
-    for a, b in zip(torch.autograd.grad(out, params, grad, allow_unused=True),
-                    torch.autograd.grad(ref, params, grad, allow_unused=True), strict=True):
+    for a, b in zip(
+        torch.autograd.grad(out, params, grad, allow_unused=True),
+        torch.autograd.grad(ref, params, grad, allow_unused=True),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b, msg=lambda m: f"gradient: {m}")
 
 

@@ -128,10 +128,18 @@ def make_layer(kind: str, context: int, group: int = 4, norm: str = "rmsnorm") -
 
 @pytest.mark.parametrize(
     ("kind", "t", "group", "block", "norm"),
-    [("gau", 13, 0, None, "rmsnorm"), ("gau", 1, 0, None, "rmsnorm"), ("flash", 13, 4, None, "rmsnorm"),
-     ("flash", 3, 4, None, "rmsnorm"), ("flash", 12, 4, None, "rmsnorm"), ("flash", 11, 1, None, "rmsnorm"),
-     ("gau", 13, 0, 4, "rmsnorm"), ("flash", 15, 8, 3, "rmsnorm"),
-     ("gau", 13, 0, None, "layernorm"), ("flash", 13, 4, None, "layernorm")],  # docs/table3-ranges.md
+    [
+        ("gau", 13, 0, None, "rmsnorm"),
+        ("gau", 1, 0, None, "rmsnorm"),
+        ("flash", 13, 4, None, "rmsnorm"),
+        ("flash", 3, 4, None, "rmsnorm"),
+        ("flash", 12, 4, None, "rmsnorm"),
+        ("flash", 11, 1, None, "rmsnorm"),
+        ("gau", 13, 0, 4, "rmsnorm"),
+        ("flash", 15, 8, 3, "rmsnorm"),
+        ("gau", 13, 0, None, "layernorm"),
+        ("flash", 13, 4, None, "layernorm"),
+    ],  # docs/table3-ranges.md
 )
 def test_layer_matches_naive_reference(monkeypatch, kind, t, group, block, norm):
     # block: blocks of the causal product short enough that the blocked CPU op runs (ops/causal_matmul.py)
@@ -237,7 +245,15 @@ def spec_params(arch: str, d: int, e: int, s: int, depth: int, n: int, g: int, n
 @pytest.mark.parametrize(("d", "e", "s", "depth", "n", "g"), [(16, 24, 8, 1, 10, 3), (32, 48, 4, 3, 7, 16)])
 def test_formula_equals_numel(arch, d, e, s, depth, n, g, norm):
     cfg = ModelConfig(
-        arch=arch, d_model=d, head_dim=8, width=e, qk_dim=s, group_size=g, depth=depth, vocab_size=29, context_length=n,
+        arch=arch,
+        d_model=d,
+        head_dim=8,
+        width=e,
+        qk_dim=s,
+        group_size=g,
+        depth=depth,
+        vocab_size=29,
+        context_length=n,
         gau_norm=norm,
     )
     model = build_model(cfg)

@@ -39,7 +39,9 @@ def randomize_(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     module.double()
     with torch.no_grad():
         for name, p in module.named_parameters():
-            scale = 1.0 if name.endswith("norm.weight") else (0.6 if name.split(".")[-2] in ("q_proj", "k_proj") else 0.3)
+            scale = (
+                1.0 if name.endswith("norm.weight") else (0.6 if name.split(".")[-2] in ("q_proj", "k_proj") else 0.3)
+            )
             base = 1.0 if name.endswith("norm.weight") else 0.0
             p.copy_(base + scale * torch.randn(p.shape, generator=gen, dtype=torch.float64))
     return module
@@ -209,8 +211,9 @@ def test_compact_matches_naive_reference(d, n_heads, width, r, t):
     x = torch.randn(2, t, d, dtype=torch.float64, generator=gen).requires_grad_(True)
     dy = torch.randn(2, t, d, dtype=torch.float64, generator=gen)
     params = dict(block.named_parameters())
-    assert set(params) == {f"{n}.weight" for n in
-                           ("norm", "q_proj", "k_proj", "controller_proj", "expand_proj", "up_proj", "down_proj")}
+    assert set(params) == {
+        f"{n}.weight" for n in ("norm", "q_proj", "k_proj", "controller_proj", "expand_proj", "up_proj", "down_proj")
+    }
     out = block(x, rope(t, d // n_heads))
     ref = naive_compact(block, x)
     assert rel_err(out - x, ref - x) < TOL
@@ -262,8 +265,16 @@ def test_compact_with_full_expansion_mixes_heads():
 
 
 def test_compact_cache_holds_r_channels():
-    cfg = ModelConfig(arch="tango-compact", d_model=32, head_dim=8, width=48, controller_width=12, depth=2,
-                      vocab_size=30, context_length=16)
+    cfg = ModelConfig(
+        arch="tango-compact",
+        d_model=32,
+        head_dim=8,
+        width=48,
+        controller_width=12,
+        depth=2,
+        vocab_size=30,
+        context_length=16,
+    )
     model = build_model(cfg)
     cache = model.new_cache()
     model(torch.randint(0, 30, (1, 5)), cache)
@@ -283,11 +294,13 @@ def test_compact_defaults_and_validation():
         ModelConfig(arch="tango-compact", d_model=32, head_dim=8, width=20, controller_width=0)
 
 
-@pytest.mark.parametrize(("d", "head_dim", "f", "r", "vocab"),
-                         [(32, 8, 20, None, 50), (48, 16, 33, 6, 97), (64, 32, 100, 128, 11)])
+@pytest.mark.parametrize(
+    ("d", "head_dim", "f", "r", "vocab"), [(32, 8, 20, None, 50), (48, 16, 33, 6, 97), (64, 32, 100, 128, 11)]
+)
 def test_compact_formula_equals_numel(d, head_dim, f, r, vocab):
-    cfg = ModelConfig(arch="tango-compact", d_model=d, head_dim=head_dim, width=f, controller_width=r,
-                      depth=3, vocab_size=vocab)
+    cfg = ModelConfig(
+        arch="tango-compact", d_model=d, head_dim=head_dim, width=f, controller_width=r, depth=3, vocab_size=vocab
+    )
     total, non_emb = numel(build_model(cfg))
     rr = r or d
     assert count_params(cfg) == {"total": total, "non_embedding": non_emb, "embedding": vocab * d}

@@ -56,6 +56,7 @@ def rel_err(a: torch.Tensor, e: torch.Tensor) -> float:
 
 # -- the op: chunked path against the quadratic reference ---------------------------------------
 
+
 @pytest.mark.parametrize("feature_map", sorted(FEATURE_MAPS))
 @pytest.mark.parametrize("t", SIZES)
 @pytest.mark.parametrize("window", WINDOWS)
@@ -110,7 +111,8 @@ def test_spec_formula_by_hand(feature_map):
                 w = math.exp(float(q_rot[0, 0, t] @ k_rot[0, 0, s]) / math.sqrt(d_h))
             else:
                 w = sum(
-                    phi_scalar(float(q_raw[0, 0, t, i]), feature_map) * phi_scalar(float(k_raw[0, 0, s, i]), feature_map)
+                    phi_scalar(float(q_raw[0, 0, t, i]), feature_map)
+                    * phi_scalar(float(k_raw[0, 0, s, i]), feature_map)
                     for i in range(d_h)
                 )
             num += w * g[0, 0, s]
@@ -137,9 +139,19 @@ def test_windowed_mix_is_merge_times_u():
 
 
 @pytest.mark.parametrize("feature_map", sorted(FEATURE_MAPS))
-@pytest.mark.parametrize(("t", "window", "chunk_size"), [
-    (1, 3, None), (7, 3, 3), (13, 3, 3), (30, 4, 5), (31, 4, 5), (64, 5, 7), (130, 64, None), (67, 200, None),
-])
+@pytest.mark.parametrize(
+    ("t", "window", "chunk_size"),
+    [
+        (1, 3, None),
+        (7, 3, 3),
+        (13, 3, 3),
+        (30, 4, 5),
+        (31, 4, 5),
+        (64, 5, 7),
+        (130, 64, None),
+        (67, 200, None),
+    ],
+)
 def test_fused_mix_matches_composition(feature_map, t, window, chunk_size):
     # Odd T, partial last chunks, 1 to 19 chunks (the prefix sums start at the third), W >= T.
     (q_rot, k_rot, q_raw, k_raw, _), _ = make_inputs(t, width=6, seed=t)
@@ -173,8 +185,9 @@ def test_fused_mix_never_reads_uninitialised_memory(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda *a, **k: real_new_empty(*a, **k).fill_(float("nan")))
     got = windowed_mix_fused(*xs, 4, "elu+1", 5)
     assert rel_err(got, ref) < 1e-12
-    for name, x, e in zip(("q_rot", "k_rot", "q_raw", "k_raw", "a", "u"), torch.autograd.grad(got, xs, dy), want,
-                          strict=True):
+    for name, x, e in zip(
+        ("q_rot", "k_rot", "q_raw", "k_raw", "a", "u"), torch.autograd.grad(got, xs, dy), want, strict=True
+    ):
         assert rel_err(x, e) < 1e-10, name
 
 
@@ -183,8 +196,9 @@ def test_fused_mix_gradcheck():
     b, h, t, _ = q_rot.shape
     a = torch.randn(b, t, h * 3, dtype=torch.float64, requires_grad=True)
     u = torch.randn(b, t, h * 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *x: windowed_mix_fused(*x, 2, "elu+1", 3),
-                                    (q_rot, k_rot, q_raw, k_raw, a, u))
+    assert torch.autograd.gradcheck(
+        lambda *x: windowed_mix_fused(*x, 2, "elu+1", 3), (q_rot, k_rot, q_raw, k_raw, a, u)
+    )
 
 
 def test_block_uses_the_fused_mix_on_cpu_fp32(monkeypatch):
@@ -203,6 +217,7 @@ def test_block_uses_the_fused_mix_on_cpu_fp32(monkeypatch):
 
 
 # -- stability -----------------------------------------------------------------------------------
+
 
 def test_large_scores_in_fp32_stay_finite_and_accurate():
     # Scores of standard deviation ~80 (|score| up to ~300): exp overflows fp32 without the
@@ -235,6 +250,7 @@ def test_very_negative_window_scores_in_fp32():
 
 
 # -- the block -------------------------------------------------------------------------------------
+
 
 def rope_naive(v: torch.Tensor, pos: int, theta: float = 10000.0) -> torch.Tensor:
     """Rotate-half RoPE of v [..., d_h] at position pos."""
@@ -290,6 +306,7 @@ def test_block_matches_naive_spec(chunk_size):
 
 
 # -- the architecture ------------------------------------------------------------------------------
+
 
 def tiny_config(arch: str, **kw) -> ModelConfig:
     return ModelConfig(arch=arch, d_model=32, head_dim=8, width=48, depth=3, vocab_size=61, context_length=48, **kw)
@@ -376,18 +393,31 @@ def test_attention_flops():
         wide = cfg.replace(window=64)
         assert TangoWindowed.attention_flops_per_token(wide, t) == Tango.attention_flops_per_token(wide, t)
     long = cfg.replace(window=64)
-    assert TangoWindowed.attention_flops_per_token(long, 8192) < 1.01 * TangoWindowed.attention_flops_per_token(long, 4096)
+    assert TangoWindowed.attention_flops_per_token(long, 8192) < 1.01 * TangoWindowed.attention_flops_per_token(
+        long, 4096
+    )
 
 
 def test_time_per_token_helper_runs():
-    rows = windowed_time_per_token(seq_lens=(8, 16), window=4, d_model=32, width=64, head_dim=8, tokens=64,
-                                   repeats=1, warmup=0, device="cpu", print_table=False)
+    rows = windowed_time_per_token(
+        seq_lens=(8, 16),
+        window=4,
+        d_model=32,
+        width=64,
+        head_dim=8,
+        tokens=64,
+        repeats=1,
+        warmup=0,
+        device="cpu",
+        print_table=False,
+    )
     assert [r["seq_len"] for r in rows] == [8, 16] and [r["batch"] for r in rows] == [8, 4]
     assert all(r["windowed_us_per_token"] > 0 and r["tango_us_per_token"] > 0 for r in rows)
     assert rows[0]["windowed_vs_first"] == 1.0
 
 
 # -- rotating narrow-width training (docs/design.md §2.6) ----------------------------------------------------
+
 
 def narrow_reference(block: WindowedTangoBlock, x: torch.Tensor, rope, cols: torch.Tensor) -> torch.Tensor:
     """Windowed TANGO with only the gate columns `cols` (of the full width), from the quadratic
@@ -440,8 +470,9 @@ def test_rotating_segment_matches_reference_on_active_columns(monkeypatch, mix):
 
 
 def test_rotating_flops_count_the_active_columns():
-    cfg = ModelConfig(arch="tango-windowed", d_model=32, head_dim=8, width=48, depth=2, window=2, vocab_size=61,
-                      active_width=5)  # 4 heads of 12 columns: 3 segments, 48 / 3 = 16 columns a step
+    cfg = ModelConfig(
+        arch="tango-windowed", d_model=32, head_dim=8, width=48, depth=2, window=2, vocab_size=61, active_width=5
+    )  # 4 heads of 12 columns: 3 segments, 48 / 3 = 16 columns a step
     narrow = cfg.replace(active_width=None, width=16)
     for t in (3, 37):
         assert TangoWindowed.attention_flops_per_token(cfg, t) == TangoWindowed.attention_flops_per_token(narrow, t)

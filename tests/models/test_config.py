@@ -126,7 +126,9 @@ def test_bad_overrides(override, word):
 def test_preset_with_overrides():
     base = load_run_config("tango-70m-d4", [])
     assert (base.model.arch, base.model.d_model, base.model.width, base.model.depth) == ("tango", 512, 28480, 4)
-    cfg = load_run_config("tango-70m-d4", ["model.depth=8", "width=28448", "train.steps=10", "lr=0.002", "compile=true"])
+    cfg = load_run_config(
+        "tango-70m-d4", ["model.depth=8", "width=28448", "train.steps=10", "lr=0.002", "compile=true"]
+    )
     assert (cfg.model.depth, cfg.model.width) == (8, 28448)
     assert (cfg.train.steps, cfg.train.lr, cfg.train.compile) == (10, 0.002, True)
     assert cfg.train.batch_size == base.train.batch_size and cfg.data == base.data  # untouched fields kept
@@ -136,8 +138,10 @@ def test_preset_with_overrides():
 
 def test_yaml_file_with_overrides(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("model:\n  arch: loop-transformer\n  d_model: 64\n  head_dim: 16\n  width: 40\n"
-                    "train:\n  lr: 0.01\n  schedule: cosine\ndata:\n  dir: somewhere\n")
+    path.write_text(
+        "model:\n  arch: loop-transformer\n  d_model: 64\n  head_dim: 16\n  width: 40\n"
+        "train:\n  lr: 0.01\n  schedule: cosine\ndata:\n  dir: somewhere\n"
+    )
     cfg = load_run_config(str(path), ["model.width=44", "train.seq_len=null"])
     assert (cfg.model.arch, cfg.model.n_heads, cfg.model.width) == ("loop-transformer", 4, 44)
     assert (cfg.train.lr, cfg.train.schedule, cfg.data.dir) == (0.01, "cosine", "somewhere")

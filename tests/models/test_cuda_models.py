@@ -22,9 +22,11 @@ from tango_lm.ops import windowed_mix as windowed_mix_module
 from tests import arch_cases
 
 pytestmark = pytest.mark.cuda
-CASES = ([(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
-         + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
-         + [(arch, "standard", 8) for arch in ("tango", "tango-3set", "tango-windowed")])  # rotating width: 8 of 12 per head
+CASES = (
+    [(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
+    + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
+    + [(arch, "standard", 8) for arch in ("tango", "tango-3set", "tango-windowed")]
+)  # rotating width: 8 of 12 per head
 TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed")
 
 
@@ -72,8 +74,10 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
     triton_calls = []
     triton = tango_mix_module.tango_mix_triton is not None
     if triton:
-        for module, name in ((tango_mix_module.tango_mix_triton, "tango_mix_triton"),
-                             (windowed_mix_module.windowed_triton, "windowed_band_mix_triton")):
+        for module, name in (
+            (tango_mix_module.tango_mix_triton, "tango_mix_triton"),
+            (windowed_mix_module.windowed_triton, "windowed_band_mix_triton"),
+        ):
             real = getattr(module, name)
             monkeypatch.setattr(module, name, lambda *xs, _f=real: triton_calls.append(1) or _f(*xs))
     with torch.no_grad():

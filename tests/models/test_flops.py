@@ -82,8 +82,18 @@ CASES: dict[str, tuple[dict, int]] = {
     "gau": ({"arch": "gau", "width": 48, "qk_dim": 8}, 8),
     "flash": ({"arch": "flash", "width": 48, "qk_dim": 8, "group_size": 4}, 10),  # groups 4, 4, 2
     "dense": ({"arch": "dense", "n_kv_heads": 2}, 8),
-    "gdn-hybrid": ({"arch": "gdn-hybrid", "depth": 3, "attention_every": 3, "gdn_head_dim": 8,
-                    "gdn_expand_v": 2.0, "gdn_chunk": 4, "n_kv_heads": 2}, 6),  # GDN, GDN, attention
+    "gdn-hybrid": (
+        {
+            "arch": "gdn-hybrid",
+            "depth": 3,
+            "attention_every": 3,
+            "gdn_head_dim": 8,
+            "gdn_expand_v": 2.0,
+            "gdn_chunk": 4,
+            "n_kv_heads": 2,
+        },
+        6,
+    ),  # GDN, GDN, attention
     "moe": ({"arch": "moe", "n_experts": 4, "moe_top_k": 2, "capacity_factor_train": 2.0}, 8),  # E/k: no drops
     "attnres": ({"arch": "attnres", "n_kv_heads": 2}, 8),
     "attnres-block": ({"arch": "attnres", "depth": 4, "attnres_block": 1}, 8),
@@ -170,7 +180,8 @@ LITERAL_MIXING = {
     # T = 10 in groups 4, 4, 2: in-group sources (10 + 10 + 3)/10; 8 writes (groups 0, 1) + 6 reads (groups 1, 2)
     "flash": 2 * (2 * (8 + 48) * 23 / 10 + 2 * 8 * 48 * 14 / 10),
     "dense": 2 * 4 * 32 * 9 / 2,
-    "gdn-hybrid": 4 * 32 * 7 / 2 + 2 * 6 * 4 * 8 * 16,  # T = 6; 1 attention layer; 2 GDN layers of 4 heads, d_k 8, d_v 16
+    "gdn-hybrid": 4 * 32 * 7 / 2
+    + 2 * 6 * 4 * 8 * 16,  # T = 6; 1 attention layer; 2 GDN layers of 4 heads, d_k 8, d_v 16
     "moe": 2 * 4 * 32 * 9 / 2,
     "attnres": 2 * 4 * 32 * 9 / 2 + 4 * 32 * (1 + 2 + 3 + 4 + 5),
     "attnres-block": 4 * 4 * 32 * 9 / 2 + 4 * 32 * (1 + 2 + 2 + 3 + 3 + 4 + 4 + 5 + 5),
@@ -260,8 +271,9 @@ def test_active_width_count_equals_analytic(case, monkeypatch):
         torch.testing.assert_close(loss, real, rtol=1e-4, atol=1e-5)
         assert 1.9 * matmuls(fwd) <= matmuls(bwd) <= 2.0 * matmuls(fwd)  # the backward runs the same width
         weights, mixing = weights + split(fwd)[0], mixing + split(fwd)[1]
-    assert weights == pytest.approx(segments * 2 * n * (arch.matmul_params_per_token(cfg)
-                                                        + head.matmul_params_per_token(cfg)), rel=1e-12, abs=0)
+    assert weights == pytest.approx(
+        segments * 2 * n * (arch.matmul_params_per_token(cfg) + head.matmul_params_per_token(cfg)), rel=1e-12, abs=0
+    )
     assert 0 <= mixing - segments * n * arch.attention_flops_per_token(cfg, t) < segments * n
     assert 0 <= weights + mixing - segments * n * forward_flops_per_token(cfg, t) < 2 * segments * n
     assert flops_per_token(cfg, t) == 3 * forward_flops_per_token(cfg, t) == cfg.flops_per_token(t)
@@ -285,8 +297,16 @@ def test_active_width_counts_like_the_narrow_model():
     cfg, t = config("tango", active_width=5)  # segments 5, 5, 5, 1: mean 4 per head, as K = 4
     assert cfg.flops_per_token(t) == config("tango", width=16)[0].flops_per_token(t)
     # tango-70m-d8-rotating: F/H = 1780 in ceil(1780 / 368) = 5 segments, so 1780 / 5 = 356 per head.
-    rotating = ModelConfig(arch="tango", d_model=512, n_heads=16, width=28480, depth=8, active_width=368,
-                           vocab_size=50257, context_length=1024)
+    rotating = ModelConfig(
+        arch="tango",
+        d_model=512,
+        n_heads=16,
+        width=28480,
+        depth=8,
+        active_width=368,
+        vocab_size=50257,
+        context_length=1024,
+    )
     d, f, pairs = 512, 16 * 356, (1024 + 1) / 2
     forward = 2 * (8 * (2 * d * d + 3 * d * f) + 50257 * d) + int(8 * 2 * (d + f) * pairs)
     assert rotating.flops_per_token(1024) == 3 * forward
@@ -382,8 +402,10 @@ def test_gdn_chunked_count():
     # The recurrence reference is the same function as the chunked form.
     q, k = (F.normalize(torch.randn(1, 2, 7, 4, dtype=torch.float64), dim=-1) for _ in range(2))
     v, beta, g = torch.randn(1, 2, 7, 6, dtype=torch.float64), torch.rand(1, 2, 7), -torch.rand(1, 2, 7)
-    torch.testing.assert_close(delta_rule_model(q, k, v, beta.double(), g.double())[0],
-                               delta_rule_recurrent(q, k, v, beta.double(), g.double())[0])
+    torch.testing.assert_close(
+        delta_rule_model(q, k, v, beta.double(), g.double())[0],
+        delta_rule_recurrent(q, k, v, beta.double(), g.double())[0],
+    )
 
 
 def test_windowed_chunked_count():
@@ -422,7 +444,9 @@ def test_moe_counts_only_routed_experts():
     with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), count() as fwd:
         model.nll(x, y)
     weights = split(fwd)[0]
-    nominal = 2 * B * t * (ARCHITECTURES["moe"].matmul_params_per_token(cfg) + HEADS[cfg.head].matmul_params_per_token(cfg))
+    nominal = (
+        2 * B * t * (ARCHITECTURES["moe"].matmul_params_per_token(cfg) + HEADS[cfg.head].matmul_params_per_token(cfg))
+    )
     dropped = sum(round(m.last_dropped * B * t * cfg.moe_top_k) for m in moe_layers(model))
     assert dropped > 0
     assert weights == nominal - dropped * 2 * 3 * cfg.d_model * (cfg.width // cfg.moe_top_k)

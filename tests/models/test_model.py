@@ -223,8 +223,11 @@ def test_every_head_gets_the_same_initial_body_under_one_seed():
     bodies = []
     for head in ("standard", "onona", "mos", "untied"):
         torch.manual_seed(3)
-        model = build_model(ModelConfig(arch="tango", head=head, d_model=32, head_dim=8, width=48, depth=2,
-                                        vocab_size=40, context_length=16))
+        model = build_model(
+            ModelConfig(
+                arch="tango", head=head, d_model=32, head_dim=8, width=48, depth=2, vocab_size=40, context_length=16
+            )
+        )
         bodies.append({k: v for k, v in model.state_dict().items() if not k.startswith("head.")})
     for other in bodies[1:]:
         assert all(torch.equal(bodies[0][k], other[k]) for k in bodies[0])

@@ -47,7 +47,10 @@ ARCHS = ("tango", "loop-transformer", "untied-transformer")
 def check_param_count(arch: str) -> None:
     """The counts from the architecture's formula (plus the Standard head's table) equal the
     module's `numel`, at the tiny config and one application deeper."""
-    for cfg in (arch_cases.tiny_config(arch), arch_cases.tiny_config(arch, depth=arch_cases.tiny_config(arch).depth + 1)):
+    for cfg in (
+        arch_cases.tiny_config(arch),
+        arch_cases.tiny_config(arch, depth=arch_cases.tiny_config(arch).depth + 1),
+    ):
         total, non_emb = numel(meta_model(cfg))
         assert count_params(cfg) == {"total": total, "non_embedding": non_emb, "embedding": total - non_emb}, cfg
 
@@ -65,7 +68,9 @@ def test_every_architecture_counts_its_parameters(arch):
 def test_formula_equals_numel_small(arch, d, head_dim, f, depth, vocab):
     if arch == "tango":
         f -= f % (d // head_dim)
-    cfg = ModelConfig(arch=arch, d_model=d, head_dim=head_dim, width=f, depth=depth, vocab_size=vocab, context_length=16)
+    cfg = ModelConfig(
+        arch=arch, d_model=d, head_dim=head_dim, width=f, depth=depth, vocab_size=vocab, context_length=16
+    )
     model = build_model(cfg)
     total, non_emb = numel(model)
     counts = count_params(cfg)

@@ -18,7 +18,12 @@ from tango_lm.models.params import count_params
 from tango_lm.models.table3_range import PAPER_RANGES, TABLE3_ARCHS, in_paper_units, non_embedding_range
 
 # Table 3's GAU and FLASH widths (GAU's range is over context lengths).
-GAU_WIDTHS = {("70M", 4): (7136, 7152), ("70M", 8): (3536, 3552), ("160M", 4): (13104, 13120), ("160M", 8): (6528, 6544)}
+GAU_WIDTHS = {
+    ("70M", 4): (7136, 7152),
+    ("70M", 8): (3536, 3552),
+    ("160M", 4): (13104, 13120),
+    ("160M", 8): (6528, 6544),
+}
 FLASH_WIDTHS = {("70M", 4): 7152, ("70M", 8): 3552, ("160M", 4): 13120, ("160M", 8): 6544}
 CONTEXTS = (512, 8192)  # one set of context lengths for every row
 
@@ -88,8 +93,7 @@ LAYERNORM_ENDPOINTS = {
 def test_every_endpoint_is_a_table3_model_under_the_layernorm_reading(tier, depth):
     target, d = TIERS[tier]
     fixed = {r["arch"]: r["non_embedding"] for r in match_tier(target, d, depth, gau_norm="layernorm")}
-    for (arch, width, context), paper in zip(LAYERNORM_ENDPOINTS[tier, depth], PAPER_RANGES[tier, depth],
-                                             strict=True):
+    for (arch, width, context), paper in zip(LAYERNORM_ENDPOINTS[tier, depth], PAPER_RANGES[tier, depth], strict=True):
         count = fixed[arch] if width is None else gau_count(tier, depth, width, context, "layernorm")
         assert in_paper_units(count) == paper, (arch, width, context)
         if width is not None:  # the same model under design.md §2.7's RMSNorm misses it
@@ -114,7 +118,9 @@ def test_no_nearest_matched_gau_reaches_the_160m_depth4_minimum():
 def test_match_prints_the_range_next_to_the_papers(capsys):
     assert main(["match", "--tier", "70M", "--depth", "4"]) == 0
     out = capsys.readouterr().out
-    assert "non-embedding range (seed 000 Table 3's last column): 44.271M (tango) to 44.307M (untied-transformer)" in out
+    assert (
+        "non-embedding range (seed 000 Table 3's last column): 44.271M (tango) to 44.307M (untied-transformer)" in out
+    )
     assert "the paper: 44.238M to 44.307M" in out
     argv = ["match", "--tier", "70M", "--depth", "4", "--context-length", "512", "8192", "--gau-norm", "layernorm"]
     assert main([*argv, "--json"]) == 0

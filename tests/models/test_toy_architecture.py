@@ -55,8 +55,9 @@ class SquaredReluMLP(nn.Module):
 
 
 def toy_block(cfg: ModelConfig) -> PreNormBlock:
-    return PreNormBlock(cfg.d_model, cfg.norm_eps, CausalSelfAttention(cfg.d_model, cfg.n_heads),
-                        SquaredReluMLP(cfg.d_model, cfg.width))
+    return PreNormBlock(
+        cfg.d_model, cfg.norm_eps, CausalSelfAttention(cfg.d_model, cfg.n_heads), SquaredReluMLP(cfg.d_model, cfg.width)
+    )
 
 
 class ToyTransformer(Architecture):
@@ -67,8 +68,9 @@ class ToyTransformer(Architecture):
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        return Backbone([toy_block(cfg) for _ in range(cfg.depth)], list(range(cfg.depth)), cfg.head_dim,
-                        cfg.rope_theta)
+        return Backbone(
+            [toy_block(cfg) for _ in range(cfg.depth)], list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta
+        )
 
     @staticmethod
     def non_embedding_params(cfg: ModelConfig) -> int:

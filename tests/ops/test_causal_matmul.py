@@ -14,8 +14,9 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C com
 
 def naive(p, v):
     """out_t = sum_{s <= t} p[t, s] v_s, one destination at a time."""
-    return torch.stack([torch.einsum("...s,...se->...e", p[..., t, : t + 1], v[..., : t + 1, :])
-                        for t in range(p.shape[-1])], dim=-2)
+    return torch.stack(
+        [torch.einsum("...s,...se->...e", p[..., t, : t + 1], v[..., : t + 1, :]) for t in range(p.shape[-1])], dim=-2
+    )
 
 
 def inputs(lead, t, e, dtype=torch.float64, seed=0):
@@ -30,8 +31,10 @@ def grads(fn, p, v, dy):
     return (out, *torch.autograd.grad(out, (p, v), dy))
 
 
-@pytest.mark.parametrize(("block", "lead", "t", "e"), [(4, (2,), 13, 5), (5, (2, 3), 10, 3), (8, (1,), 8, 7),
-                                                        (3, (3,), 1, 2), (16, (), 40, 9), (4, (2, 1), 17, 1)])
+@pytest.mark.parametrize(
+    ("block", "lead", "t", "e"),
+    [(4, (2,), 13, 5), (5, (2, 3), 10, 3), (8, (1,), 8, 7), (3, (3,), 1, 2), (16, (), 40, 9), (4, (2, 1), 17, 1)],
+)
 def test_blocked_matches_naive_and_reference_float64(monkeypatch, block, lead, t, e):
     # Several blocks, a partial last one, T = block, T = 1, no leading dimension, e = 1.
     monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", block)
@@ -73,16 +76,18 @@ def test_float32_close_to_float64():
     p32, v32 = (x.detach().float().requires_grad_(True) for x in (p64, v64))
     dy = torch.randn(2, 300, 16, dtype=torch.float64)
     blocked = lambda p, v: causal_matmul_fused(p, v, kernels=False)  # noqa: E731
-    for got, exp in zip(grads(blocked, p32, v32, dy.float()), grads(causal_matmul_reference, p64, v64, dy),
-                        strict=True):
+    for got, exp in zip(
+        grads(blocked, p32, v32, dy.float()), grads(causal_matmul_reference, p64, v64, dy), strict=True
+    ):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
 
 
 def test_dispatch(monkeypatch):
     calls = []
-    monkeypatch.setattr("tango_lm.ops.causal_matmul.causal_matmul_fused",
-                        lambda p, v, kernels: calls.append(kernels) or p @ v)
+    monkeypatch.setattr(
+        "tango_lm.ops.causal_matmul.causal_matmul_fused", lambda p, v, kernels: calls.append(kernels) or p @ v
+    )
     monkeypatch.setattr("tango_lm.ops.causal_matmul.CAUSAL_BLOCK", 4)
     monkeypatch.setattr(cpu_kernels, "usable", lambda v: False)
     causal_matmul(*inputs((1,), 9, 2, dtype=torch.float32))
@@ -97,8 +102,9 @@ def test_dispatch(monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize(("lead", "t", "e"), [((2,), 13, 5), ((2, 3), 10, 3), ((1,), 1, 2), ((), 40, 9),
-                                              ((2,), 70, 37), ((1, 1), 7, 64)])
+@pytest.mark.parametrize(
+    ("lead", "t", "e"), [((2,), 13, 5), ((2, 3), 10, 3), ((1,), 1, 2), ((), 40, 9), ((2,), 70, 37), ((1, 1), 7, 64)]
+)
 def test_kernels_match_naive(lead, t, e):
     # The C kernels in float32 against the naive loop in float64: forward and both gradients.
     p64, v64 = inputs(lead, t, e, seed=t + e)

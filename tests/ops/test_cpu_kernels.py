@@ -19,8 +19,19 @@ needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C com
 # (B, H, T, W): T below one row tile (6), not a multiple of it, past one source block (64 with
 # AVX-512) by one; W of 1 to 9 vectors of 16, so column tiles end part-way, and widths with a
 # partial last vector (1, 5, 21, 37, 341 = three-set TANGO's 2728 / 8).
-SIZES = [(1, 1, 1, 16), (2, 3, 7, 16), (1, 2, 37, 48), (2, 2, 70, 80), (1, 1, 65, 144), (1, 2, 130, 64),
-         (2, 2, 9, 1), (1, 3, 13, 5), (2, 1, 67, 21), (1, 2, 40, 37), (1, 1, 70, 341)]
+SIZES = [
+    (1, 1, 1, 16),
+    (2, 3, 7, 16),
+    (1, 2, 37, 48),
+    (2, 2, 70, 80),
+    (1, 1, 65, 144),
+    (1, 2, 130, 64),
+    (2, 2, 9, 1),
+    (1, 3, 13, 5),
+    (2, 1, 67, 21),
+    (1, 2, 40, 37),
+    (1, 1, 70, 341),
+]
 
 
 # The instruction sets whose code paths the kernel tests build and check: the machine's own, and on
@@ -165,8 +176,10 @@ def naive_mix(q, k, a, u):
 def test_op_on_kernels_matches_naive_forward_and_gradients(monkeypatch, recompute, b, h, t, w):
     monkeypatch.setattr("tango_lm.ops.tango_mix.recompute_probs", lambda t, w: recompute)
     gen = torch.Generator().manual_seed(t)
-    xs64 = [torch.randn(*s, generator=gen, dtype=torch.float64) * sc
-            for s, sc in (((b, h, t, 8), 1.5), ((b, h, t, 8), 1.5), ((b, t, h * w), 1.0), ((b, t, h * w), 1.0))]
+    xs64 = [
+        torch.randn(*s, generator=gen, dtype=torch.float64) * sc
+        for s, sc in (((b, h, t, 8), 1.5), ((b, h, t, 8), 1.5), ((b, t, h * w), 1.0), ((b, t, h * w), 1.0))
+    ]
     xs64 = [x.requires_grad_(True) for x in xs64]
     xs32 = [x.detach().float().requires_grad_(True) for x in xs64]
     dy = torch.randn(b, t, h * w, dtype=torch.float64, generator=gen)
@@ -186,7 +199,10 @@ def test_fused_op_picks_the_kernels_where_they_apply(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     for dtype, w, expected in ((torch.float32, 16, 1), (torch.float32, 11, 1), (torch.float64, 16, 0)):
         q, k = torch.randn(1, 2, 5, 4, generator=gen, dtype=dtype), torch.randn(1, 2, 5, 4, generator=gen, dtype=dtype)
-        a, u = torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype), torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype)
+        a, u = (
+            torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype),
+            torch.randn(1, 5, 2 * w, generator=gen, dtype=dtype),
+        )
         calls.clear()
         torch.testing.assert_close(tango_mix_fused(q, k, a, u), tango_mix_reference(q, k, a, u))
         assert len(calls) == expected, (dtype, w)

@@ -20,8 +20,10 @@ from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference
 
 def mix_inputs(dtype=torch.float32, b=1, h=2, t=5, d=4, w=3, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype)
-                 for s in ((b, h, t, d), (b, h, t, d), (b, t, h * w), (b, t, h * w)))
+    return tuple(
+        torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype)
+        for s in ((b, h, t, d), (b, h, t, d), (b, t, h * w), (b, t, h * w))
+    )
 
 
 @pytest.fixture
@@ -33,11 +35,15 @@ def calls(monkeypatch):
         monkeypatch.setattr(tango_mix_module, attr, lambda *xs, _n=name, _f=real: seen.append(_n) or _f(*xs))
     if tango_mix_module.tango_mix_triton is not None:
         real_triton = tango_mix_module.tango_mix_triton.tango_mix_triton
-        monkeypatch.setattr(tango_mix_module.tango_mix_triton, "tango_mix_triton",
-                            lambda *xs: seen.append("triton") or real_triton(*xs))
+        monkeypatch.setattr(
+            tango_mix_module.tango_mix_triton, "tango_mix_triton", lambda *xs: seen.append("triton") or real_triton(*xs)
+        )
     real_fused = tango_mix_module.tango_mix_fused
-    monkeypatch.setattr(tango_mix_module, "tango_mix_fused",
-                        lambda *xs, kernels: seen.append("c" if kernels else "blocked") or real_fused(*xs, kernels=kernels))
+    monkeypatch.setattr(
+        tango_mix_module,
+        "tango_mix_fused",
+        lambda *xs, kernels: seen.append("c" if kernels else "blocked") or real_fused(*xs, kernels=kernels),
+    )
     monkeypatch.delenv(dispatch.ENV, raising=False)
     return seen
 
@@ -74,8 +80,11 @@ def test_an_implementation_that_cannot_take_the_inputs_falls_back_to_auto(calls)
 
 def test_asking_for_triton_without_triton_names_the_extra(monkeypatch):
     monkeypatch.setattr(tango_mix_module, "tango_mix_triton", None)
-    with pytest.raises(UserError, match=r"TANGO_LM_KERNELS=triton needs the triton package: "
-                                        r"pip install 'tango-lm\[triton\]'"):
+    with pytest.raises(
+        UserError,
+        match=r"TANGO_LM_KERNELS=triton needs the triton package: "
+        r"pip install 'tango-lm\[triton\]'",
+    ):
         tango_mix(*mix_inputs(), kernels="triton")
     tango_mix(*mix_inputs())  # auto does not need it
 
@@ -99,8 +108,11 @@ def test_unknown_implementation_is_one_clear_error(monkeypatch):
 
 def test_inputs_on_two_devices_are_one_line_error():
     q, k, a, u = mix_inputs()
-    with pytest.raises(ValueError, match=r"^tango_mix: inputs on different devices \(q on cpu, k on cpu, a on meta, "
-                                         r"u on cpu\); move them to one device$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^tango_mix: inputs on different devices \(q on cpu, k on cpu, a on meta, "
+        r"u on cpu\); move them to one device$",
+    ):
         tango_mix(q, k, a.to("meta"), u)
     with pytest.raises(ValueError, match="gate_average: inputs on different devices"):
         gate_average(q, k.to("meta"), q)

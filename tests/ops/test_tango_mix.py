@@ -35,7 +35,9 @@ def grads(fn, xs, dy):
     return (out, *torch.autograd.grad(out, xs, dy))
 
 
-@pytest.mark.parametrize(("b", "h", "t", "d_h", "fh"), [(2, 3, 7, 4, 9), (1, 2, 33, 8, 5), (3, 1, 1, 2, 6), (1, 4, 63, 6, 11)])
+@pytest.mark.parametrize(
+    ("b", "h", "t", "d_h", "fh"), [(2, 3, 7, 4, 9), (1, 2, 33, 8, 5), (3, 1, 1, 2, 6), (1, 4, 63, 6, 11)]
+)
 def test_fused_matches_naive_and_reference_float64(b, h, t, d_h, fh):
     xs = inputs(b, h, t, d_h, fh, torch.float64)
     dy = torch.randn(b, t, h * fh, dtype=torch.float64)
@@ -61,7 +63,9 @@ def test_fused_float32_close_to_float64():
 
 def test_dispatch_uses_fused_on_cpu(monkeypatch):
     calls = []
-    monkeypatch.setattr("tango_lm.ops.tango_mix.tango_mix_fused", lambda *xs, **kw: calls.append(1) or tango_mix_reference(*xs))
+    monkeypatch.setattr(
+        "tango_lm.ops.tango_mix.tango_mix_fused", lambda *xs, **kw: calls.append(1) or tango_mix_reference(*xs)
+    )
     xs = inputs(1, 2, 4, 4, 3, torch.float32)
     tango_mix(*xs)
     assert calls == [1]
@@ -73,8 +77,9 @@ def test_causal_blocks_match_naive(monkeypatch, block, t):
     monkeypatch.setattr("tango_lm.ops.tango_mix.CAUSAL_BLOCK", block)
     xs = inputs(2, 3, t, 4, 5, torch.float64, seed=t)
     dy = torch.randn(2, t, 15, dtype=torch.float64)
-    for got, exp, name in zip(grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), ("y", "dq", "dk", "da", "du"),
-                              strict=True):
+    for got, exp, name in zip(
+        grads(tango_mix_fused, xs, dy), grads(naive_mix, xs, dy), ("y", "dq", "dk", "da", "du"), strict=True
+    ):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12, msg=name)
     assert torch.autograd.gradcheck(tango_mix_fused, inputs(1, 2, t, 3, 2, torch.float64, seed=1))
 

@@ -10,18 +10,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-triton_ops = pytest.importorskip("tango_lm.ops.tango_mix_triton", exc_type=ImportError,
-                                 reason="triton is not installed (pip install 'tango-lm[triton]')")
+triton_ops = pytest.importorskip(
+    "tango_lm.ops.tango_mix_triton",
+    exc_type=ImportError,
+    reason="triton is not installed (pip install 'tango-lm[triton]')",
+)
 
 from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference  # noqa: E402
 
 DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not triton_ops.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")),
+    pytest.param(
+        "cpu", marks=pytest.mark.skipif(not triton_ops.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+    ),
     pytest.param("cuda", marks=pytest.mark.cuda),
 ]
 # Normalized max error (max |got - want| / max |want|) allowed per input dtype: bf16 and fp16 round
 # the probabilities and gates to 8 and 11 bits before the tensor-core products, as flash attention does.
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
 class NanEmptyTorch:
     """torch for the kernels' module, with `torch.empty` filled with NaN (fla's rule: NaN-filled
     buffers show any element a kernel forgets to write). Patched into that module only: replacing
@@ -65,12 +72,15 @@ def check_against_float64(got, xs, dy):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("b", "h", "t", "d", "w", "dtype"), [
-    (2, 2, 37, 8, 21, torch.float32),   # T and W end blocks part-way; several query, key and column blocks
-    (1, 2, 33, 16, 19, torch.bfloat16),
-    (1, 2, 17, 32, 9, torch.float16),   # d_h = 32, the TANGO paper's
-    (1, 1, 1, 4, 3, torch.float32),     # one position
-])
+@pytest.mark.parametrize(
+    ("b", "h", "t", "d", "w", "dtype"),
+    [
+        (2, 2, 37, 8, 21, torch.float32),  # T and W end blocks part-way; several query, key and column blocks
+        (1, 2, 33, 16, 19, torch.bfloat16),
+        (1, 2, 17, 32, 9, torch.float16),  # d_h = 32, the TANGO paper's
+        (1, 1, 1, 4, 3, torch.float32),  # one position
+    ],
+)
 def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, dtype):
     nan_torch = NanEmptyTorch()
     monkeypatch.setattr(triton_ops, "torch", nan_torch)
@@ -103,11 +113,17 @@ def test_triton_takes_strided_inputs(device):
 def test_triton_custom_op_registration(device):
     # Fake (meta) implementations, the autograd formula and schema, as torch.compile relies on them.
     (q, k, a, u), _ = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=3)
-    torch.library.opcheck(torch.ops.tango_lm.tango_mix_triton_forward, (q, k, a, u, True),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.tango_lm.tango_mix_triton_forward,
+        (q, k, a, u, True),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
     y, lse, avg = torch.ops.tango_lm.tango_mix_triton_forward(q, k, a, u, True)
-    torch.library.opcheck(torch.ops.tango_lm.tango_mix_triton_backward, (torch.ones_like(y), q, k, a, u, y, avg, lse),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.tango_lm.tango_mix_triton_backward,
+        (torch.ones_like(y), q, k, a, u, y, avg, lse),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -115,8 +131,12 @@ def test_triton_inside_a_compiled_graph(device):
     # The custom op keeps the graph whole (fullgraph) and gives the eager kernels' values and gradients.
     xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=4)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, a, u: tango_mix(q, k, a, u, kernels="triton").sum(-1),
-                             fullgraph=True, dynamic=False, backend="aot_eager")
+    compiled = torch.compile(
+        lambda q, k, a, u: tango_mix(q, k, a, u, kernels="triton").sum(-1),
+        fullgraph=True,
+        dynamic=False,
+        backend="aot_eager",
+    )
     got = compiled(*xs)
     grads = torch.autograd.grad(got, xs, torch.ones_like(got))
     want = triton_ops.tango_mix_triton(*xs).sum(-1)

@@ -10,18 +10,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-windowed_triton = pytest.importorskip("tango_lm.ops.windowed_triton", exc_type=ImportError,
-                                      reason="triton is not installed (pip install 'tango-lm[triton]')")
+windowed_triton = pytest.importorskip(
+    "tango_lm.ops.windowed_triton",
+    exc_type=ImportError,
+    reason="triton is not installed (pip install 'tango-lm[triton]')",
+)
 
 from tango_lm.ops.windowed import band_weights  # noqa: E402
 from tango_lm.ops.windowed_mix import windowed_mix, windowed_mix_reference  # noqa: E402
 
 DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not windowed_triton.INTERPRETED,
-                                                 reason="CPU tensors need TRITON_INTERPRET=1")),
+    pytest.param(
+        "cpu", marks=pytest.mark.skipif(not windowed_triton.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+    ),
     pytest.param("cuda", marks=pytest.mark.cuda),
 ]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
 class NanEmptyTorch:
     """torch for the kernels' module, with `torch.empty` filled with NaN (fla's rule: NaN-filled
     buffers show any element a kernel forgets to write). Patched into that module only: replacing
@@ -43,19 +49,25 @@ NAMES = ("y", "dq_rot", "dk_rot", "dq_raw", "dk_raw", "da", "du")
 
 def inputs(b, h, t, d, w, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype) for s in [(b, h, t, d)] * 4 + [(b, t, h * w)] * 2]
+    xs = [
+        torch.randn(*s, generator=gen, dtype=torch.float64).to(dtype) for s in [(b, h, t, d)] * 4 + [(b, t, h * w)] * 2
+    ]
     dy = torch.randn(b, t, h * w, generator=gen, dtype=torch.float64).to(dtype)
     return [x.to(device).requires_grad_(True) for x in xs], dy.to(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("b", "h", "t", "d", "w", "window", "chunk", "dtype"), [
-    (2, 1, 29, 8, 11, 5, 6, torch.float32),     # 5 chunks, the last partial: prefix sums over 3 of them
-    (1, 2, 23, 16, 9, 4, 5, torch.bfloat16),
-    (1, 1, 7, 4, 5, 3, None, torch.float32),    # one chunk: the band alone
-])
-def test_triton_windowed_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, window, chunk,
-                                                                  dtype):
+@pytest.mark.parametrize(
+    ("b", "h", "t", "d", "w", "window", "chunk", "dtype"),
+    [
+        (2, 1, 29, 8, 11, 5, 6, torch.float32),  # 5 chunks, the last partial: prefix sums over 3 of them
+        (1, 2, 23, 16, 9, 4, 5, torch.bfloat16),
+        (1, 1, 7, 4, 5, 3, None, torch.float32),  # one chunk: the band alone
+    ],
+)
+def test_triton_windowed_forward_and_every_gradient_match_float64(
+    monkeypatch, device, b, h, t, d, w, window, chunk, dtype
+):
     nan_torch = NanEmptyTorch()
     monkeypatch.setattr(windowed_triton, "torch", nan_torch)
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
@@ -76,8 +88,11 @@ def test_triton_windowed_custom_op_registration(device):
     xs, _ = inputs(1, 2, 11, 4, 3, torch.float32, device, seed=1)
     weights, prefix_q, pk = (x.detach().contiguous() for x in band_weights(*xs[:4], 3, "elu+1", 4))
     a, u = (x.detach() for x in xs[4:])
-    torch.library.opcheck(torch.ops.tango_lm.windowed_mix_triton_forward, (weights, prefix_q, pk, a, u, True),
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.tango_lm.windowed_mix_triton_forward,
+        (weights, prefix_q, pk, a, u, True),
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
 
 
 def test_triton_windowed_dispatch():

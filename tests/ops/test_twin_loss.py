@@ -49,8 +49,11 @@ def test_twin_fused_equals_plain(dtype, n, v, d, chunk):
 
 def test_twin_batched_shapes():
     # h [B, T, d], gate logits and targets [B, T], as the heads call it.
-    h, A, B = leaf(3, 7, 5, dtype=torch.float64, seed=0), leaf(11, 5, dtype=torch.float64, seed=1), leaf(
-        11, 5, dtype=torch.float64, seed=2)
+    h, A, B = (
+        leaf(3, 7, 5, dtype=torch.float64, seed=0),
+        leaf(11, 5, dtype=torch.float64, seed=1),
+        leaf(11, 5, dtype=torch.float64, seed=2),
+    )
     z = leaf(3, 7, dtype=torch.float64, seed=3)
     y = torch.randint(0, 11, (3, 7), generator=torch.Generator().manual_seed(4))
     fused = twin_nll(h, A, B, z, y, chunk=4)
@@ -110,8 +113,12 @@ def test_components_name_shared_tensors_by_index():
 
 def test_ignored_targets_contribute_nothing():
     dt = torch.float64
-    h, A, B, z = leaf(20, 4, dtype=dt, seed=0), leaf(13, 4, dtype=dt, seed=1), leaf(13, 4, dtype=dt, seed=2), leaf(
-        20, dtype=dt, seed=3)
+    h, A, B, z = (
+        leaf(20, 4, dtype=dt, seed=0),
+        leaf(13, 4, dtype=dt, seed=1),
+        leaf(13, 4, dtype=dt, seed=2),
+        leaf(20, dtype=dt, seed=3),
+    )
     y = torch.randint(0, 13, (20,), generator=torch.Generator().manual_seed(4))
     keep = torch.arange(20) % 3 != 0
     masked = y.masked_fill(~keep, -100)
@@ -139,8 +146,11 @@ def test_saturated_gate_stays_finite():
 
 
 def test_bf16_autocast_matches_plain_path_under_autocast():
-    h, A, B = leaf(40, 16, dtype=torch.float32, seed=0), leaf(50, 16, dtype=torch.float32, seed=1), leaf(
-        50, 16, dtype=torch.float32, seed=2)
+    h, A, B = (
+        leaf(40, 16, dtype=torch.float32, seed=0),
+        leaf(50, 16, dtype=torch.float32, seed=1),
+        leaf(50, 16, dtype=torch.float32, seed=2),
+    )
     z = leaf(40, dtype=torch.float32, seed=3)
     y = torch.randint(0, 50, (40,), generator=torch.Generator().manual_seed(4))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -177,8 +187,11 @@ class LargestTensor(TorchDispatchMode):
 
 def test_fused_holds_one_chunk_of_logits_at_a_time():
     n, v, d, chunk = 90, 120, 8, 32
-    h, A, B = leaf(n, d, dtype=torch.float32, seed=0), leaf(v, d, dtype=torch.float32, seed=1), leaf(
-        v, d, dtype=torch.float32, seed=2)
+    h, A, B = (
+        leaf(n, d, dtype=torch.float32, seed=0),
+        leaf(v, d, dtype=torch.float32, seed=1),
+        leaf(v, d, dtype=torch.float32, seed=2),
+    )
     z = leaf(n, dtype=torch.float32, seed=3)
     y = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(4))
     with LargestTensor() as fused_mode:
@@ -195,6 +208,16 @@ def test_head_bench_variants_run():
     assert all(r["step_s"] > 0 and r["peak_bytes"] >= 0 for r in rows)
     for r in rows:
         r.update(time_vs_standard=1.0, cpu_vs_standard=1.0, memory_vs_standard=1.0)
-    report = {"positions": 9, "vocab": 13, "d": 4, "chunk": 4, "steps": 1, "bf16": False, "device": "cpu",
-              "threads": 1, "memory_method": rows[0]["memory_method"], "variants": rows}
+    report = {
+        "positions": 9,
+        "vocab": 13,
+        "d": 4,
+        "chunk": 4,
+        "steps": 1,
+        "bf16": False,
+        "device": "cpu",
+        "threads": 1,
+        "memory_method": rows[0]["memory_method"],
+        "variants": rows,
+    }
     assert "twin-fused" in format_report(report)

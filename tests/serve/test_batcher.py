@@ -44,16 +44,19 @@ def test_row_text_ends_at_end_of_text_and_at_max_tokens():
 
 
 def test_batches_group_equal_prompt_lengths_and_sampling_oldest_first():
-    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257,
-                                    context_length=32))
+    model = build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257, context_length=32)
+    )
     batcher = Batcher(model, BYTES, torch.device("cpu"), max_batch_size=4)
     settings = {"max_tokens": 3, "stop": [], "emit": lambda event: None}
-    jobs = [Job(prompt=[1, 2], n=2, temperature=0, top_p=0.5, seed=None, **settings),  # top_p ignored when greedy
-            Job(prompt=[1, 2, 3], n=1, temperature=0, top_p=None, seed=None, **settings),  # another length
-            Job(prompt=[3, 4], n=1, temperature=0, top_p=None, seed=None, **settings),
-            Job(prompt=[3, 4], n=1, temperature=1, top_p=None, seed=None, **settings),  # other sampling
-            Job(prompt=[5, 6], n=2, temperature=0, top_p=None, seed=None, **settings),  # over 4 rows
-            Job(prompt=[5, 6], n=1, temperature=0, top_p=None, seed=7, **settings)]  # seeded: alone
+    jobs = [
+        Job(prompt=[1, 2], n=2, temperature=0, top_p=0.5, seed=None, **settings),  # top_p ignored when greedy
+        Job(prompt=[1, 2, 3], n=1, temperature=0, top_p=None, seed=None, **settings),  # another length
+        Job(prompt=[3, 4], n=1, temperature=0, top_p=None, seed=None, **settings),
+        Job(prompt=[3, 4], n=1, temperature=1, top_p=None, seed=None, **settings),  # other sampling
+        Job(prompt=[5, 6], n=2, temperature=0, top_p=None, seed=None, **settings),  # over 4 rows
+        Job(prompt=[5, 6], n=1, temperature=0, top_p=None, seed=7, **settings),
+    ]  # seeded: alone
     batcher.waiting = list(jobs)
     assert batcher._take_batch() == [jobs[0], jobs[2]]
     assert batcher._take_batch() == [jobs[1]]
@@ -67,15 +70,18 @@ def test_a_batch_streams_each_rows_greedy_tokens():
     """Rows of different jobs decoded together give what each prompt gives alone; rows end at
     their own max_tokens; a cancelled job stops receiving text."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257,
-                                    context_length=32)).double()
+    model = build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257, context_length=32)
+    ).double()
     batcher = Batcher(model, BYTES, torch.device("cpu"))
     events: dict[int, list] = {0: [], 1: []}
     done = threading.Event()
-    a = Job(prompt=[97, 98, 99], n=2, max_tokens=6, temperature=0, top_p=None, stop=[], seed=None,
-            emit=events[0].append)
-    b = Job(prompt=[120, 121, 122], n=1, max_tokens=3, temperature=0, top_p=None, stop=[], seed=None,
-            emit=events[1].append)
+    a = Job(
+        prompt=[97, 98, 99], n=2, max_tokens=6, temperature=0, top_p=None, stop=[], seed=None, emit=events[0].append
+    )
+    b = Job(
+        prompt=[120, 121, 122], n=1, max_tokens=3, temperature=0, top_p=None, stop=[], seed=None, emit=events[1].append
+    )
     batcher.start()
     try:
         batcher.submit(a)
@@ -99,8 +105,9 @@ def test_a_batch_streams_each_rows_greedy_tokens():
 
 @pytest.mark.parametrize("stop_at", [None, 2])
 def test_generate_on_token_sees_every_step_and_can_stop(stop_at):
-    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=61,
-                                    context_length=32))
+    model = build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=61, context_length=32)
+    )
     prompt = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(0))
     seen = []
 
@@ -124,7 +131,9 @@ def test_serve_errors_are_one_line(tmp_path, capsys, monkeypatch):
         assert main(["serve", str(tmp_path / "missing")]) == 2
         assert "does not exist" in helpers.assert_one_error_line(capsys.readouterr().err)
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else find_spec(name, *a)
+    )
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert "pip install 'tango-lm[serve]'" in helpers.assert_one_error_line(capsys.readouterr().err)
 
@@ -133,8 +142,11 @@ def test_onona_requests_at_temperature_1_sample_with_one_projection(monkeypatch)
     """The server's untruncated temperature-1 rows go through the head's one-projection sampler
     (generate's exact path), and with a seed give generate's samples."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="tango", head="onona", d_model=16, head_dim=8, width=16, depth=1,
-                                    vocab_size=257, context_length=32))
+    model = build_model(
+        ModelConfig(
+            arch="tango", head="onona", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257, context_length=32
+        )
+    )
     calls = []
     real = type(model.head).sample
     monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or real(self, *a))

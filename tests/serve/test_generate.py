@@ -121,8 +121,11 @@ def test_bad_sampling_arguments():
 
 def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixture(monkeypatch):
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="tango", head="onona", d_model=32, head_dim=8, width=48, depth=2,
-                                    vocab_size=12, context_length=16)).eval()
+    model = build_model(
+        ModelConfig(
+            arch="tango", head="onona", d_model=32, head_dim=8, width=48, depth=2, vocab_size=12, context_length=16
+        )
+    ).eval()
     calls = []
     original = type(model.head).sample
     monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or original(self, *a))
@@ -142,8 +145,11 @@ def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixt
 
 def test_onona_serving_fold_gives_the_same_numbers():
     torch.manual_seed(1)
-    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
-                                    vocab_size=30, context_length=16)).eval()
+    model = build_model(
+        ModelConfig(
+            arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2, vocab_size=30, context_length=16
+        )
+    ).eval()
     x = torch.randint(0, 30, (2, 9))
     with torch.no_grad():
         plain = model(x)
@@ -158,8 +164,11 @@ def test_onona_serving_fold_gives_the_same_numbers():
 
 def test_onona_serving_fold_is_kept_until_the_weights_change():
     torch.manual_seed(2)
-    model = build_model(ModelConfig(arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2,
-                                    vocab_size=30, context_length=16)).eval()
+    model = build_model(
+        ModelConfig(
+            arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2, vocab_size=30, context_length=16
+        )
+    ).eval()
     x = torch.randint(0, 30, (2, 9))
     head = model.head
     with torch.no_grad(), head.serving():

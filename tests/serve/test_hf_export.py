@@ -24,8 +24,15 @@ from tango_lm.train.config import RunConfig
 from tests import arch_cases, helpers
 
 MODELING = helpers.ROOT / "src" / "tango_lm" / "serve" / "hf_modeling.py"
-TEXTS = ["Hello world", "", "  tabs\tand\nnew lines\n\n", "never seen: zqxj ꙮ 🦜", "a <|endoftext|> b",
-         "I'm you'll they've  double   spaces   ", "ÜNÏCÖDÉ 123456 3.14 ∑x²"]
+TEXTS = [
+    "Hello world",
+    "",
+    "  tabs\tand\nnew lines\n\n",
+    "never seen: zqxj ꙮ 🦜",
+    "a <|endoftext|> b",
+    "I'm you'll they've  double   spaces   ",
+    "ÜNÏCÖDÉ 123456 3.14 ∑x²",
+]
 # Every registered architecture's tiny model (tests/arch_cases.py), and routed experts at a
 # training capacity that drops tokens.
 CASES = {**{arch: (arch, {}) for arch in arch_cases.names()}, "moe-dropping": ("moe", {"capacity_factor_train": 0.5})}
@@ -38,8 +45,9 @@ def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer 
     """A randomly initialized tiny checkpoint, its weights moved off their init so every path matters."""
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     cfg = arch_cases.tiny_fields(arch, context_length=48, vocab_size=tok.vocab_size, **model)
-    run = RunConfig.from_dict({"model": cfg, "data": {"dir": str(root / "data")},
-                               "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
+    run = RunConfig.from_dict(
+        {"model": cfg, "data": {"dir": str(root / "data")}, "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}}
+    )
     torch.manual_seed(0)
     net = run.model.build()
     with torch.no_grad():
@@ -74,12 +82,22 @@ def load_hf(transformers, path: Path):
 def test_export_writes_a_self_describing_directory(byte_export):
     ckpt, out = byte_export
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["README.md", "config.json", "generation_config.json", "model.safetensors",
-                     "modeling_tango_lm.py", "tango_tokenizer.json", "tokenizer.json", "tokenizer_config.json"]
+    assert names == [
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "modeling_tango_lm.py",
+        "tango_tokenizer.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "tango_lm" and config["architectures"] == ["TangoLMForCausalLM"]
-    assert config["auto_map"] == {"AutoConfig": "modeling_tango_lm.TangoLMConfig",
-                                  "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM"}
+    assert config["auto_map"] == {
+        "AutoConfig": "modeling_tango_lm.TangoLMConfig",
+        "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM",
+    }
     assert config["tango_config"] == load_checkpoint(ckpt).config["model"]
     assert config["eos_token_id"] == 256 and config["torch_dtype"] == "float32"
     assert (out / "modeling_tango_lm.py").read_text() == MODELING.read_text()
@@ -218,8 +236,9 @@ def test_auto_tokenizer_matches_the_byte_tokenizer(transformers, byte_export):
 
 
 def test_auto_tokenizer_matches_gpt2(transformers, tmp_path):
-    out = export(make_checkpoint(tmp_path, tokenizer="gpt2", d_model=16, head_dim=8, width=16, depth=1),
-                 tmp_path / "hf")
+    out = export(
+        make_checkpoint(tmp_path, tokenizer="gpt2", d_model=16, head_dim=8, width=16, depth=1), tmp_path / "hf"
+    )
     tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
     ours = get_tokenizer("gpt2")
     assert tok.eos_token_id == ours.eot_id == 50256 and len(tok) == 50257
@@ -232,17 +251,17 @@ def test_auto_tokenizer_matches_gpt2(transformers, tmp_path):
 def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20 + "def f(x):\n    return x\n" * 10)
+    (corpus / "a.txt").write_text(
+        "The quick brown fox jumps over the lazy dog. " * 20 + "def f(x):\n    return x\n" * 10
+    )
     ours = train_bpe([corpus], 300, tmp_path / "tokenizer.json", progress=False)
-    out = export(make_checkpoint(tmp_path, tokenizer=ours, d_model=16, head_dim=8, width=16, depth=1),
-                 tmp_path / "hf")
+    out = export(make_checkpoint(tmp_path, tokenizer=ours, d_model=16, head_dim=8, width=16, depth=1), tmp_path / "hf")
     tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
     assert tok.eos_token_id == ours.eot_id and len(tok) == ours.vocab_size
     for text in [*TEXTS, "The lazy fox. def g(y):\n    return y"]:
         ids = tok(text).input_ids
         assert ids == ours.encode(text), text
         assert tok.decode(ids) == ours.decode(ids)
-
 
 
 def fresh_process(transformers, script: str, export_dir: Path, tmp_path: Path) -> str:
@@ -254,10 +273,21 @@ def fresh_process(transformers, script: str, export_dir: Path, tmp_path: Path) -
     import sys
 
     src = str(helpers.ROOT / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-           "HF_MODULES_CACHE": str(tmp_path / "modules"), "TRANSFORMERS_VERBOSITY": "info"}
-    proc = subprocess.run([sys.executable, "-u", "-c", script, str(export_dir)], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "TRANSFORMERS_VERBOSITY": "info",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-u", "-c", script, str(export_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout
     return proc.stdout
 
@@ -322,7 +352,8 @@ def test_tokenizer_first_in_a_fresh_process(transformers, byte_export, tmp_path)
         assert not asked(sections[step]) and "model of type" not in sections[step], sections[step]
     transformers_5 = int(transformers.__version__.split(".")[0]) >= 5
     assert asked(sections["auto"]) == ("model of type" in sections["auto"]) == transformers_5, (
-        "AutoTokenizer no longer behaves as the README says: update it and serve/hf_export.py\n" + sections["auto"])
+        "AutoTokenizer no longer behaves as the README says: update it and serve/hf_export.py\n" + sections["auto"]
+    )
 
 
 def test_importing_the_modeling_module_registers_the_model_type(transformers, byte_export, caplog):

@@ -38,8 +38,13 @@ def checkpoint(tmp_path_factory) -> Path:
     """A tiny byte-level TANGO, its weights moved off their init so that greedy text varies."""
     root = tmp_path_factory.mktemp("serve")
     tok = get_tokenizer("byte")
-    run = RunConfig.from_dict({"model": {**helpers.TINY_MODEL, "context_length": CONTEXT},
-                               "data": {"dir": str(root / "data")}, "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
+    run = RunConfig.from_dict(
+        {
+            "model": {**helpers.TINY_MODEL, "context_length": CONTEXT},
+            "data": {"dir": str(root / "data")},
+            "train": {**helpers.TINY_TRAIN, "out_dir": str(root)},
+        }
+    )
     torch.manual_seed(0)
     net = run.model.build()
     with torch.no_grad():
@@ -51,11 +56,28 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(checkpoint):
     """The server process and its base URL."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(helpers.ROOT / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", "serve", str(checkpoint), "--port", "0",
-                             "--model-name", MODEL, "--device", "cpu", "--threads", "1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(helpers.ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tango_lm.cli",
+            "serve",
+            str(checkpoint),
+            "--port",
+            "0",
+            "--model-name",
+            MODEL,
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()  # printed once the socket listens
         assert line.startswith(f"serving {MODEL} "), line + proc.stdout.read()
@@ -71,8 +93,25 @@ def server(checkpoint):
 
 def cli_greedy(checkpoint: Path, prompt: str, max_tokens: int, capsys, extra: tuple[str, ...] = ()) -> list[str]:
     """`tango-lm generate --temperature 0` (or the sampling in `extra`): its completions."""
-    assert main(["generate", str(checkpoint), "--prompt", prompt, "--max-new-tokens", str(max_tokens),
-                 "--temperature", "0", *extra, "--json", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(checkpoint),
+                "--prompt",
+                prompt,
+                "--max-new-tokens",
+                str(max_tokens),
+                "--temperature",
+                "0",
+                *extra,
+                "--json",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)["completions"]
 
 
@@ -108,8 +147,9 @@ def test_openai_client_completions_equal_tango_generate(server, checkpoint, caps
     kwargs = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 10, "n": 3, "seed": 5, "temperature": 1.0}
     first = [c.text for c in api.completions.create(**kwargs).choices]
     assert first == [c.text for c in api.completions.create(**kwargs).choices]
-    assert first == cli_greedy(checkpoint, PROMPTS[0], 10, capsys, ("--temperature", "1", "--seed", "5",
-                                                                   "--num-samples", "3"))
+    assert first == cli_greedy(
+        checkpoint, PROMPTS[0], 10, capsys, ("--temperature", "1", "--seed", "5", "--num-samples", "3")
+    )
 
 
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
@@ -161,12 +201,16 @@ def test_concurrent_clients_are_batched_and_answered_exactly(server, checkpoint,
         for r in range(4):
             prompt = PROMPTS[(k + r) % len(PROMPTS)]
             if (k + r) % 2:
-                stream = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
-                                                      stream=True)
+                stream = await api.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True
+                )
                 text = "".join([c.choices[0].text async for c in stream])
             else:
-                text = (await api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
-                        ).choices[0].text
+                text = (
+                    (await api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0))
+                    .choices[0]
+                    .text
+                )
             out.append((prompt, text))
         return out
 

@@ -109,10 +109,15 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
     # compiled with inductor (no CUDA graphs on a CPU), against the static step run eagerly; and
     # top-k / top-p sampling at batch 2 through Dynamo's graph.
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="tango", head="onona", d_model=16, head_dim=8, width=32, depth=1,
-                                    vocab_size=37, context_length=16)).eval()
-    for rows, backend, kwargs in ((1, "inductor", {"temperature": 1.0}),
-                                  (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9})):
+    model = build_model(
+        ModelConfig(
+            arch="tango", head="onona", d_model=16, head_dim=8, width=32, depth=1, vocab_size=37, context_length=16
+        )
+    ).eval()
+    for rows, backend, kwargs in (
+        (1, "inductor", {"temperature": 1.0}),
+        (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9}),
+    ):
         prompt = torch.randint(0, 37, (rows, 3), generator=torch.Generator().manual_seed(rows))
         runs = [generate(model, prompt, 6, seed=3, static="eager", **kwargs)]
         key = (rows, 16, "compile", torch.device("cpu"), torch.float32)  # capacity: the context (16)
@@ -149,8 +154,18 @@ def test_gumbel_sampler_draws_from_the_softmax():
 
 def test_onona_static_sample_is_the_one_projection_sample():
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="loop-transformer", head="onona", d_model=16, head_dim=8, width=32,
-                                    depth=1, vocab_size=29, context_length=8)).double()
+    model = build_model(
+        ModelConfig(
+            arch="loop-transformer",
+            head="onona",
+            d_model=16,
+            head_dim=8,
+            width=32,
+            depth=1,
+            vocab_size=29,
+            context_length=8,
+        )
+    ).double()
     head = model.head
     h = torch.randn(3, 16, dtype=torch.float64)
     ids = torch.tensor([4, 17, 8])

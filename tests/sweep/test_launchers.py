@@ -25,11 +25,11 @@ SRC = str(helpers.ROOT / "src")
 
 
 def write_grid(tmp_path: Path, data_dir: Path, slurm: dict | None = None, **train: object) -> Path:
-    spec = {"out_dir": str(tmp_path / "sweep"),
-            "base": {"model": helpers.TINY_MODEL,
-                     "data": {"dir": str(data_dir)},
-                     "train": {**helpers.TINY_TRAIN, **train}},
-            "axes": {"seed": [[17, 101]]}}
+    spec = {
+        "out_dir": str(tmp_path / "sweep"),
+        "base": {"model": helpers.TINY_MODEL, "data": {"dir": str(data_dir)}, "train": {**helpers.TINY_TRAIN, **train}},
+        "axes": {"seed": [[17, 101]]},
+    }
     if slurm is not None:
         spec["slurm"] = slurm
     path = tmp_path / "grid.yaml"
@@ -46,8 +46,11 @@ def test_a_preempted_job_is_requeued_and_resumes(data_dir, tmp_path, monkeypatch
     (run,) = grid.runs
     settings = slurm_settings(grid, {"gpus_per_job": 0, "time": "10"})
     result: dict = {}
-    submitter = threading.Thread(target=lambda: result.update(rows=submit_sweep(
-        grid, grid.runs, settings, wait=True, log=lambda _: None, cluster="local")))
+    submitter = threading.Thread(
+        target=lambda: result.update(
+            rows=submit_sweep(grid, grid.runs, settings, wait=True, log=lambda _: None, cluster="local")
+        )
+    )
     submitter.start()
     first = helpers.step_dir(run.out_dir, 4)
     deadline = time.monotonic() + 120
@@ -69,13 +72,25 @@ def test_a_preempted_job_is_requeued_and_resumes(data_dir, tmp_path, monkeypatch
 
 
 def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
-    grid = load_grid(write_grid(tmp_path, data_dir, slurm={"partition": "gpu", "time": "1-00:30:00",
-                                                           "array_parallelism": 4, "additional": {"exclusive": True}}))
+    grid = load_grid(
+        write_grid(
+            tmp_path,
+            data_dir,
+            slurm={"partition": "gpu", "time": "1-00:30:00", "array_parallelism": 4, "additional": {"exclusive": True}},
+        )
+    )
     settings = slurm_settings(grid, {"partition": "big", "gpus_per_job": 8, "time": None, "account": None})
     params = executor_parameters(settings, "tango-lm:grid")
-    assert params == {"name": "tango-lm:grid", "timeout_min": 24 * 60 + 30, "nodes": 1, "tasks_per_node": 8,
-                      "gpus_per_node": 8, "slurm_partition": "big", "slurm_array_parallelism": 4,
-                      "slurm_additional_parameters": {"exclusive": True}}
+    assert params == {
+        "name": "tango-lm:grid",
+        "timeout_min": 24 * 60 + 30,
+        "nodes": 1,
+        "tasks_per_node": 8,
+        "gpus_per_node": 8,
+        "slurm_partition": "big",
+        "slurm_array_parallelism": 4,
+        "slurm_additional_parameters": {"exclusive": True},
+    }
     assert [time_minutes(t) for t in (90, "90", "2:30", "1:00:01", "2-0", "1-2:03")] == [90, 90, 3, 61, 2880, 1563]
     for bad, message in (("soon", "not a SLURM time"), ("0:30", "under a minute")):
         with pytest.raises(UserError, match=message):
@@ -90,8 +105,9 @@ def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_pat
     submitit = pytest.importorskip("submitit")
     grid = load_grid(write_grid(tmp_path, data_dir))
     grid.out_dir.mkdir(parents=True)
-    (grid.out_dir / "jobs.json").write_text(json.dumps({"jobs": [
-        {"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]}))
+    (grid.out_dir / "jobs.json").write_text(
+        json.dumps({"jobs": [{"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]})
+    )
 
     class FakeSlurmJob:
         def __init__(self, folder: str, job_id: str) -> None:
@@ -112,7 +128,9 @@ def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_pa
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else find_spec(name, *a)
+    )
     assert main(["sweep", str(grid), "--launcher", "slurm"]) == 2
     assert "pip install 'tango-lm[cluster]'" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "sweep").exists()

@@ -45,12 +45,21 @@ def summaries(root: Path) -> dict[str, dict]:
 
 # -- grids ------------------------------------------------------------------------------------
 def test_run_names_matching_and_budgets(data_dir, tmp_path):
-    axes = {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "depth": [1, 2],
-            "arch": ["tango", "loop-transformer"], "head": ["standard", "onona"], "train.lr": [0.002],
-            "seed": [[17, 101], [23, 103]]}
+    axes = {
+        "dataset": {"syn": str(data_dir)},
+        "target_params": [20000],
+        "depth": [1, 2],
+        "arch": ["tango", "loop-transformer"],
+        "head": ["standard", "onona"],
+        "train.lr": [0.002],
+        "seed": [[17, 101], [23, 103]],
+    }
     grid = load_grid(write_grid(tmp_path, axes, steps=None, tokens_per_param=2))
     assert len(grid.runs) == 16
-    assert grid.runs[0].name == "dataset=syn/target_params=20000/depth=1/arch=tango/head=standard/train.lr=0.002/seed=17-101"
+    assert (
+        grid.runs[0].name
+        == "dataset=syn/target_params=20000/depth=1/arch=tango/head=standard/train.lr=0.002/seed=17-101"
+    )
     assert grid.runs[1].name.endswith("head=standard/train.lr=0.002/seed=23-103")
     assert len({r.name for r in grid.runs}) == 16
     for run in grid.runs:
@@ -65,8 +74,14 @@ def test_run_names_matching_and_budgets(data_dir, tmp_path):
         assert cfg.train.tokens == 40000 and cfg.train.tokens_per_param is None
     assert {r.config.model.head for r in grid.runs} == {"standard", "onona"}
     assert json.loads(json.dumps(grid.runs[0].labels)) == {
-        "dataset": "syn", "target_params": 20000, "depth": 1, "arch": "tango", "head": "standard",
-        "train.lr": 0.002, "seed": [17, 101]}
+        "dataset": "syn",
+        "target_params": 20000,
+        "depth": 1,
+        "arch": "tango",
+        "head": "standard",
+        "train.lr": 0.002,
+        "seed": [17, 101],
+    }
 
 
 def test_example_grids_load():
@@ -74,8 +89,11 @@ def test_example_grids_load():
     assert len(cpu.runs) == 8
     table1 = load_grid(CONFIGS / "table1-fineweb.yaml", check_data=False)
     assert len(table1.runs) == 72 and set(table1.missing_data) <= {"fineweb-edu"}
-    widths = {r.labels["arch"]: r.config.model.width for r in table1.runs
-              if r.labels["tier"] == "70M" and r.labels["depth"] == 4}
+    widths = {
+        r.labels["arch"]: r.config.model.width
+        for r in table1.runs
+        if r.labels["tier"] == "70M" and r.labels["depth"] == 4
+    }
     # seed 000 Table 3, 70M, depth 4 (GAU's range is 7,136-7,152 depending on context length)
     assert widths["tango"] == widths["tango-windowed"] == 28480
     assert (widths["loop-transformer"], widths["untied-transformer"]) == (28144, 6528)
@@ -154,8 +172,11 @@ def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):
 def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeypatch, capsys):
     import tango_lm.train.trainer as trainer_module
 
-    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer", "untied-transformer"],
-            "train.seq_len": [32, 64]}  # seq_len 64 > context 32: a UserError when the run starts
+    axes = {
+        "dataset": {"syn": str(data_dir)},
+        "arch": ["tango", "loop-transformer", "untied-transformer"],
+        "train.seq_len": [32, 64],
+    }  # seq_len 64 > context 32: a UserError when the run starts
     path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
     original = trainer_module.train
 
@@ -180,7 +201,10 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
 
     # Rerun with the fault gone: finished runs are not touched, the failed ones are retried.
     monkeypatch.setattr(trainer_module, "train", original)
-    done = [root / "dataset=syn/arch=tango/train.seq_len=32", root / "dataset=syn/arch=untied-transformer/train.seq_len=32"]
+    done = [
+        root / "dataset=syn/arch=tango/train.seq_len=32",
+        root / "dataset=syn/arch=untied-transformer/train.seq_len=32",
+    ]
     before = helpers.snapshot(*done)
     assert main(["sweep", str(path), "--no-progress"]) == 1
     assert helpers.snapshot(*done) == before
@@ -249,8 +273,12 @@ def test_sigkill_loses_no_finished_run(data_dir, tmp_path):
     root = tmp_path / "sweep"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     with open(tmp_path / "log.txt", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", "sweep", str(path), "--no-progress"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tango_lm.cli", "sweep", str(path), "--no-progress"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         try:
             deadline = time.time() + 120
             while not mid_run(root) and proc.poll() is None and time.time() < deadline:

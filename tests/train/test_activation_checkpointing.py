@@ -179,8 +179,11 @@ def test_train_run_with_activation_checkpointing_has_the_same_losses(data_dir, t
     runs = {}
     for flag in (False, True):
         out = tmp_path / f"ckpt-{flag}"
-        argv = ["train", *helpers.cli_overrides(data_dir, out, steps=4, eval_every=2, save_every=2,
-                                                activation_checkpointing=flag), "--json"]
+        argv = [
+            "train",
+            *helpers.cli_overrides(data_dir, out, steps=4, eval_every=2, save_every=2, activation_checkpointing=flag),
+            "--json",
+        ]
         assert main(argv) == 0
         runs[flag] = (helpers.loss_records(out), json.loads(capsys.readouterr().out))
         assert json.loads((out / "config.json").read_text())["train"]["activation_checkpointing"] is flag

@@ -180,8 +180,9 @@ def test_resume_uses_latest_complete_and_ignores_incomplete(scripted_run, data_d
     state = load_checkpoint(helpers.step_dir(copy, 6)).train_state()
     assert torch.equal(torch.get_rng_state(), state["rng"]["torch"])
     assert trainer.loader.state_dict() == state["loader"] and trainer.tokens_seen == 6 * 128
-    helpers.assert_same_weights({k: v for k, v in trainer.model.state_dict().items()},
-                                helpers.weights(helpers.step_dir(copy, 6)))
+    helpers.assert_same_weights(
+        {k: v for k, v in trainer.model.state_dict().items()}, helpers.weights(helpers.step_dir(copy, 6))
+    )
 
 
 def test_resume_restores_the_global_rng(data_dir, tmp_path):
@@ -223,7 +224,9 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     assert first == second == root / "step-00000005"
     assert [p.name for p in root.iterdir()] == ["step-00000005"]
     ck = load_checkpoint(second)
-    assert torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"model": {}, "c": 2} and ck.meta["dev_nll"] == 1.5
+    assert (
+        torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"model": {}, "c": 2} and ck.meta["dev_nll"] == 1.5
+    )
 
 
 def test_prune_keeps_newest_and_protected_and_removes_leftovers(tmp_path):
@@ -296,8 +299,9 @@ def test_save_killed_midway_keeps_previous_checkpoint(data_dir, tmp_path, monkey
     # Resume continues from step 4 and reproduces the uninterrupted run exactly.
     resumed = train(helpers.run_config(data_dir, out), resume=True)
     assert resumed.losses == {s: full.losses[s] for s in range(5, 13)}
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(full_dir, 12)),
-                                helpers.weights(helpers.step_dir(out, 12)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(full_dir, 12)), helpers.weights(helpers.step_dir(out, 12))
+    )
     assert helpers.loss_records(out) == helpers.loss_records(full_dir)
     assert helpers.dev_records(out) == helpers.dev_records(full_dir)
     assert resumed.summary["test_nll"] == full.summary["test_nll"]
@@ -337,8 +341,12 @@ def test_sigkilled_training_resumes_and_matches(data_dir, tmp_path, capsys):
     out, ref = tmp_path / "killed", tmp_path / "ref"
     settings = {"steps": steps, "save_every": 3, "eval_every": 3}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([_console_script(), "train", *helpers.cli_overrides(data_dir, out, **settings)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [_console_script(), "train", *helpers.cli_overrides(data_dir, out, **settings)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 120
     try:
         while not complete_steps(out / "checkpoints"):
@@ -366,4 +374,6 @@ def test_sigkilled_training_resumes_and_matches(data_dir, tmp_path, capsys):
     reference = train(helpers.run_config(data_dir, ref, **settings))
     assert helpers.loss_records(out) == helpers.loss_records(ref)
     assert summary["test_nll"] == reference.summary["test_nll"]
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(out, steps)), helpers.weights(helpers.step_dir(ref, steps)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(out, steps)), helpers.weights(helpers.step_dir(ref, steps))
+    )

@@ -122,9 +122,13 @@ def runs(data_dir, tmp_path_factory):
         refs[name], ref_name = done[key]
         if ref_name != name:
             (root / f"{name}-ref").symlink_to(root / f"{ref_name}-ref")
-    jobs = {name: [["train", *_overrides(data_dir, root / name, model, train_kw), "--no-progress"],
-                   DEV_SCRIPT if scripted else None]
-            for name, (model, train_kw, scripted) in RUNS.items()}
+    jobs = {
+        name: [
+            ["train", *_overrides(data_dir, root / name, model, train_kw), "--no-progress"],
+            DEV_SCRIPT if scripted else None,
+        ]
+        for name, (model, train_kw, scripted) in RUNS.items()
+    }
     cut = _cut_at_8(root / "one_to_two-ref", root / "one_to_two")
     model, train_kw, _ = ONE_TO_TWO
     jobs["one_to_two"] = [["train", *_overrides(data_dir, cut, model, train_kw), "--resume", "--no-progress"], None]
@@ -148,9 +152,21 @@ def runs(data_dir, tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # torchrun (--standalone picks a free port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(root / "driver.py"), str(root / "jobs.json"), str(root / "codes.json")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(root / "driver.py"),
+            str(root / "jobs.json"),
+            str(root / "codes.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         _, err = proc.communicate(timeout=240)
@@ -193,7 +209,9 @@ def test_two_ranks_match_one_process(runs, name):
 def test_a_nan_on_one_rank_skips_the_update_on_every_rank(runs):
     root, refs = runs
     records, ref_records = helpers.loss_records(root / "nan"), helpers.loss_records(root / "nan-ref")
-    assert [r["step"] for r in records if r.get("skipped")] == [r["step"] for r in ref_records if r.get("skipped")] == [3]
+    assert (
+        [r["step"] for r in records if r.get("skipped")] == [r["step"] for r in ref_records if r.get("skipped")] == [3]
+    )
     assert records[2]["loss"] is None and records[2]["grad_norm"] is None
     for step, loss in _losses(root / "nan").items():
         if step != 3:
@@ -241,8 +259,14 @@ def test_rank_zero_alone_logs_and_writes(runs):
 def test_checkpoint_formats(runs):
     root, _ = runs
     full = helpers.step_dir(root / "fsdp", 12)  # gathered to rank 0: the single-process format
-    assert {p.name for p in full.iterdir()} == {"model.safetensors", "train_state.pt", "config.json",
-                                                 "tokenizer.json", "meta.json", "COMPLETE"}
+    assert {p.name for p in full.iterdir()} == {
+        "model.safetensors",
+        "train_state.pt",
+        "config.json",
+        "tokenizer.json",
+        "meta.json",
+        "COMPLETE",
+    }
     sharded = load_checkpoint(helpers.step_dir(root / "one_to_two", 12))
     assert sharded.layout == "sharded"
     assert sorted(sharded.meta["shards"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -288,8 +312,13 @@ def test_ddp_on_one_process_is_plain_training(data_dir, tmp_path):
 # -- bad input -----------------------------------------------------------------------------------
 def _torchrun_env(monkeypatch, world_size: int) -> None:
     """What torchrun sets for rank 0; the checks below run before any process group is formed."""
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
         monkeypatch.setenv(key, value)
 
 
@@ -303,11 +332,19 @@ def _fails(capsys, argv: list[str], *roots: Path) -> str:
 
 BAD_LAUNCHES = {
     # (world size, model overrides, train overrides, message)
-    "indivisible_batch": (3, {}, {"parallel": "ddp", "batch_size": 4},
-                          "train.batch_size=4 (the global micro-batch) does not split evenly over 3 processes; "
-                          "set train.batch_size to a multiple of 3"),
-    "fsdp_single_process": (1, {}, {"parallel": "fsdp"},
-                            "train.parallel=fsdp needs torchrun with 2 or more processes; use train.parallel=none"),
+    "indivisible_batch": (
+        3,
+        {},
+        {"parallel": "ddp", "batch_size": 4},
+        "train.batch_size=4 (the global micro-batch) does not split evenly over 3 processes; "
+        "set train.batch_size to a multiple of 3",
+    ),
+    "fsdp_single_process": (
+        1,
+        {},
+        {"parallel": "fsdp"},
+        "train.parallel=fsdp needs torchrun with 2 or more processes; use train.parallel=none",
+    ),
     "none_under_torchrun": (2, {}, {"parallel": "none"}, "set train.parallel=ddp or train.parallel=fsdp"),
     "fsdp_active_width": (2, AW, {"parallel": "fsdp"}, "does not work with train.parallel=fsdp"),
     "fsdp_moe": (2, {"arch": "moe"}, {"parallel": "fsdp"}, "model.arch=moe leaves some parameters"),

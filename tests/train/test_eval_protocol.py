@@ -64,8 +64,11 @@ def test_eval_batch_size_sets_what_one_moe_call_sees(data_dir, tmp_path):
     nll = {}
     for bs in (1, 4):
         out = tmp_path / f"bs{bs}"
-        train(helpers.run_config(data_dir, out, moe, steps=2, eval_every=2, save_every=2, eval_windows=8,
-                                 eval_batch_size=bs))
+        train(
+            helpers.run_config(
+                data_dir, out, moe, steps=2, eval_every=2, save_every=2, eval_windows=8, eval_batch_size=bs
+            )
+        )
         nll[bs] = helpers.dev_records(out)[-1]["dev_nll"]
         assert evaluate_checkpoint(str(out), "dev", max_windows=8)["nll"] == pytest.approx(nll[bs], rel=1e-6)
     assert nll[1] != pytest.approx(nll[4], rel=1e-6)
@@ -75,7 +78,11 @@ def test_eval_batch_size_sets_what_one_moe_call_sees(data_dir, tmp_path):
 def test_onona_presets_follow_the_papers_protocol(name):
     train_cfg = load_run_config(name, []).train
     assert (train_cfg.eval_every, train_cfg.eval_windows, train_cfg.eval_sample_seed, train_cfg.eval_batch_size) == (
-        500, 1024, 1234, 8)
+        500,
+        1024,
+        1234,
+        8,
+    )
     assert train_cfg.select == "final"
 
 

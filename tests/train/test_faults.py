@@ -113,8 +113,9 @@ def _json_full(path):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
-@pytest.mark.parametrize("writer,fail", [("save_file", _safetensors_full), ("torch.save", _torch_save_full),
-                                         ("_write_json", _json_full)])
+@pytest.mark.parametrize(
+    "writer,fail", [("save_file", _safetensors_full), ("torch.save", _torch_save_full), ("_write_json", _json_full)]
+)
 def test_each_writer_of_a_save_can_find_the_disk_full(data_dir, tmp_path, monkeypatch, writer, fail):
     """Each writer reports a full disk its own way (safetensors and torch with their own errors)."""
     from tango_lm.errors import UserError
@@ -140,12 +141,20 @@ def test_a_really_full_disk(data_dir, tmp_path, capsys):
     """A 1,200 KiB tmpfs fills up during the second save (root with mount rights only)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)],
-                                           capture_output=True).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)], capture_output=True
+        ).returncode
+    ):
         pytest.skip("needs root with mount rights for a small tmpfs")
     try:
-        argv = ["train", *helpers.cli_overrides(data_dir, disk / "run", steps=8, save_every=4, eval_every=4),
-                "model.d_model=64", "model.width=256"]
+        argv = [
+            "train",
+            *helpers.cli_overrides(data_dir, disk / "run", steps=8, save_every=4, eval_every=4),
+            "model.d_model=64",
+            "model.width=256",
+        ]
         rc, err = run_cli(capsys, argv)
         assert rc == 2
         assert "cannot write checkpoint step-00000008" in helpers.assert_one_error_line(err)
@@ -180,8 +189,10 @@ def test_a_read_only_output_folder(finished, data_dir, tmp_path, capsys, make_re
     run = Path(shutil.copytree(finished, shelf / "run"))
     make_read_only(shelf)
     before = helpers.snapshot(shelf)
-    for argv in (["train", *helpers.cli_overrides(data_dir, shelf / "new", **TRAIN)],
-                 ["train", *helpers.cli_overrides(data_dir, run, **{**TRAIN, "steps": 12}), "--resume"]):
+    for argv in (
+        ["train", *helpers.cli_overrides(data_dir, shelf / "new", **TRAIN)],
+        ["train", *helpers.cli_overrides(data_dir, run, **{**TRAIN, "steps": 12}), "--resume"],
+    ):
         rc, err = run_cli(capsys, argv)
         assert rc == 2
         assert "(no permission, or a read-only file system)" in helpers.assert_one_error_line(err)
@@ -197,8 +208,20 @@ def test_a_full_disk_while_preparing_data(tmp_path, monkeypatch, capsys):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(shards._ShardWriter, "_close_current", full)
-    rc, err = run_cli(capsys, ["data", "prepare", "text", str(tmp_path / "doc.txt"), "--out", str(tmp_path / "d"),
-                               "--tokenizer", "byte", "--no-progress"])
+    rc, err = run_cli(
+        capsys,
+        [
+            "data",
+            "prepare",
+            "text",
+            str(tmp_path / "doc.txt"),
+            "--out",
+            str(tmp_path / "d"),
+            "--tokenizer",
+            "byte",
+            "--no-progress",
+        ],
+    )
     assert rc == 2
     assert "cannot write the dataset" in helpers.assert_one_error_line(err) and "No space left on device" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]  # no half-written dataset, no lock

@@ -88,7 +88,9 @@ def wandb_history(run_dir: Path) -> tuple[set[str], dict[tuple[str, int], float]
             if kind == "run":
                 ids.add(record.run.run_id)
             elif kind == "history":
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                row = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                }
                 out.update({(k, row["_step"]): v for k, v in row.items() if not k.startswith("_")})
     return ids, out
 
@@ -103,8 +105,9 @@ def test_every_jsonl_scalar_reaches_tensorboard_and_wandb(data_dir, tmp_path, of
     result = train(helpers.run_config(data_dir, out, steps=6, loggers=["jsonl", "tensorboard", "wandb"]))
     logged = jsonl_scalars(out)
     train_tags = {tag for tag, step in logged if step == 3}
-    assert train_tags == {f"train/{k}" for k in ("loss", "tokens", "tokens_per_s", "mfu", "peak_memory_mib", "lr",
-                                                 "grad_norm")}
+    assert train_tags == {
+        f"train/{k}" for k in ("loss", "tokens", "tokens_per_s", "mfu", "peak_memory_mib", "lr", "grad_norm")
+    }
     assert {("dev/dev_nll", 4), ("dev/best", 4), ("summary/test_nll", 6), ("summary/mfu", 6)} <= logged.keys()
     assert logged["summary/test_nll", 6] == result.summary["test_nll"]
     for record in helpers.read_metrics(out):
@@ -144,11 +147,17 @@ def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, t
 
 def test_logger_names_are_checked(data_dir, tmp_path, capsys):
     base = {"model": helpers.TINY_MODEL, "data": {"dir": str(data_dir)}}
-    assert RunConfig.from_dict({**base, "train": {"loggers": "jsonl, tensorboard"}}).train.loggers == ["jsonl",
-                                                                                                        "tensorboard"]
+    assert RunConfig.from_dict({**base, "train": {"loggers": "jsonl, tensorboard"}}).train.loggers == [
+        "jsonl",
+        "tensorboard",
+    ]
     assert RunConfig.from_dict(base).train.loggers == ["jsonl"]
-    for value, message in ((["jsonl", "mlflow"], "unknown logger 'mlflow'"), (["tensorboard"], "must include jsonl"),
-                           (["jsonl", "jsonl"], "twice"), (3, "list of logger names")):
+    for value, message in (
+        (["jsonl", "mlflow"], "unknown logger 'mlflow'"),
+        (["tensorboard"], "must include jsonl"),
+        (["jsonl", "jsonl"], "twice"),
+        (3, "list of logger names"),
+    ):
         with pytest.raises(UserError, match=message):
             RunConfig.from_dict({**base, "train": {"loggers": value}})
     out = tmp_path / "run"

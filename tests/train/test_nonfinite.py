@@ -25,8 +25,10 @@ def poison(monkeypatch, steps: set[int], weights_after: int | None = None) -> di
 
     def train_step(self):
         first = next(iter(self.optimizer.state.values()), {}).get("step")
-        seen[self.step + 1] = {"weights": {k: v.clone() for k, v in self.model.state_dict().items()},
-                               "adam_step": None if first is None else int(first)}
+        seen[self.step + 1] = {
+            "weights": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "adam_step": None if first is None else int(first),
+        }
         forward = self.step_fn
         if self.step + 1 in steps:
             self.step_fn = lambda inputs, targets: forward(inputs, targets) * float("nan")
@@ -56,8 +58,10 @@ def test_a_nan_loss_skips_its_update_and_still_counts(data_dir, tmp_path, monkey
     assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 5, 6))
     assert result.summary["skipped_steps"] == 2 and math.isfinite(result.summary["test_nll"])
     err = capsys.readouterr().err
-    assert ("warning: step 3: the loss is nan and the gradient norm is nan; its update was skipped (1 in a row, "
-            "the run stops after 5)") in err
+    assert (
+        "warning: step 3: the loss is nan and the gradient norm is nan; its update was skipped (1 in a row, "
+        "the run stops after 5)"
+    ) in err
     assert "warning: step 4:" in err and "(2 in a row" in err
 
 
@@ -90,15 +94,19 @@ def test_a_resumed_run_skips_and_stops_where_the_uninterrupted_one_does(data_dir
     for run in ("full", "cut"):
         assert [p.name for p in complete_steps(tmp_path / run / "checkpoints")] == ["step-00000004", "step-00000008"]
     assert helpers.loss_records(tmp_path / "full") == helpers.loss_records(tmp_path / "cut")
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(tmp_path / "full", 8)),
-                                helpers.weights(helpers.step_dir(tmp_path / "cut", 8)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(tmp_path / "full", 8)), helpers.weights(helpers.step_dir(tmp_path / "cut", 8))
+    )
 
 
 def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     poison(monkeypatch, set(), weights_after=3)
-    with pytest.raises(UserError, match="the weights became non-finite by step 4, so no checkpoint was written; "
-                                        "checkpoint .*step-00000002 stays the latest"):
+    with pytest.raises(
+        UserError,
+        match="the weights became non-finite by step 4, so no checkpoint was written; "
+        "checkpoint .*step-00000002 stays the latest",
+    ):
         train(helpers.run_config(data_dir, out, save_every=2, eval_every=2))
     assert helpers.step_names(out) == ["step-00000002"]
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]

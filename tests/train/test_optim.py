@@ -88,8 +88,9 @@ def test_schedule_past_the_end_stays_at_floor():
 
 
 def _tiny_model() -> nn.Module:
-    return build_model(ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257,
-                                   context_length=32))
+    return build_model(
+        ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257, context_length=32)
+    )
 
 
 def test_optimizer_groups_decay_matrices_only():
@@ -103,7 +104,9 @@ def test_optimizer_groups_decay_matrices_only():
     assert len(ids) == len(set(ids))
     assert set(ids) == {id(p) for p in model.parameters()}
     names = {id(p): n for n, p in model.named_parameters()}
-    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in model.named_parameters() if n.endswith("norm.weight")}
+    assert {names[id(p)] for p in no_decay["params"]} == {
+        n for n, p in model.named_parameters() if n.endswith("norm.weight")
+    }
     assert any(names[id(p)].endswith("embed_tokens.weight") for p in decay["params"])
     assert all(g["betas"] == (0.8, 0.9) and g["lr"] == LR for g in opt.param_groups)
 
@@ -132,8 +135,9 @@ def test_frozen_parameters_are_left_out():
 
 def _tiny_model() -> nn.Module:
     torch.manual_seed(0)
-    return build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=32, depth=2, vocab_size=19,
-                                   context_length=8))
+    return build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=32, depth=2, vocab_size=19, context_length=8)
+    )
 
 
 def test_fused_adamw_on_plain_cpu_parameters_matches_the_foreach_path():

@@ -38,7 +38,9 @@ def held_by_other(lock: Path, pid: int = 4242) -> Iterator[None]:
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        f.write(json.dumps({"pid": pid, "host": "node7", "command": "tango-lm train", "started": "2031-01-02 03:04:05"}))
+        f.write(
+            json.dumps({"pid": pid, "host": "node7", "command": "tango-lm train", "started": "2031-01-02 03:04:05"})
+        )
         f.flush()
         yield
 
@@ -55,8 +57,13 @@ def refused(capsys, argv: list[str]) -> str:
 def stopped_holder(argv: list[str], lock: Path) -> Iterator[subprocess.Popen]:
     """Start `python -m tango_lm.cli ARGV`, wait until it holds `lock`, and keep it stopped (SIGSTOP)
     for the body of the block, so another writer surely meets the lock; then let it finish."""
-    proc = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", *argv], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tango_lm.cli", *argv],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while proc.poll() is None and time.time() < deadline:
@@ -96,10 +103,12 @@ def test_lock_names_its_holder_and_leaves_nothing_behind(tmp_path):
 def test_a_killed_holder_releases_the_lock(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    code = ("import fcntl, json, os, time\n"  # takes the lock as output_lock does, without importing torch
-            f"f = open({str(lock_file_for(out))!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-            "f.write(json.dumps({'pid': os.getpid(), 'host': 'h', 'command': 'c', 'started': 's'})); f.flush()\n"
-            "print('held', flush=True); time.sleep(60)\n")
+    code = (
+        "import fcntl, json, os, time\n"  # takes the lock as output_lock does, without importing torch
+        f"f = open({str(lock_file_for(out))!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "f.write(json.dumps({'pid': os.getpid(), 'host': 'h', 'command': 'c', 'started': 's'})); f.flush()\n"
+        "print('held', flush=True); time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -134,7 +143,9 @@ def test_two_trains_on_one_directory(data_dir, tmp_path, capsys):
     assert first.returncode == 0, first.stderr.read()
     assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4, 5, 6]
     summaries = [r for r in helpers.read_metrics(out) if r.get("event") == "summary"]
-    assert len(summaries) == 1 and summaries[0]["test_nll"] == json.loads((out / "summary.json").read_text())["test_nll"]
+    assert (
+        len(summaries) == 1 and summaries[0]["test_nll"] == json.loads((out / "summary.json").read_text())["test_nll"]
+    )
     assert not lock_file_for(out).exists()
 
 
@@ -173,8 +184,18 @@ def test_two_prepares_into_one_directory(tmp_path, capsys):
     docs = tmp_path / "docs.txt"
     docs.write_text("\n\n".join(f"document number {i} " * 20 for i in range(400)))
     out = tmp_path / "data"
-    argv = ["data", "prepare", "text", str(docs), "--out", str(out), "--tokenizer", "byte",
-            "--split-on-blank-lines", "--no-progress"]
+    argv = [
+        "data",
+        "prepare",
+        "text",
+        str(docs),
+        "--out",
+        str(out),
+        "--tokenizer",
+        "byte",
+        "--split-on-blank-lines",
+        "--no-progress",
+    ]
     with stopped_holder(argv, lock_file_for(out, beside=True)) as first:
         line = refused(capsys, [*argv, "--overwrite"])
         assert f"{out} is in use by tango-lm data prepare (pid {first.pid} on host " in line
@@ -189,12 +210,20 @@ def test_two_prepares_into_one_directory(tmp_path, capsys):
 def test_sweep_leaves_a_run_another_process_trains(data_dir, tmp_path):
     import yaml
 
-    base = {"model": {k: v for k, v in helpers.TINY_MODEL.items() if k != "arch"},
-            "train": {**helpers.TINY_TRAIN, "steps": 2, "eval_every": 2, "save_every": 2}}
+    base = {
+        "model": {k: v for k, v in helpers.TINY_MODEL.items() if k != "arch"},
+        "train": {**helpers.TINY_TRAIN, "steps": 2, "eval_every": 2, "save_every": 2},
+    }
     grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump({"out_dir": str(tmp_path / "sweep"), "base": base,
-                                    "axes": {"dataset": {"syn": str(data_dir)}, "arch": ["tango"],
-                                             "seed": [[17, 101], [23, 103]]}}))
+    grid.write_text(
+        yaml.safe_dump(
+            {
+                "out_dir": str(tmp_path / "sweep"),
+                "base": base,
+                "axes": {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [[17, 101], [23, 103]]},
+            }
+        )
+    )
     busy, free = (r.out_dir for r in load_grid(grid).runs)
     with held_by_other(lock_file_for(busy)):
         rows = run_sweep(load_grid(grid), progress=False, log=lambda _: None)

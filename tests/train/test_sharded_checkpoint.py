@@ -25,15 +25,20 @@ from tango_lm.train.sharded_checkpoint import (
 )
 
 # The private torch names `.metadata` holds (sharded_checkpoint.py says why each is admitted).
-PRIVATE = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
-           ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")}
+PRIVATE = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+}
 
 
 def _tensors() -> dict:
     """What the trainer saves, in small: fp32 and bf16 weights, AdamW state with a 0-dim step."""
     g = torch.Generator().manual_seed(0)
-    return {"model": {"w": torch.randn(5, 3, generator=g), "b": torch.randn(7, generator=g).bfloat16()},
-            "optimizer": {"state": {"w": {"step": torch.tensor(4.0), "exp_avg": torch.randn(5, 3, generator=g)}}}}
+    return {
+        "model": {"w": torch.randn(5, 3, generator=g), "b": torch.randn(7, generator=g).bfloat16()},
+        "optimizer": {"state": {"w": {"step": torch.tensor(4.0), "exp_avg": torch.randn(5, 3, generator=g)}}},
+    }
 
 
 @pytest.fixture(scope="module")

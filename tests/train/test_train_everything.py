@@ -28,8 +28,11 @@ def preset_of(arch: str) -> str:
 
 
 # One preset per registered architecture, plus the paper's special geometries with what they need.
-GEOMETRIES = {"conventional-untied-70m-d4": {}, "tango-70m-d8-rotating": {"model.active_width": 1},
-              "tango-windowed-70m-d8-rotating": {"model.active_width": 3}}
+GEOMETRIES = {
+    "conventional-untied-70m-d4": {},
+    "tango-70m-d8-rotating": {"model.active_width": 1},
+    "tango-windowed-70m-d8-rotating": {"model.active_width": 3},
+}
 PRESETS = {**{preset_of(arch): {} for arch in arch_cases.names()}, **GEOMETRIES}
 
 
@@ -44,13 +47,26 @@ def tiny_overrides(preset: str) -> dict[str, Any]:
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def check_trains_through_the_cli(config: str | Path, overrides: dict[str, Any], data_dir: Path, out: Path,
-                                 capsys: pytest.CaptureFixture) -> None:
+def check_trains_through_the_cli(
+    config: str | Path, overrides: dict[str, Any], data_dir: Path, out: Path, capsys: pytest.CaptureFixture
+) -> None:
     """`tango-lm train CONFIG key=value ...` runs two steps with dev and test NLL."""
-    overrides = {**overrides, "data.dir": str(data_dir), "train.out_dir": str(out),
-                 "train.steps": 2, "train.tokens_per_param": None, "train.batch_size": 2, "train.grad_accum": 1,
-                 "train.eval_every": 2, "train.save_every": 2, "train.eval_windows": 2, "train.test_windows": 2,
-                 "train.warmup_steps": 1, "train.seq_len": 32, "train.progress": False}
+    overrides = {
+        **overrides,
+        "data.dir": str(data_dir),
+        "train.out_dir": str(out),
+        "train.steps": 2,
+        "train.tokens_per_param": None,
+        "train.batch_size": 2,
+        "train.grad_accum": 1,
+        "train.eval_every": 2,
+        "train.save_every": 2,
+        "train.eval_windows": 2,
+        "train.test_windows": 2,
+        "train.warmup_steps": 1,
+        "train.seq_len": 32,
+        "train.progress": False,
+    }
     argv = ["train", str(config), *(f"{k}={'null' if v is None else v}" for k, v in overrides.items()), "--json"]
     assert main(argv) == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
@@ -65,8 +81,18 @@ def test_preset_trains_through_the_cli(preset, data_dir, tmp_path, capsys):
 @pytest.mark.parametrize("arch", sorted(a for a, c in ARCHITECTURES.items() if c.family == "onona") + ["tango"])
 def test_every_head_trains_on_the_backbone(arch, data_dir, tmp_path):
     for head in sorted(HEADS):
-        model = {"arch": arch, "head": head, "d_model": 32, "head_dim": 8, "width": 32, "depth": 2,
-                 "vocab_size": 257, "context_length": 32, "gdn_head_dim": 8, "moe_expert_width": 16}
+        model = {
+            "arch": arch,
+            "head": head,
+            "d_model": 32,
+            "head_dim": 8,
+            "width": 32,
+            "depth": 2,
+            "vocab_size": 257,
+            "context_length": 32,
+            "gdn_head_dim": 8,
+            "moe_expert_width": 16,
+        }
         run = helpers.run_config(data_dir, tmp_path / head, model=model, steps=2, eval_every=2, save_every=2)
         result = train(run)
         assert result.summary["steps"] == 2 and result.summary["head"] == head

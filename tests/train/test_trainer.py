@@ -70,8 +70,9 @@ def test_resume_reproduces_uninterrupted_run(data_dir, tmp_path, monkeypatch, ca
     for step, loss in resumed.losses.items():
         assert loss == full.losses[step], step
     # Final weights and optimizer state are identical.
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(full_dir, 12)),
-                                helpers.weights(helpers.step_dir(cut_dir, 12)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(full_dir, 12)), helpers.weights(helpers.step_dir(cut_dir, 12))
+    )
     sa = load_checkpoint(helpers.step_dir(full_dir, 12)).train_state()
     sb = load_checkpoint(helpers.step_dir(cut_dir, 12)).train_state()
     assert (sb["loader"]["epoch"], sb["loader"]["position"]) == at_12
@@ -115,8 +116,9 @@ def test_resume_with_manual_steps_and_save(data_dir, tmp_path):
     trainer.save()
     resumed = train(helpers.run_config(data_dir, cut), resume=True)
     assert resumed.losses == {s: full.losses[s] for s in range(7, 13)}
-    helpers.assert_same_weights(helpers.weights(helpers.step_dir(tmp_path / "full", 12)),
-                                helpers.weights(helpers.step_dir(cut, 12)))
+    helpers.assert_same_weights(
+        helpers.weights(helpers.step_dir(tmp_path / "full", 12)), helpers.weights(helpers.step_dir(cut, 12))
+    )
 
 
 def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
@@ -248,8 +250,9 @@ def test_grad_accum_matches_one_big_batch(data_dir, tmp_path):
 
 def test_logged_lr_follows_the_schedule(data_dir, tmp_path):
     out = tmp_path / "run"
-    run = helpers.run_config(data_dir, out, steps=10, warmup_steps=3, schedule="wsd", decay_fraction=0.3,
-                             eval_every=10, save_every=10)
+    run = helpers.run_config(
+        data_dir, out, steps=10, warmup_steps=3, schedule="wsd", decay_fraction=0.3, eval_every=10, save_every=10
+    )
     train(run)
     recs = helpers.loss_records(out)
     assert [r["lr"] for r in recs] == [lr_at(s, 10, run.train) for s in range(10)]
@@ -287,8 +290,7 @@ def test_gradients_are_clipped_before_the_update(data_dir, tmp_path, monkeypatch
 
 def test_model_seed_and_data_seed_are_separate(data_dir, tmp_path):
     def first_loss(name, **kw):
-        return train(helpers.run_config(data_dir, tmp_path / name, steps=1, eval_every=1, save_every=1,
-                                        **kw)).losses[1]
+        return train(helpers.run_config(data_dir, tmp_path / name, steps=1, eval_every=1, save_every=1, **kw)).losses[1]
 
     base = first_loss("base")
     assert first_loss("same") == base

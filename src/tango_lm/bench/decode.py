@@ -38,8 +38,14 @@ def static_mode(device: torch.device) -> str:
     return "cuda-graphs" if device.type == "cuda" else "compile"
 
 
-def _timed_generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, temperature: float,
-                    top_k: int | None = None, static: str | None = None) -> tuple[float, float]:
+def _timed_generate(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    new_tokens: int,
+    temperature: float,
+    top_k: int | None = None,
+    static: str | None = None,
+) -> tuple[float, float]:
     _sync(prompt.device)
     t0, c0 = time.perf_counter(), time.process_time()
     generate(model, prompt, new_tokens, temperature=temperature, top_k=top_k, seed=0, static=static)
@@ -61,11 +67,25 @@ def _prompts(batches: tuple[int, ...], prompt_len: int, vocab: int, device: torc
     return {b: torch.randint(0, vocab, (b, prompt_len), generator=gen, device=device) for b in batches}
 
 
-def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: int = 256, depth: int = 4,
-                     tango_width: int = 8192, vocab_size: int = 257, prompt_len: int = 32, new_tokens: int = 128,
-                     batches: tuple[int, ...] = (1, 8), repeats: int = 3, head_backbone: str = "dense",
-                     head_vocab: int = 50304, heads: bool = True, device: str = "auto", threads: int | None = None,
-                     print_table: bool = True, static: bool = False, tier: str | None = None) -> dict[str, Any]:
+def run_decode_bench(
+    archs: tuple[str, ...] | list[str] | None = None,
+    d_model: int = 256,
+    depth: int = 4,
+    tango_width: int = 8192,
+    vocab_size: int = 257,
+    prompt_len: int = 32,
+    new_tokens: int = 128,
+    batches: tuple[int, ...] = (1, 8),
+    repeats: int = 3,
+    head_backbone: str = "dense",
+    head_vocab: int = 50304,
+    heads: bool = True,
+    device: str = "auto",
+    threads: int | None = None,
+    print_table: bool = True,
+    static: bool = False,
+    tier: str | None = None,
+) -> dict[str, Any]:
     """`static`: every case also through static decode steps (`static_mode`), as rows "... static"
     with their ratio to the same model's eager rows. `tier` ("70m", "160m"): each architecture's
     preset `{arch}-{tier}-d{depth}` (seed 000 Table 3 sizes, GPT-2 vocabulary) instead of the
@@ -76,14 +96,25 @@ def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: 
     if threads:
         torch.set_num_threads(threads)
     positions = prompt_len + new_tokens
-    report: dict[str, Any] = {"device": str(dev), "threads": torch.get_num_threads(), "d_model": d_model,
-                              "depth": depth, "vocab_size": vocab_size, "prompt_len": prompt_len,
-                              "new_tokens": new_tokens, "batches": list(batches), "modes": list(MODES),
-                              "repeats": repeats}
+    report: dict[str, Any] = {
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "d_model": d_model,
+        "depth": depth,
+        "vocab_size": vocab_size,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "batches": list(batches),
+        "modes": list(MODES),
+        "repeats": repeats,
+    }
     report["paths"] = ["eager", "static"] if static else ["eager"]
     report["static_mode"] = static_mode(dev) if static else None
-    triples = (preset_configs(archs, tier, depth, positions) if tier
-               else matched_configs(archs, d_model, depth, tango_width, vocab_size, positions))
+    triples = (
+        preset_configs(archs, tier, depth, positions)
+        if tier
+        else matched_configs(archs, d_model, depth, tango_width, vocab_size, positions)
+    )
     if tier:
         built = [c for _, c, _ in triples if c is not None]
         report.update(tier=tier, d_model=built[0].d_model, vocab_size=built[0].vocab_size)
@@ -94,13 +125,19 @@ def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: 
         torch.manual_seed(0)
         models[cfg.arch] = build_model(cfg).to(dev).eval()
     cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
-    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats,
-                        static=report["static_mode"])
+    wall = _interleaved(
+        models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats, static=report["static_mode"]
+    )
     rows = []
     for cfg, note in pairs:
-        row: dict[str, Any] = {"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"],
-                               "note": note, "tokens_per_s": {}, "cache_bytes_per_token":
-                               cache_bytes_per_token(models[cfg.arch], positions, dev)}
+        row: dict[str, Any] = {
+            "arch": cfg.arch,
+            "width": cfg.width,
+            "params_total": cfg.num_params()["total"],
+            "note": note,
+            "tokens_per_s": {},
+            "cache_bytes_per_token": cache_bytes_per_token(models[cfg.arch], positions, dev),
+        }
         for b, m, path in cases:
             row["tokens_per_s"][case_key(b, m, path)] = b * new_tokens / statistics.median(wall[cfg.arch, b, m, path])
         rows.append(row)
@@ -108,14 +145,29 @@ def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: 
     for r in rows:
         r["tokens_per_s_vs_loop"] = {k: v / base["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
         if static:
-            r["static_vs_eager"] = {case_key(b, m, "eager"): r["tokens_per_s"][case_key(b, m, "static")]
-                                    / r["tokens_per_s"][case_key(b, m, "eager")] for b in batches for m in MODES}
+            r["static_vs_eager"] = {
+                case_key(b, m, "eager"): r["tokens_per_s"][case_key(b, m, "static")]
+                / r["tokens_per_s"][case_key(b, m, "eager")]
+                for b in batches
+                for m in MODES
+            }
         r["cache_vs_loop"] = r["cache_bytes_per_token"] / base["cache_bytes_per_token"]
     report["archs"] = rows
     del models
     if heads:
-        report["heads"] = run_head_decode(head_backbone, d_model, depth, head_vocab, prompt_len, new_tokens, batches,
-                                          repeats, dev, report["paths"], report["static_mode"])
+        report["heads"] = run_head_decode(
+            head_backbone,
+            d_model,
+            depth,
+            head_vocab,
+            prompt_len,
+            new_tokens,
+            batches,
+            repeats,
+            dev,
+            report["paths"],
+            report["static_mode"],
+        )
     if print_table:
         print(format_report(report))
     return report
@@ -126,10 +178,16 @@ def case_key(batch: int, mode: str, path: str) -> str:
     return f"b{batch} {mode}" + (" static" if path == "static" else "")
 
 
-def _interleaved(models: dict[str, Any], cases: list[tuple[int, str, str]], prompts: dict[int, torch.Tensor],
-                 new_tokens: int, repeats: int, top_k: dict[str, int | None] | None = None,
-                 temperature: dict[str, float] | None = None,
-                 static: str | None = None) -> dict[tuple[str, int, str, str], list[float]]:
+def _interleaved(
+    models: dict[str, Any],
+    cases: list[tuple[int, str, str]],
+    prompts: dict[int, torch.Tensor],
+    new_tokens: int,
+    repeats: int,
+    top_k: dict[str, int | None] | None = None,
+    temperature: dict[str, float] | None = None,
+    static: str | None = None,
+) -> dict[tuple[str, int, str, str], list[float]]:
     """Wall seconds per (model, batch, mode, path): one short warm-up round (it also compiles the
     static steps), then `repeats` rounds of every case for every model."""
     out: dict[tuple[str, int, str, str], list[float]] = {}
@@ -138,16 +196,27 @@ def _interleaved(models: dict[str, Any], cases: list[tuple[int, str, str]], prom
         for b, m, path in cases:
             for name, model in models.items():
                 t = temperature[name] if temperature else MODES[m]
-                wall, _ = _timed_generate(model, prompts[b], n, t, (top_k or {}).get(name),
-                                          static if path == "static" else None)
+                wall, _ = _timed_generate(
+                    model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
+                )
                 if i > 0:
                     out.setdefault((name, b, m, path), []).append(wall)
     return out
 
 
-def run_head_decode(backbone: str, d_model: int, depth: int, vocab_size: int, prompt_len: int, new_tokens: int,
-                    batches: tuple[int, ...], repeats: int, dev: torch.device, paths: list[str] | None = None,
-                    static: str | None = None) -> dict[str, Any]:
+def run_head_decode(
+    backbone: str,
+    d_model: int,
+    depth: int,
+    vocab_size: int,
+    prompt_len: int,
+    new_tokens: int,
+    batches: tuple[int, ...],
+    repeats: int,
+    dev: torch.device,
+    paths: list[str] | None = None,
+    static: str | None = None,
+) -> dict[str, Any]:
     """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated;
     `backbone` an architecture (at d_model, depth, width 4d) or a preset name (its model)."""
     from tango_lm.bench.memory import memory_config
@@ -163,24 +232,46 @@ def run_head_decode(backbone: str, d_model: int, depth: int, vocab_size: int, pr
     top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
     temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)
     cases = [(b, "t=1", path) for b in batches for path in decode_paths]
-    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats,
-                        top_k, temperature, static)
-    paths = {"standard": "one table (full softmax)", "onona-one": "one projection per position (head.sample)",
-             "onona-both": "both projections (top_k=V)"}
+    wall = _interleaved(
+        models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats, top_k, temperature, static
+    )
+    paths = {
+        "standard": "one table (full softmax)",
+        "onona-one": "one projection per position (head.sample)",
+        "onona-both": "both projections (top_k=V)",
+    }
     rows = []
     for name in HEAD_VARIANTS:
-        tps = {f"b{b}" + (" static" if path == "static" else ""): b * new_tokens / statistics.median(
-            wall[name, b, "t=1", path]) for b in batches for path in decode_paths}
-        rows.append({"variant": name, "path": paths[name], "params_total": models[name].config.num_params()["total"],
-                     "tokens_per_s": tps})
+        tps = {
+            f"b{b}" + (" static" if path == "static" else ""): b
+            * new_tokens
+            / statistics.median(wall[name, b, "t=1", path])
+            for b in batches
+            for path in decode_paths
+        }
+        rows.append(
+            {
+                "variant": name,
+                "path": paths[name],
+                "params_total": models[name].config.num_params()["total"],
+                "tokens_per_s": tps,
+            }
+        )
     for r in rows:
         r["tokens_per_s_vs_standard"] = {k: v / rows[0]["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
-    return {"backbone": backbone, "d_model": base.d_model, "depth": base.depth, "width": base.width,
-            "vocab_size": vocab_size, "variants": rows}
+    return {
+        "backbone": backbone,
+        "d_model": base.d_model,
+        "depth": base.depth,
+        "width": base.width,
+        "vocab_size": vocab_size,
+        "variants": rows,
+    }
 
 
-def preset_configs(archs: tuple[str, ...] | list[str], tier: str, depth: int,
-                   positions: int) -> list[tuple[str, ModelConfig | None, str]]:
+def preset_configs(
+    archs: tuple[str, ...] | list[str], tier: str, depth: int, positions: int
+) -> list[tuple[str, ModelConfig | None, str]]:
     """(arch, config, note) from each architecture's preset `{arch}-{tier}-d{depth}` (the baseline
     added when missing); an architecture without such a preset has config None."""
     from tango_lm.errors import UserError
@@ -197,36 +288,54 @@ def preset_configs(archs: tuple[str, ...] | list[str], tier: str, depth: int,
             continue
         out.append((arch, cfg.replace(context_length=max(cfg.context_length, positions)), f"preset {name}"))
     if out[archs.index(BASELINE)][1] is None:
-        raise UserError(f"the baseline {BASELINE} has no preset {BASELINE}-{tier}-d{depth}; choose another tier or depth")
+        raise UserError(
+            f"the baseline {BASELINE} has no preset {BASELINE}-{tier}-d{depth}; choose another tier or depth"
+        )
     return out
 
 
 def format_report(report: dict[str, Any]) -> str:
-    keys = [case_key(b, m, path) for b in report["batches"] for m in report["modes"]
-            for path in report.get("paths", ["eager"])]
+    keys = [
+        case_key(b, m, path)
+        for b in report["batches"]
+        for m in report["modes"]
+        for path in report.get("paths", ["eager"])
+    ]
     w = max(11, max(len(k) for k in keys) + 2)  # column width: the longest key and a gap
     models = f"the {report['tier']} presets" if report.get("tier") else "matched models of the train suite"
-    static = (f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round "
-              f"compiles)" if report.get("static_mode") else "")
+    static = (
+        f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round compiles)"
+        if report.get("static_mode")
+        else ""
+    )
     lines = [
         f"decode: device {report['device']} ({report['threads']} threads), {models} "
         f"(d={report['d_model']}, depth {report['depth']}, V={report['vocab_size']}), prompt {report['prompt_len']} "
         f"+ {report['new_tokens']} new tokens; tok/s = new tokens (all rows) / wall time of the whole generate call "
         f"(prefill included), median of {report['repeats']} rounds alternating models; cache = cache.nbytes() / "
         f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32){static}",
-        f"{'arch':<19}" + "".join(f"{k:>{w}}" for k in keys) + "".join(f"{k + ' x':>{w + 2}}" for k in keys)
+        f"{'arch':<19}"
+        + "".join(f"{k:>{w}}" for k in keys)
+        + "".join(f"{k + ' x':>{w + 2}}" for k in keys)
         + f"{'cache B/tok':>12}{'cache x':>8}  note",
     ]
     for r in report["archs"]:
-        lines.append(f"{r['arch']:<19}" + "".join(f"{r['tokens_per_s'][k]:>{w},.0f}" for k in keys)
-                     + "".join(f"{r['tokens_per_s_vs_loop'][k]:>{w + 2}.2f}" for k in keys)
-                     + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}")
+        lines.append(
+            f"{r['arch']:<19}"
+            + "".join(f"{r['tokens_per_s'][k]:>{w},.0f}" for k in keys)
+            + "".join(f"{r['tokens_per_s_vs_loop'][k]:>{w + 2}.2f}" for k in keys)
+            + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}"
+        )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")
     if report.get("static_mode"):
-        lines.append("static x eager (the same model): " + "; ".join(
-            f"{r['arch']} " + " ".join(f"{v:.2f}" for v in r["static_vs_eager"].values()) for r in report["archs"])
-            + f"  ({', '.join(report['archs'][0]['static_vs_eager'])})")
+        lines.append(
+            "static x eager (the same model): "
+            + "; ".join(
+                f"{r['arch']} " + " ".join(f"{v:.2f}" for v in r["static_vs_eager"].values()) for r in report["archs"]
+            )
+            + f"  ({', '.join(report['archs'][0]['static_vs_eager'])})"
+        )
     if "heads" in report:
         h = report["heads"]
         bkeys = list(h["variants"][0]["tokens_per_s"])
@@ -237,12 +346,16 @@ def format_report(report: dict[str, Any]) -> str:
             f"V={h['vocab_size']}, same body for every head, temperature 1 untruncated, prompt "
             f"{report['prompt_len']} + {report['new_tokens']} new tokens, median of {report['repeats']} rounds "
             f"alternating heads; ratios to Standard",
-            f"{'variant':<12}" + "".join(f"{k + ' tok/s':>{hw}}" for k in bkeys)
+            f"{'variant':<12}"
+            + "".join(f"{k + ' tok/s':>{hw}}" for k in bkeys)
             + "".join(f"{k + ' x':>{hw - 3}}" for k in bkeys)
             + "  path",
         ]
         for r in h["variants"]:
-            lines.append(f"{r['variant']:<12}" + "".join(f"{r['tokens_per_s'][k]:>{hw},.0f}" for k in bkeys)
-                         + "".join(f"{r['tokens_per_s_vs_standard'][k]:>{hw - 3}.2f}" for k in bkeys)
-                         + f"  {r['path']}")
+            lines.append(
+                f"{r['variant']:<12}"
+                + "".join(f"{r['tokens_per_s'][k]:>{hw},.0f}" for k in bkeys)
+                + "".join(f"{r['tokens_per_s_vs_standard'][k]:>{hw - 3}.2f}" for k in bkeys)
+                + f"  {r['path']}"
+            )
     return "\n".join(lines)

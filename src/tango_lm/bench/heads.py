@@ -94,8 +94,17 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def measure_variant(variant: str, positions: int, vocab: int, d: int, chunk: int, device: str = "auto",
-                    steps: int = 3, bf16: bool = False, threads: int | None = None) -> dict[str, Any]:
+def measure_variant(
+    variant: str,
+    positions: int,
+    vocab: int,
+    d: int,
+    chunk: int,
+    device: str = "auto",
+    steps: int = 3,
+    bf16: bool = False,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Peak extra memory of the first step and median time of `steps` more, in this process."""
     dev = pick_device(device)
     if threads:
@@ -131,22 +140,51 @@ def measure_variant(variant: str, positions: int, vocab: int, d: int, chunk: int
         peak = _max_rss_bytes() - before
         method = "peak RSS growth (VmHWM)"
     times = [step() for _ in range(steps)]
-    return {"variant": variant, "step_s": statistics.median(times) if times else first, "first_step_s": first,
-            "cpu_s": statistics.median(cpu_times[1:] or cpu_times),
-            "peak_bytes": peak, "memory_method": method, "device": str(dev), "threads": torch.get_num_threads()}
+    return {
+        "variant": variant,
+        "step_s": statistics.median(times) if times else first,
+        "first_step_s": first,
+        "cpu_s": statistics.median(cpu_times[1:] or cpu_times),
+        "peak_bytes": peak,
+        "memory_method": method,
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+    }
 
 
-def run_head_bench(positions: int = 8192, vocab: int = 50304, d: int = 768, chunk: int = LOSS_CHUNK,
-                   device: str = "auto", steps: int = 3, bf16: bool = False, variants: tuple[str, ...] = VARIANTS,
-                   threads: int | None = None, print_table: bool = True) -> dict[str, Any]:
+def run_head_bench(
+    positions: int = 8192,
+    vocab: int = 50304,
+    d: int = 768,
+    chunk: int = LOSS_CHUNK,
+    device: str = "auto",
+    steps: int = 3,
+    bf16: bool = False,
+    variants: tuple[str, ...] = VARIANTS,
+    threads: int | None = None,
+    print_table: bool = True,
+) -> dict[str, Any]:
     """Each variant in a fresh subprocess; ratios are to the plain Standard head. `threads` sets
     torch's CPU threads (1 gives steadier numbers on a machine shared with other jobs)."""
     rows = []
     for variant in variants:
-        args = dict(variant=variant, positions=positions, vocab=vocab, d=d, chunk=chunk, device=device,
-                    steps=steps, bf16=bf16, threads=threads)
-        proc = subprocess.run([sys.executable, "-m", "tango_lm.bench.heads", "--child", json.dumps(args)],
-                              capture_output=True, text=True, check=False)
+        args = dict(
+            variant=variant,
+            positions=positions,
+            vocab=vocab,
+            d=d,
+            chunk=chunk,
+            device=device,
+            steps=steps,
+            bf16=bf16,
+            threads=threads,
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "tango_lm.bench.heads", "--child", json.dumps(args)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"head bench variant {variant} failed:\n{proc.stderr[-2000:]}")
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -155,9 +193,18 @@ def run_head_bench(positions: int = 8192, vocab: int = 50304, d: int = 768, chun
         r["time_vs_standard"] = r["step_s"] / base["step_s"]
         r["cpu_vs_standard"] = r["cpu_s"] / base["cpu_s"]
         r["memory_vs_standard"] = r["peak_bytes"] / base["peak_bytes"] if base["peak_bytes"] > 0 else float("nan")
-    report = {"positions": positions, "vocab": vocab, "d": d, "chunk": chunk, "steps": steps, "bf16": bf16,
-              "device": rows[0]["device"], "threads": rows[0]["threads"],
-              "memory_method": rows[0]["memory_method"], "variants": rows}
+    report = {
+        "positions": positions,
+        "vocab": vocab,
+        "d": d,
+        "chunk": chunk,
+        "steps": steps,
+        "bf16": bf16,
+        "device": rows[0]["device"],
+        "threads": rows[0]["threads"],
+        "memory_method": rows[0]["memory_method"],
+        "variants": rows,
+    }
     if print_table:
         print(format_report(report))
     return report
@@ -174,8 +221,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'mem vs std':>12}",
     ]
     for r in report["variants"]:
-        lines.append(f"{r['variant']:<16}{r['step_s']:>9.3f}{r['cpu_s']:>9.3f}{r['peak_bytes'] / 2**20:>10.0f}"
-                     f"{r['time_vs_standard']:>13.2f}{r['cpu_vs_standard']:>12.2f}{r['memory_vs_standard']:>12.2f}")
+        lines.append(
+            f"{r['variant']:<16}{r['step_s']:>9.3f}{r['cpu_s']:>9.3f}{r['peak_bytes'] / 2**20:>10.0f}"
+            f"{r['time_vs_standard']:>13.2f}{r['cpu_vs_standard']:>12.2f}{r['memory_vs_standard']:>12.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -196,8 +245,18 @@ def main(argv: list[str] | None = None) -> None:
     if ns.child:
         print(json.dumps(measure_variant(**json.loads(ns.child))))
         return
-    report = run_head_bench(ns.positions, ns.vocab, ns.d, ns.chunk, ns.device, ns.steps, ns.bf16,
-                            tuple(ns.variants.split(",")), ns.threads, print_table=not ns.json)
+    report = run_head_bench(
+        ns.positions,
+        ns.vocab,
+        ns.d,
+        ns.chunk,
+        ns.device,
+        ns.steps,
+        ns.bf16,
+        tuple(ns.variants.split(",")),
+        ns.threads,
+        print_table=not ns.json,
+    )
     if ns.json:
         print(json.dumps(report, indent=2))
 

@@ -69,8 +69,10 @@ def _warm_runtime(dev: torch.device) -> None:
     lin = torch.nn.Linear(256, 256).to(dev)
     opt = adamw(lin.parameters(), lin, lr=1e-3)
     x = torch.randn(256, 256, device=dev)
-    F.cross_entropy(F.scaled_dot_product_attention(x[None], x[None], lin(x)[None], is_causal=True)[0],
-                    torch.zeros(256, dtype=torch.long, device=dev)).backward()
+    F.cross_entropy(
+        F.scaled_dot_product_attention(x[None], x[None], lin(x)[None], is_causal=True)[0],
+        torch.zeros(256, dtype=torch.long, device=dev),
+    ).backward()
     opt.step()
     _sync(dev)
 
@@ -89,14 +91,22 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str,
     """Bytes of the weights, of their gradients (one per weight, as a step leaves them) and of the
     optimizer state."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    moments = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                  if isinstance(t, torch.Tensor))
+    moments = sum(
+        t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+    )
     return {"param_bytes": params, "grad_bytes": params, "optimizer_bytes": moments}
 
 
-def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int, device: str = "auto",
-                          steps: int = 2, threads: int | None = None, seed: int = 0,
-                          compile: bool = False) -> dict[str, Any]:
+def measure_training_step(
+    config: dict[str, Any],
+    batch_size: int,
+    seq_len: int,
+    device: str = "auto",
+    steps: int = 2,
+    threads: int | None = None,
+    seed: int = 0,
+    compile: bool = False,
+) -> dict[str, Any]:
     """Peak memory of `steps` training steps of one model, in this process (see the module doc);
     `compile`: through `torch.compile(model.nll)`, as `train.compile=true` trains."""
     dev = pick_device(device)
@@ -143,22 +153,55 @@ def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int,
         peak = _max_rss_bytes() - before
     state = state_bytes(model, opt)
     persistent = sum(state.values())
-    return {"arch": cfg.arch, "head": cfg.head, "mode": "compiled" if compile else "eager",
-            "params_total": cfg.num_params()["total"], "peak_bytes": peak,
-            **state, "state_bytes": persistent, "other_bytes": peak - persistent, "baseline_slack_bytes": slack,
-            "memory_method": method, "steps": steps, "step_s": times, "device": str(dev),
-            "threads": torch.get_num_threads(), "precision": "bf16 autocast" if dtype is not None else "fp32"}
+    return {
+        "arch": cfg.arch,
+        "head": cfg.head,
+        "mode": "compiled" if compile else "eager",
+        "params_total": cfg.num_params()["total"],
+        "peak_bytes": peak,
+        **state,
+        "state_bytes": persistent,
+        "other_bytes": peak - persistent,
+        "baseline_slack_bytes": slack,
+        "memory_method": method,
+        "steps": steps,
+        "step_s": times,
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "precision": "bf16 autocast" if dtype is not None else "fp32",
+    }
 
 
-def measure_in_subprocess(cfg: ModelConfig, batch_size: int, seq_len: int, device: str = "auto", steps: int = 2,
-                          threads: int | None = None, seed: int = 0, compile: bool = False) -> dict[str, Any]:
+def measure_in_subprocess(
+    cfg: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    device: str = "auto",
+    steps: int = 2,
+    threads: int | None = None,
+    seed: int = 0,
+    compile: bool = False,
+) -> dict[str, Any]:
     """`measure_training_step` in a fresh interpreter (threads default to this process's)."""
-    args = dict(config=cfg.to_dict(), batch_size=batch_size, seq_len=seq_len, device=device, steps=steps,
-                threads=threads or torch.get_num_threads(), seed=seed, compile=compile)
+    args = dict(
+        config=cfg.to_dict(),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        device=device,
+        steps=steps,
+        threads=threads or torch.get_num_threads(),
+        seed=seed,
+        compile=compile,
+    )
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
-    proc = subprocess.run([sys.executable, "-m", "tango_lm.bench.memory", "--child", json.dumps(args)],
-                          capture_output=True, text=True, check=False, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tango_lm.bench.memory", "--child", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory measurement of {cfg.arch}/{cfg.head} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -170,8 +213,14 @@ def memory_config(backbone: str, d_model: int, depth: int, vocab_size: int, seq_
     from tango_lm.models.registry import ARCHITECTURES
 
     if backbone in ARCHITECTURES:
-        return ModelConfig(arch=backbone, d_model=d_model, depth=depth, width=4 * d_model, vocab_size=vocab_size,
-                           context_length=seq_len)
+        return ModelConfig(
+            arch=backbone,
+            d_model=d_model,
+            depth=depth,
+            width=4 * d_model,
+            vocab_size=vocab_size,
+            context_length=seq_len,
+        )
     from tango_lm.train.config import read_yaml
 
     model = dict(read_yaml(backbone).get("model") or {})
@@ -179,10 +228,20 @@ def memory_config(backbone: str, d_model: int, depth: int, vocab_size: int, seq_
     return ModelConfig.from_dict(model)
 
 
-def run_memory_bench(backbone: str = "dense-142m", d_model: int = 256, depth: int = 4, vocab_size: int = 50304,
-                     batch_size: int = 1, seq_len: int = 512, steps: int = 2, device: str = "auto",
-                     threads: int | None = None, heads: tuple[str, ...] = HEADS_COMPARED,
-                     print_table: bool = True, compile: bool = False) -> dict[str, Any]:
+def run_memory_bench(
+    backbone: str = "dense-142m",
+    d_model: int = 256,
+    depth: int = 4,
+    vocab_size: int = 50304,
+    batch_size: int = 1,
+    seq_len: int = 512,
+    steps: int = 2,
+    device: str = "auto",
+    threads: int | None = None,
+    heads: tuple[str, ...] = HEADS_COMPARED,
+    print_table: bool = True,
+    compile: bool = False,
+) -> dict[str, Any]:
     """onóna against Standard on the same backbone and batch, each model in a fresh subprocess,
     both on the default (chunked) loss path; ratios are to the Standard head in the same mode.
     `compile`: every head also through torch.compile (the first step compiles; the peak covers it)."""
@@ -199,11 +258,23 @@ def run_memory_bench(backbone: str = "dense-142m", d_model: int = 256, depth: in
         base = next((b for b in same_mode if b["head"] == "standard"), same_mode[0])
         for key in ("peak_bytes", "state_bytes", "other_bytes"):
             r[f"{key.removesuffix('_bytes')}_vs_standard"] = r[key] / base[key] if base[key] > 0 else float("nan")
-    report = {"backbone": backbone, "arch": base_cfg.arch, "d_model": base_cfg.d_model, "depth": base_cfg.depth,
-              "width": base_cfg.width, "vocab_size": vocab_size, "batch_size": batch_size, "seq_len": seq_len,
-              "loss_chunk": base_cfg.loss_chunk, "steps": steps, "device": rows[0]["device"],
-              "threads": rows[0]["threads"], "precision": rows[0]["precision"],
-              "memory_method": rows[0]["memory_method"], "heads": rows}
+    report = {
+        "backbone": backbone,
+        "arch": base_cfg.arch,
+        "d_model": base_cfg.d_model,
+        "depth": base_cfg.depth,
+        "width": base_cfg.width,
+        "vocab_size": vocab_size,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "loss_chunk": base_cfg.loss_chunk,
+        "steps": steps,
+        "device": rows[0]["device"],
+        "threads": rows[0]["threads"],
+        "precision": rows[0]["precision"],
+        "memory_method": rows[0]["memory_method"],
+        "heads": rows,
+    }
     if print_table:
         print(format_report(report))
     return report

@@ -12,8 +12,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, size: int | None = None,
-                        repeats: int = 5) -> float:
+def measure_matmul_peak(
+    device: torch.device, dtype: torch.dtype = torch.float32, size: int | None = None, repeats: int = 5
+) -> float:
     """Best FLOP/s over `repeats` timed square matmuls (after a warm-up)."""
     n = size or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)

@@ -41,11 +41,19 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
     """The `bench` subcommand's options."""
-    s.add_argument("--suite", choices=(*SUITES, "all"), default=None,
-                   help="benchmark suite (default: TANGO vs matched Loop Transformer++ training speed)")
-    s.add_argument("--archs", type=_names, default=None,
-                   help="comma-separated architectures for train/decode (default for --suite: tango, tango-windowed, "
-                        "tango-3set, tango-compact, loop-transformer, untied-transformer, gau, flash)")
+    s.add_argument(
+        "--suite",
+        choices=(*SUITES, "all"),
+        default=None,
+        help="benchmark suite (default: TANGO vs matched Loop Transformer++ training speed)",
+    )
+    s.add_argument(
+        "--archs",
+        type=_names,
+        default=None,
+        help="comma-separated architectures for train/decode (default for --suite: tango, tango-windowed, "
+        "tango-3set, tango-compact, loop-transformer, untied-transformer, gau, flash)",
+    )
     s.add_argument("--d-model", type=int, default=256)
     s.add_argument("--seq-len", type=int, default=256)
     s.add_argument("--depth", type=int, default=4)
@@ -58,18 +66,29 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     s.add_argument("--no-memory", action="store_true", help="train suite: skip the per-model memory measurement")
     s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement")
-    s.add_argument("--peak-size", type=int, default=None,
-                   help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)")
+    s.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)",
+    )
     g = s.add_argument_group("decode suite")
     g.add_argument("--prompt-len", type=int, default=32)
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--decode-batches", type=_ints, default=(1, 8))
     g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
-    g.add_argument("--head-backbone", default="dense",
-                   help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)")
-    g.add_argument("--decode-tier", choices=("70m", "160m"), default=None,
-                   help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
-                        "at --d-model")
+    g.add_argument(
+        "--head-backbone",
+        default="dense",
+        help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)",
+    )
+    g.add_argument(
+        "--decode-tier",
+        choices=("70m", "160m"),
+        default=None,
+        help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
+        "at --d-model",
+    )
     g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
     g = s.add_argument_group("windowed suite")
     g.add_argument("--window", type=int, default=64)
@@ -79,21 +98,32 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--no-full-tango", action="store_true", help="windowed suite: time the windowed block only")
     g.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="windowed suite timer")
     g = s.add_argument_group("memory suite")
-    g.add_argument("--memory-backbone", default="dense-142m",
-                   help="a preset (its model section) or an architecture at --d-model/--depth")
+    g.add_argument(
+        "--memory-backbone",
+        default="dense-142m",
+        help="a preset (its model section) or an architecture at --d-model/--depth",
+    )
     g.add_argument("--memory-batch-size", type=int, default=1)
     g.add_argument("--memory-seq-len", type=int, default=512)
-    s.add_argument("--compile", action="store_true",
-                   help="train and memory suites: also every model through torch.compile, beside eager; "
-                        "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)")
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="train and memory suites: also every model through torch.compile, beside eager; "
+        "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)",
+    )
     s.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def environment() -> dict[str, Any]:
     import torch
 
-    return {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "processor": platform.processor() or None, "threads": torch.get_num_threads()}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
@@ -101,18 +131,35 @@ def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
 
     from tango_lm.bench.windowed import windowed_time_per_token
 
-    kwargs = dict(seq_lens=args.windowed_lens, window=args.window, d_model=args.d_model, width=args.windowed_width,
-                  tokens=args.windowed_tokens, repeats=args.repeats, include_tango=not args.no_full_tango,
-                  device=args.device, print_table=False)
+    kwargs = dict(
+        seq_lens=args.windowed_lens,
+        window=args.window,
+        d_model=args.d_model,
+        width=args.windowed_width,
+        tokens=args.windowed_tokens,
+        repeats=args.repeats,
+        include_tango=not args.no_full_tango,
+        device=args.device,
+        print_table=False,
+    )
     if args.clock != "wall":
         kwargs["clock"] = args.clock
     rows = windowed_time_per_token(**kwargs)
     last = rows[-1]
-    report = {"device": str(_device(args.device)), "threads": torch.get_num_threads(), "d_model": args.d_model,
-              "width": args.windowed_width, "window": args.window, "tokens_per_step": args.windowed_tokens,
-              "repeats": args.repeats, "clock": args.clock, "rows": rows, "target": WINDOWED_TARGET,
-              "longest_vs_first": last["windowed_vs_first"],
-              "target_met": last["windowed_vs_first"] <= WINDOWED_TARGET}
+    report = {
+        "device": str(_device(args.device)),
+        "threads": torch.get_num_threads(),
+        "d_model": args.d_model,
+        "width": args.windowed_width,
+        "window": args.window,
+        "tokens_per_step": args.windowed_tokens,
+        "repeats": args.repeats,
+        "clock": args.clock,
+        "rows": rows,
+        "target": WINDOWED_TARGET,
+        "longest_vs_first": last["windowed_vs_first"],
+        "target_met": last["windowed_vs_first"] <= WINDOWED_TARGET,
+    }
     if print_table:
         print(format_windowed(report))
     return report
@@ -135,13 +182,15 @@ def format_windowed(report: dict[str, Any]) -> str:
         f"{'tango/windowed':>16}",
     ]
     for r in rows:
-        tango = (f"{r['tango_us_per_token']:>14.2f}{r['tango_vs_windowed']:>16.2f}" if "tango_us_per_token" in r
-                 else "")
-        lines.append(f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}"
-                     f"{r['windowed_vs_first']:>11.2f}{tango}")
-    lines.append(f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
-                 f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
-                 f"({'met' if report['target_met'] else 'NOT met'})")
+        tango = f"{r['tango_us_per_token']:>14.2f}{r['tango_vs_windowed']:>16.2f}" if "tango_us_per_token" in r else ""
+        lines.append(
+            f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}{r['windowed_vs_first']:>11.2f}{tango}"
+        )
+    lines.append(
+        f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
+        f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
+        f"({'met' if report['target_met'] else 'NOT met'})"
+    )
     return "\n".join(lines)
 
 
@@ -160,12 +209,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keep_freed_memory()  # host memory as training uses it (cpu_allocator.py); the memory suite's children do not
     show = not args.json
     if args.suite is None:
-        report = run_training_bench(d_model=args.d_model, seq_len=args.seq_len, depth=args.depth,
-                                    batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
-                                    tango_width=args.tango_width, vocab_size=args.vocab_size, device=args.device,
-                                    archs=args.archs or PAIR, memory=not args.no_memory,
-                                    memory_steps=args.memory_steps, threads=args.threads,
-                                    peak_size=args.peak_size, print_table=show, compile=args.compile)
+        report = run_training_bench(
+            d_model=args.d_model,
+            seq_len=args.seq_len,
+            depth=args.depth,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            warmup=args.warmup,
+            tango_width=args.tango_width,
+            vocab_size=args.vocab_size,
+            device=args.device,
+            archs=args.archs or PAIR,
+            memory=not args.no_memory,
+            memory_steps=args.memory_steps,
+            threads=args.threads,
+            peak_size=args.peak_size,
+            print_table=show,
+            compile=args.compile,
+        )
         return report
     for name in ("steps", "repeats", "memory_steps"):
         if getattr(args, name) < 1:
@@ -178,22 +239,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print()
         if suite == "train":
             out["train"] = run_training_bench(
-                d_model=args.d_model, seq_len=args.seq_len, depth=args.depth, batch_size=args.batch_size,
-                steps=args.steps, warmup=args.warmup, tango_width=args.tango_width, vocab_size=args.vocab_size,
-                device=args.device, archs=archs, memory=not args.no_memory, memory_steps=args.memory_steps,
-                threads=args.threads, peak_size=args.peak_size, print_table=show, compile=args.compile)
+                d_model=args.d_model,
+                seq_len=args.seq_len,
+                depth=args.depth,
+                batch_size=args.batch_size,
+                steps=args.steps,
+                warmup=args.warmup,
+                tango_width=args.tango_width,
+                vocab_size=args.vocab_size,
+                device=args.device,
+                archs=archs,
+                memory=not args.no_memory,
+                memory_steps=args.memory_steps,
+                threads=args.threads,
+                peak_size=args.peak_size,
+                print_table=show,
+                compile=args.compile,
+            )
         elif suite == "decode":
             out["decode"] = run_decode_bench(
-                archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,
-                vocab_size=args.vocab_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                batches=args.decode_batches, repeats=args.repeats, head_backbone=args.head_backbone,
-                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show,
-                static=args.compile, tier=args.decode_tier)
+                archs=archs,
+                d_model=args.d_model,
+                depth=args.depth,
+                tango_width=args.tango_width,
+                vocab_size=args.vocab_size,
+                prompt_len=args.prompt_len,
+                new_tokens=args.new_tokens,
+                batches=args.decode_batches,
+                repeats=args.repeats,
+                head_backbone=args.head_backbone,
+                head_vocab=args.head_vocab,
+                device=args.device,
+                threads=args.threads,
+                print_table=show,
+                static=args.compile,
+                tier=args.decode_tier,
+            )
         elif suite == "windowed":
             out["windowed"] = run_windowed(args, show)
         elif suite == "memory":
             out["memory"] = run_memory_bench(
-                backbone=args.memory_backbone, d_model=args.d_model, depth=args.depth, vocab_size=args.head_vocab,
-                batch_size=args.memory_batch_size, seq_len=args.memory_seq_len, steps=args.memory_steps,
-                device=args.device, threads=args.threads, print_table=show, compile=args.compile)
+                backbone=args.memory_backbone,
+                d_model=args.d_model,
+                depth=args.depth,
+                vocab_size=args.head_vocab,
+                batch_size=args.memory_batch_size,
+                seq_len=args.memory_seq_len,
+                steps=args.memory_steps,
+                device=args.device,
+                threads=args.threads,
+                print_table=show,
+                compile=args.compile,
+            )
     return out

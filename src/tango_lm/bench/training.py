@@ -44,8 +44,9 @@ def default_archs() -> list[str]:
     return [name for name, arch in ARCHITECTURES.items() if arch.in_bench_suite]
 
 
-def matched_configs(archs: tuple[str, ...] | list[str], d_model: int, depth: int, tango_width: int,
-                    vocab_size: int, seq_len: int) -> list[tuple[str, ModelConfig | None, str]]:
+def matched_configs(
+    archs: tuple[str, ...] | list[str], d_model: int, depth: int, tango_width: int, vocab_size: int, seq_len: int
+) -> list[tuple[str, ModelConfig | None, str]]:
     """(arch, config, note) per architecture: TANGO at `tango_width`, every other architecture at the
     width whose total parameter count is nearest TANGO's; the Loop Transformer++ baseline is added
     when missing. The note says how the width was chosen: an architecture that cannot be matched
@@ -58,8 +59,9 @@ def matched_configs(archs: tuple[str, ...] | list[str], d_model: int, depth: int
         raise UserError(f"unknown architecture {unknown[0]!r}; choose from: {', '.join(ARCHITECTURES)}")
     if BASELINE not in archs:
         archs.append(BASELINE)
-    tango = ModelConfig(arch="tango", d_model=d_model, depth=depth, width=tango_width, vocab_size=vocab_size,
-                        context_length=seq_len)
+    tango = ModelConfig(
+        arch="tango", d_model=d_model, depth=depth, width=tango_width, vocab_size=vocab_size, context_length=seq_len
+    )
     target = tango.num_params()["total"]
     out: list[tuple[str, ModelConfig | None, str]] = []
     for arch in archs:
@@ -83,8 +85,9 @@ def matched_configs(archs: tuple[str, ...] | list[str], d_model: int, depth: int
 
 def _own_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return params + sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                        if isinstance(t, torch.Tensor))
+    return params + sum(
+        t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+    )
 
 
 def _load() -> float | None:
@@ -94,12 +97,25 @@ def _load() -> float | None:
         return None
 
 
-def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, batch_size: int = 4,
-                       steps: int = 6, warmup: int = 2, tango_width: int = 8192, vocab_size: int = 257,
-                       device: str = "auto", print_table: bool = True, configs: list[ModelConfig] | None = None,
-                       archs: tuple[str, ...] | list[str] | None = None, memory: bool = True, memory_steps: int = 2,
-                       threads: int | None = None, peak_size: int | None = None,
-                       compile: bool = False) -> dict[str, Any]:
+def run_training_bench(
+    d_model: int = 256,
+    seq_len: int = 256,
+    depth: int = 4,
+    batch_size: int = 4,
+    steps: int = 6,
+    warmup: int = 2,
+    tango_width: int = 8192,
+    vocab_size: int = 257,
+    device: str = "auto",
+    print_table: bool = True,
+    configs: list[ModelConfig] | None = None,
+    archs: tuple[str, ...] | list[str] | None = None,
+    memory: bool = True,
+    memory_steps: int = 2,
+    threads: int | None = None,
+    peak_size: int | None = None,
+    compile: bool = False,
+) -> dict[str, Any]:
     """Train every model side by side (see the module doc). `archs` None and `configs` None: the
     original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement;
     `peak_size` is the side of the peak's square matmuls (default: bench/peak.py's). `compile`:
@@ -127,8 +143,11 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
     models = [build_model(c).to(dev) for c in configs]
     opts = [adamw(m.parameters(), m, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
     # One runner per (model, mode); a model's compiled runner shares its weights and optimizer.
-    runners = [(j, mode, torch.compile(model.nll) if mode == "compiled" else model.nll)
-               for j, model in enumerate(models) for mode in modes]
+    runners = [
+        (j, mode, torch.compile(model.nll) if mode == "compiled" else model.nll)
+        for j, model in enumerate(models)
+        for mode in modes
+    ]
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
     times: list[list[float]] = [[] for _ in runners]
@@ -161,8 +180,10 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
         mem_method = "cuda max_memory_allocated per model step, minus the other models"
     elif memory:
         threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
-        mem_method = (f"peak RSS growth (VmHWM, MALLOC_MMAP_THRESHOLD_={threshold}) over {memory_steps} training "
-                      "steps, one fresh subprocess per model")
+        mem_method = (
+            f"peak RSS growth (VmHWM, MALLOC_MMAP_THRESHOLD_={threshold}) over {memory_steps} training "
+            "steps, one fresh subprocess per model"
+        )
     else:
         mem_method = "not measured"
     rows = []
@@ -178,10 +199,23 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
             mem = measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)["peak_bytes"]
         else:
             mem = None
-        rows.append({"arch": cfg.arch, "mode": mode, "width": cfg.width, "params_total": cfg.num_params()["total"],
-                     "note": note, "tokens_per_s": tok_s, "flops_per_token": fpt, "flop_per_s": tok_s * fpt,
-                     "mfu": tok_s * fpt / peak, "step_s": step_s, "step_s_all": ts,
-                     "cpu_s": statistics.median(cs), "peak_bytes": mem})
+        rows.append(
+            {
+                "arch": cfg.arch,
+                "mode": mode,
+                "width": cfg.width,
+                "params_total": cfg.num_params()["total"],
+                "note": note,
+                "tokens_per_s": tok_s,
+                "flops_per_token": fpt,
+                "flop_per_s": tok_s * fpt,
+                "mfu": tok_s * fpt / peak,
+                "step_s": step_s,
+                "step_s_all": ts,
+                "cpu_s": statistics.median(cs),
+                "peak_bytes": mem,
+            }
+        )
     for r in rows:
         eager = next(e for e in rows if e["arch"] == r["arch"] and e["mode"] == "eager")
         r["tokens_per_s_vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"]
@@ -191,18 +225,34 @@ def run_training_bench(d_model: int = 256, seq_len: int = 256, depth: int = 4, b
         r["flop_per_s_vs_loop"] = r["flop_per_s"] / base["flop_per_s"]
         r["mfu_vs_loop"] = r["mfu"] / base["mfu"]
         r["tokens_per_cpu_s_vs_loop"] = base["cpu_s"] / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
-        r["memory_vs_loop"] = (r["peak_bytes"] / base["peak_bytes"]
-                               if r["peak_bytes"] is not None and base["peak_bytes"] else None)
-    report = {"device": str(dev), "threads": torch.get_num_threads(), "d_model": configs[0].d_model,
-              "seq_len": seq_len, "depth": configs[0].depth, "batch_size": batch_size, "timed_steps": steps,
-              "warmup_steps": warmup, "vocab_size": configs[0].vocab_size, "tango_width": tango_width,
-              "precision": "bf16 autocast" if dtype is not None else "fp32",
-              "matmul_peak_flop_per_s": peak, "matmul_peak_before": peak_before, "matmul_peak_after": peak_after,
-              "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
-              "memory_method": mem_method, "allocator": allocator,
-              "load_avg_start": load_start, "load_avg_end": load_end,
-              "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else rows[0]["arch"],
-              "modes": list(modes), "models": rows, "skipped": skipped}
+        r["memory_vs_loop"] = (
+            r["peak_bytes"] / base["peak_bytes"] if r["peak_bytes"] is not None and base["peak_bytes"] else None
+        )
+    report = {
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "d_model": configs[0].d_model,
+        "seq_len": seq_len,
+        "depth": configs[0].depth,
+        "batch_size": batch_size,
+        "timed_steps": steps,
+        "warmup_steps": warmup,
+        "vocab_size": configs[0].vocab_size,
+        "tango_width": tango_width,
+        "precision": "bf16 autocast" if dtype is not None else "fp32",
+        "matmul_peak_flop_per_s": peak,
+        "matmul_peak_before": peak_before,
+        "matmul_peak_after": peak_after,
+        "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
+        "memory_method": mem_method,
+        "allocator": allocator,
+        "load_avg_start": load_start,
+        "load_avg_end": load_end,
+        "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else rows[0]["arch"],
+        "modes": list(modes),
+        "models": rows,
+        "skipped": skipped,
+    }
     if print_table:
         print(format_report(report))
     return report
@@ -231,8 +281,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['matmul_peak_before'] / 1e9:.1f} / after {report['matmul_peak_after'] / 1e9:.1f}); "
         f"tok/cpu-s x: by median process CPU time per step (steadier on a shared machine); "
         f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}"
-        + (" in the same mode; compiled: torch.compile(model.nll), vs eager = tok/s over the same model's eager "
-           "tok/s" if compiled else ""),
+        + (
+            " in the same mode; compiled: torch.compile(model.nll), vs eager = tok/s over the same model's eager tok/s"
+            if compiled
+            else ""
+        ),
         f"{'arch':<19}{mode_head}{'width':>6}{'params':>11}{'tok/s':>8}{'MFLOP/tok':>10}{'GFLOP/s':>8}{'MFU':>7}"
         f"{'peak MiB':>9}{'tok/s x':>8}{'tok/cpu-s x':>12}{'MFU x':>7}{'mem x':>7}{vs_eager_head}  note",
     ]

@@ -21,8 +21,9 @@ from tango_lm.layers.tango_windowed import WindowedTangoBlock
 from tango_lm.train.device import pick_device
 
 
-def _step(block: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor,
-          clock) -> float:
+def _step(
+    block: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor, clock
+) -> float:
     _sync(x.device)
     t0 = clock()
     block(x, rope).backward(dy)
@@ -91,8 +92,9 @@ def windowed_time_per_token(
     return rows
 
 
-def format_rows(rows: list[dict[str, Any]], device: torch.device, window: int, d_model: int, width: int,
-                clock: str = "wall") -> str:
+def format_rows(
+    rows: list[dict[str, Any]], device: torch.device, window: int, d_model: int, width: int, clock: str = "wall"
+) -> str:
     lines = [
         f"device {device} ({torch.get_num_threads()} threads), d={d_model}, F={width}, W={window}, "
         f"forward+backward, {clock} clock, best of the timed rounds",

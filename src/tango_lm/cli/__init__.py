@@ -64,4 +64,3 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return code if isinstance(code, int) else 0
-

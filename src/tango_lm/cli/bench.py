@@ -18,8 +18,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def add_parsers(sub: Any) -> None:
     """`bench`."""
-    s = sub.add_parser("bench", help="benchmark suites: training (TANGO vs matched Loop Transformer++ by default), "
-                                     "decoding, windowed TANGO, head memory")
+    s = sub.add_parser(
+        "bench",
+        help="benchmark suites: training (TANGO vs matched Loop Transformer++ by default), "
+        "decoding, windowed TANGO, head memory",
+    )
     from tango_lm.bench.suite import add_arguments as add_bench_arguments
 
     add_bench_arguments(s)

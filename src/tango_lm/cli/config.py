@@ -22,14 +22,24 @@ def cmd_params(args: argparse.Namespace) -> None:
     data = read_yaml(config) if config else {}
     model = RunConfig.from_dict(apply_overrides(data, overrides)).model  # validates every section
     counts = model.num_params()
-    out = {**counts, "arch": model.arch, "head": model.head, "d_model": model.d_model, "width": model.width,
-           "depth": model.depth, "n_heads": model.n_heads, "vocab_size": model.vocab_size,
-           "flops_per_token": model.flops_per_token()}
+    out = {
+        **counts,
+        "arch": model.arch,
+        "head": model.head,
+        "d_model": model.d_model,
+        "width": model.width,
+        "depth": model.depth,
+        "n_heads": model.n_heads,
+        "vocab_size": model.vocab_size,
+        "flops_per_token": model.flops_per_token(),
+    }
     if args.json:
         _print_json(out)
     else:
-        print(f"{model.arch} (head {model.head}): d_model={model.d_model} n_heads={model.n_heads} "
-              f"width={model.width} depth={model.depth} vocab={model.vocab_size}")
+        print(
+            f"{model.arch} (head {model.head}): d_model={model.d_model} n_heads={model.n_heads} "
+            f"width={model.width} depth={model.depth} vocab={model.vocab_size}"
+        )
         print(f"  non-embedding {counts['non_embedding']:>15,}")
         print(f"  embedding     {counts['embedding']:>15,}")
         print(f"  total         {counts['total']:>15,}")
@@ -48,8 +58,9 @@ def cmd_presets(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(rows)
     else:
-        print(_table(rows, [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"),
-                            ("about", "", "")]))
+        print(
+            _table(rows, [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"), ("about", "", "")])
+        )
 
 
 def cmd_match(args: argparse.Namespace) -> None:
@@ -77,18 +88,35 @@ def cmd_match(args: argparse.Namespace) -> None:
     if span is not None:
         span["paper_millions"] = list(paper) if paper else None
     if args.json:
-        _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
-                     "non_embedding_range": span, "active_ratio": ratios})
+        _print_json(
+            {
+                "target": target,
+                "d_model": d_model,
+                "depth": args.depth,
+                "models": rows,
+                "non_embedding_range": span,
+                "active_ratio": ratios,
+            }
+        )
         return
-    columns = [("arch", "arch", ""), ("d_model", "d", "d"), ("n_heads", "heads", "d"), ("width", "width", "d"),
-               ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
+    columns = [
+        ("arch", "arch", ""),
+        ("d_model", "d", "d"),
+        ("n_heads", "heads", "d"),
+        ("width", "width", "d"),
+        ("non_embedding", "non-embedding", ",d"),
+        ("total", "total", ",d"),
+        ("gap", "gap to target", "+,d"),
+    ]
     if len(contexts) > 1:
         columns.insert(4, ("context_length", "n", "d"))
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
     if span is not None:
-        line = (f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
-                f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})")
+        line = (
+            f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
+            f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})"
+        )
         if span["paper_millions"]:
             line += f"; the paper: {span['paper_millions'][0]:.3f}M to {span['paper_millions'][1]:.3f}M"
         print(line)
@@ -116,10 +144,19 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=50257)
-    s.add_argument("--context-length", type=int, nargs="+", default=[1024],
-                   help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)")
-    s.add_argument("--gau-norm", choices=("rmsnorm", "layernorm"), default="rmsnorm",
-                   help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)")
+    s.add_argument(
+        "--context-length",
+        type=int,
+        nargs="+",
+        default=[1024],
+        help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)",
+    )
+    s.add_argument(
+        "--gau-norm",
+        choices=("rmsnorm", "layernorm"),
+        default="rmsnorm",
+        help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)",
+    )
     s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_match)

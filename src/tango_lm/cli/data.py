@@ -28,18 +28,30 @@ def cmd_data_verify(args: argparse.Namespace) -> None:
         _print_json(report)
         return
     splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
-    print(f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
-          f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest")
+    print(
+        f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
+        f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest"
+    )
 
 
 def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
     from tango_lm.data.bpe import TRAIN_EXTS, train_bpe
 
-    tok = train_bpe(args.input, args.vocab_size, args.out, field=args.field, exts=args.ext or TRAIN_EXTS,
-                    min_frequency=args.min_frequency, max_docs=args.max_docs, overwrite=args.overwrite,
-                    progress=not args.no_progress)
-    print(f"trained a BPE tokenizer with {tok.vocab_size} ids (end-of-text {tok.eot_id}): {args.out}; "
-          f"use it with --tokenizer bpe:{args.out}")
+    tok = train_bpe(
+        args.input,
+        args.vocab_size,
+        args.out,
+        field=args.field,
+        exts=args.ext or TRAIN_EXTS,
+        min_frequency=args.min_frequency,
+        max_docs=args.max_docs,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print(
+        f"trained a BPE tokenizer with {tok.vocab_size} ids (end-of-text {tok.eot_id}): {args.out}; "
+        f"use it with --tokenizer bpe:{args.out}"
+    )
 
 
 def _add_train_tokenizer_parser(dsub: Any) -> None:
@@ -69,8 +81,10 @@ def add_parsers(sub: Any) -> None:
         source.add_arguments(t)
         t.set_defaults(func=cmd_data_prepare)
     _add_train_tokenizer_parser(dsub)
-    v = dsub.add_parser("verify", help="check every shard of a prepared dataset against its manifest (sha256, "
-                                       "end-of-text ids, token ids)")
+    v = dsub.add_parser(
+        "verify",
+        help="check every shard of a prepared dataset against its manifest (sha256, end-of-text ids, token ids)",
+    )
     v.add_argument("dir", help="prepared dataset directory")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_data_verify)

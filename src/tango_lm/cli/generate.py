@@ -31,21 +31,34 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise UserError("the prompt is empty; give some text with --prompt")
     room = room_for_new_tokens(len(ids), model.config.context_length)
     if room < 1:
-        raise UserError(f"the prompt has {len(ids)} tokens, more than the model's context of "
-                        f"{model.config.context_length}; shorten it")
+        raise UserError(
+            f"the prompt has {len(ids)} tokens, more than the model's context of "
+            f"{model.config.context_length}; shorten it"
+        )
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     prompt = torch.tensor([ids] * args.num_samples, device=device)
-    out = generate(model, prompt, max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, eos_id=None if args.no_stop else tok.eot_id)
+    out = generate(
+        model,
+        prompt,
+        max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_id=None if args.no_stop else tok.eot_id,
+    )
     texts = []
     for row in out.tolist():
-        new = row[len(ids):]
+        new = row[len(ids) :]
         if not args.no_stop and tok.eot_id in new:
             new = new[: new.index(tok.eot_id)]
         texts.append(tok.decode(new))
     if args.max_new_tokens is None and room < DEFAULT_NEW_TOKENS:
-        print(f"note: at most {room} new tokens (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} tokens fill the "
-              f"rest of the model's context of {model.config.context_length}", file=sys.stderr)
+        print(
+            f"note: at most {room} new tokens (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} tokens fill the "
+            f"rest of the model's context of {model.config.context_length}",
+            file=sys.stderr,
+        )
     if args.json:
         _print_json({"prompt": args.prompt, "completions": texts, "checkpoint": str(ckpt.path)})
         return
@@ -62,8 +75,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise UserError("tango-lm serve needs FastAPI and uvicorn; pip install 'tango-lm[serve]'")
     from tango_lm.serve.server import serve
 
-    serve(args.checkpoint, host=args.host, port=args.port, model_name=args.model_name, device=args.device,
-          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, threads=args.threads)
+    serve(
+        args.checkpoint,
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        device=args.device,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+        threads=args.threads,
+    )
 
 
 DEFAULT_NEW_TOKENS = 64
@@ -88,8 +109,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(out)
     else:
-        print(f"exported {out['checkpoint']} to {out['hf_dir']}; load it with AutoModelForCausalLM.from_pretrained("
-              f"{out['hf_dir']!r}, trust_remote_code=True) where tango-lm is installed")
+        print(
+            f"exported {out['checkpoint']} to {out['hf_dir']}; load it with AutoModelForCausalLM.from_pretrained("
+            f"{out['hf_dir']!r}, trust_remote_code=True) where tango-lm is installed"
+        )
 
 
 def add_parsers(sub: Any) -> None:
@@ -97,8 +120,12 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("generate", help="sample text from a checkpoint")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
-    s.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default 64, or as many as the prompt leaves room for in the context")
+    s.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default 64, or as many as the prompt leaves room for in the context",
+    )
     s.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
     s.add_argument("--top-k", type=int, default=None)
     s.add_argument("--top-p", type=float, default=None)
@@ -115,8 +142,12 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
     s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
     s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
-    s.add_argument("--batch-wait-ms", type=float, default=20.0,
-                   help="how long the first request of a batch waits for others to arrive")
+    s.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=20.0,
+        help="how long the first request of a batch waits for others to arrive",
+    )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=cmd_serve)

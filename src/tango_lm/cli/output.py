@@ -82,8 +82,9 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> s
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     # Text columns (empty format) read left to right; numbers line up on the right.
     left = [not fmt for _, _, fmt in columns]
-    lines = ["  ".join(c.ljust(w) if lj else c.rjust(w) for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
-             for r in cells]
+    lines = [
+        "  ".join(c.ljust(w) if lj else c.rjust(w) for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
+        for r in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-

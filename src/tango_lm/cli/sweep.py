@@ -24,9 +24,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(rows)
             return 0
-        print(_table(rows, [("run", "run", ""), ("state", "state", ""), ("width", "width", ""),
-                            ("params", "params", ",d"), ("steps", "steps", ",d"), ("tokens", "tokens", ",d"),
-                            ("note", "note", "")]))
+        print(
+            _table(
+                rows,
+                [
+                    ("run", "run", ""),
+                    ("state", "state", ""),
+                    ("width", "width", ""),
+                    ("params", "params", ",d"),
+                    ("steps", "steps", ",d"),
+                    ("tokens", "tokens", ",d"),
+                    ("note", "note", ""),
+                ],
+            )
+        )
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
         return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
@@ -40,11 +51,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 _print_json(rows)
             else:
                 print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
-                print(f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
-                      "summarizes finished runs")
+                print(
+                    f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
+                    "summarizes finished runs"
+                )
             return 0
     else:
-        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (["--wait"] if args.wait else [])
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (
+            ["--wait"] if args.wait else []
+        )
         if given:
             raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
         rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
@@ -53,11 +68,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _print_json(rows)
     else:
         print()
-        print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("steps", "steps", ",d"),
-                            ("best_dev_nll", "best dev NLL", ".4f"), ("test_nll", "test NLL", ".4f"),
-                            ("error", "error", "")]))
-        print(f"{len(rows) - len(failed)} of {len(rows)} runs finished under {grid.out_dir}; "
-              f"`tango-lm report {grid.out_dir}` summarizes them")
+        print(
+            _table(
+                rows,
+                [
+                    ("run", "run", ""),
+                    ("status", "status", ""),
+                    ("steps", "steps", ",d"),
+                    ("best_dev_nll", "best dev NLL", ".4f"),
+                    ("test_nll", "test NLL", ".4f"),
+                    ("error", "error", ""),
+                ],
+            )
+        )
+        print(
+            f"{len(rows) - len(failed)} of {len(rows)} runs finished under {grid.out_dir}; "
+            f"`tango-lm report {grid.out_dir}` summarizes them"
+        )
     return 1 if failed else 0
 
 
@@ -81,10 +108,18 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("sweep", help="train every run of a grid (architectures x datasets x tiers x depths x seeds)")
     s.add_argument("grid", help="grid YAML, e.g. configs/sweeps/dmmath-cpu.yaml")
     s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
-    s.add_argument("--only", action="append", metavar="PATTERN",
-                   help="only runs whose name matches (glob, or substring; repeatable)")
-    s.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                   help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)")
+    s.add_argument(
+        "--only",
+        action="append",
+        metavar="PATTERN",
+        help="only runs whose name matches (glob, or substring; repeatable)",
+    )
+    s.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)",
+    )
     s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
     s.add_argument("--account", default=None, help="slurm: account to charge")
     s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
@@ -100,8 +135,12 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
     s.add_argument("dir", help="a sweep's out_dir (or any directory of run directories)")
     s.add_argument("--out", default=None, help="report directory (default: DIR/report)")
-    s.add_argument("--split", default="test", choices=("test", "dev"),
-                   help="test: test NLL of the selected checkpoint; dev: its dev NLL")
+    s.add_argument(
+        "--split",
+        default="test",
+        choices=("test", "dev"),
+        help="test: test NLL of the selected checkpoint; dev: its dev NLL",
+    )
     s.add_argument("--reference", default=None, help="model whose per-seed margins to give (default: each row's best)")
     s.add_argument("--no-plots", action="store_true")
     s.add_argument("--json", action="store_true")

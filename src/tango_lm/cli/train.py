@@ -26,9 +26,19 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(s)
         return
-    print(_table([s], [("arch", "arch", ""), ("params_total", "params", ",d"), ("tokens", "tokens", ",d"),
-                       ("best_dev_nll", "best dev NLL", ".4f"), ("test_nll", "test NLL", ".4f"),
-                       ("tokens_per_s", "tokens/s", ",.0f")]))
+    print(
+        _table(
+            [s],
+            [
+                ("arch", "arch", ""),
+                ("params_total", "params", ",d"),
+                ("tokens", "tokens", ",d"),
+                ("best_dev_nll", "best dev NLL", ".4f"),
+                ("test_nll", "test NLL", ".4f"),
+                ("tokens_per_s", "tokens/s", ",.0f"),
+            ],
+        )
+    )
     print(f"run directory: {s['out_dir']} (test NLL from step {s['selected_step']})")
 
 
@@ -39,16 +49,25 @@ def cmd_eval(args: argparse.Namespace) -> None:
         raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
     if args.ppl:
         return _eval_ppl(args)
-    res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
-                              device=args.device, segment=_parse_segment(args.segment), ablate=args.ablate)
+    res = evaluate_checkpoint(
+        args.checkpoint,
+        args.split,
+        data_dir=args.data,
+        max_windows=args.windows,
+        device=args.device,
+        segment=_parse_segment(args.segment),
+        ablate=args.ablate,
+    )
     if args.json:
         _print_json(res)
     else:
         segment = f", segment {res['segment']}" if "segment" in res else ""
         segment += f", table {res['ablate']} only" if "ablate" in res else ""
         segment += f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
-        print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
-              f"({res['checkpoint']}, step {res['step']}{segment})")
+        print(
+            f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
+            f"({res['checkpoint']}, step {res['step']}{segment})"
+        )
 
 
 def _eval_ppl(args: argparse.Namespace) -> None:
@@ -59,13 +78,17 @@ def _eval_ppl(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(res)
     elif res["format"] == "lambada":
-        print(f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
-              f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']})")
+        print(
+            f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
+            f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']})"
+        )
     else:
-        print(f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
-              f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
-              f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
-              f"step {res['step']})")
+        print(
+            f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
+            f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
+            f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
+            f"step {res['step']})"
+        )
 
 
 def _parse_segment(text: str) -> int | None:
@@ -100,15 +123,28 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
     s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
-    s.add_argument("--windows", type=int, default=None,
-                   help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)")
-    s.add_argument("--ablate", choices=["A", "B", "a", "b"], default=None,
-                   help="score a twin-table (onóna) checkpoint with table A or B alone at input and output")
-    s.add_argument("--segment", default="all",
-                   help="models trained with active_width: 'all' columns (default) or one segment K")
+    s.add_argument(
+        "--windows",
+        type=int,
+        default=None,
+        help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)",
+    )
+    s.add_argument(
+        "--ablate",
+        choices=["A", "B", "a", "b"],
+        default=None,
+        help="score a twin-table (onóna) checkpoint with table A or B alone at input and output",
+    )
+    s.add_argument(
+        "--segment", default="all", help="models trained with active_width: 'all' columns (default) or one segment K"
+    )
     s.add_argument("--ppl", default=None, metavar="FILE", help="external perplexity of a local file instead of a split")
-    s.add_argument("--format", default="text", choices=("text", "wikitext", "lambada"),
-                   help="--ppl file format: blank-line documents, raw WikiText, or LAMBADA lines/JSONL")
+    s.add_argument(
+        "--format",
+        default="text",
+        choices=("text", "wikitext", "lambada"),
+        help="--ppl file format: blank-line documents, raw WikiText, or LAMBADA lines/JSONL",
+    )
     s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
     s.add_argument("--device", default="auto")
     s.add_argument("--json", action="store_true")

@@ -24,8 +24,12 @@ TRAIN_EXTS = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet", ".lean", ".py")
 MIN_VOCAB = 257  # 256 bytes + end-of-text
 
 
-def training_texts(inputs: Sequence[str | os.PathLike], field: str = "text", exts: Sequence[str] = TRAIN_EXTS,
-                   max_docs: int | None = None) -> Iterator[str]:
+def training_texts(
+    inputs: Sequence[str | os.PathLike],
+    field: str = "text",
+    exts: Sequence[str] = TRAIN_EXTS,
+    max_docs: int | None = None,
+) -> Iterator[str]:
     """Documents of the input files, read by extension (`.jsonl[.gz]`, `.parquet` by `field`; else text)."""
     n = 0
     for path in expand_inputs(inputs, exts):
@@ -62,7 +66,9 @@ def train_bpe(
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ModuleNotFoundError:
-        raise UserError("training a BPE needs the package `tokenizers`; install it with `pip install tokenizers`") from None
+        raise UserError(
+            "training a BPE needs the package `tokenizers`; install it with `pip install tokenizers`"
+        ) from None
     if max_docs is not None and max_docs < 1:
         raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
     if vocab_size < MIN_VOCAB:

@@ -21,8 +21,20 @@ CODE_ALWAYS_EXCLUDED = ("site-packages", "dist-packages", "__pycache__", "node_m
 CODE_TEST_DIRS = ("test", "tests")
 
 
-_COMMENT = {".py": "#", ".sh": "#", ".rb": "#", ".pl": "#", ".r": "#", ".yaml": "#", ".yml": "#", ".toml": "#",
-            ".lean": "--", ".hs": "--", ".sql": "--", ".lua": "--"}
+_COMMENT = {
+    ".py": "#",
+    ".sh": "#",
+    ".rb": "#",
+    ".pl": "#",
+    ".r": "#",
+    ".yaml": "#",
+    ".yml": "#",
+    ".toml": "#",
+    ".lean": "--",
+    ".hs": "--",
+    ".sql": "--",
+    ".lua": "--",
+}
 
 
 def stdlib_path() -> Path:
@@ -30,9 +42,14 @@ def stdlib_path() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def code_documents(roots: Sequence[str | os.PathLike], exts: Sequence[str] = (".py",),
-                   exclude_dirs: Sequence[str] = CODE_ALWAYS_EXCLUDED + CODE_TEST_DIRS, max_bytes: int = 1 << 20,
-                   path_header: bool = False, stats: dict[str, int] | None = None) -> Iterator[str]:
+def code_documents(
+    roots: Sequence[str | os.PathLike],
+    exts: Sequence[str] = (".py",),
+    exclude_dirs: Sequence[str] = CODE_ALWAYS_EXCLUDED + CODE_TEST_DIRS,
+    max_bytes: int = 1 << 20,
+    path_header: bool = False,
+    stats: dict[str, int] | None = None,
+) -> Iterator[str]:
     """One document per source file under `roots`, walked in sorted order.
 
     Skipped (and counted in `stats`): files over `max_bytes`, binary files (a NUL byte) and files
@@ -74,7 +91,6 @@ def code_documents(roots: Sequence[str | os.PathLike], exts: Sequence[str] = (".
             yield text
 
 
-
 @dataclass(kw_only=True)
 class CodeSource(HeldOutSource):
     """Source trees (default: Python's standard library) as a dataset, one document per file.
@@ -108,9 +124,15 @@ class CodeSource(HeldOutSource):
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CodeSource:
         inputs = [*args.inputs, *([str(stdlib_path())] if args.stdlib else [])]
-        return cls(inputs=inputs, exts=args.ext or [".py"], max_bytes=args.max_file_bytes,
-                   include_tests=args.include_tests, exclude_dirs=args.exclude_dir, path_header=args.path_header,
-                   **cls.common_options(args))
+        return cls(
+            inputs=inputs,
+            exts=args.ext or [".py"],
+            max_bytes=args.max_file_bytes,
+            include_tests=args.include_tests,
+            exclude_dirs=args.exclude_dir,
+            path_header=args.path_header,
+            **cls.common_options(args),
+        )
 
     @property
     def roots(self) -> list[str]:
@@ -134,9 +156,18 @@ class CodeSource(HeldOutSource):
 
     def fingerprint(self) -> dict[str, Any]:
         # `stats` is filled while the documents stream and is serialized with the manifest at the end.
-        return {"name": "code", "roots": self.roots, "exts": list(self.exts), "exclude_dirs": list(self.skipped_dirs),
-                "max_bytes": self.max_bytes, "path_header": self.path_header, "dev_fraction": self.dev_fraction,
-                "test_fraction": self.test_fraction, "seed": self.seed, "stats": self._stats}
+        return {
+            "name": "code",
+            "roots": self.roots,
+            "exts": list(self.exts),
+            "exclude_dirs": list(self.skipped_dirs),
+            "max_bytes": self.max_bytes,
+            "path_header": self.path_header,
+            "dev_fraction": self.dev_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+            "stats": self._stats,
+        }
 
 
 def prepare_code(
@@ -156,7 +187,16 @@ def prepare_code(
     progress: bool = True,
 ) -> Path:
     """Prepare source trees (default: Python's standard library) as a dataset (CodeSource)."""
-    source = CodeSource(inputs=inputs, tokenizer=tokenizer, exts=exts, include_tests=include_tests,
-                        exclude_dirs=exclude_dirs, max_bytes=max_bytes, path_header=path_header,
-                        dev_fraction=dev_fraction, test_fraction=test_fraction, seed=seed)
+    source = CodeSource(
+        inputs=inputs,
+        tokenizer=tokenizer,
+        exts=exts,
+        include_tests=include_tests,
+        exclude_dirs=exclude_dirs,
+        max_bytes=max_bytes,
+        path_header=path_header,
+        dev_fraction=dev_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return source.prepare(out_dir, overwrite=overwrite, progress=progress)

@@ -79,8 +79,7 @@ def ensure_generator_env(env_dir: Path | None = None) -> Path:
     try:
         steps = [
             ("create a virtual environment", [sys.executable, "-m", "venv", str(tmp)]),
-            ("pip install",
-             [str(_env_python(tmp)), "-m", "pip", "install", "--quiet", *REQUIREMENTS]),
+            ("pip install", [str(_env_python(tmp)), "-m", "pip", "install", "--quiet", *REQUIREMENTS]),
         ]
         for what, cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -147,12 +146,17 @@ def generate_examples(
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}
     proc = None
     try:
-        with open(log, "w", encoding="utf-8") as err, tqdm(
-            desc="generate dmmath", unit="module", disable=not progress
-        ) as bar:
+        with (
+            open(log, "w", encoding="utf-8") as err,
+            tqdm(desc="generate dmmath", unit="module", disable=not progress) as bar,
+        ):
             proc = subprocess.Popen(
                 [str(python), str(_WORKER), str(config_path)],
-                stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+                start_new_session=True,
             )
             for line in proc.stdout:
                 parts = line.split()
@@ -170,8 +174,7 @@ def generate_examples(
                 f"is broken delete {python.parent.parent} and run the command again"
             )
         config_path.unlink()
-        params = {"seed": seed, "counts": counts, "requirements": list(REQUIREMENTS),
-                  "worker_version": WORKER_VERSION}
+        params = {"seed": seed, "counts": counts, "requirements": list(REQUIREMENTS), "worker_version": WORKER_VERSION}
         (tmp / "params.json").write_text(json.dumps(params, indent=2) + "\n")
         if final.exists():  # an earlier, incomplete copy without params.json
             shutil.rmtree(final)
@@ -201,7 +204,7 @@ def _hold_out(docs: list[str], fraction: float, rng: random.Random) -> tuple[lis
     unique = list(dict.fromkeys(docs))
     n_dev = 0 if fraction <= 0 else min(len(unique) - 1, max(1, round(fraction * len(docs))))
     rng.shuffle(unique)
-    dev = set(unique[:max(0, n_dev)])
+    dev = set(unique[: max(0, n_dev)])
     return [d for d in docs if d not in dev], [d for d in unique if d in dev]
 
 
@@ -239,9 +242,15 @@ class DMMathSource(DataSource):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DMMathSource:
-        return cls(tokenizer=args.tokenizer, train_per_module=args.train_per_module,
-                   test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
-                   include_extrapolate=args.extrapolate, workers=args.workers)
+        return cls(
+            tokenizer=args.tokenizer,
+            train_per_module=args.train_per_module,
+            test_per_module=args.test_per_module,
+            dev_fraction=args.dev_fraction,
+            seed=args.seed,
+            include_extrapolate=args.extrapolate,
+            workers=args.workers,
+        )
 
     def check(self) -> None:
         if self.train_per_module < 1 or self.test_per_module < 1:
@@ -287,8 +296,11 @@ class DMMathSource(DataSource):
         splits = {"train": train, "dev": dev, "test": test}
         if self.include_extrapolate:
             splits["extrapolate"] = extra
-        self._generated = {"train_modules": len(per_module),
-                           "test_modules": len(_read_jsonl(directory, "interpolate")), "cache_key": directory.name}
+        self._generated = {
+            "train_modules": len(per_module),
+            "test_modules": len(_read_jsonl(directory, "interpolate")),
+            "cache_key": directory.name,
+        }
         return splits
 
     def fingerprint(self) -> dict[str, Any]:
@@ -318,7 +330,13 @@ def prepare_dmmath(
     progress: bool = True,
 ) -> Path:
     """Generate DeepMind Mathematics and write it as a prepared dataset (DMMathSource)."""
-    source = DMMathSource(tokenizer=tokenizer, train_per_module=train_per_module, test_per_module=test_per_module,
-                          dev_fraction=dev_fraction, seed=seed, include_extrapolate=include_extrapolate,
-                          workers=workers)
+    source = DMMathSource(
+        tokenizer=tokenizer,
+        train_per_module=train_per_module,
+        test_per_module=test_per_module,
+        dev_fraction=dev_fraction,
+        seed=seed,
+        include_extrapolate=include_extrapolate,
+        workers=workers,
+    )
     return source.prepare(out_dir, overwrite=overwrite, progress=progress)

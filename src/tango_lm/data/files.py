@@ -23,11 +23,24 @@ from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError
 
-__all__ = ["FileSource", "TextSource", "JsonlSource", "ParquetSource", "expand_inputs", "split_inputs",
-           "text_documents", "jsonl_documents", "parquet_documents", "file_documents", "prepare_files"]
+__all__ = [
+    "FileSource",
+    "TextSource",
+    "JsonlSource",
+    "ParquetSource",
+    "expand_inputs",
+    "split_inputs",
+    "text_documents",
+    "jsonl_documents",
+    "parquet_documents",
+    "file_documents",
+    "prepare_files",
+]
 
-INPUTS_HELP = ("files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with "
-               "train*/validation*/test* entries keeps its splits")
+INPUTS_HELP = (
+    "files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with "
+    "train*/validation*/test* entries keeps its splits"
+)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
 _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
@@ -49,8 +62,9 @@ def _walk(root: Path, exts: Sequence[str], exclude_dirs: Sequence[str] = ()) -> 
                 yield p
 
 
-def expand_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str],
-                  exclude_dirs: Sequence[str] = ()) -> list[Path]:
+def expand_inputs(
+    inputs: Sequence[str | os.PathLike], exts: Sequence[str], exclude_dirs: Sequence[str] = ()
+) -> list[Path]:
     """Files named by `inputs` (files, directories walked recursively for `exts`, glob patterns), in order.
 
     Raises UserError for an input that does not exist, or when nothing matches.
@@ -105,8 +119,10 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
                 others.append(entry.name)
         if "train" in out and len(out) > 1:
             if others:
-                raise UserError(f"{items[0]} has split entries ({', '.join(out)}) and also {', '.join(others)}; "
-                                "move those away or name each input as SPLIT=PATH")
+                raise UserError(
+                    f"{items[0]} has split entries ({', '.join(out)}) and also {', '.join(others)}; "
+                    "move those away or name each input as SPLIT=PATH"
+                )
             return out
     return {"train": items}
 
@@ -138,7 +154,9 @@ def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) ->
                 if para:
                     yield "".join(para).rstrip("\n")
         except UnicodeDecodeError as e:
-            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out") from None
+            raise UserError(
+                f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
+            ) from None
         except OSError as e:
             raise UserError(f"cannot read {path} ({e.strerror or e}); check the file") from None
 
@@ -154,12 +172,15 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                     try:
                         row = json.loads(line)
                     except ValueError as e:
-                        raise UserError(f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line") from None
+                        raise UserError(
+                            f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line"
+                        ) from None
                     value = row.get(field, None) if isinstance(row, dict) else None
                     if not isinstance(value, str):
                         what = "has no field" if not isinstance(row, dict) or field not in row else "has a non-string"
-                        raise UserError(f"{path}, line {lineno}: the object {what} {field!r}; "
-                                        "choose the text field with --field")
+                        raise UserError(
+                            f"{path}, line {lineno}: the object {what} {field!r}; choose the text field with --field"
+                        )
                     if value.strip():
                         yield value
         except UnicodeDecodeError as e:
@@ -180,8 +201,10 @@ def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: in
             raise UserError(f"cannot read the Parquet file {path} ({e}); check the file") from None
         names = pf.schema_arrow.names
         if field not in names:
-            raise UserError(f"the Parquet file {path} has no column {field!r} (columns: {', '.join(names)}); "
-                            "choose one with --field")
+            raise UserError(
+                f"the Parquet file {path} has no column {field!r} (columns: {', '.join(names)}); "
+                "choose one with --field"
+            )
         kind = pf.schema_arrow.field(field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise UserError(f"column {field!r} of {path} holds {kind}, not text; choose a text column with --field")
@@ -194,8 +217,9 @@ def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: in
             raise UserError(f"cannot read the Parquet file {path} ({e}); check the file") from None
 
 
-def file_documents(kind: str, files: Iterable[Path], field: str = "text", split_on_blank_lines: bool = False,
-                   batch_rows: int = 1024) -> Iterator[str]:
+def file_documents(
+    kind: str, files: Iterable[Path], field: str = "text", split_on_blank_lines: bool = False, batch_rows: int = 1024
+) -> Iterator[str]:
     """Documents of `files` read as `kind` ("text", "jsonl" or "parquet")."""
     if kind == "text":
         return text_documents(files, split_on_blank_lines)
@@ -204,7 +228,6 @@ def file_documents(kind: str, files: Iterable[Path], field: str = "text", split_
     if kind == "parquet":
         return parquet_documents(files, field, batch_rows)
     raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
-
 
 
 @dataclass(kw_only=True)
@@ -229,16 +252,25 @@ class FileSource(HeldOutSource):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
         cls.add_common_arguments(parser)
-        parser.add_argument("--ext", action="append",
-                            help=f"file extension read from directories (default {', '.join(cls.default_exts)})")
+        parser.add_argument(
+            "--ext",
+            action="append",
+            help=f"file extension read from directories (default {', '.join(cls.default_exts)})",
+        )
         parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
         parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
         parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FileSource:
-        return cls(inputs=args.inputs, field=args.field, exts=args.ext,
-                   split_on_blank_lines=args.split_on_blank_lines, max_docs=args.max_docs, **cls.common_options(args))
+        return cls(
+            inputs=args.inputs,
+            field=args.field,
+            exts=args.ext,
+            split_on_blank_lines=args.split_on_blank_lines,
+            max_docs=args.max_docs,
+            **cls.common_options(args),
+        )
 
     def check(self) -> None:
         super().check()
@@ -249,19 +281,28 @@ class FileSource(HeldOutSource):
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
         self._files = {s: expand_inputs(paths, exts) for s, paths in self._groups.items()}  # fail on missing paths now
-        own = {s: _limit(file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows),
-                         self.max_docs)
-               for s, f in self._files.items()}
+        own = {
+            s: _limit(
+                file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows), self.max_docs
+            )
+            for s, f in self._files.items()
+        }
         return self.held_out_splits(own, out_dir)
 
     def fingerprint(self) -> dict[str, Any]:
         kind = self.kind
-        return {"name": kind, "inputs": [str(i) for i in self.inputs],
-                "files": {s: len(f) for s, f in self._files.items()},
-                "own_splits": sorted(self._groups), "field": self.field if kind != "text" else None,
-                "split_on_blank_lines": self.split_on_blank_lines if kind == "text" else None,
-                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed,
-                "max_docs": self.max_docs}
+        return {
+            "name": kind,
+            "inputs": [str(i) for i in self.inputs],
+            "files": {s: len(f) for s, f in self._files.items()},
+            "own_splits": sorted(self._groups),
+            "field": self.field if kind != "text" else None,
+            "split_on_blank_lines": self.split_on_blank_lines if kind == "text" else None,
+            "dev_fraction": self.dev_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+            "max_docs": self.max_docs,
+        }
 
 
 class TextSource(FileSource):
@@ -305,7 +346,16 @@ def prepare_files(
     """Prepare text (`.txt`), JSONL or Parquet files as a dataset (FileSource)."""
     if kind not in FILE_SOURCES:
         raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
-    source = FILE_SOURCES[kind](inputs=inputs, tokenizer=tokenizer, field=field, exts=exts,
-                                split_on_blank_lines=split_on_blank_lines, dev_fraction=dev_fraction,
-                                test_fraction=test_fraction, seed=seed, max_docs=max_docs, batch_rows=batch_rows)
+    source = FILE_SOURCES[kind](
+        inputs=inputs,
+        tokenizer=tokenizer,
+        field=field,
+        exts=exts,
+        split_on_blank_lines=split_on_blank_lines,
+        dev_fraction=dev_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+        max_docs=max_docs,
+        batch_rows=batch_rows,
+    )
     return source.prepare(out_dir, overwrite=overwrite, progress=progress)

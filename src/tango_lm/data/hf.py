@@ -42,15 +42,22 @@ def parse_split_map(text: str | None) -> dict[str, str] | None:
 def _hf_error(name: str, e: Exception) -> UserError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, ConnectionError) or type(e).__name__ in ("OfflineModeIsEnabled", "LocalEntryNotFoundError"):
-        return UserError(f"cannot reach the Hugging Face Hub for dataset {name!r} ({first}); check the network, "
-                         "or prepare it once online so the datasets cache has it")
+        return UserError(
+            f"cannot reach the Hugging Face Hub for dataset {name!r} ({first}); check the network, "
+            "or prepare it once online so the datasets cache has it"
+        )
     if type(e).__name__ in ("DatasetNotFoundError", "FileNotFoundError", "DataFilesNotFoundError"):
         return UserError(f"dataset {name!r} was not found on the Hub or on disk ({first}); check the name")
     return UserError(f"cannot load dataset {name!r}: {first}")
 
 
-def load_hf_splits(name: str, config: str | None = None, split_map: dict[str, str] | None = None,
-                   streaming: bool = True, revision: str | None = None) -> dict[str, Any]:
+def load_hf_splits(
+    name: str,
+    config: str | None = None,
+    split_map: dict[str, str] | None = None,
+    streaming: bool = True,
+    revision: str | None = None,
+) -> dict[str, Any]:
     """Our split name -> a `datasets` split of `name` (a Hub name, a local data directory, or a
     `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
     datasets = _import_datasets()
@@ -59,8 +66,11 @@ def load_hf_splits(name: str, config: str | None = None, split_map: dict[str, st
         if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
             loaded = datasets.load_from_disk(str(local))
             if streaming:
-                loaded = ({k: v.to_iterable_dataset() for k, v in loaded.items()} if hasattr(loaded, "keys")
-                          else loaded.to_iterable_dataset())
+                loaded = (
+                    {k: v.to_iterable_dataset() for k, v in loaded.items()}
+                    if hasattr(loaded, "keys")
+                    else loaded.to_iterable_dataset()
+                )
         else:
             loaded = datasets.load_dataset(name, config, revision=revision, streaming=streaming)
     except UserError:
@@ -71,8 +81,9 @@ def load_hf_splits(name: str, config: str | None = None, split_map: dict[str, st
     if split_map:
         for theirs in split_map.values():
             if theirs not in available:
-                raise UserError(f"dataset {name!r} has no split {theirs!r} (splits: {', '.join(available)}); "
-                                "fix --split-map")
+                raise UserError(
+                    f"dataset {name!r} has no split {theirs!r} (splits: {', '.join(available)}); fix --split-map"
+                )
         return {SPLIT_ALIASES.get(ours, ours): available[theirs] for ours, theirs in split_map.items()}
     out: dict[str, Any] = {}
     for theirs, ds in available.items():
@@ -80,8 +91,10 @@ def load_hf_splits(name: str, config: str | None = None, split_map: dict[str, st
         if ours and ours not in out:
             out[ours] = ds
     if not out:
-        raise UserError(f"dataset {name!r} has splits {', '.join(available)} and none is train/validation/test; "
-                        "map them with --split-map, e.g. train={next(iter(available))}")
+        raise UserError(
+            f"dataset {name!r} has splits {', '.join(available)} and none is train/validation/test; "
+            "map them with --split-map, e.g. train={next(iter(available))}"
+        )
     return out
 
 
@@ -92,7 +105,9 @@ def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterat
             value = row.get(field) if isinstance(row, dict) else None
             if not isinstance(value, str):
                 if isinstance(row, dict) and field not in row:
-                    raise UserError(f"{where} has no field {field!r} (fields: {', '.join(row)}); choose one with --field")
+                    raise UserError(
+                        f"{where} has no field {field!r} (fields: {', '.join(row)}); choose one with --field"
+                    )
                 if value is None:
                     continue
                 raise UserError(f"{where}, row {i}: field {field!r} is not text; choose a text field with --field")
@@ -125,22 +140,34 @@ class HFSource(HeldOutSource):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("name",
-                            help="Hub name (HuggingFaceFW/fineweb-edu), local data directory or save_to_disk directory")
+        parser.add_argument(
+            "name", help="Hub name (HuggingFaceFW/fineweb-edu), local data directory or save_to_disk directory"
+        )
         cls.add_common_arguments(parser)
         parser.add_argument("--config", default=None, help="dataset configuration, e.g. sample-10BT")
         parser.add_argument("--split-map", default=None, help="OURS=THEIRS pairs, e.g. train=train,dev=validation")
         parser.add_argument("--field", default="text")
         parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
-        parser.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=None,
-                            help="stream instead of downloading and caching (default: stream when --max-docs is set)")
+        parser.add_argument(
+            "--streaming",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="stream instead of downloading and caching (default: stream when --max-docs is set)",
+        )
         parser.add_argument("--revision", default=None)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HFSource:
-        return cls(dataset=args.name, config=args.config, split_map=args.split_map, field=args.field,
-                   max_docs=args.max_docs, streaming=args.streaming, revision=args.revision,
-                   **cls.common_options(args))
+        return cls(
+            dataset=args.name,
+            config=args.config,
+            split_map=args.split_map,
+            field=args.field,
+            max_docs=args.max_docs,
+            streaming=args.streaming,
+            revision=args.revision,
+            **cls.common_options(args),
+        )
 
     def check(self) -> None:
         super().check()
@@ -155,18 +182,31 @@ class HFSource(HeldOutSource):
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         name = self.dataset
-        self._loaded = load_hf_splits(name, self.config, self._split_map, streaming=self.streams,
-                                      revision=self.revision)
-        own = {s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
-               for s, ds in self._loaded.items()}
+        self._loaded = load_hf_splits(
+            name, self.config, self._split_map, streaming=self.streams, revision=self.revision
+        )
+        own = {
+            s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
+            for s, ds in self._loaded.items()
+        }
         return self.held_out_splits(own, out_dir)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"name": "hf", "dataset": self.dataset, "config": self.config, "revision": self.revision,
-                "split_map": self._split_map, "own_splits": sorted(self._loaded), "field": self.field,
-                "max_docs": self.max_docs, "streaming": self.streams,
-                "datasets_version": getattr(_import_datasets(), "__version__", None),
-                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed}
+        return {
+            "name": "hf",
+            "dataset": self.dataset,
+            "config": self.config,
+            "revision": self.revision,
+            "split_map": self._split_map,
+            "own_splits": sorted(self._loaded),
+            "field": self.field,
+            "max_docs": self.max_docs,
+            "streaming": self.streams,
+            "datasets_version": getattr(_import_datasets(), "__version__", None),
+            "dev_fraction": self.dev_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+        }
 
 
 def prepare_hf(
@@ -187,7 +227,17 @@ def prepare_hf(
     progress: bool = True,
 ) -> Path:
     """Prepare the Hugging Face dataset `name` as a dataset (HFSource)."""
-    source = HFSource(dataset=name, tokenizer=tokenizer, config=config, split_map=split_map, field=field,
-                      max_docs=max_docs, streaming=streaming, revision=revision, dev_fraction=dev_fraction,
-                      test_fraction=test_fraction, seed=seed)
+    source = HFSource(
+        dataset=name,
+        tokenizer=tokenizer,
+        config=config,
+        split_map=split_map,
+        field=field,
+        max_docs=max_docs,
+        streaming=streaming,
+        revision=revision,
+        dev_fraction=dev_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return source.prepare(out_dir, overwrite=overwrite, progress=progress)

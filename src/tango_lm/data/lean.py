@@ -41,8 +41,16 @@ from tango_lm.data.source import HeldOutSource
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError
 
-__all__ = ["LeanSource", "ProofExample", "proof_examples", "read_lean", "plan_lean", "lean_documents", "prepare_lean",
-           "PROOF_KEYWORDS"]
+__all__ = [
+    "LeanSource",
+    "ProofExample",
+    "proof_examples",
+    "read_lean",
+    "plan_lean",
+    "lean_documents",
+    "prepare_lean",
+    "PROOF_KEYWORDS",
+]
 
 PROOF_KEYWORDS = ("theorem", "lemma")
 _CONTINUATION = ("|", "where", "termination_by", "decreasing_by", "deriving")
@@ -164,8 +172,9 @@ def read_lean(path: Path) -> str:
         raise UserError(f"cannot read {path} ({e.strerror or e}); check the file") from None
 
 
-def _assign_files(inputs: Sequence[str | os.PathLike], exts: Sequence[str], dev_fraction: float,
-                  test_fraction: float, seed: int) -> dict[str, list[Path]]:
+def _assign_files(
+    inputs: Sequence[str | os.PathLike], exts: Sequence[str], dev_fraction: float, test_fraction: float, seed: int
+) -> dict[str, list[Path]]:
     """Files of each split: the inputs' own splits, dev/test held out of train by file-text hash."""
     groups = {s: expand_inputs(p, exts) for s, p in split_inputs(inputs, exts).items()}
     if "train" not in groups:
@@ -205,8 +214,15 @@ def plan_lean(files: Sequence[Path], tokenizer: Any, proof_weight: float = 0.5, 
         if filled + n <= remainder:
             extra.add(key)
             filled += n
-    return {"repeats": repeats, "extra": extra, "source_tokens": source_tokens, "example_tokens_once": total,
-            "examples": len(examples), "example_tokens": repeats * total + filled, "target_example_tokens": target}
+    return {
+        "repeats": repeats,
+        "extra": extra,
+        "source_tokens": source_tokens,
+        "example_tokens_once": total,
+        "examples": len(examples),
+        "example_tokens": repeats * total + filled,
+        "target_example_tokens": target,
+    }
 
 
 def lean_documents(files: Sequence[Path], plan: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -238,8 +254,12 @@ class LeanSource(HeldOutSource):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
         cls.add_common_arguments(parser)
-        parser.add_argument("--proof-weight", type=float, default=0.5,
-                            help="share of each split's tokens from proof-completion examples (0.5 = equal weight)")
+        parser.add_argument(
+            "--proof-weight",
+            type=float,
+            default=0.5,
+            help="share of each split's tokens from proof-completion examples (0.5 = equal weight)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LeanSource:
@@ -257,11 +277,23 @@ class LeanSource(HeldOutSource):
         return {s: (text for _, text in lean_documents(files[s], self._plans[s])) for s in files}
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"name": "lean", "inputs": [str(i) for i in self.inputs], "proof_weight": self.proof_weight,
-                "weighting": "equal tokens: proof-completion examples hold proof_weight of each split's tokens",
-                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed,
-                "splits": {s: {"files": len(self._files[s]), **{k: v for k, v in p.items() if k != "extra"},
-                               "extra_copies": len(p["extra"])} for s, p in self._plans.items()}}
+        return {
+            "name": "lean",
+            "inputs": [str(i) for i in self.inputs],
+            "proof_weight": self.proof_weight,
+            "weighting": "equal tokens: proof-completion examples hold proof_weight of each split's tokens",
+            "dev_fraction": self.dev_fraction,
+            "test_fraction": self.test_fraction,
+            "seed": self.seed,
+            "splits": {
+                s: {
+                    "files": len(self._files[s]),
+                    **{k: v for k, v in p.items() if k != "extra"},
+                    "extra_copies": len(p["extra"]),
+                }
+                for s, p in self._plans.items()
+            },
+        }
 
 
 def prepare_lean(
@@ -278,6 +310,13 @@ def prepare_lean(
     progress: bool = True,
 ) -> Path:
     """Prepare Lean files plus their proof-completion examples (LeanSource)."""
-    source = LeanSource(inputs=inputs, tokenizer=tokenizer, proof_weight=proof_weight, exts=exts,
-                        dev_fraction=dev_fraction, test_fraction=test_fraction, seed=seed)
+    source = LeanSource(
+        inputs=inputs,
+        tokenizer=tokenizer,
+        proof_weight=proof_weight,
+        exts=exts,
+        dev_fraction=dev_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return source.prepare(out_dir, overwrite=overwrite, progress=progress)

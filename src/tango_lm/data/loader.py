@@ -146,13 +146,16 @@ class WindowLoader:
         ]
         if mismatched:
             raise UserError(
-                "the saved data position was made with different " + ", ".join(mismatched)
+                "the saved data position was made with different "
+                + ", ".join(mismatched)
                 + "; resume with the same seq_len, batch_size * world_size and data_seed"
             )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or position < 0 or position % self.global_batch:
-            raise UserError(f"invalid saved data position epoch={epoch} position={position}; "
-                            "the checkpoint is corrupt, resume from another one")
+            raise UserError(
+                f"invalid saved data position epoch={epoch} position={position}; "
+                "the checkpoint is corrupt, resume from another one"
+            )
         self.epoch, self.position = epoch, position
 
 

@@ -67,13 +67,15 @@ class _Documents:
         ends = []
         for base, m in zip(starts, self.maps, strict=False):
             for lo in range(0, len(m), _CHUNK):
-                ends.append(np.flatnonzero(np.asarray(m[lo: lo + _CHUNK]) == eot) + (base + lo))
+                ends.append(np.flatnonzero(np.asarray(m[lo : lo + _CHUNK]) == eot) + (base + lo))
         self.ends = np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)  # EOT positions
         documents = ds.num_documents(split)
         if len(self.ends) != documents or (documents and int(self.ends[-1]) != starts[-1] - 1):
-            raise UserError(f"split {split!r} of {ds.path} holds {len(self.ends)} end-of-text ids for "
-                            f"{documents} documents (or does not end with one); it was altered while being read, "
-                            "check it with `tango-lm data verify`")
+            raise UserError(
+                f"split {split!r} of {ds.path} holds {len(self.ends)} end-of-text ids for "
+                f"{documents} documents (or does not end with one); it was altered while being read, "
+                "check it with `tango-lm data verify`"
+            )
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -85,18 +87,19 @@ class _Documents:
         s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
         off = start - int(self.shard_starts[s])
         if end <= int(self.shard_starts[s + 1]):
-            return np.asarray(self.maps[s][off: off + end - start])
+            return np.asarray(self.maps[s][off : off + end - start])
         parts, pos = [], start
         while pos < end:  # a document that crosses shard borders
             s = int(np.searchsorted(self.shard_starts, pos, side="right")) - 1
             take = min(end, int(self.shard_starts[s + 1])) - pos
-            parts.append(np.asarray(self.maps[s][pos - int(self.shard_starts[s]):][:take]))
+            parts.append(np.asarray(self.maps[s][pos - int(self.shard_starts[s]) :][:take]))
             pos += take
         return np.concatenate(parts)
 
 
-def mix_documents(docs: Sequence[_Documents], weights: Sequence[float], seed: int, tokens: int | None,
-                  stats: list[dict[str, int]]) -> Iterator[np.ndarray]:
+def mix_documents(
+    docs: Sequence[_Documents], weights: Sequence[float], seed: int, tokens: int | None, stats: list[dict[str, int]]
+) -> Iterator[np.ndarray]:
     """Token arrays (documents without EOT) of the mixture, recording per-component counts in `stats`."""
     w = np.asarray(weights, dtype=np.float64) / sum(weights)
     emitted = np.zeros(len(docs))
@@ -159,10 +162,17 @@ class MixtureSource(DataSource):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="output directory")
-        parser.add_argument("--source", dest="source_dirs", action="append", required=True, metavar="DIR:WEIGHT",
-                            help="a prepared dataset and its token weight (repeatable)")
-        parser.add_argument("--tokens", type=int, default=None,
-                            help="train tokens (default: each document at most once)")
+        parser.add_argument(
+            "--source",
+            dest="source_dirs",
+            action="append",
+            required=True,
+            metavar="DIR:WEIGHT",
+            help="a prepared dataset and its token weight (repeatable)",
+        )
+        parser.add_argument(
+            "--tokens", type=int, default=None, help="train tokens (default: each document at most once)"
+        )
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--overwrite", action="store_true")
         parser.add_argument("--no-progress", action="store_true")
@@ -190,13 +200,16 @@ class MixtureSource(DataSource):
         for (path, _), ds in zip(comps, datasets, strict=True):
             a, b = first.tokenizer.to_dict(), ds.tokenizer.to_dict()
             if not same_tokenizer(a, b):
-                raise UserError(f"{path} uses tokenizer {b['name']!r} ({b['fingerprint'][:12]}) but {comps[0][0]} "
-                                f"uses {a['name']!r} ({a['fingerprint'][:12]}); prepare all components with one "
-                                "tokenizer")
+                raise UserError(
+                    f"{path} uses tokenizer {b['name']!r} ({b['fingerprint'][:12]}) but {comps[0][0]} "
+                    f"uses {a['name']!r} ({a['fingerprint'][:12]}); prepare all components with one "
+                    "tokenizer"
+                )
             if "train" not in ds.splits or ds.num_documents("train") == 0:
                 raise UserError(f"{path} has no train documents; every mixture component needs them")
         names = [s for s in first.splits if s == "train"] + [
-            s for s in dict.fromkeys(s for ds in datasets for s in ds.splits) if s != "train"]
+            s for s in dict.fromkeys(s for ds in datasets for s in ds.splits) if s != "train"
+        ]
         self._stats: dict[str, list[dict[str, int]]] = {}
         splits: dict[str, Iterator[np.ndarray]] = {}
         for split in names:
@@ -205,26 +218,43 @@ class MixtureSource(DataSource):
                 continue
             self._stats[split] = [{"component": k} for k in members]
             docs = [_Documents(datasets[k], split) for k in members]
-            splits[split] = mix_documents(docs, [comps[k][1] for k in members], seed,
-                                          tokens if split == "train" else None, self._stats[split])
+            splits[split] = mix_documents(
+                docs, [comps[k][1] for k in members], seed, tokens if split == "train" else None, self._stats[split]
+            )
         self._datasets = datasets
         return splits
 
     def fingerprint(self) -> dict[str, Any]:
         comps = self._comps
         total_w = sum(w for _, w in comps)
-        return {"name": "mixture", "seed": self.seed, "tokens": self.tokens,
-                "components": [{"path": str(Path(p).absolute()), "weight": w, "share": w / total_w,
-                                "source": ds.source.get("name") if isinstance(ds.source, dict) else None}
-                               for (p, w), ds in zip(comps, self._datasets, strict=True)],
-                "realized": self._stats}  # filled while the splits stream, serialized with the manifest at the end
+        return {
+            "name": "mixture",
+            "seed": self.seed,
+            "tokens": self.tokens,
+            "components": [
+                {
+                    "path": str(Path(p).absolute()),
+                    "weight": w,
+                    "share": w / total_w,
+                    "source": ds.source.get("name") if isinstance(ds.source, dict) else None,
+                }
+                for (p, w), ds in zip(comps, self._datasets, strict=True)
+            ],
+            "realized": self._stats,
+        }  # filled while the splits stream, serialized with the manifest at the end
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
         self.check()
         check_writable(out_dir, overwrite)
         splits = self.read(None, Path(out_dir), progress)
-        return write_prepared(out_dir, _PreTokenized(self._datasets[0].tokenizer), splits, self.fingerprint(),
-                              progress=progress, overwrite=overwrite)
+        return write_prepared(
+            out_dir,
+            _PreTokenized(self._datasets[0].tokenizer),
+            splits,
+            self.fingerprint(),
+            progress=progress,
+            overwrite=overwrite,
+        )
 
 
 def prepare_mixture(
@@ -236,5 +266,6 @@ def prepare_mixture(
     progress: bool = True,
 ) -> Path:
     """Mix prepared datasets by token weight into a new prepared dataset (MixtureSource)."""
-    return MixtureSource(components=sources, tokens=tokens, seed=seed).prepare(out_dir, overwrite=overwrite,
-                                                                              progress=progress)
+    return MixtureSource(components=sources, tokens=tokens, seed=seed).prepare(
+        out_dir, overwrite=overwrite, progress=progress
+    )

@@ -226,8 +226,15 @@ def _remove_leftovers(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[str]], source: dict[str, Any],
-                    shard_tokens: int, progress: bool, batch_docs: int) -> Path:
+def _write_prepared(
+    out: Path,
+    tokenizer: Tokenizer,
+    splits: dict[str, Iterable[str]],
+    source: dict[str, Any],
+    shard_tokens: int,
+    progress: bool,
+    batch_docs: int,
+) -> Path:
     dtype = _dtype_for(tokenizer.vocab_size)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
@@ -243,8 +250,10 @@ def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[
             shard_stats.update(stats)
             max_id = max(max_id, split_max)
         if split_entries.get("train", {"documents": 0})["documents"] == 0:
-            raise UserError(f"the input holds no {'train ' if split_entries else ''}documents (empty or whitespace-only), "
-                            f"so no dataset was written to {out}; check the input files")
+            raise UserError(
+                f"the input holds no {'train ' if split_entries else ''}documents (empty or whitespace-only), "
+                f"so no dataset was written to {out}; check the input files"
+            )
         tok_dict = tokenizer.to_dict()
         manifest = {
             "format": FORMAT,
@@ -264,8 +273,10 @@ def _write_prepared(out: Path, tokenizer: Tokenizer, splits: dict[str, Iterable[
         _move_into_place(tmp, out)
     except OSError as exc:  # a full disk, an unwritable folder: nothing half-written stays behind
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write the dataset {out}: {os_error_text(exc)}; nothing was written or replaced, "
-                        "free disk space or choose a writable output directory") from None
+        raise UserError(
+            f"cannot write the dataset {out}: {os_error_text(exc)}; nothing was written or replaced, "
+            "free disk space or choose a writable output directory"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -313,16 +324,12 @@ class PreparedDataset:
             with open(p / MANIFEST, encoding="utf-8") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise UserError(
-                f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_PREPARE_HINT}"
-            ) from None
+            raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_PREPARE_HINT}") from None
         except (OSError, ValueError) as e:
             raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_PREPARE_HINT}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             found = manifest.get("format") if isinstance(manifest, dict) else None
-            raise UserError(
-                f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_PREPARE_HINT}"
-            )
+            raise UserError(f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_PREPARE_HINT}")
         tok_dict = manifest.get("tokenizer")
         try:
             tokenizer = tokenizer_from_dict(tok_dict)
@@ -354,9 +361,7 @@ class PreparedDataset:
     def _entry(self, split: str) -> dict[str, Any]:
         entry = self.manifest["splits"].get(split)
         if entry is None:
-            raise UserError(
-                f"split {split!r} is not in {self.path}; available splits: {', '.join(self.splits)}"
-            )
+            raise UserError(f"split {split!r} is not in {self.path}; available splits: {', '.join(self.splits)}")
         return entry
 
     def num_tokens(self, split: str) -> int:
@@ -379,8 +384,10 @@ class PreparedDataset:
                 if int(sh["tokens"]) > 0
             ]
         except OSError as exc:
-            raise UserError(f"cannot read shard {exc.filename or self.path} of split {split!r} "
-                            f"({exc.strerror or exc}); check its permissions") from None
+            raise UserError(
+                f"cannot read shard {exc.filename or self.path} of split {split!r} "
+                f"({exc.strerror or exc}); check its permissions"
+            ) from None
         if not maps:
             arr = np.empty(0, dtype=self.dtype)
         elif len(maps) == 1:

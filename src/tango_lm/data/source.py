@@ -106,8 +106,12 @@ class HeldOutSource(DataSource):
         """`--out`, the tokenizer and hold-out options, `--overwrite` and `--no-progress`."""
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
-        p.add_argument("--dev-fraction", type=float, default=0.02,
-                       help="share of documents held out as dev by document hash when the source has no dev split")
+        p.add_argument(
+            "--dev-fraction",
+            type=float,
+            default=0.02,
+            help="share of documents held out as dev by document hash when the source has no dev split",
+        )
         p.add_argument("--test-fraction", type=float, default=0.02, help="the same for test")
         p.add_argument("--seed", type=int, default=0, help="seed of the held-out split hash")
         p.add_argument("--overwrite", action="store_true")
@@ -116,8 +120,12 @@ class HeldOutSource(DataSource):
     @staticmethod
     def common_options(args: argparse.Namespace) -> dict[str, Any]:
         """The options `add_common_arguments` parsed, as keyword arguments of the source."""
-        return {"tokenizer": args.tokenizer, "dev_fraction": args.dev_fraction, "test_fraction": args.test_fraction,
-                "seed": args.seed}
+        return {
+            "tokenizer": args.tokenizer,
+            "dev_fraction": args.dev_fraction,
+            "test_fraction": args.test_fraction,
+            "seed": args.seed,
+        }
 
 
 def _tokenizer(tokenizer: Any):

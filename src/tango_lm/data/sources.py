@@ -33,8 +33,9 @@ SOURCES: dict[str, type[DataSource]] = {
 }
 
 
-def prepare_source(name: str, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True,
-                   **options: Any) -> Path:
+def prepare_source(
+    name: str, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True, **options: Any
+) -> Path:
     """Prepare a dataset at `out_dir` from the source registered as `name`, with that source's
     options (the fields of its class): `prepare_source("jsonl", "data/web", inputs=["a.jsonl"])`."""
     if name not in SOURCES:

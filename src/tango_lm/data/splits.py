@@ -55,15 +55,19 @@ def _check_fractions(dev_fraction: float, test_fraction: float) -> None:
         if not 0 <= f < 1:
             raise UserError(f"{name} must be in [0, 1), got {f}; pick e.g. 0.02")
     if dev_fraction + test_fraction >= 1:
-        raise UserError(f"dev_fraction + test_fraction must be below 1, got {dev_fraction + test_fraction}; "
-                        "lower them")
+        raise UserError(f"dev_fraction + test_fraction must be below 1, got {dev_fraction + test_fraction}; lower them")
 
 
 class _SpillSplitter:
     """One pass over `docs`: the split read first streams through, the others spill to temp files."""
 
-    def __init__(self, docs: Iterable[str], names: Sequence[str], assign: Callable[[str], str],
-                 spill_dir: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        docs: Iterable[str],
+        names: Sequence[str],
+        assign: Callable[[str], str],
+        spill_dir: str | os.PathLike | None = None,
+    ) -> None:
         self.docs, self.names, self.assign, self.spill_dir = docs, list(names), assign, spill_dir
         self._dir: tempfile.TemporaryDirectory | None = None
         self._unread: set[str] = set()
@@ -107,8 +111,14 @@ class _SpillSplitter:
             self._dir.cleanup()
 
 
-def hold_out(docs: Iterable[str], dev_fraction: float, test_fraction: float, seed: int = 0,
-             keep: Sequence[str] = (), spill_dir: str | os.PathLike | None = None) -> dict[str, Iterator[str]]:
+def hold_out(
+    docs: Iterable[str],
+    dev_fraction: float,
+    test_fraction: float,
+    seed: int = 0,
+    keep: Sequence[str] = (),
+    spill_dir: str | os.PathLike | None = None,
+) -> dict[str, Iterator[str]]:
     """Split one document stream into train/dev/test by document hash (module docstring), in one pass.
 
     Splits in `keep` are not held out (the source supplies them); neither are splits with fraction 0.
@@ -122,21 +132,26 @@ def hold_out(docs: Iterable[str], dev_fraction: float, test_fraction: float, see
     return {n: splitter.stream(n) for n in names}
 
 
-def assemble_splits(own: dict[str, Iterable[str]], dev_fraction: float, test_fraction: float,
-                    seed: int = 0, spill_dir: str | os.PathLike | None = None) -> dict[str, Iterable[str]]:
+def assemble_splits(
+    own: dict[str, Iterable[str]],
+    dev_fraction: float,
+    test_fraction: float,
+    seed: int = 0,
+    spill_dir: str | os.PathLike | None = None,
+) -> dict[str, Iterable[str]]:
     """Splits for `write_prepared`: the source's own splits, plus dev/test held out of train when missing.
 
     `own` maps split names to documents; an unsplit source passes `{"train": docs}`.
     """
     _check_fractions(dev_fraction, test_fraction)
     if "train" not in own:
-        raise UserError(f"the source has splits {', '.join(own)} but no train split; give one "
-                        "(e.g. train=PATH)")
+        raise UserError(f"the source has splits {', '.join(own)} but no train split; give one (e.g. train=PATH)")
     missing = [s for s in ("dev", "test") if s not in own]
     if not missing:
         return dict(own)
-    held = hold_out(own["train"], dev_fraction, test_fraction, seed, keep=[s for s in own if s != "train"],
-                    spill_dir=spill_dir)
+    held = hold_out(
+        own["train"], dev_fraction, test_fraction, seed, keep=[s for s in own if s != "train"], spill_dir=spill_dir
+    )
     out: dict[str, Iterable[str]] = {"train": held["train"]}
     for s in ("dev", "test"):
         if s in own:
@@ -145,4 +160,3 @@ def assemble_splits(own: dict[str, Iterable[str]], dev_fraction: float, test_fra
             out[s] = held[s]
     out.update({s: d for s, d in own.items() if s not in out})
     return out
-

@@ -107,9 +107,7 @@ class ByteTokenizer(Tokenizer):
 
 
 # GPT-2's pre-tokenization regex, as in tiktoken_ext.openai_public.r50k_pat_str.
-GPT2_PAT_STR = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-)
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT2_EOT = "<|endoftext|>"
 
 
@@ -206,14 +204,17 @@ class BPETokenizer(Tokenizer):
             self._json = _canonical_json(tokenizer_json)
             self._tok = HFTokenizer.from_str(self._json)
         except Exception as e:  # the Rust side raises plain Exception subclasses
-            raise UserError(f"not a valid Hugging Face tokenizer JSON ({e}); train one with "
-                            "`tango-lm data train-tokenizer`") from None
+            raise UserError(
+                f"not a valid Hugging Face tokenizer JSON ({e}); train one with `tango-lm data train-tokenizer`"
+            ) from None
         # Text that spells "<|endoftext|>" stays ordinary text; only callers append the EOT id.
         self._tok.encode_special_tokens = True
         eot = self._tok.token_to_id(BPE_EOT)
         if eot is None:
-            raise UserError(f"the BPE tokenizer has no {BPE_EOT!r} token; train it with "
-                            "`tango-lm data train-tokenizer`, which adds one")
+            raise UserError(
+                f"the BPE tokenizer has no {BPE_EOT!r} token; train it with "
+                "`tango-lm data train-tokenizer`, which adds one"
+            )
         self.eot_id = int(eot)
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self._fingerprint = hashlib.sha256(b"tango-lm bpe tokenizer\n" + self._json.encode("utf-8")).hexdigest()
@@ -259,8 +260,9 @@ class BPETokenizer(Tokenizer):
     def from_dict(cls, d: dict[str, Any]) -> Tokenizer:
         text = d.get("hf_tokenizer")
         if not isinstance(text, str):
-            raise UserError("the saved 'bpe' tokenizer description lacks its `hf_tokenizer` JSON; "
-                            "prepare the data again")
+            raise UserError(
+                "the saved 'bpe' tokenizer description lacks its `hf_tokenizer` JSON; prepare the data again"
+            )
         return cls(text)
 
 
@@ -277,8 +279,10 @@ def get_tokenizer(name: str) -> Tokenizer:
     if name.startswith(f"{BPETokenizer.name}:"):
         return BPETokenizer.from_file(name.split(":", 1)[1])
     if name == BPETokenizer.name:
-        raise UserError("the bpe tokenizer needs its file: use bpe:PATH, e.g. bpe:tokenizer.json "
-                        "from `tango-lm data train-tokenizer`")
+        raise UserError(
+            "the bpe tokenizer needs its file: use bpe:PATH, e.g. bpe:tokenizer.json "
+            "from `tango-lm data train-tokenizer`"
+        )
     cls = _REGISTRY.get(name)
     if cls is None:
         raise UserError(f"unknown tokenizer {name!r}; choose one of: {', '.join(TOKENIZER_NAMES)}")

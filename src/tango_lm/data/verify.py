@@ -68,28 +68,42 @@ def manifest_shards(path: Path, manifest: dict[str, Any], hint: str) -> tuple[np
         if not isinstance(listed, list) or not _count(entry.get("documents")) or not _count(entry.get("tokens")):
             raise UserError(f"{where} has a malformed entry for split {split!r} (shards, tokens, documents); {hint}")
         for sh in listed:
-            name, tokens, sha = (sh.get(k) for k in ("file", "tokens", "sha256")) if isinstance(sh, dict) else (None,) * 3
-            if not isinstance(name, str) or not name or not _count(tokens) or not (isinstance(sha, str)
-                                                                                    and _HEX64.match(sha)):
+            name, tokens, sha = (
+                (sh.get(k) for k in ("file", "tokens", "sha256")) if isinstance(sh, dict) else (None,) * 3
+            )
+            if (
+                not isinstance(name, str)
+                or not name
+                or not _count(tokens)
+                or not (isinstance(sha, str) and _HEX64.match(sha))
+            ):
                 raise UserError(f"{where} has a malformed shard entry in split {split!r} ({sh!r:.80}); {hint}")
             file = path / name
             resolved = file.resolve()
             if resolved == root or not resolved.is_relative_to(root):
-                raise UserError(f"{where} lists shard {name!r} of split {split!r}, which lies outside {path}; "
-                                f"a dataset reads only its own files; {hint}")
+                raise UserError(
+                    f"{where} lists shard {name!r} of split {split!r}, which lies outside {path}; "
+                    f"a dataset reads only its own files; {hint}"
+                )
             if resolved in seen:
-                raise UserError(f"{where} lists the file {name!r} twice (splits {seen[resolved]!r} and {split!r}); {hint}")
+                raise UserError(
+                    f"{where} lists the file {name!r} twice (splits {seen[resolved]!r} and {split!r}); {hint}"
+                )
             seen[resolved] = split
             if not file.is_file():
                 raise UserError(f"shard {name} of split {split!r} is missing from {path}; {hint}")
             size = file.stat().st_size
             if size != tokens * dtype.itemsize:
-                raise UserError(f"shard {file} has {size} bytes but the manifest says {tokens} tokens "
-                                f"({tokens * dtype.itemsize} bytes), so it is truncated or corrupt; {hint}")
+                raise UserError(
+                    f"shard {file} has {size} bytes but the manifest says {tokens} tokens "
+                    f"({tokens * dtype.itemsize} bytes), so it is truncated or corrupt; {hint}"
+                )
             shards.append(Shard(split, name, file, tokens, sha))
         if sum(s.tokens for s in shards if s.split == split) != entry["tokens"]:
-            raise UserError(f"{where} says split {split!r} has {entry['tokens']} tokens but its shards hold "
-                            f"{sum(s.tokens for s in shards if s.split == split)}; {hint}")
+            raise UserError(
+                f"{where} says split {split!r} has {entry['tokens']} tokens but its shards hold "
+                f"{sum(s.tokens for s in shards if s.split == split)}; {hint}"
+            )
     if not isinstance(manifest.get("max_token_id"), int) or isinstance(manifest["max_token_id"], bool):
         raise UserError(f"{where} has no integer max_token_id; {hint}")
     return dtype, shards
@@ -99,8 +113,15 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def verify_shards(path: Path, manifest: dict[str, Any], dtype: np.dtype, shards: list[Shard], eot_id: int,
-                  hint: str, force: bool = False) -> dict[str, Any]:
+def verify_shards(
+    path: Path,
+    manifest: dict[str, Any],
+    dtype: np.dtype,
+    shards: list[Shard],
+    eot_id: int,
+    hint: str,
+    force: bool = False,
+) -> dict[str, Any]:
     """Check every shard's contents against the manifest (module docstring), reading only shards
     the cache has not seen in their present version (all of them with `force`). Returns totals."""
     cache = _Cache(path)
@@ -113,27 +134,39 @@ def verify_shards(path: Path, manifest: dict[str, Any], dtype: np.dtype, shards:
             stats = _scan(sh.file, dtype, eot_id)
             hashed += 1
             if stats["sha256"] != sh.sha256:
-                raise UserError(f"shard {sh.file} fails its sha256 checksum (the manifest records {sh.sha256[:12]}..., "
-                                f"the file hashes to {stats['sha256'][:12]}...), so it changed after it was written; {hint}")
+                raise UserError(
+                    f"shard {sh.file} fails its sha256 checksum (the manifest records {sh.sha256[:12]}..., "
+                    f"the file hashes to {stats['sha256'][:12]}...), so it changed after it was written; {hint}"
+                )
             cache.put(sh.name, version, stats)
         found[sh.name] = stats
     max_id = max((found[sh.name]["max_id"] for sh in shards), default=-1)
     if max_id > manifest["max_token_id"]:
-        raise UserError(f"{path} holds token id {max_id}, above the manifest's max_token_id "
-                        f"{manifest['max_token_id']}, so its shards were altered; {hint}")
+        raise UserError(
+            f"{path} holds token id {max_id}, above the manifest's max_token_id "
+            f"{manifest['max_token_id']}, so its shards were altered; {hint}"
+        )
     for split, entry in manifest["splits"].items():
         members = [sh for sh in shards if sh.split == split]
         eots = sum(found[sh.name]["eot"] for sh in members)
         if eots != entry["documents"]:
-            raise UserError(f"split {split!r} of {path} holds {eots} end-of-text ids but the manifest records "
-                            f"{entry['documents']} documents, so its shards were altered; {hint}")
+            raise UserError(
+                f"split {split!r} of {path} holds {eots} end-of-text ids but the manifest records "
+                f"{entry['documents']} documents, so its shards were altered; {hint}"
+            )
         nonempty = [sh for sh in members if sh.tokens]
         if nonempty and _last_token(nonempty[-1].file, dtype) != eot_id:
-            raise UserError(f"split {split!r} of {path} does not end with an end-of-text id, so its shards were "
-                            f"altered; {hint}")
+            raise UserError(
+                f"split {split!r} of {path} does not end with an end-of-text id, so its shards were altered; {hint}"
+            )
     cache.save()
-    return {"shards": len(shards), "hashed": hashed, "tokens": sum(sh.tokens for sh in shards),
-            "documents": sum(int(e["documents"]) for e in manifest["splits"].values()), "max_token_id": max_id}
+    return {
+        "shards": len(shards),
+        "hashed": hashed,
+        "tokens": sum(sh.tokens for sh in shards),
+        "documents": sum(int(e["documents"]) for e in manifest["splits"].values()),
+        "max_token_id": max_id,
+    }
 
 
 def record_verified(path: Path, stats: dict[str, dict[str, Any]]) -> None:
@@ -151,8 +184,11 @@ def verify_dataset(path: str | os.PathLike) -> dict[str, Any]:
 
     ds = PreparedDataset.open(path, verify=True)
     report = dict(ds.verified)
-    report.update(path=str(ds.path), splits={s: {"tokens": ds.num_tokens(s), "documents": ds.num_documents(s)}
-                                             for s in ds.splits}, tokenizer=ds.tokenizer.name)
+    report.update(
+        path=str(ds.path),
+        splits={s: {"tokens": ds.num_tokens(s), "documents": ds.num_documents(s)} for s in ds.splits},
+        tokenizer=ds.tokenizer.name,
+    )
     return report
 
 
@@ -213,8 +249,12 @@ class _Cache:
         return entry
 
     def put(self, name: str, version: dict[str, int], stats: dict[str, Any]) -> None:
-        self.entries[name] = {"version": version, "sha256": stats["sha256"], "eot": int(stats["eot"]),
-                              "max_id": int(stats["max_id"])}
+        self.entries[name] = {
+            "version": version,
+            "sha256": stats["sha256"],
+            "eot": int(stats["eot"]),
+            "max_id": int(stats["max_id"]),
+        }
         self.changed = True
 
     def save(self) -> None:

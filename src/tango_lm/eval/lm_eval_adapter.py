@@ -101,11 +101,13 @@ class TangoLM(TemplateLM):
         self.checkpoint = ckpt
         train = ckpt.config.get("train") or {}
         context = int(ckpt.config["model"]["context_length"])
-        self._max_length = int(max_length) if max_length is not None else min(int(train.get("seq_len") or context),
-                                                                               context)
+        self._max_length = (
+            int(max_length) if max_length is not None else min(int(train.get("seq_len") or context), context)
+        )
         if not 1 <= self._max_length <= context:
-            raise UserError(f"max_length must be between 1 and the model's context of {context} "
-                            f"(got {self._max_length})")
+            raise UserError(
+                f"max_length must be between 1 and the model's context of {context} (got {self._max_length})"
+            )
         precision = precision or train.get("precision", "auto")
         if precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"precision must be auto, fp32 or bf16 (got {precision!r})")
@@ -147,8 +149,13 @@ class TangoLM(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         cfg = self.model.config
-        return {"tango_lm_checkpoint": str(self.checkpoint.path), "tango_lm_step": self.checkpoint.meta.get("step"),
-                "tango_lm_arch": cfg.arch, "tango_lm_head": cfg.head, "tango_lm_max_length": self._max_length}
+        return {
+            "tango_lm_checkpoint": str(self.checkpoint.path),
+            "tango_lm_step": self.checkpoint.meta.get("step"),
+            "tango_lm_arch": cfg.arch,
+            "tango_lm_head": cfg.head,
+            "tango_lm_max_length": self._max_length,
+        }
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         return self.tok.encode(string)
@@ -184,9 +191,11 @@ class TangoLM(TemplateLM):
         items = []
         for i, (_, context, continuation) in enumerate(requests):
             if len(continuation) > self._max_length:
-                raise UserError(f"a continuation of {len(continuation)} tokens is longer than the scoring window "
-                                f"max_length={self._max_length}; raise max_length or shorten the task's targets")
-            ids = (list(context) + list(continuation))[-(self._max_length + 1):]
+                raise UserError(
+                    f"a continuation of {len(continuation)} tokens is longer than the scoring window "
+                    f"max_length={self._max_length}; raise max_length or shorten the task's targets"
+                )
+            ids = (list(context) + list(continuation))[-(self._max_length + 1) :]
             items.append((i, ids, len(continuation)))
         items.sort(key=lambda item: -len(item[1]))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
@@ -221,8 +230,9 @@ class TangoLM(TemplateLM):
 
         docs = [self.tok.encode(req.args[0]) for req in requests]
         with self._scoring():
-            logps = document_logprobs(self.model, docs, self.tok.eot_id, self._max_length, None, self._batch_size,
-                                      self._device, self.dtype)
+            logps = document_logprobs(
+                self.model, docs, self.tok.eot_id, self._max_length, None, self._batch_size, self._device, self.dtype
+            )
         out = []
         for req, lp in zip(requests, logps, strict=True):
             total = float(sum(lp))
@@ -260,7 +270,7 @@ class TangoLM(TemplateLM):
                 logger.warning("tango-lm: ignoring generation argument %s=%r", key, kwargs[key])
         max_new = max(0, min(max_new, self._max_length - 1))
         ids = self.tok.encode(context) or [self.tok.eot_id]
-        ids = ids[-(self._max_length - max_new):]
+        ids = ids[-(self._max_length - max_new) :]
         if max_new == 0:
             return ""
         generator = torch.Generator(device=self._device).manual_seed(int(seed)) if seed is not None else None

@@ -55,8 +55,9 @@ class _Item:
 
 
 @torch.no_grad()
-def _score(model: torch.nn.Module, items: Sequence[_Item], batch_size: int, device: torch.device,
-           dtype: torch.dtype | None) -> list[tuple[list[float], bool]]:
+def _score(
+    model: torch.nn.Module, items: Sequence[_Item], batch_size: int, device: torch.device, dtype: torch.dtype | None
+) -> list[tuple[list[float], bool]]:
     """Per item: the log-probs of its scored targets and whether each target is the argmax."""
     from tango_lm.layers.moe import capacity_factor, moe_layers
     from tango_lm.train.device import autocast
@@ -81,8 +82,10 @@ def _score(model: torch.nn.Module, items: Sequence[_Item], batch_size: int, devi
                     greedy = logp.argmax(-1) == targets
                     for row, i in enumerate(chunk):
                         k = items[i].scored
-                        results[i] = (picked[row, length - 1 - k :].double().tolist(),
-                                      bool(greedy[row, length - 1 - k :].all()))
+                        results[i] = (
+                            picked[row, length - 1 - k :].double().tolist(),
+                            bool(greedy[row, length - 1 - k :].all()),
+                        )
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]
@@ -104,9 +107,16 @@ def rolling_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int,
     return windows
 
 
-def document_logprobs(model: torch.nn.Module, docs: Sequence[list[int]], eot_id: int, context: int,
-                      stride: int | None = None, batch_size: int = 8, device: torch.device | str = "cpu",
-                      dtype: torch.dtype | None = None) -> list[list[float]]:
+def document_logprobs(
+    model: torch.nn.Module,
+    docs: Sequence[list[int]],
+    eot_id: int,
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> list[list[float]]:
     """Log-prob of every token of every document (rolling windows, see the module docstring)."""
     stride = context if stride is None else stride
     items, owners = [], []
@@ -164,13 +174,34 @@ def split_wikitext(text: str) -> list[str]:
 
 
 _DETOKENIZE = [
-    ("s '", "s'"), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."),
-    (" : ", ": "), (" ; ", "; "), (" . ", ". "), (" ! ", "! "), (" ? ", "? "), (" , ", ", "),
+    ("s '", "s'"),
+    (" @-@ ", "-"),
+    (" @,@ ", ","),
+    (" @.@ ", "."),
+    (" : ", ": "),
+    (" ; ", "; "),
+    (" . ", ". "),
+    (" ! ", "! "),
+    (" ? ", "? "),
+    (" , ", ", "),
 ]
-_BRACKETS = [(r"\(\s*([^\)]*?)\s*\)", r"(\1)"), (r"\[\s*([^\]]*?)\s*\]", r"[\1]"), (r"{\s*([^}]*?)\s*}", r"{\1}"),
-             (r"\"\s*([^\"]*?)\s*\"", r'"\1"'), (r"'\s*([^']*?)\s*'", r"'\1'")]
-_TAIL = [("= = = =", "===="), ("= = =", "==="), ("= =", "=="), (" \u00b0 ", "\u00b0"), (" \n", "\n"),
-         ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s")]
+_BRACKETS = [
+    (r"\(\s*([^\)]*?)\s*\)", r"(\1)"),
+    (r"\[\s*([^\]]*?)\s*\]", r"[\1]"),
+    (r"{\s*([^}]*?)\s*}", r"{\1}"),
+    (r"\"\s*([^\"]*?)\s*\"", r'"\1"'),
+    (r"'\s*([^']*?)\s*'", r"'\1'"),
+]
+_TAIL = [
+    ("= = = =", "===="),
+    ("= = =", "==="),
+    ("= =", "=="),
+    (" \u00b0 ", "\u00b0"),
+    (" \n", "\n"),
+    ("\n ", "\n"),
+    (" N ", " 1 "),
+    (" 's", "'s"),
+]
 
 
 def wikitext_detokenize(text: str) -> str:
@@ -190,7 +221,7 @@ def read_lambada(path: str | Path) -> list[tuple[str, str]]:
     lines = text.split("\n")
     nonblank = [line for line in lines if line.strip()]
     if not nonblank:
-        raise UserError(f"{path} holds no examples; give one passage per line (JSONL with \"text\" or plain text)")
+        raise UserError(f'{path} holds no examples; give one passage per line (JSONL with "text" or plain text)')
     jsonl = nonblank[0].lstrip().startswith("{")
     examples = []
     for n, line in enumerate(lines, 1):
@@ -200,20 +231,26 @@ def read_lambada(path: str | Path) -> list[tuple[str, str]]:
             try:
                 record = json.loads(line)
             except ValueError:
-                raise UserError(f"line {n} of {path} is not valid JSON; a JSONL file needs one object per line") from None
+                raise UserError(
+                    f"line {n} of {path} is not valid JSON; a JSONL file needs one object per line"
+                ) from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise UserError(f"line {n} of {path} has no string \"text\" field; write {{\"text\": \"...\"}} per line")
+                raise UserError(f'line {n} of {path} has no string "text" field; write {{"text": "..."}} per line')
             passage = record["text"]
         else:
             passage = line
         passage = passage.strip()
         if " " not in passage:
-            raise UserError(f"line {n} of {path} has no last word after a context; each example must be a passage "
-                            "followed by its target word")
+            raise UserError(
+                f"line {n} of {path} has no last word after a context; each example must be a passage "
+                "followed by its target word"
+            )
         context, target = passage.rsplit(" ", 1)
         if not context.strip() or not target:
-            raise UserError(f"line {n} of {path} has no last word after a context; each example must be a passage "
-                            "followed by its target word")
+            raise UserError(
+                f"line {n} of {path} has no last word after a context; each example must be a passage "
+                "followed by its target word"
+            )
         examples.append((context, target))
     return examples
 
@@ -223,9 +260,17 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else float("inf")
 
 
-def document_perplexity(model: torch.nn.Module, tokenizer: Any, docs: Sequence[str], context: int,
-                        stride: int | None = None, originals: Sequence[str] | None = None, batch_size: int = 8,
-                        device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict[str, Any]:
+def document_perplexity(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    docs: Sequence[str],
+    context: int,
+    stride: int | None = None,
+    originals: Sequence[str] | None = None,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """Rolling NLL of documents: per-token NLL, token/word/byte perplexity and bits per byte.
     Words and bytes are counted in `originals` (the texts before any detokenization; default docs)."""
     if not docs:
@@ -240,38 +285,65 @@ def document_perplexity(model: torch.nn.Module, tokenizer: Any, docs: Sequence[s
     if tokens == 0:
         raise UserError("the documents have no tokens; give non-empty text")
     return {
-        "documents": len(docs), "tokens": tokens, "words": words, "bytes": n_bytes, "total_nll": nll,
-        "nll": nll / tokens, "token_perplexity": _exp(nll / tokens),
+        "documents": len(docs),
+        "tokens": tokens,
+        "words": words,
+        "bytes": n_bytes,
+        "total_nll": nll,
+        "nll": nll / tokens,
+        "token_perplexity": _exp(nll / tokens),
         "word_perplexity": _exp(nll / words) if words else None,
         "byte_perplexity": _exp(nll / n_bytes) if n_bytes else None,
         "bits_per_byte": nll / n_bytes / math.log(2) if n_bytes else None,
-        "context": context, "stride": stride or context,
+        "context": context,
+        "stride": stride or context,
     }
 
 
-def lambada_metrics(model: torch.nn.Module, tokenizer: Any, examples: Sequence[tuple[str, str]], context: int,
-                    batch_size: int = 8, device: torch.device | str = "cpu",
-                    dtype: torch.dtype | None = None) -> dict[str, Any]:
+def lambada_metrics(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    examples: Sequence[tuple[str, str]],
+    context: int,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """Last-word perplexity and accuracy; the passage is cut from the left to fit the context."""
     items = []
     for context_text, target in examples:
         ctx, word = tokenizer.encode(context_text), tokenizer.encode(" " + target)
         if not word or len(word) > context:
             raise UserError(f"the target word {target!r} has {len(word)} tokens, more than the context of {context}")
-        s = [tokenizer.eot_id, *ctx, *word][-(context + 1):]
+        s = [tokenizer.eot_id, *ctx, *word][-(context + 1) :]
         items.append(_Item(s, len(word)))
     scores = _score(model, items, batch_size, torch.device(device), dtype)
     nlls = [-sum(lp) for lp, _ in scores]
     correct = sum(ok for _, ok in scores)
     mean = sum(nlls) / len(nlls)
-    return {"examples": len(examples), "last_word_perplexity": _exp(mean), "accuracy": correct / len(examples),
-            "correct": correct, "mean_nll": mean, "target_tokens": sum(len(lp) for lp, _ in scores),
-            "context": context}
+    return {
+        "examples": len(examples),
+        "last_word_perplexity": _exp(mean),
+        "accuracy": correct / len(examples),
+        "correct": correct,
+        "mean_nll": mean,
+        "target_tokens": sum(len(lp) for lp, _ in scores),
+        "context": context,
+    }
 
 
-def evaluate_file(model: torch.nn.Module, tokenizer: Any, path: str | Path, fmt: str, context: int,
-                  stride: int | None = None, batch_size: int = 8, device: torch.device | str = "cpu",
-                  dtype: torch.dtype | None = None, detokenize: bool = True) -> dict[str, Any]:
+def evaluate_file(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    path: str | Path,
+    fmt: str,
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    detokenize: bool = True,
+) -> dict[str, Any]:
     """Perplexity of a model on a local file in one of FORMATS."""
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
@@ -289,8 +361,14 @@ def evaluate_file(model: torch.nn.Module, tokenizer: Any, path: str | Path, fmt:
     return {"file": str(path), "format": fmt, **res}
 
 
-def evaluate_checkpoint_file(checkpoint: str, path: str | Path, fmt: str, stride: int | None = None,
-                             device: str = "auto", batch_size: int | None = None) -> dict[str, Any]:
+def evaluate_checkpoint_file(
+    checkpoint: str,
+    path: str | Path,
+    fmt: str,
+    stride: int | None = None,
+    device: str = "auto",
+    batch_size: int | None = None,
+) -> dict[str, Any]:
     """`tango-lm eval CHECKPOINT --ppl FILE --format F`: the checkpoint's model and tokenizer,
     windows of the run's training sequence length."""
     from tango_lm.data.tokenizers import tokenizer_from_dict

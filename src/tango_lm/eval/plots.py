@@ -75,8 +75,9 @@ def _depth_plots(Figure: Any, report: dict[str, Any], out: Path) -> list[Path]:
     """NLL against depth, one figure per dataset and tier (error bars: std over seeds)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in report["depth"]:
-        extras = tuple((k, v) for k, v in row.items() if k not in ("dataset", "tier", "model", "depths",
-                                                                     "non_increasing"))
+        extras = tuple(
+            (k, v) for k, v in row.items() if k not in ("dataset", "tier", "model", "depths", "non_increasing")
+        )
         groups.setdefault((row["dataset"], row["tier"], extras), []).append(row)
     files = []
     for (dataset, tier, extras), rows in groups.items():

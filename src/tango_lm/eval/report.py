@@ -103,10 +103,12 @@ def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
             if not isinstance(rec, dict):
                 raise ValueError
         except ValueError:
-            if all(not rest.strip() for rest in lines[i + 1:]):
+            if all(not rest.strip() for rest in lines[i + 1 :]):
                 warnings.append(f"{path}: skipped a partial last line (the run was cut while logging)")
                 break
-            raise UserError(f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it") from None
+            raise UserError(
+                f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it"
+            ) from None
         records.append(rec)
     return records
 
@@ -138,19 +140,24 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
 
     metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
     train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if "loss" in r and "tokens" in r]
-    dev_curve = [(int(r["tokens"]), float(r["dev_nll"])) for r in metrics
-                 if "dev_nll" in r and "tokens" in r and r.get("event") != "summary"]
+    dev_curve = [
+        (int(r["tokens"]), float(r["dev_nll"]))
+        for r in metrics
+        if "dev_nll" in r and "tokens" in r and r.get("event") != "summary"
+    ]
     selected = summary.get("selected_step")
-    at_selected = [r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected
-                   and r.get("event") != "summary"]
+    at_selected = [
+        r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected and r.get("event") != "summary"
+    ]
     dev_nll = float(at_selected[-1]) if at_selected else best_dev
     value = test_nll if split == "test" else dev_nll
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         warnings.append(f"{run_dir}: its {split} NLL is {value!r}; left out of the report")
         return None
     tier = labels.get("tier", labels.get("target_params", "-"))
-    extras = tuple(sorted((k, v) for k, v in labels.items()
-                          if k not in (*ROW_AXES, *MODEL_AXES, "tier", "target_params")))
+    extras = tuple(
+        sorted((k, v) for k, v in labels.items() if k not in (*ROW_AXES, *MODEL_AXES, "tier", "target_params"))
+    )
     return RunRecord(
         path=run_dir,
         dataset=str(labels.get("dataset", Path(str(data.get("dir", "-"))).name)),
@@ -158,7 +165,9 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         depth=int(labels.get("depth", model.get("depth", 0))),
         arch=str(labels.get("arch", model.get("arch"))),
         head=str(labels.get("head", model.get("head", "standard"))),
-        seed=_seed_label(labels["seed"]) if "seed" in labels else _seed_label(train.get("seed"), train.get("data_seed")),
+        seed=_seed_label(labels["seed"])
+        if "seed" in labels
+        else _seed_label(train.get("seed"), train.get("data_seed")),
         extras=extras,
         value=float(value),
         test_nll=test_nll,
@@ -245,8 +254,9 @@ def model_order(model: str) -> tuple[int, int, str]:
 def _row_order(records: list[RunRecord]) -> list[tuple[Any, ...]]:
     datasets = list(dict.fromkeys(r.dataset for r in records))
     rows = {r.row for r in records}
-    return sorted(rows, key=lambda k: (datasets.index(k[0]), _tier_value(k[1]), k[1], k[2],
-                                       tuple(_natural(v) for _, v in k[3])))
+    return sorted(
+        rows, key=lambda k: (datasets.index(k[0]), _tier_value(k[1]), k[1], k[2], tuple(_natural(v) for _, v in k[3]))
+    )
 
 
 def model_name(model: str) -> str:
@@ -257,8 +267,11 @@ def model_name(model: str) -> str:
 # -- statistics -------------------------------------------------------------------------------
 def stats(values: list[float]) -> dict[str, Any]:
     """Mean and sample standard deviation (ddof = 1; None for a single value)."""
-    return {"n": len(values), "mean": statistics.fmean(values),
-            "std": statistics.stdev(values) if len(values) > 1 else None}
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+    }
 
 
 def _row_dict(key: tuple[Any, ...]) -> dict[str, Any]:
@@ -287,25 +300,50 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
     depth = []
     groups: dict[tuple[Any, ...], dict[str, dict[int, list[float]]]] = {}
     for r in records:
-        groups.setdefault((r.dataset, r.tier, r.extras), {}).setdefault(r.model, {}).setdefault(r.depth, []).append(r.value)
+        groups.setdefault((r.dataset, r.tier, r.extras), {}).setdefault(r.model, {}).setdefault(r.depth, []).append(
+            r.value
+        )
     datasets = list(dict.fromkeys(r.dataset for r in records))
     for (dataset, tier, extras), per_model in sorted(
-            groups.items(), key=lambda kv: (datasets.index(kv[0][0]), _tier_value(kv[0][1]), kv[0][1],
-                                            tuple(_natural(v) for _, v in kv[0][2]))):
+        groups.items(),
+        key=lambda kv: (
+            datasets.index(kv[0][0]),
+            _tier_value(kv[0][1]),
+            kv[0][1],
+            tuple(_natural(v) for _, v in kv[0][2]),
+        ),
+    ):
         for m in sorted(per_model, key=model_order):
             by_depth = {d: stats(v) for d, v in sorted(per_model[m].items())}
             means = [s["mean"] for s in by_depth.values()]
             monotone = all(b <= a for a, b in zip(means, means[1:], strict=False)) if len(means) > 1 else None
-            depth.append({"dataset": dataset, "tier": tier, **dict(extras), "model": m, "depths": by_depth,
-                          "non_increasing": monotone})
+            depth.append(
+                {
+                    "dataset": dataset,
+                    "tier": tier,
+                    **dict(extras),
+                    "model": m,
+                    "depths": by_depth,
+                    "non_increasing": monotone,
+                }
+            )
 
-    return {"split": split, "metric": f"{split} NLL (nats/token) of the selected checkpoint",
-            "models": models, "seeds": seeds, "main": main, "margins": margins, "depth": depth,
-            "heads": _heads(records), "runs": [_run_dict(r) for r in records]}
+    return {
+        "split": split,
+        "metric": f"{split} NLL (nats/token) of the selected checkpoint",
+        "models": models,
+        "seeds": seeds,
+        "main": main,
+        "margins": margins,
+        "depth": depth,
+        "heads": _heads(records),
+        "runs": [_run_dict(r) for r in records],
+    }
 
 
-def _margins(key: tuple[Any, ...], row_cells: dict[str, dict[str, Any]], best: str, reference: str | None,
-             seeds: list[str]) -> dict[str, Any]:
+def _margins(
+    key: tuple[Any, ...], row_cells: dict[str, dict[str, Any]], best: str, reference: str | None, seeds: list[str]
+) -> dict[str, Any]:
     focus = reference if reference is not None else best
     out = {**_row_dict(key), "model": focus, "seeds": {}}
     if focus not in row_cells:
@@ -336,18 +374,40 @@ def _heads(records: list[RunRecord]) -> list[dict[str, Any]]:
                 continue
             deltas = [per_head[head][s] - per_head["standard"][s] for s in paired]
             d = stats(deltas)
-            out.append({**_row_dict(key[:4]), "arch": key[4], "head": head, "n": len(paired), "seeds": paired,
-                        "head_nll": statistics.fmean(per_head[head][s] for s in paired),
-                        "standard_nll": statistics.fmean(per_head["standard"][s] for s in paired),
-                        "delta": d["mean"], "delta_std": d["std"]})
+            out.append(
+                {
+                    **_row_dict(key[:4]),
+                    "arch": key[4],
+                    "head": head,
+                    "n": len(paired),
+                    "seeds": paired,
+                    "head_nll": statistics.fmean(per_head[head][s] for s in paired),
+                    "standard_nll": statistics.fmean(per_head["standard"][s] for s in paired),
+                    "delta": d["mean"],
+                    "delta_std": d["std"],
+                }
+            )
     return out
 
 
 def _run_dict(r: RunRecord) -> dict[str, Any]:
-    return {"path": str(r.path), "dataset": r.dataset, "tier": r.tier, "depth": r.depth, **dict(r.extras),
-            "arch": r.arch, "head": r.head, "model": r.model, "seed": r.seed, "value": r.value,
-            "test_nll": r.test_nll, "dev_nll": r.dev_nll, "tokens_per_s": r.tokens_per_s,
-            "params_total": r.params_total, "tokens": r.tokens}
+    return {
+        "path": str(r.path),
+        "dataset": r.dataset,
+        "tier": r.tier,
+        "depth": r.depth,
+        **dict(r.extras),
+        "arch": r.arch,
+        "head": r.head,
+        "model": r.model,
+        "seed": r.seed,
+        "value": r.value,
+        "test_nll": r.test_nll,
+        "dev_nll": r.dev_nll,
+        "tokens_per_s": r.tokens_per_s,
+        "params_total": r.params_total,
+        "tokens": r.tokens,
+    }
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -382,42 +442,74 @@ def to_markdown(report: dict[str, Any], digits: int = 3) -> str:
     extra = _extras_keys(report["main"], fixed_main)
     lead = ["Dataset", "Tier", "Depth", *extra]
     out = [f"# Report: {report['metric']}", ""]
-    out += [f"## Mean ± standard deviation over seeds ({report['split']} NLL)", "",
-            "Bold marks the lowest mean in each row; ± is the sample standard deviation (ddof = 1) over seeds.", ""]
+    out += [
+        f"## Mean ± standard deviation over seeds ({report['split']} NLL)",
+        "",
+        "Bold marks the lowest mean in each row; ± is the sample standard deviation (ddof = 1) over seeds.",
+        "",
+    ]
     rows = []
     for row in report["main"]:
         cells = [_cell(row["cells"].get(m), digits, m in row["best"]) for m in models]
         rows.append([str(row[k]) if k in row else "" for k in ("dataset", "tier", "depth", *extra)] + cells)
     out += _md_table(lead + [model_name(m) for m in models], rows) + [""]
 
-    out += ["## Per-seed margin of the best model over the best other model", "",
-            "Each value is the model's NLL minus the lowest NLL among the other models at the same seed pair; "
-            "negative values favor the model.", ""]
-    rows = [[str(m[k]) if k in m else "" for k in ("dataset", "tier", "depth", *extra)] + [model_name(m["model"])]
-            + [_fmt(m["seeds"][s]["margin"], digits + 1, sign=True) if s in m["seeds"] else "–" for s in seeds]
-            for m in report["margins"]]
+    out += [
+        "## Per-seed margin of the best model over the best other model",
+        "",
+        "Each value is the model's NLL minus the lowest NLL among the other models at the same seed pair; "
+        "negative values favor the model.",
+        "",
+    ]
+    rows = [
+        [str(m[k]) if k in m else "" for k in ("dataset", "tier", "depth", *extra)]
+        + [model_name(m["model"])]
+        + [_fmt(m["seeds"][s]["margin"], digits + 1, sign=True) if s in m["seeds"] else "–" for s in seeds]
+        for m in report["margins"]
+    ]
     out += _md_table(lead + ["Model"] + [f"Seed {s}" for s in seeds], rows) + [""]
 
     scaling = [row for row in report["depth"] if len(row["depths"]) > 1]  # models run at several depths
     depths = sorted({d for row in scaling for d in row["depths"]})
     if scaling:
         dextra = _extras_keys(scaling, ("dataset", "tier", "model", "depths", "non_increasing"))
-        out += ["## Depth scaling", "", "Mean NLL per depth (± over seeds); the last column says whether the mean "
-                "never increases as depth rises.", ""]
-        rows = [[str(r[k]) if k in r else "" for k in ("dataset", "tier", *dextra)] + [model_name(r["model"])]
-                + [_cell(r["depths"].get(d), digits, False) for d in depths]
-                + [{True: "yes", False: "no", None: "–"}[r["non_increasing"]]] for r in scaling]
-        out += _md_table(["Dataset", "Tier", *dextra, "Model"] + [f"Depth {d}" for d in depths]
-                         + ["Non-increasing"], rows) + [""]
+        out += [
+            "## Depth scaling",
+            "",
+            "Mean NLL per depth (± over seeds); the last column says whether the mean never increases as depth rises.",
+            "",
+        ]
+        rows = [
+            [str(r[k]) if k in r else "" for k in ("dataset", "tier", *dextra)]
+            + [model_name(r["model"])]
+            + [_cell(r["depths"].get(d), digits, False) for d in depths]
+            + [{True: "yes", False: "no", None: "–"}[r["non_increasing"]]]
+            for r in scaling
+        ]
+        out += _md_table(
+            ["Dataset", "Tier", *dextra, "Model"] + [f"Depth {d}" for d in depths] + ["Non-increasing"], rows
+        ) + [""]
 
     if report["heads"]:
-        out += ["## Heads against Standard", "", "Means over the seeds both heads have; Δ = head − Standard, "
-                "negative values favor the head.", ""]
-        rows = [[str(h[k]) if k in h else "" for k in ("dataset", "tier", "depth", *extra)]
-                + [model_name(h["arch"]), head_label(h["head"]), _fmt(h["head_nll"], digits + 1),
-                   _fmt(h["standard_nll"], digits + 1), _fmt(h["delta"], digits + 1, sign=True)
-                   + (f" ± {_fmt(h['delta_std'], digits + 1)}" if h["delta_std"] is not None else ""), str(h["n"])]
-                for h in report["heads"]]
+        out += [
+            "## Heads against Standard",
+            "",
+            "Means over the seeds both heads have; Δ = head − Standard, negative values favor the head.",
+            "",
+        ]
+        rows = [
+            [str(h[k]) if k in h else "" for k in ("dataset", "tier", "depth", *extra)]
+            + [
+                model_name(h["arch"]),
+                head_label(h["head"]),
+                _fmt(h["head_nll"], digits + 1),
+                _fmt(h["standard_nll"], digits + 1),
+                _fmt(h["delta"], digits + 1, sign=True)
+                + (f" ± {_fmt(h['delta_std'], digits + 1)}" if h["delta_std"] is not None else ""),
+                str(h["n"]),
+            ]
+            for h in report["heads"]
+        ]
         out += _md_table(lead + ["Backbone", "Head", "Head NLL", "Standard NLL", "Δ", "Seeds"], rows) + [""]
     return "\n".join(out)
 
@@ -441,8 +533,9 @@ def csv_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         for m in report["models"]:
             c = row["cells"].get(m)
             if c is not None:
-                main.append({**base, "model": m, "n": c["n"], "mean": c["mean"], "std": c["std"],
-                             "best": int(m in row["best"])})
+                main.append(
+                    {**base, "model": m, "n": c["n"], "mean": c["mean"], "std": c["std"], "best": int(m in row["best"])}
+                )
     for row in report["margins"]:
         base = {k: v for k, v in row.items() if k not in ("seeds", "model")}
         for seed, m in row["seeds"].items():
@@ -455,16 +548,24 @@ def csv_tables(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {"main": main, "margins": margins, "depth": depth, "heads": heads, "runs": report["runs"]}
 
 
-def write_report(root: str | Path, out: str | Path | None = None, split: str = "test", plots: bool = True,
-                 reference: str | None = None, digits: int = 3) -> dict[str, Any]:
+def write_report(
+    root: str | Path,
+    out: str | Path | None = None,
+    split: str = "test",
+    plots: bool = True,
+    reference: str | None = None,
+    digits: int = 3,
+) -> dict[str, Any]:
     """Read the runs under `root` and write the report to `out` (default `root/report`).
     Returns {"out": ..., "files": [...], "warnings": [...], "report": ...}."""
     root = Path(root)
     out = Path(out) if out is not None else root / "report"
     records, warnings = collect_runs(root, split, skip=out)
     if reference is not None and reference not in {r.model for r in records}:
-        raise UserError(f"--reference {reference!r} is not a model of these runs; models are: "
-                        f"{', '.join(sorted({r.model for r in records}, key=model_order))}")
+        raise UserError(
+            f"--reference {reference!r} is not a model of these runs; models are: "
+            f"{', '.join(sorted({r.model for r in records}, key=model_order))}"
+        )
     report = build_report(records, split, reference)
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.md", out / "report.json"]

@@ -64,8 +64,9 @@ class FactorialHead(Head):
     def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.output == "a":
             return softmax_nll(h, self.table_a.weight, targets, chunk=self.loss_chunk)
-        return twin_nll(h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids), targets,
-                        chunk=self.loss_chunk)
+        return twin_nll(
+            h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids), targets, chunk=self.loss_chunk
+        )
 
     @classmethod
     def embedding_params(cls, cfg: ModelConfig) -> int:

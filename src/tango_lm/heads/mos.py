@@ -81,8 +81,15 @@ class MosHead(Head):
         latent = latent.reshape(-1, self.n_components, h.shape[-1])
         hs = [latent[:, k] for k in range(self.n_components)]
         shared_table = tuple((k, 0) for k in range(self.n_components))  # every component reads table 0
-        return mixture_nll(hs, [self.embed_tokens.weight], targets, log_prior.reshape(-1, self.n_components),
-                           components=shared_table, sigsoftmax=self.sigsoftmax, chunk=self.loss_chunk)
+        return mixture_nll(
+            hs,
+            [self.embed_tokens.weight],
+            targets,
+            log_prior.reshape(-1, self.n_components),
+            components=shared_table,
+            sigsoftmax=self.sigsoftmax,
+            chunk=self.loss_chunk,
+        )
 
     @staticmethod
     def embedding_params(cfg: ModelConfig) -> int:

@@ -153,8 +153,9 @@ class OnonaHead(Head):
     def nll(self, h: torch.Tensor, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.ablation is not None:
             return softmax_nll(h, self._one_table().weight, targets, chunk=self.loss_chunk)
-        return twin_nll(h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids), targets,
-                        chunk=self.loss_chunk)
+        return twin_nll(
+            h, self.table_a.weight, self.table_b.weight, self.gate_logit(input_ids), targets, chunk=self.loss_chunk
+        )
 
     # -- serving (Appendix B) ----------------------------------------------------------------
     @torch.no_grad()
@@ -164,8 +165,9 @@ class OnonaHead(Head):
         return torch.sigmoid(self.gate(merged))
 
     @torch.no_grad()
-    def sample(self, h: torch.Tensor, input_ids: torch.Tensor, generator: torch.Generator | None = None
-               ) -> torch.Tensor:
+    def sample(
+        self, h: torch.Tensor, input_ids: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Exact temperature-1 samples [...] from the mixture with one projection per position:
         c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says."""
         g = torch.sigmoid(self.gate_logit(input_ids)).reshape(-1)
@@ -198,8 +200,9 @@ class OnonaHead(Head):
             table = self._folded[2][(~use_a).long()]  # [1, V, d]: A or B
             logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
         else:
-            logits = torch.where(use_a[:, None], float_logits(h, self.table_a.weight),
-                                 float_logits(h, self.table_b.weight))
+            logits = torch.where(
+                use_a[:, None], float_logits(h, self.table_a.weight), float_logits(h, self.table_b.weight)
+            )
         gumbel = -torch.log(-torch.log(noise[:, 1:].clamp_min(torch.finfo(noise.dtype).tiny)))
         return (logits + gumbel.to(logits.dtype)).argmax(-1)
 

@@ -59,9 +59,7 @@ def check_active_width(active_width: int | None, width_per_unit: int, what: str,
     if active_width is None:
         return
     if not 1 <= active_width <= width_per_unit:
-        raise UserError(
-            f"model.active_width={active_width} must be between 1 and {what} ({width_per_unit}); {fix}"
-        )
+        raise UserError(f"model.active_width={active_width} must be between 1 and {what} ({width_per_unit}); {fix}")
 
 
 class ActiveColumns(nn.Module):
@@ -86,8 +84,10 @@ class ActiveColumns(nn.Module):
         self.rows, self.cols = tuple(rows), tuple(cols)
 
     def extra_repr(self) -> str:
-        return (f"width={self.width}, units={self.units}, active_width={self.active_width}, "
-                f"segments={self.num_segments}, segment={self.segment}")
+        return (
+            f"width={self.width}, units={self.units}, active_width={self.active_width}, "
+            f"segments={self.num_segments}, segment={self.segment}"
+        )
 
     def select(self, segment: int | None) -> None:
         if segment is not None and not 0 <= segment < self.num_segments:
@@ -182,8 +182,10 @@ def keep_inactive_columns(model: nn.Module, optimizer: torch.optim.Optimizer) ->
     for part in active_columns(model):
         for weight, mask in part.inactive_entries():
             masks[id(weight)] = (weight, mask)  # a looped block's weights appear once
-    saved = [(weight, mask, {key: t.clone() for key, t in _same_shaped(weight, optimizer).items()})
-             for weight, mask in masks.values()]
+    saved = [
+        (weight, mask, {key: t.clone() for key, t in _same_shaped(weight, optimizer).items()})
+        for weight, mask in masks.values()
+    ]
     yield
     with torch.no_grad():
         for weight, mask, before in saved:

@@ -136,8 +136,15 @@ class FlashLayer(GatedUnit):
         static["kv"].copy_(kv)
         static["pending"].zero_()
 
-    def mix_static(self, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor,
-                   v: torch.Tensor, state: LayerState) -> torch.Tensor:
+    def mix_static(
+        self,
+        quad_q: torch.Tensor,
+        quad_k: torch.Tensor,
+        lin_q: torch.Tensor,
+        lin_k: torch.Tensor,
+        v: torch.Tensor,
+        state: LayerState,
+    ) -> torch.Tensor:
         """One position at `state.position`, in place on the fixed-size state (no shape depends on it)."""
         static, g = state.static, self.group_size
         slot = state.position % g

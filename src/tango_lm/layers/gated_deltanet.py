@@ -33,8 +33,14 @@ from tango_lm.serve.cache import LayerState
 def gdn_params(d_model: int, n_heads: int, head_k: int, head_v: int, conv_size: int) -> int:
     """q, k, v, g, o projections; a, b projections; A_log and dt_bias; three short convs; o_norm."""
     key, value = n_heads * head_k, n_heads * head_v
-    return (2 * d_model * key + 3 * d_model * value + 2 * d_model * n_heads + 2 * n_heads
-            + conv_size * (2 * key + value) + head_v)
+    return (
+        2 * d_model * key
+        + 3 * d_model * value
+        + 2 * d_model * n_heads
+        + 2 * n_heads
+        + conv_size * (2 * key + value)
+        + head_v
+    )
 
 
 class ShortConvolution(nn.Module):

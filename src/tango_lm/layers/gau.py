@@ -32,7 +32,11 @@ def offset_scale(z: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> to
 
 
 def relu2_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_bias: torch.Tensor,
+    scale: float,
     position: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal squared-ReLU attention with a relative-position bias.

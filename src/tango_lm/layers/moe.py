@@ -119,8 +119,16 @@ def moe_block(
     """`x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x))` with the Dense block's GQA + QK-norm attention.
     Cached decoding serves with `capacity_factor_eval` (the paper's inference capacity)."""
     attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
-    experts = MoEFeedForward(d_model, n_experts, top_k, expert_width, renormalize, capacity_factor_train,
-                             aux_loss_weight, capacity_factor_eval)
+    experts = MoEFeedForward(
+        d_model,
+        n_experts,
+        top_k,
+        expert_width,
+        renormalize,
+        capacity_factor_train,
+        aux_loss_weight,
+        capacity_factor_eval,
+    )
     return PreNormBlock(d_model, eps, attn, experts)
 
 

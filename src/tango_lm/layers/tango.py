@@ -33,8 +33,12 @@ class TangoBlock(nn.Module):
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
         # Rotating narrow-width training (docs/design.md §2.6): K active columns of each head's F/H gate columns.
-        self.active = None if active_width is None else ActiveColumns(
-            width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+        self.active = (
+            None
+            if active_width is None
+            else ActiveColumns(
+                width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+            )
         )
 
     def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -76,8 +76,12 @@ class GatedProjections(nn.Module):
         self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
-        self.active = None if active_width is None else ActiveColumns(
-            width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+        self.active = (
+            None
+            if active_width is None
+            else ActiveColumns(
+                width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+            )
         )
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,8 +151,10 @@ class CompactTangoBlock(_SharedQueryKey):
         self.expand_proj = nn.Linear(controller_width, width, bias=False)  # W_e: r -> F
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
-        self.active = None if active_width is None else ActiveColumns(
-            width, 1, active_width, rows=(self.expand_proj, self.up_proj), cols=(self.down_proj,)
+        self.active = (
+            None
+            if active_width is None
+            else ActiveColumns(width, 1, active_width, rows=(self.expand_proj, self.up_proj), cols=(self.down_proj,))
         )
 
     def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

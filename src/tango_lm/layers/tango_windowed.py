@@ -100,7 +100,14 @@ class WindowedTangoBlock(TangoBlock):
             g_loc = torch.cat([ex["g"], g[..., sl, :]], dim=-2)
             outs.append(
                 windowed_gate_average_cached(
-                    q[..., sl, :], q_raw[..., sl, :], k_loc, phi_loc, g_loc, ex["s"], ex["z"], self.window,
+                    q[..., sl, :],
+                    q_raw[..., sl, :],
+                    k_loc,
+                    phi_loc,
+                    g_loc,
+                    ex["s"],
+                    ex["z"],
+                    self.window,
                     self.feature_map,
                 )
             )
@@ -155,8 +162,16 @@ class WindowedTangoBlock(TangoBlock):
             else:
                 kept.copy_(x)
 
-    def mix_static(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState,
-                   q_raw: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
+    def mix_static(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        a: torch.Tensor,
+        u: torch.Tensor,
+        state: LayerState,
+        q_raw: torch.Tensor,
+        k_raw: torch.Tensor,
+    ) -> torch.Tensor:
         """One destination at `state.position` against the ring and the prefix sums, in place."""
         static, w = state.static, self.window
         p = state.position

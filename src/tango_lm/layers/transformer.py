@@ -48,8 +48,10 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(d_model, width, bias=False)
         self.down_proj = nn.Linear(width, d_model, bias=False)
         # Rotating narrow-width training (docs/design.md §2.6): K active columns of the FFN width.
-        self.active = None if active_width is None else ActiveColumns(
-            width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
+        self.active = (
+            None
+            if active_width is None
+            else ActiveColumns(width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,))
         )
 
     def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
@@ -60,8 +62,9 @@ class SwiGLU(nn.Module):
         return F.linear(F.silu(F.linear(h, w_g)) * F.linear(h, w_u), w_o)
 
 
-def transformer_block(d_model: int, n_heads: int, width: int, eps: float,
-                      active_width: int | None = None) -> PreNormBlock:
+def transformer_block(
+    d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None
+) -> PreNormBlock:
     """The Transformer++ block: causal attention, then SwiGLU. Parameters: 4d^2 + 3dF + 2d."""
     attn = CausalSelfAttention(d_model, n_heads)
     return PreNormBlock(d_model, eps, attn, SwiGLU(d_model, width, active_width))

@@ -122,9 +122,7 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UserError(
-                f"unknown model field {unknown[0]!r}; known fields are: {', '.join(sorted(known))}"
-            )
+            raise UserError(f"unknown model field {unknown[0]!r}; known fields are: {', '.join(sorted(known))}")
         return cls(**data)
 
     # -- convenience ------------------------------------------------------------------------

@@ -90,7 +90,11 @@ CONVENTIONAL_UNTIED = {
 ACTIVE_RATIO = {
     "tango": {0.5: (1280, 40, 640), 1: (1248, 39, 1170), 2: (1184, 37, 2257), 4: (1088, 34, 4046), 8: (928, 29, 7656)},
     "tango-3set": {
-        0.5: (1216, 38, 570), 1: (1120, 35, 1120), 2: (992, 31, 2015), 4: (864, 27, 3267), 8: (704, 22, 5346),
+        0.5: (1216, 38, 570),
+        1: (1120, 35, 1120),
+        2: (992, 31, 2015),
+        4: (864, 27, 3267),
+        8: (704, 22, 5346),
     },
 }
 
@@ -98,8 +102,16 @@ ACTIVE_RATIO = {
 def _row(cfg: ModelConfig, target: int | None, **extra: Any) -> dict[str, Any]:
     counts = count_params(cfg)
     gap = counts["total"] - target if target is not None else None
-    return {"arch": cfg.arch, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "width": cfg.width,
-            "depth": cfg.depth, **counts, "gap": gap, **extra}
+    return {
+        "arch": cfg.arch,
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "width": cfg.width,
+        "depth": cfg.depth,
+        **counts,
+        "gap": gap,
+        **extra,
+    }
 
 
 def conventional_untied(tier: str, depth: int, vocab_size: int = 50257) -> ModelConfig | None:
@@ -108,8 +120,9 @@ def conventional_untied(tier: str, depth: int, vocab_size: int = 50257) -> Model
     if geometry is None:
         return None
     d, heads, width = geometry
-    return ModelConfig(arch="untied-transformer", d_model=d, n_heads=heads, width=width, depth=depth,
-                       vocab_size=vocab_size)
+    return ModelConfig(
+        arch="untied-transformer", d_model=d, n_heads=heads, width=width, depth=depth, vocab_size=vocab_size
+    )
 
 
 def active_ratio_rows(vocab_size: int = 50257) -> list[dict[str, Any]]:

@@ -42,5 +42,9 @@ def non_embedding_range(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     low = min(mine, key=lambda r: r["non_embedding"])
     high = max(mine, key=lambda r: r["non_embedding"])
-    return {"min": low["non_embedding"], "max": high["non_embedding"], "min_arch": low["arch"],
-            "max_arch": high["arch"]}
+    return {
+        "min": low["non_embedding"],
+        "max": high["non_embedding"],
+        "min_arch": low["arch"],
+        "max_arch": high["arch"],
+    }

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     mask: torch.Tensor | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """q [..., T, d_h], k [..., S, d_h], v [..., S, w] -> [..., T, w], queries aligned to the end;
     with `mask` [T, S] (a static decode step over a full-capacity cache) the keys it allows."""
     if mask is not None:

@@ -131,8 +131,11 @@ def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = Non
     with one call). `kernels` or $TANGO_LM_KERNELS overrides (`ops/dispatch.py`)."""
     check_devices("causal_matmul", p=p, v=v)
     cpu_eager = (
-        p.device.type == "cpu" and p.dtype == v.dtype and p.shape[:-2] == v.shape[:-2]
-        and eager() and not torch.is_autocast_enabled("cpu")
+        p.device.type == "cpu"
+        and p.dtype == v.dtype
+        and p.shape[:-2] == v.shape[:-2]
+        and eager()
+        and not torch.is_autocast_enabled("cpu")
     )
     c = cpu_eager and cpu_kernels.usable(v)
     auto = "c" if c else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"

@@ -76,8 +76,9 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         for extra in (OPENMP, []):
-            proc = subprocess.run([compiler, *flags, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                                  timeout=300)
+            proc = subprocess.run(
+                [compiler, *flags, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
             if proc.returncode == 0:
                 os.replace(tmp, target)
                 return target
@@ -98,8 +99,9 @@ def library() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        warnings.warn(f"tango-lm: CPU kernels not built ({exc}); TANGO uses the PyTorch path", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"tango-lm: CPU kernels not built ({exc}); TANGO uses the PyTorch path", RuntimeWarning, stacklevel=2
+        )
         return None
     lib.tango_average.argtypes = [_I64, _I64, _I64, *[_PTR] * 5, _I64, _I64, ctypes.c_int]
     lib.tango_average.restype = None
@@ -119,8 +121,12 @@ def usable(a: torch.Tensor) -> bool:
     """Whether the kernels can run TANGO's mixing of gate pre-activations a [B, T, F]. Not under
     a dispatch mode: FLOP counters and profilers must see the op's matmuls, and fake tensors
     (which report device cpu) have no data for C code to read."""
-    return (a.device.type == "cpu" and a.dtype == torch.float32 and torch._C._len_torch_dispatch_stack() == 0
-            and available())
+    return (
+        a.device.type == "cpu"
+        and a.dtype == torch.float32
+        and torch._C._len_torch_dispatch_stack() == 0
+        and available()
+    )
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -159,20 +165,25 @@ def _check(square: torch.Tensor, *wide: torch.Tensor) -> None:
     [B, H, T, T], every wide tensor [B, T, F] with one F, a multiple of H."""
     for x in (square, *wide):
         if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError(f"the CPU kernels take contiguous float32 CPU tensors, got {x.dtype} on {x.device}"
-                             f"{'' if x.is_contiguous() else ' (not contiguous)'}")
+            raise ValueError(
+                f"the CPU kernels take contiguous float32 CPU tensors, got {x.dtype} on {x.device}"
+                f"{'' if x.is_contiguous() else ' (not contiguous)'}"
+            )
     if square.dim() != 4 or square.shape[2] != square.shape[3]:
         raise ValueError(f"the CPU kernels take probabilities [B, H, T, T], got {list(square.shape)}")
     b, h, t, _ = square.shape
     f = wide[0].shape[-1]
     for x in wide:
         if x.dim() != 3 or tuple(x.shape) != (b, t, f) or h == 0 or f % h:
-            raise ValueError(f"the CPU kernels take [B, T, F] tensors with B = {b}, T = {t} and one F that {h} "
-                             f"heads divide, beside probabilities {list(square.shape)}; got {list(x.shape)}")
+            raise ValueError(
+                f"the CPU kernels take [B, T, F] tensors with B = {b}, T = {t} and one F that {h} "
+                f"heads divide, beside probabilities {list(square.shape)}; got {list(x.shape)}"
+            )
 
 
-def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor | None, avg: torch.Tensor,
-                 y: torch.Tensor | None) -> None:
+def gate_average(
+    probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor | None, avg: torch.Tensor, y: torch.Tensor | None
+) -> None:
     """avg = tril(probs) @ g per head and, given u and y, y = avg * u. probs [B, H, T, T] (zero
     above the diagonal); g, u, avg, y [B, T, H * W]; avg and y are written."""
     if (u is None) != (y is None):
@@ -180,8 +191,18 @@ def gate_average(probs: torch.Tensor, g: torch.Tensor, u: torch.Tensor | None, a
     _check(probs, g, avg, *(x for x in (u, y) if x is not None))
     b, h, t, _ = probs.shape
     lib = library()
-    _parallel(lib.tango_average, b * h, h, t, g.shape[-1] // h, probs.data_ptr(), g.data_ptr(),
-              None if u is None else u.data_ptr(), avg.data_ptr(), None if y is None else y.data_ptr())
+    _parallel(
+        lib.tango_average,
+        b * h,
+        h,
+        t,
+        g.shape[-1] // h,
+        probs.data_ptr(),
+        g.data_ptr(),
+        None if u is None else u.data_ptr(),
+        avg.data_ptr(),
+        None if y is None else y.data_ptr(),
+    )
 
 
 def gate_average_grad_gates(probs: torch.Tensor, grad_avg: torch.Tensor, out: torch.Tensor) -> None:
@@ -189,8 +210,16 @@ def gate_average_grad_gates(probs: torch.Tensor, grad_avg: torch.Tensor, out: to
     _check(probs, grad_avg, out)
     b, h, t, _ = probs.shape
     lib = library()
-    _parallel(lib.tango_grad_gates, b * h, h, t, grad_avg.shape[-1] // h, probs.data_ptr(), grad_avg.data_ptr(),
-              out.data_ptr())
+    _parallel(
+        lib.tango_grad_gates,
+        b * h,
+        h,
+        t,
+        grad_avg.shape[-1] // h,
+        probs.data_ptr(),
+        grad_avg.data_ptr(),
+        out.data_ptr(),
+    )
 
 
 def gate_average_grad_probs(grad_avg: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> None:

@@ -136,10 +136,14 @@ def gated_delta_rule(
             try:
                 # fla takes [B, T, H, d] and a [B, H, d_k, d_v] state; scale 1: q is pre-scaled.
                 o, final = kernel(
-                    q=q.transpose(1, 2).contiguous(), k=k.transpose(1, 2).contiguous(),
-                    v=v.transpose(1, 2).contiguous(), g=g.transpose(1, 2).float().contiguous(),
-                    beta=beta.transpose(1, 2).contiguous(), scale=1.0,
-                    initial_state=None if state is None else state.float(), output_final_state=True,
+                    q=q.transpose(1, 2).contiguous(),
+                    k=k.transpose(1, 2).contiguous(),
+                    v=v.transpose(1, 2).contiguous(),
+                    g=g.transpose(1, 2).float().contiguous(),
+                    beta=beta.transpose(1, 2).contiguous(),
+                    scale=1.0,
+                    initial_state=None if state is None else state.float(),
+                    output_final_state=True,
                 )
                 return o.transpose(1, 2).to(v.dtype), final
             except Exception:

@@ -28,8 +28,15 @@ def use_capacity_dispatch(x: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or x.device.type != "cpu"
 
 
-def dispatch_sorted(x: torch.Tensor, experts: nn.ModuleList, expert: torch.Tensor, weight: torch.Tensor,
-                    position: torch.Tensor, capacity: int, top_k: int) -> torch.Tensor:
+def dispatch_sorted(
+    x: torch.Tensor,
+    experts: nn.ModuleList,
+    expert: torch.Tensor,
+    weight: torch.Tensor,
+    position: torch.Tensor,
+    capacity: int,
+    top_k: int,
+) -> torch.Tensor:
     """[N, d] outputs: each expert on the tokens of its kept assignments, weighted and summed."""
     kept = (position < capacity).nonzero().squeeze(-1)
     order = kept[expert[kept].argsort(stable=True)]  # kept assignments grouped by expert
@@ -46,8 +53,15 @@ def dispatch_sorted(x: torch.Tensor, experts: nn.ModuleList, expert: torch.Tenso
     return out
 
 
-def dispatch_capacity(x: torch.Tensor, experts: nn.ModuleList, expert: torch.Tensor, weight: torch.Tensor,
-                      position: torch.Tensor, capacity: int, top_k: int) -> torch.Tensor:
+def dispatch_capacity(
+    x: torch.Tensor,
+    experts: nn.ModuleList,
+    expert: torch.Tensor,
+    weight: torch.Tensor,
+    position: torch.Tensor,
+    capacity: int,
+    top_k: int,
+) -> torch.Tensor:
     """The same as `dispatch_sorted` with fixed [capacity, d] buffers per expert (static shapes)."""
     n, e = x.shape[0], len(experts)
     keep = position < capacity

@@ -160,8 +160,9 @@ class _TangoMix(torch.autograd.Function):
             torch.mul(_rows(grad_y, b, 0, t, n_heads), _rows(u, b, 0, t, n_heads), out=grad_avg)
             g_heads = _heads(g[b : b + 1], n_heads)[0]
             for i, (r0, r1) in enumerate(blocks):  # destinations r0:r1 see sources :r1
-                torch.mul(_rows(grad_y, b, r0, r1, n_heads), avg[b, i, :, : r1 - r0],
-                          out=_rows(grad_u, b, r0, r1, n_heads))
+                torch.mul(
+                    _rows(grad_y, b, r0, r1, n_heads), avg[b, i, :, : r1 - r0], out=_rows(grad_u, b, r0, r1, n_heads)
+                )
                 piece = scratch_view(scratch, n_heads, r1 - r0, r1)
                 torch.bmm(grad_avg[:, r0:r1], g_heads[:, :r1].transpose(-1, -2), out=piece)
                 grad_probs[b, :, r0:r1, :r1] = piece
@@ -213,8 +214,9 @@ def _scores_backward(grad_probs: torch.Tensor, probs: torch.Tensor, q: torch.Ten
     return grad_q, grad_k
 
 
-def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, *,
-                    kernels: bool | None = None) -> torch.Tensor:
+def tango_mix_fused(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, *, kernels: bool | None = None
+) -> torch.Tensor:
     """Same contract as `tango_mix_reference`; all inputs share one dtype. `kernels`: the C
     kernels (True), the blocked PyTorch products (False), or the kernels where usable (None)."""
     if kernels is None:
@@ -223,8 +225,9 @@ def tango_mix_fused(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.
     return op.apply(q.contiguous(), k.contiguous(), a.contiguous(), u.contiguous())
 
 
-def tango_mix(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, *,
-              kernels: str | None = None) -> torch.Tensor:
+def tango_mix(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, *, kernels: str | None = None
+) -> torch.Tensor:
     """`gate_average(q, k, silu(a)) * u` (u None: the average alone), through the implementation
     that `kernels` (or $TANGO_LM_KERNELS, else 'auto') names, where it can take these inputs:
 

@@ -44,10 +44,19 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
     they run on (CUDA, or the CPU when interpreted)."""
     tensors = (q, k, a) if u is None else (q, k, a, u)
     device_ok = q.is_cuda or (INTERPRETED and q.device.type == "cpu")
-    return (device_ok and q.dtype in DTYPES and all(x.dtype == q.dtype for x in tensors)
-            and q.dim() == k.dim() == 4 and a.dim() == 3 and 0 < q.shape[-1] <= 256 and q.shape == k.shape
-            and a.shape[0] == q.shape[0] and a.shape[1] == q.shape[2] and a.shape[2] % q.shape[1] == 0
-            and (u is None or u.shape == a.shape))
+    return (
+        device_ok
+        and q.dtype in DTYPES
+        and all(x.dtype == q.dtype for x in tensors)
+        and q.dim() == k.dim() == 4
+        and a.dim() == 3
+        and 0 < q.shape[-1] <= 256
+        and q.shape == k.shape
+        and a.shape[0] == q.shape[0]
+        and a.shape[1] == q.shape[2]
+        and a.shape[2] % q.shape[1] == 0
+        and (u is None or u.shape == a.shape)
+    )
 
 
 def _configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
@@ -58,16 +67,36 @@ def _configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config
 
 # (block sizes..., num_warps, num_stages). Larger column blocks recompute P less often.
 _LSE_CONFIGS = _configs(("BLOCK_M", "BLOCK_N"), [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)])
-_FORWARD_CONFIGS = _configs(("BLOCK_M", "BLOCK_N", "BLOCK_W"), [
-    (64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (128, 32, 256, 8, 3), (64, 64, 256, 8, 2), (128, 64, 64, 4, 3),
-])
+_FORWARD_CONFIGS = _configs(
+    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
+    [
+        (64, 64, 128, 4, 3),
+        (128, 64, 128, 8, 3),
+        (128, 32, 256, 8, 3),
+        (64, 64, 256, 8, 2),
+        (128, 64, 64, 4, 3),
+    ],
+)
 _DELTA_CONFIGS = _configs(("BLOCK_M", "BLOCK_W"), [(64, 128, 4, 1), (32, 256, 4, 1)])
-_SCORES_CONFIGS = _configs(("BLOCK_M", "BLOCK_N", "BLOCK_W"), [
-    (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (64, 64, 128, 8, 2),
-])
-_GATES_CONFIGS = _configs(("BLOCK_M", "BLOCK_N", "BLOCK_W"), [
-    (64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (32, 128, 256, 8, 3), (64, 64, 256, 8, 2), (64, 128, 64, 4, 3),
-])
+_SCORES_CONFIGS = _configs(
+    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
+    [
+        (64, 64, 64, 4, 3),
+        (64, 128, 64, 8, 3),
+        (128, 64, 64, 8, 3),
+        (64, 64, 128, 8, 2),
+    ],
+)
+_GATES_CONFIGS = _configs(
+    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
+    [
+        (64, 64, 128, 4, 3),
+        (64, 128, 128, 8, 3),
+        (32, 128, 256, 8, 3),
+        (64, 64, 256, 8, 2),
+        (64, 128, 64, 4, 3),
+    ],
+)
 _KEY = ["T", "W", "D"]
 
 
@@ -91,21 +120,47 @@ def _silu_f32(a):
 
 @triton.autotune(_LSE_CONFIGS, key=_KEY)
 @triton.jit
-def _lse_kernel(Q, K, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd, H, T, W, D, scale_log2,
-                PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _lse_kernel(
+    Q,
+    K,
+    LSE,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    H,
+    T,
+    W,
+    D,
+    scale_log2,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * T * F can pass 2^31
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=(offs_m[:, None] < T) & (offs_d[None, :] < D), other=0.0)
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+        mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
+        other=0.0,
+    )
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skt + offs_d[:, None] * skd,
-                     mask=(offs_n[None, :] < T) & (offs_d[:, None] < D), other=0.0)
+        kt = tl.load(
+            K + b * skb + h * skh + offs_n[None, :] * skt + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
         s = _dot(q, kt, PRECISION) * scale_log2
         s = tl.where(offs_m[:, None] >= offs_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees source 0
@@ -116,10 +171,41 @@ def _lse_kernel(Q, K, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd, H, T, W, D, s
 
 @triton.autotune(_FORWARD_CONFIGS, key=_KEY)
 @triton.jit
-def _forward_kernel(Q, K, A, U, LSE, Y, AVG, sqb, sqh, sqt, sqd, skb, skh, skt, skd, sab, sat, saf,
-                    sub, sut, suf, H, T, W, D, scale_log2, HAS_U: tl.constexpr, STORE_AVG: tl.constexpr,
-                    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_W: tl.constexpr):
+def _forward_kernel(
+    Q,
+    K,
+    A,
+    U,
+    LSE,
+    Y,
+    AVG,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    sab,
+    sat,
+    saf,
+    sub,
+    sut,
+    suf,
+    H,
+    T,
+    W,
+    D,
+    scale_log2,
+    HAS_U: tl.constexpr,
+    STORE_AVG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
@@ -127,18 +213,27 @@ def _forward_kernel(Q, K, A, U, LSE, Y, AVG, sqb, sqh, sqt, sqd, skb, skh, skt, 
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     offs_d = tl.arange(0, BLOCK_D)
     cols = h * W + offs_w
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=(offs_m[:, None] < T) & (offs_d[None, :] < D), other=0.0)
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+        mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
+        other=0.0,
+    )
     lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
     for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skt + offs_d[:, None] * skd,
-                     mask=(offs_n[None, :] < T) & (offs_d[:, None] < D), other=0.0)
+        kt = tl.load(
+            K + b * skb + h * skh + offs_n[None, :] * skt + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
         s = _dot(q, kt, PRECISION) * scale_log2
         p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T), tl.exp2(s - lse[:, None]), 0.0)
-        a = tl.load(A + b * sab + offs_n[:, None] * sat + cols[None, :] * saf,
-                    mask=(offs_n[:, None] < T) & (offs_w[None, :] < W), other=0.0)
+        a = tl.load(
+            A + b * sab + offs_n[:, None] * sat + cols[None, :] * saf,
+            mask=(offs_n[:, None] < T) & (offs_w[None, :] < W),
+            other=0.0,
+        )
         g = _silu_f32(a).to(A.dtype.element_ty)
         acc += _dot(p.to(A.dtype.element_ty), g, PRECISION)
     rows = b * sab + offs_m[:, None] * sat + cols[None, :] * saf  # Y and AVG share a's layout (contiguous)
@@ -153,8 +248,7 @@ def _forward_kernel(Q, K, A, U, LSE, Y, AVG, sqb, sqh, sqt, sqd, skb, skh, skt, 
 
 @triton.autotune(_DELTA_CONFIGS, key=_KEY)
 @triton.jit
-def _delta_kernel(DY, Y, DELTA, sdb, sdt, sdf, syb, syt, syf, H, T, W, D,
-                  BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
+def _delta_kernel(DY, Y, DELTA, sdb, sdt, sdf, syb, syt, syf, H, T, W, D, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -171,10 +265,46 @@ def _delta_kernel(DY, Y, DELTA, sdb, sdt, sdf, syb, syt, syf, H, T, W, D,
 
 @triton.autotune(_SCORES_CONFIGS, key=_KEY, reset_to_zero=["DQ"])
 @triton.jit
-def _scores_backward_kernel(Q, K, A, U, DY, LSE, DELTA, DQ, DK, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                            sab, sat, saf, sub, sut, suf, sdb, sdt, sdf, H, T, W, D, scale_log2, scale,
-                            HAS_U: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+def _scores_backward_kernel(
+    Q,
+    K,
+    A,
+    U,
+    DY,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    sab,
+    sat,
+    saf,
+    sub,
+    sut,
+    suf,
+    sdb,
+    sdt,
+    sdf,
+    H,
+    T,
+    W,
+    D,
+    scale_log2,
+    scale,
+    HAS_U: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * T * F can pass 2^31
     b, h = bh // H, bh % H
@@ -201,10 +331,14 @@ def _scores_backward_kernel(Q, K, A, U, DY, LSE, DELTA, DQ, DK, sqb, sqh, sqt, s
             dg = tl.load(DY + b * sdb + offs_m[:, None] * sdt + cols[None, :] * sdf, mask=mmask, other=0.0)
             dg = dg.to(tl.float32)
             if HAS_U:
-                dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask,
-                                  other=0.0).to(tl.float32)
-            at = tl.load(A + b * sab + offs_n[None, :] * sat + cols[:, None] * saf,
-                         mask=(offs_n[None, :] < T) & (offs_w[:, None] < W), other=0.0)
+                dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask, other=0.0).to(
+                    tl.float32
+                )
+            at = tl.load(
+                A + b * sab + offs_n[None, :] * sat + cols[:, None] * saf,
+                mask=(offs_n[None, :] < T) & (offs_w[:, None] < W),
+                other=0.0,
+            )
             dp += _dot(dg.to(dt), _silu_f32(at).to(dt), PRECISION)
         ds = (p * (dp - delta[:, None])).to(dt)
         dk += _dot(tl.trans(ds), q, PRECISION)
@@ -215,10 +349,45 @@ def _scores_backward_kernel(Q, K, A, U, DY, LSE, DELTA, DQ, DK, sqb, sqh, sqt, s
 
 @triton.autotune(_GATES_CONFIGS, key=_KEY)
 @triton.jit
-def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd, skb, skh, skt, skd,
-                           sab, sat, saf, sub, sut, suf, sdb, sdt, sdf, H, T, W, D, scale_log2,
-                           HAS_U: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+def _gates_backward_kernel(
+    Q,
+    K,
+    A,
+    U,
+    DY,
+    LSE,
+    AVG,
+    DA,
+    DU,
+    sqb,
+    sqh,
+    sqt,
+    sqd,
+    skb,
+    skh,
+    skt,
+    skd,
+    sab,
+    sat,
+    saf,
+    sub,
+    sut,
+    suf,
+    sdb,
+    sdt,
+    sdf,
+    H,
+    T,
+    W,
+    D,
+    scale_log2,
+    HAS_U: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
@@ -227,13 +396,19 @@ def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd,
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     offs_d = tl.arange(0, BLOCK_D)
     cols = h * W + offs_w
-    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
-                mask=(offs_n[:, None] < T) & (offs_d[None, :] < D), other=0.0)
+    k = tl.load(
+        K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
+        mask=(offs_n[:, None] < T) & (offs_d[None, :] < D),
+        other=0.0,
+    )
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
     for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        qt = tl.load(Q + b * sqb + h * sqh + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
-                     mask=(offs_m[None, :] < T) & (offs_d[:, None] < D), other=0.0)
+        qt = tl.load(
+            Q + b * sqb + h * sqh + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
+            mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
         lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
         st = _dot(k, qt, PRECISION) * scale_log2  # S^T: [keys, destinations]
         valid = (offs_m[None, :] >= offs_n[:, None]) & (offs_m[None, :] < T) & (offs_n[:, None] < T)
@@ -242,8 +417,9 @@ def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd,
         dg = tl.load(DY + b * sdb + offs_m[:, None] * sdt + cols[None, :] * sdf, mask=mmask, other=0.0)
         dg = dg.to(tl.float32)
         if HAS_U:
-            dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask,
-                              other=0.0).to(tl.float32)
+            dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask, other=0.0).to(
+                tl.float32
+            )
         acc += _dot(pt.to(dt), dg.to(dt), PRECISION)
     mask = (offs_n[:, None] < T) & (offs_w[None, :] < W)
     a = tl.load(A + b * sab + offs_n[:, None] * sat + cols[None, :] * saf, mask=mask, other=0.0).to(tl.float32)
@@ -273,8 +449,9 @@ def _like_a(a: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("tango_lm::tango_mix_triton_forward", mutates_args=())
-def _forward(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None,
-             store_avg: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, store_avg: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, lse [B, H, T] fp32 in log2 units, the average when store_avg else an empty tensor)."""
     a = a.contiguous()  # y and the average are written at a's offsets
     bsz, h, t, w, d, scale_log2, block_d = _common(q, a)
@@ -285,25 +462,55 @@ def _forward(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor 
         return y, lse.fill_(0.0), avg
     prec = _precision(q.dtype)
     _lse_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), bsz * h)](
-        q, k, lse, *q.stride(), *k.stride(), h, t, w, d, scale_log2, PRECISION=prec, BLOCK_D=block_d)
+        q, k, lse, *q.stride(), *k.stride(), h, t, w, d, scale_log2, PRECISION=prec, BLOCK_D=block_d
+    )
     uu = a if u is None else u
     _forward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-        q, k, a, uu, lse, y, avg if store_avg else y, *q.stride(), *k.stride(), *a.stride(), *uu.stride(),
-        h, t, w, d, scale_log2, HAS_U=u is not None, STORE_AVG=store_avg, PRECISION=prec, BLOCK_D=block_d)
+        q,
+        k,
+        a,
+        uu,
+        lse,
+        y,
+        avg if store_avg else y,
+        *q.stride(),
+        *k.stride(),
+        *a.stride(),
+        *uu.stride(),
+        h,
+        t,
+        w,
+        d,
+        scale_log2,
+        HAS_U=u is not None,
+        STORE_AVG=store_avg,
+        PRECISION=prec,
+        BLOCK_D=block_d,
+    )
     return y, lse, avg
 
 
 @_forward.register_fake
 def _forward_fake(q, k, a, u, store_avg):
     b, h, t, _ = q.shape
-    return (a.new_empty(a.shape), q.new_empty(b, h, t, dtype=torch.float32),
-            a.new_empty(a.shape) if store_avg else a.new_empty(0))
+    return (
+        a.new_empty(a.shape),
+        q.new_empty(b, h, t, dtype=torch.float32),
+        a.new_empty(a.shape) if store_avg else a.new_empty(0),
+    )
 
 
 @torch.library.custom_op("tango_lm::tango_mix_triton_backward", mutates_args=())
-def _backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None,
-              y: torch.Tensor, avg: torch.Tensor, lse: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(
+    dy: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    a: torch.Tensor,
+    u: torch.Tensor | None,
+    y: torch.Tensor,
+    avg: torch.Tensor,
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, da, du; du empty without u)."""
     a = a.contiguous()
     bsz, h, t, w, d, scale_log2, block_d = _common(q, a)
@@ -316,21 +523,39 @@ def _backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, a: torch.Tenso
     prec = _precision(q.dtype)
     delta = torch.empty(bsz, h, t, dtype=torch.float32, device=q.device)
     _delta_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), bsz * h)](
-        dy, y, delta, *dy.stride(), *y.stride(), h, t, w, d)
+        dy, y, delta, *dy.stride(), *y.stride(), h, t, w, d
+    )
     uu = a if u is None else u
     args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride(), *dy.stride(), h, t, w, d, scale_log2)
     _scores_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), bsz * h)](
-        q, k, a, uu, dy, lse, delta, dq, dk, *args, d**-0.5, HAS_U=u is not None, PRECISION=prec, BLOCK_D=block_d)
+        q, k, a, uu, dy, lse, delta, dq, dk, *args, d**-0.5, HAS_U=u is not None, PRECISION=prec, BLOCK_D=block_d
+    )
     _gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-        q, k, a, uu, dy, lse, avg if u is not None else a, da, du if u is not None else da, *args,
-        HAS_U=u is not None, PRECISION=prec, BLOCK_D=block_d)
+        q,
+        k,
+        a,
+        uu,
+        dy,
+        lse,
+        avg if u is not None else a,
+        da,
+        du if u is not None else da,
+        *args,
+        HAS_U=u is not None,
+        PRECISION=prec,
+        BLOCK_D=block_d,
+    )
     return dq.to(q.dtype), dk.to(k.dtype), da, du
 
 
 @_backward.register_fake
 def _backward_fake(dy, q, k, a, u, y, avg, lse):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), a.new_empty(a.shape),
-            a.new_empty(a.shape) if u is not None else a.new_empty(0))
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        a.new_empty(a.shape),
+        a.new_empty(a.shape) if u is not None else a.new_empty(0),
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -56,8 +56,6 @@ def _compute_dtype(device_type: str, tensors: list[torch.Tensor]) -> torch.dtype
     return dtype
 
 
-
-
 def _sig_transform(z: torch.Tensor) -> torch.Tensor:
     """Sigsoftmax's logit transform `z + logsigmoid(z)`, in place."""
     return z.add_(F.logsigmoid(z))
@@ -141,8 +139,7 @@ class _MixtureNLL(torch.autograd.Function):
         d_prior = -scale if need[1] else None
         n = safe.shape[0]
         device_type = safe.device.type
-        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) if need_in[j] else None
-                 for j, t in enumerate(inputs)]
+        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) if need_in[j] else None for j, t in enumerate(inputs)]
         d_h, d_w = [grads[j] for j in h_slots], [grads[j] for j in w_slots]
         with torch.autocast(device_type, enabled=False):
             cast = [t.to(ctx.cdtype) for t in inputs]
@@ -184,9 +181,17 @@ class _MixtureNLL(torch.autograd.Function):
         return (None, d_prior, None, None, None, None, None, *grads)
 
 
-def mixture_nll(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: torch.Tensor,
-                log_prior: torch.Tensor | None = None, *, components: tuple[tuple[int, int], ...] | None = None,
-                sigsoftmax: bool = False, chunk: int = LOSS_CHUNK, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+def mixture_nll(
+    hs: list[torch.Tensor],
+    tables: list[torch.Tensor],
+    targets: torch.Tensor,
+    log_prior: torch.Tensor | None = None,
+    *,
+    components: tuple[tuple[int, int], ...] | None = None,
+    sigsoftmax: bool = False,
+    chunk: int = LOSS_CHUNK,
+    ignore_index: int = IGNORE_INDEX,
+) -> torch.Tensor:
     """Summed NLL of a K-component softmax mixture, in chunks of positions.
 
     hs: hidden states [N, d]; tables: tables [V, d]; components: K pairs (index into hs, index into
@@ -208,19 +213,23 @@ def mixture_nll(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: tor
         raise ValueError("a mixture needs at least one component")
     for h_index, w_index in components:
         if not (0 <= h_index < len(hs) and 0 <= w_index < len(tables)):
-            raise ValueError(f"component ({h_index}, {w_index}) is outside {len(hs)} hidden states and {len(tables)} tables")
+            raise ValueError(
+                f"component ({h_index}, {w_index}) is outside {len(hs)} hidden states and {len(tables)} tables"
+            )
     if log_prior is None and len(components) > 1:
         raise ValueError("a mixture of several components needs log_prior [N, K]")
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 (got {chunk})")
     h_slots = tuple(int(h_index) for h_index, _ in components)
     w_slots = tuple(len(hs) + int(w_index) for _, w_index in components)
-    return _MixtureNLL.apply(targets.reshape(-1), log_prior, int(chunk), sigsoftmax, ignore_index,
-                             h_slots, w_slots, *hs, *tables)
+    return _MixtureNLL.apply(
+        targets.reshape(-1), log_prior, int(chunk), sigsoftmax, ignore_index, h_slots, w_slots, *hs, *tables
+    )
 
 
-def softmax_nll(h: torch.Tensor, table: torch.Tensor, targets: torch.Tensor, *, sigsoftmax: bool = False,
-                chunk: int = LOSS_CHUNK) -> torch.Tensor:
+def softmax_nll(
+    h: torch.Tensor, table: torch.Tensor, targets: torch.Tensor, *, sigsoftmax: bool = False, chunk: int = LOSS_CHUNK
+) -> torch.Tensor:
     """Summed NLL of `log_softmax(h tableᵀ)` (Standard) or its sigsoftmax; h [..., d], targets [...]."""
     return mixture_nll([h.reshape(-1, h.shape[-1])], [table], targets, sigsoftmax=sigsoftmax, chunk=chunk)
 
@@ -231,8 +240,15 @@ def twin_log_prior(gate_logit: torch.Tensor) -> torch.Tensor:
     return torch.stack([F.logsigmoid(z), F.logsigmoid(-z)], dim=-1)
 
 
-def twin_nll(h: torch.Tensor, table_a: torch.Tensor, table_b: torch.Tensor, gate_logit: torch.Tensor,
-             targets: torch.Tensor, *, chunk: int = LOSS_CHUNK) -> torch.Tensor:
+def twin_nll(
+    h: torch.Tensor,
+    table_a: torch.Tensor,
+    table_b: torch.Tensor,
+    gate_logit: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk: int = LOSS_CHUNK,
+) -> torch.Tensor:
     """Summed onóna NLL: -log(g softmax(h Aᵀ) + (1 - g) softmax(h Bᵀ))_y with g = σ(gate_logit).
 
     h [..., d]; gate_logit and targets [...] (one gate logit per position).
@@ -242,16 +258,21 @@ def twin_nll(h: torch.Tensor, table_a: torch.Tensor, table_b: torch.Tensor, gate
     return mixture_nll([flat], [table_a, table_b], targets, prior, components=((0, 0), (0, 1)), chunk=chunk)
 
 
-def _component_pairs(hs: list[torch.Tensor], tables: list[torch.Tensor],
-                     components: tuple[tuple[int, int], ...] | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _component_pairs(
+    hs: list[torch.Tensor], tables: list[torch.Tensor], components: tuple[tuple[int, int], ...] | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if components is None:
         return list(zip(hs, tables, strict=True))
     return [(hs[i], tables[j]) for i, j in components]
 
 
-def mixture_log_probs_reference(hs: list[torch.Tensor], tables: list[torch.Tensor],
-                                log_prior: torch.Tensor | None = None, sigsoftmax: bool = False,
-                                components: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+def mixture_log_probs_reference(
+    hs: list[torch.Tensor],
+    tables: list[torch.Tensor],
+    log_prior: torch.Tensor | None = None,
+    sigsoftmax: bool = False,
+    components: tuple[tuple[int, int], ...] | None = None,
+) -> torch.Tensor:
     """Plain path: the mixture's normalized log-probs [N, V], materializing every component."""
     parts = []
     for i, (h, w) in enumerate(_component_pairs(hs, tables, components)):
@@ -266,10 +287,15 @@ def mixture_log_probs_reference(hs: list[torch.Tensor], tables: list[torch.Tenso
     return torch.logsumexp(torch.stack(parts), dim=0) if len(parts) > 1 else parts[0]
 
 
-def mixture_nll_reference(hs: list[torch.Tensor], tables: list[torch.Tensor], targets: torch.Tensor,
-                          log_prior: torch.Tensor | None = None, sigsoftmax: bool = False,
-                          ignore_index: int = IGNORE_INDEX,
-                          components: tuple[tuple[int, int], ...] | None = None) -> torch.Tensor:
+def mixture_nll_reference(
+    hs: list[torch.Tensor],
+    tables: list[torch.Tensor],
+    targets: torch.Tensor,
+    log_prior: torch.Tensor | None = None,
+    sigsoftmax: bool = False,
+    ignore_index: int = IGNORE_INDEX,
+    components: tuple[tuple[int, int], ...] | None = None,
+) -> torch.Tensor:
     """Plain path of `mixture_nll`: gather from the materialized log-probs."""
     lp = mixture_log_probs_reference(hs, tables, log_prior, sigsoftmax, components)
     return F.nll_loss(lp, targets.reshape(-1), reduction="sum", ignore_index=ignore_index)

@@ -39,9 +39,17 @@ except ImportError:  # no triton: CUDA runs the composition
     windowed_triton = None
 
 
-def windowed_mix_reference(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
-                           a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
-                           chunk_size: int | None = None) -> torch.Tensor:
+def windowed_mix_reference(
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    a: torch.Tensor,
+    u: torch.Tensor,
+    window: int,
+    feature_map: str = "elu+1",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """The composition: q_* [B, H, T, d_h], gate pre-activations a and u [B, T, F] -> [B, T, F]."""
     g = split_heads(F.silu(a), q_rot.shape[1])
     out = windowed_gate_average_chunks(q_rot, k_rot, q_raw, k_raw, g, window, feature_map, chunk_size)
@@ -92,7 +100,9 @@ class _WindowedBandMix(torch.autograd.Function):
                     sums[i - 2, b] = add
                     out.baddbmm_(prefix_q[i, b, :, :rows], add)
                 avg[b, :, s0:e] = out
-            torch.mul(avg[b].transpose(0, 1), u[b].view_as(avg[b].transpose(0, 1)), out=y[b].view_as(avg[b].transpose(0, 1)))
+            torch.mul(
+                avg[b].transpose(0, 1), u[b].view_as(avg[b].transpose(0, 1)), out=y[b].view_as(avg[b].transpose(0, 1))
+            )
         ctx.save_for_backward(weights, prefix_q, pk, a, g, u, avg, sums)
         return y
 
@@ -141,23 +151,42 @@ class _WindowedBandMix(torch.autograd.Function):
                 grad_g[:, s0:e] = d_g
             # SiLU backward fused with the transpose back to [T, F].
             torch.ops.aten.silu_backward.grad_input(
-                grad_g.transpose(0, 1), a[b].view_as(grad_g.transpose(0, 1)),
+                grad_g.transpose(0, 1),
+                a[b].view_as(grad_g.transpose(0, 1)),
                 grad_input=grad_a[b].view_as(grad_g.transpose(0, 1)),
             )
         return grad_weights, grad_prefix_q, grad_pk, grad_a, grad_u
 
 
-def windowed_mix_fused(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
-                       a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
-                       chunk_size: int | None = None) -> torch.Tensor:
+def windowed_mix_fused(
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    a: torch.Tensor,
+    u: torch.Tensor,
+    window: int,
+    feature_map: str = "elu+1",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """Same contract as `windowed_mix_reference`; a and u in the compute dtype (fp32 or wider)."""
     weights, prefix_q, pk = band_weights(q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size)
     return _WindowedBandMix.apply(weights, prefix_q, pk, a.contiguous(), u.contiguous())
 
 
-def windowed_mix(q_rot: torch.Tensor, k_rot: torch.Tensor, q_raw: torch.Tensor, k_raw: torch.Tensor,
-                 a: torch.Tensor, u: torch.Tensor, window: int, feature_map: str = "elu+1",
-                 chunk_size: int | None = None, *, kernels: str | None = None) -> torch.Tensor:
+def windowed_mix(
+    q_rot: torch.Tensor,
+    k_rot: torch.Tensor,
+    q_raw: torch.Tensor,
+    k_raw: torch.Tensor,
+    a: torch.Tensor,
+    u: torch.Tensor,
+    window: int,
+    feature_map: str = "elu+1",
+    chunk_size: int | None = None,
+    *,
+    kernels: str | None = None,
+) -> torch.Tensor:
     """The fused op ('blocked') on CPUs in fp32 or wider, in eager mode without autocast; on CUDA
     the wide part on the Triton kernels (`windowed_triton.py`) where triton is installed; elsewhere
     (and under torch.compile on CPUs) the composition. `kernels` or $TANGO_LM_KERNELS overrides

@@ -40,14 +40,39 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
     """CUDA tensors (or CPU ones when interpreted); gates a, u of one dtype of `DTYPES`; q, k that
     `band_weights` turns into fp32 weights (no float64); d_h <= 256."""
     device_ok = a.is_cuda or (INTERPRETED and a.device.type == "cpu")
-    return (device_ok and a.dtype in DTYPES and u.dtype == a.dtype and torch.float64 not in (q.dtype, k.dtype)
-            and q.shape[-1] <= 256 and a.dim() == 3 and u.shape == a.shape)
+    return (
+        device_ok
+        and a.dtype in DTYPES
+        and u.dtype == a.dtype
+        and torch.float64 not in (q.dtype, k.dtype)
+        and q.shape[-1] <= 256
+        and a.dim() == 3
+        and u.shape == a.shape
+    )
 
 
 @triton.autotune(_FORWARD_CONFIGS, key=_KEY)
 @triton.jit
-def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.constexpr, PRECISION: tl.constexpr,
-                    BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+def _forward_kernel(
+    WB,
+    PQ,
+    PK,
+    A,
+    U,
+    Y,
+    AVG,
+    H,
+    T,
+    W,
+    C,
+    D,
+    N,
+    HAS_AVG: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
@@ -74,8 +99,11 @@ def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.cons
             acc += _dot(pq.to(dt), s.to(dt), PRECISION)
         if i >= 1:  # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
             prev = ((i - 1) * BH + bh) * C
-            pkt = tl.load(PK + (prev + offs_c[None, :]) * D + offs_d[:, None],
-                          mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+            pkt = tl.load(
+                PK + (prev + offs_c[None, :]) * D + offs_d[:, None],
+                mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
+                other=0.0,
+            )
             s += _dot(pkt.to(dt), g_prev, PRECISION)
         out = b * T * F + rows[:, None] * F + cols[None, :]
         if HAS_AVG:
@@ -87,8 +115,9 @@ def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.cons
 
 @triton.autotune(_BAND_CONFIGS, key=_KEY)
 @triton.jit
-def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_W: tl.constexpr):
+def _band_backward_kernel(
+    A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr
+):
     i, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
@@ -104,7 +133,8 @@ def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constex
         mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
         base = b * T * F + rows[:, None] * F + cols[None, :]
         dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
-            tl.float32)
+            tl.float32
+        )
         tmask = (offs_c[None, :] < C) & (rows[None, :] < T) & (offs_w[:, None] < W)
         gt = _silu_f32(tl.load(A + b * T * F + rows[None, :] * F + cols[:, None], mask=tmask, other=0.0)).to(dt)
         pmask = (offs_c[None, :] < C) & (prev_rows[None, :] >= 0) & (offs_w[:, None] < W)
@@ -119,8 +149,29 @@ def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constex
 
 @triton.autotune(_BACKWARD_CONFIGS, key=_KEY, reset_to_zero=["DPQ", "DPK"])
 @triton.jit
-def _backward_kernel(WB, PQ, PK, A, U, DY, AVG, DPQ, DPK, DA, DU, H, T, W, C, D, N, PRECISION: tl.constexpr,
-                     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+def _backward_kernel(
+    WB,
+    PQ,
+    PK,
+    A,
+    U,
+    DY,
+    AVG,
+    DPQ,
+    DPK,
+    DA,
+    DU,
+    H,
+    T,
+    W,
+    C,
+    D,
+    N,
+    PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
@@ -140,13 +191,17 @@ def _backward_kernel(WB, PQ, PK, A, U, DY, AVG, DPQ, DPK, DA, DU, H, T, W, C, D,
         mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
         base = b * T * F + rows[:, None] * F + cols[None, :]
         if i >= 2:
-            dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(
-                U + base, mask=mask, other=0.0).to(tl.float32)
+            dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
+                tl.float32
+            )
             dpq = _dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
             tl.atomic_add(DPQ + ((i * BH + bh) * C + offs_c[:, None]) * D + offs_d[None, :], dpq, mask=cd)
         if i >= 1:
-            pkt = tl.load(PK + (((i - 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
-                          mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+            pkt = tl.load(
+                PK + (((i - 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
+                mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
+                other=0.0,
+            )
             s += _dot(pkt.to(dt), g_prev, PRECISION)
         g_prev = _silu_f32(tl.load(A + base, mask=mask, other=0.0)).to(dt)
     # Backward sweep over chunks c = N-1 .. 0, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i.
@@ -170,16 +225,20 @@ def _backward_kernel(WB, PQ, PK, A, U, DY, AVG, DPQ, DPK, DA, DU, H, T, W, C, D,
             pk = tl.load(PK + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
             grad += _dot(pk.to(dt), r.to(dt), PRECISION)
             g = (a / (1.0 + tl.exp(-a))).to(dt)
-            tl.atomic_add(DPK + (small + offs_c[:, None]) * D + offs_d[None, :],
-                          _dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd)
+            tl.atomic_add(
+                DPK + (small + offs_c[:, None]) * D + offs_d[None, :], _dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd
+            )
         sig = 1.0 / (1.0 + tl.exp(-a))
         tl.store(DA + base, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
         avg = tl.load(AVG + base, mask=mask, other=0.0).to(tl.float32)
         tl.store(DU + base, (dy * avg).to(DU.dtype.element_ty), mask=mask)
         if c + 1 < N:
             if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}
-                pqt = tl.load(PQ + (((c + 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
-                              mask=(offs_c[None, :] < C) & (offs_d[:, None] < D), other=0.0)
+                pqt = tl.load(
+                    PQ + (((c + 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
+                    mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
+                    other=0.0,
+                )
                 r += _dot(pqt.to(dt), dg_next, PRECISION)
         dg_next = dg
 
@@ -192,16 +251,33 @@ def _sizes(weights: torch.Tensor, pk: torch.Tensor, a: torch.Tensor) -> tuple:
 
 
 @torch.library.custom_op("tango_lm::windowed_mix_triton_forward", mutates_args=())
-def _forward(weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor, u: torch.Tensor,
-             store_avg: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor, u: torch.Tensor, store_avg: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, the average when store_avg else an empty tensor); every input contiguous."""
     n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
     y = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     avg = torch.empty(a.shape, dtype=a.dtype, device=a.device) if store_avg else a.new_empty(0)
     if y.numel():
         _forward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-            weights, prefix_q, pk, a, u, y, avg if store_avg else y, h, t, w, c, d, n, HAS_AVG=store_avg,
-            PRECISION=_precision(a.dtype), BLOCK_C=block_c, BLOCK_D=block_d)
+            weights,
+            prefix_q,
+            pk,
+            a,
+            u,
+            y,
+            avg if store_avg else y,
+            h,
+            t,
+            w,
+            c,
+            d,
+            n,
+            HAS_AVG=store_avg,
+            PRECISION=_precision(a.dtype),
+            BLOCK_C=block_c,
+            BLOCK_D=block_d,
+        )
     return y, avg
 
 
@@ -211,9 +287,15 @@ def _forward_fake(weights, prefix_q, pk, a, u, store_avg):
 
 
 @torch.library.custom_op("tango_lm::windowed_mix_triton_backward", mutates_args=())
-def _backward(dy: torch.Tensor, weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor,
-              u: torch.Tensor, avg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                           torch.Tensor]:
+def _backward(
+    dy: torch.Tensor,
+    weights: torch.Tensor,
+    prefix_q: torch.Tensor,
+    pk: torch.Tensor,
+    a: torch.Tensor,
+    u: torch.Tensor,
+    avg: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d weights, d prefix_q, d pk, da, du)."""
     dy = dy.contiguous()
     n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
@@ -225,15 +307,39 @@ def _backward(dy: torch.Tensor, weights: torch.Tensor, prefix_q: torch.Tensor, p
         prec = _precision(a.dtype)
         _band_backward_kernel[(n, bsz * h)](a, u, dy, d_weights, h, t, w, c, d, n, PRECISION=prec, BLOCK_C=block_c)
         _backward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-            weights, prefix_q, pk, a, u, dy, avg, d_prefix_q, d_pk, da, du, h, t, w, c, d, n, PRECISION=prec,
-            BLOCK_C=block_c, BLOCK_D=block_d)
+            weights,
+            prefix_q,
+            pk,
+            a,
+            u,
+            dy,
+            avg,
+            d_prefix_q,
+            d_pk,
+            da,
+            du,
+            h,
+            t,
+            w,
+            c,
+            d,
+            n,
+            PRECISION=prec,
+            BLOCK_C=block_c,
+            BLOCK_D=block_d,
+        )
     return d_weights, d_prefix_q, d_pk, da, du
 
 
 @_backward.register_fake
 def _backward_fake(dy, weights, prefix_q, pk, a, u, avg):
-    return (weights.new_empty(weights.shape), prefix_q.new_empty(prefix_q.shape), pk.new_empty(pk.shape),
-            a.new_empty(a.shape), a.new_empty(a.shape))
+    return (
+        weights.new_empty(weights.shape),
+        prefix_q.new_empty(prefix_q.shape),
+        pk.new_empty(pk.shape),
+        a.new_empty(a.shape),
+        a.new_empty(a.shape),
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -248,8 +354,9 @@ def _autograd_backward(ctx, dy, _davg):
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-def windowed_band_mix_triton(weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor,
-                             u: torch.Tensor) -> torch.Tensor:
+def windowed_band_mix_triton(
+    weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
     """`_WindowedBandMix.apply` on the Triton kernels (inputs must pass `supported`)."""
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (weights, prefix_q, pk, a, u))
     xs = (x.contiguous() for x in (weights, prefix_q, pk, a, u))

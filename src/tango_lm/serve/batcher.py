@@ -102,8 +102,14 @@ class RowText:
 class Batcher:
     """Queue jobs from any thread; one worker thread decodes them in batches."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device, max_batch_size: int = 32,
-                 batch_wait: float = 0.02) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        device: torch.device,
+        max_batch_size: int = 32,
+        batch_wait: float = 0.02,
+    ) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.max_batch_size, self.batch_wait = max_batch_size, batch_wait
         self.queue: queue.Queue[Job | None] = queue.Queue()
@@ -191,8 +197,15 @@ class Batcher:
         prompt = torch.tensor([job.prompt for job, _, _ in rows], device=self.device)
         self.batches += 1
         try:
-            generate(self.model, prompt, max(job.max_tokens for job in batch), temperature=first.temperature,
-                     top_p=first.top_p, seed=first.seed, on_token=on_token)
+            generate(
+                self.model,
+                prompt,
+                max(job.max_tokens for job in batch),
+                temperature=first.temperature,
+                top_p=first.top_p,
+                seed=first.seed,
+                on_token=on_token,
+            )
         except Exception as exc:  # noqa: BLE001 - a failed batch answers its requests; the server stays up
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             for job in batch:

@@ -46,12 +46,15 @@ def sample_next(
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
 
 
-def check_sampling(temperature: float, top_k: int | None = None, top_p: float | None = None,
-                   max_new_tokens: int = 0) -> None:
+def check_sampling(
+    temperature: float, top_k: int | None = None, top_p: float | None = None, max_new_tokens: int = 0
+) -> None:
     """UserError for sampling settings that cannot be honoured (NaN, tiny or negative temperature, ...)."""
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
-        raise UserError(f"temperature must be 0 (greedy decoding) or a finite number of at least {MIN_TEMPERATURE:g} "
-                        f"(got {temperature!r})")
+        raise UserError(
+            f"temperature must be 0 (greedy decoding) or a finite number of at least {MIN_TEMPERATURE:g} "
+            f"(got {temperature!r})"
+        )
     if top_k is not None and top_k < 1:
         raise UserError(f"top_k must be at least 1 (got {top_k}); leave it out to sample from every token")
     if top_p is not None and not 0 < top_p <= 1:
@@ -109,8 +112,9 @@ def generate(
         return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token)
 
 
-def _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id,
-            on_token=None) -> torch.Tensor:
+def _decode(
+    model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token=None
+) -> torch.Tensor:
     cache = model.new_cache(total)
     # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
     # position (onóna, seed 001 Appendix B): the head samples from the hidden state directly.

@@ -112,8 +112,10 @@ def _config(model_config: dict[str, Any], eot: int, dtype: str) -> dict[str, Any
 
     return {
         "architectures": ["TangoLMForCausalLM"],
-        "auto_map": {"AutoConfig": "modeling_tango_lm.TangoLMConfig",
-                     "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM"},
+        "auto_map": {
+            "AutoConfig": "modeling_tango_lm.TangoLMConfig",
+            "AutoModelForCausalLM": "modeling_tango_lm.TangoLMForCausalLM",
+        },
         "model_type": "tango_lm",
         "tango_config": model_config,
         "tango_lm_version": __version__,
@@ -121,7 +123,9 @@ def _config(model_config: dict[str, Any], eot: int, dtype: str) -> dict[str, Any
         "hidden_size": model_config["d_model"],
         "num_hidden_layers": model_config["depth"],
         "max_position_embeddings": model_config["context_length"],
-        "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+        "pad_token_id": eot,
         "tie_word_embeddings": False,
         "use_cache": True,
         "torch_dtype": dtype,
@@ -173,8 +177,9 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     state = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
     dtype = str(dtypes.pop()).removeprefix("torch.") if len(dtypes) == 1 else "float32"
-    context = min(ckpt.config.get("train", {}).get("seq_len") or model_config["context_length"],
-                  model_config["context_length"])
+    context = min(
+        ckpt.config.get("train", {}).get("seq_len") or model_config["context_length"], model_config["context_length"]
+    )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -184,19 +189,45 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         _write_json(tmp / "config.json", _config(model_config, tokenizer.eot_id, dtype))
-        _write_json(tmp / "generation_config.json",
-                    {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id,
-                     "pad_token_id": tokenizer.eot_id, "do_sample": False})
+        _write_json(
+            tmp / "generation_config.json",
+            {
+                "bos_token_id": tokenizer.eot_id,
+                "eos_token_id": tokenizer.eot_id,
+                "pad_token_id": tokenizer.eot_id,
+                "do_sample": False,
+            },
+        )
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), tmp / MODELING_FILE)
         (tmp / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer), encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", {
-            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOT, "eos_token": EOT, "pad_token": EOT,
-            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-            "split_special_tokens": True, "model_max_length": context})
+        _write_json(
+            tmp / "tokenizer_config.json",
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": EOT,
+                "eos_token": EOT,
+                "pad_token": EOT,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+                "split_special_tokens": True,
+                "model_max_length": context,
+            },
+        )
         _write_json(tmp / "tango_tokenizer.json", ckpt.tokenizer)
-        (tmp / "README.md").write_text(README.format(
-            arch=model_config["arch"], head=model_config["head"], checkpoint=ckpt.path, step=ckpt.meta.get("step"),
-            name=out.name, version=__version__, tokenizer=tokenizer.name, eot=tokenizer.eot_id), encoding="utf-8")
+        (tmp / "README.md").write_text(
+            README.format(
+                arch=model_config["arch"],
+                head=model_config["head"],
+                checkpoint=ckpt.path,
+                step=ckpt.meta.get("step"),
+                name=out.name,
+                version=__version__,
+                tokenizer=tokenizer.name,
+                eot=tokenizer.eot_id,
+            ),
+            encoding="utf-8",
+        )
         files = sorted(p.name for p in tmp.iterdir())
         if not out.exists() or not any(out.iterdir()):
             if out.exists():
@@ -209,8 +240,15 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), "hf_dir": str(out), "files": files,
-            "tokenizer": tokenizer.name, "arch": model_config["arch"], "head": model_config["head"]}
+    return {
+        "checkpoint": str(ckpt.path),
+        "step": ckpt.meta.get("step"),
+        "hf_dir": str(out),
+        "files": files,
+        "tokenizer": tokenizer.name,
+        "arch": model_config["arch"],
+        "head": model_config["head"],
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:

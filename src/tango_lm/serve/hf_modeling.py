@@ -36,8 +36,11 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # transformers 5 passes the cache between generation steps as `cache`, 4 as `past_key_values`.
-CACHE_NAME = "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters \
+CACHE_NAME = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
     else "past_key_values"
+)
 
 
 class TangoLMConfig(PretrainedConfig):
@@ -138,11 +141,15 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("tango-lm models take input_ids (inputs_embeds is not supported)")
         state = cache if cache is not None else past_key_values
         if state is not None and not isinstance(state, TangoLMCache):
-            raise TypeError(f"tango-lm models use their own decode cache (TangoLMCache from model.new_cache()), "
-                            f"not {type(state).__name__}")
+            raise TypeError(
+                f"tango-lm models use their own decode cache (TangoLMCache from model.new_cache()), "
+                f"not {type(state).__name__}"
+            )
         if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("tango-lm models do not support padding: give prompts of equal length, one batch "
-                             "per length, or one prompt at a time")
+            raise ValueError(
+                "tango-lm models do not support padding: give prompts of equal length, one batch "
+                "per length, or one prompt at a time"
+            )
         from tango_lm.layers.moe import capacity_factor
 
         # MoE layers outside training run at their evaluation capacity, with or without the cache.
@@ -154,11 +161,12 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
                 logits = self.model(input_ids, state.decode if state is not None else None)
         loss = None
         if labels is not None:
-            loss = F.nll_loss(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
-                              ignore_index=-100)
+            loss = F.nll_loss(
+                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
         if return_dict is False:
             out = (logits, state) if state is not None else (logits,)
-            return ((loss, *out) if loss is not None else out)
+            return (loss, *out) if loss is not None else out
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: state})
 
     def _static_mode(self, input_ids: torch.Tensor, state: TangoLMCache) -> str | None:
@@ -187,7 +195,10 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         return torch.stack(steps, 1)
 
     def prepare_inputs_for_generation(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = True,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Feed only the tokens the decode cache has not processed (all of them without a cache)."""
@@ -200,8 +211,10 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         if state is None:
             state = self.new_cache()
         elif not isinstance(state, TangoLMCache):
-            raise TypeError(f"tango-lm models use their own decode cache, not {type(state).__name__}; "
-                            "call generate() without one (or with model.new_cache())")
+            raise TypeError(
+                f"tango-lm models use their own decode cache, not {type(state).__name__}; "
+                "call generate() without one (or with model.new_cache())"
+            )
         return {**inputs, "input_ids": input_ids[:, state.position :], CACHE_NAME: state, "use_cache": True}
 
 

@@ -38,8 +38,14 @@ MAX_STOP = 16
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -73,8 +79,9 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
 
 
-def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batch_size: int = 32,
-              batch_wait: float = 0.02) -> FastAPI:
+def build_app(
+    model: Any, tokenizer: Any, model_name: str, device: Any, max_batch_size: int = 32, batch_wait: float = 0.02
+) -> FastAPI:
     """The FastAPI app serving `model`; its batcher thread starts and stops with the app."""
     batcher = Batcher(model, tokenizer, device, max_batch_size=max_batch_size, batch_wait=batch_wait)
     context = model.config.context_length
@@ -99,8 +106,9 @@ def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batc
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        error = APIError(exc.status_code, str(exc.detail), code={404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code))
+        error = APIError(
+            exc.status_code, str(exc.detail), code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        )
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     @app.get("/health")
@@ -109,8 +117,18 @@ def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batc
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "tango-lm", "context_length": context}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "tango-lm",
+                    "context_length": context,
+                }
+            ],
+        }
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest) -> Any:
@@ -119,6 +137,7 @@ def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batc
         events: asyncio.Queue = asyncio.Queue()
         jobs = []
         for p, ids in enumerate(prompts):
+
             def emit(event: tuple, p: int = p) -> None:  # called by the batcher thread
                 if not loop.is_closed():  # a server shutting down has no one left to answer
                     loop.call_soon_threadsafe(events.put_nowait, (p, *event))
@@ -126,24 +145,38 @@ def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batc
             jobs.append(Job(prompt=ids, emit=emit, **settings))
         for job in jobs:
             batcher.submit(job)
-        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                 "model": model_name}
+        reply = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model_name,
+        }
         n = settings["n"]
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_stream(events, jobs, n, reply, usage, sum(map(len, prompts))),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(events, jobs, n, reply, usage, sum(map(len, prompts))),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         try:
             texts, finish, tokens = await _collect(events, jobs, n)
         finally:
             for job in jobs:
                 job.cancelled.set()  # no-op once done; stops the rows of a client that went away
-        choices = [{"text": texts[k], "index": k, "logprobs": None, "finish_reason": finish[k]}
-                   for k in range(len(jobs) * n)]
+        choices = [
+            {"text": texts[k], "index": k, "logprobs": None, "finish_reason": finish[k]} for k in range(len(jobs) * n)
+        ]
         completion = sum(tokens)
-        return {**reply, "choices": choices, "usage": {"prompt_tokens": sum(map(len, prompts)),
-                                                       "completion_tokens": completion,
-                                                       "total_tokens": sum(map(len, prompts)) + completion}}
+        return {
+            **reply,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": sum(map(len, prompts)),
+                "completion_tokens": completion,
+                "total_tokens": sum(map(len, prompts)) + completion,
+            },
+        }
 
     return app
 
@@ -157,25 +190,38 @@ def _validation_error(errors: list[dict[str, Any]]) -> APIError:
     if err.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON; send a JSON object", code="invalid_json")
     if err.get("type") == "extra_forbidden":
-        return APIError(400, f"unrecognized request argument supplied: {loc[0] if loc else '?'}",
-                        param=loc[0] if loc else None)
+        return APIError(
+            400, f"unrecognized request argument supplied: {loc[0] if loc else '?'}", param=loc[0] if loc else None
+        )
     if err.get("type") == "missing":
-        return APIError(400, f"you must provide a {loc[0] if loc else 'value'} parameter", param=loc[0] if loc else None)
+        return APIError(
+            400, f"you must provide a {loc[0] if loc else 'value'} parameter", param=loc[0] if loc else None
+        )
     if not loc:
         return APIError(400, "the request body must be a JSON object of completion parameters")
     return APIError(400, f"invalid value for {loc[0]}: {err.get('msg', 'wrong type')}", param=loc[0])
 
 
-def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_size: int
-           ) -> tuple[list[list[int]], dict[str, Any]]:
+def _check(
+    req: Any, model_name: str, tokenizer: Any, context: int, max_batch_size: int
+) -> tuple[list[list[int]], dict[str, Any]]:
     """Validate a completion request: (tokenized prompts, the Job settings) or an APIError."""
     if req.model != model_name:
-        raise APIError(404, f"the model '{req.model}' does not exist; this server serves '{model_name}'",
-                       param="model", code="model_not_found")
-    refused = {"logprobs": req.logprobs is not None, "echo": bool(req.echo), "suffix": req.suffix is not None,
-               "best_of": req.best_of not in (None, 1) and req.best_of != req.n,
-               "presence_penalty": bool(req.presence_penalty), "frequency_penalty": bool(req.frequency_penalty),
-               "logit_bias": bool(req.logit_bias)}
+        raise APIError(
+            404,
+            f"the model '{req.model}' does not exist; this server serves '{model_name}'",
+            param="model",
+            code="model_not_found",
+        )
+    refused = {
+        "logprobs": req.logprobs is not None,
+        "echo": bool(req.echo),
+        "suffix": req.suffix is not None,
+        "best_of": req.best_of not in (None, 1) and req.best_of != req.n,
+        "presence_penalty": bool(req.presence_penalty),
+        "frequency_penalty": bool(req.frequency_penalty),
+        "logit_bias": bool(req.logit_bias),
+    }
     for name, asked in refused.items():
         if asked:
             raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_parameter")
@@ -184,8 +230,11 @@ def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_si
         raise APIError(400, f"max_tokens must be at least 0 (got {max_tokens})", param="max_tokens")
     temperature = 1.0 if req.temperature is None else req.temperature
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= 2):
-        raise APIError(400, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and 2 (got {temperature})",
-                       param="temperature")
+        raise APIError(
+            400,
+            f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and 2 (got {temperature})",
+            param="temperature",
+        )
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
@@ -195,18 +244,32 @@ def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_si
         raise APIError(400, f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
     prompts = _prompts(req.prompt, tokenizer)
     if n < 1 or n * len(prompts) > max_batch_size:
-        raise APIError(400, f"n x prompts must be between 1 and {max_batch_size} completions per request "
-                            f"(got n={n} for {len(prompts)} prompt(s)); the server decodes at most that many rows "
-                            "at once", param="n")
+        raise APIError(
+            400,
+            f"n x prompts must be between 1 and {max_batch_size} completions per request "
+            f"(got n={n} for {len(prompts)} prompt(s)); the server decodes at most that many rows "
+            "at once",
+            param="n",
+        )
     for ids in prompts:
         room = room_for_new_tokens(len(ids), context)  # the model reads every new token but the last
         if max_tokens > room:
-            raise APIError(400, f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
-                                f"for {max(room, 0)} new tokens (max_tokens is {max_tokens}): shorten the prompt or "
-                                "lower max_tokens", param="prompt" if room < 1 else "max_tokens",
-                           code="context_length_exceeded")
-    settings = {"n": n, "max_tokens": max_tokens, "temperature": temperature,
-                "top_p": None if top_p >= 1 else top_p, "stop": stop, "seed": req.seed}
+            raise APIError(
+                400,
+                f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
+                f"for {max(room, 0)} new tokens (max_tokens is {max_tokens}): shorten the prompt or "
+                "lower max_tokens",
+                param="prompt" if room < 1 else "max_tokens",
+                code="context_length_exceeded",
+            )
+    settings = {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": None if top_p >= 1 else top_p,
+        "stop": stop,
+        "seed": req.seed,
+    }
     return prompts, settings
 
 
@@ -246,10 +309,12 @@ async def _collect(events: asyncio.Queue, jobs: list[Any], n: int) -> tuple[list
     return texts, finish, tokens
 
 
-async def _stream(events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[str, Any], usage: bool,
-                  prompt_tokens: int) -> AsyncIterator[str]:
+async def _stream(
+    events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[str, Any], usage: bool, prompt_tokens: int
+) -> AsyncIterator[str]:
     """Server-sent events: one chunk per text delta, a final chunk per choice with its finish
     reason, optionally a usage chunk, then `[DONE]`."""
+
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
         return f"data: {json.dumps({**reply, 'choices': choices, **extra})}\n\n"
 
@@ -268,17 +333,31 @@ async def _stream(events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[st
                 completion += rest[2]
                 yield chunk([{"text": "", "index": k, "logprobs": None, "finish_reason": rest[1]}])
         if usage:
-            yield chunk([], usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                                   "total_tokens": prompt_tokens + completion})
+            yield chunk(
+                [],
+                usage={
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion,
+                },
+            )
         yield "data: [DONE]\n\n"
     finally:
         for job in jobs:
             job.cancelled.set()
 
 
-def serve(run_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          device: str = "auto", max_batch_size: int = 32, batch_wait_ms: float = 20.0,
-          threads: int | None = None, log_level: str = "warning") -> None:
+def serve(
+    run_dir: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    device: str = "auto",
+    max_batch_size: int = 32,
+    batch_wait_ms: float = 20.0,
+    threads: int | None = None,
+    log_level: str = "warning",
+) -> None:
     """Load a checkpoint and serve it until interrupted. Port 0 picks a free port; the address is
     printed once the socket listens."""
     import uvicorn
@@ -307,7 +386,9 @@ def serve(run_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: s
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as exc:
-        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host") from None
+        raise UserError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host"
+        ) from None
     app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
     bound = sock.getsockname()

@@ -48,8 +48,13 @@ def default_mode(device: torch.device) -> str | None:
     return "cuda-graphs" if device.type == "cuda" else None
 
 
-def sample_from_noise(log_probs: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor,
-                      top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+def sample_from_noise(
+    log_probs: torch.Tensor,
+    noise: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
     """One token per row of log_probs [B, V] with uniform noise [B, V]: the argmax where the
     temperature [] is 0, else the Gumbel-max argmax of the filtered log_probs / temperature (an
     exact sample of their softmax). No host sync and no branch on the temperature."""
@@ -62,8 +67,14 @@ def sample_from_noise(log_probs: torch.Tensor, noise: torch.Tensor, temperature:
 class StaticDecoder:
     """Static decode steps of one model for one batch size (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, batch: int, mode: str = "eager", backend: str = "inductor",
-                 capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch: int,
+        mode: str = "eager",
+        backend: str = "inductor",
+        capacity: int | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"static decode mode must be one of {MODES}, got {mode!r}")
         self.model, self.batch, self.mode = model, batch, mode
@@ -110,14 +121,23 @@ class StaticDecoder:
                 torch._dynamo.mark_static_address(t)
         return h
 
-    def step(self, ids: torch.Tensor, noise: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, one_projection: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(
+        self,
+        ids: torch.Tensor,
+        noise: torch.Tensor,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        one_projection: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids [B, 1] at the current position and sample the next token per row from noise
         [B, V] ([B, V + 1] for one projection); returns (tokens [B], log-probs [B, V] or None for
         one-projection sampling) and advances the position."""
         if self.length >= self.cache.capacity:
-            raise UserError(f"sequence of {self.length + 1} tokens is longer than model.context_length="
-                            f"{self.cache.capacity}; shorten it or raise context_length")
+            raise UserError(
+                f"sequence of {self.length + 1} tokens is longer than model.context_length="
+                f"{self.cache.capacity}; shorten it or raise context_length"
+            )
         temp = torch.full((), float(temperature), device=self.device)
         args = (ids, noise, temp, top_k, top_p, one_projection)
         if self._compiled is not None and not self.compiled_failed:
@@ -128,8 +148,12 @@ class StaticDecoder:
                 log_probs = log_probs.clone() if log_probs is not None else None
             except Exception as exc:  # noqa: BLE001 - any failure of the compiled step: decode eagerly
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                log.warning("static decode (%s) failed, decoding eagerly from here on: %s: %s", self.mode,
-                            type(exc).__name__, first[:200])
+                log.warning(
+                    "static decode (%s) failed, decoding eagerly from here on: %s: %s",
+                    self.mode,
+                    type(exc).__name__,
+                    first[:200],
+                )
                 self.compiled_failed = True
                 tokens, log_probs = self._step(*args)
         else:
@@ -148,9 +172,17 @@ class StaticDecoder:
         return sample_from_noise(log_probs, noise, temperature, top_k, top_p), log_probs
 
 
-def decode_static(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
-                  top_k: int | None, top_p: float | None, generator: torch.Generator | None, eos_id: int | None,
-                  mode: str) -> torch.Tensor:
+def decode_static(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+    eos_id: int | None,
+    mode: str,
+) -> torch.Tensor:
     """`generate`'s loop on static steps (inside the head's serving context): [B, T + n]."""
     decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
@@ -168,8 +200,9 @@ def decode_static(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: 
         nxt = model.head.sample_static(h[:, 0], prompt[:, -1], noise())
     else:
         log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0]
-        nxt = sample_from_noise(log_probs, noise(), torch.tensor(float(temperature), device=prompt.device),
-                                top_k, top_p)
+        nxt = sample_from_noise(
+            log_probs, noise(), torch.tensor(float(temperature), device=prompt.device), top_k, top_p
+        )
     out = [prompt]
     done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):

@@ -113,8 +113,9 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
         raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
     unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description", "slurm"})
     if unknown:
-        raise UserError(f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir, description "
-                        "and slurm")
+        raise UserError(
+            f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir, description and slurm"
+        )
     out_dir = spec.get("out_dir", f"runs/sweeps/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise UserError(f"out_dir in sweep grid {path} must be a directory path (got {out_dir!r})")
@@ -141,7 +142,9 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
         values = dict(zip(order, combo, strict=True))
         run = _make_run(base, values, grid, path)
         if run.name in names:
-            raise UserError(f"sweep grid {path} gives two runs the same directory {run.name}; make axis values distinct")
+            raise UserError(
+                f"sweep grid {path} gives two runs the same directory {run.name}; make axis values distinct"
+            )
         names[run.name] = values
         grid.runs.append(run)
     return grid
@@ -167,10 +170,14 @@ def _base_sections(base: Any, grid_path: Path) -> dict[str, dict[str, Any]]:
                     start[section] = values
             data = start
     else:
-        raise UserError(f"base in sweep grid {grid_path} must be a preset name, a YAML file or model/data/train sections")
+        raise UserError(
+            f"base in sweep grid {grid_path} must be a preset name, a YAML file or model/data/train sections"
+        )
     unknown = sorted(set(data) - set(_SECTIONS))
     if unknown:
-        raise UserError(f"unknown base section {unknown[0]!r} in sweep grid {grid_path}; sections are model, data and train")
+        raise UserError(
+            f"unknown base section {unknown[0]!r} in sweep grid {grid_path}; sections are model, data and train"
+        )
     out = {}
     for section in _SECTIONS:
         values = data.get(section) or {}
@@ -221,7 +228,9 @@ def _parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
     if "tier" in axes and "target_params" in axes:
         raise UserError(f"sweep grid {path} has both tier and target_params axes; use one of them")
     if CONVENTIONAL in axes.get("arch", []) and "tier" not in axes:
-        raise UserError(f"arch {CONVENTIONAL!r} in sweep grid {path} needs a tier axis (70M or 160M) to take its geometry")
+        raise UserError(
+            f"arch {CONVENTIONAL!r} in sweep grid {path} needs a tier axis (70M or 160M) to take its geometry"
+        )
     return axes
 
 
@@ -259,8 +268,7 @@ def _target(v: Any, where: str) -> int:
 def _seed(v: Any, where: str) -> tuple[int, int | None]:
     if isinstance(v, int) and not isinstance(v, bool):
         return (v, None)
-    if (isinstance(v, list) and len(v) == 2
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in v)):
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(s, int) and not isinstance(s, bool) for s in v):
         return (v[0], v[1])
     raise UserError(f"{where} takes [model_seed, data_seed] pairs or single model seeds (got {v!r})")
 
@@ -317,8 +325,10 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         else:
             label = _label(value)
         if not _SAFE.match(label):
-            raise UserError(f"value {label!r} of axis {axis!r} in sweep grid {path} cannot name a directory; "
-                            "use letters, digits, '.', '_', '+' or '-'")
+            raise UserError(
+                f"value {label!r} of axis {axis!r} in sweep grid {path} cannot name a directory; "
+                "use letters, digits, '.', '_', '+' or '-'"
+            )
         parts.append(f"{axis}={label}")
         labels[axis] = list(value) if axis == "seed" else (label if axis == "dataset" else value)
     name = "/".join(parts) or "run"
@@ -369,10 +379,13 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
 def _conventional(model: ModelConfig, tier: str, where: str) -> ModelConfig:
     geometry = conventional_untied(tier, model.depth, model.vocab_size)
     if geometry is None:
-        raise UserError(f"{where}: seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
-                        f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16")
-    return model.replace(arch="untied-transformer", d_model=geometry.d_model, n_heads=geometry.n_heads,
-                         width=geometry.width)
+        raise UserError(
+            f"{where}: seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
+            f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16"
+        )
+    return model.replace(
+        arch="untied-transformer", d_model=geometry.d_model, n_heads=geometry.n_heads, width=geometry.width
+    )
 
 
 def _fix_budget(run: RunConfig, target: int | None) -> None:

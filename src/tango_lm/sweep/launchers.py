@@ -42,9 +42,19 @@ from tango_lm.train.checkpoint import write_json_atomic
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
 DEFAULT_TIME = "24:00:00"
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD"}
-SETTINGS = {"partition": str, "account": str, "qos": str, "constraint": str, "gpus_per_job": int, "time": (str, int),
-            "array_parallelism": int, "cpus_per_task": int, "mem_gb": (int, float), "signal_delay_s": int,
-            "additional": dict}
+SETTINGS = {
+    "partition": str,
+    "account": str,
+    "qos": str,
+    "constraint": str,
+    "gpus_per_job": int,
+    "time": (str, int),
+    "array_parallelism": int,
+    "cpus_per_task": int,
+    "mem_gb": (int, float),
+    "signal_delay_s": int,
+    "additional": dict,
+}
 
 
 class SweepJob:
@@ -99,8 +109,9 @@ def slurm_settings(grid: Grid, flags: dict[str, Any]) -> dict[str, Any]:
             raise UserError(f"slurm setting {key} has the wrong type ({value!r})")
     for key in ("gpus_per_job", "array_parallelism", "cpus_per_task", "mem_gb", "signal_delay_s"):
         if key in settings and settings[key] < (0 if key == "gpus_per_job" else 1):
-            raise UserError(f"slurm setting {key} must be at least {0 if key == 'gpus_per_job' else 1} "
-                            f"(got {settings[key]})")
+            raise UserError(
+                f"slurm setting {key} must be at least {0 if key == 'gpus_per_job' else 1} (got {settings[key]})"
+            )
     settings.setdefault("gpus_per_job", 1)
     settings["timeout_min"] = time_minutes(settings.pop("time", DEFAULT_TIME))
     return settings
@@ -130,8 +141,13 @@ def time_minutes(value: str | int) -> int:
 def executor_parameters(settings: dict[str, Any], job_name: str) -> dict[str, Any]:
     """submitit AutoExecutor parameters for the settings (one node per job, one task per GPU)."""
     gpus = settings["gpus_per_job"]
-    params: dict[str, Any] = {"name": job_name, "timeout_min": settings["timeout_min"], "nodes": 1,
-                              "tasks_per_node": max(gpus, 1), "gpus_per_node": gpus}
+    params: dict[str, Any] = {
+        "name": job_name,
+        "timeout_min": settings["timeout_min"],
+        "nodes": 1,
+        "tasks_per_node": max(gpus, 1),
+        "gpus_per_node": gpus,
+    }
     for key in ("cpus_per_task", "mem_gb", "signal_delay_s"):
         if key in settings:
             params[key] = settings[key]
@@ -143,8 +159,14 @@ def executor_parameters(settings: dict[str, Any], job_name: str) -> dict[str, An
     return params
 
 
-def submit_sweep(grid: Grid, runs: list[SweepRun], settings: dict[str, Any], wait: bool = False,
-                 log: Callable[[str], None] = print, cluster: str | None = None) -> list[dict[str, Any]]:
+def submit_sweep(
+    grid: Grid,
+    runs: list[SweepRun],
+    settings: dict[str, Any],
+    wait: bool = False,
+    log: Callable[[str], None] = print,
+    cluster: str | None = None,
+) -> list[dict[str, Any]]:
     """Queue every unfinished run as one job of an array; with `wait`, return each job's row."""
     if importlib.util.find_spec("submitit") is None:
         raise UserError("--launcher slurm submits through submitit; pip install 'tango-lm[cluster]'")
@@ -185,7 +207,9 @@ def submit_sweep(grid: Grid, runs: list[SweepRun], settings: dict[str, Any], wai
     for run, job in zip(todo, jobs, strict=True):
         log(f"{run.name}: submitted as job {job.job_id}")
     if not wait:
-        return rows + [{**_row(run, "submitted", None), "job_id": job.job_id} for run, job in zip(todo, jobs, strict=True)]
+        return rows + [
+            {**_row(run, "submitted", None), "job_id": job.job_id} for run, job in zip(todo, jobs, strict=True)
+        ]
     for run, job in zip(todo, jobs, strict=True):
         try:
             row = job.result()

@@ -76,10 +76,24 @@ def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
         missing = grid.missing_data.get(run.labels.get("dataset", "data.dir"))
         if missing is not None:
             note = f"data missing: {missing}"
-        rows.append({"run": run.name, "state": state["state"], "arch": m.arch, "head": m.head, "d_model": m.d_model,
-                     "width": m.width, "depth": m.depth, "params": counts["total"], "steps": state["steps"],
-                     "tokens": state["steps"] * run.config.train.batch_size * run.config.train.grad_accum
-                     * run.config.seq_len(), "note": note})
+        rows.append(
+            {
+                "run": run.name,
+                "state": state["state"],
+                "arch": m.arch,
+                "head": m.head,
+                "d_model": m.d_model,
+                "width": m.width,
+                "depth": m.depth,
+                "params": counts["total"],
+                "steps": state["steps"],
+                "tokens": state["steps"]
+                * run.config.train.batch_size
+                * run.config.train.grad_accum
+                * run.config.seq_len(),
+                "note": note,
+            }
+        )
     return rows
 
 
@@ -155,18 +169,29 @@ def _record_failure(run: SweepRun, exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     error = f"{type(exc).__name__}: {text}" if not isinstance(exc, UserError) else text
     run.out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run.out_dir / "failed.json", {"error": error, "type": type(exc).__name__,
-                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    write_json_atomic(
+        run.out_dir / "failed.json",
+        {"error": error, "type": type(exc).__name__, "time": time.strftime("%Y-%m-%dT%H:%M:%S")},
+    )
     (run.out_dir / "failed.log").write_text("".join(traceback.format_exception(exc)))
     return error
 
 
-def _row(run: SweepRun, status: str, summary: dict[str, Any] | None, error: str | None = None,
-         seconds: float | None = None) -> dict[str, Any]:
+def _row(
+    run: SweepRun, status: str, summary: dict[str, Any] | None, error: str | None = None, seconds: float | None = None
+) -> dict[str, Any]:
     s = summary or {}
-    return {"run": run.name, "status": status, "steps": s.get("steps"), "best_dev_nll": s.get("best_dev_nll"),
-            "test_nll": s.get("test_nll"), "tokens_per_s": s.get("tokens_per_s"), "seconds": seconds,
-            "error": error, "out_dir": str(run.out_dir)}
+    return {
+        "run": run.name,
+        "status": status,
+        "steps": s.get("steps"),
+        "best_dev_nll": s.get("best_dev_nll"),
+        "test_nll": s.get("test_nll"),
+        "tokens_per_s": s.get("tokens_per_s"),
+        "seconds": seconds,
+        "error": error,
+        "out_dir": str(run.out_dir),
+    }
 
 
 def _release_memory() -> None:

@@ -131,9 +131,11 @@ def write_failed(ckpt_root: Path, step: int, exc: BaseException) -> UserError:
     reason = getattr(exc, "strerror", None) or (text.splitlines()[0][:200] if text else type(exc).__name__)
     with contextlib.suppress(OSError):  # torch.save says only "unexpected pos 576 vs 534" when the disk is full
         reason += f"; {shutil.disk_usage(ckpt_root).free / 2**20:,.1f} MiB free there"
-    return UserError(f"cannot write checkpoint {step_dir_name(step)} in {ckpt_root} ({reason}); the partial copy was "
-                     "removed and earlier checkpoints are intact: free disk space or fix the folder's permissions, "
-                     "then continue with --resume")
+    return UserError(
+        f"cannot write checkpoint {step_dir_name(step)} in {ckpt_root} ({reason}); the partial copy was "
+        "removed and earlier checkpoints are intact: free disk space or fix the folder's permissions, "
+        "then continue with --resume"
+    )
 
 
 def _same_mode(directory: Path) -> None:
@@ -164,8 +166,15 @@ def finish_checkpoint(
         raise write_failed(tmp.parent, step, exc) from None
 
 
-def _finish(tmp: Path, step: int, model_state: dict[str, torch.Tensor] | None, train_state: dict[str, Any],
-            config: dict[str, Any], tokenizer: dict[str, Any], meta: dict[str, Any]) -> Path:
+def _finish(
+    tmp: Path,
+    step: int,
+    model_state: dict[str, torch.Tensor] | None,
+    train_state: dict[str, Any],
+    config: dict[str, Any],
+    tokenizer: dict[str, Any],
+    meta: dict[str, Any],
+) -> Path:
     layout: dict[str, Any] = {}
     if model_state is not None:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
@@ -227,7 +236,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if path.is_dir() and not (path / MARKER).exists() and not path.name.startswith((".tmp-", "step-")):
         path = resolve_run_checkpoint(path)
     if not (path / MARKER).exists():
-        raise UserError(f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one")
+        raise UserError(
+            f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one"
+        )
     try:
         meta = json.loads((path / "meta.json").read_text())
         config = json.loads((path / "config.json").read_text())
@@ -236,13 +247,16 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(f"checkpoint {path} is corrupt ({type(exc).__name__}); use another checkpoint") from None
     for name, data in (("meta.json", meta), ("config.json", config), ("tokenizer.json", tokenizer)):
         if not isinstance(data, dict):
-            raise UserError(f"checkpoint {path} has a {name} that is a {type(data).__name__}, not a mapping; "
-                            "it is corrupt, use another checkpoint")
+            raise UserError(
+                f"checkpoint {path} has a {name} that is a {type(data).__name__}, not a mapping; "
+                "it is corrupt, use another checkpoint"
+            )
     if meta.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
     if not isinstance(config.get("model"), dict):
-        raise UserError(f"checkpoint {path} has a config.json without a model section; it is corrupt, use another "
-                        "checkpoint")
+        raise UserError(
+            f"checkpoint {path} has a config.json without a model section; it is corrupt, use another checkpoint"
+        )
     return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta)
 
 
@@ -251,7 +265,9 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
     ckpt_root = run_dir / "checkpoints"
     steps = complete_steps(ckpt_root)
     if not steps:
-        raise UserError(f"{run_dir} holds no complete checkpoint; train first or point at a checkpoints/step-* directory")
+        raise UserError(
+            f"{run_dir} holds no complete checkpoint; train first or point at a checkpoints/step-* directory"
+        )
     best_file = run_dir / "best.json"
     if which == "best" and best_file.exists():
         try:

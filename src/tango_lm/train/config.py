@@ -109,7 +109,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
+        return {
+            "model": self.model.to_dict(),
+            "data": dataclasses.asdict(self.data),
+            "train": dataclasses.asdict(self.train),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
@@ -158,8 +162,22 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
         if choices and value not in choices:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
     obj = cls(**values)
-    positive = ("batch_size", "grad_accum", "eval_every", "save_every", "log_every", "eval_windows", "keep_last",
-                "steps", "tokens", "seq_len", "test_windows", "eval_batch_size", "warmup_steps", "max_nonfinite_steps")
+    positive = (
+        "batch_size",
+        "grad_accum",
+        "eval_every",
+        "save_every",
+        "log_every",
+        "eval_windows",
+        "keep_last",
+        "steps",
+        "tokens",
+        "seq_len",
+        "test_windows",
+        "eval_batch_size",
+        "warmup_steps",
+        "max_nonfinite_steps",
+    )
     for key in positive:
         value = getattr(obj, key, None)
         low = 0 if key in ("warmup_steps", "max_nonfinite_steps") else 1
@@ -169,8 +187,12 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
         value = getattr(obj, key, None)
         if value is not None and value <= 0:
             raise UserError(f"{name}.{key} must be positive (got {value})")
-    ranges = {"beta1": (0, 1, False), "beta2": (0, 1, False), "min_lr_ratio": (0, 1, True),
-              "decay_fraction": (0, 1, True)}
+    ranges = {
+        "beta1": (0, 1, False),
+        "beta2": (0, 1, False),
+        "min_lr_ratio": (0, 1, True),
+        "decay_fraction": (0, 1, True),
+    }
     for key, (lo, hi, hi_ok) in ranges.items():
         value = getattr(obj, key, None)
         if value is not None and not (lo <= value < hi or (hi_ok and value == hi)):

@@ -39,6 +39,7 @@ def skips_parameters(arch: str) -> bool:
 
     return ARCHITECTURES[arch].skips_parameters
 
+
 _owned_group: list[bool] = []  # non-empty while a process group `setup` formed is alive
 
 
@@ -66,8 +67,11 @@ class DistEnv:
 def launch_env() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1) without torchrun."""
     try:
-        return (int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
-                int(os.environ.get("WORLD_SIZE", "1")))
+        return (
+            int(os.environ.get("RANK", "0")),
+            int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("WORLD_SIZE", "1")),
+        )
     except ValueError:
         raise UserError("RANK, LOCAL_RANK and WORLD_SIZE must be integers; launch with torchrun") from None
 
@@ -264,8 +268,10 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, env
         return {}
     index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
     state = sorted(((index[n], s) for n, s in named["state"].items()), key=lambda item: item[0])
-    return {"state": dict(state),
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]]}
+    return {
+        "state": dict(state),
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+    }
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor], env: DistEnv) -> None:
@@ -288,11 +294,14 @@ def load_full_optimizer_state(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     names = _param_names(model, optimizer)
-    if len(state["param_groups"]) != len(optimizer.param_groups) or \
-            sum(len(g["params"]) for g in state["param_groups"]) != len(names):
+    if len(state["param_groups"]) != len(optimizer.param_groups) or sum(
+        len(g["params"]) for g in state["param_groups"]
+    ) != len(names):
         raise ValueError("the saved optimizer has a different set of parameters")
-    named = {"state": {names[int(i)]: s for i, s in state["state"].items()},
-             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
+    named = {
+        "state": {names[int(i)]: s for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
+    }
     set_optimizer_state_dict(model, optimizer, named, options=_full_options())
 
 
@@ -317,8 +326,25 @@ def load_sharded_state(
 
 
 __all__ = [
-    "DistEnv", "NLLForward", "all_reduce_sum", "barrier", "broadcast_int", "check_launch", "full_model_state",
-    "full_optimizer_state", "grad_norm_value", "grad_sync", "is_main_process", "launch_env", "load_full_model_state",
-    "load_full_optimizer_state", "load_sharded_state", "mean_over_ranks", "setup", "shard_fsdp", "sharded_state",
-    "teardown", "wrap_ddp",
+    "DistEnv",
+    "NLLForward",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_int",
+    "check_launch",
+    "full_model_state",
+    "full_optimizer_state",
+    "grad_norm_value",
+    "grad_sync",
+    "is_main_process",
+    "launch_env",
+    "load_full_model_state",
+    "load_full_optimizer_state",
+    "load_sharded_state",
+    "mean_over_ranks",
+    "setup",
+    "shard_fsdp",
+    "sharded_state",
+    "teardown",
+    "wrap_ddp",
 ]

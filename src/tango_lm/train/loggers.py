@@ -124,12 +124,21 @@ class WandbLogger(MetricLogger):
         id_file = ctx.out_dir / self.ID_FILE
         run_id = _read_run_id(id_file) or secrets.token_hex(4)  # W&B ids: lowercase letters and digits
         try:
-            self.run = wandb.init(project=ctx.wandb_project, id=run_id, resume="allow", name=str(ctx.out_dir),
-                                  dir=str(ctx.out_dir), config=ctx.config, settings=wandb.Settings(console="off"))
+            self.run = wandb.init(
+                project=ctx.wandb_project,
+                id=run_id,
+                resume="allow",
+                name=str(ctx.out_dir),
+                dir=str(ctx.out_dir),
+                config=ctx.config,
+                settings=wandb.Settings(console="off"),
+            )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own error types for login and network problems
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
-                            "to log without a network, or drop wandb from train.loggers") from None
+            raise UserError(
+                f"wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
+                "to log without a network, or drop wandb from train.loggers"
+            ) from None
         id_file.write_text(json.dumps({"run_id": run_id, "project": ctx.wandb_project}) + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
@@ -171,8 +180,10 @@ class InBackground(MetricLogger):
     def _raise_failure(self) -> None:
         if self.error is not None:
             first = str(self.error).strip().splitlines()[0] if str(self.error).strip() else type(self.error).__name__
-            raise UserError(f"the {self.name} logger failed ({first}); fix that and continue with --resume, or drop "
-                            f"{self.name} from train.loggers")
+            raise UserError(
+                f"the {self.name} logger failed ({first}); fix that and continue with --resume, or drop "
+                f"{self.name} from train.loggers"
+            )
 
 
 def _read_run_id(path: Path) -> str | None:
@@ -198,8 +209,10 @@ def logger_names(field: str, value: Any) -> list[str]:
     if len(set(value)) != len(value):
         raise UserError(f"{field} names a logger twice ({value}); list each once")
     if "jsonl" not in value:
-        raise UserError(f"{field} must include jsonl (metrics.jsonl is the run's record that --resume and "
-                        f"`tango-lm report` read); write e.g. [jsonl, {', '.join(value) or 'tensorboard'}]")
+        raise UserError(
+            f"{field} must include jsonl (metrics.jsonl is the run's record that --resume and "
+            f"`tango-lm report` read); write e.g. [jsonl, {', '.join(value) or 'tensorboard'}]"
+        )
     return value
 
 
@@ -208,8 +221,10 @@ def check_available(names: list[str]) -> None:
     for name in names:
         requires = LOGGERS[name].requires
         if requires is not None and importlib.util.find_spec(requires[0]) is None:
-            raise UserError(f"train.loggers includes {name} but the {requires[0]} package is not installed; "
-                            f"pip install 'tango-lm[{requires[1]}]' or drop {name} from train.loggers")
+            raise UserError(
+                f"train.loggers includes {name} but the {requires[0]} package is not installed; "
+                f"pip install 'tango-lm[{requires[1]}]' or drop {name} from train.loggers"
+            )
 
 
 def open_loggers(names: list[str], ctx: LogContext) -> list[MetricLogger]:

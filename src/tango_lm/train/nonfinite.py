@@ -49,17 +49,25 @@ class NonFiniteGuard:
 
     def report(self, step: int, loss: float, grad_norm: float, latest: str, warn: bool) -> None:
         """After a skipped `step`: warn (rank 0), or raise when the streak is too long."""
-        what = " and the ".join(f"{name} is {value}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
-                                if not math.isfinite(value))
+        what = " and the ".join(
+            f"{name} is {value}"
+            for name, value in (("loss", loss), ("gradient norm", grad_norm))
+            if not math.isfinite(value)
+        )
         if self.in_a_row > self.max_in_a_row:
-            raise UserError(f"training stopped at step {step}: {self.in_a_row} updates in a row had a non-finite loss "
-                            f"or gradient norm (train.max_nonfinite_steps={self.max_in_a_row}; this time the {what}); "
-                            f"{latest} stays the latest checkpoint: {_ADVICE}")
+            raise UserError(
+                f"training stopped at step {step}: {self.in_a_row} updates in a row had a non-finite loss "
+                f"or gradient norm (train.max_nonfinite_steps={self.max_in_a_row}; this time the {what}); "
+                f"{latest} stays the latest checkpoint: {_ADVICE}"
+            )
         if warn:
             from tqdm.auto import tqdm
 
-            tqdm.write(f"warning: step {step}: the {what}; its update was skipped ({self.in_a_row} in a row, the run "
-                       f"stops after {self.max_in_a_row})", file=sys.stderr)
+            tqdm.write(
+                f"warning: step {step}: the {what}; its update was skipped ({self.in_a_row} in a row, the run "
+                f"stops after {self.max_in_a_row})",
+                file=sys.stderr,
+            )
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row, "skipped": self.skipped}
@@ -81,5 +89,7 @@ def finite_weights(model: torch.nn.Module) -> bool:
 def check_weights(all_finite: bool, step: int, latest: str) -> None:
     """Raise before a save when `all_finite` (every rank's `finite_weights`) is False."""
     if not all_finite:
-        raise UserError(f"the weights became non-finite by step {step}, so no checkpoint was written; {latest} stays "
-                        f"the latest checkpoint: {_ADVICE}")
+        raise UserError(
+            f"the weights became non-finite by step {step}, so no checkpoint was written; {latest} stays "
+            f"the latest checkpoint: {_ADVICE}"
+        )

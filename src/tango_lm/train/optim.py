@@ -20,7 +20,8 @@ def use_fused_adamw(model: nn.Module) -> bool:
 
     return all(
         p.device.type in ("cpu", "cuda") and p.is_floating_point() and not isinstance(p, DTensor)
-        for p in model.parameters() if p.requires_grad
+        for p in model.parameters()
+        if p.requires_grad
     )
 
 

@@ -91,14 +91,17 @@ def _check_place(out: Path) -> None:
         raise UserError(f"train.out_dir {out} is a file, not a directory; set train.out_dir to a directory")
     dataset = enclosing(out, is_prepared)
     if dataset is not None:
-        raise UserError(f"train.out_dir {out} is inside the prepared dataset {dataset}; "
-                        "set train.out_dir to a directory outside it")
+        raise UserError(
+            f"train.out_dir {out} is inside the prepared dataset {dataset}; set train.out_dir to a directory outside it"
+        )
     base = _nearest_existing(out.absolute())
     if not base.is_dir():
         raise UserError(f"train.out_dir {out} lies under {base}, which is a file; set train.out_dir to a directory")
     if not os.access(base, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write to {base} (no permission, or a read-only file system); make it writable "
-                        "or set train.out_dir to a writable directory")
+        raise UserError(
+            f"cannot write to {base} (no permission, or a read-only file system); make it writable "
+            "or set train.out_dir to a writable directory"
+        )
 
 
 def _check_contents(out: Path, resume: bool) -> None:
@@ -108,12 +111,16 @@ def _check_contents(out: Path, resume: bool) -> None:
     if not resume:
         found = run_files(out)
         if found:
-            raise UserError(f"{out} already holds a run ({', '.join(found)}); pass --resume to continue that run "
-                            "or set train.out_dir to a new directory")
+            raise UserError(
+                f"{out} already holds a run ({', '.join(found)}); pass --resume to continue that run "
+                "or set train.out_dir to a new directory"
+            )
     for target in [ckpt, *(out / name for name in _APPENDED)]:
         if target.exists() and not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0)):
-            raise UserError(f"cannot write to {target} (no permission, or a read-only file system); make it "
-                            "writable or set train.out_dir to another directory")
+            raise UserError(
+                f"cannot write to {target} (no permission, or a read-only file system); make it "
+                "writable or set train.out_dir to another directory"
+            )
 
 
 @contextlib.contextmanager

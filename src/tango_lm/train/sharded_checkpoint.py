@@ -62,11 +62,15 @@ def check_shards(path: Path, meta: dict[str, Any]) -> None:
     """UserError unless every shard file `meta.json` lists is present with its recorded size."""
     listed = meta.get("shards")
     if not isinstance(listed, dict) or METADATA not in listed:
-        raise UserError(f"checkpoint {path} is sharded but its meta.json lists no shards; it is corrupt, use another one")
+        raise UserError(
+            f"checkpoint {path} is sharded but its meta.json lists no shards; it is corrupt, use another one"
+        )
     for name, size in sorted(listed.items()):
         if Path(name).name != name or name in (".", ".."):
-            raise UserError(f"checkpoint {path} lists a shard outside its {SHARDS}/ directory ({name!r}); "
-                            "it is corrupt, use another one")
+            raise UserError(
+                f"checkpoint {path} lists a shard outside its {SHARDS}/ directory ({name!r}); "
+                "it is corrupt, use another one"
+            )
         file = path / SHARDS / name
         if not file.is_file():
             raise UserError(
@@ -91,8 +95,10 @@ def load_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], dist
     files = {getattr(info, "relative_path", None) for info in reader.read_metadata().storage_data.values()}
     missing = sorted(map(str, files - set(meta["shards"])))
     if missing:
-        raise UserError(f"checkpoint {path} refers to shard {SHARDS}/{missing[0]} that meta.json does not list; "
-                        "it is corrupt, resume from another checkpoint")
+        raise UserError(
+            f"checkpoint {path} refers to shard {SHARDS}/{missing[0]} that meta.json does not list; "
+            "it is corrupt, resume from another checkpoint"
+        )
     try:
         with _quiet_single_process():
             dcp.load(template, storage_reader=reader, planner=planner_cls(), no_dist=not distributed)
@@ -100,7 +106,9 @@ def load_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], dist
         raise
     except Exception as exc:  # noqa: BLE001 - DCP wraps every read failure in its own types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path} has unreadable shards ({first[:200]}); resume from another checkpoint") from None
+        raise UserError(
+            f"checkpoint {path} has unreadable shards ({first[:200]}); resume from another checkpoint"
+        ) from None
 
 
 def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -109,9 +117,11 @@ def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tens
 
     check_shards(path, meta)
     metadata = _dcp_classes()[0](str(path / SHARDS)).read_metadata()
-    model = {key[len("model."):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-             for key, md in metadata.state_dict_metadata.items()
-             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
+    model = {
+        key[len("model.") :]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
     template = {"model": model}
     load_shards(path, meta, template, distributed=False)
     return template["model"]
@@ -124,12 +134,19 @@ def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tens
 # (how a torch.layout pickles), and the metadata module's _MEM_FORMAT_ENCODING (a tensor's memory
 # format; admitted as a class of that module). tests/train/test_sharded_checkpoint.py fails if a DCP
 # save pickles a global outside this set or stops pickling one of them.
-ALLOWED_GLOBALS = frozenset({
-    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-    ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
-})
+ALLOWED_GLOBALS = frozenset(
+    {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("collections", "OrderedDict"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "PureWindowsPath"),
+        ("pathlib", "Path"),
+    }
+)
 
 
 def _metadata_unpickler() -> type:
@@ -181,10 +198,14 @@ def _dcp_classes() -> tuple[type, type]:
                 with open(self.metadata_file, "rb") as f:
                     metadata = unpickler(f).load()
             except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as exc:
-                raise UserError(f"checkpoint {where} has unreadable shard metadata ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}); resume from another checkpoint") from None
+                raise UserError(
+                    f"checkpoint {where} has unreadable shard metadata ({type(exc).__name__}: "
+                    f"{str(exc)[:120]}); resume from another checkpoint"
+                ) from None
             if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-                raise UserError(f"checkpoint {where} has shard metadata of the wrong kind; resume from another checkpoint")
+                raise UserError(
+                    f"checkpoint {where} has shard metadata of the wrong kind; resume from another checkpoint"
+                )
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -194,8 +215,9 @@ def _dcp_classes() -> tuple[type, type]:
         """We store only tensors with DCP; DCP would read any other item with a full unpickle."""
 
         def load_bytes(self, read_item: Any, value: Any) -> None:
-            raise UserError(f"checkpoint shards hold a non-tensor item {read_item.dest_index.fqn!r} where a tensor "
-                            "belongs; the checkpoint is corrupt or foreign, resume from another one")
+            raise UserError(
+                f"checkpoint shards hold a non-tensor item {read_item.dest_index.fqn!r} where a tensor "
+                "belongs; the checkpoint is corrupt or foreign, resume from another one"
+            )
 
     return TrustedMetadataReader, TensorsOnlyPlanner
-

@@ -116,14 +116,23 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg)
         # batch_size is the global micro-batch: each process takes its slice of the same order.
         self.loader = WindowLoader(
-            self.dataset.tokens(run.data.train_split), self.seq_len, cfg.batch_size // self.dist.world_size,
-            cfg.data_seed, self.dist.rank, self.dist.world_size,
+            self.dataset.tokens(run.data.train_split),
+            self.seq_len,
+            cfg.batch_size // self.dist.world_size,
+            cfg.data_seed,
+            self.dist.rank,
+            self.dist.world_size,
         )
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
         self.dev_batches = list(
-            eval_batches(self.dataset.tokens(run.data.dev_split), self.seq_len, self.eval_batch_size, cfg.eval_windows,
-                         cfg.eval_sample_seed)
+            eval_batches(
+                self.dataset.tokens(run.data.dev_split),
+                self.seq_len,
+                self.eval_batch_size,
+                cfg.eval_windows,
+                cfg.eval_sample_seed,
+            )
         )
         self.step = 0
         self.tokens_seen = 0
@@ -139,8 +148,11 @@ class Trainer:
         ckpt = load_checkpoint(path)
         saved_model = ckpt.config.get("model", {})
         if saved_model != self.run.model.to_dict():
-            diff = sorted(k for k in set(saved_model) | set(self.run.model.to_dict())
-                          if saved_model.get(k) != self.run.model.to_dict().get(k))
+            diff = sorted(
+                k
+                for k in set(saved_model) | set(self.run.model.to_dict())
+                if saved_model.get(k) != self.run.model.to_dict().get(k)
+            )
             raise UserError(
                 f"cannot resume {self.out}: its checkpoint has a different model config ({', '.join(diff)}); "
                 "resume with the original config or use a new train.out_dir"
@@ -171,7 +183,9 @@ class Trainer:
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint") from None
+            raise UserError(
+                f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint"
+            ) from None
         self._truncate_metrics(self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
@@ -217,8 +231,9 @@ class Trainer:
             train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
         path = self.ckpt_root / step_dir_name(self.step)
         if self.dist.is_main:
-            path = finish_checkpoint(tmp, self.step, model_state, train_state, self.run.to_dict(),
-                                     self.dataset.tokenizer.to_dict(), meta)
+            path = finish_checkpoint(
+                tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
+            )
             protect = {self.best["step"]} if self.best["step"] is not None else set()
             prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
         distributed.barrier(self.dist)  # no rank moves on (or reads it back) before it is complete
@@ -339,8 +354,14 @@ class Trainer:
         cfg = self.run.train
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (cfg.progress and self.dist.is_main),
-                   unit="step", desc=f"train {self.run.model.arch}", dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            disable=not (cfg.progress and self.dist.is_main),
+            unit="step",
+            desc=f"train {self.run.model.arch}",
+            dynamic_ncols=True,
+        )
         dev_nll = None
         while self.step < self.total_steps:
             t0 = time.perf_counter()
@@ -351,9 +372,17 @@ class Trainer:
             tokens_per_s = tokens_per_step / dt
             mfu, memory = self._mfu(tokens_per_s), peak_memory_mib(self.device)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps or "skipped" in self._last:
-                self._log({"step": self.step, "loss": loss if math.isfinite(loss) else None,
-                           "tokens": self.tokens_seen, "tokens_per_s": tokens_per_s,
-                           "mfu": mfu, "peak_memory_mib": memory, **self._last})
+                self._log(
+                    {
+                        "step": self.step,
+                        "loss": loss if math.isfinite(loss) else None,
+                        "tokens": self.tokens_seen,
+                        "tokens_per_s": tokens_per_s,
+                        "mfu": mfu,
+                        "peak_memory_mib": memory,
+                        **self._last,
+                    }
+                )
             is_last = self.step == self.total_steps
             if self.step % cfg.eval_every == 0 or is_last:
                 dev_nll = self.evaluate_dev()
@@ -367,9 +396,14 @@ class Trainer:
                     self._write_best()
             elif self.step % cfg.save_every == 0:
                 self.save()
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}" if mfu is not None else "-",
-                            mem=f"{memory:,.0f}MiB", dev=f"{dev_nll:.3f}" if dev_nll is not None else "-",
-                            refresh=False)
+            bar.set_postfix(
+                loss=f"{loss:.3f}",
+                tok_s=f"{tokens_per_s:,.0f}",
+                mfu=f"{mfu:.1%}" if mfu is not None else "-",
+                mem=f"{memory:,.0f}MiB",
+                dev=f"{dev_nll:.3f}" if dev_nll is not None else "-",
+                refresh=False,
+            )
             bar.update(1)
         bar.close()
         return TrainResult(self.finish(), losses)
@@ -425,7 +459,9 @@ def train(run: RunConfig, resume: bool = False) -> TrainResult:
         with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
             return Trainer(run, resume=resume).fit()
     except OSError as exc:  # a disk that filled up or a folder made read-only while training
-        raise UserError(f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
-                        "intact: fix that and continue with --resume") from None
+        raise UserError(
+            f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
+            "intact: fix that and continue with --resume"
+        ) from None
     finally:
         distributed.teardown()

@@ -76,9 +76,11 @@ class Architecture:
     def preset_geometry(cls, cfg: ModelConfig) -> list[str]:
         """The shape lines of a generated preset's `model:` section, between `d_model` and
         `vocab_size` (models/preset_catalog.py)."""
-        return [f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}",
-                f"  width: {cfg.width}          # F: {cls.width_name} width",
-                f"  depth: {cfg.depth}             # block applications"]
+        return [
+            f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}",
+            f"  width: {cfg.width}          # F: {cls.width_name} width",
+            f"  depth: {cfg.depth}             # block applications",
+        ]
 
 
 def causal_pairs_per_token(seq_len: int) -> float:

@@ -39,7 +39,13 @@ class Flash(Architecture):
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
             FlashLayer(
-                cfg.d_model, cfg.width, cfg.qk_dim, cfg.group_size, cfg.context_length, cfg.norm_eps, cfg.init_std,
+                cfg.d_model,
+                cfg.width,
+                cfg.qk_dim,
+                cfg.group_size,
+                cfg.context_length,
+                cfg.norm_eps,
+                cfg.init_std,
                 cfg.gau_norm,
             )
             for _ in range(cfg.depth)
@@ -80,7 +86,9 @@ class Flash(Architecture):
 
     @staticmethod
     def preset_geometry(cfg: ModelConfig) -> list[str]:
-        return [f"  qk_dim: {cfg.qk_dim}          # s",
-                f"  group_size: {cfg.group_size}     # g",
-                f"  width: {cfg.width}          # e: the expansion width",
-                f"  depth: {cfg.depth}             # block applications"]
+        return [
+            f"  qk_dim: {cfg.qk_dim}          # s",
+            f"  group_size: {cfg.group_size}     # g",
+            f"  width: {cfg.width}          # e: the expansion width",
+            f"  depth: {cfg.depth}             # block applications",
+        ]

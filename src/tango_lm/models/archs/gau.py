@@ -79,6 +79,8 @@ class Gau(Architecture):
 
     @staticmethod
     def preset_geometry(cfg: ModelConfig) -> list[str]:
-        return [f"  qk_dim: {cfg.qk_dim}          # s",
-                f"  width: {cfg.width}          # e: the expansion width",
-                f"  depth: {cfg.depth}             # block applications"]
+        return [
+            f"  qk_dim: {cfg.qk_dim}          # s",
+            f"  width: {cfg.width}          # e: the expansion width",
+            f"  depth: {cfg.depth}             # block applications",
+        ]

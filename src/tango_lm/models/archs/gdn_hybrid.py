@@ -62,10 +62,18 @@ class GdnHybrid(Architecture):
     name = "gdn-hybrid"
     display_name = "GDN hybrid"
     family = "onona"
-    decode_state = ("GDN layers: the d_k x d_v state per head and the last conv_size - 1 inputs of q, k, v "
-                    "(bounded); attention layers: keys and values of every position")
-    tiny = {"n_kv_heads": 2, "depth": 3, "attention_every": 3, "gdn_head_dim": 8, "gdn_expand_v": 2.0,
-            "gdn_chunk": 4}  # GDN, GDN, attention
+    decode_state = (
+        "GDN layers: the d_k x d_v state per head and the last conv_size - 1 inputs of q, k, v "
+        "(bounded); attention layers: keys and values of every position"
+    )
+    tiny = {
+        "n_kv_heads": 2,
+        "depth": 3,
+        "attention_every": 3,
+        "gdn_head_dim": 8,
+        "gdn_expand_v": 2.0,
+        "gdn_chunk": 4,
+    }  # GDN, GDN, attention
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:
@@ -93,9 +101,11 @@ class GdnHybrid(Architecture):
     def build(cfg: ModelConfig) -> nn.Module:
         heads, dk, dv = gdn_shape(cfg)
         layers = [
-            dense_layer(cfg) if is_attention_layer(cfg, i)
-            else gated_deltanet_block(cfg.d_model, heads, dk, dv, cfg.conv_size, cfg.width, cfg.norm_eps,
-                                      cfg.gdn_chunk, cfg.gdn_backend)
+            dense_layer(cfg)
+            if is_attention_layer(cfg, i)
+            else gated_deltanet_block(
+                cfg.d_model, heads, dk, dv, cfg.conv_size, cfg.width, cfg.norm_eps, cfg.gdn_chunk, cfg.gdn_backend
+            )
             for i in range(cfg.depth)
         ]
         return Backbone(layers, list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta)

@@ -75,9 +75,20 @@ class MoE(Architecture):
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
-            moe_block(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, cfg.n_experts,
-                      cfg.moe_top_k, expert_width(cfg), cfg.moe_renormalize, cfg.capacity_factor_train,
-                      cfg.capacity_factor_eval, cfg.aux_loss_weight)
+            moe_block(
+                cfg.d_model,
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                cfg.norm_eps,
+                cfg.n_experts,
+                cfg.moe_top_k,
+                expert_width(cfg),
+                cfg.moe_renormalize,
+                cfg.capacity_factor_train,
+                cfg.capacity_factor_eval,
+                cfg.aux_loss_weight,
+            )
             for _ in range(cfg.depth)
         ]
         return MoEBackbone(layers, list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta)
@@ -86,8 +97,12 @@ class MoE(Architecture):
     def layer_params(cfg: ModelConfig, experts: int) -> int:
         d = cfg.d_model
         attention = gqa_params(d, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
-        return attention + 2 * d + moe_ffn_params(d, cfg.n_experts, expert_width(cfg)) \
+        return (
+            attention
+            + 2 * d
+            + moe_ffn_params(d, cfg.n_experts, expert_width(cfg))
             - (cfg.n_experts - experts) * 3 * d * expert_width(cfg)
+        )
 
     @staticmethod
     def non_embedding_params(cfg: ModelConfig) -> int:

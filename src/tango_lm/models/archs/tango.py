@@ -31,8 +31,12 @@ class Tango(Architecture):
                 f"width across heads; use a multiple of {cfg.n_heads} such as {cfg.width - cfg.width % cfg.n_heads or cfg.n_heads}"
             )
         # Rotating narrow-width training (docs/design.md §2.6): K columns of each head's gate width.
-        check_active_width(cfg.active_width, cfg.width // cfg.n_heads, "the per-head gate width width/n_heads",
-                           "lower active_width or raise width")
+        check_active_width(
+            cfg.active_width,
+            cfg.width // cfg.n_heads,
+            "the per-head gate width width/n_heads",
+            "lower active_width or raise width",
+        )
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:

@@ -42,8 +42,9 @@ class TangoCompact(Architecture):
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        block = CompactTangoBlock(cfg.d_model, cfg.n_heads, cfg.width, controller_width(cfg), cfg.norm_eps,
-                                  cfg.active_width)
+        block = CompactTangoBlock(
+            cfg.d_model, cfg.n_heads, cfg.width, controller_width(cfg), cfg.norm_eps, cfg.active_width
+        )
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod

@@ -24,8 +24,10 @@ class TangoWindowed(Tango):
     name = "tango-windowed"
     display_name = "Windowed TANGO"
     description = "windowed TANGO (window 64, elu+1 features)"
-    decode_state = ("the last window - 1 keys, feature-mapped keys and gates, and the prefix sums of "
-                    "phi(k) g^T and phi(k) (bounded)")
+    decode_state = (
+        "the last window - 1 keys, feature-mapped keys and gates, and the prefix sums of "
+        "phi(k) g^T and phi(k) (bounded)"
+    )
     tiny = {"window": 4}
 
     @staticmethod
@@ -39,8 +41,9 @@ class TangoWindowed(Tango):
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        block = WindowedTangoBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.window, cfg.feature_map,
-                                   cfg.active_width)
+        block = WindowedTangoBlock(
+            cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.window, cfg.feature_map, cfg.active_width
+        )
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod

@@ -34,8 +34,9 @@ class _TransformerPP(Architecture):
     @classmethod
     def build(cls, cfg: ModelConfig) -> nn.Module:
         n = cls.unique_blocks(cfg)
-        layers = [transformer_block(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width)
-                  for _ in range(n)]
+        layers = [
+            transformer_block(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width) for _ in range(n)
+        ]
         schedule = [i % n for i in range(cfg.depth)]
         return Backbone(layers, schedule, cfg.head_dim, cfg.rope_theta)
 
@@ -67,4 +68,3 @@ class LoopTransformer(_TransformerPP):
     display_name = "Loop Transformer++"
     description = "Loop Transformer++"
     unique_blocks = staticmethod(lambda cfg: 1)
-
