@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 
+import arch_cases
 import helpers
 import pytest
 import torch
@@ -135,6 +136,17 @@ def test_arch_without_support_rejects_active_width(monkeypatch):
     cfg = ModelConfig(**{**BASE, "arch": "plain", "active_width": 4})
     with pytest.raises(UserError, match="active_width .* is not supported by arch=plain; remove active_width"):
         build_model(cfg)
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_architectures_say_whether_they_rotate(arch):
+    """`rotating_width` on the architecture class is true exactly when its blocks can run segments."""
+    cfg = arch_cases.tiny_config(arch, active_width=2)
+    if ARCHITECTURES[arch].rotating_width:
+        assert build_model(cfg).num_segments > 1
+    else:
+        with pytest.raises(UserError, match=f"not supported by arch={arch}; .* use one of: tango, "):
+            build_model(cfg)
 
 
 # Seed 000 Table 8: the packed active width of each rotating preset (per head for the TANGO

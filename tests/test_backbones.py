@@ -17,8 +17,8 @@ import tango_lm.layers.moe
 from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.layers import attnres as attnres_layers
 from tango_lm.layers.attnres import AttnRes, attn_res_reference
-from tango_lm.layers.gated_deltanet import GatedDeltaNetBlock
-from tango_lm.layers.gqa import DenseBlock, GroupedQueryAttention
+from tango_lm.layers.gated_deltanet import GatedDeltaNet
+from tango_lm.layers.gqa import GroupedQueryAttention
 from tango_lm.layers.moe import MoEFeedForward, capacity_factor
 from tango_lm.layers.rope import rope_tables
 from tango_lm.models.archs.attnres import sources_per_mix
@@ -285,9 +285,8 @@ def test_qk_norm_makes_attention_invariant_to_query_and_key_scale():
 # -- GDN hybrid -----------------------------------------------------------------------------------
 def test_gdn_hybrid_layout_three_to_one():
     model = build_model(tiny("gdn-hybrid", depth=8, attention_every=4))
-    kinds = ["attn" if isinstance(layer, DenseBlock) else "gdn" for layer in model.backbone.layers]
-    assert kinds == ["gdn", "gdn", "gdn", "attn"] * 2
-    assert all(isinstance(layer, (DenseBlock, GatedDeltaNetBlock)) for layer in model.backbone.layers)
+    mixers = [type(layer.mixer) for layer in model.backbone.layers]
+    assert mixers == [GatedDeltaNet, GatedDeltaNet, GatedDeltaNet, GroupedQueryAttention] * 2
 
 
 def test_gdn_chunk_length_does_not_change_the_model():

@@ -96,6 +96,12 @@ def _unreadable_shard(c: Ctx) -> Path:
     return copy
 
 
+def _grid(c: Ctx) -> Path:
+    base = {"model": helpers.TINY_MODEL, "data": {"dir": str(c.data)}, "train": {**helpers.TINY_TRAIN, **TRAIN}}
+    return _file(c, "grid.yaml", json.dumps({"out_dir": str(c.tmp / "sweep"), "base": base,
+                                             "axes": {"seed": [17]}}).encode())
+
+
 def _warns_then_fails(c: Ctx) -> list[str]:
     """A command that raises a torch-style UserWarning before it finds the bad argument."""
     from tango_lm.train import config
@@ -155,6 +161,18 @@ BAD = {
                                               "--vocab-size", "300", "--out", str(c.tmp / "tok.json"),
                                               "--max-docs", "-1"],
     "verify_missing_dataset": lambda c: ["data", "verify", str(c.tmp / "nothing-here")],
+    "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
+    "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
+    # loggers, serve, sweep launchers
+    "logger_unknown": lambda c: c.train("train.loggers=[jsonl,mlflow]"),
+    "loggers_without_jsonl": lambda c: c.train("train.loggers=[tensorboard]"),
+    "serve_max_batch_size_zero": lambda c: ["serve", str(c.run), "--max-batch-size", "0"],
+    "serve_threads_zero": lambda c: ["serve", str(c.run), "--threads", "0"],
+    "serve_port_out_of_range": lambda c: ["serve", str(c.run), "--port", "70000"],
+    "serve_missing_run": lambda c: ["serve", str(c.tmp / "no-run")],
+    "sweep_slurm_flag_without_slurm": lambda c: ["sweep", str(_grid(c)), "--partition", "gpu"],
+    "sweep_slurm_bad_time": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--time", "soon"],
+    "sweep_slurm_negative_gpus": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--gpus-per-job", "-1"],
     # what comes before an error is not printed
     "warning_before_error": _warns_then_fails,
     "argparse_usage": lambda c: ["train", "--no-such-flag"],
@@ -213,6 +231,8 @@ EXPECT = {
     "empty_input": "the input holds no train documents (empty or whitespace-only), so no dataset was written",
     "warning_before_error": "unknown architecture 'nope'",
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
+    "eval_negative_windows": "--windows must be at least 1 (got -1)",
+    "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
 }
 
 
@@ -241,13 +261,13 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
 
 
 def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypatch):
-    from tango_lm import cli
+    from tango_lm.cli import config
 
     def noisy(args):
         warnings.warn("something worth knowing", UserWarning, stacklevel=1)
         print("done")
 
-    monkeypatch.setattr(cli, "cmd_presets", noisy)
+    monkeypatch.setattr(config, "cmd_presets", noisy)
     with warnings.catch_warnings(record=True) as shown:
         assert main(["presets"]) == 0
     assert capsys.readouterr().out == "done\n"

@@ -113,6 +113,12 @@ def test_training_step_memory_in_process():
     assert row["other_bytes"] == row["peak_bytes"] - row["state_bytes"]
 
 
+def test_compiled_training_step_memory(cheap_compile):
+    cfg = ModelConfig(arch="dense", d_model=32, depth=1, width=64, vocab_size=50, context_length=8)
+    row = memory.measure_training_step(cfg.to_dict(), batch_size=1, seq_len=8, device="cpu", steps=1, compile=True)
+    assert row["mode"] == "compiled" and row["param_bytes"] == 4 * cfg.num_params()["total"]
+
+
 def test_memory_suite_in_subprocesses(capsys):
     report = _bench_json(capsys, "--suite", "memory", "--memory-backbone", "dense", "--d-model", "32", "--depth", "1",
                          "--head-vocab", "50", "--memory-batch-size", "1", "--memory-seq-len", "8",
@@ -126,3 +132,54 @@ def test_memory_suite_in_subprocesses(capsys):
         assert r["peak_vs_standard"] == pytest.approx(r["peak_bytes"] / heads["standard"]["peak_bytes"])
         assert r["state_vs_standard"] == pytest.approx(r["state_bytes"] / heads["standard"]["state_bytes"])
     assert "memory: whole training step" in memory.format_report(mem)
+
+
+@pytest.fixture
+def cheap_compile(monkeypatch):
+    """torch.compile with Dynamo's "eager" backend: the bench's compiled paths run, without inductor."""
+    real = torch.compile
+
+    def compile_eagerly(fn, **kwargs):
+        kwargs.pop("mode", None)
+        return real(fn, **{**kwargs, "backend": "eager"})
+
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
+    report = _bench_json(capsys, "--suite", "train", "--archs", "tango", *TINY, "--steps", "1", "--warmup", "1",
+                         "--no-memory", "--compile")["train"]
+    assert report["modes"] == ["eager", "compiled"]
+    rows = {(r["arch"], r["mode"]): r for r in report["models"]}
+    assert set(rows) == {(a, m) for a in ("tango", "loop-transformer") for m in ("eager", "compiled")}
+    for (arch, mode), r in rows.items():
+        assert r["tokens_per_s_vs_eager"] == pytest.approx(r["tokens_per_s"] / rows[arch, "eager"]["tokens_per_s"])
+        assert r["tokens_per_s_vs_loop"] == pytest.approx(
+            r["tokens_per_s"] / rows["loop-transformer", mode]["tokens_per_s"])
+    assert "vs eager" in training.format_report(report)
+    assert main(["bench", "--suite", "train", *TINY, "--warmup", "0", "--compile", "--no-memory"]) == 2
+    assert "warmup" in capsys.readouterr().err
+
+
+def test_decode_suite_static_columns(cheap_compile):
+    report = decode.run_decode_bench(archs=("tango",), d_model=32, depth=2, tango_width=64, vocab_size=40,
+                                     prompt_len=3, new_tokens=2, batches=(1,), repeats=1, heads=False,
+                                     device="cpu", print_table=False, static=True)
+    assert report["paths"] == ["eager", "static"] and report["static_mode"] == "compile"
+    for r in report["archs"]:
+        assert list(r["tokens_per_s"]) == ["b1 greedy", "b1 greedy static", "b1 t=1", "b1 t=1 static"]
+        assert r["static_vs_eager"]["b1 t=1"] == pytest.approx(r["tokens_per_s"]["b1 t=1 static"]
+                                                                / r["tokens_per_s"]["b1 t=1"])
+    assert "static x eager" in decode.format_report(report)
+
+
+def test_decode_suite_on_presets_keeps_their_sizes():
+    triples = decode.preset_configs(["tango", "gau"], "70m", 4, 768)
+    assert [a for a, _, _ in triples] == ["tango", "gau", "loop-transformer"]
+    tango = triples[0][1]
+    assert (tango.d_model, tango.width, tango.vocab_size, tango.context_length) == (512, 28480, 50257, 1024)
+    assert all(c is not None and note.startswith("preset") for _, c, note in triples)
+    assert decode.preset_configs(["dense"], "70m", 4, 768)[0][1] is None  # no such preset: skipped

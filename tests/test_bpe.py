@@ -9,8 +9,8 @@ import pytest
 
 from tango_lm.cli import main
 from tango_lm.data.bpe import train_bpe
+from tango_lm.data.files import prepare_files
 from tango_lm.data.shards import PreparedDataset, write_prepared
-from tango_lm.data.sources import prepare_files
 from tango_lm.data.tokenizers import BPETokenizer, get_tokenizer, same_tokenizer, tokenizer_from_dict
 from tango_lm.errors import UserError
 

@@ -218,12 +218,12 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     root = tmp_path / "checkpoints"
     a = {"w": torch.zeros(3)}
     b = {"w": torch.ones(3)}
-    first = save_checkpoint(root, 5, a, {"step": 5}, {"c": 1}, {"name": "byte"}, {"dev_nll": None})
-    second = save_checkpoint(root, 5, b, {"step": 5}, {"c": 2}, {"name": "byte"}, {"dev_nll": 1.5})
+    first = save_checkpoint(root, 5, a, {"step": 5}, {"model": {}, "c": 1}, {"name": "byte"}, {"dev_nll": None})
+    second = save_checkpoint(root, 5, b, {"step": 5}, {"model": {}, "c": 2}, {"name": "byte"}, {"dev_nll": 1.5})
     assert first == second == root / "step-00000005"
     assert [p.name for p in root.iterdir()] == ["step-00000005"]
     ck = load_checkpoint(second)
-    assert torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"c": 2} and ck.meta["dev_nll"] == 1.5
+    assert torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"model": {}, "c": 2} and ck.meta["dev_nll"] == 1.5
 
 
 def test_prune_keeps_newest_and_protected_and_removes_leftovers(tmp_path):

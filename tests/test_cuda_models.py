@@ -11,9 +11,9 @@ width, each as a tiny model with the same weights on both devices:
 
 from __future__ import annotations
 
+import arch_cases
 import pytest
 import torch
-from test_generate import TINY  # the tiny per-architecture settings, one table
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.heads.registry import HEADS
@@ -24,13 +24,12 @@ from tango_lm.ops import windowed_mix as windowed_mix_module
 pytestmark = pytest.mark.cuda
 CASES = ([(arch, "standard", None) for arch in sorted(ARCHITECTURES)]
          + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
-         + [("tango", "standard", 8), ("tango-3set", "standard", 8)])  # rotating narrow width: 8 of 24 columns
+         + [(arch, "standard", 8) for arch in ("tango", "tango-3set", "tango-windowed")])  # rotating width: 8 of 12 per head
 TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed")
 
 
 def tiny_config(arch: str, head: str, active_width: int | None) -> ModelConfig:
-    return ModelConfig(arch=arch, head=head, d_model=64, head_dim=32, width=48, depth=3, vocab_size=97,
-                       context_length=64, active_width=active_width, **TINY[arch])
+    return arch_cases.tiny_config(arch, head=head, vocab_size=97, context_length=64, active_width=active_width)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ weights (lr 3e-3: a hundredth of one step)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -37,12 +38,13 @@ LOSS_RTOL = 1e-5
 UNTIED = {"arch": "untied-transformer"}  # every block applied once: FSDP shards block by block
 AW = {"active_width": 12}  # rotating narrow width: 3 segments of the 32 columns per head
 ACCUM = {"batch_size": 4, "grad_accum": 2}  # global batch 8 windows: 2 per rank per micro-batch
+TENSORBOARD = importlib.util.find_spec("tensorboard") is not None  # the ddp run also logs to it (rank 0 only)
 
 # name -> (model overrides, train overrides, scripted dev NLL) of the 2-rank runs (12 steps, saves
 # at 4, 8, 12). A scripted dev NLL makes step 8 the best, so the test NLL comes from the step-8
 # checkpoint, read back into the sharded model at the end of the run.
 RUNS = {
-    "ddp": ({}, {**ACCUM, "parallel": "ddp"}, False),
+    "ddp": ({}, {**ACCUM, "parallel": "ddp", "loggers": "jsonl,tensorboard" if TENSORBOARD else "jsonl"}, False),
     "ddp_aw": (AW, {"parallel": "ddp"}, False),
     # The onóna validation protocol: 5 of the 9 dev windows sampled with a seed, in batches of 3.
     "ddp_sampled": ({}, {"parallel": "ddp", "eval_sample_seed": 1234, "eval_windows": 5, "eval_batch_size": 3}, False),
@@ -226,6 +228,14 @@ def test_rank_zero_alone_logs_and_writes(runs):
         meta = load_checkpoint(helpers.step_dir(out, 12)).meta
         assert (meta["parallel"], meta["world_size"]) == (RUNS[name][1]["parallel"], 2)
         assert json.loads((out / "best.json").read_text())["step"] == (8 if RUNS[name][2] else 12)
+    if not TENSORBOARD:
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (root / "ddp" / "tensorboard").glob("events.out.tfevents.*")  # one file: rank 0's
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Scalars("train/loss")] == list(range(1, 13))
 
 
 def test_checkpoint_formats(runs):

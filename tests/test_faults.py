@@ -98,6 +98,63 @@ def test_a_full_disk_during_a_save(finished, data_dir, tmp_path, monkeypatch, ca
     assert helpers.read_metrics(out)[-1]["test_nll"] == helpers.read_metrics(finished)[-1]["test_nll"]
 
 
+def _safetensors_full(path):
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _torch_save_full(path):
+    Path(path).write_bytes(b"PK")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")  # what torch says
+
+
+def _json_full(path):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+@pytest.mark.parametrize("writer,fail", [("save_file", _safetensors_full), ("torch.save", _torch_save_full),
+                                         ("_write_json", _json_full)])
+def test_each_writer_of_a_save_can_find_the_disk_full(data_dir, tmp_path, monkeypatch, writer, fail):
+    """Each writer reports a full disk its own way (safetensors and torch with their own errors)."""
+    from tango_lm.errors import UserError
+
+    out = tmp_path / "run"
+    target = checkpoint.torch if writer == "torch.save" else checkpoint
+    name = writer.split(".")[-1]
+    real = getattr(target, name)
+
+    def writes(*args, **kwargs):
+        path = args[0] if name == "_write_json" else args[1]
+        if "step-00000002" in str(path) and not str(path).endswith("config.json"):
+            fail(path)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, writes)
+    with pytest.raises(UserError, match="cannot write checkpoint step-00000002 .* MiB free there"):
+        train(helpers.run_config(data_dir, out, steps=2, save_every=1, eval_every=2))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000001"]
+
+
+def test_a_really_full_disk(data_dir, tmp_path, capsys):
+    """A 1,200 KiB tmpfs fills up during the second save (root with mount rights only)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root with mount rights for a small tmpfs")
+    try:
+        argv = ["train", *helpers.cli_overrides(data_dir, disk / "run", steps=8, save_every=4, eval_every=4),
+                "model.d_model=64", "model.width=256"]
+        rc, err = run_cli(capsys, argv)
+        assert rc == 2
+        assert "cannot write checkpoint step-00000008" in helpers.assert_one_error_line(err)
+        assert sorted(p.name for p in (disk / "run" / "checkpoints").iterdir()) == ["step-00000004"]
+        load_checkpoint(helpers.step_dir(disk / "run", 4)).build_model()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
 def test_resume_when_checkpoints_is_a_file_rewrites_nothing(finished, tmp_path, capsys, data_dir):
     run = Path(shutil.copytree(finished, tmp_path / "run"))
     shutil.rmtree(run / "checkpoints")
@@ -113,7 +170,9 @@ def test_an_out_dir_that_is_a_file(data_dir, tmp_path, capsys):
     (tmp_path / "run").write_text("x")
     rc, err = run_cli(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", **TRAIN)])
     assert rc == 2 and "is a file, not a directory" in helpers.assert_one_error_line(err)
-    assert (tmp_path / "run").read_text() == "x"
+    rc, err = run_cli(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run" / "a", **TRAIN)])
+    assert rc == 2 and f"lies under {tmp_path / 'run'}, which is a file" in helpers.assert_one_error_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and (tmp_path / "run").read_text() == "x"
 
 
 def test_a_read_only_output_folder(finished, data_dir, tmp_path, capsys, make_read_only):

@@ -49,11 +49,11 @@ def spec_extra_over_standard(v: int, d: int, k: int = 2) -> dict[str, int]:
     }
 
 
-SPEC_HEADS = sorted(spec_extra_over_standard(1, 1))
+PAPER_HEADS = sorted(spec_extra_over_standard(1, 1))
 
 
 def test_every_head_of_the_papers_is_registered():
-    assert set(SPEC_HEADS) <= set(HEADS)
+    assert set(PAPER_HEADS) <= set(HEADS)
 
 
 # -- every head on the model interface ---------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_counts_equal_numel(arch, head):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("head", SPEC_HEADS)
+@pytest.mark.parametrize("head", PAPER_HEADS)
 def test_param_formula_equals_numel(arch, head):
     cfg, std_cfg = small_config(arch, head), small_config(arch, "standard")
     assert count_params(cfg)["total"] - count_params(std_cfg)["total"] == spec_extra_over_standard(V, 32)[head]

@@ -122,6 +122,13 @@ def test_sliced_sdpa_matches_the_reference(width, max_slice):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
 
 
+def test_sliced_fallback_takes_mixed_dtypes():
+    # Whatever the Triton kernels refuse falls back to the sliced SDPA on CUDA, without an error.
+    q, k, a, u = mix_inputs(torch.float64)
+    got = tango_mix(q.float(), k.float(), a, u, kernels="sdpa-sliced")
+    torch.testing.assert_close(got, tango_mix_reference(q, k, a, u), rtol=1e-5, atol=1e-6)
+
+
 def test_cpu_kernels_refuse_mismatched_shapes_before_any_pointer_reaches_c():
     probs = torch.softmax(torch.randn(2, 3, 7, 7), -1)
     g = torch.randn(2, 7, 3 * 5)

@@ -9,7 +9,7 @@ import pytest
 from tango_lm.cli import main
 from tango_lm.data.lean import lean_documents, plan_lean, prepare_lean, proof_examples
 from tango_lm.data.shards import PreparedDataset
-from tango_lm.data.sources import split_of
+from tango_lm.data.splits import split_of
 from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
 from tango_lm.errors import UserError
 

@@ -159,6 +159,18 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
         assert out == direct_generation(model, tok, context, kwargs["max_gen_toks"], until, 32)
 
 
+def test_generate_until_on_static_steps_is_the_same(lm, monkeypatch):
+    # What runs on CUDA (CUDA graphs there): the static decode steps, here run eagerly.
+    import tango_lm.serve.static_decode as static_decode
+
+    cases = [("abc ", {"max_gen_toks": 10}), ("k" * 60, {"until": ["\n"], "max_gen_toks": 4})]
+    requests = [_request("generate_until", c, i) for i, c in enumerate(cases)]
+    want = lm.generate_until(requests)
+    monkeypatch.setattr(static_decode, "default_mode", lambda device: "eager")
+    assert lm.generate_until(requests) == want
+    assert lm.model._static_decoders  # the static decoder ran
+
+
 def test_model_args(run_dir):
     lm = TangoLM(checkpoint=str(run_dir), batch_size="auto", max_length="16", device="cpu")
     assert (lm.batch_size, lm.max_length, lm.device.type) == (16, 16, "cpu")

@@ -167,3 +167,15 @@ def test_a_missing_logger_package_names_the_extra(data_dir, tmp_path, capsys, mo
     err = helpers.assert_one_error_line(capsys.readouterr().err)
     assert "pip install 'tango-lm[wandb]'" in err
     assert not out.exists()
+
+
+def test_a_failing_logger_stops_the_run_with_one_error_line(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tango_lm.train.loggers import TensorBoardLogger
+
+    def full_disk(self, record):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TensorBoardLogger, "log", full_disk)
+    with pytest.raises(UserError, match="the tensorboard logger failed .*No space left on device"):
+        train(helpers.run_config(data_dir, tmp_path / "run", steps=4, loggers=["jsonl", "tensorboard"]))

@@ -158,12 +158,14 @@ def test_runs_and_datasets_stay_out_of_each_other(data_dir, tmp_path, capsys):
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("")
+    (run / "config.json").write_text(json.dumps(helpers.run_config(data_dir, run).to_dict()))
     (tmp_path / "doc.txt").write_text("some text\n")
-    line = refused(capsys, ["data", "prepare", "text", str(tmp_path / "doc.txt"), "--out", str(run / "data"),
-                            "--tokenizer", "byte", "--no-progress"])
+    argv = ["data", "prepare", "text", str(tmp_path / "doc.txt"), "--tokenizer", "byte", "--no-progress"]
+    line = refused(capsys, [*argv, "--out", str(run / "data")])
     assert f"is inside the run directory {run}" in line
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+    (tmp_path / "config.json").write_text("{}")  # a stray config.json does not make a folder a run
+    assert main([*argv, "--out", str(tmp_path / "data")]) == 0
 
 
 # -- data prepare -----------------------------------------------------------------------------

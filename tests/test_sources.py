@@ -12,23 +12,19 @@ from pathlib import Path
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data import sources
-from tango_lm.data.shards import PreparedDataset
-from tango_lm.data.sources import (
-    assemble_splits,
-    code_documents,
+from tango_lm.data.code_trees import code_documents, prepare_code, stdlib_path
+from tango_lm.data.files import (
     expand_inputs,
-    hold_out,
     jsonl_documents,
     parquet_documents,
-    prepare_code,
     prepare_files,
-    prepare_hf,
-    prepare_source,
     split_inputs,
-    split_of,
     text_documents,
 )
+from tango_lm.data.hf import prepare_hf
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.sources import prepare_source
+from tango_lm.data.splits import assemble_splits, hold_out, split_of
 from tango_lm.data.tokenizers import ByteTokenizer
 from tango_lm.errors import UserError
 
@@ -235,9 +231,9 @@ def test_prepare_code(code_tree, tmp_path):
 
 
 def test_stdlib_is_the_default_tree():
-    first = next(code_documents([sources.stdlib_path()]))
+    first = next(code_documents([stdlib_path()]))
     assert first.strip()
-    assert (sources.stdlib_path() / "os.py").is_file()
+    assert (stdlib_path() / "os.py").is_file()
 
 
 # -- prepare ----------------------------------------------------------------------------------
@@ -273,14 +269,14 @@ def test_prepare_parquet_own_splits_and_max_docs(tmp_path):
 def test_prepare_text_split_on_blank_lines(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.txt").write_text("p1\n\np2\n\np3\n")
-    out = prepare_source("text", [tmp_path / "t"], tmp_path / "out", BYTE, split_on_blank_lines=True,
+    out = prepare_source("text", tmp_path / "out", inputs=[tmp_path / "t"], tokenizer=BYTE, split_on_blank_lines=True,
                          dev_fraction=0, test_fraction=0, progress=False)
     assert _docs(out, "train") == ["p1", "p2", "p3"]
 
 
 def test_bad_inputs(tmp_path):
-    with pytest.raises(UserError, match="unknown data source 'csv'"):
-        prepare_source("csv", [], tmp_path / "x")
+    with pytest.raises(UserError, match="unknown data source 'csv'; choose one of: dmmath, text, jsonl"):
+        prepare_source("csv", tmp_path / "x")
     with pytest.raises(UserError, match="does not exist"):
         prepare_files("jsonl", [tmp_path / "missing.jsonl"], tmp_path / "x", BYTE, progress=False)
     assert not (tmp_path / "x").exists()

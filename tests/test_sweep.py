@@ -16,7 +16,7 @@ import helpers
 import pytest
 import yaml
 
-from tango_lm.cli import main
+from tango_lm.cli import main, parse_args
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
 from tango_lm.sweep import load_grid, run_sweep
@@ -144,6 +144,9 @@ def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):
     assert main(["sweep", str(path), "--dry-run", "--only", "*/arch=gau"]) == 0
     out = capsys.readouterr().out
     assert "depth=2/arch=gau" in out and "arch=tango" not in out and "2 runs" in out
+    for extra in ([], ["--json"]):  # the command itself says success (main does not paper over a None)
+        args = parse_args(["sweep", str(path), "--dry-run", *extra])
+        assert args.func(args) == 0
     assert not (tmp_path / "sweep").exists()
 
 

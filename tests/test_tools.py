@@ -50,3 +50,23 @@ def test_tango_kernels_tool():
     assert out.count("C kernel ") == 3 and out.count("MKL blocks of 64") == 3
     out = _run("tango_kernels.py", "steps", "16", "--steps", "1")
     assert "tango, C kernels" in out and "tango, blocked" in out and "x 1.000" in out
+
+
+def test_gpu_suites_script_and_table(tmp_path):
+    # The GPU script parses; its table reads what the suites wrote (a tiny CPU decode report here,
+    # plus a suite that timed out), one status line per suite, then each suite's own table.
+    assert subprocess.run(["bash", "-n", str(TOOLS / "gpu_suites.sh")]).returncode == 0
+    report = subprocess.run(
+        [sys.executable, "-m", "tango_lm.cli", "bench", "--suite", "decode", "--archs", "tango", "--d-model", "32",
+         "--depth", "2", "--tango-width", "64", "--vocab-size", "40", "--prompt-len", "3", "--new-tokens", "2",
+         "--decode-batches", "1", "--repeats", "1", "--head-vocab", "50", "--device", "cpu", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    (tmp_path / "decode-small.json").write_text(report.stdout)
+    (tmp_path / "decode-small.rc").write_text("0\n")
+    (tmp_path / "decode-small.log").write_text("== decode-small\ndecode-small rc=0 3s\n")
+    (tmp_path / "train-70m.rc").write_text("124\n")
+    (tmp_path / "train-70m.log").write_text("== train-70m\ntrain-70m rc=124 900s\n")
+    out = _run("gpu_suites_table.py", str(tmp_path))
+    assert "decode-small  ok" in out and "train-70m     TIMEOUT" in out and "900s" in out
+    assert "[decode-small]" in out and "decode: device cpu" in out and "[train-70m]" not in out

@@ -1,7 +1,7 @@
 """A new architecture needs no edit to the tests: registering it is enough for the generic checks.
 
-The toy below is a Transformer++ whose feed-forward is a plain squared-ReLU MLP. It lives only in
-this file and is registered only while a test runs. Each test calls one of the generic checks the
+The toy below is a Transformer++ whose feed-forward is a plain squared-ReLU MLP (a `PreNormBlock`
+of causal attention and that MLP). It lives only in this file and is registered only while a test runs. Each test calls one of the generic checks the
 other test files run over the registry (plain functions, parametrized there by
 `arch_cases.names()`): parameter counts against `numel`, FLOPs against FlopCounterMode, causality,
 cached decoding against the full forward, activation checkpointing, training through the CLI, and
@@ -28,11 +28,12 @@ from test_generate import check_cached_decoding
 from test_hf_export import check_round_trip
 from test_model import check_causal
 from test_params import check_param_count
+from test_static_decode import check_one_graph, check_static_decoding
 from test_train_everything import check_trains_through_the_cli, tiny_overrides
 from torch import nn
 
 from tango_lm.eval.report import model_name
-from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.transformer import CausalSelfAttention
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
@@ -49,22 +50,13 @@ class SquaredReluMLP(nn.Module):
         self.up_proj = nn.Linear(d_model, width, bias=False)
         self.down_proj = nn.Linear(width, d_model, bias=False)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
         return self.down_proj(F.relu(self.up_proj(h)).square())
 
 
-class ToyBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = CausalSelfAttention(cfg.d_model, cfg.n_heads)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SquaredReluMLP(cfg.d_model, cfg.width)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], application: int = 0,
-                state: LayerState | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, state)
-        return x + self.mlp(self.mlp_norm(x))
+def toy_block(cfg: ModelConfig) -> PreNormBlock:
+    return PreNormBlock(cfg.d_model, cfg.norm_eps, CausalSelfAttention(cfg.d_model, cfg.n_heads),
+                        SquaredReluMLP(cfg.d_model, cfg.width))
 
 
 class ToyTransformer(Architecture):
@@ -75,7 +67,7 @@ class ToyTransformer(Architecture):
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
-        return Backbone([ToyBlock(cfg) for _ in range(cfg.depth)], list(range(cfg.depth)), cfg.head_dim,
+        return Backbone([toy_block(cfg) for _ in range(cfg.depth)], list(range(cfg.depth)), cfg.head_dim,
                         cfg.rope_theta)
 
     @staticmethod
@@ -123,6 +115,11 @@ def test_causal(toy):
 
 def test_cached_decoding(toy):
     check_cached_decoding(arch_cases.tiny_config(toy))
+
+
+def test_static_decoding(toy):
+    check_static_decoding(arch_cases.tiny_config(toy))
+    check_one_graph(arch_cases.tiny_config(toy, depth=1))
 
 
 def test_activation_checkpointing_recomputes_the_same(toy, monkeypatch):

@@ -33,11 +33,16 @@ MODES = {"greedy": 0.0, "t=1": 1.0}
 HEAD_VARIANTS = ("standard", "onona-one", "onona-both")
 
 
+def static_mode(device: torch.device) -> str:
+    """The static decode the bench's `static` rows time: CUDA graphs on CUDA, compiled elsewhere."""
+    return "cuda-graphs" if device.type == "cuda" else "compile"
+
+
 def _timed_generate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, temperature: float,
-                    top_k: int | None = None) -> tuple[float, float]:
+                    top_k: int | None = None, static: str | None = None) -> tuple[float, float]:
     _sync(prompt.device)
     t0, c0 = time.perf_counter(), time.process_time()
-    generate(model, prompt, new_tokens, temperature=temperature, top_k=top_k, seed=0)
+    generate(model, prompt, new_tokens, temperature=temperature, top_k=top_k, seed=0, static=static)
     _sync(prompt.device)
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -60,7 +65,12 @@ def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: 
                      tango_width: int = 8192, vocab_size: int = 257, prompt_len: int = 32, new_tokens: int = 128,
                      batches: tuple[int, ...] = (1, 8), repeats: int = 3, head_backbone: str = "dense",
                      head_vocab: int = 50304, heads: bool = True, device: str = "auto", threads: int | None = None,
-                     print_table: bool = True) -> dict[str, Any]:
+                     print_table: bool = True, static: bool = False, tier: str | None = None) -> dict[str, Any]:
+    """`static`: every case also through static decode steps (`static_mode`), as rows "... static"
+    with their ratio to the same model's eager rows. `tier` ("70m", "160m"): each architecture's
+    preset `{arch}-{tier}-d{depth}` (seed 000 Table 3 sizes, GPT-2 vocabulary) instead of the
+    models matched at `d_model`; the head comparison then runs on `head_backbone` as a preset
+    (e.g. dense-142m) when it names one."""
     archs = archs or default_archs()
     dev = pick_device(device)
     if threads:
@@ -70,59 +80,80 @@ def run_decode_bench(archs: tuple[str, ...] | list[str] | None = None, d_model: 
                               "depth": depth, "vocab_size": vocab_size, "prompt_len": prompt_len,
                               "new_tokens": new_tokens, "batches": list(batches), "modes": list(MODES),
                               "repeats": repeats}
-    triples = matched_configs(archs, d_model, depth, tango_width, vocab_size, positions)
+    report["paths"] = ["eager", "static"] if static else ["eager"]
+    report["static_mode"] = static_mode(dev) if static else None
+    triples = (preset_configs(archs, tier, depth, positions) if tier
+               else matched_configs(archs, d_model, depth, tango_width, vocab_size, positions))
+    if tier:
+        built = [c for _, c, _ in triples if c is not None]
+        report.update(tier=tier, d_model=built[0].d_model, vocab_size=built[0].vocab_size)
     report["skipped"] = [{"arch": a, "note": note} for a, c, note in triples if c is None]
     pairs = [(c, note) for _, c, note in triples if c is not None]
     models = {}
     for cfg, _ in pairs:
         torch.manual_seed(0)
         models[cfg.arch] = build_model(cfg).to(dev).eval()
-    cases = [(b, m) for b in batches for m in MODES]
-    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats)
+    cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
+    wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats,
+                        static=report["static_mode"])
     rows = []
     for cfg, note in pairs:
         row: dict[str, Any] = {"arch": cfg.arch, "width": cfg.width, "params_total": cfg.num_params()["total"],
                                "note": note, "tokens_per_s": {}, "cache_bytes_per_token":
                                cache_bytes_per_token(models[cfg.arch], positions, dev)}
-        for b, m in cases:
-            row["tokens_per_s"][f"b{b} {m}"] = b * new_tokens / statistics.median(wall[cfg.arch, b, m])
+        for b, m, path in cases:
+            row["tokens_per_s"][case_key(b, m, path)] = b * new_tokens / statistics.median(wall[cfg.arch, b, m, path])
         rows.append(row)
     base = next(r for r in rows if r["arch"] == BASELINE)
     for r in rows:
         r["tokens_per_s_vs_loop"] = {k: v / base["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
+        if static:
+            r["static_vs_eager"] = {case_key(b, m, "eager"): r["tokens_per_s"][case_key(b, m, "static")]
+                                    / r["tokens_per_s"][case_key(b, m, "eager")] for b in batches for m in MODES}
         r["cache_vs_loop"] = r["cache_bytes_per_token"] / base["cache_bytes_per_token"]
     report["archs"] = rows
     del models
     if heads:
         report["heads"] = run_head_decode(head_backbone, d_model, depth, head_vocab, prompt_len, new_tokens, batches,
-                                          repeats, dev)
+                                          repeats, dev, report["paths"], report["static_mode"])
     if print_table:
         print(format_report(report))
     return report
 
 
-def _interleaved(models: dict[str, Any], cases: list[tuple[int, str]], prompts: dict[int, torch.Tensor],
+def case_key(batch: int, mode: str, path: str) -> str:
+    """'b1 greedy' (the eager decode) or 'b1 greedy static' (static decode steps)."""
+    return f"b{batch} {mode}" + (" static" if path == "static" else "")
+
+
+def _interleaved(models: dict[str, Any], cases: list[tuple[int, str, str]], prompts: dict[int, torch.Tensor],
                  new_tokens: int, repeats: int, top_k: dict[str, int | None] | None = None,
-                 temperature: dict[str, float] | None = None) -> dict[tuple[str, int, str], list[float]]:
-    """Wall seconds per (model, batch, mode): one short warm-up round, then `repeats` rounds of
-    every case for every model."""
-    out: dict[tuple[str, int, str], list[float]] = {}
+                 temperature: dict[str, float] | None = None,
+                 static: str | None = None) -> dict[tuple[str, int, str, str], list[float]]:
+    """Wall seconds per (model, batch, mode, path): one short warm-up round (it also compiles the
+    static steps), then `repeats` rounds of every case for every model."""
+    out: dict[tuple[str, int, str, str], list[float]] = {}
     for i in range(1 + repeats):
         n = min(8, new_tokens) if i == 0 else new_tokens
-        for b, m in cases:
+        for b, m, path in cases:
             for name, model in models.items():
                 t = temperature[name] if temperature else MODES[m]
-                wall, _ = _timed_generate(model, prompts[b], n, t, (top_k or {}).get(name))
+                wall, _ = _timed_generate(model, prompts[b], n, t, (top_k or {}).get(name),
+                                          static if path == "static" else None)
                 if i > 0:
-                    out.setdefault((name, b, m), []).append(wall)
+                    out.setdefault((name, b, m, path), []).append(wall)
     return out
 
 
 def run_head_decode(backbone: str, d_model: int, depth: int, vocab_size: int, prompt_len: int, new_tokens: int,
-                    batches: tuple[int, ...], repeats: int, dev: torch.device) -> dict[str, Any]:
-    """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated."""
-    base = ModelConfig(arch=backbone, d_model=d_model, depth=depth, width=4 * d_model, vocab_size=vocab_size,
-                       context_length=prompt_len + new_tokens)
+                    batches: tuple[int, ...], repeats: int, dev: torch.device, paths: list[str] | None = None,
+                    static: str | None = None) -> dict[str, Any]:
+    """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated;
+    `backbone` an architecture (at d_model, depth, width 4d) or a preset name (its model)."""
+    from tango_lm.bench.memory import memory_config
+
+    decode_paths = paths or ["eager"]
+    base = memory_config(backbone, d_model, depth, vocab_size, prompt_len + new_tokens)
     models = {}
     for name in HEAD_VARIANTS:
         torch.manual_seed(0)  # one seed: every head gets the same body
@@ -131,30 +162,57 @@ def run_head_decode(backbone: str, d_model: int, depth: int, vocab_size: int, pr
         raise RuntimeError("the onóna head has no one-projection sampler")
     top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
     temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)
-    cases = [(b, "t=1") for b in batches]
+    cases = [(b, "t=1", path) for b in batches for path in decode_paths]
     wall = _interleaved(models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats,
-                        top_k, temperature)
+                        top_k, temperature, static)
     paths = {"standard": "one table (full softmax)", "onona-one": "one projection per position (head.sample)",
              "onona-both": "both projections (top_k=V)"}
     rows = []
     for name in HEAD_VARIANTS:
-        tps = {f"b{b}": b * new_tokens / statistics.median(wall[name, b, "t=1"]) for b in batches}
+        tps = {f"b{b}" + (" static" if path == "static" else ""): b * new_tokens / statistics.median(
+            wall[name, b, "t=1", path]) for b in batches for path in decode_paths}
         rows.append({"variant": name, "path": paths[name], "params_total": models[name].config.num_params()["total"],
                      "tokens_per_s": tps})
     for r in rows:
         r["tokens_per_s_vs_standard"] = {k: v / rows[0]["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
-    return {"backbone": backbone, "d_model": d_model, "depth": depth, "width": base.width, "vocab_size": vocab_size,
-            "variants": rows}
+    return {"backbone": backbone, "d_model": base.d_model, "depth": base.depth, "width": base.width,
+            "vocab_size": vocab_size, "variants": rows}
+
+
+def preset_configs(archs: tuple[str, ...] | list[str], tier: str, depth: int,
+                   positions: int) -> list[tuple[str, ModelConfig | None, str]]:
+    """(arch, config, note) from each architecture's preset `{arch}-{tier}-d{depth}` (the baseline
+    added when missing); an architecture without such a preset has config None."""
+    from tango_lm.errors import UserError
+    from tango_lm.train.config import load_run_config
+
+    archs = list(dict.fromkeys([*archs, BASELINE]))
+    out: list[tuple[str, ModelConfig | None, str]] = []
+    for arch in archs:
+        name = f"{arch}-{tier.lower()}-d{depth}"
+        try:
+            cfg = load_run_config(name, []).model
+        except UserError as exc:
+            out.append((arch, None, f"skipped: {str(exc).splitlines()[0]}"))
+            continue
+        out.append((arch, cfg.replace(context_length=max(cfg.context_length, positions)), f"preset {name}"))
+    if out[archs.index(BASELINE)][1] is None:
+        raise UserError(f"the baseline {BASELINE} has no preset {BASELINE}-{tier}-d{depth}; choose another tier or depth")
+    return out
 
 
 def format_report(report: dict[str, Any]) -> str:
-    keys = [f"b{b} {m}" for b in report["batches"] for m in report["modes"]]
+    keys = [case_key(b, m, path) for b in report["batches"] for m in report["modes"]
+            for path in report.get("paths", ["eager"])]
+    models = f"the {report['tier']} presets" if report.get("tier") else "matched models of the train suite"
+    static = (f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round "
+              f"compiles)" if report.get("static_mode") else "")
     lines = [
-        f"decode: device {report['device']} ({report['threads']} threads), matched models of the train suite "
+        f"decode: device {report['device']} ({report['threads']} threads), {models} "
         f"(d={report['d_model']}, depth {report['depth']}, V={report['vocab_size']}), prompt {report['prompt_len']} "
         f"+ {report['new_tokens']} new tokens; tok/s = new tokens (all rows) / wall time of the whole generate call "
         f"(prefill included), median of {report['repeats']} rounds alternating models; cache = cache.nbytes() / "
-        f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32)",
+        f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32){static}",
         f"{'arch':<19}" + "".join(f"{k:>11}" for k in keys) + "".join(f"{k + ' x':>13}" for k in keys)
         + f"{'cache B/tok':>12}{'cache x':>8}  note",
     ]
@@ -164,9 +222,13 @@ def format_report(report: dict[str, Any]) -> str:
                      + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}")
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")
+    if report.get("static_mode"):
+        lines.append("static x eager (the same model): " + "; ".join(
+            f"{r['arch']} " + " ".join(f"{v:.2f}" for v in r["static_vs_eager"].values()) for r in report["archs"])
+            + f"  ({', '.join(report['archs'][0]['static_vs_eager'])})")
     if "heads" in report:
         h = report["heads"]
-        bkeys = [f"b{b}" for b in report["batches"]]
+        bkeys = list(h["variants"][0]["tokens_per_s"])
         lines += [
             "",
             f"decode heads: {h['backbone']} backbone (d={h['d_model']}, depth {h['depth']}, width {h['width']}), "

@@ -95,8 +95,10 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str,
 
 
 def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int, device: str = "auto",
-                          steps: int = 2, threads: int | None = None, seed: int = 0) -> dict[str, Any]:
-    """Peak memory of `steps` training steps of one model, in this process (see the module doc)."""
+                          steps: int = 2, threads: int | None = None, seed: int = 0,
+                          compile: bool = False) -> dict[str, Any]:
+    """Peak memory of `steps` training steps of one model, in this process (see the module doc);
+    `compile`: through `torch.compile(model.nll)`, as `train.compile=true` trains."""
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)
@@ -122,12 +124,13 @@ def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int,
     model = build_model(cfg).to(dev)
     model.train()
     opt = adamw(model.parameters(), model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    step = torch.compile(model.nll) if compile else model.nll
     times = []
     for _ in range(steps):
         _sync(dev)
         t0 = time.perf_counter()
         with autocast(dev, dtype):
-            loss = model.nll(x, y)
+            loss = step(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -140,17 +143,18 @@ def measure_training_step(config: dict[str, Any], batch_size: int, seq_len: int,
         peak = _max_rss_bytes() - before
     state = state_bytes(model, opt)
     persistent = sum(state.values())
-    return {"arch": cfg.arch, "head": cfg.head, "params_total": cfg.num_params()["total"], "peak_bytes": peak,
+    return {"arch": cfg.arch, "head": cfg.head, "mode": "compiled" if compile else "eager",
+            "params_total": cfg.num_params()["total"], "peak_bytes": peak,
             **state, "state_bytes": persistent, "other_bytes": peak - persistent, "baseline_slack_bytes": slack,
             "memory_method": method, "steps": steps, "step_s": times, "device": str(dev),
             "threads": torch.get_num_threads(), "precision": "bf16 autocast" if dtype is not None else "fp32"}
 
 
 def measure_in_subprocess(cfg: ModelConfig, batch_size: int, seq_len: int, device: str = "auto", steps: int = 2,
-                          threads: int | None = None, seed: int = 0) -> dict[str, Any]:
+                          threads: int | None = None, seed: int = 0, compile: bool = False) -> dict[str, Any]:
     """`measure_training_step` in a fresh interpreter (threads default to this process's)."""
     args = dict(config=cfg.to_dict(), batch_size=batch_size, seq_len=seq_len, device=device, steps=steps,
-                threads=threads or torch.get_num_threads(), seed=seed)
+                threads=threads or torch.get_num_threads(), seed=seed, compile=compile)
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
     proc = subprocess.run([sys.executable, "-m", "tango_lm.bench.memory", "--child", json.dumps(args)],
@@ -178,18 +182,21 @@ def memory_config(backbone: str, d_model: int, depth: int, vocab_size: int, seq_
 def run_memory_bench(backbone: str = "dense-142m", d_model: int = 256, depth: int = 4, vocab_size: int = 50304,
                      batch_size: int = 1, seq_len: int = 512, steps: int = 2, device: str = "auto",
                      threads: int | None = None, heads: tuple[str, ...] = HEADS_COMPARED,
-                     print_table: bool = True) -> dict[str, Any]:
+                     print_table: bool = True, compile: bool = False) -> dict[str, Any]:
     """onóna against Standard on the same backbone and batch, each model in a fresh subprocess,
-    both on the default (chunked) loss path; ratios are to the Standard head."""
+    both on the default (chunked) loss path; ratios are to the Standard head in the same mode.
+    `compile`: every head also through torch.compile (the first step compiles; the peak covers it)."""
     base_cfg = memory_config(backbone, d_model, depth, vocab_size, seq_len)
     rows = []
     for head in heads:
-        cfg = base_cfg.replace(head=head)
-        row = measure_in_subprocess(cfg, batch_size, seq_len, device, steps, threads)
-        row["step_s_median"] = statistics.median(row["step_s"])
-        rows.append(row)
-    base = next((r for r in rows if r["head"] == "standard"), rows[0])
+        for compiled in (False, True) if compile else (False,):
+            cfg = base_cfg.replace(head=head)
+            row = measure_in_subprocess(cfg, batch_size, seq_len, device, steps, threads, compile=compiled)
+            row["step_s_median"] = statistics.median(row["step_s"])
+            rows.append(row)
     for r in rows:
+        same_mode = [b for b in rows if b["mode"] == r["mode"]]
+        base = next((b for b in same_mode if b["head"] == "standard"), same_mode[0])
         for key in ("peak_bytes", "state_bytes", "other_bytes"):
             r[f"{key.removesuffix('_bytes')}_vs_standard"] = r[key] / base[key] if base[key] > 0 else float("nan")
     report = {"backbone": backbone, "arch": base_cfg.arch, "d_model": base_cfg.d_model, "depth": base_cfg.depth,
@@ -213,12 +220,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"peak: {report['memory_method']} over {report['steps']} steps, one fresh subprocess per model; "
         "state = weights + gradients + AdamW moments (counted from the tensors); other = peak - state "
         "(activations, temporaries, allocator slack)",
-        f"{'head':<10}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
+        f"{'head':<10}{'mode':<9}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
         f"{'peak vs std':>13}{'state vs std':>14}{'other vs std':>14}",
     ]
     for r in report["heads"]:
         lines.append(
-            f"{r['head']:<10}{r['params_total']:>13,}{r['peak_bytes'] / mib:>10.0f}{r['state_bytes'] / mib:>11.0f}"
+            f"{r['head']:<10}{r.get('mode', 'eager'):<9}{r['params_total']:>13,}{r['peak_bytes'] / mib:>10.0f}{r['state_bytes'] / mib:>11.0f}"
             f"{r['other_bytes'] / mib:>11.0f}{r['step_s_median']:>8.1f}{r['peak_vs_standard']:>13.2f}"
             f"{r['state_vs_standard']:>14.2f}{r['other_vs_standard']:>14.2f}"
         )

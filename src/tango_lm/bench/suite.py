@@ -65,7 +65,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--decode-batches", type=_ints, default=(1, 8))
     g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
-    g.add_argument("--head-backbone", default="dense", help="architecture under the heads (decode suite)")
+    g.add_argument("--head-backbone", default="dense",
+                   help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)")
+    g.add_argument("--decode-tier", choices=("70m", "160m"), default=None,
+                   help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
+                        "at --d-model")
     g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
     g = s.add_argument_group("windowed suite")
     g.add_argument("--window", type=int, default=64)
@@ -80,7 +84,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-batch-size", type=int, default=1)
     g.add_argument("--memory-seq-len", type=int, default=512)
     s.add_argument("--compile", action="store_true",
-                   help="train and memory suites: also time every model through torch.compile, beside eager; "
+                   help="train and memory suites: also every model through torch.compile, beside eager; "
                         "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -183,12 +187,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 archs=archs, d_model=args.d_model, depth=args.depth, tango_width=args.tango_width,
                 vocab_size=args.vocab_size, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                 batches=args.decode_batches, repeats=args.repeats, head_backbone=args.head_backbone,
-                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show)
+                head_vocab=args.head_vocab, device=args.device, threads=args.threads, print_table=show,
+                static=args.compile, tier=args.decode_tier)
         elif suite == "windowed":
             out["windowed"] = run_windowed(args, show)
         elif suite == "memory":
             out["memory"] = run_memory_bench(
                 backbone=args.memory_backbone, d_model=args.d_model, depth=args.depth, vocab_size=args.head_vocab,
                 batch_size=args.memory_batch_size, seq_len=args.memory_seq_len, steps=args.memory_steps,
-                device=args.device, threads=args.threads, print_table=show)
+                device=args.device, threads=args.threads, print_table=show, compile=args.compile)
     return out

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tango_lm.data.sources import expand_inputs, jsonl_documents, parquet_documents, text_documents
+from tango_lm.data.files import expand_inputs, jsonl_documents, parquet_documents, text_documents
 from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
 from tango_lm.errors import UserError
 

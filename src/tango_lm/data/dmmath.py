@@ -17,6 +17,7 @@ generated train documents (same distribution, disjoint from train); test = the o
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -26,13 +27,15 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tango_lm.cache_root import cache_root
+from tango_lm.data.source import DataSource
 from tango_lm.errors import UserError
 
-__all__ = ["prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
+__all__ = ["DMMathSource", "prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
 
 # Pinned so that cached generations are reproducible; numpy 1.x is what the generator needs.
 REQUIREMENTS = ("numpy==1.26.4", "sympy==1.14.0", "mathematics-dataset==1.0.1")
@@ -202,6 +205,106 @@ def _hold_out(docs: list[str], fraction: float, rng: random.Random) -> tuple[lis
     return [d for d in docs if d not in dev], [d for d in unique if d in dev]
 
 
+@dataclass(kw_only=True)
+class DMMathSource(DataSource):
+    """DeepMind Mathematics, generated, as a prepared dataset with splits train/dev/test.
+
+    `train_per_module` examples are generated per train module (split equally over easy, medium
+    and hard), and `dev_fraction` of them are held out as dev; test is the interpolate split with
+    `test_per_module` per module; `include_extrapolate` adds an `extrapolate` split.
+    """
+
+    name = "dmmath"
+    help = "DeepMind Mathematics from DeepMind's generator"
+
+    tokenizer: str = "gpt2"
+    train_per_module: int = 300
+    test_per_module: int = 30
+    dev_fraction: float = 0.05
+    seed: int = 0
+    include_extrapolate: bool = False
+    workers: int | None = None
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", required=True, help="output directory")
+        parser.add_argument("--tokenizer", default="gpt2", help="gpt2 or byte")
+        parser.add_argument("--train-per-module", type=int, default=300)
+        parser.add_argument("--test-per-module", type=int, default=30)
+        parser.add_argument("--dev-fraction", type=float, default=0.05)
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--extrapolate", action="store_true", help="also write the extrapolate split")
+        parser.add_argument("--workers", type=int, default=None)
+        parser.add_argument("--overwrite", action="store_true")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DMMathSource:
+        return cls(tokenizer=args.tokenizer, train_per_module=args.train_per_module,
+                   test_per_module=args.test_per_module, dev_fraction=args.dev_fraction, seed=args.seed,
+                   include_extrapolate=args.extrapolate, workers=args.workers)
+
+    def check(self) -> None:
+        if self.train_per_module < 1 or self.test_per_module < 1:
+            raise UserError("train_per_module and test_per_module must be at least 1; raise them")
+        if not 0 <= self.dev_fraction < 1:
+            raise UserError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}; pick e.g. 0.05")
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"workers must be at least 1, got {self.workers}; omit it to use every CPU")
+
+    def open_tokenizer(self) -> Any:
+        from tango_lm.data.tokenizers import get_tokenizer
+
+        return get_tokenizer(self.tokenizer)
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, list[str]]:
+        seed, dev_fraction = self.seed, self.dev_fraction
+        counts = dict(zip(TRAIN_SPLITS, _split_evenly(self.train_per_module, 3), strict=True))
+        counts["interpolate"] = self.test_per_module
+        if self.include_extrapolate:
+            counts["extrapolate"] = self.test_per_module
+        directory = generate_examples(seed, counts, workers=self.workers, progress=progress)
+
+        per_module: dict[str, list[str]] = defaultdict(list)
+        for split in TRAIN_SPLITS:
+            for module, docs in _read_jsonl(directory, split).items():
+                per_module[module].extend(docs)
+        test = [d for docs in _read_jsonl(directory, "interpolate").values() for d in docs]
+        extra = [d for docs in _read_jsonl(directory, "extrapolate").values() for d in docs]
+        # Keep evaluation questions out of training data: a few easy modules repeat questions.
+        held = set(test) | set(extra)
+        train: list[str] = []
+        dev: list[str] = []
+        for module in sorted(per_module):
+            rng = random.Random(f"{seed}/dev/{module}")
+            t, d = _hold_out([x for x in per_module[module] if x not in held], dev_fraction, rng)
+            train.extend(t)
+            dev.extend(d)
+        # Shuffle each split once, so that the first windows of dev/test (eval's max_windows)
+        # cover every module rather than the alphabetically first ones.
+        for i, docs in enumerate((train, dev, test, extra)):
+            random.Random(f"{seed}/order/{i}").shuffle(docs)
+
+        splits = {"train": train, "dev": dev, "test": test}
+        if self.include_extrapolate:
+            splits["extrapolate"] = extra
+        self._generated = {"train_modules": len(per_module),
+                           "test_modules": len(_read_jsonl(directory, "interpolate")), "cache_key": directory.name}
+        return splits
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "name": "dmmath",
+            "generator": list(REQUIREMENTS),
+            "worker_version": WORKER_VERSION,
+            "seed": self.seed,
+            "train_per_module": self.train_per_module,
+            "test_per_module": self.test_per_module,
+            "dev_fraction": self.dev_fraction,
+            "include_extrapolate": self.include_extrapolate,
+            **self._generated,
+        }
+
+
 def prepare_dmmath(
     out_dir: str | os.PathLike,
     tokenizer: str = "gpt2",
@@ -214,64 +317,8 @@ def prepare_dmmath(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Generate DeepMind Mathematics and write it as a prepared dataset with splits train/dev/test.
-
-    `train_per_module` examples are generated per train module (split equally over easy, medium
-    and hard), and `dev_fraction` of them are held out as dev; test is the interpolate split with
-    `test_per_module` per module; `include_extrapolate` adds an `extrapolate` split.
-    """
-    from tango_lm.data.shards import check_writable, write_prepared
-    from tango_lm.data.tokenizers import get_tokenizer
-
-    if train_per_module < 1 or test_per_module < 1:
-        raise UserError("train_per_module and test_per_module must be at least 1; raise them")
-    if not 0 <= dev_fraction < 1:
-        raise UserError(f"dev_fraction must be in [0, 1), got {dev_fraction}; pick e.g. 0.05")
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be at least 1, got {workers}; omit it to use every CPU")
-    tok = get_tokenizer(tokenizer)
-    check_writable(out_dir, overwrite)  # fail before minutes of generation, not after
-
-    counts = dict(zip(TRAIN_SPLITS, _split_evenly(train_per_module, 3), strict=True))
-    counts["interpolate"] = test_per_module
-    if include_extrapolate:
-        counts["extrapolate"] = test_per_module
-    directory = generate_examples(seed, counts, workers=workers, progress=progress)
-
-    per_module: dict[str, list[str]] = defaultdict(list)
-    for split in TRAIN_SPLITS:
-        for module, docs in _read_jsonl(directory, split).items():
-            per_module[module].extend(docs)
-    test = [d for docs in _read_jsonl(directory, "interpolate").values() for d in docs]
-    extra = [d for docs in _read_jsonl(directory, "extrapolate").values() for d in docs]
-    # Keep evaluation questions out of training data: a few easy modules repeat questions.
-    held = set(test) | set(extra)
-    train: list[str] = []
-    dev: list[str] = []
-    for module in sorted(per_module):
-        rng = random.Random(f"{seed}/dev/{module}")
-        t, d = _hold_out([x for x in per_module[module] if x not in held], dev_fraction, rng)
-        train.extend(t)
-        dev.extend(d)
-    # Shuffle each split once, so that the first windows of dev/test (eval's max_windows)
-    # cover every module rather than the alphabetically first ones.
-    for i, docs in enumerate((train, dev, test, extra)):
-        random.Random(f"{seed}/order/{i}").shuffle(docs)
-
-    splits = {"train": train, "dev": dev, "test": test}
-    if include_extrapolate:
-        splits["extrapolate"] = extra
-    source: dict[str, Any] = {
-        "name": "dmmath",
-        "generator": list(REQUIREMENTS),
-        "worker_version": WORKER_VERSION,
-        "seed": seed,
-        "train_per_module": train_per_module,
-        "test_per_module": test_per_module,
-        "dev_fraction": dev_fraction,
-        "include_extrapolate": include_extrapolate,
-        "train_modules": len(per_module),
-        "test_modules": len(_read_jsonl(directory, "interpolate")),
-        "cache_key": directory.name,
-    }
-    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)
+    """Generate DeepMind Mathematics and write it as a prepared dataset (DMMathSource)."""
+    source = DMMathSource(tokenizer=tokenizer, train_per_module=train_per_module, test_per_module=test_per_module,
+                          dev_fraction=dev_fraction, seed=seed, include_extrapolate=include_extrapolate,
+                          workers=workers)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

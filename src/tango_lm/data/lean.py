@@ -26,19 +26,22 @@ Counting tokens needs a first pass that tokenizes the corpus; the second pass wr
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.sources import _check_fractions, _tokenizer, _unit, expand_inputs, split_inputs, split_of
+from tango_lm.data.files import INPUTS_HELP, expand_inputs, split_inputs
+from tango_lm.data.source import HeldOutSource
+from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError
 
-__all__ = ["ProofExample", "proof_examples", "read_lean", "plan_lean", "lean_documents", "prepare_lean",
+__all__ = ["LeanSource", "ProofExample", "proof_examples", "read_lean", "plan_lean", "lean_documents", "prepare_lean",
            "PROOF_KEYWORDS"]
 
 PROOF_KEYWORDS = ("theorem", "lemma")
@@ -220,6 +223,47 @@ def lean_documents(files: Sequence[Path], plan: dict[str, Any]) -> Iterator[tupl
                     yield "proof", e.text
 
 
+@dataclass(kw_only=True)
+class LeanSource(HeldOutSource):
+    """Lean files plus their proof-completion examples, weighted by `proof_weight` of tokens."""
+
+    name = "lean"
+    help = "Lean files plus proof-completion examples, weighted equally"
+
+    inputs: Sequence[str | os.PathLike]
+    proof_weight: float = 0.5
+    exts: Sequence[str] = (".lean",)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
+        cls.add_common_arguments(parser)
+        parser.add_argument("--proof-weight", type=float, default=0.5,
+                            help="share of each split's tokens from proof-completion examples (0.5 = equal weight)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LeanSource:
+        return cls(inputs=args.inputs, proof_weight=args.proof_weight, **cls.common_options(args))
+
+    def check(self) -> None:
+        if not 0 <= self.proof_weight < 1 or math.isnan(self.proof_weight):
+            raise UserError(f"proof_weight must be in [0, 1), got {self.proof_weight}; 0.5 gives equal weight")
+        super().check()
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        files = _assign_files(self.inputs, self.exts, self.dev_fraction, self.test_fraction, self.seed)
+        self._plans = {s: plan_lean(f, tokenizer, self.proof_weight, self.seed) for s, f in files.items()}
+        self._files = files
+        return {s: (text for _, text in lean_documents(files[s], self._plans[s])) for s in files}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"name": "lean", "inputs": [str(i) for i in self.inputs], "proof_weight": self.proof_weight,
+                "weighting": "equal tokens: proof-completion examples hold proof_weight of each split's tokens",
+                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed,
+                "splits": {s: {"files": len(self._files[s]), **{k: v for k, v in p.items() if k != "extra"},
+                               "extra_copies": len(p["extra"])} for s, p in self._plans.items()}}
+
+
 def prepare_lean(
     inputs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -233,20 +277,7 @@ def prepare_lean(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Prepare Lean files plus their proof-completion examples, weighted by `proof_weight` of tokens."""
-    from tango_lm.data.shards import check_writable, write_prepared
-
-    if not 0 <= proof_weight < 1 or math.isnan(proof_weight):
-        raise UserError(f"proof_weight must be in [0, 1), got {proof_weight}; 0.5 gives equal weight")
-    _check_fractions(dev_fraction, test_fraction)
-    tok = _tokenizer(tokenizer)
-    check_writable(out_dir, overwrite)
-    files = _assign_files(inputs, exts, dev_fraction, test_fraction, seed)
-    plans = {s: plan_lean(f, tok, proof_weight, seed) for s, f in files.items()}
-    splits = {s: (text for _, text in lean_documents(files[s], plans[s])) for s in files}
-    source = {"name": "lean", "inputs": [str(i) for i in inputs], "proof_weight": proof_weight,
-              "weighting": "equal tokens: proof-completion examples hold proof_weight of each split's tokens",
-              "dev_fraction": dev_fraction, "test_fraction": test_fraction, "seed": seed,
-              "splits": {s: {"files": len(files[s]), **{k: v for k, v in p.items() if k != "extra"},
-                             "extra_copies": len(p["extra"])} for s, p in plans.items()}}
-    return write_prepared(out_dir, tok, splits, source, progress=progress, overwrite=overwrite)
+    """Prepare Lean files plus their proof-completion examples (LeanSource)."""
+    source = LeanSource(inputs=inputs, tokenizer=tokenizer, proof_weight=proof_weight, exts=exts,
+                        dev_fraction=dev_fraction, test_fraction=test_fraction, seed=seed)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

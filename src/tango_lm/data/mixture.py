@@ -16,19 +16,22 @@ is mixed from the others with their weights renormalized, and train must be pres
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tango_lm.data.shards import PreparedDataset, check_writable, write_prepared
+from tango_lm.data.source import DataSource
 from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
 from tango_lm.errors import UserError
 
-__all__ = ["parse_component", "prepare_mixture", "mix_documents"]
+__all__ = ["MixtureSource", "parse_component", "prepare_mixture", "mix_documents"]
 
 _CHUNK = 1 << 24  # tokens scanned at a time when locating end-of-text ids
 
@@ -137,6 +140,93 @@ class _PreTokenized(Tokenizer):
         return self.base.to_dict()
 
 
+@dataclass(kw_only=True)
+class MixtureSource(DataSource):
+    """Prepared datasets mixed by token weight (module docstring) into a new prepared dataset.
+
+    `components` are `(path, weight)` pairs or `"DIR:WEIGHT"` strings; weights need not sum to 1.
+    A mixture's tokenizer is its components' (checked to be one), so it opens them in `read`,
+    after the output is known to be writable, and writes their token runs as they are.
+    """
+
+    name = "mixture"
+    help = "weighted mixture of prepared datasets that share a tokenizer"
+
+    components: Sequence[str | tuple[str, float]]
+    tokens: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--out", required=True, help="output directory")
+        parser.add_argument("--source", dest="source_dirs", action="append", required=True, metavar="DIR:WEIGHT",
+                            help="a prepared dataset and its token weight (repeatable)")
+        parser.add_argument("--tokens", type=int, default=None,
+                            help="train tokens (default: each document at most once)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--overwrite", action="store_true")
+        parser.add_argument("--no-progress", action="store_true")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> MixtureSource:
+        return cls(components=args.source_dirs, tokens=args.tokens, seed=args.seed)
+
+    def check(self) -> None:
+        comps = [parse_component(s) if isinstance(s, str) else (str(s[0]), float(s[1])) for s in self.components]
+        if not comps:
+            raise UserError("a mixture needs at least one --source DIR:WEIGHT")
+        for path, w in comps:
+            if not (w > 0 and math.isfinite(w)):
+                raise UserError(f"mixture weight of {path} must be positive, got {w}")
+        tokens = self.tokens
+        if tokens is not None and tokens < 1:
+            raise UserError(f"tokens must be at least 1, got {tokens}; omit it to use each document at most once")
+        self._comps = comps
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[np.ndarray]]:
+        comps, seed, tokens = self._comps, self.seed, self.tokens
+        datasets = [PreparedDataset.open(p) for p, _ in comps]
+        first = datasets[0]
+        for (path, _), ds in zip(comps, datasets, strict=True):
+            a, b = first.tokenizer.to_dict(), ds.tokenizer.to_dict()
+            if not same_tokenizer(a, b):
+                raise UserError(f"{path} uses tokenizer {b['name']!r} ({b['fingerprint'][:12]}) but {comps[0][0]} "
+                                f"uses {a['name']!r} ({a['fingerprint'][:12]}); prepare all components with one "
+                                "tokenizer")
+            if "train" not in ds.splits or ds.num_documents("train") == 0:
+                raise UserError(f"{path} has no train documents; every mixture component needs them")
+        names = [s for s in first.splits if s == "train"] + [
+            s for s in dict.fromkeys(s for ds in datasets for s in ds.splits) if s != "train"]
+        self._stats: dict[str, list[dict[str, int]]] = {}
+        splits: dict[str, Iterator[np.ndarray]] = {}
+        for split in names:
+            members = [k for k, ds in enumerate(datasets) if split in ds.splits and ds.num_documents(split) > 0]
+            if not members:
+                continue
+            self._stats[split] = [{"component": k} for k in members]
+            docs = [_Documents(datasets[k], split) for k in members]
+            splits[split] = mix_documents(docs, [comps[k][1] for k in members], seed,
+                                          tokens if split == "train" else None, self._stats[split])
+        self._datasets = datasets
+        return splits
+
+    def fingerprint(self) -> dict[str, Any]:
+        comps = self._comps
+        total_w = sum(w for _, w in comps)
+        return {"name": "mixture", "seed": self.seed, "tokens": self.tokens,
+                "components": [{"path": str(Path(p).absolute()), "weight": w, "share": w / total_w,
+                                "source": ds.source.get("name") if isinstance(ds.source, dict) else None}
+                               for (p, w), ds in zip(comps, self._datasets, strict=True)],
+                "realized": self._stats}  # filled while the splits stream, serialized with the manifest at the end
+
+    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
+        self.check()
+        check_writable(out_dir, overwrite)
+        splits = self.read(None, Path(out_dir), progress)
+        return write_prepared(out_dir, _PreTokenized(self._datasets[0].tokenizer), splits, self.fingerprint(),
+                              progress=progress, overwrite=overwrite)
+
+
 def prepare_mixture(
     out_dir: str | os.PathLike,
     sources: Sequence[str | tuple[str, float]],
@@ -145,45 +235,6 @@ def prepare_mixture(
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
-    """Mix prepared datasets by token weight (module docstring) into a new prepared dataset.
-
-    `sources` are `(path, weight)` pairs or `"DIR:WEIGHT"` strings; weights need not sum to 1.
-    """
-    comps = [parse_component(s) if isinstance(s, str) else (str(s[0]), float(s[1])) for s in sources]
-    if not comps:
-        raise UserError("a mixture needs at least one --source DIR:WEIGHT")
-    for path, w in comps:
-        if not (w > 0 and math.isfinite(w)):
-            raise UserError(f"mixture weight of {path} must be positive, got {w}")
-    if tokens is not None and tokens < 1:
-        raise UserError(f"tokens must be at least 1, got {tokens}; omit it to use each document at most once")
-    check_writable(out_dir, overwrite)
-    datasets = [PreparedDataset.open(p) for p, _ in comps]
-    first = datasets[0]
-    for (path, _), ds in zip(comps, datasets, strict=True):
-        a, b = first.tokenizer.to_dict(), ds.tokenizer.to_dict()
-        if not same_tokenizer(a, b):
-            raise UserError(f"{path} uses tokenizer {b['name']!r} ({b['fingerprint'][:12]}) but {comps[0][0]} uses "
-                            f"{a['name']!r} ({a['fingerprint'][:12]}); prepare all components with one tokenizer")
-        if "train" not in ds.splits or ds.num_documents("train") == 0:
-            raise UserError(f"{path} has no train documents; every mixture component needs them")
-    names = [s for s in first.splits if s == "train"] + [
-        s for s in dict.fromkeys(s for ds in datasets for s in ds.splits) if s != "train"]
-    stats: dict[str, list[dict[str, int]]] = {}
-    splits: dict[str, Iterator[np.ndarray]] = {}
-    for split in names:
-        members = [k for k, ds in enumerate(datasets) if split in ds.splits and ds.num_documents(split) > 0]
-        if not members:
-            continue
-        stats[split] = [{"component": k} for k in members]
-        docs = [_Documents(datasets[k], split) for k in members]
-        splits[split] = mix_documents(docs, [comps[k][1] for k in members], seed,
-                                      tokens if split == "train" else None, stats[split])
-    total_w = sum(w for _, w in comps)
-    source = {"name": "mixture", "seed": seed, "tokens": tokens,
-              "components": [{"path": str(Path(p).absolute()), "weight": w, "share": w / total_w,
-                              "source": ds.source.get("name") if isinstance(ds.source, dict) else None}
-                             for (p, w), ds in zip(comps, datasets, strict=True)],
-              "realized": stats}  # filled while the splits stream, serialized with the manifest at the end
-    return write_prepared(out_dir, _PreTokenized(first.tokenizer), splits, source, progress=progress,
-                          overwrite=overwrite)
+    """Mix prepared datasets by token weight into a new prepared dataset (MixtureSource)."""
+    return MixtureSource(components=sources, tokens=tokens, seed=seed).prepare(out_dir, overwrite=overwrite,
+                                                                              progress=progress)

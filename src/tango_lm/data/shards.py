@@ -60,10 +60,10 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
 
     Callers that spend a long time producing the documents call this first to fail fast.
     """
-    from tango_lm.train.run_dir import enclosing, holds_run
+    from tango_lm.train.run_dir import enclosing, is_run_dir
 
     out = Path(out_dir)
-    run = enclosing(out, holds_run)
+    run = enclosing(out, is_run_dir)
     if run is not None:
         raise UserError(f"{out} is inside the run directory {run}; choose an output directory outside it")
     if not out.exists():

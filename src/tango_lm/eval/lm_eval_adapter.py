@@ -31,7 +31,7 @@ the continuation's summed log-prob and whether greedy decoding reproduces it. Mo
 with their external-evaluation capacity (`capacity_factor_eval`, 4.0 by default).
 `generate_until` decodes one request at a time with the model's decode cache (greedy unless
 `do_sample` with a temperature > 0), stopping at the end-of-text token, a stop string or
-`max_gen_toks`.
+`max_gen_toks`; on CUDA its steps are static steps replayed as CUDA graphs (serve/static_decode.py).
 """
 
 from __future__ import annotations
@@ -168,6 +168,11 @@ class TangoLM(TemplateLM):
         with torch.no_grad(), moe, autocast(self._device, self.dtype):
             yield
 
+    def _decode_steps(self, prompt: torch.Tensor, capacity: int):
+        from tango_lm.serve.static_decode import default_mode
+
+        return decode_steps(self.model, prompt, default_mode(prompt.device), capacity)
+
     def _loglikelihood_tokens(
         self, requests: list[tuple[tuple[str, str], list[int], list[int]]], disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
@@ -261,8 +266,8 @@ class TangoLM(TemplateLM):
         generator = torch.Generator(device=self._device).manual_seed(int(seed)) if seed is not None else None
         new: list[int] = []
         with self._scoring():
-            cache = self.model.new_cache(len(ids) + max_new)
-            log_probs = self.model(torch.tensor([ids], device=self._device), cache)[:, -1].float()
+            step = self._decode_steps(torch.tensor([ids], device=self._device), len(ids) + max_new)
+            log_probs = next(step)
             while True:
                 nxt = int(sample_next(log_probs, temperature, top_k, top_p, generator)[0])
                 if nxt == self.tok.eot_id:
@@ -270,8 +275,29 @@ class TangoLM(TemplateLM):
                 new.append(nxt)
                 if len(new) == max_new or (stops and any(s in self.tok.decode(new) for s in stops)):
                     break
-                log_probs = self.model(torch.tensor([[nxt]], device=self._device), cache)[:, -1].float()
+                log_probs = step.send(nxt)
         return truncate_at_stops(self.tok.decode(new), stops)
+
+
+def decode_steps(model: torch.nn.Module, prompt: torch.Tensor, mode: str | None, capacity: int):
+    """A generator of next-token log-probs [1, V] (fp32): first the prompt's, then, after each
+    `send(token)`, that token's. With a static mode (CUDA graphs on CUDA) the steps run on the
+    model's static decoder, otherwise on an eager decode cache of `capacity` positions."""
+    if mode is None:
+        cache = model.new_cache(capacity)
+        log_probs = model(prompt, cache)[:, -1]
+        while True:
+            nxt = yield log_probs.float()
+            log_probs = model(torch.tensor([[nxt]], device=prompt.device), cache)[:, -1]
+    from tango_lm.serve.static_decode import static_decoder
+
+    decoder = static_decoder(model, 1, mode, capacity)
+    h = decoder.prefill(prompt)[:, -1:]
+    log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0]
+    idle = torch.full((1, model.config.vocab_size), 0.5, device=prompt.device)  # greedy steps read no noise
+    while True:
+        nxt = yield log_probs.float()
+        _, log_probs = decoder.step(torch.tensor([[nxt]], device=prompt.device), idle, 0.0)
 
 
 def truncate_at_stops(text: str, stops: list[str]) -> str:

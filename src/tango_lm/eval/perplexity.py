@@ -108,7 +108,7 @@ def document_logprobs(model: torch.nn.Module, docs: Sequence[list[int]], eot_id:
                       stride: int | None = None, batch_size: int = 8, device: torch.device | str = "cpu",
                       dtype: torch.dtype | None = None) -> list[list[float]]:
     """Log-prob of every token of every document (rolling windows, see the module docstring)."""
-    stride = stride or context
+    stride = context if stride is None else stride
     items, owners = [], []
     for d, ids in enumerate(docs):
         s = [eot_id, *ids]

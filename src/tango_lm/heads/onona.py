@@ -104,7 +104,9 @@ class OnonaHead(Head):
         if self._fold_cache is None or self._fold_cache[0] != key:
             with torch.no_grad():
                 merged = 0.5 * (self.table_a.weight + self.table_b.weight)
-                self._fold_cache = (key, (merged, self.gate(merged)))
+                # Both tables stacked [2, V, d]: a static decode step picks its row's table by index.
+                stacked = torch.stack([self.table_a.weight, self.table_b.weight])
+                self._fold_cache = (key, (merged, self.gate(merged), stacked))
         self._folded = self._fold_cache[1]
         try:
             yield
@@ -116,6 +118,10 @@ class OnonaHead(Head):
         `load_state_dict`, `.to()` and any in-place edit."""
         tensors = (self.table_a.weight, self.table_b.weight, *self.gate.parameters())
         return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+
+    def serving_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors a serving step reads besides the parameters (the fold), while serving."""
+        return tuple(self._folded) if self._folded is not None else ()
 
     def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """M[x] = (A[x] + B[x]) / 2."""
@@ -172,6 +178,27 @@ class OnonaHead(Head):
                 probs = F.softmax(float_logits(flat[rows], table), dim=-1)
                 out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         return out.view(h.shape[:-1])
+
+    @torch.no_grad()
+    def sample_static(self, h: torch.Tensor, input_ids: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """`sample` without host syncs or data-dependent shapes (static decode steps), from uniform
+        noise [B, V + 1]: component A where noise[:, 0] < g[x_t], then the Gumbel-max argmax of that
+        table's logits with noise[:, 1:]. h [B, d], input_ids [B] -> tokens [B]. With one row the
+        table is picked by index inside the product, which a compiled step fuses into one pass over
+        that table only (one projection); with several rows both products run and each row keeps
+        its own (rows may pick different tables). Serving context only."""
+        if self._folded is None:
+            raise RuntimeError("sample_static runs inside `with head.serving():`")
+        use_a = noise[:, 0] < torch.sigmoid(self.gate_logit(input_ids))
+        wide = torch.promote_types(h.dtype, torch.float32)
+        if h.shape[0] == 1:
+            table = self._folded[2][(~use_a).long()]  # [1, V, d]: A or B
+            logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
+        else:
+            logits = torch.where(use_a[:, None], float_logits(h, self.table_a.weight),
+                                 float_logits(h, self.table_b.weight))
+        gumbel = -torch.log(-torch.log(noise[:, 1:].clamp_min(torch.finfo(noise.dtype).tiny)))
+        return (logits + gumbel.to(logits.dtype)).argmax(-1)
 
     # -- accounting ----------------------------------------------------------------------------
     @staticmethod

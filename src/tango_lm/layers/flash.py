@@ -77,6 +77,8 @@ class FlashLayer(GatedUnit):
     ) -> torch.Tensor:
         """Decoding: the new positions, one group segment at a time. Within a segment, the quad part
         attends over the group's cached and new keys; the lin part reads the completed groups' sum."""
+        if state.position is not None:
+            return self.mix_static(quad_q, quad_k, lin_q, lin_k, v, state)
         extra, g = state.extra, self.group_size
         pieces, start, t = [], 0, quad_q.shape[-2]
         while start < t:
@@ -96,3 +98,62 @@ class FlashLayer(GatedUnit):
                 extra.update(group)
             start = stop
         return torch.cat(pieces, dim=-2)
+
+    # -- static decode steps (serve/static_decode.py) ---------------------------------------------
+    def enter_static(self, state: LayerState, position: int) -> None:
+        """The eager state as fixed-size tensors: the current group's quad keys, values and lin keys
+        in g slots (slot = position mod g), the completed groups' `sum lin_k^T V` (kv) and the
+        current group's partial sum (pending), which joins kv when the group completes."""
+        extra, static, g = state.extra, state.static, self.group_size
+        quad_k = extra.pop("quad_k", None)
+        v, lin_k, kv = extra.pop("v", None), extra.pop("lin_k", None), extra.pop("kv", None)
+        if quad_k is None:  # a prompt that ended exactly at a group boundary
+            return self._static_zeros(state, kv)
+        b, c = quad_k.shape[0], quad_k.shape[1]
+        shapes = {"quad_k": quad_k.shape[-1], "v": v.shape[-1], "lin_k": lin_k.shape[-1]}
+        for name, width in shapes.items():
+            _static_buffer(static, name, (b, g, width), quad_k)
+        for name, x in (("quad_k", quad_k), ("v", v), ("lin_k", lin_k)):
+            static[name].zero_()[:, :c] = x
+        _static_buffer(static, "kv", (b, shapes["quad_k"], shapes["v"]), v)
+        if kv is not None:
+            static["kv"].copy_(kv)
+        else:
+            static["kv"].zero_()
+        _static_buffer(static, "pending", static["kv"].shape, v)
+        static["pending"].copy_(lin_k.transpose(-1, -2) @ v)
+
+    def _static_zeros(self, state: LayerState, kv: torch.Tensor | None) -> None:
+        if kv is None:
+            raise ValueError("a FLASH decode state needs a prefill of at least one position")
+        b, s, e = kv.shape
+        static = state.static
+        for name, width in (("quad_k", s), ("v", e), ("lin_k", s)):
+            _static_buffer(static, name, (b, self.group_size, width), kv)
+            static[name].zero_()
+        for name in ("kv", "pending"):
+            _static_buffer(static, name, kv.shape, kv)
+        static["kv"].copy_(kv)
+        static["pending"].zero_()
+
+    def mix_static(self, quad_q: torch.Tensor, quad_k: torch.Tensor, lin_q: torch.Tensor, lin_k: torch.Tensor,
+                   v: torch.Tensor, state: LayerState) -> torch.Tensor:
+        """One position at `state.position`, in place on the fixed-size state (no shape depends on it)."""
+        static, g = state.static, self.group_size
+        slot = state.position % g
+        for name, x in (("quad_k", quad_k), ("v", v), ("lin_k", lin_k)):
+            static[name].index_copy_(1, slot, x)
+        out = relu2_attention(quad_q, static["quad_k"], static["v"], self.rel_bias, self.quad_scale, slot)
+        out = out + (lin_q @ static["kv"]) * self.lin_scale  # zero while the first group is open
+        pending = static["pending"] + lin_k.transpose(-1, -2) @ v
+        complete = (slot == g - 1).to(pending.dtype)  # the group is full: fold it into kv
+        static["kv"].add_(complete * pending)
+        static["pending"].copy_((1 - complete) * pending)
+        return out
+
+
+def _static_buffer(static: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    """Keep `static[name]` when it already has this shape and dtype (its address stays), else allocate."""
+    kept = static.get(name)
+    if kept is None or tuple(kept.shape) != tuple(shape) or kept.dtype != like.dtype or kept.device != like.device:
+        static[name] = like.new_zeros(shape)

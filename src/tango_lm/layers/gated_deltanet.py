@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.transformer import SwiGLU
 from tango_lm.ops.delta_rule import gated_delta_rule
 from tango_lm.ops.gate_average import merge_heads, split_heads
@@ -52,11 +53,11 @@ class ShortConvolution(nn.Module):
         if state is None:
             window = F.pad(x, (0, 0, keep, 0))
         else:
-            prev = state.extra.get(name)
+            prev = state.read(name)
             if prev is None:
                 prev = x.new_zeros(x.shape[0], keep, x.shape[2])
             window = torch.cat([prev, x], dim=1)
-            state.extra[name] = window[:, window.shape[1] - keep :].detach() if keep else window[:, :0]
+            state.write(name, window[:, window.shape[1] - keep :].detach() if keep else window[:, :0])
         return F.conv1d(window.transpose(1, 2), self.weight, groups=x.shape[-1]).transpose(1, 2)
 
 
@@ -91,12 +92,13 @@ class GatedDeltaNet(nn.Module):
         # Mamba-2 / fla initialization of the decay: A ~ U(0, 16), dt ~ logU(1e-3, 0.1).
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(0, 16).clamp_(min=1e-4).log())
         dt = torch.exp(torch.rand(n_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
-        self.A_log._no_weight_decay = True
-        self.dt_bias._no_weight_decay = True
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt); vectors: no weight decay
 
-    def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
-        """h [B, T, d] (already normed) -> [B, T, d]."""
+    def forward(
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, state: LayerState | None = None
+    ) -> torch.Tensor:
+        """h [B, T, d] (already normed) -> [B, T, d]. `rope` is not used: the recurrence orders the
+        positions itself (the argument is there because every mixer of a `PreNormBlock` gets it)."""
         q = F.silu(self.q_conv1d(self.q_proj(h), state, "conv_q"))
         k = F.silu(self.k_conv1d(self.k_proj(h), state, "conv_k"))
         v = F.silu(self.v_conv1d(self.v_proj(h), state, "conv_v"))
@@ -107,41 +109,25 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.b_proj(h).to(wide)).transpose(1, 2)  # [B, H, T]
         log_alpha = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(h).to(wide) + self.dt_bias.to(wide))
         log_alpha = log_alpha.transpose(1, 2)
-        s0 = state.extra.get("S") if state is not None else None
+        s0 = state.read("S") if state is not None else None
         o, s = gated_delta_rule(q, k, v, beta, log_alpha, s0, self.chunk, self.backend if state is None else "torch")
         if state is not None:
-            state.extra["S"] = s.detach()
+            state.write("S", s.detach())
         gate = split_heads(F.silu(self.g_proj(h)), self.n_heads)
         return self.o_proj(merge_heads(self.o_norm(o) * gate))
 
 
-class GatedDeltaNetBlock(nn.Module):
+def gated_deltanet_block(
+    d_model: int,
+    n_heads: int,
+    head_k: int,
+    head_v: int,
+    conv_size: int,
+    width: int,
+    eps: float,
+    chunk: int = 64,
+    backend: str = "auto",
+) -> PreNormBlock:
     """`x += GDN(RMSNorm(x)); x += SwiGLU(RMSNorm(x))`; the mixer is `linear_attn` (Qwen3-Next's name)."""
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_k: int,
-        head_v: int,
-        conv_size: int,
-        width: int,
-        eps: float,
-        chunk: int = 64,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(d_model, eps)
-        self.linear_attn = GatedDeltaNet(d_model, n_heads, head_k, head_v, conv_size, eps, chunk, backend)
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLU(d_model, width)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        x = x + self.linear_attn(self.attn_norm(x), state)
-        return x + self.mlp(self.mlp_norm(x))
+    gdn = GatedDeltaNet(d_model, n_heads, head_k, head_v, conv_size, eps, chunk, backend)
+    return PreNormBlock(d_model, eps, gdn, SwiGLU(d_model, width), mixer_name="linear_attn")

@@ -1,5 +1,5 @@
 """Qwen3-style attention and block (docs/design.md §4.1, Dense): grouped-query attention with QK-norm and RoPE,
-then SwiGLU, each pre-normed, no biases.
+then SwiGLU, each pre-normed (a `PreNormBlock`), no biases.
 
 QK-norm is RMSNorm over d_h on every query and key head (learned weights `q_norm`, `k_norm` shared
 across heads), applied before RoPE (Qwen3; Henry et al. 2020). GQA (Ainslie et al. 2023) shares
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.rope import apply_rope
 from tango_lm.layers.transformer import SwiGLU
 from tango_lm.ops.attention import causal_attention
@@ -55,25 +56,11 @@ class GroupedQueryAttention(nn.Module):
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+        mask = state.key_mask() if state is not None else None
+        return self.o_proj(merge_heads(causal_attention(q, k, v, mask)))
 
 
-class DenseBlock(nn.Module):
-    """`x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))` with GQA + QK-norm attention."""
-
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, width: int, eps: float) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(d_model, eps)
-        self.attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLU(d_model, width)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, state)
-        return x + self.mlp(self.mlp_norm(x))
+def dense_block(d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, width: int, eps: float) -> PreNormBlock:
+    """The Dense layer: `x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))` with GQA + QK-norm attention."""
+    attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
+    return PreNormBlock(d_model, eps, attn, SwiGLU(d_model, width))

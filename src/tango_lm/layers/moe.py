@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.gqa import GroupedQueryAttention
-from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.transformer import SwiGLU
 from tango_lm.ops.moe_dispatch import dispatch_capacity, dispatch_sorted, use_capacity_dispatch
 from tango_lm.serve.cache import LayerState
@@ -55,10 +55,12 @@ class MoEFeedForward(nn.Module):
         renormalize: bool = True,
         capacity_factor: float = 1.25,
         aux_loss_weight: float = 0.01,
+        capacity_factor_eval: float = 4.0,
     ) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.renormalize = n_experts, top_k, renormalize
         self.capacity_factor = capacity_factor  # changed by `capacity_factor(model, ...)`
+        self.capacity_factor_eval = capacity_factor_eval  # cached decoding serves at this capacity
         self.aux_loss_weight = aux_loss_weight
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d_model, expert_width) for _ in range(n_experts))
@@ -73,8 +75,8 @@ class MoEFeedForward(nn.Module):
     def capacity(self, n_tokens: int, capacity_factor: float) -> int:
         return max(1, math.ceil(capacity_factor * n_tokens * self.top_k / self.n_experts))
 
-    def forward(self, h: torch.Tensor, capacity_factor: float | None = None) -> torch.Tensor:
-        """h [B, T, d] -> [B, T, d]; `capacity_factor` overrides the module's current one."""
+    def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
+        """h [B, T, d] -> [B, T, d]; with a decode state (cached decoding) at `capacity_factor_eval`."""
         shape = h.shape
         x = h.reshape(-1, shape[-1])
         n, k, e = x.shape[0], self.top_k, self.n_experts
@@ -92,50 +94,34 @@ class MoEFeedForward(nn.Module):
             self.aux_loss = None
         # Position of each assignment in its expert's queue; over-capacity ones are dropped.
         position = (onehot.cumsum(0) * onehot).sum(-1) - 1
-        capacity = self.capacity(n, capacity_factor or self.capacity_factor)
+        factor = self.capacity_factor_eval if state is not None else self.capacity_factor
+        capacity = self.capacity(n, factor)
         self.dropped = (position >= capacity).float().mean()  # read on the host only via `last_dropped`
         dispatch = dispatch_capacity if use_capacity_dispatch(x) else dispatch_sorted
         out = dispatch(x, self.experts, flat, weights.reshape(-1), position, capacity, k)
         return out.view(shape)
 
 
-class MoEBlock(nn.Module):
+def moe_block(
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    n_experts: int,
+    top_k: int,
+    expert_width: int,
+    renormalize: bool,
+    capacity_factor_train: float,
+    capacity_factor_eval: float,
+    aux_loss_weight: float,
+) -> PreNormBlock:
     """`x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x))` with the Dense block's GQA + QK-norm attention.
     Cached decoding serves with `capacity_factor_eval` (the paper's inference capacity)."""
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int,
-        head_dim: int,
-        eps: float,
-        n_experts: int,
-        top_k: int,
-        expert_width: int,
-        renormalize: bool,
-        capacity_factor_train: float,
-        capacity_factor_eval: float,
-        aux_loss_weight: float,
-    ) -> None:
-        super().__init__()
-        self.capacity_factor_eval = capacity_factor_eval
-        self.attn_norm = RMSNorm(d_model, eps)
-        self.attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = MoEFeedForward(d_model, n_experts, top_k, expert_width, renormalize,
-                                  capacity_factor_train, aux_loss_weight)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, state)
-        factor = self.capacity_factor_eval if state is not None else None
-        return x + self.mlp(self.mlp_norm(x), factor)
+    attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
+    experts = MoEFeedForward(d_model, n_experts, top_k, expert_width, renormalize, capacity_factor_train,
+                             aux_loss_weight, capacity_factor_eval)
+    return PreNormBlock(d_model, eps, attn, experts)
 
 
 def moe_layers(model: nn.Module) -> list[MoEFeedForward]:

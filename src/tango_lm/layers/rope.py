@@ -10,13 +10,14 @@ def rope_tables(
     head_dim: int,
     theta: float,
     device: torch.device,
-    start: int = 0,
+    start: int | torch.Tensor = 0,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [seq_len, head_dim] for positions start .. start+seq_len-1, computed in
-    float64 (exact angles at long positions) and returned in `dtype` (at least fp32)."""
+    float64 (exact angles at long positions) and returned in `dtype` (at least fp32). `start` may
+    be a device tensor [1] (static decode steps: no host value, one graph for every position)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
-    pos = torch.arange(start, start + seq_len, device=device, dtype=torch.float64)
+    pos = torch.arange(seq_len, device=device, dtype=torch.float64) + start
     emb = torch.outer(pos, inv_freq).repeat(1, 2)
     dtype = torch.promote_types(dtype, torch.float32)
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -56,7 +56,7 @@ class TangoBlock(nn.Module):
         """Decoding: the new positions attend over the keys and gates cached for this application."""
         k_all = state.append("k", k)
         g_all = state.append("g", split_heads(F.silu(a), self.n_heads))
-        return merge_heads(causal_attention(q, k_all, g_all)) * u
+        return merge_heads(causal_attention(q, k_all, g_all, state.key_mask())) * u
 
     def forward(
         self,

@@ -170,7 +170,7 @@ class CompactTangoBlock(_SharedQueryKey):
         """Decoding: the cache holds keys and the r controller channels, not F gate columns."""
         k_all = state.append("k", k)
         c_all = state.append("c", split_heads(F.silu(a), self.n_heads))
-        cbar = merge_heads(causal_attention(q, k_all, c_all))
+        cbar = merge_heads(causal_attention(q, k_all, c_all, state.key_mask()))
         return F.linear(cbar, self.gated_weights()[0]) * u
 
     def forward(

@@ -19,6 +19,8 @@ S = sum phi(k_s) g_s^T [B, H, d_h, F/H] and z = sum phi(k_s) [B, H, d_h] of ever
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -27,6 +29,7 @@ from tango_lm.layers.tango import TangoBlock
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.windowed import (
     MIN_CHUNK,
+    _normalized_weights,
     apply_feature_map,
     compute_dtype,
     windowed_gate_average_cached,
@@ -76,6 +79,8 @@ class WindowedTangoBlock(TangoBlock):
         k_raw: torch.Tensor,
     ) -> torch.Tensor:
         """Decoding: the new positions, in pieces of at most one chunk, against the state."""
+        if state.position is not None:
+            return self.mix_static(q, k, a, u, state, q_raw, k_raw)
         g = split_heads(F.silu(a), self.n_heads)
         k_phi = apply_feature_map(k_raw, self.feature_map)
         ex = state.extra
@@ -128,3 +133,53 @@ class WindowedTangoBlock(TangoBlock):
         else:
             mixed = self.mix_cached(q, k, a, u, state, q_raw, k_raw)
         return x + F.linear(mixed, w_o)
+
+    # -- static decode steps (serve/static_decode.py) ---------------------------------------------
+    def enter_static(self, state: LayerState, position: int) -> None:
+        """The eager state after `position` prefilled positions as fixed-size tensors: a ring of W
+        slots (slot = position mod W) for the window's rotated keys, phi(k) and gates (the eager
+        state holds the last min(position, W - 1) of them), and the prefix sums s, z."""
+        ex, static, w = state.extra, state.static, self.window
+        k, k_phi, g, s, z = (ex.pop(name) for name in ("k", "k_phi", "g", "s", "z"))
+        slots = torch.arange(position - k.shape[-2], position, device=k.device) % w
+        for name, x in (("ring_k", k), ("ring_phi", k_phi), ("ring_g", g)):
+            kept = static.get(name)
+            shape = (*x.shape[:-2], w, x.shape[-1])
+            if kept is None or tuple(kept.shape) != shape or kept.dtype != x.dtype or kept.device != x.device:
+                static[name] = kept = x.new_zeros(shape)
+            kept.zero_().index_copy_(kept.dim() - 2, slots, x)
+        for name, x in (("s", s), ("z", z)):
+            kept = static.get(name)
+            if kept is None or kept.shape != x.shape or kept.dtype != x.dtype or kept.device != x.device:
+                static[name] = x.clone()
+            else:
+                kept.copy_(x)
+
+    def mix_static(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState,
+                   q_raw: torch.Tensor, k_raw: torch.Tensor) -> torch.Tensor:
+        """One destination at `state.position` against the ring and the prefix sums, in place."""
+        static, w = state.static, self.window
+        p = state.position
+        g = split_heads(F.silu(a), self.n_heads)
+        slot = p % w
+        for name, x in (("ring_k", k), ("ring_phi", apply_feature_map(k_raw, self.feature_map)), ("ring_g", g)):
+            static[name].index_copy_(static[name].dim() - 2, slot, x)
+        dist = (p - torch.arange(w, device=p.device)) % w  # how far back each slot's position lies
+        in_window = (dist <= p)[None, :]  # [1, W]: slots before position 0 hold nothing yet
+        dtype = compute_dtype(q, k, g, static["s"])
+        with torch.autocast(g.device.type, enabled=False):
+            qr, kr, gf = (x.to(dtype) for x in (q, static["ring_k"], static["ring_g"]))
+            pq = apply_feature_map(q_raw.to(dtype), self.feature_map)
+            scores = (qr @ kr.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+            no_old = torch.zeros_like(scores, dtype=torch.bool)
+            prefix_den = (pq * static["z"].to(dtype).unsqueeze(-2)).sum(-1)
+            weights, prefix_scale = _normalized_weights(scores, in_window, scores, no_old, prefix_den)
+            out = weights @ gf + (pq * prefix_scale.unsqueeze(-1)) @ static["s"].to(dtype)
+            # The oldest source (position p - W + 1) leaves the window of every later destination.
+            leaving = (p + 1) % w
+            valid = (p - w + 1 >= 0).to(dtype)
+            phi_out = static["ring_phi"].index_select(-2, leaving).to(dtype) * valid
+            g_out = static["ring_g"].index_select(-2, leaving).to(dtype)
+            static["s"].add_((phi_out.transpose(-1, -2) @ g_out).to(static["s"].dtype))
+            static["z"].add_(phi_out.sum(-2).to(static["z"].dtype))
+        return merge_heads(out.to(g.dtype)) * u

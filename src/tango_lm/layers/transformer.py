@@ -1,5 +1,5 @@
 """Transformer++ parts (docs/design.md §2.1): causal multi-head attention with RoPE, SwiGLU, and the block
-`x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))`."""
+`x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x))` (a `PreNormBlock`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.active_width import ActiveColumns
-from tango_lm.layers.norm import RMSNorm
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
 from tango_lm.ops.gate_average import merge_heads, split_heads
@@ -35,7 +35,8 @@ class CausalSelfAttention(nn.Module):
         v = split_heads(self.v_proj(h), self.n_heads)
         if state is not None:  # decoding: attend over everything cached for this application
             k, v = state.append("k", k), state.append("v", v)
-        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+        mask = state.key_mask() if state is not None else None
+        return self.o_proj(merge_heads(causal_attention(q, k, v, mask)))
 
 
 class SwiGLU(nn.Module):
@@ -51,29 +52,16 @@ class SwiGLU(nn.Module):
             width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
         )
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
+        """h [B, T, d] -> [B, T, d]; position-wise, so the decode state is not used."""
         if self.active is None:
             return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         w_g, w_u, w_o = self.active.weights()  # the full weights unless a segment is selected
         return F.linear(F.silu(F.linear(h, w_g)) * F.linear(h, w_u), w_o)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm Transformer++ block. Parameters: 4d^2 + 3dF + 2d."""
-
-    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(d_model, eps)
-        self.attn = CausalSelfAttention(d_model, n_heads)
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = SwiGLU(d_model, width, active_width)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, state)
-        return x + self.mlp(self.mlp_norm(x))
+def transformer_block(d_model: int, n_heads: int, width: int, eps: float,
+                      active_width: int | None = None) -> PreNormBlock:
+    """The Transformer++ block: causal attention, then SwiGLU. Parameters: 4d^2 + 3dF + 2d."""
+    attn = CausalSelfAttention(d_model, n_heads)
+    return PreNormBlock(d_model, eps, attn, SwiGLU(d_model, width, active_width))

@@ -26,7 +26,7 @@ class LanguageModel(nn.Module):
         if config.active_width is not None and not active_width.active_columns(self.backbone):
             raise UserError(
                 f"model.active_width (rotating narrow-width training) is not supported by arch={config.arch}; "
-                "remove active_width or use tango, tango-windowed, tango-3set, tango-compact or a Transformer++ arch"
+                f"remove active_width or use one of: {', '.join(a for a, c in ARCHITECTURES.items() if c.rotating_width)}"
             )
         # The body is initialized before the head draws its tables, so with one seed every head
         # gets the same initial body (the onóna protocol compares heads on identical bodies).

@@ -10,8 +10,12 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [..., T, d_h], k [..., S, d_h], v [..., S, w] -> [..., T, w], queries aligned to the end."""
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q [..., T, d_h], k [..., S, d_h], v [..., S, w] -> [..., T, w], queries aligned to the end;
+    with `mask` [T, S] (a static decode step over a full-capacity cache) the keys it allows."""
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     t, s = q.shape[-2], k.shape[-2]
     if t == s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)

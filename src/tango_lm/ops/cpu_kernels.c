@@ -23,7 +23,7 @@
 #define CV 2 /* 6 x 2 accumulators of 16 registers */
 #else
 #define VL 4
-#define CV 4 /* NEON: 32 registers */
+#define CV 4 /* 128-bit vectors: NEON (32 registers), and SSE builds too (16, so some accumulators spill) */
 #endif
 #define R 6 /* rows per tile */
 #define NB (VL * CV)

@@ -4,9 +4,9 @@ For each head h, `gbar^h_t = sum_{s<=t} softmax_s(q^h_t . k^h_s / sqrt(d_h)) g^h
 values are the source gates g (width F/H per head, usually far wider than d_h). It is causal
 attention with the gates as values, and the value width makes the probabilities-times-gates
 matmuls the cost. `gate_average_sdpa` is one `scaled_dot_product_attention` call, batched over
-heads (no per-head loop, no per-(t, s) products), and runs fused kernels on GPUs;
-`gate_average_reference` is the plain definition it is tested against. The TANGO block on a CPU
-uses the fused op in `tango_mix.py`, which also folds in the SiLU and the product by u.
+heads (no per-head loop, no per-(t, s) products); `gate_average_reference` is the plain definition
+it is tested against. The TANGO block uses `tango_mix.py`, which also folds in the SiLU and the
+product by u (fused CPU ops, Triton kernels on CUDA).
 
 The fused CPU op skips the all-zero blocks above the diagonal, with each matmul split so that
 its pieces stay wide (`tango_mix._blocks`).

@@ -1,4 +1,4 @@
-"""Running each routed assignment through its expert: two paths with the same result (SPEC 4, MoE).
+"""Running each routed assignment through its expert: two paths with the same result (docs/design.md §4.3, MoE).
 
 An MoE layer hands over its N tokens x [N, d], the flat (token, rank)-ordered expert choices
 `expert` [N*k], their weights [N*k], their place in the expert's queue `position` [N*k] and the

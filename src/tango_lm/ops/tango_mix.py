@@ -53,8 +53,11 @@ def tango_mix_reference(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: to
 
 def tango_mix_sliced(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
     """The composition with the average as the sliced SDPA (`gate_average_sliced`): no fused SDPA
-    backend takes the gates' full width per head."""
-    avg = merge_heads(gate_average_sliced(q, k, split_heads(F.silu(a), q.shape[1])))
+    backend takes the gates' full width per head. Inputs of mixed dtypes run in their promoted
+    dtype (SDPA takes one), so that this fallback takes whatever the Triton kernels do not."""
+    g = F.silu(a)
+    dtype = torch.promote_types(q.dtype, g.dtype)
+    avg = merge_heads(gate_average_sliced(q.to(dtype), k.to(dtype), split_heads(g.to(dtype), q.shape[1])))
     return avg if u is None else avg * u
 
 

@@ -94,7 +94,7 @@ def _silu_f32(a):
 def _lse_kernel(Q, K, LSE, sqb, sqh, sqt, sqd, skb, skh, skt, skd, H, T, W, D, scale_log2,
                 PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * T * F can pass 2^31
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -121,7 +121,7 @@ def _forward_kernel(Q, K, A, U, LSE, Y, AVG, sqb, sqh, sqt, sqd, skb, skh, skt, 
                     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_W: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_w, bh = tl.program_id(1), tl.program_id(2)
+    pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
@@ -155,7 +155,7 @@ def _forward_kernel(Q, K, A, U, LSE, Y, AVG, sqb, sqh, sqt, sqd, skb, skh, skt, 
 @triton.jit
 def _delta_kernel(DY, Y, DELTA, sdb, sdt, sdf, syb, syt, syf, H, T, W, D,
                   BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M], tl.float32)
@@ -176,7 +176,7 @@ def _scores_backward_kernel(Q, K, A, U, DY, LSE, DELTA, DQ, DK, sqb, sqh, sqt, s
                             HAS_U: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * T * F can pass 2^31
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,7 +220,7 @@ def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd,
                            HAS_U: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_w, bh = tl.program_id(1), tl.program_id(2)
+    pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -257,8 +257,9 @@ def _gates_backward_kernel(Q, K, A, U, DY, LSE, AVG, DA, DU, sqb, sqh, sqt, sqd,
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32; bf16 and
+    fp16 operands take the tensor cores' own path (Triton's default setting)."""
+    return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
 
 
 def _common(q: torch.Tensor, a: torch.Tensor) -> tuple:

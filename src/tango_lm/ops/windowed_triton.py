@@ -48,7 +48,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
 @triton.jit
 def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.constexpr, PRECISION: tl.constexpr,
                     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
     F = H * W
@@ -89,7 +89,7 @@ def _forward_kernel(WB, PQ, PK, A, U, Y, AVG, H, T, W, C, D, N, HAS_AVG: tl.cons
 @triton.jit
 def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constexpr, BLOCK_C: tl.constexpr,
                           BLOCK_W: tl.constexpr):
-    i, bh = tl.program_id(0), tl.program_id(1)
+    i, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
     F = H * W
@@ -121,7 +121,7 @@ def _band_backward_kernel(A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constex
 @triton.jit
 def _backward_kernel(WB, PQ, PK, A, U, DY, AVG, DPQ, DPK, DA, DU, H, T, W, C, D, N, PRECISION: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     dt = A.dtype.element_ty
     F = H * W

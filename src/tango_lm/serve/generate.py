@@ -1,9 +1,13 @@
-"""Sampling from a trained model with a decode cache: greedy, temperature, top-k and top-p."""
+"""Sampling from a trained model with a decode cache: greedy, temperature, top-k and top-p.
+
+On CUDA `generate` decodes with static steps replayed as CUDA graphs (`serve/static_decode.py`);
+on CPUs, and with `static=None`, with the eager cached forward below."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -72,10 +76,17 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     eos_id: int | None = None,
+    on_token: Callable[[torch.Tensor], bool] | None = None,
+    static: str | None = "auto",
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to max_new_tokens; returns [B, T + n] (rows stop early only
     when every row has produced eos_id). The last new token is never fed back, so a prompt of
-    the whole context still gets one (`room_for_new_tokens`)."""
+    the whole context still gets one (`room_for_new_tokens`). `on_token(tokens [B])` sees each
+    step's tokens as they are drawn (streaming); when it returns True, decoding stops there.
+    `static`: "auto" (CUDA graphs on CUDA, the eager decode elsewhere), None (the eager decode),
+    or a `serve.static_decode` mode ("eager", "compile", "cuda-graphs"); a streaming `on_token`
+    runs the eager decode. Static and eager decoding draw their random numbers differently, so a
+    seed gives the same samples within one of them (greedy tokens agree)."""
     check_sampling(temperature, top_k, top_p, max_new_tokens)
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
     if max_new_tokens > room:
@@ -87,13 +98,19 @@ def generate(
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
+    from tango_lm.serve.static_decode import decode_static, default_mode
+
+    mode = default_mode(prompt.device) if static == "auto" else static
     model.eval()
     serving = getattr(model.head, "serving", contextlib.nullcontext)
     with serving():
-        return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id)
+        if mode is not None and max_new_tokens > 0 and on_token is None:
+            return decode_static(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode)
+        return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token)
 
 
-def _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id) -> torch.Tensor:
+def _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id,
+            on_token=None) -> torch.Tensor:
     cache = model.new_cache(total)
     # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
     # position (onóna, seed 001 Appendix B): the head samples from the hidden state directly.
@@ -115,6 +132,8 @@ def _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, gen
             nxt = sample_next(state, temperature, top_k, top_p, generator)
         last = nxt[:, None]
         out.append(last)
+        if on_token is not None and on_token(nxt):
+            break
         if eos_id is not None:
             done |= nxt == eos_id
             if bool(done.all()):

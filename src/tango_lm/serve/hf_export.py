@@ -6,9 +6,26 @@
 
 Loading the model registers the `tango_lm` model type with transformers' Auto classes for the rest
 of the process (so does `import tango_lm.serve.hf_modeling`, after which neither call needs
-`trust_remote_code`). transformers 5's AutoTokenizer reads `config.json` before
-`tokenizer_config.json`, so in a process that has done neither, it asks whether to run the export's
-code; pass `trust_remote_code=True` there, or use `PreTrainedTokenizerFast.from_pretrained(DIR)`.
+`trust_remote_code`). In a process that has done neither, transformers 5's AutoTokenizer without
+`trust_remote_code` asks whether to run the export's code (with stdin closed: prints the question,
+then warns "model of type `tango_lm` to instantiate a model of type ``"), and nothing in the export
+can prevent it (checked against transformers 5.24):
+
+- `AutoTokenizer.from_pretrained` (models/auto/tokenization_auto.py) calls
+  `AutoConfig.from_pretrained(DIR, trust_remote_code=None)` before it reads `tokenizer_config.json`,
+  so `tokenizer_class` there cannot short-cut it (transformers 4 read it first and does not ask);
+- `AutoConfig.from_pretrained` (configuration_auto.py) asks, through
+  `dynamic_module_utils.resolve_trust_remote_code`, whenever `config.json`'s `auto_map` has an
+  `AutoConfig` entry and its `model_type` is not a registered type;
+- `AutoModelForCausalLM.from_pretrained` (auto_factory.py) builds its config with that same
+  `AutoConfig.from_pretrained`, which for an unregistered `model_type` works only through that
+  `auto_map` entry. Only a built-in `model_type` (claiming to be another architecture) would
+  avoid both, and `config.json` is read the same way by every caller.
+
+So load the tokenizer on its own with `AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)`
+or `PreTrainedTokenizerFast.from_pretrained(DIR)` (neither asks; tests/test_hf_export.py runs each
+in a fresh process with stdin closed, and pins the question above so these notes change with
+transformers).
 
 DIR holds
 
@@ -124,6 +141,12 @@ ids = tokenizer("Hello", return_tensors="pt").input_ids
 out = model.generate(ids, max_new_tokens=20, do_sample=False)
 print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 ```
+
+Loading the model (or `import tango_lm.serve.hf_modeling`) registers the `tango_lm` model type, so
+the tokenizer needs no `trust_remote_code` after it. Before either, transformers 5's AutoTokenizer
+reads `config.json` first and asks whether to run this directory's code: load the tokenizer alone
+with `AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)` or
+`PreTrainedTokenizerFast.from_pretrained("{name}")` (the tokenizer itself runs no custom code).
 
 The modeling code imports the `tango_lm` package: `pip install tango-lm` ({version} or a later
 version that knows this config). `logits` are normalized log-probs; there is no padding support

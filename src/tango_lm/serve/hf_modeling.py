@@ -18,6 +18,8 @@ that loading needs `pip install tango-lm` (of a version that knows the exported 
   attributes transformers reads): each step feeds only the tokens the cache has not seen, so
   greedy `generate()` gives the tokens of `tango-lm generate --temperature 0`. `use_cache=False`
   recomputes the whole prefix every step (same tokens, slower). Beam search reorders the cache.
+  On CUDA the steps after the prompt are tango-lm's static decode steps replayed as CUDA graphs
+  (`tango_lm.serve.static_decode`; the same log-probs as the eager cache).
 - MoE models run at `capacity_factor_eval` (tango-lm's external-evaluation capacity) outside
   training, so the cached and uncached paths agree.
 - Padding is not supported (the model takes no attention mask): batch prompts of equal length or
@@ -63,6 +65,8 @@ class TangoLMCache:
 
     def __init__(self, decode: Any) -> None:
         self.decode = decode
+        self.static: Any = None  # a tango_lm StaticDecoder once a CUDA request has been prefilled
+        self.static_position = 0
 
     @property
     def is_linear(self) -> list[bool]:
@@ -70,17 +74,22 @@ class TangoLMCache:
 
     @property
     def position(self) -> int:
-        return self.decode.position
+        return self.static_position if self.static is not None else self.decode.position
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.decode.position
+        return self.position
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Keep the rows `beam_idx` (beam search): every cached tensor is batch-first."""
+        """Keep the rows `beam_idx` (beam search): every cached tensor is batch-first (in place
+        for a static decoder, whose tensors keep their addresses)."""
         for state in self.decode.states:
-            for group in (state.buffers, state.extra):
+            for group in (state.buffers, state.extra, state.static):
                 for name, t in group.items():
-                    group[name] = t.index_select(0, beam_idx.to(t.device))
+                    rows = t.index_select(0, beam_idx.to(t.device))
+                    if self.static is not None:
+                        t.copy_(rows)
+                    else:
+                        group[name] = rows
 
 
 class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
@@ -139,7 +148,10 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         # MoE layers outside training run at their evaluation capacity, with or without the cache.
         moe = capacity_factor(self.model, "eval") if self._has_moe and not self.training else contextlib.nullcontext()
         with moe:
-            logits = self.model(input_ids, state.decode if state is not None else None)
+            if state is not None and self._static_mode(input_ids, state) is not None:
+                logits = self._static_forward(input_ids, state)
+            else:
+                logits = self.model(input_ids, state.decode if state is not None else None)
         loss = None
         if labels is not None:
             loss = F.nll_loss(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
@@ -148,6 +160,31 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             out = (logits, state) if state is not None else (logits,)
             return ((loss, *out) if loss is not None else out)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: state})
+
+    def _static_mode(self, input_ids: torch.Tensor, state: TangoLMCache) -> str | None:
+        """The static decode mode for this call: CUDA graphs on CUDA outside training, for a fresh
+        cache or one already decoding statically; None: the eager cache."""
+        from tango_lm.serve.static_decode import default_mode
+
+        if self.training or torch.is_grad_enabled() or (state.static is None and state.decode.position != 0):
+            return None
+        return default_mode(input_ids.device)
+
+    def _static_forward(self, input_ids: torch.Tensor, state: TangoLMCache) -> torch.Tensor:
+        """Log-probs [B, T, V]: a prefill on the model's static decoder, then static steps."""
+        from tango_lm.serve.static_decode import static_decoder
+
+        if state.static is None:
+            decoder = static_decoder(self.model, input_ids.shape[0], self._static_mode(input_ids, state))
+            h = decoder.prefill(input_ids)
+            state.static, state.decode, state.static_position = decoder, decoder.cache, input_ids.shape[1]
+            return self.model.head.log_probs(h, input_ids)
+        idle = torch.full((input_ids.shape[0], self.model.config.vocab_size), 0.5, device=input_ids.device)
+        steps = []
+        for i in range(input_ids.shape[1]):  # generate() feeds one token per step
+            steps.append(state.static.step(input_ids[:, i : i + 1], idle, 0.0)[1])
+            state.static_position += 1
+        return torch.stack(steps, 1)
 
     def prepare_inputs_for_generation(
         self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, use_cache: bool | None = True,

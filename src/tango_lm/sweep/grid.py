@@ -13,6 +13,8 @@ A grid is a YAML file:
       head: [standard, onona]
       seed: [[17, 101], [23, 103], [41, 107]]   # (model seed, data-order seed) pairs
       train.lr: [1e-3, 3e-3]           # any config field, written section.field
+    slurm: {partition: gpu, gpus_per_job: 1, time: "12:00:00", array_parallelism: 16}
+                                       # optional: jobs of `--launcher slurm` (sweep/launchers.py)
 
 Axes and what they set:
 
@@ -79,6 +81,7 @@ class Grid:
     axes: dict[str, list[Any]]
     runs: list[SweepRun] = field(default_factory=list)
     missing_data: dict[str, str] = field(default_factory=dict)  # dataset name -> directory
+    slurm: dict[str, Any] = field(default_factory=dict)  # job settings for --launcher slurm (sweep/launchers.py)
 
     def select(self, patterns: list[str] | None) -> list[SweepRun]:
         """Runs whose name matches any pattern (a glob, or a plain substring)."""
@@ -108,15 +111,16 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
         raise UserError(f"sweep grid {path} is not valid YAML{where}; fix its syntax") from None
     if not isinstance(spec, dict):
         raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
-    unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description"})
+    unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description", "slurm"})
     if unknown:
-        raise UserError(f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir and description")
+        raise UserError(f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir, description "
+                        "and slurm")
     out_dir = spec.get("out_dir", f"runs/sweeps/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise UserError(f"out_dir in sweep grid {path} must be a directory path (got {out_dir!r})")
     base = _base_sections(spec.get("base"), path)
     axes = _parse_axes(spec.get("axes") or {}, path)
-    grid = Grid(path=path, out_dir=Path(out_dir), axes=axes)
+    grid = Grid(path=path, out_dir=Path(out_dir), axes=axes, slurm=spec.get("slurm") or {})
 
     datasets = axes.get("dataset") or [(None, base["data"].get("dir", DataConfig().dir))]
     for name, directory in datasets:

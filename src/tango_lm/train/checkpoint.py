@@ -11,24 +11,15 @@ A checkpoint is a step directory `checkpoints/step-00000100/` holding
 It is written under a temporary name and renamed into place, so a run killed mid-save leaves the
 previous checkpoint as the latest loadable one.
 
-A *sharded* checkpoint (`train.checkpoint_format=sharded`, docs/distributed.md) holds, instead of
-`model.safetensors` and the optimizer tensors, a `shards/` directory written by every process with
-torch.distributed.checkpoint (DCP): one `__R_0.distcp` file per rank plus DCP's `.metadata`.
-`meta.json` says `"layout": "sharded"` and lists every shard file with its size; a checkpoint with
-a listed file missing or cut short is refused before anything is read. DCP's `.metadata` is a
-pickle: it is read with an unpickler that admits only DCP's own metadata classes, torch sizes,
-dtypes and layouts, and DCP's tensor files are read with `torch.load(weights_only=True)`.
+The sharded layout (`shards/`, torch.distributed.checkpoint) is in sharded_checkpoint.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +49,8 @@ class Checkpoint:
 
     def model_state(self) -> dict[str, torch.Tensor]:
         if self.layout == "sharded":
+            from tango_lm.train.sharded_checkpoint import load_sharded_model
+
             return load_sharded_model(self.path, self.meta)
         try:
             return load_file(str(self.path / "model.safetensors"))
@@ -136,6 +129,8 @@ def write_failed(ckpt_root: Path, step: int, exc: BaseException) -> UserError:
     """The error of a save that failed (a full disk, a folder made read-only): one line, what to do."""
     text = str(exc).strip()
     reason = getattr(exc, "strerror", None) or (text.splitlines()[0][:200] if text else type(exc).__name__)
+    with contextlib.suppress(OSError):  # torch.save says only "unexpected pos 576 vs 534" when the disk is full
+        reason += f"; {shutil.disk_usage(ckpt_root).free / 2**20:,.1f} MiB free there"
     return UserError(f"cannot write checkpoint {step_dir_name(step)} in {ckpt_root} ({reason}); the partial copy was "
                      "removed and earlier checkpoints are intact: free disk space or fix the folder's permissions, "
                      "then continue with --resume")
@@ -160,10 +155,11 @@ def finish_checkpoint(
 ) -> Path:
     """Write the rest of a step directory begun by `begin_checkpoint` (weights unless it holds
     shards), mark it complete and rename it into place; return its final path. When a write fails
-    (OSError) the temporary directory is removed and a UserError raised; earlier steps stay."""
+    (a full disk, whichever writer finds it) the temporary directory is removed and a UserError
+    raised; earlier steps stay."""
     try:
         return _finish(tmp, step, model_state, train_state, config, tokenizer, meta)
-    except OSError as exc:
+    except (OSError, SafetensorError, RuntimeError) as exc:  # safetensors and torch.save report a full disk so
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_failed(tmp.parent, step, exc) from None
 
@@ -176,6 +172,8 @@ def _finish(tmp: Path, step: int, model_state: dict[str, torch.Tensor] | None, t
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
         _fsync_file(tmp / "model.safetensors")
     else:
+        from tango_lm.train.sharded_checkpoint import shard_manifest
+
         layout = {"layout": "sharded", "shards": shard_manifest(tmp / SHARDS)}
     torch.save(train_state, tmp / "train_state.pt")
     _fsync_file(tmp / "train_state.pt")
@@ -289,163 +287,3 @@ def remove_incomplete(ckpt_root: Path) -> None:
         if p.name.startswith((".tmp-", ".old-")) or (p.name.startswith("step-") and not (p / MARKER).exists()):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
-
-
-# -- sharded checkpoints (torch.distributed.checkpoint) ------------------------------------------
-def save_shards(directory: Path, tensors: dict[str, Any], distributed: bool) -> None:
-    """Write `tensors` (a nested dict of tensors/DTensors) with DCP; under torchrun every process
-    calls this with its own shards and rank 0 writes `.metadata`."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        with _quiet_single_process():
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=not distributed)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's write failure (a full disk) in its own type
-        if not distributed or dist.get_rank() == 0:
-            shutil.rmtree(directory.parent, ignore_errors=True)
-        raise write_failed(directory.parent.parent, int(directory.parent.name.split("-")[2]), exc) from None
-
-
-@contextlib.contextmanager
-def _quiet_single_process() -> Iterator[None]:
-    """DCP warns on every single-process save/load, even when asked for one explicitly."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
-
-
-def shard_manifest(directory: Path) -> dict[str, int]:
-    """Every file of a shard directory and its size in bytes."""
-    return {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
-
-
-def check_shards(path: Path, meta: dict[str, Any]) -> None:
-    """UserError unless every shard file `meta.json` lists is present with its recorded size."""
-    listed = meta.get("shards")
-    if not isinstance(listed, dict) or ".metadata" not in listed:
-        raise UserError(f"checkpoint {path} is sharded but its meta.json lists no shards; it is corrupt, use another one")
-    for name, size in sorted(listed.items()):
-        if Path(name).name != name or name in (".", ".."):
-            raise UserError(f"checkpoint {path} lists a shard outside its {SHARDS}/ directory ({name!r}); "
-                            "it is corrupt, use another one")
-        file = path / SHARDS / name
-        if not file.is_file():
-            raise UserError(
-                f"checkpoint {path} is missing shard {SHARDS}/{name} ({len(listed) - 1} shard files expected); "
-                "copy the whole step directory from where it was written or resume from another checkpoint"
-            )
-        if file.stat().st_size != size:
-            raise UserError(
-                f"checkpoint {path} has a truncated or altered shard {SHARDS}/{name} ({file.stat().st_size} bytes, "
-                f"{size} written); copy it again or resume from another checkpoint"
-            )
-
-
-def load_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], distributed: bool) -> None:
-    """Fill `template` (tensors/DTensors of this process's shapes and placements) in place from
-    the DCP shards of step directory `path`; DCP reshards to this run's number of processes."""
-    import torch.distributed.checkpoint as dcp
-
-    check_shards(path, meta)
-    reader_cls, planner_cls = _dcp_classes()
-    reader = reader_cls(str(path / SHARDS))
-    files = {getattr(info, "relative_path", None) for info in reader.read_metadata().storage_data.values()}
-    missing = sorted(map(str, files - set(meta["shards"])))
-    if missing:
-        raise UserError(f"checkpoint {path} refers to shard {SHARDS}/{missing[0]} that meta.json does not list; "
-                        "it is corrupt, resume from another checkpoint")
-    try:
-        with _quiet_single_process():
-            dcp.load(template, storage_reader=reader, planner=planner_cls(), no_dist=not distributed)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every read failure in its own types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"checkpoint {path} has unreadable shards ({first[:200]}); resume from another checkpoint") from None
-
-
-def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The full weights of a sharded checkpoint, read in this process (for eval and generate)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    check_shards(path, meta)
-    metadata = _dcp_classes()[0](str(path / SHARDS)).read_metadata()
-    model = {key[len("model."):]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-             for key, md in metadata.state_dict_metadata.items()
-             if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
-    template = {"model": model}
-    load_shards(path, meta, template, distributed=False)
-    return template["model"]
-
-
-def _metadata_unpickler() -> type:
-    """A pickle.Unpickler for DCP's `.metadata` that resolves only the globals it needs."""
-    import pickle
-
-    import torch.distributed.checkpoint.metadata as dcp_metadata
-
-    allowed = {
-        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-        ("pathlib", "PureWindowsPath"), ("pathlib", "Path"),
-    }
-
-    class Unpickler(pickle.Unpickler):
-        """Admits DCP's metadata classes, torch.Size, dtypes and layouts, and nothing else."""
-
-        def find_class(self, module: str, name: str) -> Any:
-            found = getattr(dcp_metadata, name, None)
-            if module == dcp_metadata.__name__ and isinstance(found, type) and found.__module__ == module:
-                return found  # a class DCP defines for its metadata (not one it merely imports)
-            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-                return getattr(torch, name)
-            if (module, name) in allowed:
-                return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
-
-    return Unpickler
-
-
-@functools.cache
-def _dcp_classes() -> tuple[type, type]:
-    """(reader, planner) classes, built on first use: importing DCP costs about a second, which
-    every `tango-lm` command would otherwise pay."""
-    import pickle
-
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-
-    unpickler = _metadata_unpickler()
-
-    class TrustedMetadataReader(FileSystemReader):
-        """DCP's reader with `.metadata` read by the restricted unpickler above."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = self._get_metadata_path(kwargs.get("rank"))
-            try:
-                with self.fs.create_stream(path, "rb") as f:
-                    metadata = unpickler(f).load()
-            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as exc:
-                where = Path(str(path)).parent.parent
-                raise UserError(f"checkpoint {where} has unreadable shard metadata ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}); resume from another checkpoint") from None
-            if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-                where = Path(str(path)).parent.parent
-                raise UserError(f"checkpoint {where} has shard metadata of the wrong kind; resume from another checkpoint")
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class TensorsOnlyPlanner(DefaultLoadPlanner):
-        """We store only tensors with DCP; DCP would read any other item with a full unpickle."""
-
-        def load_bytes(self, read_item: Any, value: Any) -> None:
-            raise UserError(f"checkpoint shards hold a non-tensor item {read_item.dest_index.fqn!r} where a tensor "
-                            "belongs; the checkpoint is corrupt or foreign, resume from another one")
-
-    return TrustedMetadataReader, TensorsOnlyPlanner
-

@@ -15,6 +15,12 @@ selected checkpoint, ...), else `dev` for a dev-NLL record and `train` for a tra
 (loss, lr, grad_norm, tokens_per_s, mfu, peak_memory_mib, tokens). TensorBoard stores them as
 float32, W&B as JSON numbers.
 
+TensorBoard and W&B run on a thread of their own (`InBackground`): the training loop only queues a
+record, so a slow event-file write or a message to W&B's service never holds up a step (on a busy
+CPU, calling them inline took milliseconds per record: each hands work to another thread and
+waits for it to be scheduled). Closing drains the queue. A logger that fails stops the run at its
+next record with a one-line error.
+
 Resuming: TensorBoard writes to the same directory and hides the events a killed attempt wrote
 after the checkpoint it resumes from (`purge_step`); W&B continues the same run id (kept in
 `RUN/wandb.json`). W&B cannot drop history: online, the server ignores steps it already has (the
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import queue
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,7 @@ class MetricLogger:
 
     name = ""
     requires: tuple[str, str] | None = None  # (module, tango-lm extra that installs it)
+    background = False  # run on a thread of its own (InBackground)
 
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -84,6 +93,7 @@ class JsonlLogger(MetricLogger):
 class TensorBoardLogger(MetricLogger):
     name = "tensorboard"
     requires = ("tensorboard", "tensorboard")
+    background = True
 
     def __init__(self, ctx: LogContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -105,6 +115,7 @@ class TensorBoardLogger(MetricLogger):
 class WandbLogger(MetricLogger):
     name = "wandb"
     requires = ("wandb", "wandb")
+    background = True
     ID_FILE = "wandb.json"
 
     def __init__(self, ctx: LogContext) -> None:
@@ -127,6 +138,41 @@ class WandbLogger(MetricLogger):
 
     def close(self) -> None:
         self.run.finish()
+
+
+class InBackground(MetricLogger):
+    """Another logger's `log` calls, made in order on a thread of its own."""
+
+    def __init__(self, inner: MetricLogger) -> None:
+        self.inner, self.name = inner, inner.name
+        self.records: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"tango-lm {inner.name} logger", daemon=True)
+        self.thread.start()
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._raise_failure()
+        self.records.put(dict(record))
+
+    def _run(self) -> None:
+        while (record := self.records.get()) is not None:
+            if self.error is None:
+                try:
+                    self.inner.log(record)
+                except Exception as exc:  # noqa: BLE001 - reported on the training thread
+                    self.error = exc
+
+    def close(self) -> None:
+        self.records.put(None)
+        self.thread.join()
+        self.inner.close()
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self.error is not None:
+            first = str(self.error).strip().splitlines()[0] if str(self.error).strip() else type(self.error).__name__
+            raise UserError(f"the {self.name} logger failed ({first}); fix that and continue with --resume, or drop "
+                            f"{self.name} from train.loggers")
 
 
 def _read_run_id(path: Path) -> str | None:
@@ -170,7 +216,8 @@ def open_loggers(names: list[str], ctx: LogContext) -> list[MetricLogger]:
     opened: list[MetricLogger] = []
     try:
         for name in names:
-            opened.append(LOGGERS[name](ctx))
+            logger = LOGGERS[name](ctx)
+            opened.append(InBackground(logger) if logger.background else logger)
     except BaseException:
         close_loggers(opened)
         raise
@@ -178,5 +225,12 @@ def open_loggers(names: list[str], ctx: LogContext) -> list[MetricLogger]:
 
 
 def close_loggers(loggers: list[MetricLogger]) -> None:
+    """Close every logger (each one even if another fails); the first failure is raised after."""
+    failure: BaseException | None = None
     for logger in loggers:
-        logger.close()
+        try:
+            logger.close()
+        except BaseException as exc:  # noqa: BLE001 - close the others first
+            failure = failure or exc
+    if failure is not None:
+        raise failure

@@ -19,6 +19,7 @@ rank runs the checks, so under torchrun they all stop with the same error.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
 
-__all__ = ["RUN_FILES", "run_files", "holds_run", "enclosing", "check_out_dir", "claim_run_dir"]
+__all__ = ["RUN_FILES", "run_files", "holds_run", "is_run_dir", "enclosing", "check_out_dir", "claim_run_dir"]
 
 RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
 _APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
@@ -42,7 +43,22 @@ def run_files(path: str | os.PathLike) -> list[str]:
 
 
 def holds_run(path: str | os.PathLike) -> bool:
+    """Whether `path` holds any run file (what a fresh `train` refuses to write into)."""
     return bool(run_files(path))
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a tango-lm run: its config.json is a run config, or it holds a complete
+    checkpoint. Stricter than `holds_run`, for the directories above an output (a stray
+    config.json in a project folder does not make it a run)."""
+    p = Path(path)
+    try:
+        config = json.loads((p / "config.json").read_text())
+        if isinstance(config, dict) and {"model", "data", "train"} <= set(config):
+            return True
+    except (OSError, ValueError):
+        pass
+    return any((step / "COMPLETE").exists() for step in (p / "checkpoints").glob("step-*"))
 
 
 def enclosing(path: str | os.PathLike, predicate: Callable[[Path], bool]) -> Path | None:
@@ -78,6 +94,8 @@ def _check_place(out: Path) -> None:
         raise UserError(f"train.out_dir {out} is inside the prepared dataset {dataset}; "
                         "set train.out_dir to a directory outside it")
     base = _nearest_existing(out.absolute())
+    if not base.is_dir():
+        raise UserError(f"train.out_dir {out} lies under {base}, which is a file; set train.out_dir to a directory")
     if not os.access(base, os.W_OK | os.X_OK):
         raise UserError(f"cannot write to {base} (no permission, or a read-only file system); make it writable "
                         "or set train.out_dir to a writable directory")

@@ -9,6 +9,7 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -37,10 +38,8 @@ from tango_lm.train.checkpoint import (
     complete_steps,
     finish_checkpoint,
     load_checkpoint,
-    load_shards,
     prune_checkpoints,
     remove_incomplete,
-    save_shards,
     step_dir_name,
     tmp_step_dir,
     write_json_atomic,
@@ -52,6 +51,7 @@ from tango_lm.train.loggers import LogContext, MetricLogger, check_available, cl
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 from tango_lm.train.run_dir import claim_run_dir
+from tango_lm.train.sharded_checkpoint import load_shards, save_shards
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
@@ -325,11 +325,15 @@ class Trainer:
             self.loggers = open_loggers(cfg.loggers, self._log_context())
             self.peak_flops = matmul_peak(self.device, self.dtype)
         try:
-            return self._fit()
-        finally:
-            if self.loggers:
-                close_loggers(self.loggers)
-            self.loggers = None
+            result = self._fit()
+        except BaseException:
+            loggers, self.loggers = self.loggers or [], None
+            with contextlib.suppress(Exception):  # the error that stopped training is the one to report
+                close_loggers(loggers)
+            raise
+        loggers, self.loggers = self.loggers or [], None
+        close_loggers(loggers)
+        return result
 
     def _fit(self) -> TrainResult:
         cfg = self.run.train

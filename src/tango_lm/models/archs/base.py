@@ -24,6 +24,7 @@ class Architecture:
     in_bench_suite: bool = False  # in `tango-lm bench --suite training` (and decode) by default
     uses_heads: bool = True  # False: no multi-head split (GAU, FLASH), so d_model need not divide by heads
     min_depth: int = 1  # fewer applications cannot build it (three sets need three)
+    rotating_width: bool = False  # trains with `active_width` (rotating narrow width, docs/design.md §2.6)
     width_name: str = "gate"  # what `width` is, for generated presets: "gate" (TANGO's F) or "FFN"
     # Labels of the paper's fixed geometries of this architecture that sweeps accept as `arch`
     # (label -> display name), reported right after it.

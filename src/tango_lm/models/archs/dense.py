@@ -16,7 +16,8 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.errors import UserError
-from tango_lm.layers.gqa import DenseBlock, dense_block_params
+from tango_lm.layers.gqa import dense_block, dense_block_params
+from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
@@ -45,8 +46,8 @@ def attention_mixing_flops(cfg: ModelConfig, seq_len: int) -> float:
     return 2 * 2 * cfg.n_heads * cfg.head_dim * causal_pairs_per_token(seq_len)
 
 
-def dense_layer(cfg: ModelConfig) -> DenseBlock:
-    return DenseBlock(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.width, cfg.norm_eps)
+def dense_layer(cfg: ModelConfig) -> PreNormBlock:
+    return dense_block(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.width, cfg.norm_eps)
 
 
 class Dense(Architecture):

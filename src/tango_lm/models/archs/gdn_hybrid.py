@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.errors import UserError
-from tango_lm.layers.gated_deltanet import GatedDeltaNetBlock, gdn_params
+from tango_lm.layers.gated_deltanet import gated_deltanet_block, gdn_params
 from tango_lm.models.archs.base import Architecture
 from tango_lm.models.archs.dense import (
     attention_matmul_params,
@@ -94,8 +94,8 @@ class GdnHybrid(Architecture):
         heads, dk, dv = gdn_shape(cfg)
         layers = [
             dense_layer(cfg) if is_attention_layer(cfg, i)
-            else GatedDeltaNetBlock(cfg.d_model, heads, dk, dv, cfg.conv_size, cfg.width, cfg.norm_eps,
-                                    cfg.gdn_chunk, cfg.gdn_backend)
+            else gated_deltanet_block(cfg.d_model, heads, dk, dv, cfg.conv_size, cfg.width, cfg.norm_eps,
+                                      cfg.gdn_chunk, cfg.gdn_backend)
             for i in range(cfg.depth)
         ]
         return Backbone(layers, list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta)

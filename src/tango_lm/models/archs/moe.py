@@ -21,7 +21,7 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.layers.gqa import gqa_params
-from tango_lm.layers.moe import MoEBlock, moe_ffn_params, moe_layers
+from tango_lm.layers.moe import moe_block, moe_ffn_params, moe_layers
 from tango_lm.models.archs.base import Architecture
 from tango_lm.models.archs.dense import attention_matmul_params, attention_mixing_flops, check_gqa
 from tango_lm.models.backbone import Backbone
@@ -75,9 +75,9 @@ class MoE(Architecture):
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
-            MoEBlock(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, cfg.n_experts,
-                     cfg.moe_top_k, expert_width(cfg), cfg.moe_renormalize, cfg.capacity_factor_train,
-                     cfg.capacity_factor_eval, cfg.aux_loss_weight)
+            moe_block(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps, cfg.n_experts,
+                      cfg.moe_top_k, expert_width(cfg), cfg.moe_renormalize, cfg.capacity_factor_train,
+                      cfg.capacity_factor_eval, cfg.aux_loss_weight)
             for _ in range(cfg.depth)
         ]
         return MoEBackbone(layers, list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta)

@@ -18,6 +18,7 @@ class Tango(Architecture):
     description = "TANGO (full prefix)"
     family = "tango"
     matched = True
+    rotating_width = True
     in_bench_suite = True
     decode_state = "rotated keys and source gates of every position (d + F per position)"
     tiny = {}

@@ -24,6 +24,7 @@ class TangoCompact(Architecture):
     description = "compact-controller TANGO (r = d; the project's reading of the paper)"
     family = "tango"
     matched = True
+    rotating_width = True
     in_bench_suite = True
     decode_state = "rotated keys and controller channels of every position (d + r per position)"
     tiny = {"controller_width": 16}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.layers.active_width import check_active_width, trained_width
-from tango_lm.layers.transformer import TransformerBlock
+from tango_lm.layers.transformer import transformer_block
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
@@ -20,6 +20,7 @@ def block_params(cfg: ModelConfig) -> int:
 class _TransformerPP(Architecture):
     family = "tango"
     matched = True
+    rotating_width = True
     in_bench_suite = True
     width_name = "FFN"
     decode_state = "rotated keys and values of every position"
@@ -33,7 +34,7 @@ class _TransformerPP(Architecture):
     @classmethod
     def build(cls, cfg: ModelConfig) -> nn.Module:
         n = cls.unique_blocks(cfg)
-        layers = [TransformerBlock(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width)
+        layers = [transformer_block(cfg.d_model, cfg.n_heads, cfg.width, cfg.norm_eps, cfg.active_width)
                   for _ in range(n)]
         schedule = [i % n for i in range(cfg.depth)]
         return Backbone(layers, schedule, cfg.head_dim, cfg.rope_theta)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import sys
 import warnings
@@ -67,3 +68,22 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=float))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    """Plain-text table: columns are (key, header, format spec)."""
+    cells = [[h for _, h, _ in columns]]
+    for row in rows:
+        cells.append([("-" if row.get(k) is None else format(row[k], fmt)) for k, _, fmt in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    # Text columns (empty format) read left to right; numbers line up on the right.
+    left = [not fmt for _, _, fmt in columns]
+    lines = ["  ".join(c.ljust(w) if lj else c.rjust(w) for c, w, lj in zip(r, widths, left, strict=True)).rstrip()
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+

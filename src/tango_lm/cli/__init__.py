@@ -1,0 +1,67 @@
+"""The `tango-lm` command: parse arguments, call the library, print results.
+
+One module per command group adds its parsers and holds its commands: `config` (params, presets,
+match), `train` (train, eval, quickstart), `sweep` (sweep, report), `generate` (generate, serve,
+export), `data` (data prepare, generated from the data-source registry; train-tokenizer; verify)
+and `bench`. `output` turns failures into one line. Every error a user can cause is a
+`UserError`: printed as one line `error: ...`, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tango_lm.cli import bench, config, data, generate, sweep, train
+from tango_lm.cli.output import Parser, held_warnings, one_line, progress_on_terminal_only
+from tango_lm.errors import UserError, os_error_text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    config.add_parsers(sub)
+    train.add_parsers(sub)
+    sweep.add_parsers(sub)
+    generate.add_parsers(sub)
+    data.add_parsers(sub)
+    train.add_quickstart_parser(sub)
+    bench.add_parsers(sub)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Flags may sit between key=value overrides (`train cfg a=1 --resume b=2`): commands that take
+    overrides are parsed with `parse_intermixed_args`, which argparse cannot apply at the top level."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if argv and argv[0] in ("train", "params"):
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; a failure the user can fix is one line `error: ...` and exit code 2 (cli_output.py)."""
+    try:
+        with held_warnings():
+            args = parse_args(argv)
+            progress_on_terminal_only(args)
+            code = args.func(args)
+    except UserError as exc:
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # one no other handler put into words: a full disk, an unreadable file
+        if isinstance(exc, BrokenPipeError):  # `tango-lm ... | head`: the reader left; that is not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"error: {one_line(os_error_text(exc))}; check the disk and the path", file=sys.stderr)
+        return UserError.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return code if isinstance(code, int) else 0
+

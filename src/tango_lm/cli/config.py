@@ -1,0 +1,125 @@
+"""Config commands: `params`, `presets` and `match`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tango_lm.cli.output import _print_json, _table
+
+
+def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The optional CONFIG positional may be the first override when no preset is given."""
+    if args.config and "=" in args.config:
+        return None, [args.config, *args.overrides]
+    return args.config, list(args.overrides)
+
+
+def cmd_params(args: argparse.Namespace) -> None:
+    from tango_lm.train.config import RunConfig, apply_overrides, read_yaml
+
+    config, overrides = _config_and_overrides(args)
+    data = read_yaml(config) if config else {}
+    model = RunConfig.from_dict(apply_overrides(data, overrides)).model  # validates every section
+    counts = model.num_params()
+    out = {**counts, "arch": model.arch, "head": model.head, "d_model": model.d_model, "width": model.width,
+           "depth": model.depth, "n_heads": model.n_heads, "vocab_size": model.vocab_size,
+           "flops_per_token": model.flops_per_token()}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"{model.arch} (head {model.head}): d_model={model.d_model} n_heads={model.n_heads} "
+              f"width={model.width} depth={model.depth} vocab={model.vocab_size}")
+        print(f"  non-embedding {counts['non_embedding']:>15,}")
+        print(f"  embedding     {counts['embedding']:>15,}")
+        print(f"  total         {counts['total']:>15,}")
+
+
+def cmd_presets(args: argparse.Namespace) -> None:
+    from tango_lm.train.config import PRESET_DIR, list_presets, load_run_config
+
+    rows = []
+    for name in list_presets():
+        if args.filter and args.filter not in name:
+            continue
+        model = load_run_config(name, []).model
+        first = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
+        rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": first})
+    if args.json:
+        _print_json(rows)
+    else:
+        print(_table(rows, [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"),
+                            ("about", "", "")]))
+
+
+def cmd_match(args: argparse.Namespace) -> None:
+    from tango_lm.models.matching import TIERS, _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.table3_range import non_embedding_range, paper_range
+
+    target, d_model = parse_tier(args.tier, args.d_model)
+    contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
+    fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
+    rows = match_tier(target, d_model, args.depth, args.arch or None, context_length=contexts[0], **fields)
+    gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
+    if gau:  # one GAU row per context length, together
+        more = [match_tier(target, d_model, args.depth, ["gau"], context_length=n, **fields)[0] for n in contexts[1:]]
+        rows[gau[0] + 1 : gau[0] + 1] = more
+        for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
+            row["context_length"] = n
+    conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
+    if conventional is not None and not args.arch:
+        rows.append(_row(conventional, target, arch="conventional-untied"))
+    ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
+    # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
+    span = non_embedding_range(rows)
+    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and args.vocab_size == 50257
+    paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
+    if span is not None:
+        span["paper_millions"] = list(paper) if paper else None
+    if args.json:
+        _print_json({"target": target, "d_model": d_model, "depth": args.depth, "models": rows,
+                     "non_embedding_range": span, "active_ratio": ratios})
+        return
+    columns = [("arch", "arch", ""), ("d_model", "d", "d"), ("n_heads", "heads", "d"), ("width", "width", "d"),
+               ("non_embedding", "non-embedding", ",d"), ("total", "total", ",d"), ("gap", "gap to target", "+,d")]
+    if len(contexts) > 1:
+        columns.insert(4, ("context_length", "n", "d"))
+    print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
+    print(_table(rows, columns))
+    if span is not None:
+        line = (f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
+                f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})")
+        if span["paper_millions"]:
+            line += f"; the paper: {span['paper_millions'][0]:.3f}M to {span['paper_millions'][1]:.3f}M"
+        print(line)
+    if ratios:
+        print("\nactive-ratio geometries (seed 000 Table 9; 70M, depth 4)")
+        print(_table(ratios, [("target_ratio", "F/d target", ""), ("realized_ratio", "F/d", ".3f"), *columns]))
+
+
+def add_parsers(sub: Any) -> None:
+    """`params`, `presets`, `match`."""
+    s = sub.add_parser("params", help="parameter counts of a model config")
+    s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
+    s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=tango d_model=512")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_params)
+
+    s = sub.add_parser("presets", help="list the named presets")
+    s.add_argument("filter", nargs="?", help="only presets whose name contains this")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_presets)
+
+    s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
+    s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M or 1500000")
+    s.add_argument("--depth", type=int, required=True)
+    s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
+    s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
+    s.add_argument("--vocab-size", type=int, default=50257)
+    s.add_argument("--context-length", type=int, nargs="+", default=[1024],
+                   help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)")
+    s.add_argument("--gau-norm", choices=("rmsnorm", "layernorm"), default="rmsnorm",
+                   help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)")
+    s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_match)

@@ -1,0 +1,76 @@
+"""Datasets: `data prepare`, `data train-tokenizer` and `data verify`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tango_lm.cli.output import _print_json
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> None:
+    """`data prepare SOURCE ...`: the registered source (data/sources.py) the arguments describe."""
+    from tango_lm.data.shards import hold_dataset_lock
+    from tango_lm.data.sources import SOURCES
+
+    with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
+        source = SOURCES[args.source].from_args(args)
+        path = source.prepare(args.out, overwrite=args.overwrite, progress=not getattr(args, "no_progress", False))
+    print(f"prepared {path}")
+
+
+def cmd_data_verify(args: argparse.Namespace) -> None:
+    """`data verify DIR`: re-read every shard of a prepared dataset against its manifest."""
+    from tango_lm.data.verify import verify_dataset
+
+    report = verify_dataset(args.dir)
+    if args.json:
+        _print_json(report)
+        return
+    splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
+    print(f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
+          f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest")
+
+
+def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
+    from tango_lm.data.bpe import TRAIN_EXTS, train_bpe
+
+    tok = train_bpe(args.input, args.vocab_size, args.out, field=args.field, exts=args.ext or TRAIN_EXTS,
+                    min_frequency=args.min_frequency, max_docs=args.max_docs, overwrite=args.overwrite,
+                    progress=not args.no_progress)
+    print(f"trained a BPE tokenizer with {tok.vocab_size} ids (end-of-text {tok.eot_id}): {args.out}; "
+          f"use it with --tokenizer bpe:{args.out}")
+
+
+def _add_train_tokenizer_parser(dsub: Any) -> None:
+    t = dsub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on files")
+    t.add_argument("--input", nargs="+", required=True, help="files, directories or glob patterns")
+    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
+    t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
+    t.add_argument("--ext", action="append", help="file extensions read from directories (repeatable)")
+    t.add_argument("--min-frequency", type=int, default=2)
+    t.add_argument("--max-docs", type=int, default=None)
+    t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_data_train_tokenizer)
+
+
+def add_parsers(sub: Any) -> None:
+    """`data prepare SOURCE`, `data train-tokenizer`, `data verify`."""
+    from tango_lm.data.sources import SOURCES
+
+    s = sub.add_parser("data", help="prepare datasets")
+    dsub = s.add_subparsers(dest="data_command", required=True)
+    d = dsub.add_parser("prepare", help="prepare a dataset")
+    dsrc = d.add_subparsers(dest="source", required=True)
+    for name, source in SOURCES.items():
+        t = dsrc.add_parser(name, help=source.help)
+        source.add_arguments(t)
+        t.set_defaults(func=cmd_data_prepare)
+    _add_train_tokenizer_parser(dsub)
+    v = dsub.add_parser("verify", help="check every shard of a prepared dataset against its manifest (sha256, "
+                                       "end-of-text ids, token ids)")
+    v.add_argument("dir", help="prepared dataset directory")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_data_verify)

@@ -1,0 +1,108 @@
+"""Sweeps and reports: `sweep` and `report`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tango_lm.cli.output import _print_json, _table
+from tango_lm.errors import UserError
+
+SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tango_lm.sweep import load_grid, plan_rows, run_sweep
+
+    grid = load_grid(args.grid, check_data=not args.dry_run)
+    runs = grid.select(args.only)
+    if not runs:
+        raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}")
+    if args.dry_run:
+        rows = plan_rows(grid, runs)
+        if args.json:
+            _print_json(rows)
+            return 0
+        print(_table(rows, [("run", "run", ""), ("state", "state", ""), ("width", "width", ""),
+                            ("params", "params", ",d"), ("steps", "steps", ",d"), ("tokens", "tokens", ",d"),
+                            ("note", "note", "")]))
+        print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
+        return 0
+    log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
+    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    if args.launcher == "slurm":
+        from tango_lm.sweep.launchers import slurm_settings, submit_sweep
+
+        rows = submit_sweep(grid, runs, slurm_settings(grid, slurm_flags), wait=args.wait, log=log)
+        if not args.wait:
+            if args.json:
+                _print_json(rows)
+            else:
+                print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
+                print(f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
+                      "summarizes finished runs")
+            return 0
+    else:
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (["--wait"] if args.wait else [])
+        if given:
+            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
+        rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+    failed = [r for r in rows if r["status"] == "failed"]
+    if args.json:
+        _print_json(rows)
+    else:
+        print()
+        print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("steps", "steps", ",d"),
+                            ("best_dev_nll", "best dev NLL", ".4f"), ("test_nll", "test NLL", ".4f"),
+                            ("error", "error", "")]))
+        print(f"{len(rows) - len(failed)} of {len(rows)} runs finished under {grid.out_dir}; "
+              f"`tango-lm report {grid.out_dir}` summarizes them")
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from tango_lm.eval.report import write_report
+
+    res = write_report(args.dir, args.out, split=args.split, plots=not args.no_plots, reference=args.reference)
+    for w in res["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.json:
+        _print_json(res["report"])
+        return
+    print((Path(res["out"]) / "report.md").read_text())
+    print(f"wrote {len(res['files'])} files to {res['out']}")
+
+
+def add_parsers(sub: Any) -> None:
+    """`sweep`, `report`."""
+    s = sub.add_parser("sweep", help="train every run of a grid (architectures x datasets x tiers x depths x seeds)")
+    s.add_argument("grid", help="grid YAML, e.g. configs/sweeps/dmmath-cpu.yaml")
+    s.add_argument("--dry-run", action="store_true", help="list the runs and their state; train nothing")
+    s.add_argument("--only", action="append", metavar="PATTERN",
+                   help="only runs whose name matches (glob, or substring; repeatable)")
+    s.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)")
+    s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
+    s.add_argument("--account", default=None, help="slurm: account to charge")
+    s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
+    s.add_argument("--time", default=None, help="slurm: time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)")
+    s.add_argument("--array-parallelism", type=int, default=None, help="slurm: jobs of the array running at once")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
+    s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
+    s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
+    s.add_argument("dir", help="a sweep's out_dir (or any directory of run directories)")
+    s.add_argument("--out", default=None, help="report directory (default: DIR/report)")
+    s.add_argument("--split", default="test", choices=("test", "dev"),
+                   help="test: test NLL of the selected checkpoint; dev: its dev NLL")
+    s.add_argument("--reference", default=None, help="model whose per-seed margins to give (default: each row's best)")
+    s.add_argument("--no-plots", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_report)

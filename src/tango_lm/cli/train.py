@@ -1,0 +1,125 @@
+"""Training and evaluation: `train`, `eval` and `quickstart`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tango_lm.cli.config import _config_and_overrides
+from tango_lm.cli.output import _print_json, _table
+from tango_lm.errors import UserError
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from tango_lm.train.config import load_run_config
+    from tango_lm.train.trainer import train
+
+    run = load_run_config(*_config_and_overrides(args))
+    if args.no_progress:
+        run.train.progress = False
+    result = train(run, resume=args.resume)
+    from tango_lm.train.distributed import is_main_process
+
+    if not is_main_process():  # under torchrun, rank 0 alone reports
+        return
+    s = result.summary
+    if args.json:
+        _print_json(s)
+        return
+    print(_table([s], [("arch", "arch", ""), ("params_total", "params", ",d"), ("tokens", "tokens", ",d"),
+                       ("best_dev_nll", "best dev NLL", ".4f"), ("test_nll", "test NLL", ".4f"),
+                       ("tokens_per_s", "tokens/s", ",.0f")]))
+    print(f"run directory: {s['out_dir']} (test NLL from step {s['selected_step']})")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from tango_lm.eval.evaluate import evaluate_checkpoint
+
+    if args.windows is not None and args.windows < 1:
+        raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
+    if args.ppl:
+        return _eval_ppl(args)
+    res = evaluate_checkpoint(args.checkpoint, args.split, data_dir=args.data, max_windows=args.windows,
+                              device=args.device, segment=_parse_segment(args.segment), ablate=args.ablate)
+    if args.json:
+        _print_json(res)
+    else:
+        segment = f", segment {res['segment']}" if "segment" in res else ""
+        segment += f", table {res['ablate']} only" if "ablate" in res else ""
+        segment += f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
+        print(f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
+              f"({res['checkpoint']}, step {res['step']}{segment})")
+
+
+def _eval_ppl(args: argparse.Namespace) -> None:
+    """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (docs/design.md §6)."""
+    from tango_lm.eval.perplexity import evaluate_checkpoint_file
+
+    res = evaluate_checkpoint_file(args.checkpoint, args.ppl, args.format, stride=args.stride, device=args.device)
+    if args.json:
+        _print_json(res)
+    elif res["format"] == "lambada":
+        print(f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
+              f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']})")
+    else:
+        print(f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
+              f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
+              f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
+              f"step {res['step']})")
+
+
+def _parse_segment(text: str) -> int | None:
+    """`--segment all|K` (rotating narrow-width models, docs/design.md §2.6): None for all segments."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"--segment must be 'all' or a segment number, got {text!r}") from None
+
+
+def cmd_quickstart(args: argparse.Namespace) -> None:
+    from tango_lm.quickstart import run_quickstart
+
+    rows = run_quickstart(args.out, steps=args.steps, fresh=args.fresh)
+    if args.json:
+        _print_json(rows)
+
+
+def add_parsers(sub: Any) -> None:
+    """`train`, `eval`."""
+    s = sub.add_parser("train", help="train a model from a preset or YAML file")
+    s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
+    s.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
+    s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("eval", help="NLL of a checkpoint on a split")
+    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
+    s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
+    s.add_argument("--windows", type=int, default=None,
+                   help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)")
+    s.add_argument("--ablate", choices=["A", "B", "a", "b"], default=None,
+                   help="score a twin-table (onóna) checkpoint with table A or B alone at input and output")
+    s.add_argument("--segment", default="all",
+                   help="models trained with active_width: 'all' columns (default) or one segment K")
+    s.add_argument("--ppl", default=None, metavar="FILE", help="external perplexity of a local file instead of a split")
+    s.add_argument("--format", default="text", choices=("text", "wikitext", "lambada"),
+                   help="--ppl file format: blank-line documents, raw WikiText, or LAMBADA lines/JSONL")
+    s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_eval)
+
+
+def add_quickstart_parser(sub: Any) -> None:
+    """`quickstart`."""
+    s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
+    s.add_argument("--out", default="runs/quickstart")
+    s.add_argument("--steps", type=int, default=None, help="optimizer steps per model")
+    s.add_argument("--fresh", action="store_true", help="retrain even if finished runs exist")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_quickstart)

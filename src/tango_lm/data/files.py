@@ -1,0 +1,311 @@
+"""Text, JSONL and Parquet files: the files the inputs name, and the documents in them.
+
+Inputs are files, directories (walked recursively for the source's extensions), glob patterns,
+or `SPLIT=PATH` items; a single input directory whose top-level entries are named after splits
+keeps those splits (splits.py). Readers stream: one file, or one Parquet row batch, at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tango_lm.data.source import HeldOutSource, _limit
+from tango_lm.data.splits import SPLIT_ALIASES
+from tango_lm.errors import UserError
+
+__all__ = ["FileSource", "TextSource", "JsonlSource", "ParquetSource", "expand_inputs", "split_inputs",
+           "text_documents", "jsonl_documents", "parquet_documents", "file_documents", "prepare_files"]
+
+INPUTS_HELP = ("files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with "
+               "train*/validation*/test* entries keeps its splits")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
+_SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
+
+
+# -- inputs -----------------------------------------------------------------------------------
+def _has_ext(path: Path, exts: Sequence[str]) -> bool:
+    name = path.name.lower()
+    return any(name.endswith(e.lower()) for e in exts)
+
+
+def _walk(root: Path, exts: Sequence[str], exclude_dirs: Sequence[str] = ()) -> Iterator[Path]:
+    """Files under `root` with one of `exts`, in sorted order; hidden entries and `exclude_dirs` skipped."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in exclude_dirs)
+        for f in sorted(filenames):
+            p = Path(dirpath) / f
+            if not f.startswith(".") and _has_ext(p, exts) and p.is_file():
+                yield p
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str],
+                  exclude_dirs: Sequence[str] = ()) -> list[Path]:
+    """Files named by `inputs` (files, directories walked recursively for `exts`, glob patterns), in order.
+
+    Raises UserError for an input that does not exist, or when nothing matches.
+    """
+    if not inputs:
+        raise UserError("no input files given; name files, directories or glob patterns")
+    files: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        p = Path(text).expanduser()
+        if p.is_dir():
+            found = list(_walk(p, exts, exclude_dirs))
+        elif p.is_file():
+            found = [p]
+        elif _GLOB_CHARS.search(text):
+            found = []
+            for m in sorted(glob.glob(str(p), recursive=True)):
+                mp = Path(m)
+                found.extend(_walk(mp, exts, exclude_dirs) if mp.is_dir() else [mp] if mp.is_file() else [])
+        else:
+            raise UserError(f"input {text} does not exist; check the path")
+        if not found:
+            raise UserError(f"no {'/'.join(exts)} files at {text}; check the path or pass --ext")
+        files.extend(found)
+    return list(dict.fromkeys(files))
+
+
+def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> dict[str, list[str]]:
+    """Group inputs by the split they belong to (module docstring); `{"train": inputs}` when unsplit.
+
+    `SPLIT=PATH` inputs name their split (validation/valid/val mean dev); otherwise a single input
+    directory whose top-level entries are named after splits provides them.
+    """
+    items = [str(i) for i in inputs]
+    explicit = [_SPLIT_ARG.match(i) for i in items]
+    if any(m and not Path(i).exists() for m, i in zip(explicit, items, strict=True)):
+        out: dict[str, list[str]] = {}
+        for m, i in zip(explicit, items, strict=True):
+            if m is None or Path(i).exists():
+                raise UserError(f"input {i} has no split; when one input is SPLIT=PATH, write all of them so")
+            out.setdefault(SPLIT_ALIASES.get(m.group(1).lower(), m.group(1)), []).append(m.group(2))
+        return out
+    if len(items) == 1 and Path(items[0]).is_dir():
+        out, others = {}, []
+        for entry in sorted(Path(items[0]).iterdir()):
+            if entry.name.startswith(".") or not (entry.is_dir() or _has_ext(entry, exts)):
+                continue
+            m = _SPLIT_ENTRY.match(entry.name)
+            if m:
+                out.setdefault(SPLIT_ALIASES[m.group(1).lower()], []).append(str(entry))
+            else:
+                others.append(entry.name)
+        if "train" in out and len(out) > 1:
+            if others:
+                raise UserError(f"{items[0]} has split entries ({', '.join(out)}) and also {', '.join(others)}; "
+                                "move those away or name each input as SPLIT=PATH")
+            return out
+    return {"train": items}
+
+
+# -- readers ----------------------------------------------------------------------------------
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) -> Iterator[str]:
+    """One document per file, or with `split_on_blank_lines` one per paragraph (lines streamed)."""
+    for path in files:
+        try:
+            with _open_text(path) as f:
+                if not split_on_blank_lines:
+                    doc = f.read()
+                    if doc.strip():
+                        yield doc
+                    continue
+                para: list[str] = []
+                for line in f:
+                    if line.strip():
+                        para.append(line)
+                    elif para:
+                        yield "".join(para).rstrip("\n")
+                        para = []
+                if para:
+                    yield "".join(para).rstrip("\n")
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out") from None
+        except OSError as e:
+            raise UserError(f"cannot read {path} ({e.strerror or e}); check the file") from None
+
+
+def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]:
+    """The string `field` of every JSON object, one object per line (`.gz` files are decompressed)."""
+    for path in files:
+        try:
+            with _open_text(path) as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as e:
+                        raise UserError(f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line") from None
+                    value = row.get(field, None) if isinstance(row, dict) else None
+                    if not isinstance(value, str):
+                        what = "has no field" if not isinstance(row, dict) or field not in row else "has a non-string"
+                        raise UserError(f"{path}, line {lineno}: the object {what} {field!r}; "
+                                        "choose the text field with --field")
+                    if value.strip():
+                        yield value
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e.reason}); convert it to UTF-8") from None
+        except (OSError, EOFError) as e:
+            raise UserError(f"cannot read {path} ({e}); check the file") from None
+
+
+def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: int = 1024) -> Iterator[str]:
+    """The string column `field` of Parquet files, read `batch_rows` rows at a time; nulls skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in files:
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"cannot read the Parquet file {path} ({e}); check the file") from None
+        names = pf.schema_arrow.names
+        if field not in names:
+            raise UserError(f"the Parquet file {path} has no column {field!r} (columns: {', '.join(names)}); "
+                            "choose one with --field")
+        kind = pf.schema_arrow.field(field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise UserError(f"column {field!r} of {path} holds {kind}, not text; choose a text column with --field")
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):
+                for value in batch.column(0).to_pylist():
+                    if value is not None and value.strip():
+                        yield value
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"cannot read the Parquet file {path} ({e}); check the file") from None
+
+
+def file_documents(kind: str, files: Iterable[Path], field: str = "text", split_on_blank_lines: bool = False,
+                   batch_rows: int = 1024) -> Iterator[str]:
+    """Documents of `files` read as `kind` ("text", "jsonl" or "parquet")."""
+    if kind == "text":
+        return text_documents(files, split_on_blank_lines)
+    if kind == "jsonl":
+        return jsonl_documents(files, field)
+    if kind == "parquet":
+        return parquet_documents(files, field, batch_rows)
+    raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
+
+
+
+@dataclass(kw_only=True)
+class FileSource(HeldOutSource):
+    """Text (`.txt`), JSONL or Parquet files (`kind`) as a dataset (splits: splits.py).
+
+    `inputs` are files, directories (walked for `exts`), glob patterns or `SPLIT=PATH` items;
+    `max_docs` caps the documents read from each of the source's splits.
+    """
+
+    kind: ClassVar[str] = ""
+    default_exts: ClassVar[tuple[str, ...]] = ()
+
+    inputs: Sequence[str | os.PathLike]
+    field: str = "text"
+    exts: Sequence[str] | None = None
+    split_on_blank_lines: bool = False
+    max_docs: int | None = None
+    batch_rows: int = 1024
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="+", help=INPUTS_HELP)
+        cls.add_common_arguments(parser)
+        parser.add_argument("--ext", action="append",
+                            help=f"file extension read from directories (default {', '.join(cls.default_exts)})")
+        parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
+        parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
+        parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FileSource:
+        return cls(inputs=args.inputs, field=args.field, exts=args.ext,
+                   split_on_blank_lines=args.split_on_blank_lines, max_docs=args.max_docs, **cls.common_options(args))
+
+    def check(self) -> None:
+        super().check()
+        if self.max_docs is not None and self.max_docs < 1:
+            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        exts = tuple(self.exts or self.default_exts)
+        self._groups = split_inputs(self.inputs, exts)
+        self._files = {s: expand_inputs(paths, exts) for s, paths in self._groups.items()}  # fail on missing paths now
+        own = {s: _limit(file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows),
+                         self.max_docs)
+               for s, f in self._files.items()}
+        return self.held_out_splits(own, out_dir)
+
+    def fingerprint(self) -> dict[str, Any]:
+        kind = self.kind
+        return {"name": kind, "inputs": [str(i) for i in self.inputs],
+                "files": {s: len(f) for s, f in self._files.items()},
+                "own_splits": sorted(self._groups), "field": self.field if kind != "text" else None,
+                "split_on_blank_lines": self.split_on_blank_lines if kind == "text" else None,
+                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed,
+                "max_docs": self.max_docs}
+
+
+class TextSource(FileSource):
+    name = kind = "text"
+    help = "plain-text files (one document per file)"
+    default_exts = (".txt",)
+
+
+class JsonlSource(FileSource):
+    name = kind = "jsonl"
+    help = "JSON Lines files, one document per line"
+    default_exts = (".jsonl", ".jsonl.gz")
+
+
+class ParquetSource(FileSource):
+    name = kind = "parquet"
+    help = "Parquet files, read in row batches"
+    default_exts = (".parquet",)
+
+
+FILE_SOURCES = {cls.kind: cls for cls in (TextSource, JsonlSource, ParquetSource)}
+
+
+def prepare_files(
+    kind: str,
+    inputs: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    tokenizer: Any = "gpt2",
+    *,
+    field: str = "text",
+    exts: Sequence[str] | None = None,
+    split_on_blank_lines: bool = False,
+    dev_fraction: float = 0.02,
+    test_fraction: float = 0.02,
+    seed: int = 0,
+    max_docs: int | None = None,
+    batch_rows: int = 1024,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Prepare text (`.txt`), JSONL or Parquet files as a dataset (FileSource)."""
+    if kind not in FILE_SOURCES:
+        raise UserError(f"unknown file kind {kind!r}; choose text, jsonl or parquet")
+    source = FILE_SOURCES[kind](inputs=inputs, tokenizer=tokenizer, field=field, exts=exts,
+                                split_on_blank_lines=split_on_blank_lines, dev_fraction=dev_fraction,
+                                test_fraction=test_fraction, seed=seed, max_docs=max_docs, batch_rows=batch_rows)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

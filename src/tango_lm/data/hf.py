@@ -1,0 +1,193 @@
+"""Hugging Face datasets: a Hub name, a local data directory or a `save_to_disk` directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tango_lm.data.source import HeldOutSource, _limit
+from tango_lm.data.splits import SPLIT_ALIASES
+from tango_lm.errors import UserError
+
+__all__ = ["HFSource", "load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
+
+_HF_HINT = "install it with pip install 'tango-lm[hf]'"
+
+
+def _import_datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"Hugging Face datasets need the package `datasets`; {_HF_HINT}") from None
+    return datasets
+
+
+def parse_split_map(text: str | None) -> dict[str, str] | None:
+    """`"train=train,dev=validation"` -> {"train": "train", "dev": "validation"} (ours = theirs)."""
+    if not text:
+        return None
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        ours, sep, theirs = item.strip().partition("=")
+        if not sep or not ours.strip() or not theirs.strip():
+            raise UserError(f"bad --split-map item {item!r}; write OURS=THEIRS pairs, e.g. train=train,dev=validation")
+        out[ours.strip()] = theirs.strip()
+    return out
+
+
+def _hf_error(name: str, e: Exception) -> UserError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, ConnectionError) or type(e).__name__ in ("OfflineModeIsEnabled", "LocalEntryNotFoundError"):
+        return UserError(f"cannot reach the Hugging Face Hub for dataset {name!r} ({first}); check the network, "
+                         "or prepare it once online so the datasets cache has it")
+    if type(e).__name__ in ("DatasetNotFoundError", "FileNotFoundError", "DataFilesNotFoundError"):
+        return UserError(f"dataset {name!r} was not found on the Hub or on disk ({first}); check the name")
+    return UserError(f"cannot load dataset {name!r}: {first}")
+
+
+def load_hf_splits(name: str, config: str | None = None, split_map: dict[str, str] | None = None,
+                   streaming: bool = True, revision: str | None = None) -> dict[str, Any]:
+    """Our split name -> a `datasets` split of `name` (a Hub name, a local data directory, or a
+    `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
+    datasets = _import_datasets()
+    local = Path(name).expanduser()
+    try:
+        if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
+            loaded = datasets.load_from_disk(str(local))
+            if streaming:
+                loaded = ({k: v.to_iterable_dataset() for k, v in loaded.items()} if hasattr(loaded, "keys")
+                          else loaded.to_iterable_dataset())
+        else:
+            loaded = datasets.load_dataset(name, config, revision=revision, streaming=streaming)
+    except UserError:
+        raise
+    except Exception as e:  # datasets raises many types (ValueError for configs, ConnectionError, ...)
+        raise _hf_error(name, e) from None
+    available = dict(loaded.items()) if hasattr(loaded, "keys") else {"train": loaded}
+    if split_map:
+        for theirs in split_map.values():
+            if theirs not in available:
+                raise UserError(f"dataset {name!r} has no split {theirs!r} (splits: {', '.join(available)}); "
+                                "fix --split-map")
+        return {SPLIT_ALIASES.get(ours, ours): available[theirs] for ours, theirs in split_map.items()}
+    out: dict[str, Any] = {}
+    for theirs, ds in available.items():
+        ours = SPLIT_ALIASES.get(theirs.lower())
+        if ours and ours not in out:
+            out[ours] = ds
+    if not out:
+        raise UserError(f"dataset {name!r} has splits {', '.join(available)} and none is train/validation/test; "
+                        "map them with --split-map, e.g. train={next(iter(available))}")
+    return out
+
+
+def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterator[str]:
+    """The string `field` of each row of a `datasets` split; network failures become UserError."""
+    try:
+        for i, row in enumerate(ds):
+            value = row.get(field) if isinstance(row, dict) else None
+            if not isinstance(value, str):
+                if isinstance(row, dict) and field not in row:
+                    raise UserError(f"{where} has no field {field!r} (fields: {', '.join(row)}); choose one with --field")
+                if value is None:
+                    continue
+                raise UserError(f"{where}, row {i}: field {field!r} is not text; choose a text field with --field")
+            if value.strip():
+                yield value
+    except (ConnectionError, OSError) as e:
+        raise UserError(f"lost the connection while reading {where} ({e}); run the command again") from None
+
+
+@dataclass(kw_only=True)
+class HFSource(HeldOutSource):
+    """A Hugging Face dataset (e.g. HuggingFaceFW/fineweb-edu) as a dataset.
+
+    `streaming=None` streams when `max_docs` is set (reads only what it needs) and otherwise lets
+    `datasets` download and cache the whole dataset, so preparing it again reuses the cache.
+    `max_docs` caps the documents read from each split; splits the dataset lacks are held out of
+    train (splits.py).
+    """
+
+    name = "hf"
+    help = "a Hugging Face dataset by name (needs pip install 'tango-lm[hf]')"
+
+    dataset: str  # a Hub name, a local data directory or a `save_to_disk` directory
+    config: str | None = None
+    split_map: dict[str, str] | str | None = None  # ours -> theirs, or "train=train,dev=validation"
+    field: str = "text"
+    max_docs: int | None = None
+    streaming: bool | None = None
+    revision: str | None = None
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("name",
+                            help="Hub name (HuggingFaceFW/fineweb-edu), local data directory or save_to_disk directory")
+        cls.add_common_arguments(parser)
+        parser.add_argument("--config", default=None, help="dataset configuration, e.g. sample-10BT")
+        parser.add_argument("--split-map", default=None, help="OURS=THEIRS pairs, e.g. train=train,dev=validation")
+        parser.add_argument("--field", default="text")
+        parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
+        parser.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=None,
+                            help="stream instead of downloading and caching (default: stream when --max-docs is set)")
+        parser.add_argument("--revision", default=None)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HFSource:
+        return cls(dataset=args.name, config=args.config, split_map=args.split_map, field=args.field,
+                   max_docs=args.max_docs, streaming=args.streaming, revision=args.revision,
+                   **cls.common_options(args))
+
+    def check(self) -> None:
+        super().check()
+        if self.max_docs is not None and self.max_docs < 1:
+            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+        split_map = self.split_map
+        self._split_map = parse_split_map(split_map) if isinstance(split_map, str) else split_map
+
+    @property
+    def streams(self) -> bool:
+        return self.max_docs is not None if self.streaming is None else self.streaming
+
+    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+        name = self.dataset
+        self._loaded = load_hf_splits(name, self.config, self._split_map, streaming=self.streams,
+                                      revision=self.revision)
+        own = {s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
+               for s, ds in self._loaded.items()}
+        return self.held_out_splits(own, out_dir)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"name": "hf", "dataset": self.dataset, "config": self.config, "revision": self.revision,
+                "split_map": self._split_map, "own_splits": sorted(self._loaded), "field": self.field,
+                "max_docs": self.max_docs, "streaming": self.streams,
+                "datasets_version": getattr(_import_datasets(), "__version__", None),
+                "dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed}
+
+
+def prepare_hf(
+    name: str,
+    out_dir: str | os.PathLike,
+    tokenizer: Any = "gpt2",
+    *,
+    config: str | None = None,
+    split_map: dict[str, str] | str | None = None,
+    field: str = "text",
+    max_docs: int | None = None,
+    streaming: bool | None = None,
+    revision: str | None = None,
+    dev_fraction: float = 0.02,
+    test_fraction: float = 0.02,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Prepare the Hugging Face dataset `name` as a dataset (HFSource)."""
+    source = HFSource(dataset=name, tokenizer=tokenizer, config=config, split_map=split_map, field=field,
+                      max_docs=max_docs, streaming=streaming, revision=revision, dev_fraction=dev_fraction,
+                      test_fraction=test_fraction, seed=seed)
+    return source.prepare(out_dir, overwrite=overwrite, progress=progress)

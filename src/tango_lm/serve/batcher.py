@@ -1,0 +1,199 @@
+"""The server's engine: completion jobs from concurrent requests, decoded together in batches on
+one device by one worker thread (`serve/server.py` puts HTTP around it).
+
+Batching: the decode caches keep one position for a whole batch and the models take no padding, so
+rows decode together only when their prompts have the same length. The worker takes the oldest
+queued job, waits `batch_wait` seconds for more to arrive, and decodes it with every queued job of
+the same prompt length and sampling (temperature, top_p), up to `max_batch_size` rows, oldest
+first. A job with a seed decodes alone, so its samples do not depend on other traffic (on CPUs
+they equal `tango-lm generate --seed S --num-samples n`; `on_token` makes `generate` use the eager
+decode, whose random draws differ from the static CUDA steps'). Jobs that arrive while a batch decodes join the
+*next batch*, not the running one (its rows are already at another position).
+
+Each batch is one `serve.generate.generate` call (cached decoding; onóna's one-projection sampling
+when the sampling is untruncated at temperature 1) whose `on_token` hook streams every row's text
+as it grows: a row ends at the end-of-text token, at a stop string (cut off, not returned) or at
+its `max_tokens`; the batch stops when every row has ended. Text that could still become a stop
+string, or an incomplete UTF-8 character, is held back until the next token decides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tango_lm.serve.generate import generate
+
+Event = tuple[Any, ...]  # ("text", row, delta) | ("done", row, finish_reason, tokens) | ("error", message)
+_ids = itertools.count()
+
+
+@dataclass
+class Job:
+    """`n` completions of one tokenized prompt. `emit` is called from the worker thread."""
+
+    prompt: list[int]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    stop: list[str]
+    seed: int | None
+    emit: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def batch_key(self) -> tuple:
+        """Jobs with equal keys may share a batch."""
+        if self.seed is not None:
+            return ("seeded", self.id)
+        return (len(self.prompt), self.temperature, None if self.temperature == 0 else self.top_p)
+
+
+class RowText:
+    """The text of one completion as its tokens arrive: what may be sent now, and when it ends."""
+
+    def __init__(self, tokenizer: Any, stop: list[str], max_tokens: int) -> None:
+        self.tokenizer, self.stop, self.max_tokens = tokenizer, stop, max_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.finish: str | None = None  # "stop" | "length" once ended
+
+    def push(self, token: int) -> str:
+        """Add a token; return the text that became safe to send."""
+        if self.finish is not None:
+            return ""
+        if token == self.tokenizer.eot_id:
+            self.finish = "stop"
+        else:
+            self.ids.append(token)
+            self.text = self.tokenizer.decode(self.ids)
+            cuts = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+            if cuts:
+                self.text, self.finish = self.text[: min(cuts)], "stop"
+            elif len(self.ids) >= self.max_tokens:
+                self.finish = "length"
+        safe = len(self.text) if self.finish is not None else len(self.text) - self._held_back()
+        delta = self.text[self.sent : max(safe, self.sent)]
+        self.sent = max(safe, self.sent)
+        return delta
+
+    def _held_back(self) -> int:
+        """Trailing characters that may still change: an incomplete UTF-8 sequence (decoded as
+        U+FFFD) or the start of a stop string."""
+        text = self.text
+        hold = len(text) - len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        return hold
+
+
+class Batcher:
+    """Queue jobs from any thread; one worker thread decodes them in batches."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device, max_batch_size: int = 32,
+                 batch_wait: float = 0.02) -> None:
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+        self.max_batch_size, self.batch_wait = max_batch_size, batch_wait
+        self.queue: queue.Queue[Job | None] = queue.Queue()
+        self.waiting: list[Job] = []  # taken from the queue, not yet decoded (worker thread only)
+        self.batches = 0  # batches started (tests and /health read it)
+        self.worker = threading.Thread(target=self._run, name="tango-lm-batcher", daemon=True)
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.worker.join(timeout=30)
+
+    def submit(self, job: Job) -> None:
+        self.queue.put(job)
+
+    # -- worker thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self.waiting:
+                job = self.queue.get()
+                if job is None:
+                    return
+                self.waiting.append(job)
+                deadline = time.monotonic() + self.batch_wait  # let simultaneous requests arrive
+                while (left := deadline - time.monotonic()) > 0:
+                    try:
+                        job = self.queue.get(timeout=left)
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        return
+                    self.waiting.append(job)
+            while True:  # everything that arrived meanwhile
+                try:
+                    job = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                self.waiting.append(job)
+            batch = self._take_batch()
+            if batch:
+                self._decode(batch)
+
+    def _take_batch(self) -> list[Job]:
+        self.waiting = [j for j in self.waiting if not j.cancelled.is_set()]
+        if not self.waiting:
+            return []
+        key, batch, rows, rest = self.waiting[0].batch_key(), [], 0, []
+        for job in self.waiting:
+            if job.batch_key() == key and rows + job.n <= self.max_batch_size:
+                batch.append(job)
+                rows += job.n
+            else:
+                rest.append(job)
+        self.waiting = rest
+        return batch
+
+    def _decode(self, batch: list[Job]) -> None:
+        rows = [(job, i, RowText(self.tokenizer, job.stop, job.max_tokens)) for job in batch for i in range(job.n)]
+        for job, i, row in rows:  # zero new tokens: nothing to decode
+            if job.max_tokens == 0:
+                row.finish = "length"
+                job.emit(("done", i, "length", 0))
+        if all(row.finish for _, _, row in rows):
+            return
+        first = batch[0]
+
+        def on_token(tokens: torch.Tensor) -> bool:
+            for (job, i, row), token in zip(rows, tokens.tolist(), strict=True):
+                if row.finish is not None:
+                    continue
+                if job.cancelled.is_set():  # the client went away: stop decoding its rows
+                    row.finish = "cancelled"
+                    continue
+                delta = row.push(token)
+                if delta:
+                    job.emit(("text", i, delta))
+                if row.finish is not None:
+                    job.emit(("done", i, row.finish, len(row.ids)))
+            return all(row.finish is not None for _, _, row in rows)
+
+        prompt = torch.tensor([job.prompt for job, _, _ in rows], device=self.device)
+        self.batches += 1
+        try:
+            generate(self.model, prompt, max(job.max_tokens for job in batch), temperature=first.temperature,
+                     top_p=first.top_p, seed=first.seed, on_token=on_token)
+        except Exception as exc:  # noqa: BLE001 - a failed batch answers its requests; the server stays up
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            for job in batch:
+                job.emit(("error", f"decoding failed: {first_line}"))

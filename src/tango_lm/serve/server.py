@@ -1,0 +1,326 @@
+"""`tango-lm serve RUN`: an OpenAI-compatible completions server (FastAPI + uvicorn).
+
+    POST /v1/completions   prompt (text, token ids, or a list of either), max_tokens (16), temperature (1),
+                           top_p (1), stop (a string or a list), n (1), stream (server-sent events), seed
+    GET  /v1/models        the one model this server holds
+    GET  /health           {"status": "ok", ...}
+
+Requests are decoded by `serve/batcher.py`: concurrent requests with prompts of the same length and
+the same sampling share a batch on the device; requests that arrive while a batch decodes join the
+next batch. An empty prompt starts from the end-of-text token (the start of a document). Every
+error is OpenAI's JSON error object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx
+status; a bad request never stops the server. Parameters the server does not implement (logprobs,
+echo, suffix, best_of > 1, penalties, logit_bias) are refused with 400 rather than ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from tango_lm.errors import UserError
+from tango_lm.serve.batcher import Batcher, Job
+from tango_lm.serve.generate import MIN_TEMPERATURE, room_for_new_tokens
+
+MAX_STOP = 16
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's completion parameters (unknown ones are refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]] = ""
+    max_tokens: int | None = 16
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    stop: str | list[str] | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # OpenAI parameters this server refuses unless they ask for nothing.
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+
+
+def build_app(model: Any, tokenizer: Any, model_name: str, device: Any, max_batch_size: int = 32,
+              batch_wait: float = 0.02) -> FastAPI:
+    """The FastAPI app serving `model`; its batcher thread starts and stops with the app."""
+    batcher = Batcher(model, tokenizer, device, max_batch_size=max_batch_size, batch_wait=batch_wait)
+    context = model.config.context_length
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        batcher.start()
+        yield
+        batcher.stop()
+
+    app = FastAPI(title="tango-lm", lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_validation_error(exc.errors()).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        error = APIError(exc.status_code, str(exc.detail), code={404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code))
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "batches": batcher.batches}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "tango-lm", "context_length": context}]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        prompts, settings = _check(req, model_name, tokenizer, context, max_batch_size)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = []
+        for p, ids in enumerate(prompts):
+            def emit(event: tuple, p: int = p) -> None:  # called by the batcher thread
+                if not loop.is_closed():  # a server shutting down has no one left to answer
+                    loop.call_soon_threadsafe(events.put_nowait, (p, *event))
+
+            jobs.append(Job(prompt=ids, emit=emit, **settings))
+        for job in jobs:
+            batcher.submit(job)
+        reply = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                 "model": model_name}
+        n = settings["n"]
+        if req.stream:
+            usage = bool((req.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_stream(events, jobs, n, reply, usage, sum(map(len, prompts))),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            texts, finish, tokens = await _collect(events, jobs, n)
+        finally:
+            for job in jobs:
+                job.cancelled.set()  # no-op once done; stops the rows of a client that went away
+        choices = [{"text": texts[k], "index": k, "logprobs": None, "finish_reason": finish[k]}
+                   for k in range(len(jobs) * n)]
+        completion = sum(tokens)
+        return {**reply, "choices": choices, "usage": {"prompt_tokens": sum(map(len, prompts)),
+                                                       "completion_tokens": completion,
+                                                       "total_tokens": sum(map(len, prompts)) + completion}}
+
+    return app
+
+
+def _validation_error(errors: list[dict[str, Any]]) -> APIError:
+    """The first pydantic error as OpenAI's 400."""
+    if not errors:
+        return APIError(400, "invalid request")
+    err = errors[0]
+    loc = [str(x) for x in err.get("loc", []) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return APIError(400, "the request body is not valid JSON; send a JSON object", code="invalid_json")
+    if err.get("type") == "extra_forbidden":
+        return APIError(400, f"unrecognized request argument supplied: {loc[0] if loc else '?'}",
+                        param=loc[0] if loc else None)
+    if err.get("type") == "missing":
+        return APIError(400, f"you must provide a {loc[0] if loc else 'value'} parameter", param=loc[0] if loc else None)
+    if not loc:
+        return APIError(400, "the request body must be a JSON object of completion parameters")
+    return APIError(400, f"invalid value for {loc[0]}: {err.get('msg', 'wrong type')}", param=loc[0])
+
+
+def _check(req: Any, model_name: str, tokenizer: Any, context: int, max_batch_size: int
+           ) -> tuple[list[list[int]], dict[str, Any]]:
+    """Validate a completion request: (tokenized prompts, the Job settings) or an APIError."""
+    if req.model != model_name:
+        raise APIError(404, f"the model '{req.model}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    refused = {"logprobs": req.logprobs is not None, "echo": bool(req.echo), "suffix": req.suffix is not None,
+               "best_of": req.best_of not in (None, 1) and req.best_of != req.n,
+               "presence_penalty": bool(req.presence_penalty), "frequency_penalty": bool(req.frequency_penalty),
+               "logit_bias": bool(req.logit_bias)}
+    for name, asked in refused.items():
+        if asked:
+            raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_parameter")
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    if max_tokens < 0:
+        raise APIError(400, f"max_tokens must be at least 0 (got {max_tokens})", param="max_tokens")
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= 2):
+        raise APIError(400, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and 2 (got {temperature})",
+                       param="temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
+    n = 1 if req.n is None else req.n
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP or any(not s for s in stop):
+        raise APIError(400, f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
+    prompts = _prompts(req.prompt, tokenizer)
+    if n < 1 or n * len(prompts) > max_batch_size:
+        raise APIError(400, f"n x prompts must be between 1 and {max_batch_size} completions per request "
+                            f"(got n={n} for {len(prompts)} prompt(s)); the server decodes at most that many rows "
+                            "at once", param="n")
+    for ids in prompts:
+        room = room_for_new_tokens(len(ids), context)  # the model reads every new token but the last
+        if max_tokens > room:
+            raise APIError(400, f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
+                                f"for {max(room, 0)} new tokens (max_tokens is {max_tokens}): shorten the prompt or "
+                                "lower max_tokens", param="prompt" if room < 1 else "max_tokens",
+                           code="context_length_exceeded")
+    settings = {"n": n, "max_tokens": max_tokens, "temperature": temperature,
+                "top_p": None if top_p >= 1 else top_p, "stop": stop, "seed": req.seed}
+    return prompts, settings
+
+
+def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
+    """A string, a list of strings, token ids or lists of token ids -> token id lists."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(x, int) for x in prompt):
+        items = [list(prompt)]
+    else:
+        items = list(prompt)
+    if not items:
+        raise APIError(400, "prompt is an empty list; give a string or token ids", param="prompt")
+    out = []
+    for item in items:
+        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        if any(not 0 <= i < tokenizer.vocab_size for i in ids):
+            raise APIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
+        out.append(ids or [tokenizer.eot_id])  # an empty prompt starts a document
+    return out
+
+
+async def _collect(events: asyncio.Queue, jobs: list[Any], n: int) -> tuple[list[str], list[str], list[int]]:
+    rows = len(jobs) * n
+    texts, finish, tokens = [""] * rows, [""] * rows, [0] * rows
+    left = rows
+    while left:
+        p, kind, *rest = await events.get()
+        if kind == "error":
+            raise APIError(500, rest[0], kind="server_error")
+        k = p * n + rest[0]
+        if kind == "text":
+            texts[k] += rest[1]
+        elif kind == "done":
+            finish[k], tokens[k] = rest[1], rest[2]
+            left -= 1
+    return texts, finish, tokens
+
+
+async def _stream(events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[str, Any], usage: bool,
+                  prompt_tokens: int) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per text delta, a final chunk per choice with its finish
+    reason, optionally a usage chunk, then `[DONE]`."""
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return f"data: {json.dumps({**reply, 'choices': choices, **extra})}\n\n"
+
+    left, completion = len(jobs) * n, 0
+    try:
+        while left:
+            p, kind, *rest = await events.get()
+            if kind == "error":
+                yield f"data: {json.dumps(APIError(500, rest[0], kind='server_error').body())}\n\n"
+                break
+            k = p * n + rest[0]
+            if kind == "text":
+                yield chunk([{"text": rest[1], "index": k, "logprobs": None, "finish_reason": None}])
+            elif kind == "done":
+                left -= 1
+                completion += rest[2]
+                yield chunk([{"text": "", "index": k, "logprobs": None, "finish_reason": rest[1]}])
+        if usage:
+            yield chunk([], usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                   "total_tokens": prompt_tokens + completion})
+        yield "data: [DONE]\n\n"
+    finally:
+        for job in jobs:
+            job.cancelled.set()
+
+
+def serve(run_dir: str, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
+          device: str = "auto", max_batch_size: int = 32, batch_wait_ms: float = 20.0,
+          threads: int | None = None, log_level: str = "warning") -> None:
+    """Load a checkpoint and serve it until interrupted. Port 0 picks a free port; the address is
+    printed once the socket listens."""
+    import uvicorn
+
+    from tango_lm.data.tokenizers import tokenizer_from_dict
+    from tango_lm.train.checkpoint import load_checkpoint
+    from tango_lm.train.device import pick_device
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be 0 (any free port) to 65535 (got {port})")
+    if max_batch_size < 1:
+        raise UserError(f"--max-batch-size must be at least 1 (got {max_batch_size})")
+    if batch_wait_ms < 0:
+        raise UserError(f"--batch-wait-ms must be >= 0 (got {batch_wait_ms})")
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be at least 1 (got {threads})")
+        import torch
+
+        torch.set_num_threads(threads)
+    ckpt = load_checkpoint(run_dir)
+    dev = pick_device(device)
+    model = ckpt.build_model(dev)
+    tokenizer = tokenizer_from_dict(ckpt.tokenizer)
+    name = model_name or _default_name(ckpt.path)
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host") from None
+    app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+    bound = sock.getsockname()
+    print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at http://{bound[0]}:{bound[1]}/v1", flush=True)
+    server.run(sockets=[sock])
+
+
+def _default_name(path: Any) -> str:
+    """The run directory's name (a step directory names its run)."""
+    from pathlib import Path
+
+    path = Path(path)
+    return path.parent.parent.name if path.parent.name == "checkpoints" else path.name
+
+
+__all__ = ["APIError", "CompletionRequest", "build_app", "serve"]

@@ -1,0 +1,203 @@
+"""Static-shape decoding (gpt-fast's scheme): one decode step with the same shapes and tensor
+addresses every time, compiled once and, on CUDA, replayed as a CUDA graph.
+
+A `StaticDecoder` holds one decode cache for one batch size and capacity and reuses it for every
+request; `static_decoder` keeps one per (batch, capacity bucket), the capacity rounded up to a power
+of two (at most the context length), since every step attends over the whole buffer and TANGO's
+cache holds F gate channels per position. A request runs in three parts:
+
+1. Prefill: the prompt goes through the ordinary cached forward (eager, any length); the cache's
+   buffers are the decoder's own, preallocated to the context length.
+2. `DecodeCache.begin_static`: the position becomes a device tensor [1]; mixers whose eager state
+   has a varying size (FLASH's current group, windowed TANGO's window) copy it into a fixed-size
+   layout (their `enter_static(state, position)`), and the other fixed-size state moves to persistent tensors.
+3. Steps: `_step` embeds one token per row, runs the backbone (attention over the full-capacity
+   buffers, masked past the position; every state updated in place), the head and the sampler, and
+   the decoder advances the position tensor in place.
+
+Sampling happens inside the step from uniform noise drawn outside it with the caller's generator
+(so a seed reproduces the tokens, with or without compilation): greedy is the argmax, temperature
+sampling the Gumbel-max argmax of the (top-k / top-p filtered) scaled log-probs, an exact sample
+of the softmax; onóna's untruncated temperature-1 sampling draws the component from the noise and
+projects through that table only (`OnonaHead.sample_static`), in the same graph.
+
+Modes: "eager" (the static step uncompiled: what the tests compare), "compile" (torch.compile, no
+CUDA graphs) and "cuda-graphs" (`mode="reduce-overhead"`, the default on CUDA); `backend` is torch.compile's
+(the tests trace with Dynamo's "eager" backend, which checks the same single graph cheaply). If compiling or
+running the compiled step fails, the decoder logs one line and runs the step eagerly from then on.
+The plain eager decode (`serve/generate.py`) stays the path on CPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tango_lm.errors import UserError
+from tango_lm.serve.generate import filter_logits
+
+log = logging.getLogger(__name__)
+
+MODES = ("eager", "compile", "cuda-graphs")
+RECOMPILE_LIMIT = 64  # each decoder (model, batch size, sampling options) is one entry of the step's cache
+
+
+def default_mode(device: torch.device) -> str | None:
+    """The static mode `generate` uses by default: CUDA graphs on CUDA, none (the eager decode) elsewhere."""
+    return "cuda-graphs" if device.type == "cuda" else None
+
+
+def sample_from_noise(log_probs: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor,
+                      top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """One token per row of log_probs [B, V] with uniform noise [B, V]: the argmax where the
+    temperature [] is 0, else the Gumbel-max argmax of the filtered log_probs / temperature (an
+    exact sample of their softmax). No host sync and no branch on the temperature."""
+    greedy = temperature == 0
+    scaled = filter_logits(log_probs / torch.where(greedy, 1.0, temperature), top_k, top_p)
+    gumbel = -torch.log(-torch.log(noise.clamp_min(torch.finfo(noise.dtype).tiny)))
+    return torch.where(greedy, log_probs, scaled + gumbel).argmax(-1)
+
+
+class StaticDecoder:
+    """Static decode steps of one model for one batch size (see the module doc)."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, mode: str = "eager", backend: str = "inductor",
+                 capacity: int | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"static decode mode must be one of {MODES}, got {mode!r}")
+        self.model, self.batch, self.mode = model, batch, mode
+        self.cache = model.new_cache(capacity)
+        self.device = next(model.parameters()).device
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.length = 0  # the position on the host (the tensor is never read back)
+        self._compiled = None
+        self.compiled_failed = False
+        if mode != "eager":
+            options = {"mode": "reduce-overhead"} if mode == "cuda-graphs" else {}
+            self._compiled = torch.compile(self._step, backend=backend, dynamic=False, fullgraph=True, **options)
+
+    # -- a request -------------------------------------------------------------------------
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Run the prompt [B, T] through the eager cached forward, then switch to static steps.
+        Returns the prompt's final-normed hidden states [B, T, d]."""
+        if prompt.shape[0] != self.batch:
+            raise ValueError(f"this decoder serves batches of {self.batch}, got {prompt.shape[0]}")
+        self.cache.reset()
+        h = self.model.hidden(prompt, self.cache)
+        backbone = self.model.backbone
+        for application, index in enumerate(backbone.schedule):
+            state = self.cache.states[application]
+            for module in backbone.layers[index].modules():
+                hook = getattr(module, "enter_static", None)
+                if hook is not None:
+                    hook(state, self.cache.position)
+            for name, value in state.extra.items():  # the remaining (fixed-size) state: persistent copies
+                kept = state.static.get(name)
+                if kept is None or kept.shape != value.shape or kept.dtype != value.dtype:
+                    state.static[name] = value.clone()
+                else:
+                    kept.copy_(value)
+        self.length = self.cache.position
+        self.position.fill_(self.length)
+        self.cache.begin_static(self.position)
+        if self.mode == "cuda-graphs":  # the graph reads these in place: no copies into its inputs
+            for state in self.cache.states:
+                for t in (*state.buffers.values(), *state.static.values()):
+                    torch._dynamo.mark_static_address(t)
+            torch._dynamo.mark_static_address(self.position)
+            for t in getattr(self.model.head, "serving_tensors", lambda: ())():
+                torch._dynamo.mark_static_address(t)
+        return h
+
+    def step(self, ids: torch.Tensor, noise: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, one_projection: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed ids [B, 1] at the current position and sample the next token per row from noise
+        [B, V] ([B, V + 1] for one projection); returns (tokens [B], log-probs [B, V] or None for
+        one-projection sampling) and advances the position."""
+        if self.length >= self.cache.capacity:
+            raise UserError(f"sequence of {self.length + 1} tokens is longer than model.context_length="
+                            f"{self.cache.capacity}; shorten it or raise context_length")
+        temp = torch.full((), float(temperature), device=self.device)
+        args = (ids, noise, temp, top_k, top_p, one_projection)
+        if self._compiled is not None and not self.compiled_failed:
+            try:
+                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                    tokens, log_probs = self._compiled(*args)
+                tokens = tokens.clone()  # a CUDA graph's outputs are overwritten by its next replay
+                log_probs = log_probs.clone() if log_probs is not None else None
+            except Exception as exc:  # noqa: BLE001 - any failure of the compiled step: decode eagerly
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                log.warning("static decode (%s) failed, decoding eagerly from here on: %s: %s", self.mode,
+                            type(exc).__name__, first[:200])
+                self.compiled_failed = True
+                tokens, log_probs = self._step(*args)
+        else:
+            tokens, log_probs = self._step(*args)
+        self.position.add_(1)
+        self.length += 1
+        return tokens, log_probs
+
+    @torch.no_grad()
+    def _step(self, ids, noise, temperature, top_k, top_p, one_projection):
+        model = self.model
+        h = model.norm(model.backbone(model.head.embed(ids), self.cache))
+        if one_projection:
+            return model.head.sample_static(h[:, 0], ids[:, 0], noise), None
+        log_probs = model.head.log_probs(h, ids)[:, 0]
+        return sample_from_noise(log_probs, noise, temperature, top_k, top_p), log_probs
+
+
+def decode_static(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int, temperature: float,
+                  top_k: int | None, top_p: float | None, generator: torch.Generator | None, eos_id: int | None,
+                  mode: str) -> torch.Tensor:
+    """`generate`'s loop on static steps (inside the head's serving context): [B, T + n]."""
+    decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
+    one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
+    width = model.config.vocab_size + (1 if one_projection else 0)
+    rows = prompt.shape[0]
+    idle = torch.full((rows, width), 0.5, device=prompt.device)  # greedy reads no noise
+
+    def noise() -> torch.Tensor:
+        if temperature == 0:
+            return idle
+        return torch.rand(rows, width, generator=generator, device=prompt.device)
+
+    h = decoder.prefill(prompt)[:, -1:]
+    if one_projection:
+        nxt = model.head.sample_static(h[:, 0], prompt[:, -1], noise())
+    else:
+        log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0]
+        nxt = sample_from_noise(log_probs, noise(), torch.tensor(float(temperature), device=prompt.device),
+                                top_k, top_p)
+    out = [prompt]
+    done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
+    for i in range(max_new_tokens):
+        out.append(nxt[:, None])
+        if eos_id is not None:
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+        if i + 1 == max_new_tokens:
+            break
+        nxt, _ = decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection)
+    return torch.cat(out, dim=1)
+
+
+def capacity_bucket(positions: int, context_length: int) -> int:
+    """The cache capacity for `positions`: the next power of two (at least 64), at most the context."""
+    return min(context_length, max(64, 1 << max(positions - 1, 0).bit_length()))
+
+
+def static_decoder(model: torch.nn.Module, batch: int, mode: str, positions: int | None = None) -> StaticDecoder:
+    """The model's decoder for this batch size, mode and the capacity bucket of `positions` (None:
+    the context length), built once and kept on the model (a new one after the model moves to
+    another device or dtype)."""
+    context = model.config.context_length
+    capacity = capacity_bucket(positions, context) if positions is not None else context
+    param = next(model.parameters())
+    key = (batch, capacity, mode, param.device, param.dtype)
+    decoders = model.__dict__.setdefault("_static_decoders", {})
+    if key not in decoders:
+        decoders[key] = StaticDecoder(model, batch, mode, capacity=capacity)
+    return decoders[key]

@@ -1,0 +1,240 @@
+"""Where a sweep's runs train: `tango-lm sweep GRID --launcher local|slurm`.
+
+- `local` (the default, sweep/runner.py): this process trains the runs one after another.
+- `slurm`: every unfinished run becomes one job of a SLURM job array, submitted through
+  `submitit` (`pip install 'tango-lm[cluster]'`). A job is an ordinary run directory trained by
+  `SweepJob`: it resumes from its latest checkpoint when it starts again, so a job that is
+  preempted or reaches its time limit is requeued (submitit's checkpoint/requeue: SLURM's
+  USR2 signal before the limit) and continues where its last checkpoint left it, up to three
+  times. The command returns once the jobs are queued (`OUT/.submitit/` holds each job's logs,
+  `OUT/jobs.json` the run -> job id map); `--wait` waits and prints the results table.
+  Rerunning it skips finished runs and runs whose job is still queued or running.
+
+Job settings come from the grid's `slurm:` mapping, overridden by the command's flags:
+
+    partition, account, qos, constraint   SLURM's names for them
+    gpus_per_job     GPUs per job (default 1); with N > 1 the job starts N processes on one node,
+                     one per GPU, with the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE,
+                     MASTER_ADDR, MASTER_PORT): the grid's train.parallel must be ddp or fsdp
+    time             per job: minutes, or SLURM's [D-]HH:MM[:SS] (default 24:00:00)
+    signal_delay_s   how long before the time limit a job is told to requeue (submitit's 90 s)
+    array_parallelism   jobs of the array that run at once
+    cpus_per_task, mem_gb
+    additional       other sbatch options, e.g. {exclusive: true}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tango_lm.errors import UserError
+from tango_lm.output_lock import hold_output_lock
+from tango_lm.sweep.grid import Grid, SweepRun
+from tango_lm.sweep.runner import _row, _train_one, run_state
+from tango_lm.train.checkpoint import write_json_atomic
+
+SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
+DEFAULT_TIME = "24:00:00"
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD"}
+SETTINGS = {"partition": str, "account": str, "qos": str, "constraint": str, "gpus_per_job": int, "time": (str, int),
+            "array_parallelism": int, "cpus_per_task": int, "mem_gb": (int, float), "signal_delay_s": int,
+            "additional": dict}
+
+
+class SweepJob:
+    """One run of a grid as a submitit job (picklable; submitit calls `checkpoint` to requeue it)."""
+
+    def __init__(self, name: str, labels: dict[str, Any], config: dict[str, Any]) -> None:
+        self.name, self.labels, self.config = name, labels, config
+
+    def __call__(self) -> dict[str, Any]:
+        from tango_lm.train.config import RunConfig
+        from tango_lm.train.distributed import launch_env
+        from tango_lm.train.trainer import train
+
+        _export_torch_distributed_env()
+        run = SweepRun(name=self.name, labels=self.labels, config=RunConfig.from_dict(self.config))
+        run.config.train.progress = False
+        state = run_state(run)
+        if state["state"] == "done":
+            print(f"{run.name}: finished before, skipped", flush=True)
+            return _row(run, "skipped", state["summary"])
+        if launch_env()[0] != 0:  # the other processes of a multi-GPU job write nothing
+            return _row(run, "trained", train(run.config, resume=state["state"] == "resume").summary)
+        with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
+            return _train_one(run, run.name, lambda msg: print(msg, flush=True))
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Requeue the same run: it resumes from its latest checkpoint."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(SweepJob(self.name, self.labels, self.config))
+
+
+def _export_torch_distributed_env() -> None:
+    """In a job of several tasks, set what torchrun would (each task keeps every GPU visible and
+    takes GPU LOCAL_RANK, as under torchrun)."""
+    import submitit
+
+    if submitit.JobEnvironment().num_tasks > 1:
+        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def slurm_settings(grid: Grid, flags: dict[str, Any]) -> dict[str, Any]:
+    """The grid's `slurm:` mapping with the command's flags (those not None) on top, checked."""
+    if not isinstance(grid.slurm, dict):
+        raise UserError(f"slurm in sweep grid {grid.path} must be a mapping such as {{partition: gpu, time: 12:00:00}}")
+    settings = {**grid.slurm, **{k: v for k, v in flags.items() if v is not None}}
+    for key, value in settings.items():
+        kind = SETTINGS.get(key)
+        if kind is None:
+            raise UserError(f"unknown slurm setting {key!r}; settings are {', '.join(SETTINGS)}")
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UserError(f"slurm setting {key} has the wrong type ({value!r})")
+    for key in ("gpus_per_job", "array_parallelism", "cpus_per_task", "mem_gb", "signal_delay_s"):
+        if key in settings and settings[key] < (0 if key == "gpus_per_job" else 1):
+            raise UserError(f"slurm setting {key} must be at least {0 if key == 'gpus_per_job' else 1} "
+                            f"(got {settings[key]})")
+    settings.setdefault("gpus_per_job", 1)
+    settings["timeout_min"] = time_minutes(settings.pop("time", DEFAULT_TIME))
+    return settings
+
+
+def time_minutes(value: str | int) -> int:
+    """SLURM's time formats (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) -> whole minutes."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not match:
+        raise UserError(f"slurm time {value!r} is not a SLURM time; write minutes or [D-]HH:MM:SS, e.g. 12:00:00")
+    days, a, b, c = match.groups()
+    parts = [int(a), int(b or 0), int(c or 0)]
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        seconds = int(days) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+    elif c is not None:  # H:M:S
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    elif b is not None:  # M:S
+        seconds = parts[0] * 60 + parts[1]
+    else:  # M
+        seconds = parts[0] * 60
+    if seconds < 60:
+        raise UserError(f"slurm time {value!r} is under a minute; give each job time to train and checkpoint")
+    return -(-seconds // 60)
+
+
+def executor_parameters(settings: dict[str, Any], job_name: str) -> dict[str, Any]:
+    """submitit AutoExecutor parameters for the settings (one node per job, one task per GPU)."""
+    gpus = settings["gpus_per_job"]
+    params: dict[str, Any] = {"name": job_name, "timeout_min": settings["timeout_min"], "nodes": 1,
+                              "tasks_per_node": max(gpus, 1), "gpus_per_node": gpus}
+    for key in ("cpus_per_task", "mem_gb", "signal_delay_s"):
+        if key in settings:
+            params[key] = settings[key]
+    for key in ("partition", "array_parallelism", "constraint", "qos", "account"):
+        if key in settings:
+            params[f"slurm_{key}"] = settings[key]
+    if settings.get("additional"):
+        params["slurm_additional_parameters"] = dict(settings["additional"])
+    return params
+
+
+def submit_sweep(grid: Grid, runs: list[SweepRun], settings: dict[str, Any], wait: bool = False,
+                 log: Callable[[str], None] = print, cluster: str | None = None) -> list[dict[str, Any]]:
+    """Queue every unfinished run as one job of an array; with `wait`, return each job's row."""
+    if importlib.util.find_spec("submitit") is None:
+        raise UserError("--launcher slurm submits through submitit; pip install 'tango-lm[cluster]'")
+    import submitit
+
+    from tango_lm.train.distributed import check_launch
+
+    cluster = cluster or SLURM_CLUSTER
+    if grid.missing_data:
+        name, directory = next(iter(grid.missing_data.items()))
+        raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before submitting the sweep")
+    processes = max(settings["gpus_per_job"], 1)
+    rows: list[dict[str, Any]] = []
+    todo = []
+    for run in runs:
+        state = run_state(run)
+        if state["state"] == "done":
+            rows.append(_row(run, "skipped", state["summary"]))
+            continue
+        try:
+            check_launch(run.config, processes)
+        except UserError as exc:
+            raise UserError(f"run {run.name} cannot train as a job of {processes} processes: {exc}") from None
+        todo.append(run)
+    with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
+        queued = queued_jobs(grid.out_dir, cluster)
+        for run in [r for r in todo if r.name in queued]:
+            log(f"{run.name}: already queued as job {queued[run.name]}, not submitted again")
+            rows.append({**_row(run, "queued", None), "job_id": queued[run.name]})
+        todo = [r for r in todo if r.name not in queued]
+        jobs = []
+        if todo:
+            executor = submitit.AutoExecutor(folder=str(grid.out_dir / ".submitit"), cluster=cluster)
+            executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
+            with executor.batch():
+                jobs = [executor.submit(SweepJob(run.name, run.labels, run.config.to_dict())) for run in todo]
+            _record_jobs(grid.out_dir, cluster, [(run.name, job.job_id) for run, job in zip(todo, jobs, strict=True)])
+    for run, job in zip(todo, jobs, strict=True):
+        log(f"{run.name}: submitted as job {job.job_id}")
+    if not wait:
+        return rows + [{**_row(run, "submitted", None), "job_id": job.job_id} for run, job in zip(todo, jobs, strict=True)]
+    for run, job in zip(todo, jobs, strict=True):
+        try:
+            row = job.result()
+        except Exception as exc:  # noqa: BLE001 - a job that died (cancelled, out of memory, ...) is one failed row
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            row = _row(run, "failed", None, f"job {job.job_id}: {first}")
+        rows.append({**row, "job_id": job.job_id})
+        log(f"{run.name}: job {job.job_id} {row['status']}")
+    return rows
+
+
+def queued_jobs(out_dir: Path, cluster: str) -> dict[str, str]:
+    """Runs of `OUT/jobs.json` whose SLURM job is still pending or running (asked through
+    submitit, i.e. sacct). Jobs of other executors cannot be asked about and count as gone."""
+    try:
+        recorded = json.loads((out_dir / "jobs.json").read_text()).get("jobs", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if cluster != "slurm":
+        return {}
+    import submitit
+
+    active = {}
+    for entry in recorded:
+        if not isinstance(entry, dict) or entry.get("cluster") != "slurm":
+            continue
+        job = submitit.SlurmJob(folder=str(out_dir / ".submitit"), job_id=str(entry.get("job_id")))
+        try:
+            state = job.state
+        except Exception:  # noqa: BLE001 - sacct unavailable or the job forgotten: it is not running
+            continue
+        if state.split()[0] in ACTIVE:
+            active[str(entry.get("run"))] = str(entry.get("job_id"))
+    return active
+
+
+def _record_jobs(out_dir: Path, cluster: str, jobs: list[tuple[str, str]]) -> None:
+    path = out_dir / "jobs.json"
+    try:
+        old = [e for e in json.loads(path.read_text()).get("jobs", []) if isinstance(e, dict)]
+    except (OSError, ValueError, AttributeError):
+        old = []
+    names = {name for name, _ in jobs}
+    when = time.strftime("%Y-%m-%dT%H:%M:%S")
+    entries = [e for e in old if e.get("run") not in names]
+    entries += [{"run": name, "job_id": job_id, "cluster": cluster, "submitted": when} for name, job_id in jobs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"jobs": entries})
+
+
+LAUNCHERS = ("local", "slurm")
+__all__ = ["LAUNCHERS", "SweepJob", "queued_jobs", "slurm_settings", "submit_sweep", "time_minutes"]

@@ -1,0 +1,152 @@
+"""The server's engine (serve/batcher.py) without HTTP: streamed text, stop strings and UTF-8 held
+back until decided, and batches formed only from jobs that can share a decode cache."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tango_lm import ModelConfig, build_model
+from tango_lm.data.tokenizers import get_tokenizer
+from tango_lm.serve.batcher import Batcher, Job, RowText
+from tango_lm.serve.generate import generate
+
+BYTES = get_tokenizer("byte")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def pushes(row: RowText, text: bytes | list[int]) -> list[str]:
+    return [row.push(t) for t in text]
+
+
+def test_row_text_holds_back_a_possible_stop_string_and_cuts_it_off():
+    row = RowText(BYTES, ["</s>", "zz"], max_tokens=50)
+    deltas = pushes(row, b"ab</x</s>cd")
+    assert deltas == ["a", "b", "", "", "</x", "", "", "", "", "", ""]  # "<", "</" wait; "</x" cannot be a stop
+    assert row.text == "ab</x" and row.finish == "stop" and "".join(deltas) == row.text
+    assert row.push(ord("c")) == "" and row.text == "ab</x"  # nothing after the end
+
+
+def test_row_text_waits_for_whole_utf8_characters():
+    row = RowText(BYTES, [], max_tokens=50)
+    deltas = pushes(row, "é🦜!".encode())
+    assert "".join(deltas) == "é🦜!" and "\ufffd" not in "".join(deltas)
+    assert deltas[0] == "" and deltas[1] == "é"
+
+
+def test_row_text_ends_at_end_of_text_and_at_max_tokens():
+    row = RowText(BYTES, [], max_tokens=50)
+    assert pushes(row, [104, 105, BYTES.eot_id]) == ["h", "i", ""] and (row.finish, row.ids) == ("stop", [104, 105])
+    row = RowText(BYTES, ["xyz"], max_tokens=3)
+    assert "".join(pushes(row, b"abxy")) == "abx" and row.finish == "length"  # 'x' sent once the budget ends
+
+
+def test_batches_group_equal_prompt_lengths_and_sampling_oldest_first():
+    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257,
+                                    context_length=32))
+    batcher = Batcher(model, BYTES, torch.device("cpu"), max_batch_size=4)
+    settings = {"max_tokens": 3, "stop": [], "emit": lambda event: None}
+    jobs = [Job(prompt=[1, 2], n=2, temperature=0, top_p=0.5, seed=None, **settings),  # top_p ignored when greedy
+            Job(prompt=[1, 2, 3], n=1, temperature=0, top_p=None, seed=None, **settings),  # another length
+            Job(prompt=[3, 4], n=1, temperature=0, top_p=None, seed=None, **settings),
+            Job(prompt=[3, 4], n=1, temperature=1, top_p=None, seed=None, **settings),  # other sampling
+            Job(prompt=[5, 6], n=2, temperature=0, top_p=None, seed=None, **settings),  # over 4 rows
+            Job(prompt=[5, 6], n=1, temperature=0, top_p=None, seed=7, **settings)]  # seeded: alone
+    batcher.waiting = list(jobs)
+    assert batcher._take_batch() == [jobs[0], jobs[2]]
+    assert batcher._take_batch() == [jobs[1]]
+    assert batcher._take_batch() == [jobs[3]]
+    assert batcher._take_batch() == [jobs[4]]
+    assert batcher._take_batch() == [jobs[5]]
+    assert batcher._take_batch() == []
+
+
+def test_a_batch_streams_each_rows_greedy_tokens():
+    """Rows of different jobs decoded together give what each prompt gives alone; rows end at
+    their own max_tokens; a cancelled job stops receiving text."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257,
+                                    context_length=32)).double()
+    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    events: dict[int, list] = {0: [], 1: []}
+    done = threading.Event()
+    a = Job(prompt=[97, 98, 99], n=2, max_tokens=6, temperature=0, top_p=None, stop=[], seed=None,
+            emit=events[0].append)
+    b = Job(prompt=[120, 121, 122], n=1, max_tokens=3, temperature=0, top_p=None, stop=[], seed=None,
+            emit=events[1].append)
+    batcher.start()
+    try:
+        batcher.submit(a)
+        batcher.submit(b)
+        for _ in range(600):
+            if sum(e[0] == "done" for e in events[0]) == 2 and any(e[0] == "done" for e in events[1]):
+                done.set()
+                break
+            threading.Event().wait(0.05)
+    finally:
+        batcher.stop()
+    assert done.is_set() and batcher.batches == 1
+    for job, got in ((a, events[0]), (b, events[1])):
+        want = generate(model, torch.tensor([job.prompt]), job.max_tokens, temperature=0)[0, 3:].tolist()
+        for row in range(job.n):
+            text = "".join(e[2] for e in got if e[0] == "text" and e[1] == row)
+            end = [e for e in got if e[0] == "done" and e[1] == row]
+            assert end == [("done", row, "length", job.max_tokens)] or BYTES.eot_id in want
+            assert text == BYTES.decode(want[: want.index(BYTES.eot_id)] if BYTES.eot_id in want else want)
+
+
+@pytest.mark.parametrize("stop_at", [None, 2])
+def test_generate_on_token_sees_every_step_and_can_stop(stop_at):
+    model = build_model(ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=61,
+                                    context_length=32))
+    prompt = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def on_token(tokens):
+        seen.append(tokens.clone())
+        return len(seen) == stop_at
+
+    out = generate(model, prompt, 6, temperature=0, on_token=on_token)
+    assert torch.equal(torch.stack(seen, 1), out[:, 5:])
+    assert out.shape[1] == 5 + (stop_at or 6)
+    assert torch.equal(out, generate(model, prompt, 6, temperature=0)[:, : out.shape[1]])
+
+
+def test_serve_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    import helpers
+
+    from tango_lm.cli import main
+
+    if importlib.util.find_spec("fastapi") and importlib.util.find_spec("uvicorn"):
+        assert main(["serve", str(tmp_path / "missing")]) == 2
+        assert "does not exist" in helpers.assert_one_error_line(capsys.readouterr().err)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else find_spec(name, *a))
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert "pip install 'tango-lm[serve]'" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_onona_requests_at_temperature_1_sample_with_one_projection(monkeypatch):
+    """The server's untruncated temperature-1 rows go through the head's one-projection sampler
+    (generate's exact path), and with a seed give generate's samples."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", head="onona", d_model=16, head_dim=8, width=16, depth=1,
+                                    vocab_size=257, context_length=32))
+    calls = []
+    real = type(model.head).sample
+    monkeypatch.setattr(type(model.head), "sample", lambda self, *a: calls.append(1) or real(self, *a))
+    events: list = []
+    job = Job(prompt=[97, 98], n=3, max_tokens=5, temperature=1.0, top_p=None, stop=[], seed=11, emit=events.append)
+    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    batcher.waiting = [job]
+    batcher._decode(batcher._take_batch())
+    assert calls  # the one-projection sampler drew the tokens
+    want = generate(model, torch.tensor([job.prompt] * 3), 5, temperature=1.0, seed=11)[:, 2:].tolist()
+    for row in range(3):
+        text = "".join(e[2] for e in events if e[0] == "text" and e[1] == row)
+        ids = want[row][: want[row].index(BYTES.eot_id)] if BYTES.eot_id in want[row] else want[row]
+        assert text == BYTES.decode(ids)

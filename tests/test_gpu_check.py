@@ -1,0 +1,61 @@
+"""tools/gpu_check.sh refuses a machine without a GPU in one line, and its summary
+(tools/gpu_check_summary.py) reads what the sections wrote: the bench's and the kernel bench's
+real reports, made here at tiny sizes on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gate_average_bench  # noqa: E402
+import gpu_check_summary  # noqa: E402
+
+from tango_lm.bench.training import run_training_bench  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check would run")
+def test_gpu_check_without_a_gpu_is_one_line_error(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_OUT": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: no CUDA device") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sections.tsv").write_text("cuda-tests\tok\t95\ntrain-bench\tok\t130\nkernel-bench\ttimeout\t75\n"
+                                      "compiled\tfailed (1)\t3\n")
+    (out / "cuda-tests.log").write_text("....s\n======= 4 passed, 1 skipped in 90.12s =======\n")
+    (out / "compiled.log").write_text("Traceback ...\nRuntimeError: something\n")
+    train = run_training_bench(d_model=32, seq_len=16, depth=2, batch_size=2, steps=1, warmup=0, tango_width=64,
+                               vocab_size=61, device="cpu", archs=("tango", "loop-transformer"), memory=False,
+                               print_table=False, peak_size=128)
+    (out / "train-bench.json").write_text(json.dumps({"suites": ["train"], "train": train}))
+    tiny = argparse.Namespace(device="cpu", dtype="fp32", batch=1, heads=2, seq_len=9, width=11, head_dim=4, rounds=1,
+                              math=True)  # the tool's defaults are the GPU sizes
+    kernels = gate_average_bench.run(tiny)
+    names = [r["impl"] for r in kernels["rows"]]
+    assert names[-3:] == ["sdpa-sliced-128", "sdpa-sliced-256", "math"]
+    assert all(r["max_error_vs_reference"] < 1e-5 for r in kernels["rows"])
+    (out / "kernel-bench.json").write_text(json.dumps(kernels))
+    text = gpu_check_summary.summary(out)
+    lines = text.splitlines()
+    assert lines[1].split() == ["section", "status", "seconds", "result"]
+    assert lines[2].split()[:3] == ["cuda-tests", "ok", "95"] and lines[2].endswith("4 passed, 1 skipped in 90.12s")
+    assert lines[3].startswith("train-bench") and "MFU x Loop: tango " in lines[3]
+    assert lines[4].split()[:2] == ["kernel-bench", "timeout"] and "sdpa-sliced-128" in lines[4]
+    assert lines[5].split()[:3] == ["compiled", "failed", "(1)"] and lines[5].endswith("RuntimeError: something")
+    assert "train: device cpu" in text and "tango_mix alone: cpu" in text

@@ -1,0 +1,118 @@
+"""`tango-lm sweep --launcher slurm` (sweep/launchers.py) through submitit's local executor: a job
+is an ordinary run directory; preempted (SLURM's USR2), it is requeued and resumes from its last
+checkpoint (that a resumed run equals an uninterrupted one is test_trainer.py's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import helpers
+import pytest
+import yaml
+
+from tango_lm.cli import main
+from tango_lm.errors import UserError
+from tango_lm.sweep import launchers, load_grid
+from tango_lm.sweep.launchers import executor_parameters, slurm_settings, submit_sweep, time_minutes
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+def write_grid(tmp_path: Path, data_dir: Path, slurm: dict | None = None, **train: object) -> Path:
+    spec = {"out_dir": str(tmp_path / "sweep"),
+            "base": {"model": helpers.TINY_MODEL,
+                     "data": {"dir": str(data_dir)},
+                     "train": {**helpers.TINY_TRAIN, **train}},
+            "axes": {"seed": [[17, 101]]}}
+    if slurm is not None:
+        spec["slurm"] = slurm
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_preempted_job_is_requeued_and_resumes(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny models are faster on one thread
+    train_settings = {"steps": 24, "save_every": 4, "eval_every": 12}
+    grid = load_grid(write_grid(tmp_path, data_dir, **train_settings))
+    (run,) = grid.runs
+    settings = slurm_settings(grid, {"gpus_per_job": 0, "time": "10"})
+    result: dict = {}
+    submitter = threading.Thread(target=lambda: result.update(rows=submit_sweep(
+        grid, grid.runs, settings, wait=True, log=lambda _: None, cluster="local")))
+    submitter.start()
+    first = helpers.step_dir(run.out_dir, 4)
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first.exists(), "the job did not start training"
+    pid = json.loads((run.out_dir / ".lock").read_text())["pid"]  # the process that trains the run
+    os.kill(pid, signal.SIGUSR2)  # what SLURM sends before preempting a job or ending its time
+    submitter.join(timeout=180)
+    (row,) = result["rows"]
+    assert row["status"] == "resumed", row  # the requeued job found the checkpoints
+    log = next((grid.out_dir / ".submitit").glob("*_log.out")).read_text()
+    assert "Requeued job" in log and "resuming from step" in log
+    assert [r["step"] for r in helpers.loss_records(run.out_dir)] == list(range(1, 25))  # each step once
+    assert row["steps"] == 24 and json.loads((run.out_dir / "summary.json").read_text())["steps"] == 24
+    assert json.loads((grid.out_dir / "jobs.json").read_text())["jobs"][0]["job_id"] == row["job_id"]
+    # submitted again: the finished run is skipped, nothing is queued
+    assert submit_sweep(grid, grid.runs, settings, cluster="local", log=lambda _: None)[0]["status"] == "skipped"
+
+
+def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
+    grid = load_grid(write_grid(tmp_path, data_dir, slurm={"partition": "gpu", "time": "1-00:30:00",
+                                                           "array_parallelism": 4, "additional": {"exclusive": True}}))
+    settings = slurm_settings(grid, {"partition": "big", "gpus_per_job": 8, "time": None, "account": None})
+    params = executor_parameters(settings, "tango-lm:grid")
+    assert params == {"name": "tango-lm:grid", "timeout_min": 24 * 60 + 30, "nodes": 1, "tasks_per_node": 8,
+                      "gpus_per_node": 8, "slurm_partition": "big", "slurm_array_parallelism": 4,
+                      "slurm_additional_parameters": {"exclusive": True}}
+    assert [time_minutes(t) for t in (90, "90", "2:30", "1:00:01", "2-0", "1-2:03")] == [90, 90, 3, 61, 2880, 1563]
+    for bad, message in (("soon", "not a SLURM time"), ("0:30", "under a minute")):
+        with pytest.raises(UserError, match=message):
+            time_minutes(bad)
+    with pytest.raises(UserError, match="unknown slurm setting 'gpus'"):
+        slurm_settings(grid, {"gpus": 2})
+    with pytest.raises(UserError, match="cannot train as a job of 8 processes"):  # train.parallel is none
+        submit_sweep(grid, grid.runs, settings, cluster="local")
+
+
+def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    grid = load_grid(write_grid(tmp_path, data_dir))
+    grid.out_dir.mkdir(parents=True)
+    (grid.out_dir / "jobs.json").write_text(json.dumps({"jobs": [
+        {"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]}))
+
+    class FakeSlurmJob:
+        def __init__(self, folder: str, job_id: str) -> None:
+            self.state = {"4242_0": "RUNNING"}.get(job_id, "COMPLETED")
+
+    monkeypatch.setattr(submitit, "SlurmJob", FakeSlurmJob)
+    assert launchers.queued_jobs(grid.out_dir, "slurm") == {grid.runs[0].name: "4242_0"}
+    rows = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), log=lambda _: None)
+    assert [(r["status"], r["job_id"]) for r in rows] == [("queued", "4242_0")]
+
+
+def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_path, capsys, monkeypatch):
+    grid = write_grid(tmp_path, data_dir)
+    assert main(["sweep", str(grid), "--partition", "gpu"]) == 2
+    assert "--partition applies to --launcher slurm" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert main(["sweep", str(grid), "--launcher", "slurm", "--time", "whenever"]) == 2
+    assert "not a SLURM time" in helpers.assert_one_error_line(capsys.readouterr().err)
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else find_spec(name, *a))
+    assert main(["sweep", str(grid), "--launcher", "slurm"]) == 2
+    assert "pip install 'tango-lm[cluster]'" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "sweep").exists()

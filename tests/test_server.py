@@ -1,0 +1,191 @@
+"""`tango-lm serve` (serve/server.py, serve/batcher.py): the real server in a subprocess on
+127.0.0.1, driven by the real `openai` client and by plain HTTP. Greedy completions equal
+`tango-lm generate --temperature 0`, also under concurrent load; bad requests get OpenAI-style 4xx
+errors and the server stays up."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import helpers
+import pytest
+import torch
+
+from tango_lm.cli import main
+from tango_lm.data.tokenizers import get_tokenizer
+from tango_lm.train.checkpoint import save_checkpoint
+from tango_lm.train.config import RunConfig
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MODEL = "tiny"
+CONTEXT = 40
+PROMPTS = ["Hello", "What is 12 + 35?\n", "ab", "The quick brown"]  # four prompt lengths
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny byte-level TANGO, its weights moved off their init so that greedy text varies."""
+    root = tmp_path_factory.mktemp("serve")
+    tok = get_tokenizer("byte")
+    run = RunConfig.from_dict({"model": {**helpers.TINY_MODEL, "context_length": CONTEXT},
+                               "data": {"dir": str(root / "data")}, "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}})
+    torch.manual_seed(0)
+    net = run.model.build()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return save_checkpoint(root / "checkpoints", 3, net.state_dict(), {}, run.to_dict(), tok.to_dict(), {})
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """The server process and its base URL."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "tango_lm.cli", "serve", str(checkpoint), "--port", "0",
+                             "--model-name", MODEL, "--device", "cpu", "--threads", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # printed once the socket listens
+        assert line.startswith(f"serving {MODEL} "), line + proc.stdout.read()
+        url = line.split(" at ")[-1].strip()
+        yield proc, url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def cli_greedy(checkpoint: Path, prompt: str, max_tokens: int, capsys, extra: tuple[str, ...] = ()) -> list[str]:
+    """`tango-lm generate --temperature 0` (or the sampling in `extra`): its completions."""
+    assert main(["generate", str(checkpoint), "--prompt", prompt, "--max-new-tokens", str(max_tokens),
+                 "--temperature", "0", *extra, "--json", "--device", "cpu"]) == 0
+    return json.loads(capsys.readouterr().out)["completions"]
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+def http_post(url: str, body: bytes | str) -> tuple[int, dict]:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read())
+
+
+def test_openai_client_completions_equal_tango_generate(server, checkpoint, capsys):
+    _, url = server
+    api = client(url)
+    assert [m.id for m in api.models.list().data] == [MODEL]
+    want = cli_greedy(checkpoint, PROMPTS[1], 12, capsys)[0]
+    got = api.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0)
+    assert got.choices[0].text == want and got.object == "text_completion"
+    assert got.usage.prompt_tokens == len(PROMPTS[1].encode()) and got.usage.completion_tokens <= 12
+    # streamed: the deltas add up to the same text, and the last chunk says why it ended
+    chunks = list(api.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    # a stop string ends the text before it
+    stop = want[3:5]
+    cut = api.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0, stop=[stop])
+    assert cut.choices[0].text == want[: want.index(stop)] and cut.choices[0].finish_reason == "stop"
+    # n samples with a seed: reproducible, and tango-lm generate's samples for that seed
+    kwargs = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 10, "n": 3, "seed": 5, "temperature": 1.0}
+    first = [c.text for c in api.completions.create(**kwargs).choices]
+    assert first == [c.text for c in api.completions.create(**kwargs).choices]
+    assert first == cli_greedy(checkpoint, PROMPTS[0], 10, capsys, ("--temperature", "1", "--seed", "5",
+                                                                   "--num-samples", "3"))
+
+
+def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
+    proc, url = server
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    cases = [
+        ({**body, "model": "gpt-4"}, 404, "model_not_found"),
+        ({**body, "prompt": "x" * (CONTEXT + 1)}, 400, "context_length_exceeded"),
+        ({**body, "max_tokens": CONTEXT}, 400, "context_length_exceeded"),  # "hi" leaves CONTEXT - 1
+        ({**body, "max_tokens": -1}, 400, None),
+        ({**body, "n": 10_000}, 400, None),
+        ({**body, "n": 0}, 400, None),
+        ({**body, "temperature": -0.5}, 400, None),
+        ({**body, "top_p": 0}, 400, None),
+        ({**body, "prompt": [5, 300]}, 400, None),  # a token id outside the vocabulary
+        ({**body, "logprobs": 2}, 400, "unsupported_parameter"),
+        ({**body, "frobnicate": 1}, 400, None),
+        ({**body, "max_tokens": "many"}, 400, None),
+        ({"prompt": "hi"}, 400, None),
+        ([1, 2], 400, None),
+    ]
+    for request, status, code in cases:
+        got_status, reply = http_post(url, json.dumps(request))
+        assert got_status == status, (request, reply)
+        assert set(reply) == {"error"} and reply["error"]["message"], reply
+        assert reply["error"]["type"] == "invalid_request_error"
+        if code:
+            assert reply["error"]["code"] == code
+    assert http_post(url, b'{"model": "tiny", "prompt": ')[0] == 400  # malformed JSON
+    with pytest.raises(openai.NotFoundError):
+        client(url).completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client(url).completions.create(model=MODEL, prompt="y" * 100)
+    assert proc.poll() is None
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/health")
+    assert json.loads(conn.getresponse().read())["status"] == "ok"
+
+
+def test_concurrent_clients_are_batched_and_answered_exactly(server, checkpoint, capsys):
+    """32 clients x 4 requests (four prompt lengths, half of them streamed) within a time limit:
+    every request is answered with `tango-lm generate --temperature 0`'s text."""
+    _, url = server
+    want = {p: cli_greedy(checkpoint, p, 8, capsys)[0] for p in PROMPTS}
+
+    async def one_client(api, k: int) -> list[tuple[str, str]]:
+        out = []
+        for r in range(4):
+            prompt = PROMPTS[(k + r) % len(PROMPTS)]
+            if (k + r) % 2:
+                stream = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                                      stream=True)
+                text = "".join([c.choices[0].text async for c in stream])
+            else:
+                text = (await api.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+                        ).choices[0].text
+            out.append((prompt, text))
+        return out
+
+    async def load() -> list[tuple[str, str]]:
+        api = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+        results = await asyncio.wait_for(asyncio.gather(*(one_client(api, k) for k in range(32))), timeout=120)
+        await api.close()
+        return [pair for client_pairs in results for pair in client_pairs]
+
+    host, port = url.split("//")[1].split("/")[0].split(":")
+
+    def batches() -> int:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())["batches"]
+
+    before, t0 = batches(), time.perf_counter()
+    answers = asyncio.run(load())
+    assert len(answers) == 128
+    assert all(text == want[prompt] for prompt, text in answers)
+    assert batches() - before < 128 / 2, "concurrent requests were not batched"
+    assert time.perf_counter() - t0 < 120

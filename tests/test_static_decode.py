@@ -1,0 +1,178 @@
+"""Static decode steps (serve/static_decode.py) against the eager cached decode, for every
+architecture: the same log-probs at every position (float64), across group and window boundaries
+and over several requests on one decoder; under torch.compile one graph serves every position and
+request (Dynamo's counters); the in-graph samplers are exact; a failing compiled step falls back."""
+
+from __future__ import annotations
+
+import logging
+
+import arch_cases
+import pytest
+import torch
+from test_generate import model_for, tiny_model
+from torch._dynamo.utils import counters
+
+from tango_lm import ModelConfig, build_model
+from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.serve.generate import generate
+from tango_lm.serve.static_decode import StaticDecoder, capacity_bucket, sample_from_noise
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# Prefill lengths: inside a FLASH group (tiny g = 4), at a group boundary, inside the first window
+# of windowed TANGO (tiny W = 4); the steps then cross groups and windows.
+REQUESTS = (11, 8, 2)
+
+
+def eager_log_probs(model, x, prefill):
+    cache = model.new_cache()
+    out = [model(x[:, :prefill], cache)[:, -1]]
+    out += [model(x[:, i : i + 1], cache)[:, -1] for i in range(prefill, x.shape[1] - 1)]
+    return torch.stack(out, 1)
+
+
+def static_log_probs(decoder, x, prefill):
+    model = decoder.model
+    h = decoder.prefill(x[:, :prefill])[:, -1:]
+    out = [model.head.log_probs(h, x[:, prefill - 1 : prefill])[:, 0]]
+    noise = torch.rand(x.shape[0], model.config.vocab_size, dtype=torch.float64)
+    for i in range(prefill, x.shape[1] - 1):
+        _, log_probs = decoder.step(x[:, i : i + 1], noise, 0.0)
+        out.append(log_probs)
+    return torch.stack(out, 1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def check_static_decoding(cfg: ModelConfig) -> None:
+    """Static steps (run eagerly) give the eager decode's log-probs (float64) at every position of
+    three requests on one decoder, whose buffers every request reuses."""
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    decoder = StaticDecoder(model, 2, "eager")
+    for prefill in REQUESTS:
+        want = eager_log_probs(model, x, prefill)
+        torch.testing.assert_close(static_log_probs(decoder, x, prefill), want, rtol=1e-10, atol=1e-10)
+
+
+def check_one_graph(cfg: ModelConfig) -> None:
+    """Traced by Dynamo (fullgraph, its "eager" backend: the same graph a compiled or CUDA-graph
+    step needs, run op by op) the step gives the same log-probs, and one graph serves every
+    position of two requests."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = model_for(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, 14), generator=torch.Generator().manual_seed(1))
+    decoder = StaticDecoder(model, 2, "compile", backend="eager")
+    for prefill in (9, 11):  # a second request, at another position: no new graph
+        want = eager_log_probs(model, x, prefill)
+        torch.testing.assert_close(static_log_probs(decoder, x, prefill), want, rtol=1e-10, atol=1e-10)
+    assert not decoder.compiled_failed
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_static_steps_equal_the_eager_decode(arch):
+    check_static_decoding(arch_cases.tiny_config(arch))
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_compiled_static_step_is_one_graph_for_every_position(arch):
+    # One application per block kind keeps the tracing quick (the architectures that need more
+    # say so in their tiny depth).
+    check_one_graph(arch_cases.tiny_config(arch, depth=ARCHITECTURES[arch].tiny.get("depth", 1)))
+
+
+def test_generate_static_greedy_equals_eager_and_reuses_the_decoder():
+    model = tiny_model("tango-windowed")  # context 48: one capacity bucket
+    prompt = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(2))
+    for n in (9, 4):
+        want = generate(model, prompt[:, : n - 2], n, temperature=0, static=None)
+        got = generate(model, prompt[:, : n - 2], n, temperature=0, static="eager")
+        assert torch.equal(got, want)
+    assert len(model._static_decoders) == 1
+
+
+def test_capacity_buckets():
+    assert [capacity_bucket(n, 1024) for n in (1, 64, 65, 500, 513, 768, 2000)] == [64, 64, 128, 512, 1024, 1024, 1024]
+    assert capacity_bucket(100, 48) == 48
+
+
+def test_seeded_sampling_is_the_same_eager_and_compiled():
+    # onóna's one-projection sampling at batch 1 (the table picked by index inside the product),
+    # compiled with inductor (no CUDA graphs on a CPU), against the static step run eagerly; and
+    # top-k / top-p sampling at batch 2 through Dynamo's graph.
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="tango", head="onona", d_model=16, head_dim=8, width=32, depth=1,
+                                    vocab_size=37, context_length=16)).eval()
+    for rows, backend, kwargs in ((1, "inductor", {"temperature": 1.0}),
+                                  (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9})):
+        prompt = torch.randint(0, 37, (rows, 3), generator=torch.Generator().manual_seed(rows))
+        runs = [generate(model, prompt, 6, seed=3, static="eager", **kwargs)]
+        key = (rows, 16, "compile", torch.device("cpu"), torch.float32)  # capacity: the context (16)
+        model._static_decoders[key] = StaticDecoder(model, rows, "compile", backend=backend, capacity=16)
+        runs.append(generate(model, prompt, 6, seed=3, static="compile", **kwargs))
+        assert torch.equal(runs[0], runs[1]), kwargs
+        assert not model._static_decoders[key].compiled_failed
+
+
+def test_a_failing_compiled_step_falls_back_with_one_line(caplog):
+    model = tiny_model("loop-transformer")
+    x = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(4))
+    decoder = StaticDecoder(model, 1, "compile", backend="eager")
+
+    def broken(*args):
+        raise RuntimeError("no graph for this shape\nsecond line")
+
+    decoder._compiled = broken
+    with caplog.at_level(logging.WARNING, logger="tango_lm.serve.static_decode"):
+        got = static_log_probs(decoder, x, 5)
+    torch.testing.assert_close(got, eager_log_probs(model, x, 5), rtol=1e-10, atol=1e-10)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "decoding eagerly" in lines[0] and "second line" not in lines[0]
+
+
+def test_gumbel_sampler_draws_from_the_softmax():
+    log_probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().expand(40000, 4)
+    noise = torch.rand(40000, 4, generator=torch.Generator().manual_seed(5))
+    draws = sample_from_noise(log_probs, noise, torch.tensor(1.0))
+    freq = torch.bincount(draws, minlength=4) / 40000
+    torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), rtol=0, atol=0.01)
+    assert torch.equal(sample_from_noise(log_probs[:3], noise[:3], torch.tensor(0.0)), torch.full((3,), 3))
+
+
+def test_onona_static_sample_is_the_one_projection_sample():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="loop-transformer", head="onona", d_model=16, head_dim=8, width=32,
+                                    depth=1, vocab_size=29, context_length=8)).double()
+    head = model.head
+    h = torch.randn(3, 16, dtype=torch.float64)
+    ids = torch.tensor([4, 17, 8])
+    noise = torch.rand(3, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with head.serving():
+        g = torch.sigmoid(head.gate_logit(ids))
+        together = head.sample_static(h, ids, noise)
+        one_by_one = torch.cat([head.sample_static(h[i : i + 1], ids[i : i + 1], noise[i : i + 1]) for i in range(3)])
+    for i in range(3):
+        table = head.table_a.weight if noise[i, 0] < g[i] else head.table_b.weight
+        want = (h[i] @ table.T - torch.log(-torch.log(noise[i, 1:]))).argmax()
+        assert together[i] == want == one_by_one[i]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_cuda_graph_decode_equals_the_eager_decode(arch):
+    model = tiny_model(arch).float().cuda()
+    prompt = torch.randint(0, 61, (2, 11), generator=torch.Generator().manual_seed(1)).cuda()
+    want = generate(model, prompt, 12, temperature=0, static=None)
+    for _ in range(2):  # the second request replays the recorded graph
+        got = generate(model, prompt, 12, temperature=0, static="cuda-graphs")
+        assert torch.equal(got, want)
+    assert not next(iter(model._static_decoders.values())).compiled_failed

@@ -1,0 +1,168 @@
+"""TANGO's token mixing alone on a GPU: the Triton kernels against the sliced SDPA and the math backend.
+
+Usage: PYTHONPATH=src python tools/gate_average_bench.py [--batch 16 --heads 16 --seq-len 1024
+       --width 1780 --head-dim 32 --dtype bf16 --rounds 10 --no-math --json FILE --device cuda]
+
+For each implementation of `tango_mix(q, k, a, u)` (ops/tango_mix.py): `triton`, `sdpa-sliced` with
+slices of 128 and of 256 columns, and `math` (one SDPA call with the full width per head, which no
+fused SDPA backend takes, so PyTorch runs its math backend), it times forward + backward (and the
+forward alone), in rounds that alternate the implementations, and reports the median, TFLOP/s per
+causal FLOP (3 x 2 (d_h + W) per visible (destination, source) pair and head, as
+`models/flops.py` counts TANGO's mixing), that as a fraction of a bf16 matmul peak measured in the
+same process, the time as a ratio to the sliced SDPA's (128), and the memory the step allocates
+beyond its inputs. Each output is checked against the math backend's first. `--device cpu` runs
+tiny sizes for a smoke test (the Triton row under TRITON_INTERPRET=1 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tango_lm.bench.peak import measure_matmul_peak  # noqa: E402
+from tango_lm.ops import gate_average as gate_average_module  # noqa: E402
+from tango_lm.ops import tango_mix as tango_mix_module  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def implementations(include_math: bool) -> dict:
+    def sliced(max_slice: int):
+        def run(q, k, a, u):
+            g = gate_average_module.split_heads(torch.nn.functional.silu(a), q.shape[1])
+            avg = gate_average_module.gate_average_sliced(q, k, g, max_slice)
+            return gate_average_module.merge_heads(avg) * u
+        return run
+
+    impls = {}
+    if tango_mix_module.tango_mix_triton is not None:
+        impls["triton"] = lambda q, k, a, u: tango_mix_module.tango_mix(q, k, a, u, kernels="triton")
+    impls["sdpa-sliced-128"] = sliced(128)
+    impls["sdpa-sliced-256"] = sliced(256)
+    if include_math:
+        impls["math"] = tango_mix_module.tango_mix_reference
+    return impls
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    b, h, t, w, d = args.batch, args.heads, args.seq_len, args.width, args.head_dim
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k = (torch.randn(b, h, t, d, device=device, dtype=dtype, generator=gen).requires_grad_(True) for _ in range(2))
+    a, u = (torch.randn(b, t, h * w, device=device, dtype=dtype, generator=gen).requires_grad_(True) for _ in range(2))
+    dy = torch.randn(b, t, h * w, device=device, dtype=dtype, generator=gen)
+    xs = (q, k, a, u)
+    impls = implementations(args.math)
+    if "triton" in impls and not tango_mix_module.tango_mix_triton.supported(q, k, a, u):
+        del impls["triton"]  # CPU tensors without the interpreter
+    causal_flops = 3 * 2 * b * h * (d + w) * t * (t + 1) / 2
+
+    def step(fn):
+        y = fn(*xs)
+        return y, torch.autograd.grad(y, xs, dy)
+
+    reference = next(iter(impls.values())) if "math" not in impls else impls["math"]
+    want = step(reference)
+    errors = {}
+    for name, fn in impls.items():  # warm-up (compiles and autotunes the kernels) and a check
+        got = step(fn)
+        errors[name] = max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-6))
+                           for x, y in zip((got[0], *got[1]), (want[0], *want[1]), strict=True))
+        del got
+    times = {name: [] for name in impls}
+    forward_times = {name: [] for name in impls}
+    memory = {}
+    for _ in range(args.rounds):
+        for name, fn in impls.items():
+            _sync(device)
+            if device.type == "cuda":
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(*xs)
+            _sync(device)
+            t1 = time.perf_counter()
+            out = step(fn)
+            _sync(device)
+            times[name].append(time.perf_counter() - t1)
+            forward_times[name].append(t1 - t0)
+            if device.type == "cuda":
+                memory[name] = torch.cuda.max_memory_allocated(device) - base
+            del out
+    peak = measure_matmul_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
+                               8192 if device.type == "cuda" else 512)
+    rows = []
+    base_name = "sdpa-sliced-128"
+    base_s = statistics.median(times[base_name])
+    for name in impls:
+        step_s = statistics.median(times[name])
+        rows.append({"impl": name, "fwd_bwd_ms": step_s * 1e3, "fwd_ms": statistics.median(forward_times[name]) * 1e3,
+                     "tflop_per_s": causal_flops / step_s / 1e12, "of_peak": causal_flops / step_s / peak,
+                     "time_vs_sliced": step_s / base_s, "memory_mib": memory.get(name, 0) / 2**20 or None,
+                     "max_error_vs_reference": errors[name]})
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "dtype": args.dtype, "batch": b, "heads": h, "seq_len": t, "width": w,
+            "head_dim": d, "rounds": args.rounds, "reference": "math" if "math" in impls else next(iter(impls)),
+            "matmul_peak_tflop_per_s": peak / 1e12, "causal_flops": causal_flops, "rows": rows}
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"tango_mix alone: {report['device']}, torch {report['torch']}, {report['dtype']}, B={report['batch']}, "
+        f"H={report['heads']}, T={report['seq_len']}, W={report['width']}, d_h={report['head_dim']}; forward + "
+        f"backward, median of {report['rounds']} alternating rounds; TFLOP/s per causal FLOP; peak = measured "
+        f"square matmul ({report['matmul_peak_tflop_per_s']:.0f} TFLOP/s); error: max normalized difference to "
+        f"{report['reference']}",
+        f"{'impl':<17}{'fwd+bwd ms':>11}{'fwd ms':>8}{'TFLOP/s':>9}{'of peak':>9}{'x sliced':>9}{'MiB':>8}{'error':>9}",
+    ]
+    for r in report["rows"]:
+        mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
+        lines.append(f"{r['impl']:<17}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
+                     f"{r['of_peak']:>9.1%}{r['time_vs_sliced']:>9.2f}{mem}{r['max_error_vs_reference']:>9.1e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--width", type=int, default=1780, help="gate columns per head (F/H)")
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--no-math", dest="math", action="store_false", help="skip SDPA's math backend")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test",
+              file=sys.stderr)
+        return 2
+    if tango_mix_module.tango_mix_triton is None:
+        print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)
+        return 2
+    report = run(args)
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with a CUDA GPU and no network, from a checkout (nothing installed:
+# the sources run with PYTHONPATH=src), `tools/gpu_check.sh` or `make gpu-check` runs
+#
+#   cuda-tests    the `cuda`-marked tests: the Triton kernels against float64, every architecture
+#                 and head on the GPU against the CPU float64 model, bf16 loss, cached decoding;
+#   train-bench   `tango-lm bench --suite train` at the 70M tier of the TANGO paper's Table 3;
+#   kernel-bench  TANGO's mixing alone (tools/gate_average_bench.py): Triton vs the sliced SDPA vs
+#                 SDPA's math backend, TFLOP/s per causal FLOP and the share of a measured bf16 peak;
+#
+# each under its own time limit (a failure or a time-out does not stop the others; the limits add
+# up to under 8 minutes), then prints one summary table (tools/gpu_check_summary.py). Logs and JSON
+# reports go to $GPU_CHECK_OUT (default runs/gpu-check/<UTC time>). To add a suite, add one
+# `section` line below; for a one-line result in the table, add a formatter to gpu_check_summary.py.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${GPU_CHECK_OUT:-runs/gpu-check/$(date -u +%Y%m%d-%H%M%S)}
+
+if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "error: no CUDA device visible to $PYTHON (or no torch): run tools/gpu_check.sh on a GPU machine" >&2
+    exit 2
+fi
+mkdir -p "$OUT"
+: >"$OUT/sections.tsv"
+
+section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, output in $OUT/NAME.log
+    local name=$1 limit=$2 command=$3 start=$SECONDS status=ok rc
+    echo "== $name (limit ${limit} s): $command"
+    timeout --kill-after=20 "$limit" bash -c "$command" >"$OUT/$name.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; elif [ "$rc" -ne 0 ]; then status="failed ($rc)"; fi
+    printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >>"$OUT/sections.tsv"
+    tail -n 20 "$OUT/$name.log"
+}
+
+# -- sections: name, time limit in seconds, command ------------------------------------------------
+section cuda-tests "${CUDA_TESTS_LIMIT:-210}" \
+    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests/test_triton_tango_mix.py tests/test_triton_windowed.py tests/test_cuda_models.py"
+section train-bench "${TRAIN_BENCH_LIMIT:-180}" \
+    "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
+section kernel-bench "${KERNEL_BENCH_LIMIT:-75}" \
+    "$PYTHON tools/gate_average_bench.py --batch 16 --heads 16 --seq-len 1024 --width 1780 --head-dim 32 --json $OUT/kernel-bench.json"
+
+"$PYTHON" tools/gpu_check_summary.py "$OUT"

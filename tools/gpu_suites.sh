@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The benchmark suites on one GPU, eager and compiled, each under its own timeout, then one table.
+#
+#   bash tools/gpu_suites.sh [OUT_DIR]        (default OUT_DIR: gpu-suites-<date>)
+#
+# Runs from the repository root with PYTHONPATH=src (no install, no network). Each suite writes
+# OUT_DIR/<name>.json (its `tango-lm bench --json` report) and OUT_DIR/<name>.log; a suite that
+# fails or runs past its timeout is marked in the table and the others still run. Timeouts are in
+# seconds and can be overridden: TIMEOUT_TRAIN=1200 bash tools/gpu_suites.sh.
+#
+# - train-70m / train-160m: every architecture at the 70M / 160M tier of seed 000 Table 3
+#   (d = 512 / 768, T = 1024, depth 4, batch 16, V = 50257, bf16 autocast), eager and through
+#   torch.compile side by side (`--compile`), MFU against the measured bf16 matmul peak.
+# - decode-small: the default decode suite (d = 256), eager and static (CUDA-graph) steps.
+# - decode-70m / decode-160m: the 70M / 160M presets, prompt 512, 256 new tokens, batch 1 and 16,
+#   eager and static steps; the heads on dense-142m (onóna one projection vs Standard).
+# - windowed: windowed vs full TANGO time per token as T grows (eager).
+# - memory: whole-step peak memory, onóna vs Standard on dense-142m, 32 x 1024, eager and compiled.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-suites-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+BENCH=(env PYTHONPATH=src "$PY" -m tango_lm.cli bench --device cuda --json)
+TRAIN70=(--suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257
+         --steps 8 --warmup 3 --compile)
+TRAIN160=(--suite train --d-model 768 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 52176 --vocab-size 50257
+          --steps 8 --warmup 3 --compile)
+DECODE_BIG=(--suite decode --prompt-len 512 --new-tokens 256 --decode-batches 1,16 --depth 4 --repeats 3
+            --head-backbone dense-142m --compile)
+
+run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its log to OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (timeout ${limit}s): tango-lm bench $*" | tee "$OUT/$name.log"
+  local start=$SECONDS
+  timeout "$limit" "${BENCH[@]}" "$@" > "$OUT/$name.json" 2>> "$OUT/$name.log"
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/$name.log"
+  echo "$rc" > "$OUT/$name.rc"
+}
+
+run train-70m "${TIMEOUT_TRAIN:-900}" "${TRAIN70[@]}"
+run train-160m "${TIMEOUT_TRAIN:-900}" "${TRAIN160[@]}"
+run decode-small "${TIMEOUT_DECODE:-600}" --suite decode --compile
+run decode-70m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 70m
+run decode-160m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 160m
+run windowed "${TIMEOUT_WINDOWED:-600}" --suite windowed
+run memory "${TIMEOUT_MEMORY:-900}" --suite memory --memory-batch-size 32 --memory-seq-len 1024 --compile
+
+PYTHONPATH=src "$PY" tools/gpu_suites_table.py "$OUT"

@@ -1,0 +1,49 @@
+"""Print what `tools/gpu_suites.sh` measured: one line per suite (status, time), then each suite's
+own table (the formatters of `tango-lm bench`), from OUT_DIR/<name>.json.
+
+    PYTHONPATH=src python3 tools/gpu_suites_table.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tango_lm.bench import decode, memory, suite, training
+
+FORMATTERS = {"train": training.format_report, "decode": decode.format_report, "windowed": suite.format_windowed,
+              "memory": memory.format_report}
+
+
+def load(out: Path, name: str) -> tuple[str, dict | None]:
+    rc = (out / f"{name}.rc").read_text().strip() if (out / f"{name}.rc").exists() else "?"
+    status = {"0": "ok", "124": "TIMEOUT", "137": "KILLED"}.get(rc, f"FAILED (exit {rc})")
+    try:
+        report = json.loads((out / f"{name}.json").read_text()) if rc == "0" else None
+    except (OSError, json.JSONDecodeError):
+        report, status = None, "FAILED (no JSON report)"
+    return status, report
+
+
+def main(out: Path) -> None:
+    names = sorted(p.stem for p in out.glob("*.rc"))
+    reports = {name: load(out, name) for name in names}
+    env = next((r["environment"] for _, r in reports.values() if r), {})
+    print(f"GPU suites in {out}: torch {env.get('torch', '?')}, python {env.get('python', '?')}")
+    print(f"{'suite':<14}{'status':<22}seconds")
+    for name in names:
+        log = (out / f"{name}.log").read_text().splitlines() if (out / f"{name}.log").exists() else []
+        took = next((line.split()[-1] for line in reversed(log) if line.startswith(f"{name} rc=")), "?")
+        print(f"{name:<14}{reports[name][0]:<22}{took}")
+    for name in names:
+        status, report = reports[name]
+        if report is None:
+            continue
+        for key in report.get("suites", []):
+            print(f"\n[{name}]")
+            print(FORMATTERS[key](report[key]))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
