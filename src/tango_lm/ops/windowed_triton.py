@@ -28,11 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tango_lm.ops.tango_mix_triton import DTYPES, INTERPRETED, _configs, _dot, _precision, _silu_f32
+from tango_lm.ops.triton_common import DTYPES, INTERPRETED, configs, dot, precision, silu_f32
 
-_FORWARD_CONFIGS = _configs(("BLOCK_W",), [(64, 4, 2), (128, 4, 2), (128, 8, 2)])
-_BAND_CONFIGS = _configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
-_BACKWARD_CONFIGS = _configs(("BLOCK_W",), [(32, 4, 2), (64, 4, 2), (128, 8, 2)])
+_FORWARD_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 4, 2), (128, 8, 2)])
+_BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
+_BACKWARD_CONFIGS = configs(("BLOCK_W",), [(32, 4, 2), (64, 4, 2), (128, 8, 2)])
 _KEY = ["T", "W", "C", "D"]
 
 
@@ -89,14 +89,14 @@ def _forward_kernel(
     for i in range(0, N):
         rows = i * C + offs_c
         mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
-        g = _silu_f32(tl.load(A + b * T * F + rows[:, None] * F + cols[None, :], mask=mask, other=0.0)).to(dt)
+        g = silu_f32(tl.load(A + b * T * F + rows[:, None] * F + cols[None, :], mask=mask, other=0.0)).to(dt)
         small = (i * BH + bh) * C  # first row of chunk i, batch b, head h in the [n, B, H, C, .] tensors
         wb = WB + (small + offs_c[:, None]) * 2 * C + offs_c[None, :]
-        acc = _dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
-        acc += _dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
+        acc = dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
+        acc += dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
         if i >= 2:
             pq = tl.load(PQ + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
-            acc += _dot(pq.to(dt), s.to(dt), PRECISION)
+            acc += dot(pq.to(dt), s.to(dt), PRECISION)
         if i >= 1:  # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
             prev = ((i - 1) * BH + bh) * C
             pkt = tl.load(
@@ -104,7 +104,7 @@ def _forward_kernel(
                 mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
                 other=0.0,
             )
-            s += _dot(pkt.to(dt), g_prev, PRECISION)
+            s += dot(pkt.to(dt), g_prev, PRECISION)
         out = b * T * F + rows[:, None] * F + cols[None, :]
         if HAS_AVG:
             tl.store(AVG + out, acc.to(dt), mask=mask)
@@ -136,11 +136,11 @@ def _band_backward_kernel(
             tl.float32
         )
         tmask = (offs_c[None, :] < C) & (rows[None, :] < T) & (offs_w[:, None] < W)
-        gt = _silu_f32(tl.load(A + b * T * F + rows[None, :] * F + cols[:, None], mask=tmask, other=0.0)).to(dt)
+        gt = silu_f32(tl.load(A + b * T * F + rows[None, :] * F + cols[:, None], mask=tmask, other=0.0)).to(dt)
         pmask = (offs_c[None, :] < C) & (prev_rows[None, :] >= 0) & (offs_w[:, None] < W)
-        gpt = _silu_f32(tl.load(A + b * T * F + prev_rows[None, :] * F + cols[:, None], mask=pmask, other=0.0)).to(dt)
-        acc_prev += _dot(dg.to(dt), gpt, PRECISION)
-        acc_cur += _dot(dg.to(dt), gt, PRECISION)
+        gpt = silu_f32(tl.load(A + b * T * F + prev_rows[None, :] * F + cols[:, None], mask=pmask, other=0.0)).to(dt)
+        acc_prev += dot(dg.to(dt), gpt, PRECISION)
+        acc_cur += dot(dg.to(dt), gt, PRECISION)
     cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
     out = DWB + ((i * tl.num_programs(1) + bh) * C + offs_c[:, None]) * 2 * C + offs_c[None, :]  # [n, B, H, C, 2C]
     tl.store(out, acc_prev, mask=cc)
@@ -194,7 +194,7 @@ def _backward_kernel(
             dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
                 tl.float32
             )
-            dpq = _dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
+            dpq = dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
             tl.atomic_add(DPQ + ((i * BH + bh) * C + offs_c[:, None]) * D + offs_d[None, :], dpq, mask=cd)
         if i >= 1:
             pkt = tl.load(
@@ -202,8 +202,8 @@ def _backward_kernel(
                 mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
                 other=0.0,
             )
-            s += _dot(pkt.to(dt), g_prev, PRECISION)
-        g_prev = _silu_f32(tl.load(A + base, mask=mask, other=0.0)).to(dt)
+            s += dot(pkt.to(dt), g_prev, PRECISION)
+        g_prev = silu_f32(tl.load(A + base, mask=mask, other=0.0)).to(dt)
     # Backward sweep over chunks c = N-1 .. 0, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i.
     r = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
     dg_next = tl.zeros([BLOCK_C, BLOCK_W], dt)  # dgbar_{c+1}
@@ -216,17 +216,17 @@ def _backward_kernel(
         dg = (dy * tl.load(U + base, mask=mask, other=0.0).to(tl.float32)).to(dt)
         small = (c * BH + bh) * C
         wbt = WB + (small + offs_c[None, :]) * 2 * C + offs_c[:, None]  # transposed tile of Wb_c
-        grad = _dot(tl.load(wbt + C, mask=cc, other=0.0).to(dt), dg, PRECISION)
+        grad = dot(tl.load(wbt + C, mask=cc, other=0.0).to(dt), dg, PRECISION)
         if c + 1 < N:
             nbt = WB + (((c + 1) * BH + bh) * C + offs_c[None, :]) * 2 * C + offs_c[:, None]
-            grad += _dot(tl.load(nbt, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
+            grad += dot(tl.load(nbt, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
         a = tl.load(A + base, mask=mask, other=0.0).to(tl.float32)
         if c + 2 < N:
             pk = tl.load(PK + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
-            grad += _dot(pk.to(dt), r.to(dt), PRECISION)
+            grad += dot(pk.to(dt), r.to(dt), PRECISION)
             g = (a / (1.0 + tl.exp(-a))).to(dt)
             tl.atomic_add(
-                DPK + (small + offs_c[:, None]) * D + offs_d[None, :], _dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd
+                DPK + (small + offs_c[:, None]) * D + offs_d[None, :], dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd
             )
         sig = 1.0 / (1.0 + tl.exp(-a))
         tl.store(DA + base, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
@@ -239,7 +239,7 @@ def _backward_kernel(
                     mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
                     other=0.0,
                 )
-                r += _dot(pqt.to(dt), dg_next, PRECISION)
+                r += dot(pqt.to(dt), dg_next, PRECISION)
         dg_next = dg
 
 
@@ -274,7 +274,7 @@ def _forward(
             d,
             n,
             HAS_AVG=store_avg,
-            PRECISION=_precision(a.dtype),
+            PRECISION=precision(a.dtype),
             BLOCK_C=block_c,
             BLOCK_D=block_d,
         )
@@ -304,7 +304,7 @@ def _backward(
     da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     du = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if da.numel():
-        prec = _precision(a.dtype)
+        prec = precision(a.dtype)
         _band_backward_kernel[(n, bsz * h)](a, u, dy, d_weights, h, t, w, c, d, n, PRECISION=prec, BLOCK_C=block_c)
         _backward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
             weights,

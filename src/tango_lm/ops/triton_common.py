@@ -1,0 +1,45 @@
+"""What the Triton kernels of TANGO's mixing (`tango_mix_triton*.py`) and windowed TANGO's
+(`windowed_triton.py`) share: the dtypes they take, autotune configurations (one small one under
+the interpreter), the matmul and SiLU they use inside kernels, and the matmul precision setting."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+LOG2E = 1.4426950408889634
+
+
+def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
+    if INTERPRETED:  # one small configuration: several blocks in every direction at the tests' sizes
+        return [triton.Config(dict.fromkeys(names, 16), num_warps=1)]
+    return [triton.Config(dict(zip(names, c[:-2], strict=True)), num_warps=c[-2], num_stages=c[-1]) for c in choices]
+
+
+# The interpreter multiplies bf16 operands as their raw 16-bit patterns (triton 3.9): there the
+# operands, already rounded to their dtype, are multiplied as fp32, which is what the tensor cores do.
+_UPCAST_DOTS = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def dot(x, y, PRECISION: tl.constexpr):
+    if _UPCAST_DOTS:
+        return tl.dot(x.to(tl.float32), y.to(tl.float32), input_precision="ieee")
+    return tl.dot(x, y, input_precision=PRECISION)
+
+
+@triton.jit
+def silu_f32(a):
+    a = a.to(tl.float32)
+    return a / (1.0 + tl.exp(-a))
+
+
+def precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32; bf16 and
+    fp16 operands take the tensor cores' own path (Triton's default setting)."""
+    return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
