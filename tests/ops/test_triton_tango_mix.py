@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests import helpers
+
 triton_ops = pytest.importorskip(
     "tango_lm.ops.tango_mix_triton",
     exc_type=ImportError,
@@ -27,22 +29,6 @@ DEVICES = [
 # Normalized max error (max |got - want| / max |want|) allowed per input dtype: bf16 and fp16 round
 # the probabilities and gates to 8 and 11 bits before the tensor-core products, as flash attention does.
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
-
-class NanEmptyTorch:
-    """torch for the kernels' module, with `torch.empty` filled with NaN (fla's rule: NaN-filled
-    buffers show any element a kernel forgets to write). Patched into that module only: replacing
-    torch.empty itself would also be seen by torch.compile's tracing rules."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def empty(self, *args, **kwargs):
-        self.calls += 1
-        return torch.empty(*args, **kwargs).fill_(float("nan"))
 
 
 NAMES = ("y", "dq", "dk", "da", "du")
@@ -82,7 +68,7 @@ def check_against_float64(got, xs, dy):
     ],
 )
 def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, dtype):
-    nan_torch = NanEmptyTorch()
+    nan_torch = helpers.NanEmptyTorch()
     monkeypatch.setattr(triton_ops, "torch", nan_torch)
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
     check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)

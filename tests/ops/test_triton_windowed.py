@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests import helpers
+
 windowed_triton = pytest.importorskip(
     "tango_lm.ops.windowed_triton",
     exc_type=ImportError,
@@ -26,22 +28,6 @@ DEVICES = [
     pytest.param("cuda", marks=pytest.mark.cuda),
 ]
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
-
-
-class NanEmptyTorch:
-    """torch for the kernels' module, with `torch.empty` filled with NaN (fla's rule: NaN-filled
-    buffers show any element a kernel forgets to write). Patched into that module only: replacing
-    torch.empty itself would also be seen by torch.compile's tracing rules."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def empty(self, *args, **kwargs):
-        self.calls += 1
-        return torch.empty(*args, **kwargs).fill_(float("nan"))
 
 
 NAMES = ("y", "dq_rot", "dk_rot", "dq_raw", "dk_raw", "da", "du")
@@ -68,7 +54,7 @@ def inputs(b, h, t, d, w, dtype, device, seed=0):
 def test_triton_windowed_forward_and_every_gradient_match_float64(
     monkeypatch, device, b, h, t, d, w, window, chunk, dtype
 ):
-    nan_torch = NanEmptyTorch()
+    nan_torch = helpers.NanEmptyTorch()
     monkeypatch.setattr(windowed_triton, "torch", nan_torch)
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
     got = windowed_mix(*xs, window, "elu+1", chunk, kernels="triton")

@@ -208,8 +208,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # host memory as training uses it (cpu_allocator.py); the memory suite's children do not
     show = not args.json
-    if args.suite is None:
-        report = run_training_bench(
+
+    def train_bench(archs: list[str]) -> dict[str, Any]:  # the default run and the train suite
+        return run_training_bench(
             d_model=args.d_model,
             seq_len=args.seq_len,
             depth=args.depth,
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tango_width=args.tango_width,
             vocab_size=args.vocab_size,
             device=args.device,
-            archs=args.archs or PAIR,
+            archs=archs,
             memory=not args.no_memory,
             memory_steps=args.memory_steps,
             threads=args.threads,
@@ -227,7 +228,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print_table=show,
             compile=args.compile,
         )
-        return report
+
+    if args.suite is None:
+        return train_bench(args.archs or PAIR)
     for name in ("steps", "repeats", "memory_steps"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
@@ -238,24 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if show and i:
             print()
         if suite == "train":
-            out["train"] = run_training_bench(
-                d_model=args.d_model,
-                seq_len=args.seq_len,
-                depth=args.depth,
-                batch_size=args.batch_size,
-                steps=args.steps,
-                warmup=args.warmup,
-                tango_width=args.tango_width,
-                vocab_size=args.vocab_size,
-                device=args.device,
-                archs=archs,
-                memory=not args.no_memory,
-                memory_steps=args.memory_steps,
-                threads=args.threads,
-                peak_size=args.peak_size,
-                print_table=show,
-                compile=args.compile,
-            )
+            out["train"] = train_bench(archs)
         elif suite == "decode":
             out["decode"] = run_decode_bench(
                 archs=archs,
