@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> dict:
     for name, fn in impls.items():  # warm-up (compiles and autotunes the kernels) and a check
         got = step(fn)
         errors[name] = max(
-            float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-6))
+            float(
+                (x.detach().float() - y.detach().float()).abs().max() / y.detach().float().abs().max().clamp_min(1e-6)
+            )
             for x, y in zip((got[0], *got[1]), (want[0], *want[1]), strict=True)
         )
         del got
