@@ -92,9 +92,7 @@ def relu2_attention(
     return relu2_attention_reference(q, k, v, rel_bias, scale)
 
 
-def _paths(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor
-) -> tuple[dict[str, bool], str]:
+def _paths(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor) -> tuple[dict[str, bool], str]:
     """Which implementations can take this full forward, and the one 'auto' picks: on CPUs the
     product on causal_matmul (as before this door existed), on CUDA the Triton kernels where they
     take the inputs, else the composition."""

@@ -144,7 +144,8 @@ def dv_kernel(
             mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
             other=0.0,
         )
-        rt = relu_scores(dot(k, qt, PRECISION), BIAS, offs_m[None, :], offs_n[:, None], T, HALF, scale)  # [keys, queries]
+        # relu(S)^T: [keys, queries]
+        rt = relu_scores(dot(k, qt, PRECISION), BIAS, offs_m[None, :], offs_n[:, None], T, HALF, scale)
         do = tl.load(
             DO + n * son + offs_m[:, None] * sot + offs_e[None, :] * soe,
             mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
