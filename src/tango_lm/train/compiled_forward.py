@@ -1,0 +1,42 @@
+"""`train.compile=true`: the training forward through `torch.compile`, eager again when that fails.
+
+A compiler failure (an operator inductor cannot lower, a Triton build error on an unusual GPU, a
+shape Dynamo cannot trace) would otherwise end a run at its first step with pages of trace. It is
+logged as one line and the run trains eagerly from then on: the same model, the same numbers (the
+compile tests hold compiled and eager losses equal), only slower. Errors that are not the
+compiler's (out of memory, a bad batch) propagate as they would eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class CompiledForward:
+    """Calls `torch.compile(forward)`; after its first compiler failure, `forward` itself."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], backend: Any = "inductor") -> None:
+        self.eager = forward
+        self.compiled = torch.compile(forward, backend=backend)
+        self.failed = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not self.failed:
+            try:
+                return self.compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as exc:  # the compiler's own failures only
+                cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # the backend's own error
+                first = (str(cause).strip().splitlines() or [""])[0][:200]
+                log.warning(
+                    "train.compile: torch.compile failed, training eagerly from here on: %s: %s",
+                    type(cause).__name__,
+                    first,
+                )
+                self.failed = True
+        return self.eager(*args, **kwargs)
