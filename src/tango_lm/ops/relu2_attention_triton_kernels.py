@@ -15,20 +15,23 @@ from tango_lm.ops.triton_common import configs, dot
 # (block sizes..., num_warps, num_stages). The width e of V is tiled over a grid axis in the
 # forward and in dV's kernel (see relu2_attention_triton.py for why), so BLOCK_E trades the
 # recomputation of S (s / BLOCK_E of the P V work) against registers for the [BLOCK, BLOCK_E]
-# fp32 accumulator.
+# fp32 accumulator. Chosen from ptxas's report for sm_90 (triton 3.6, s = 128, bf16; no GPU was
+# at hand to time them): little or no register spilling in bf16, and in every kernel at least one
+# small enough in shared memory for fp32 inputs (several need more than the 227 KiB there; the
+# autotuner skips a configuration that does not fit). Three or four per kernel keep the
+# autotuning inside the GPU check's time limits.
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
-    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2)],
+    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2), (64, 32, 64, 4, 2)],
 )
 _DV_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
-    [(64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (64, 64, 256, 8, 2)],
+    [(64, 64, 128, 8, 3), (64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (32, 64, 64, 4, 2)],
 )
 # One square block for queries and keys: the relative bias's gradient sums dS along the tile's
 # diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). Blocks of at most 64:
 # the program holds k, q and dK [BLOCK, s] and dP [BLOCK, BLOCK] at once (s = 128 at the presets).
-# Three configurations per kernel keep the autotuning inside the GPU check's time limits.
-_DQK_CONFIGS = configs(("BLOCK", "BLOCK_E"), [(64, 64, 4, 3), (64, 128, 8, 2), (32, 128, 4, 3)])
+_DQK_CONFIGS = configs(("BLOCK", "BLOCK_E"), [(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 3)])
 _KEY = ["T", "E", "D"]
 
 
@@ -201,12 +204,7 @@ def dqk_kernel(
     kmask = (offs_n[:, None] < T) & (offs_d[None, :] < D)
     k = tl.load(K + n * skn + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
     dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    # The tile's diagonals: column c holds offset t - j = start_m - start_n + c - (BLOCK - 1), the
-    # entries of row i at key column i - c + BLOCK - 1 (c = 2 BLOCK - 1 is always empty).
     rows = tl.arange(0, BLOCK)
-    diag = tl.arange(0, 2 * BLOCK)
-    diag_col = rows[:, None] - diag[None, :] + BLOCK - 1
-    on_tile = (diag_col >= 0) & (diag_col < BLOCK)
     for start_m in range(pid_n * BLOCK, T, BLOCK):  # queries that see these keys
         offs_m = start_m + rows
         qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
@@ -232,6 +230,12 @@ def dqk_kernel(
         # per tile reach the [2 HALF - 1] fp32 buffer. One atomic add per entry of dS instead
         # would put BLOCK^2 atomics per tile on only 2 BLOCK - 1 addresses, serializing them; a
         # buffer of per-tile partial sums would be as large as the [T, T] scores it avoids.
+        # Column c of `lined` holds the tile's offset t - j = start_m - start_n + c - (BLOCK - 1): row
+        # i's entry at key column i - c + BLOCK - 1 (c = 2 BLOCK - 1 is always empty). The indices
+        # are rebuilt per tile rather than kept live across the loop ([BLOCK, 2 BLOCK] registers).
+        diag = tl.arange(0, 2 * BLOCK)
+        diag_col = rows[:, None] - diag[None, :] + BLOCK - 1
+        on_tile = (diag_col >= 0) & (diag_col < BLOCK)
         lined = tl.where(on_tile, tl.gather(ds, tl.where(on_tile, diag_col, 0), 1), 0.0)
         offset = start_m - pid_n * BLOCK + diag - (BLOCK - 1)
         tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T))
