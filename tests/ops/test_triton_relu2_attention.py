@@ -213,3 +213,30 @@ def test_triton_model_loss_and_gradients_equal_the_reference_path(monkeypatch, c
         err = (grads_tri[name] - grad).abs().max() / grad.abs().max().clamp_min(1e-6)
         assert err < 1e-4, f"{name}: normalized gradient error {err:.1e}"
     assert all(g.abs().max() > 0 for n, g in grads_ref.items() if n.endswith("rel_bias"))  # exercised
+
+
+@pytest.mark.skipif(not triton_ops.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
+def test_triton_gau_layer_compiles_whole(monkeypatch):
+    # On CUDA the layer's attention is the custom op inside the compiled graph; here the same,
+    # interpreted: one graph (fullgraph) that calls the op, with the eager layer's output and gradients.
+    from torch._dynamo.backends.debugging import aot_eager
+
+    from tango_lm.layers.rope import rope_tables
+
+    monkeypatch.setenv(dispatch.ENV, "triton")
+    layer = build_model(arch_cases.tiny_config("gau", depth=1)).backbone.layers[0]
+    x = torch.randn(2, 13, layer.norm.weight.shape[0], requires_grad=True)
+    rope = rope_tables(13, layer.z_proj.out_features, 10000.0, x.device, dtype=x.dtype)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    got = torch.compile(layer, fullgraph=True, dynamic=False, backend=backend)(x, rope)
+    want = layer(x, rope)
+    assert len(graphs) == 1 and "relu2_attention_triton_forward" in graphs[0]
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+    torch._dynamo.reset()
