@@ -19,9 +19,10 @@ is no softmax, so no row statistics: the forward is one pass.
 
 Why e is tiled over a grid axis (forward and dV) instead of looped over inside one program: e is
 wide (GAU's e = 2d, 1,024-1,536 at the presets, against s = 128), and a program that held the
-whole [BLOCK_M, e] fp32 accumulator would spill registers; a tile of 128-256 columns keeps it in
-registers, at the price of recomputing S = q k^T once per tile (s / BLOCK_E of the P V work,
-1/2 to 1 at s = 128), and gives the grid e / BLOCK_E times more programs to fill the GPU with.
+whole [BLOCK_M, e] fp32 accumulator would spill registers (ptxas for sm_90: a [64, 256] tile
+already uses all 255 registers per thread at s = 128); a tile of 128-256 columns keeps it in
+registers, at the price of recomputing S = q k^T once per tile (s / BLOCK_E of the P V work: 1/2
+at 256 columns, 1 at 128), and gives the grid e / BLOCK_E times more programs to fill the GPU with.
 dP must be contracted over the whole of e before dS exists, so `dqk_kernel` loops over e instead
 (its accumulator is the [BLOCK, BLOCK] tile of dP, whatever e is).
 
