@@ -16,6 +16,14 @@ from typing import Any
 import torch
 
 log = logging.getLogger(__name__)
+COMPILER_ERRORS = (torch._dynamo.exc.TorchDynamoException,)  # the compiler's own failures, not the model's
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line` of the error behind a compiler failure (a backend's wrapped one if any)."""
+    cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    first = (str(cause).strip().splitlines() or [""])[0][:200]
+    return f"{type(cause).__name__}: {first}"
 
 
 class CompiledForward:
@@ -30,13 +38,7 @@ class CompiledForward:
         if not self.failed:
             try:
                 return self.compiled(*args, **kwargs)
-            except torch._dynamo.exc.TorchDynamoException as exc:  # the compiler's own failures only
-                cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # the backend's own error
-                first = (str(cause).strip().splitlines() or [""])[0][:200]
-                log.warning(
-                    "train.compile: torch.compile failed, training eagerly from here on: %s: %s",
-                    type(cause).__name__,
-                    first,
-                )
+            except COMPILER_ERRORS as exc:
+                log.warning("train.compile: torch.compile failed, training eagerly from here on: %s", one_line(exc))
                 self.failed = True
         return self.eager(*args, **kwargs)
