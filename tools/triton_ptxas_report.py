@@ -57,6 +57,23 @@ OPS = {
 }
 
 
+def launch_ints(op: str, head_dim: int, width: int) -> dict[str, int]:
+    """The integer arguments of `op`'s kernels at the issue's launch (B = 16, H = 16, T = 1024, the
+    given width per head): q, k [B, H, T, d_h] as the layers make them (heads split from [B, T, H d_h]),
+    gates [B, T, F] contiguous."""
+    h, t, d, w = 16, 1024, head_dim, width
+    f = h * w
+    ints = {"H": h, "T": t, "W": w, "D": d}
+    if op == "tango_mix":
+        for x in "qk":
+            ints |= {f"s{x}b": t * h * d, f"s{x}h": d, f"s{x}t": h * d, f"s{x}d": 1}
+        for x in "audy":
+            ints |= {f"s{x}b": t * f, f"s{x}t": f, f"s{x}f": 1}
+    if op == "windowed":
+        ints |= {"C": 64, "N": t // 64}
+    return ints
+
+
 def ptxas_path(arch: int) -> Path | None:
     """The ptxas triton itself runs for `arch` (its wheel ships one per architecture range)."""
     try:
@@ -67,8 +84,12 @@ def ptxas_path(arch: int) -> Path | None:
         return None
 
 
-def report_kernel(kernel, pointers: dict[str, str], constexprs: dict, dtype: str, arch: int) -> list[dict]:
-    """One row per autotune configuration of `kernel` (a triton Autotuner around a JITFunction)."""
+def report_kernel(
+    kernel, pointers: dict[str, str], constexprs: dict, dtype: str, arch: int, ints: dict[str, int] | None = None
+) -> list[dict]:
+    """One row per autotune configuration of `kernel` (a triton Autotuner around a JITFunction).
+    `ints` gives integer arguments their values at a launch: as triton's JIT does, those equal to 1
+    are compiled as constants and multiples of 16 are marked so (which lets loads be vectorized)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -77,18 +98,27 @@ def report_kernel(kernel, pointers: dict[str, str], constexprs: dict, dtype: str
     rows = []
     for config in kernel.configs:
         consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
-        signature = {}
+        signature, attrs = {}, {}
         for name in fn.arg_names:
+            value = (ints or {}).get(name)
             if name in consts:
                 signature[name] = "constexpr"
+            elif value == 1:  # the JIT makes an integer argument equal to 1 a constant
+                signature[name], consts[name] = "constexpr", 1
             elif name in pointers:
                 signature[name] = "*fp32" if pointers[name] == FP32 else f"*{dtype}"
+                attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]  # torch's allocations
             else:  # strides and sizes, and the float scales
                 signature[name] = "fp32" if name.startswith("scale") else "i32"
+                if value is not None and value % 16 == 0:  # the JIT marks multiples of 16 so
+                    attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
         row = {"kernel": fn.__name__, "config": config.kwargs, "warps": config.num_warps, "stages": config.num_stages}
         try:
             source = ASTSource(
-                fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
+                fn=fn,
+                signature=signature,
+                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                attrs=attrs,
             )
             compiled = triton.compile(
                 source,
@@ -148,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
+    p.add_argument("--width", type=int, default=1780, help="gate columns per head (TANGO's presets: 1,780)")
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     args = p.parse_args(argv)
     ops = [o for o in args.ops.split(",") if o]
@@ -173,16 +204,21 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from tango_lm.ops.triton_common import column_alignment
+
     rows = []
     for op in ops:
         module, kernels, constexprs = OPS[op]
         mod = importlib.import_module(module)
         block_d = max(16, 1 << (args.head_dim - 1).bit_length())  # as the ops' wrappers pick it
-        consts = {"PRECISION": "ieee" if args.dtype == "fp32" else "tf32", "BLOCK_D": block_d, **constexprs}
+        align = column_alignment(args.width, 4 if args.dtype == "fp32" else 2)  # as the wrappers pick it
+        consts = {"PRECISION": "ieee" if args.dtype == "fp32" else "tf32", "BLOCK_D": block_d, "ALIGN": align}
+        consts |= constexprs
         for name, pointers in kernels.items():
             if args.kernels and name not in args.kernels.split(","):
                 continue
-            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch)
+            ints = launch_ints(op, args.head_dim, args.width)
+            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch, ints)
     print(format_rows(rows, args.dtype, args.arch, args.head_dim))
     return 0
 

@@ -38,7 +38,7 @@ from tango_lm.ops.tango_mix_triton_kernels import (
     lse_kernel,
     scores_backward_kernel,
 )
-from tango_lm.ops.triton_common import DTYPES, INTERPRETED, LOG2E, precision
+from tango_lm.ops.triton_common import DTYPES, INTERPRETED, LOG2E, column_alignment, precision
 
 __all__ = ["DTYPES", "INTERPRETED", "supported", "tango_mix_triton"]
 
@@ -110,6 +110,7 @@ def _forward(
         HAS_U=u is not None,
         STORE_AVG=store_avg,
         PRECISION=prec,
+        ALIGN=column_alignment(w, a.element_size(), a, uu),
         BLOCK_D=block_d,
     )
     return y, lse, avg
@@ -147,11 +148,28 @@ def _backward(
         return dq.to(q.dtype), dk.zero_().to(k.dtype), da, du
     prec = precision(q.dtype)
     delta = torch.empty(bsz, h, t, dtype=torch.float32, device=q.device)
-    delta_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), bsz * h)](dy, y, delta, *dy.stride(), *y.stride(), h, t, w, d)
+    align = column_alignment(w, a.element_size(), a, a if u is None else u, dy, y)
+    delta_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), bsz * h)](
+        dy, y, delta, *dy.stride(), *y.stride(), h, t, w, d, ALIGN=align
+    )
     uu = a if u is None else u
     args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride(), *dy.stride(), h, t, w, d, scale_log2)
     scores_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), bsz * h)](
-        q, k, a, uu, dy, lse, delta, dq, dk, *args, d**-0.5, HAS_U=u is not None, PRECISION=prec, BLOCK_D=block_d
+        q,
+        k,
+        a,
+        uu,
+        dy,
+        lse,
+        delta,
+        dq,
+        dk,
+        *args,
+        d**-0.5,
+        HAS_U=u is not None,
+        PRECISION=prec,
+        ALIGN=align,
+        BLOCK_D=block_d,
     )
     gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
         q,
@@ -166,6 +184,7 @@ def _backward(
         *args,
         HAS_U=u is not None,
         PRECISION=prec,
+        ALIGN=align,
         BLOCK_D=block_d,
     )
     return dq.to(q.dtype), dk.to(k.dtype), da, du

@@ -126,66 +126,95 @@ def forward_kernel(
     HAS_U: tl.constexpr,
     STORE_AVG: tl.constexpr,
     PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
-    b, h = bh // H, bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_w, bh = tl.program_id(1), tl.program_id(2)
+    b, h = (bh // H).to(tl.int64), bh % H
+    W = W // ALIGN * ALIGN  # W, the row strides and so each head's first column are multiples of ALIGN:
+    sat, sut = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN  # the compiler may then vectorize the gates
+    offs_m = tl.arange(0, BLOCK_M)  # 32-bit offsets within a block, 64-bit ones to its first element
+    offs_n = tl.arange(0, BLOCK_N)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     offs_d = tl.arange(0, BLOCK_D)
-    cols = h * W + offs_w
+    first_m = pid_m * BLOCK_M
     q = tl.load(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-        mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
+        Q + b * sqb + h * sqh + tl.cast(first_m, tl.int64) * sqt + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+        mask=(first_m + offs_m[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
-    lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
+    lse = tl.load(LSE + bh.to(tl.int64) * T + first_m + offs_m, mask=first_m + offs_m < T, other=0.0)
+    k_head = K + b * skb + h * skh
+    a_head = A + b * sab + h * W * saf
     acc = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+    for start_n in range(0, tl.minimum(first_m + BLOCK_M, T), BLOCK_N):
         kt = tl.load(
-            K + b * skb + h * skh + offs_n[None, :] * skt + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
+            k_head + tl.cast(start_n, tl.int64) * skt + offs_n[None, :] * skt + offs_d[:, None] * skd,
+            mask=(start_n + offs_n[None, :] < T) & (offs_d[:, None] < D),
             other=0.0,
         )
         s = dot(q, kt, PRECISION) * scale_log2
-        p = tl.where((offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T), tl.exp2(s - lse[:, None]), 0.0)
+        causal = (first_m + offs_m[:, None] >= start_n + offs_n[None, :]) & (start_n + offs_n[None, :] < T)
+        p = tl.where(causal, tl.exp2(s - lse[:, None]), 0.0)
         a = tl.load(
-            A + b * sab + offs_n[:, None] * sat + cols[None, :] * saf,
-            mask=(offs_n[:, None] < T) & (offs_w[None, :] < W),
+            a_head + tl.cast(start_n, tl.int64) * sat + offs_n[:, None] * sat + offs_w[None, :] * saf,
+            mask=(start_n + offs_n[:, None] < T) & (offs_w[None, :] < W),
             other=0.0,
         )
         g = silu_f32(a).to(A.dtype.element_ty)
         acc += dot(p.to(A.dtype.element_ty), g, PRECISION)
-    rows = b * sab + offs_m[:, None] * sat + cols[None, :] * saf  # Y and AVG share a's layout (contiguous)
-    mask = (offs_m[:, None] < T) & (offs_w[None, :] < W)
+    mask = (first_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
+    rows = offs_m[:, None] * sat + offs_w[None, :] * saf  # Y and AVG share a's layout (contiguous)
+    first = b * sab + tl.cast(first_m, tl.int64) * sat + h * W * saf
     if STORE_AVG:
-        tl.store(AVG + rows, acc.to(AVG.dtype.element_ty), mask=mask)
+        tl.store(AVG + first + rows, acc.to(AVG.dtype.element_ty), mask=mask)
     if HAS_U:
-        u = tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mask, other=0.0)
+        u_first = U + b * sub + tl.cast(first_m, tl.int64) * sut + h * W * suf
+        u = tl.load(u_first + offs_m[:, None] * sut + offs_w[None, :] * suf, mask=mask, other=0.0)
         acc = acc * u.to(tl.float32)
-    tl.store(Y + rows, acc.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.autotune(_DELTA_CONFIGS, key=_KEY)
 @triton.jit
-def delta_kernel(DY, Y, DELTA, sdb, sdt, sdf, syb, syt, syf, H, T, W, D, BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def delta_kernel(
+    DY,
+    Y,
+    DELTA,
+    sdb,
+    sdt,
+    sdf,
+    syb,
+    syt,
+    syf,
+    H,
+    T,
+    W,
+    D,
+    ALIGN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
+    W = W // ALIGN * ALIGN
+    sdt, syt = sdt // ALIGN * ALIGN, syt // ALIGN * ALIGN
+    first_m = pid_m * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    dy_first = DY + b * sdb + tl.cast(first_m, tl.int64) * sdt + h * W * sdf
+    y_first = Y + b * syb + tl.cast(first_m, tl.int64) * syt + h * W * syf
     acc = tl.zeros([BLOCK_M], tl.float32)
     for start_w in range(0, W, BLOCK_W):
         offs_w = start_w + tl.arange(0, BLOCK_W)
-        cols = h * W + offs_w
-        mask = (offs_m[:, None] < T) & (offs_w[None, :] < W)
-        dy = tl.load(DY + b * sdb + offs_m[:, None] * sdt + cols[None, :] * sdf, mask=mask, other=0.0)
-        y = tl.load(Y + b * syb + offs_m[:, None] * syt + cols[None, :] * syf, mask=mask, other=0.0)
+        mask = (first_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
+        dy = tl.load(dy_first + offs_m[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
+        y = tl.load(y_first + offs_m[:, None] * syt + offs_w[None, :] * syf, mask=mask, other=0.0)
         acc += tl.sum(dy.to(tl.float32) * y.to(tl.float32), 1)
-    tl.store(DELTA + bh * T + offs_m, acc, mask=offs_m < T)
+    tl.store(DELTA + bh.to(tl.int64) * T + first_m + offs_m, acc, mask=first_m + offs_m < T)
 
 
 @triton.autotune(_SCORES_CONFIGS, key=_KEY, reset_to_zero=["DQ"])
@@ -225,51 +254,70 @@ def scores_backward_kernel(
     scale,
     HAS_U: tl.constexpr,
     PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * T * F can pass 2^31
-    b, h = bh // H, bh % H
+    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    W = W // ALIGN * ALIGN  # as in forward_kernel: vectorized gate columns, 32-bit in-block offsets
+    sat, sut, sdt = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN, sdt // ALIGN * ALIGN
+    first_n = pid_n * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    kmask = (offs_n[:, None] < T) & (offs_d[None, :] < D)
-    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
+    kmask = (first_n + offs_n[:, None] < T) & (offs_d[None, :] < D)
+    k = tl.load(
+        K + b * skb + h * skh + tl.cast(first_n, tl.int64) * skt + offs_n[:, None] * skt + offs_d[None, :] * skd,
+        mask=kmask,
+        other=0.0,
+    )
+    q_head = Q + b * sqb + h * sqh
+    at_first = A + b * sab + tl.cast(first_n, tl.int64) * sat + h * W * saf  # these keys' gates
+    dy_head = DY + b * sdb + h * W * sdf
+    u_head = U + b * sub + h * W * suf
+    bht = bh.to(tl.int64) * T
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):  # destinations that see these keys
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
-        lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
-        delta = tl.load(DELTA + bh * T + offs_m, mask=offs_m < T, other=0.0)
-        s = dot(q, tl.trans(k), PRECISION) * scale_log2
-        valid = (offs_m[:, None] >= offs_n[None, :]) & (offs_m[:, None] < T) & (offs_n[None, :] < T)
-        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+    for start_m in range(first_n // BLOCK_M * BLOCK_M, T, BLOCK_M):  # destinations that see these keys
+        dy_first = dy_head + tl.cast(start_m, tl.int64) * sdt
+        u_first = u_head + tl.cast(start_m, tl.int64) * sut
         dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start_w in range(0, W, BLOCK_W):  # dP = dgbar g^T, contracted over the whole width
             offs_w = start_w + tl.arange(0, BLOCK_W)
-            cols = h * W + offs_w
-            mmask = (offs_m[:, None] < T) & (offs_w[None, :] < W)
-            dg = tl.load(DY + b * sdb + offs_m[:, None] * sdt + cols[None, :] * sdf, mask=mmask, other=0.0)
+            mmask = (start_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
+            dg = tl.load(dy_first + offs_m[:, None] * sdt + offs_w[None, :] * sdf, mask=mmask, other=0.0)
             dg = dg.to(tl.float32)
             if HAS_U:
-                dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask, other=0.0).to(
-                    tl.float32
-                )
+                u = tl.load(u_first + offs_m[:, None] * sut + offs_w[None, :] * suf, mask=mmask, other=0.0)
+                dg = dg * u.to(tl.float32)
             at = tl.load(
-                A + b * sab + offs_n[None, :] * sat + cols[:, None] * saf,
-                mask=(offs_n[None, :] < T) & (offs_w[:, None] < W),
+                at_first + offs_n[None, :] * sat + offs_w[:, None] * saf,
+                mask=(first_n + offs_n[None, :] < T) & (offs_w[:, None] < W),
                 other=0.0,
             )
             dp += dot(dg.to(dt), silu_f32(at).to(dt), PRECISION)
+        # The probabilities only now, so that they are not held through the loop over the width.
+        qmask = (start_m + offs_m[:, None] < T) & (offs_d[None, :] < D)
+        q = tl.load(
+            q_head + tl.cast(start_m, tl.int64) * sqt + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+            mask=qmask,
+            other=0.0,
+        )
+        lse = tl.load(LSE + bht + start_m + offs_m, mask=start_m + offs_m < T, other=0.0)
+        delta = tl.load(DELTA + bht + start_m + offs_m, mask=start_m + offs_m < T, other=0.0)
+        s = dot(q, tl.trans(k), PRECISION) * scale_log2
+        valid = (start_m + offs_m[:, None] >= first_n + offs_n[None, :]) & (start_m + offs_m[:, None] < T)
+        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
         ds = (p * (dp - delta[:, None])).to(dt)
         dk += dot(tl.trans(ds), q, PRECISION)
         dq = dot(ds, k, PRECISION) * scale
-        tl.atomic_add(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask)
-    tl.store(DK + bh * T * D + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
+        dq_first = DQ + (bht + start_m) * D
+        tl.atomic_add(dq_first + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask)
+    dk_first = DK + (bht + first_n) * D
+    tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
 @triton.autotune(_GATES_CONFIGS, key=_KEY)
@@ -308,50 +356,65 @@ def gates_backward_kernel(
     scale_log2,
     HAS_U: tl.constexpr,
     PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
-    pid_w, bh = tl.program_id(1), tl.program_id(2).to(tl.int64)
-    b, h = bh // H, bh % H
+    pid_w, bh = tl.program_id(1), tl.program_id(2)
+    b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    W = W // ALIGN * ALIGN  # as in forward_kernel: vectorized gate columns, 32-bit in-block offsets
+    sat, sut, sdt = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN, sdt // ALIGN * ALIGN
+    first_n = pid_n * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     offs_d = tl.arange(0, BLOCK_D)
-    cols = h * W + offs_w
     k = tl.load(
-        K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
-        mask=(offs_n[:, None] < T) & (offs_d[None, :] < D),
+        K + b * skb + h * skh + tl.cast(first_n, tl.int64) * skt + offs_n[:, None] * skt + offs_d[None, :] * skd,
+        mask=(first_n + offs_n[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
+    q_head = Q + b * sqb + h * sqh
+    dy_head = DY + b * sdb + h * W * sdf
+    u_head = U + b * sub + h * W * suf
+    lse_head = LSE + bh.to(tl.int64) * T
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
-    for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+    for start_m in range(first_n // BLOCK_M * BLOCK_M, T, BLOCK_M):
         qt = tl.load(
-            Q + b * sqb + h * sqh + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
-            mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
+            q_head + tl.cast(start_m, tl.int64) * sqt + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
+            mask=(start_m + offs_m[None, :] < T) & (offs_d[:, None] < D),
             other=0.0,
         )
-        lse = tl.load(LSE + bh * T + offs_m, mask=offs_m < T, other=0.0)
+        lse = tl.load(lse_head + start_m + offs_m, mask=start_m + offs_m < T, other=0.0)
         st = dot(k, qt, PRECISION) * scale_log2  # S^T: [keys, destinations]
-        valid = (offs_m[None, :] >= offs_n[:, None]) & (offs_m[None, :] < T) & (offs_n[:, None] < T)
+        valid = (start_m + offs_m[None, :] >= first_n + offs_n[:, None]) & (start_m + offs_m[None, :] < T)
         pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
-        mmask = (offs_m[:, None] < T) & (offs_w[None, :] < W)
-        dg = tl.load(DY + b * sdb + offs_m[:, None] * sdt + cols[None, :] * sdf, mask=mmask, other=0.0)
-        dg = dg.to(tl.float32)
+        mmask = (start_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
+        dg = tl.load(
+            dy_head + tl.cast(start_m, tl.int64) * sdt + offs_m[:, None] * sdt + offs_w[None, :] * sdf,
+            mask=mmask,
+            other=0.0,
+        ).to(tl.float32)
         if HAS_U:
-            dg = dg * tl.load(U + b * sub + offs_m[:, None] * sut + cols[None, :] * suf, mask=mmask, other=0.0).to(
-                tl.float32
+            u = tl.load(
+                u_head + tl.cast(start_m, tl.int64) * sut + offs_m[:, None] * sut + offs_w[None, :] * suf,
+                mask=mmask,
+                other=0.0,
             )
+            dg = dg * u.to(tl.float32)
         acc += dot(pt.to(dt), dg.to(dt), PRECISION)
-    mask = (offs_n[:, None] < T) & (offs_w[None, :] < W)
-    a = tl.load(A + b * sab + offs_n[:, None] * sat + cols[None, :] * saf, mask=mask, other=0.0).to(tl.float32)
+    mask = (first_n + offs_n[:, None] < T) & (offs_w[None, :] < W)
+    rows = offs_n[:, None] * sat + offs_w[None, :] * saf  # DA, DU and AVG share a's layout (contiguous)
+    first = b * sab + tl.cast(first_n, tl.int64) * sat + h * W * saf
+    a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-a))
-    rows = b * sab + offs_n[:, None] * sat + cols[None, :] * saf  # DA, DU and AVG share a's layout
-    tl.store(DA + rows, (acc * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
+    tl.store(DA + first + rows, (acc * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
     if HAS_U:
-        dy = tl.load(DY + b * sdb + offs_n[:, None] * sdt + cols[None, :] * sdf, mask=mask, other=0.0)
-        avg = tl.load(AVG + rows, mask=mask, other=0.0)
-        tl.store(DU + rows, (dy.to(tl.float32) * avg.to(tl.float32)).to(DU.dtype.element_ty), mask=mask)
+        dy_first = dy_head + tl.cast(first_n, tl.int64) * sdt
+        dy = tl.load(dy_first + offs_n[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
+        avg = tl.load(AVG + first + rows, mask=mask, other=0.0)
+        tl.store(DU + first + rows, (dy.to(tl.float32) * avg.to(tl.float32)).to(DU.dtype.element_ty), mask=mask)

@@ -43,3 +43,17 @@ def precision(dtype: torch.dtype) -> str:
     """fp32 inputs multiply in full fp32 unless PyTorch's own matmuls are allowed TF32; bf16 and
     fp16 operands take the tensor cores' own path (Triton's default setting)."""
     return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+
+
+def column_alignment(width: int, element_size: int, *tensors: torch.Tensor) -> int:
+    """The largest power of two, up to 16 bytes' worth of elements, that divides the width per head
+    and every tensor's storage offset and strides but the last: the gate kernels' `ALIGN`. Told it,
+    the compiler loads a row's columns in vectors of that many elements (TANGO's width 1,780 in
+    bf16: 4) instead of one by one, each with its own 64-bit address."""
+    align = 16 // element_size
+    while align > 1 and any(
+        v % align
+        for v in (width, *(x.storage_offset() for x in tensors), *(s for x in tensors for s in x.stride()[:-1]))
+    ):
+        align //= 2
+    return align
