@@ -96,7 +96,10 @@ def report_kernel(
 
     fn = kernel.fn
     rows = []
-    for config in kernel.configs:
+    configs = kernel.configs
+    if getattr(kernel, "early_config_prune", None):  # those the autotuner tries at this head dim
+        configs = kernel.early_config_prune(configs, {}, **constexprs)
+    for config in configs:
         consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
         signature, attrs = {}, {}
         for name in fn.arg_names:

@@ -6,39 +6,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import configs, dot, silu_f32
+from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
 
-# (block sizes..., num_warps, num_stages). Larger column blocks recompute P less often.
+# (block sizes..., num_warps, num_stages). Larger column blocks recompute P less often. Each
+# configuration compiles for sm_90 without spilling registers at head dims 32-128 in bf16, fp16
+# and fp32 (tools/triton_ptxas_report.py; tests/ops/test_triton_spills.py keeps TANGO's shape so).
 _LSE_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)])
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 128, 4, 3),
-        (128, 64, 128, 8, 3),
-        (128, 32, 256, 8, 3),
-        (64, 64, 256, 8, 2),
-        (128, 64, 64, 4, 3),
-    ],
+    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2, 64), (128, 64, 64, 4, 3, 32)],
 )
 _DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(64, 128, 4, 1), (32, 256, 4, 1)])
 _SCORES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 64, 4, 3),
-        (64, 128, 64, 8, 3),
-        (128, 64, 64, 8, 3),
-        (64, 64, 128, 8, 2),
-    ],
+    [(64, 64, 64, 8, 2), (128, 64, 64, 8, 3, 64), (32, 64, 64, 4, 2, 64), (64, 64, 128, 8, 2, 32)],
 )
 _GATES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 128, 4, 3),
-        (64, 128, 128, 8, 3),
-        (32, 128, 256, 8, 3),
-        (64, 64, 256, 8, 2),
-        (64, 128, 64, 4, 3),
-    ],
+    [(64, 64, 128, 8, 3), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3), (64, 64, 128, 4, 3, 32)],
 )
 _KEY = ["T", "W", "D"]
 
@@ -94,7 +79,7 @@ def lse_kernel(
     tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY)
+@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def forward_kernel(
     Q,
@@ -217,7 +202,7 @@ def delta_kernel(
     tl.store(DELTA + bh.to(tl.int64) * T + first_m + offs_m, acc, mask=first_m + offs_m < T)
 
 
-@triton.autotune(_SCORES_CONFIGS, key=_KEY, reset_to_zero=["DQ"])
+@triton.autotune(_SCORES_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -315,12 +300,12 @@ def scores_backward_kernel(
         dk += dot(tl.trans(ds), q, PRECISION)
         dq = dot(ds, k, PRECISION) * scale
         dq_first = DQ + (bht + start_m) * D
-        tl.atomic_add(dq_first + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask)
+        tl.atomic_add(dq_first + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask, sem="relaxed")
     dk_first = DK + (bht + first_n) * D
     tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
-@triton.autotune(_GATES_CONFIGS, key=_KEY)
+@triton.autotune(_GATES_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def gates_backward_kernel(
     Q,
@@ -382,6 +367,14 @@ def gates_backward_kernel(
     dy_head = DY + b * sdb + h * W * sdf
     u_head = U + b * sub + h * W * suf
     lse_head = LSE + bh.to(tl.int64) * T
+    mask = (first_n + offs_n[:, None] < T) & (offs_w[None, :] < W)
+    rows = offs_n[:, None] * sat + offs_w[None, :] * saf  # DA, DU and AVG share a's layout (contiguous)
+    first = b * sab + tl.cast(first_n, tl.int64) * sat + h * W * saf
+    if HAS_U:  # du = dy * gbar first: its tiles are then not live beside the accumulator
+        dy_first = dy_head + tl.cast(first_n, tl.int64) * sdt
+        dy = tl.load(dy_first + offs_n[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
+        avg = tl.load(AVG + first + rows, mask=mask, other=0.0)
+        tl.store(DU + first + rows, (dy.to(tl.float32) * avg.to(tl.float32)).to(DU.dtype.element_ty), mask=mask)
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
     for start_m in range(first_n // BLOCK_M * BLOCK_M, T, BLOCK_M):
         qt = tl.load(
@@ -407,14 +400,6 @@ def gates_backward_kernel(
             )
             dg = dg * u.to(tl.float32)
         acc += dot(pt.to(dt), dg.to(dt), PRECISION)
-    mask = (first_n + offs_n[:, None] < T) & (offs_w[None, :] < W)
-    rows = offs_n[:, None] * sat + offs_w[None, :] * saf  # DA, DU and AVG share a's layout (contiguous)
-    first = b * sab + tl.cast(first_n, tl.int64) * sat + h * W * saf
     a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-a))
     tl.store(DA + first + rows, (acc * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
-    if HAS_U:
-        dy_first = dy_head + tl.cast(first_n, tl.int64) * sdt
-        dy = tl.load(dy_first + offs_n[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
-        avg = tl.load(AVG + first + rows, mask=mask, other=0.0)
-        tl.store(DU + first + rows, (dy.to(tl.float32) * avg.to(tl.float32)).to(DU.dtype.element_ty), mask=mask)
