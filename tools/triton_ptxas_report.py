@@ -1,6 +1,6 @@
 """Compile every autotune configuration of the project's Triton kernels for a CUDA GPU, without one.
 
-Usage: PYTHONPATH=src python tools/triton_ptxas_report.py [--ops relu2,tango_mix --kernels NAME,...
+Usage: PYTHONPATH=src python tools/triton_ptxas_report.py [--ops relu2,tango_mix,windowed --kernels NAME,...
        --dtype bf16 --head-dim 128 --arch 90]
 
 Triton's NVIDIA backend (and the ptxas in its wheel) compiles a kernel for a named architecture on
@@ -53,6 +53,18 @@ OPS = {
             }.items()
         },
         {"HAS_U": True, "STORE_AVG": True},
+    ),
+    "windowed": (
+        "tango_lm.ops.windowed_triton",
+        {
+            name: {p: IO if p in ("A", "U", "DY", "Y", "AVG", "DA", "DU") else FP32 for p in pointers}
+            for name, pointers in {
+                "_forward_kernel": ("WB", "PQ", "PK", "A", "U", "Y", "AVG"),
+                "_band_backward_kernel": ("A", "U", "DY", "DWB"),
+                "_backward_kernel": ("WB", "PQ", "PK", "A", "U", "DY", "AVG", "DPQ", "DPK", "DA", "DU"),
+            }.items()
+        },
+        {"HAS_AVG": True, "BLOCK_C": 64},  # chunks of the window, 64 by default
     ),
 }
 

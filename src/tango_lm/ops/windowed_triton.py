@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import DTYPES, INTERPRETED, configs, dot, precision, silu_f32
+from tango_lm.ops.triton_common import DTYPES, INTERPRETED, column_alignment, configs, dot, precision, silu_f32
 
 _FORWARD_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 4, 2), (128, 8, 2)])
 _BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
@@ -69,80 +69,97 @@ def _forward_kernel(
     N,
     HAS_AVG: tl.constexpr,
     PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
+    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
+    W = W // ALIGN * ALIGN  # as in tango_mix's kernels: vectorized gate columns
     F = H * W
+    BH = tl.num_programs(1)
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    cols = h * W + offs_w
+    tile = offs_c[:, None] * F + offs_w[None, :]  # 32-bit offsets within a chunk, 64-bit ones to it
     cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
     cd = (offs_c[:, None] < C) & (offs_d[None, :] < D)
-    BH = tl.num_programs(1)
+    head = b * T * F + h * W
     s = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)  # S_{i-2}
-    g_prev = tl.zeros([BLOCK_C, BLOCK_W], dt)
     for i in range(0, N):
-        rows = i * C + offs_c
-        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
-        g = silu_f32(tl.load(A + b * T * F + rows[:, None] * F + cols[None, :], mask=mask, other=0.0)).to(dt)
-        small = (i * BH + bh) * C  # first row of chunk i, batch b, head h in the [n, B, H, C, .] tensors
-        wb = WB + (small + offs_c[:, None]) * 2 * C + offs_c[None, :]
-        acc = dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
-        acc += dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
-        if i >= 2:
-            pq = tl.load(PQ + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
-            acc += dot(pq.to(dt), s.to(dt), PRECISION)
-        if i >= 1:  # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
-            prev = ((i - 1) * BH + bh) * C
+        first = head + tl.cast(i * C, tl.int64) * F
+        mask = (offs_c[:, None] < C) & (i * C + offs_c[:, None] < T) & (offs_w[None, :] < W)
+        g = silu_f32(tl.load(A + first + tile, mask=mask, other=0.0)).to(dt)
+        small = (tl.cast(i, tl.int64) * BH + bh) * C  # chunk i, batch b, head h in the [n, B, H, C, .] tensors
+        wb = WB + small * 2 * C + offs_c[:, None] * 2 * C + offs_c[None, :]
+        acc = dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
+        if i >= 1:  # the previous chunk's gates again (read, not carried: fewer live registers)
+            pmask = (offs_c[:, None] < C) & (offs_w[None, :] < W)
+            g_prev = silu_f32(tl.load(A + first - C * F + tile, mask=pmask, other=0.0)).to(dt)
+            acc += dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
+            if i >= 2:
+                pq = tl.load(PQ + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
+                acc += dot(pq.to(dt), s.to(dt), PRECISION)
+            # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
+            prev = small - BH * C
             pkt = tl.load(
-                PK + (prev + offs_c[None, :]) * D + offs_d[:, None],
+                PK + prev * D + offs_c[None, :] * D + offs_d[:, None],
                 mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
                 other=0.0,
             )
             s += dot(pkt.to(dt), g_prev, PRECISION)
-        out = b * T * F + rows[:, None] * F + cols[None, :]
         if HAS_AVG:
-            tl.store(AVG + out, acc.to(dt), mask=mask)
-        u = tl.load(U + out, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Y + out, (acc * u).to(dt), mask=mask)
-        g_prev = g
+            tl.store(AVG + first + tile, acc.to(dt), mask=mask)
+        u = tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + first + tile, (acc * u).to(dt), mask=mask)
 
 
 @triton.autotune(_BAND_CONFIGS, key=_KEY)
 @triton.jit
 def _band_backward_kernel(
-    A, U, DY, DWB, H, T, W, C, D, N, PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr
+    A,
+    U,
+    DY,
+    DWB,
+    H,
+    T,
+    W,
+    C,
+    D,
+    N,
+    PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_W: tl.constexpr,
 ):
-    i, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
+    i, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
+    W = W // ALIGN * ALIGN
     F = H * W
     offs_c = tl.arange(0, BLOCK_C)
-    rows = i * C + offs_c
-    prev_rows = rows - C
+    first = b * T * F + tl.cast(i * C, tl.int64) * F + h * W
+    rows_ok = (offs_c < C) & (i * C + offs_c < T)
+    prev_ok = (offs_c < C) & (i * C + offs_c >= C)  # the previous chunk, when there is one
     acc_prev = tl.zeros([BLOCK_C, BLOCK_C], tl.float32)
     acc_cur = tl.zeros([BLOCK_C, BLOCK_C], tl.float32)
     for start_w in range(0, W, BLOCK_W):
         offs_w = start_w + tl.arange(0, BLOCK_W)
-        cols = h * W + offs_w
-        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
-        base = b * T * F + rows[:, None] * F + cols[None, :]
-        dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
-            tl.float32
-        )
-        tmask = (offs_c[None, :] < C) & (rows[None, :] < T) & (offs_w[:, None] < W)
-        gt = silu_f32(tl.load(A + b * T * F + rows[None, :] * F + cols[:, None], mask=tmask, other=0.0)).to(dt)
-        pmask = (offs_c[None, :] < C) & (prev_rows[None, :] >= 0) & (offs_w[:, None] < W)
-        gpt = silu_f32(tl.load(A + b * T * F + prev_rows[None, :] * F + cols[:, None], mask=pmask, other=0.0)).to(dt)
-        acc_prev += dot(dg.to(dt), gpt, PRECISION)
-        acc_cur += dot(dg.to(dt), gt, PRECISION)
+        tile = offs_c[:, None] * F + offs_w[None, :]
+        mask = rows_ok[:, None] & (offs_w[None, :] < W)
+        dg = tl.load(DY + first + tile, mask=mask, other=0.0).to(tl.float32)
+        dg = (dg * tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        tile_t = offs_c[None, :] * F + offs_w[:, None]  # transposed: [columns, sources]
+        gt = silu_f32(tl.load(A + first + tile_t, mask=rows_ok[None, :] & (offs_w[:, None] < W), other=0.0))
+        acc_cur += dot(dg, gt.to(dt), PRECISION)
+        pmask = prev_ok[None, :] & (offs_w[:, None] < W)
+        gpt = silu_f32(tl.load(A + first - C * F + tile_t, mask=pmask, other=0.0))
+        acc_prev += dot(dg, gpt.to(dt), PRECISION)
     cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
-    out = DWB + ((i * tl.num_programs(1) + bh) * C + offs_c[:, None]) * 2 * C + offs_c[None, :]  # [n, B, H, C, 2C]
+    small = (tl.cast(i, tl.int64) * tl.num_programs(1) + bh) * C  # [n, B, H, C, 2C]
+    out = DWB + small * 2 * C + offs_c[:, None] * 2 * C + offs_c[None, :]
     tl.store(out, acc_prev, mask=cc)
     tl.store(out + C, acc_cur, mask=cc)
 
@@ -168,79 +185,71 @@ def _backward_kernel(
     D,
     N,
     PRECISION: tl.constexpr,
+    ALIGN: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    pid_w, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    b, h = bh // H, bh % H
+    pid_w, bh = tl.program_id(0), tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
+    W = W // ALIGN * ALIGN
     F = H * W
     BH = tl.num_programs(1)
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
-    cols = h * W + offs_w
+    tile = offs_c[:, None] * F + offs_w[None, :]
     cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
     cd = (offs_c[:, None] < C) & (offs_d[None, :] < D)
+    dc = (offs_c[None, :] < C) & (offs_d[:, None] < D)
+    cw = (offs_c[:, None] < C) & (offs_w[None, :] < W)  # a whole chunk (the one before or after a valid one)
+    head = b * T * F + h * W
     # Forward sweep: pq's gradient dgbar_i S_{i-2}^T.
     s = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
-    g_prev = tl.zeros([BLOCK_C, BLOCK_W], dt)
     for i in range(0, N):
-        rows = i * C + offs_c
-        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
-        base = b * T * F + rows[:, None] * F + cols[None, :]
+        first = head + tl.cast(i * C, tl.int64) * F
+        mask = cw & (i * C + offs_c[:, None] < T)
+        small = (tl.cast(i, tl.int64) * BH + bh) * C
         if i >= 2:
-            dg = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32) * tl.load(U + base, mask=mask, other=0.0).to(
-                tl.float32
-            )
+            dg = tl.load(DY + first + tile, mask=mask, other=0.0).to(tl.float32)
+            dg = dg * tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)
             dpq = dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
-            tl.atomic_add(DPQ + ((i * BH + bh) * C + offs_c[:, None]) * D + offs_d[None, :], dpq, mask=cd)
-        if i >= 1:
-            pkt = tl.load(
-                PK + (((i - 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
-                mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
-                other=0.0,
-            )
+            tl.atomic_add(DPQ + small * D + offs_c[:, None] * D + offs_d[None, :], dpq, mask=cd, sem="relaxed")
+        if i >= 1:  # the previous chunk's gates read again rather than carried
+            g_prev = silu_f32(tl.load(A + first - C * F + tile, mask=cw, other=0.0)).to(dt)
+            pkt = tl.load(PK + (small - BH * C) * D + offs_c[None, :] * D + offs_d[:, None], mask=dc, other=0.0)
             s += dot(pkt.to(dt), g_prev, PRECISION)
-        g_prev = silu_f32(tl.load(A + base, mask=mask, other=0.0)).to(dt)
     # Backward sweep over chunks c = N-1 .. 0, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i.
     r = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
-    dg_next = tl.zeros([BLOCK_C, BLOCK_W], dt)  # dgbar_{c+1}
     for j in range(0, N):
         c = N - 1 - j
-        rows = c * C + offs_c
-        mask = (offs_c[:, None] < C) & (rows[:, None] < T) & (offs_w[None, :] < W)
-        base = b * T * F + rows[:, None] * F + cols[None, :]
-        dy = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32)
-        dg = (dy * tl.load(U + base, mask=mask, other=0.0).to(tl.float32)).to(dt)
-        small = (c * BH + bh) * C
-        wbt = WB + (small + offs_c[None, :]) * 2 * C + offs_c[:, None]  # transposed tile of Wb_c
+        first = head + tl.cast(c * C, tl.int64) * F
+        mask = cw & (c * C + offs_c[:, None] < T)
+        dy = tl.load(DY + first + tile, mask=mask, other=0.0).to(tl.float32)
+        dg = (dy * tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        small = (tl.cast(c, tl.int64) * BH + bh) * C
+        wbt = WB + small * 2 * C + offs_c[None, :] * 2 * C + offs_c[:, None]  # transposed tile of Wb_c
         grad = dot(tl.load(wbt + C, mask=cc, other=0.0).to(dt), dg, PRECISION)
-        if c + 1 < N:
-            nbt = WB + (((c + 1) * BH + bh) * C + offs_c[None, :]) * 2 * C + offs_c[:, None]
-            grad += dot(tl.load(nbt, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
-        a = tl.load(A + base, mask=mask, other=0.0).to(tl.float32)
+        a = tl.load(A + first + tile, mask=mask, other=0.0).to(tl.float32)
         if c + 2 < N:
-            pk = tl.load(PK + (small + offs_c[:, None]) * D + offs_d[None, :], mask=cd, other=0.0)
+            pk = tl.load(PK + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
             grad += dot(pk.to(dt), r.to(dt), PRECISION)
             g = (a / (1.0 + tl.exp(-a))).to(dt)
-            tl.atomic_add(
-                DPK + (small + offs_c[:, None]) * D + offs_d[None, :], dot(g, tl.trans(r.to(dt)), PRECISION), mask=cd
-            )
-        sig = 1.0 / (1.0 + tl.exp(-a))
-        tl.store(DA + base, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
-        avg = tl.load(AVG + base, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DU + base, (dy * avg).to(DU.dtype.element_ty), mask=mask)
-        if c + 1 < N:
-            if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}
-                pqt = tl.load(
-                    PQ + (((c + 1) * BH + bh) * C + offs_c[None, :]) * D + offs_d[:, None],
-                    mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
-                    other=0.0,
-                )
+            dpk = dot(g, tl.trans(r.to(dt)), PRECISION)
+            tl.atomic_add(DPK + small * D + offs_c[:, None] * D + offs_d[None, :], dpk, mask=cd, sem="relaxed")
+        if c + 1 < N:  # dgbar_{c+1} read again rather than carried
+            nmask = cw & ((c + 1) * C + offs_c[:, None] < T)
+            dg_next = tl.load(DY + first + C * F + tile, mask=nmask, other=0.0).to(tl.float32)
+            dg_next = (dg_next * tl.load(U + first + C * F + tile, mask=nmask, other=0.0).to(tl.float32)).to(dt)
+            grad += dot(tl.load(wbt + BH * C * 2 * C, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
+            if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}, once chunk c has used R_c
+                pqt = tl.load(PQ + (small + BH * C) * D + offs_c[None, :] * D + offs_d[:, None], mask=dc, other=0.0)
                 r += dot(pqt.to(dt), dg_next, PRECISION)
-        dg_next = dg
+        sig = 1.0 / (1.0 + tl.exp(-a))
+        tl.store(DA + first + tile, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
+        avg = tl.load(AVG + first + tile, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DU + first + tile, (dy * avg).to(DU.dtype.element_ty), mask=mask)
 
 
 def _sizes(weights: torch.Tensor, pk: torch.Tensor, a: torch.Tensor) -> tuple:
@@ -275,6 +284,7 @@ def _forward(
             n,
             HAS_AVG=store_avg,
             PRECISION=precision(a.dtype),
+            ALIGN=column_alignment(w, a.element_size(), a, u),
             BLOCK_C=block_c,
             BLOCK_D=block_d,
         )
@@ -305,7 +315,10 @@ def _backward(
     du = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if da.numel():
         prec = precision(a.dtype)
-        _band_backward_kernel[(n, bsz * h)](a, u, dy, d_weights, h, t, w, c, d, n, PRECISION=prec, BLOCK_C=block_c)
+        align = column_alignment(w, a.element_size(), a, u, dy, avg)
+        _band_backward_kernel[(n, bsz * h)](
+            a, u, dy, d_weights, h, t, w, c, d, n, PRECISION=prec, ALIGN=align, BLOCK_C=block_c
+        )
         _backward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
             weights,
             prefix_q,
@@ -325,6 +338,7 @@ def _backward(
             d,
             n,
             PRECISION=prec,
+            ALIGN=align,
             BLOCK_C=block_c,
             BLOCK_D=block_d,
         )
