@@ -1,7 +1,7 @@
 """Compile every autotune configuration of the project's Triton kernels for a CUDA GPU, without one.
 
 Usage: PYTHONPATH=src python tools/triton_ptxas_report.py [--ops relu2,tango_mix,windowed --kernels NAME,...
-       --dtype bf16 --head-dim 128 --arch 90]
+       --dtype bf16 --head-dim 128 --width 1780 --arch 90 --first N]
 
 Triton's NVIDIA backend (and the ptxas in its wheel) compiles a kernel for a named architecture on
 any machine, so a GPU session's scarce minutes need not find out that a configuration fails to
@@ -10,6 +10,11 @@ configuration silently; if all of a kernel's do, the op fails). For each kernel 
 this prints the shared memory, whether it fits (227 KiB on sm_90), the registers per thread and the
 bytes spilled, from `ptxas -v`. The numbers say nothing about speed. Run it without
 TRITON_INTERPRET (under the interpreter the kernels have one small configuration only).
+
+Each kernel is compiled as triton's JIT would for a launch at the issue's shape (B = H = 16,
+T = 1024, `--width` gate columns per head, contiguous gates): integer arguments equal to 1 become
+constants and multiples of 16 are marked so, pointers are 16-byte aligned, and only the
+configurations the autotuner tries at that head dim are shown (`triton_common.by_head_dim`).
 """
 
 from __future__ import annotations
@@ -72,7 +77,9 @@ OPS = {
 def launch_ints(op: str, head_dim: int, width: int) -> dict[str, int]:
     """The integer arguments of `op`'s kernels at the issue's launch (B = 16, H = 16, T = 1024, the
     given width per head): q, k [B, H, T, d_h] as the layers make them (heads split from [B, T, H d_h]),
-    gates [B, T, F] contiguous."""
+    gates [B, T, F] contiguous (windowed TANGO: chunks of 64)."""
+    if op not in ("tango_mix", "windowed"):
+        return {}  # relu2's kernels: compiled with no integer argument known
     h, t, d, w = 16, 1024, head_dim, width
     f = h * w
     ints = {"H": h, "T": t, "W": w, "D": d}
@@ -97,7 +104,13 @@ def ptxas_path(arch: int) -> Path | None:
 
 
 def report_kernel(
-    kernel, pointers: dict[str, str], constexprs: dict, dtype: str, arch: int, ints: dict[str, int] | None = None
+    kernel,
+    pointers: dict[str, str],
+    constexprs: dict,
+    dtype: str,
+    arch: int,
+    ints: dict[str, int] | None = None,
+    first: int | None = None,
 ) -> list[dict]:
     """One row per autotune configuration of `kernel` (a triton Autotuner around a JITFunction).
     `ints` gives integer arguments their values at a launch: as triton's JIT does, those equal to 1
@@ -111,6 +124,7 @@ def report_kernel(
     configs = kernel.configs
     if getattr(kernel, "early_config_prune", None):  # those the autotuner tries at this head dim
         configs = kernel.early_config_prune(configs, {}, **constexprs)
+    configs = configs[:first]
     for config in configs:
         consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
         signature, attrs = {}, {}
@@ -191,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kernels", default="", help="comma-separated kernel names to keep (default: every kernel of --ops)"
     )
+    p.add_argument("--first", type=int, default=None, help="only each kernel's first N configurations")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
     p.add_argument("--width", type=int, default=1780, help="gate columns per head (TANGO's presets: 1,780)")
@@ -233,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.kernels and name not in args.kernels.split(","):
                 continue
             ints = launch_ints(op, args.head_dim, args.width)
-            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch, ints)
+            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch, ints, args.first)
     print(format_rows(rows, args.dtype, args.arch, args.head_dim))
     return 0
 

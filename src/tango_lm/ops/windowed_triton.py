@@ -28,11 +28,22 @@ import torch
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import DTYPES, INTERPRETED, column_alignment, configs, dot, precision, silu_f32
+from tango_lm.ops.triton_common import (
+    DTYPES,
+    INTERPRETED,
+    PRUNE,
+    column_alignment,
+    configs,
+    dot,
+    precision,
+    silu_f32,
+)
 
-_FORWARD_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 4, 2), (128, 8, 2)])
+# (BLOCK_W, num_warps, num_stages[, largest BLOCK_D]): without register spills on sm_90 in bf16
+# and fp16 at d_h 32-128 (tools/triton_ptxas_report.py --ops windowed; triton_common.by_head_dim).
+_FORWARD_CONFIGS = configs(("BLOCK_W",), [(64, 8, 2), (128, 8, 2, 64), (64, 4, 2, 64)])
 _BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
-_BACKWARD_CONFIGS = configs(("BLOCK_W",), [(32, 4, 2), (64, 4, 2), (128, 8, 2)])
+_BACKWARD_CONFIGS = configs(("BLOCK_W",), [(32, 8, 2), (64, 8, 2, 64), (32, 4, 2, 64), (128, 8, 2, 32)])
 _KEY = ["T", "W", "C", "D"]
 
 
@@ -51,7 +62,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
     )
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY)
+@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def _forward_kernel(
     WB,
@@ -164,7 +175,7 @@ def _band_backward_kernel(
     tl.store(out + C, acc_cur, mask=cc)
 
 
-@triton.autotune(_BACKWARD_CONFIGS, key=_KEY, reset_to_zero=["DPQ", "DPK"])
+@triton.autotune(_BACKWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DPQ", "DPK"])
 @triton.jit
 def _backward_kernel(
     WB,

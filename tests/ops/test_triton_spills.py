@@ -1,0 +1,47 @@
+"""The Triton kernels of TANGO's mixing and windowed TANGO compile for sm_90 (H100/H200) without
+spilling registers at TANGO's shape (bf16, d_h = 32, width 1,780 per head): a kernel that spills
+kilobytes per thread to local memory runs far below its arithmetic's speed, and nothing else
+without a GPU would show a change that brings the spills back. Each kernel's first configuration
+(every configuration: tools/triton_ptxas_report.py) is compiled with triton's own NVIDIA backend
+and ptxas, in a subprocess without TRITON_INTERPRET (conftest sets it for the kernels' other tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+
+KERNELS = ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel", "_forward_kernel", "_backward_kernel")
+
+
+def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape():
+    pytest.importorskip("triton", reason="triton is not installed")
+    sys.path.insert(0, str(helpers.ROOT / "tools"))
+    import triton_ptxas_report
+
+    ptxas = triton_ptxas_report.ptxas_path(90)
+    if ptxas is None or not ptxas.is_file():
+        pytest.skip("triton's NVIDIA backend (ptxas) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
+            *("--ops", "tango_mix,windowed", "--kernels", ",".join(KERNELS), "--first", "1"),
+            *("--dtype", "bf16", "--head-dim", "32", "--width", "1780"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(helpers.ROOT / "src")},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {row[0]: row for row in map(str.split, proc.stdout.splitlines()) if row and row[0] in KERNELS}
+    assert sorted(rows) == sorted(KERNELS), proc.stdout
+    for name, row in rows.items():
+        assert row[-3] == "yes", f"{name} needs more shared memory than sm_90 has:\n{proc.stdout}"
+        assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread:\n{proc.stdout}"
