@@ -14,7 +14,7 @@ TRITON_INTERPRET (under the interpreter the kernels have one small configuration
 Each kernel is compiled as triton's JIT would for a launch at the issue's shape (B = H = 16,
 T = 1024, `--width` gate columns per head, contiguous gates): integer arguments equal to 1 become
 constants and multiples of 16 are marked so, pointers are 16-byte aligned, and only the
-configurations the autotuner tries at that head dim are shown (`triton_common.by_head_dim`).
+configurations the autotuner tries at that head dim and width are shown (`triton_common.for_launch`).
 """
 
 from __future__ import annotations

@@ -8,22 +8,35 @@ import triton.language as tl
 
 from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
 
-# (block sizes..., num_warps, num_stages). Larger column blocks recompute P less often. Each
-# configuration compiles for sm_90 without spilling registers at head dims 32-128 in bf16, fp16
-# and fp32 (tools/triton_ptxas_report.py; tests/ops/test_triton_spills.py keeps TANGO's shape so).
+# (block sizes..., num_warps, num_stages[, limits]). Larger column blocks recompute P less often.
+# Each configuration compiles for sm_90 without spilling registers, in bf16 and fp16 at head dims
+# 32-128, for the launches its limits admit (triton_common.for_launch; ALIGN 1: a width per head
+# that is odd, as 3-set TANGO's 593). tools/triton_ptxas_report.py shows them;
+# tests/ops/test_triton_spills.py keeps TANGO's shape so.
 _LSE_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)])
+_ALIGNED = {"min_align": 2}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2, 32), (128, 64, 64, 4, 3, 32)],
+    [
+        (64, 64, 128, 4, 3),
+        (128, 64, 128, 8, 3, _ALIGNED),
+        (64, 64, 256, 8, 2, {"max_d": 32}),
+        (128, 64, 64, 4, 3, {"max_d": 32, **_ALIGNED}),
+    ],
 )
-_DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(64, 128, 4, 1), (32, 256, 4, 1)])
+_DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(32, 128, 4, 1), (64, 128, 8, 1), (32, 256, 8, 1)])
 _SCORES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [(64, 64, 64, 8, 2), (128, 64, 64, 8, 3, 64), (32, 64, 64, 4, 2, 32), (64, 64, 128, 8, 2, 32)],
+    [
+        (64, 64, 64, 8, 2),
+        (128, 64, 64, 8, 3, {"max_d": 64, **_ALIGNED}),
+        (32, 64, 64, 4, 2, {"max_d": 32, **_ALIGNED}),
+        (64, 64, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
+    ],
 )
 _GATES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [(64, 64, 128, 8, 3), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3)],
+    [(64, 64, 128, 8, 3, _ALIGNED), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3, _ALIGNED)],
 )
 _KEY = ["T", "W", "D"]
 

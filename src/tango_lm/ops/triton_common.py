@@ -16,28 +16,34 @@ LOG2E = 1.4426950408889634
 
 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
-    """Autotune configurations from (block sizes..., num_warps, num_stages[, largest BLOCK_D]): a
-    configuration with a largest BLOCK_D is tried only up to that head dim (`by_head_dim`), the
-    head dims above it spilling registers (tools/triton_ptxas_report.py)."""
+    """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
+    {"max_d": n, "min_align": m} keeps a configuration to launches with BLOCK_D <= n and ALIGN >= m
+    (`for_launch`): outside them it spills registers on sm_90 (tools/triton_ptxas_report.py)."""
     if INTERPRETED:  # one small configuration: several blocks in every direction at the tests' sizes
         return [triton.Config(dict.fromkeys(names, 16), num_warps=1)]
     out = []
     for c in choices:
         blocks, rest = c[: len(names)], c[len(names) :]
         config = triton.Config(dict(zip(names, blocks, strict=True)), num_warps=rest[0], num_stages=rest[1])
-        config.max_block_d = rest[2] if len(rest) > 2 else None
+        config.limits = rest[2] if len(rest) > 2 else {}
         out.append(config)
     return out
 
 
-def by_head_dim(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """The autotuner's `early_config_prune`: the configurations meant for the launch's BLOCK_D."""
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
-    kept = [c for c in configs if getattr(c, "max_block_d", None) is None or block_d <= c.max_block_d]
+def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The autotuner's `early_config_prune`: the configurations whose limits admit the launch's
+    BLOCK_D and ALIGN (unaligned widths load their columns one by one: fewer fit in registers)."""
+    block_d, align = kwargs.get("BLOCK_D", 16), kwargs.get("ALIGN", 1)
+    kept = [
+        c
+        for c in configs
+        if block_d <= getattr(c, "limits", {}).get("max_d", block_d)
+        and align >= getattr(c, "limits", {}).get("min_align", 1)
+    ]
     return kept or configs[:1]
 
 
-PRUNE = {"early_config_prune": by_head_dim}
+PRUNE = {"early_config_prune": for_launch}
 
 
 # The interpreter multiplies bf16 operands as their raw 16-bit patterns (triton 3.9): there the

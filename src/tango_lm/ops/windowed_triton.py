@@ -39,11 +39,15 @@ from tango_lm.ops.triton_common import (
     silu_f32,
 )
 
-# (BLOCK_W, num_warps, num_stages[, largest BLOCK_D]): without register spills on sm_90 in bf16
-# and fp16 at d_h 32-128 (tools/triton_ptxas_report.py --ops windowed; triton_common.by_head_dim).
-_FORWARD_CONFIGS = configs(("BLOCK_W",), [(64, 8, 2), (128, 8, 2, 64), (64, 4, 2, 64)])
+# (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
+# at d_h 32-128 where the limits admit them (triton_common.for_launch; tools/triton_ptxas_report.py).
+_FORWARD_CONFIGS = configs(
+    ("BLOCK_W",), [(64, 8, 2), (128, 8, 2, {"max_d": 64, "min_align": 2}), (64, 4, 2, {"max_d": 64, "min_align": 2})]
+)
 _BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
-_BACKWARD_CONFIGS = configs(("BLOCK_W",), [(32, 8, 2), (64, 8, 2, 64), (32, 4, 2, 64), (128, 8, 2, 32)])
+_BACKWARD_CONFIGS = configs(
+    ("BLOCK_W",), [(32, 8, 2), (64, 8, 2, {"max_d": 64}), (32, 4, 2, {"max_d": 64, "min_align": 2})]
+)
 _KEY = ["T", "W", "C", "D"]
 
 
