@@ -33,13 +33,14 @@ CASES = {
     # Paths whose eager GPU form is poor, compiled against eager: GAU's and FLASH's relu² attention
     # and MoE's capacity dispatch (one layer each), through AOTAutograd without inductor's code
     # generation ("aot_eager"): the graph and its backward are what is ours to test, and inductor
-    # takes ~20 s per case on a 2-core CPU. (The delta rule's backward does not run under
-    # aot_eager, a view over strides it did not trace; under inductor it matched.)
+    # takes ~20 s per case on a 2-core CPU (the GDN layer ~90 s).
     "gau": {"arch": "gau", "qk_dim": 8, "depth": 1},
     "flash": {"arch": "flash", "qk_dim": 8, "group_size": 4, "depth": 1},
     "moe": {"arch": "moe", "n_experts": 4, "moe_expert_width": 16, "depth": 1},
+    # The delta rule: one GDN layer and one attention layer, 16 positions in chunks of 5 (a remainder of 1).
+    "gdn-hybrid": {"arch": "gdn-hybrid", "n_kv_heads": 2, "depth": 2, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 5},
 }
-BACKEND = {"gau": "aot_eager", "flash": "aot_eager", "moe": "aot_eager"}
+BACKEND = {"gau": "aot_eager", "flash": "aot_eager", "moe": "aot_eager", "gdn-hybrid": "aot_eager"}
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +98,7 @@ def test_training_forward_is_one_graph(arch):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
-@pytest.mark.parametrize(("arch", "head"), [("loop-transformer", "onona"), ("moe", "mos")])
+@pytest.mark.parametrize(("arch", "head"), [("loop-transformer", "onona"), ("moe", "mos"), ("gdn-hybrid", "standard")])
 def test_training_steps_do_not_recompile(arch, head):
     # Fresh batches and updated weights every step, as in the trainer; the backend does not matter
     # to Dynamo's guards, so the cheap one runs. (torch 2.11 recompiled the loss every step when
