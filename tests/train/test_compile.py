@@ -38,7 +38,14 @@ CASES = {
     "flash": {"arch": "flash", "qk_dim": 8, "group_size": 4, "depth": 1},
     "moe": {"arch": "moe", "n_experts": 4, "moe_expert_width": 16, "depth": 1},
     # The delta rule: one GDN layer and one attention layer, 16 positions in chunks of 5 (a remainder of 1).
-    "gdn-hybrid": {"arch": "gdn-hybrid", "n_kv_heads": 2, "depth": 2, "attention_every": 2, "gdn_head_dim": 8, "gdn_chunk": 5},
+    "gdn-hybrid": {
+        "arch": "gdn-hybrid",
+        "n_kv_heads": 2,
+        "depth": 2,
+        "attention_every": 2,
+        "gdn_head_dim": 8,
+        "gdn_chunk": 5,
+    },
 }
 BACKEND = {"gau": "aot_eager", "flash": "aot_eager", "moe": "aot_eager", "gdn-hybrid": "aot_eager"}
 
