@@ -1,5 +1,6 @@
 """The chunkwise-parallel gated delta rule (ops/delta_rule.py) against its step-by-step reference:
-outputs, final states and gradients in float64 at odd lengths and chunks that do not divide T."""
+outputs, final states and gradients in float64 at odd lengths and chunks that do not divide T;
+compiled (AOTAutograd, one graph) against eager."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("t", [1, 7, 63, 130])
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [5, 16, 64])  # remainders 2, 3 (63 % 5), 15, 2: a padded last chunk
 def test_chunked_matches_recurrent_outputs_and_gradients(t, chunk):
     args = [x.requires_grad_() for x in inputs(2, 3, t, 8, 6, seed=t)]
     o_ref, s_ref = delta_rule_recurrent(*args)
@@ -83,3 +84,24 @@ def test_dispatch_uses_the_torch_path_on_cpu():
         o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend=backend)
         o_ref, s_ref = delta_rule_chunked(q, k, v, beta, g, s0, chunk=4)
         assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+
+
+def test_compiled_chunked_matches_eager_outputs_and_gradients():
+    # The graph and its backward through AOTAutograd ("aot_eager": inductor's code generation is slow on
+    # a 2-core CPU; tests/train/test_compile.py compiles the whole GDN model the same way).
+    torch._dynamo.reset()
+    args = [x.requires_grad_() for x in inputs(2, 3, 13, 8, 6, seed=3, dtype=torch.float32)]
+    compiled = torch.compile(delta_rule_chunked, fullgraph=True, dynamic=False, backend="aot_eager")
+    results = []
+    for fn in (delta_rule_chunked, compiled):
+        o, s = fn(*args, chunk=4)
+        weights = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+        grads = torch.autograd.grad((o * weights).sum() + s.square().sum(), args)
+        results.append((o, s, grads))
+    (o, s, grads), (o_c, s_c, grads_c) = results
+    torch.testing.assert_close(o_c, o)
+    torch.testing.assert_close(s_c, s)
+    for name, g, g_c in zip(("q", "k", "v", "beta", "g", "state"), grads, grads_c, strict=True):
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(g_c, g, msg=name)
+    torch._dynamo.reset()
