@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tango_lm.ops import delta_rule
 from tango_lm.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
 
 
@@ -78,12 +79,30 @@ def test_strong_decay_stays_finite_in_fp32():
     assert rel_err(o, o_ref) < 1e-4
 
 
-def test_dispatch_uses_the_torch_path_on_cpu():
+def test_dispatch_never_sends_cpu_tensors_to_fla(monkeypatch):
+    # fla's kernels need CUDA: on CPU tensors every backend runs the chunked form, installed or not.
+    calls = []
+    monkeypatch.setattr(delta_rule, "_fla_kernel", lambda: lambda **kw: calls.append(kw))
     q, k, v, beta, g, s0 = inputs(1, 2, 10, 4, 4)
     for backend in ("auto", "torch", "fla"):
         o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend=backend)
         o_ref, s_ref = delta_rule_chunked(q, k, v, beta, g, s0, chunk=4)
         assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+    assert not calls
+
+
+def test_auto_takes_fla_on_cuda_only_in_eager_mode():
+    # Under torch.compile `auto` takes the chunked form (fla's entry point is a graph break); `fla` is fla.
+    assert [delta_rule.wants_fla(b, True) for b in ("auto", "torch", "fla")] == [True, False, True]
+    assert not any(delta_rule.wants_fla(b, False) for b in ("auto", "torch", "fla"))
+    torch._dynamo.reset()
+
+    def choices(x):
+        return x + torch.tensor([delta_rule.wants_fla(b, True) for b in ("auto", "torch", "fla")])
+
+    compiled = torch.compile(choices, fullgraph=True, backend="eager")
+    assert compiled(torch.zeros(3, dtype=torch.long)).tolist() == [0, 0, 1]
+    torch._dynamo.reset()
 
 
 def test_compiled_chunked_matches_eager_outputs_and_gradients():

@@ -30,8 +30,11 @@ rather than adding a full-size zero-padded gradient per chunk (indexing `x[:, :,
 makes the backward quadratic in the number of chunks).
 
 `delta_rule_recurrent` is the step-by-step reference the chunked form is tested against (outputs
-and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel on CUDA
-when it is installed and asked for, and to the chunked PyTorch form otherwise.
+and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel
+(`chunk_gated_delta_rule` of the fla-core package, `pip install 'tango-lm[gdn]'`) on CUDA in eager
+mode, and to the chunked PyTorch form otherwise. Under `torch.compile` `auto` takes the chunked
+form, which compiles into the model's graph: fla's entry point is `torch.compiler.disable`d, a
+graph break in every GDN layer.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from tango_lm.errors import UserError
 
 
 def delta_rule_recurrent(
@@ -136,6 +141,12 @@ def _fla_kernel():
     return chunk_gated_delta_rule
 
 
+def wants_fla(backend: str, on_cuda: bool) -> bool:
+    """Whether `backend` sends CUDA inputs to fla here: 'fla' always on CUDA, 'auto' on CUDA outside
+    `torch.compile` (fla's kernel is a graph break; the chunked form compiles). Never on CPUs."""
+    return on_cuda and (backend == "fla" or (backend == "auto" and not torch.compiler.is_compiling()))
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -147,9 +158,10 @@ def gated_delta_rule(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule through the chosen backend: 'torch' (chunked PyTorch), 'fla' (fla's
-    Triton kernel; CUDA only) or 'auto' (fla on CUDA when it imports, else torch). Shapes as in
-    `delta_rule_recurrent`; q is expected to carry its 1/sqrt(d_k) scale already."""
-    if backend != "torch" and q.is_cuda:
+    Triton kernel on CUDA; the chunked form on CPUs) or 'auto' (fla on CUDA in eager mode when it
+    imports, else torch). Shapes as in `delta_rule_recurrent`; q is expected to carry its
+    1/sqrt(d_k) scale already. fla chunks by 64 whatever `chunk` says."""
+    if wants_fla(backend, q.is_cuda):
         kernel = _fla_kernel()
         if kernel is not None:
             try:
@@ -169,5 +181,5 @@ def gated_delta_rule(
                 if backend == "fla":
                     raise
         elif backend == "fla":
-            raise RuntimeError("gdn_backend='fla' needs the flash-linear-attention package")
+            raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
     return delta_rule_chunked(q, k, v, beta, g, state, chunk)
