@@ -79,6 +79,16 @@ def test_strong_decay_stays_finite_in_fp32():
     assert rel_err(o, o_ref) < 1e-4
 
 
+def test_state_stays_fp32_under_autocast():
+    # bf16 products, fp32 sums: the state carried across chunks (and returned) is fp32, as fla keeps it.
+    q, k, v, beta, g, s0 = (x.float() for x in inputs(2, 2, 50, 8, 8, seed=4))
+    o_ref, s_ref = delta_rule_recurrent(*(x.double() for x in (q, k, v, beta, g, s0)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, s = delta_rule_chunked(q, k, v, beta, g, s0, chunk=8)
+    assert o.dtype == s.dtype == torch.float32
+    assert rel_err(o.double(), o_ref) < 2e-2 and rel_err(s.double(), s_ref) < 2e-2
+
+
 def test_dispatch_never_sends_cpu_tensors_to_fla(monkeypatch):
     # fla's kernels need CUDA: on CPU tensors every backend runs the chunked form, installed or not.
     calls = []

@@ -17,7 +17,7 @@ state is M_t = Γ_t M_0 + Σ_{s≤t} (Γ_t/Γ_s) k_s u_sᵀ for "pseudo-values" 
 a unit lower-triangular system (the UT transform). Writing U = Ũ − W M_0 with
 Ũ = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(βΓ) K, which need no state, all chunks are solved
 at once (one batched triangular solve). Only the pass over chunks that carries the state is
-sequential, two batched matmul-adds per chunk:
+sequential, two batched matmuls (and adds) per chunk:
 
     U   = Ũ − W M_0,      M_C = Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U,
 
@@ -109,7 +109,7 @@ def delta_rule_chunked(
     k_to_end = (gamma[..., -1:] - gamma).exp()[..., None] * k  # (Γ_C / Γ_s) k_s
 
     def by_chunk(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """[B, H, n, ...] -> n tensors [B·H, ...] (3-d, for baddbmm)."""
+        """[B, H, n, ...] -> n tensors [B·H, ...]."""
         return x.movedim(2, 0).reshape(n, b * h, *x.shape[3:]).unbind(0)
 
     m = state.to(dtype) if state is not None else q.new_zeros(b, h, dk, dv)
@@ -119,10 +119,12 @@ def delta_rule_chunked(
     for u_tilde_i, w_i, k_to_end_i, gate_i in zip(
         by_chunk(u_tilde), by_chunk(w), by_chunk(k_to_end.transpose(-1, -2)), by_chunk(gate_to_end), strict=True
     ):
+        # Matmul then add, not baddbmm: under autocast the products run in bf16 but the sums, and
+        # so the state carried from chunk to chunk, stay in fp32 (baddbmm's result would be bf16).
         starts.append(m)
-        u = torch.baddbmm(u_tilde_i, w_i, m, alpha=-1)  # Ũ − W M_0
+        u = u_tilde_i - w_i @ m  # Ũ − W M_0
         us.append(u)
-        m = torch.baddbmm(gate_i * m, k_to_end_i, u)  # Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U
+        m = gate_i * m + k_to_end_i @ u  # Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U
     m_start = torch.stack(starts, dim=1).reshape(b, h, n, dk, dv)
     u = torch.stack(us, dim=1).reshape(b, h, n, c, dv)
     qk = (q @ k.transpose(-1, -2)) * decay  # zero above the diagonal
