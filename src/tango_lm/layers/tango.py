@@ -15,9 +15,18 @@ from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
+from tango_lm.ops.dispatch import requested
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
+
+
+def prefill_through_door(q: torch.Tensor, state: LayerState) -> bool:
+    """Whether a cached forward runs the training forward's door (`mix`: the Triton kernels or the
+    sliced SDPA on CUDA) and only stores its keys and gates: a plain prefill (nothing cached yet, no
+    key mask), off the CPU or with an implementation named ($TANGO_LM_KERNELS). On CPUs 'auto'
+    keeps the cached path's one SDPA call, and its numbers."""
+    return state.empty() and (q.device.type != "cpu" or requested() != "auto")
 
 
 class TangoBlock(nn.Module):
@@ -57,9 +66,15 @@ class TangoBlock(nn.Module):
     def mix_cached(
         self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState
     ) -> torch.Tensor:
-        """Decoding: the new positions attend over the keys and gates cached for this application."""
+        """Decoding: the new positions attend over the keys and gates cached for this application
+        (`causal_attention`: sliced on CUDA); a plain prefill runs `mix` (`prefill_through_door`)."""
+        g = split_heads(F.silu(a), self.n_heads)
+        if prefill_through_door(q, state):
+            state.append("k", k)
+            state.append("g", g)
+            return self.mix(q, k, a, u)
         k_all = state.append("k", k)
-        g_all = state.append("g", split_heads(F.silu(a), self.n_heads))
+        g_all = state.append("g", g)
         return merge_heads(causal_attention(q, k_all, g_all, state.key_mask())) * u
 
     def forward(
