@@ -31,6 +31,7 @@ The plain eager decode (`serve/generate.py`) stays the path on CPUs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -182,8 +183,12 @@ def decode_static(
     generator: torch.Generator | None,
     eos_id: int | None,
     mode: str,
+    on_token: Callable[[torch.Tensor], bool] | None = None,
 ) -> torch.Tensor:
-    """`generate`'s loop on static steps (inside the head's serving context): [B, T + n]."""
+    """`generate`'s loop on static steps (inside the head's serving context): [B, T + n].
+    `on_token(tokens [B])` sees each step's tokens (a copy the next step does not overwrite) as
+    soon as they are drawn; when it returns True decoding stops there. The loop itself reads
+    nothing back to the host but the eos check; a streaming `on_token` reads the tokens it needs."""
     decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
     width = model.config.vocab_size + (1 if one_projection else 0)
@@ -207,6 +212,8 @@ def decode_static(
     done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):
         out.append(nxt[:, None])
+        if on_token is not None and on_token(nxt):
+            break
         if eos_id is not None:
             done |= nxt == eos_id
             if bool(done.all()):
