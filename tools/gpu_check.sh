@@ -2,8 +2,8 @@
 # The GPU check: on a machine with a CUDA GPU and no network, from a checkout (nothing installed:
 # the sources run with PYTHONPATH=src), `tools/gpu_check.sh` or `make gpu-check` runs
 #
-#   cuda-tests    the `cuda`-marked tests: the Triton kernels against float64, every architecture
-#                 and head on the GPU against the CPU float64 model, bf16 loss, cached decoding;
+#   cuda-tests    every `cuda`-marked test: the Triton kernels against float64, every architecture
+#                 and head on the GPU against the CPU float64 model, bf16 loss, cached and static decoding;
 #   train-bench   `tango-lm bench --suite train` at the 70M tier of the TANGO paper's Table 3;
 #   kernel-bench  TANGO's mixing alone (tools/gate_average_bench.py): Triton vs the sliced SDPA vs
 #                 SDPA's math backend, TFLOP/s per causal FLOP and the share of a measured bf16 peak;
@@ -37,7 +37,7 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 
 # -- sections: name, time limit in seconds, command ------------------------------------------------
 section cuda-tests "${CUDA_TESTS_LIMIT:-210}" \
-    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests/ops/test_triton_tango_mix.py tests/ops/test_triton_windowed.py tests/models/test_cuda_models.py"
+    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests"  # every test marked cuda, wherever it lives
 section train-bench "${TRAIN_BENCH_LIMIT:-180}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
 section kernel-bench "${KERNEL_BENCH_LIMIT:-75}" \

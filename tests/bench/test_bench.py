@@ -232,6 +232,31 @@ def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
     assert "warmup" in capsys.readouterr().err
 
 
+def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monkeypatch, cheap_compile):
+    real = torch.compile  # cheap_compile's: it sets Dynamo's eager backend
+
+    def broken(graph, example_inputs):
+        raise RuntimeError("no kernel for this operator")
+
+    def compile_fails_for_tango(fn, **kwargs):
+        if fn.__self__.config.arch == "tango":
+            return torch._dynamo.optimize(broken)(fn)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_fails_for_tango)
+    tiny = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
+    report = training.run_training_bench(
+        **tiny, archs=("tango",), steps=1, warmup=1, memory=False, compile=True, device="cpu", print_table=False
+    )
+    assert {(r["arch"], r["mode"]) for r in report["models"]} == {
+        ("tango", "eager"),
+        ("loop-transformer", "eager"),
+        ("loop-transformer", "compiled"),
+    }
+    assert report["compile_failed"] == [{"arch": "tango", "error": "RuntimeError: no kernel for this operator"}]
+    assert "tango              compiled   no row: torch.compile failed (RuntimeError" in training.format_report(report)
+
+
 def test_decode_suite_static_columns(cheap_compile):
     report = decode.run_decode_bench(
         archs=("tango",),

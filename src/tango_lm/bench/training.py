@@ -29,6 +29,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
+from tango_lm.train.compiled_forward import COMPILER_ERRORS, one_line
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 from tango_lm.train.optim import adamw
@@ -153,16 +154,25 @@ def run_training_bench(
     times: list[list[float]] = [[] for _ in runners]
     cpu_times: list[list[float]] = [[] for _ in runners]
     cuda_peaks = [0 for _ in runners]
+    compile_failed: dict[int, str] = {}  # runner -> why it could not compile (its row is left out)
     for i in range(warmup + steps):
-        for r, (j, _, step_fn) in enumerate(runners):
+        for r, (j, mode, step_fn) in enumerate(runners):
+            if r in compile_failed:
+                continue
             model, opt = models[j], opts[j]
             _sync(dev)
             if dev.type == "cuda":
                 others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
                 torch.cuda.reset_peak_memory_stats(dev)
             t0, c0 = time.perf_counter(), time.process_time()
-            with autocast(dev, dtype):
-                loss = step_fn(x, y)
+            try:
+                with autocast(dev, dtype):
+                    loss = step_fn(x, y)
+            except COMPILER_ERRORS as exc:
+                if mode != "compiled":
+                    raise
+                compile_failed[r] = one_line(exc)
+                continue
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -189,6 +199,8 @@ def run_training_bench(
     rows = []
     order = [(j, mode) for j in range(len(pairs)) for mode in modes]  # the runners' order
     for r, ((j, mode), ts, cs) in enumerate(zip(order, times, cpu_times, strict=True)):
+        if r in compile_failed:
+            continue
         cfg, note = pairs[j]
         step_s = statistics.median(ts)
         tok_s = batch_size * seq_len / step_s
@@ -252,6 +264,9 @@ def run_training_bench(
         "modes": list(modes),
         "models": rows,
         "skipped": skipped,
+        "compile_failed": [
+            {"arch": configs[order[r][0]].arch, "error": error} for r, error in sorted(compile_failed.items())
+        ],
     }
     if print_table:
         print(format_report(report))
@@ -302,4 +317,6 @@ def format_report(report: dict[str, Any]) -> str:
         )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}{'-':>6}  {r['note']}")
+    for r in report.get("compile_failed", []):
+        lines.append(f"{r['arch']:<19}{'compiled':<9}  no row: torch.compile failed ({r['error']})")
     return "\n".join(lines)

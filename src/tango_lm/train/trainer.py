@@ -44,6 +44,7 @@ from tango_lm.train.checkpoint import (
     tmp_step_dir,
     write_json_atomic,
 )
+from tango_lm.train.compiled_forward import CompiledForward
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
@@ -112,7 +113,7 @@ class Trainer:
         elif self.dist.parallel == "ddp":
             self.ddp = distributed.wrap_ddp(self.model, self.dist, run.model.arch)
         forward = self.ddp if self.ddp is not None else self.model.nll
-        self.step_fn = torch.compile(forward) if cfg.compile else forward
+        self.step_fn = CompiledForward(forward) if cfg.compile else forward  # eager again if compiling fails
         self.optimizer = build_optimizer(self.model, cfg)
         # batch_size is the global micro-batch: each process takes its slice of the same order.
         self.loader = WindowLoader(
