@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from tango_lm import build_model
+from tango_lm.layers import tango as tango_layer
 from tango_lm.layers.active_width import set_active_segment
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_variants import CompactTangoBlock, ThreeSetTangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
-from tango_lm.ops import attention, dispatch, gate_average
+from tango_lm.ops import attention, dispatch
 from tango_lm.serve.generate import generate
 from tests import arch_cases
 from tests.serve.test_generate import model_for
@@ -69,11 +70,15 @@ def cached_logits(model, x, prefill=11, steps_end=18):
 
 @pytest.fixture
 def sliced_calls(monkeypatch):
-    """The query lengths `sliced_attention` ran at (the cached steps' and the prefill's sliced SDPA)."""
+    """The query lengths the sliced SDPA ran at (the prefill's, the cached steps'), with slices of at
+    most 8 columns: the tiny models' 12 gate columns per head run as two zero-padded slices."""
     seen = []
-    real = attention.sliced_attention
-    for module in (attention, gate_average):
-        monkeypatch.setattr(module, "sliced_attention", lambda *a, **kw: seen.append(a[0].shape[-2]) or real(*a, **kw))
+    monkeypatch.setattr(attention, "SDPA_SLICE", 8)
+    real = attention.attention_over_slices
+    for module in (attention, tango_layer):
+        monkeypatch.setattr(
+            module, "attention_over_slices", lambda *a, **kw: seen.append(a[0].shape[-2]) or real(*a, **kw)
+        )
     return seen
 
 
@@ -156,6 +161,8 @@ def test_sliced_attention_with_offset_equals_one_sdpa_call(t, width):
 
 def test_causal_attention_door():
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 12)
+    assert not attention.runs_sliced(q, v) and attention.runs_sliced(q, v, kernels="sdpa-sliced")
+    assert not attention.runs_sliced(q[0], v[0], kernels="sdpa-sliced")  # slices are extra heads: 4-D only
     mask = attention.offset_mask(3, 5, q.device)
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
     torch.testing.assert_close(

@@ -23,10 +23,11 @@ from tango_lm.ops.dispatch import check_devices, choose
 SDPA_SLICE = 128  # widest value slice; fused SDPA backends take up to 256
 
 
-def slices(width: int, max_slice: int = SDPA_SLICE) -> tuple[int, int]:
-    """(n, s): the fewest slices of at most `max_slice` columns, each s columns wide, s a multiple of 8
-    (n * s >= width; 1780 -> 14 x 128, 593 -> 5 x 120, 368 -> 3 x 128)."""
-    n = _ceil_div(width, max_slice)
+def slices(width: int, max_slice: int | None = None) -> tuple[int, int]:
+    """(n, s): the fewest slices of at most `max_slice` columns (None: `SDPA_SLICE`, read at the
+    call), each s columns wide, s a multiple of 8 (n * s >= width; 1780 -> 14 x 128, 593 -> 5 x 120,
+    368 -> 3 x 128)."""
+    n = _ceil_div(width, max_slice or SDPA_SLICE)
     return n, _ceil_div(_ceil_div(width, n), 8) * 8
 
 
@@ -53,24 +54,50 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def value_slices(v: torch.Tensor, max_slice: int | None = None) -> torch.Tensor:
+    """[B, H, S, w] -> [B, H * n, S, s]: the values as n zero-padded slices of s columns (`slices`),
+    slice-major, one copy. A decode cache keeps wide values in this layout, so a step copies none."""
+    b, h, s_len, w = v.shape
+    n, s = slices(w, max_slice)
+    if n == 1 and s == w:
+        return v
+    return F.pad(v, (0, n * s - w)).unflatten(-1, (n, s)).transpose(2, 3).reshape(b, h * n, s_len, s)
+
+
+def attention_over_slices(
+    q: torch.Tensor, k: torch.Tensor, v_slices: torch.Tensor, width: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`sdpa_attention` of q, k [B, H, ., d_h] over values laid out by `value_slices` ([B, H * n, S, s]),
+    with q and k broadcast to every slice: [B, H, T, width]."""
+    b, h, t = q.shape[:3]
+    n, s = v_slices.shape[1] // h, v_slices.shape[-1]
+    qs, ks = (x.unsqueeze(2).expand(b, h, n, *x.shape[-2:]).reshape(b, h * n, *x.shape[-2:]) for x in (q, k))
+    out = sdpa_attention(qs, ks, v_slices, mask)
+    return out.view(b, h, n, t, s).transpose(2, 3).reshape(b, h, t, n * s)[..., :width]
+
+
 def sliced_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
-    max_slice: int = SDPA_SLICE,
+    max_slice: int | None = None,
 ) -> torch.Tensor:
     """Same contract as `sdpa_attention` for [B, H, ., .] inputs, with the values run as n slices of
     s columns (`slices`): q, k broadcast to [B, H * n, ., d_h], v to [B, H * n, S, s]; one copy of each."""
-    b, h, s_len, w = v.shape
+    w = v.shape[-1]
     n, s = slices(w, max_slice)
     if n == 1 and s == w:
         return sdpa_attention(q, k, v, mask)
-    t = q.shape[-2]
-    values = F.pad(v, (0, n * s - w)).unflatten(-1, (n, s)).transpose(2, 3).reshape(b, h * n, s_len, s)
-    qs, ks = (x.unsqueeze(2).expand(b, h, n, *x.shape[-2:]).reshape(b, h * n, *x.shape[-2:]) for x in (q, k))
-    out = sdpa_attention(qs, ks, values, mask)
-    return out.view(b, h, n, t, s).transpose(2, 3).reshape(b, h, t, n * s)[..., :w]
+    return attention_over_slices(q, k, value_slices(v, max_slice), w, mask)
+
+
+def runs_sliced(q: torch.Tensor, v: torch.Tensor, kernels: str | None = None) -> bool:
+    """`causal_attention`'s choice: the sliced SDPA (True) or one SDPA call. On CUDA values of another
+    width than the queries' run sliced; `kernels` or $TANGO_LM_KERNELS overrides."""
+    four_d = q.dim() == v.dim() == 4
+    auto = "sdpa-sliced" if v.is_cuda and four_d and v.shape[-1] != q.shape[-1] else "reference"
+    return choose({"reference": True, "sdpa-sliced": four_d}, auto, kernels) == "sdpa-sliced"
 
 
 def causal_attention(
@@ -81,8 +108,6 @@ def causal_attention(
     (`sliced_attention`), never on SDPA's math backend; `kernels` or $TANGO_LM_KERNELS overrides
     ('reference': one SDPA call; 'sdpa-sliced', for [B, H, ., .] inputs)."""
     check_devices("causal_attention", q=q, k=k, v=v)
-    four_d = q.dim() == k.dim() == v.dim() == 4
-    auto = "sdpa-sliced" if v.is_cuda and four_d and v.shape[-1] != q.shape[-1] else "reference"
-    if choose({"reference": True, "sdpa-sliced": four_d}, auto, kernels) == "sdpa-sliced":
+    if runs_sliced(q, v, kernels):
         return sliced_attention(q, k, v, mask)
     return sdpa_attention(q, k, v, mask)

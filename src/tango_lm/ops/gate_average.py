@@ -68,7 +68,9 @@ def gate_average_sdpa(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torc
     return F.scaled_dot_product_attention(q, k, g, is_causal=True)
 
 
-def gate_average_sliced(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, max_slice: int = SDPA_SLICE) -> torch.Tensor:
+def gate_average_sliced(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, max_slice: int | None = None
+) -> torch.Tensor:
     """Same contract as `gate_average_sdpa`, with the values run as n slices of s columns
     (`ops/attention.py`'s `sliced_attention`, `slices`): q, k [B, H, T, d_h] broadcast to
     [B, H * n, T, d_h], g to [B, H * n, T, s]; one copy of each."""
