@@ -189,3 +189,14 @@ def test_cuda_cached_decoding_never_runs_the_math_backend(monkeypatch, arch, ker
         for static in (None, "eager"):  # the eager decode, and the static steps' masked attention
             generate(model, x[:, :11], 8, temperature=0, static=static)
     torch.testing.assert_close(got, full, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["tango", "tango-compact"])
+def test_sliced_static_step_is_one_graph(monkeypatch, arch):
+    # The CUDA path of a static decode step (masked attention over slice-major gates), traced by
+    # Dynamo: the eager decode's log-probs, one graph for every position.
+    from tests.serve.test_static_decode import check_one_graph
+
+    monkeypatch.setenv(dispatch.ENV, "sdpa-sliced")
+    monkeypatch.setattr(attention, "SDPA_SLICE", 8)
+    check_one_graph(arch_cases.tiny_config(arch, depth=1))
