@@ -123,9 +123,10 @@ def _decode(
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample")
 
     def step(ids: torch.Tensor) -> torch.Tensor:
+        h = model.hidden(ids, cache)[:, -1:]  # a prompt's earlier positions need no log-probs
         if one_projection:
-            return model.hidden(ids, cache)[:, -1:]
-        return model(ids, cache)[:, -1]
+            return h
+        return model.head.log_probs(h, ids[:, -1:])[:, 0]
 
     state = step(prompt)
     last = prompt[:, -1:]
