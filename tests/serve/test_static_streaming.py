@@ -5,9 +5,13 @@ and for every architecture the static steps with streaming give the eager decode
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
+from tango_lm.serve import static_decode
 from tango_lm.serve.generate import generate
 from tango_lm.serve.static_decode import StaticDecoder, static_decoder
 from tests import arch_cases
@@ -76,3 +80,23 @@ def test_streaming_static_decode_equals_the_eager_decode(arch):
     got = generate(model, prompt, 10, temperature=0, static="eager", on_token=static)
     assert torch.equal(got, want) and torch.equal(static.tokens(), eager.tokens())
     assert [d.length for d in model._static_decoders.values()] == [6 + 9]  # the static steps ran
+
+
+def test_a_model_keeps_its_most_recent_decoders_and_frees_the_others(monkeypatch):
+    # A server meets many batch sizes; every decoder holds a whole decode cache. The dropped one
+    # is freed, compiled step and all (Dynamo keeps no reference to it).
+    monkeypatch.setattr(static_decode, "MAX_DECODERS", 2)
+    model = tiny_model("loop-transformer")
+    prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(6))
+    first = static_decoder(model, 1, "eager", 10)
+    second = compiled_on_dynamo(model, 2, 10)
+    generate(model, prompt, 3, temperature=0, static="compile")  # traces the second's step
+    assert second.length > 0 and not second.compiled_failed
+    assert static_decoder(model, 1, "eager", 10) is first  # used again: now the most recent
+    second_key = next(k for k, v in model._static_decoders.items() if v is second)
+    freed = weakref.ref(second)
+    del second
+    third = static_decoder(model, 3, "eager", 10)  # drops the least recently used: the second
+    gc.collect()
+    assert list(model._static_decoders.values()) == [first, third] and freed() is None
+    assert second_key not in model._static_decoders

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "cuda-graphs")
 RECOMPILE_LIMIT = 64  # each decoder (model, batch size, sampling options) is one entry of the step's cache
+MAX_DECODERS = 8  # decoders kept per model (`static_decoder`), each with its own preallocated cache
 
 
 def default_mode(device: torch.device) -> str | None:
@@ -232,12 +233,17 @@ def capacity_bucket(positions: int, context_length: int) -> int:
 def static_decoder(model: torch.nn.Module, batch: int, mode: str, positions: int | None = None) -> StaticDecoder:
     """The model's decoder for this batch size, mode and the capacity bucket of `positions` (None:
     the context length), built once and kept on the model (a new one after the model moves to
-    another device or dtype)."""
+    another device or dtype). At most `MAX_DECODERS` are kept, the least recently used dropped
+    first: each holds a whole decode cache, and a server meets many batch sizes."""
     context = model.config.context_length
     capacity = capacity_bucket(positions, context) if positions is not None else context
     param = next(model.parameters())
     key = (batch, capacity, mode, param.device, param.dtype)
     decoders = model.__dict__.setdefault("_static_decoders", {})
-    if key not in decoders:
-        decoders[key] = StaticDecoder(model, batch, mode, capacity=capacity)
-    return decoders[key]
+    decoder = decoders.pop(key, None)
+    if decoder is None:
+        while len(decoders) >= MAX_DECODERS:
+            del decoders[next(iter(decoders))]  # the least recently used (dicts keep insertion order)
+        decoder = StaticDecoder(model, batch, mode, capacity=capacity)
+    decoders[key] = decoder  # the most recently used last
+    return decoder
