@@ -1,7 +1,8 @@
 """TANGO's cached forward through the kernel door (layers/tango*.py `mix_cached`): a plain prefill
 runs the training forward's implementation (`tango_mix` / `windowed_mix`) and then stores its
 keys and gates; later positions attend through `causal_attention` (sliced on CUDA). With the door
-forced to each implementation that runs on a CPU, a prefill, single steps and a chunk give the
+forced to each implementation that runs on a CPU (reference, sdpa-sliced, blocked, c, and triton
+interpreted), a prefill, single steps and a chunk give the
 full forward's logits, for every TANGO architecture and under rotating narrow width; on CUDA no
 part of it runs SDPA's math backend."""
 
@@ -46,6 +47,8 @@ def triton_interpreted() -> bool:
 KERNELS = [
     "reference",
     "sdpa-sliced",
+    "blocked",
+    "c",  # float32 (where no C compiler is installed: auto's choice)
     pytest.param("triton", marks=pytest.mark.skipif(not triton_interpreted(), reason="needs triton, interpreted")),
 ]
 
@@ -104,7 +107,7 @@ def test_cached_decoding_through_each_door_equals_the_full_forward(
     monkeypatch, sliced_calls, triton_calls, arch, kernels
 ):
     monkeypatch.setenv(dispatch.ENV, kernels)
-    dtype = torch.float32 if kernels == "triton" else torch.float64  # the kernels take no float64
+    dtype = torch.float32 if kernels in ("triton", "c") else torch.float64  # these kernels take no float64
     tol = 2e-5 if dtype == torch.float32 else 1e-10
     x = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(1))
     # Every column, and one segment of rotating narrow width (the same kernels at another width:
