@@ -1,10 +1,10 @@
 """TANGO's cached forward through the kernel door (layers/tango*.py `mix_cached`): a plain prefill
-runs the training forward's implementation (`tango_mix` / `windowed_mix`) and then stores its
-keys and gates; later positions attend through `causal_attention` (sliced on CUDA). With the door
-forced to each implementation that runs on a CPU (reference, sdpa-sliced, blocked, c, and triton
-interpreted), a prefill, single steps and a chunk give the
-full forward's logits, for every TANGO architecture and under rotating narrow width; on CUDA no
-part of it runs SDPA's math backend."""
+runs the training forward's implementation (`tango_mix` / `windowed_mix`) and then stores its keys
+and gates; later positions attend through `causal_attention`'s choice (sliced on CUDA, over gates
+cached slice-major). With the door forced to each implementation that runs on a CPU (reference,
+sdpa-sliced, blocked, c, and triton interpreted), a prefill, single steps and a chunk give the full
+forward's logits, for every TANGO architecture and under rotating narrow width; on CUDA no part of
+it runs SDPA's math backend."""
 
 from __future__ import annotations
 
