@@ -203,3 +203,15 @@ def test_sliced_static_step_is_one_graph(monkeypatch, arch):
     monkeypatch.setenv(dispatch.ENV, "sdpa-sliced")
     monkeypatch.setattr(attention, "SDPA_SLICE", 8)
     check_one_graph(arch_cases.tiny_config(arch, depth=1))
+
+
+@pytest.mark.parametrize("kernels", ["reference", "sdpa-sliced"])
+@pytest.mark.parametrize("arch", tango_archs())
+def test_static_steps_after_a_prefill_through_the_door(monkeypatch, arch, kernels):
+    # The static decoder's prefill through the door (windowed TANGO's ring built from the state it
+    # leaves), then masked steps (over slice-major gates for sdpa-sliced): the eager decode's log-probs.
+    from tests.serve.test_static_decode import check_static_decoding
+
+    monkeypatch.setenv(dispatch.ENV, kernels)
+    monkeypatch.setattr(attention, "SDPA_SLICE", 8)
+    check_static_decoding(arch_cases.tiny_config(arch))
