@@ -13,7 +13,8 @@ cache holds F gate channels per position. A request runs in three parts:
    layout (their `enter_static(state, position)`), and the other fixed-size state moves to persistent tensors.
 3. Steps: `_step` embeds one token per row, runs the backbone (attention over the full-capacity
    buffers, masked past the position; every state updated in place), the head and the sampler, and
-   the decoder advances the position tensor in place.
+   the decoder advances the position tensor in place. `decode_static` hands each step's tokens to
+   `on_token` when one streams them (the server), and stops when it returns True.
 
 Sampling happens inside the step from uniform noise drawn outside it with the caller's generator
 (so a seed reproduces the tokens, with or without compilation): greedy is the argmax, temperature
