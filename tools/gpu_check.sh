@@ -8,6 +8,8 @@
 #   train-bench   `tango-lm bench --suite train` at the 70M tier of the TANGO paper's Table 3;
 #   kernel-bench  TANGO's mixing alone (tools/gate_average_bench.py): Triton vs the sliced SDPA vs
 #                 SDPA's math backend, TFLOP/s per causal FLOP and the share of a measured bf16 peak;
+#   relu2-bench   GAU's squared-ReLU attention alone (tools/relu2_attention_bench.py): Triton vs the
+#                 composition, the same measures;
 #
 # each under its own time limit (a failure or a time-out does not stop the others; the limits add
 # up to under 8 minutes), then prints one summary table (tools/gpu_check_summary.py). Logs and JSON
@@ -37,11 +39,13 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 }
 
 # -- sections: name, time limit in seconds, command ------------------------------------------------
-section cuda-tests "${CUDA_TESTS_LIMIT:-210}" \
+section cuda-tests "${CUDA_TESTS_LIMIT:-195}" \
     "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests"  # every test marked cuda, wherever it lives
-section train-bench "${TRAIN_BENCH_LIMIT:-180}" \
+section train-bench "${TRAIN_BENCH_LIMIT:-175}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
-section kernel-bench "${KERNEL_BENCH_LIMIT:-75}" \
+section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \
     "$PYTHON tools/gate_average_bench.py --batch 16 --heads 16 --seq-len 1024 --width 1780 --head-dim 32 --json $OUT/kernel-bench.json"
+section relu2-bench "${RELU2_BENCH_LIMIT:-45}" \
+    "$PYTHON tools/relu2_attention_bench.py --batch 16 --seq-len 1024 --qk-dim 128 --width 1536 --json $OUT/relu2-bench.json"
 
 "$PYTHON" tools/gpu_check_summary.py "$OUT"

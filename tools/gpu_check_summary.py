@@ -1,5 +1,5 @@
 """The summary table of `tools/gpu_check.sh`: one row per section (status, seconds, its result in
-one line), then the train bench's and the kernel bench's own tables.
+one line), then the train bench's and the kernel benches' own tables.
 
 Usage: PYTHONPATH=src python tools/gpu_check_summary.py OUT_DIR
 
@@ -63,7 +63,10 @@ RESULTS: dict[str, Callable[[Path, str], str]] = {
     "cuda-tests": pytest_result,
     "train-bench": train_result,
     "kernel-bench": kernel_result,
+    "relu2-bench": kernel_result,
 }
+# The sections whose JSON report a tool's `format_report` renders as a table below the summary.
+TABLES = {"kernel-bench": "gate_average_bench", "relu2-bench": "relu2_attention_bench"}
 
 
 def _environment() -> str:
@@ -104,12 +107,13 @@ def summary(out: Path) -> str:
         from tango_lm.bench.training import format_report
 
         lines += ["", format_report(train["train"])]
-    kernels = _json(out, "kernel-bench")
-    if kernels:
-        from importlib import import_module
+    for name, tool in TABLES.items():
+        report = _json(out, name)
+        if report:
+            from importlib import import_module
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        lines += ["", import_module("gate_average_bench").format_report(kernels)]
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            lines += ["", import_module(tool).format_report(report)]
     return "\n".join(lines)
 
 

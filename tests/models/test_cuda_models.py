@@ -3,7 +3,7 @@
 Every architecture (with the Standard head) and every head (on TANGO), plus TANGO's rotating narrow
 width, each as a tiny model with the same weights on both devices:
 
-- CUDA fp32 (the default kernels: Triton for the TANGO family where triton is installed, else the
+- CUDA fp32 (the default kernels: Triton for the TANGO family, GAU and FLASH where triton is installed, else the
   sliced SDPA or the composition) against the CPU float64 model: log-probs, loss and every parameter's gradient;
 - bf16 autocast on CUDA: loss within 3% of the float64 loss;
 - cached decoding on CUDA reproduces the full forward's log-probs.
@@ -17,6 +17,7 @@ import torch
 from tango_lm import ModelConfig, build_model
 from tango_lm.heads.registry import HEADS
 from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.ops import relu2_attention as relu2_attention_module
 from tango_lm.ops import tango_mix as tango_mix_module
 from tango_lm.ops import windowed_mix as windowed_mix_module
 from tests import arch_cases
@@ -27,7 +28,7 @@ CASES = (
     + [("tango", head, None) for head in sorted(HEADS) if head != "standard"]
     + [(arch, "standard", 8) for arch in ("tango", "tango-3set", "tango-windowed")]
 )  # rotating width: 8 of 12 per head
-TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed")
+TRITON_ARCHS = ("tango", "tango-3set", "tango-compact", "tango-windowed", "gau", "flash")
 
 
 def tiny_config(arch: str, head: str, active_width: int | None) -> ModelConfig:
@@ -77,6 +78,7 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
         for module, name in (
             (tango_mix_module.tango_mix_triton, "tango_mix_triton"),
             (windowed_mix_module.windowed_triton, "windowed_band_mix_triton"),
+            (relu2_attention_module.relu2_attention_triton, "relu2_attention_triton"),
         ):
             real = getattr(module, name)
             monkeypatch.setattr(module, name, lambda *xs, _f=real: triton_calls.append(1) or _f(*xs))
@@ -91,7 +93,7 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
         err = (grads32[name].double().cpu() - grad).abs().max() / scale
         assert err < 2e-3, f"{name}: normalized gradient error {err:.1e}"
     if arch in TRITON_ARCHS and triton:
-        assert triton_calls, "the TANGO mixing did not run on the Triton kernels"
+        assert triton_calls, "the mixing did not run on the Triton kernels"
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss_bf16 = gpu.nll(x.cuda(), y.cuda()).float().cpu()

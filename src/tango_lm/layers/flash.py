@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tango_lm.layers.gau import GatedUnit, relu2_attention
+from tango_lm.layers.gau import GatedUnit
 from tango_lm.ops.flash_linear import group_linear_attention
+from tango_lm.ops.relu2_attention import relu2_attention
 from tango_lm.serve.cache import LayerState
 
 

@@ -22,41 +22,13 @@ from torch import nn
 
 from tango_lm.layers.norm import LayerNorm, RMSNorm
 from tango_lm.layers.rope import apply_rope
-from tango_lm.ops.causal_matmul import causal_matmul
+from tango_lm.ops.relu2_attention import relu2_attention
 from tango_lm.serve.cache import LayerState
 
 
 def offset_scale(z: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """Per-head offset and scale of a shared base: z [B, T, s], gamma, beta [H, s] -> [B, H, T, s]."""
     return z.unsqueeze(1) * gamma[:, None, :].to(z.dtype) + beta[:, None, :].to(z.dtype)
-
-
-def relu2_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    rel_bias: torch.Tensor,
-    scale: float,
-    position: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal squared-ReLU attention with a relative-position bias.
-
-    q [..., T, s], k [..., S, s], v [..., S, e] -> [..., T, e]; the queries are the last T of the S
-    positions (S == T in a full forward, S > T when decoding), or, with `position` [1] (a static
-    decode step over a full buffer), one query at that index of the S. `rel_bias` has 2L - 1
-    entries, the one for offset t - j at index t - j + L - 1; it covers every offset when S <= L.
-    """
-    t, s = q.shape[-2], k.shape[-2]
-    half = (rel_bias.shape[0] + 1) // 2
-    if s > half:
-        raise ValueError(f"{s} positions exceed the relative bias's range of {half}")
-    rows = torch.arange(s - t, s, device=q.device) if position is None else position
-    offset = rows[:, None] - torch.arange(s, device=q.device)[None, :]
-    scores = (q @ k.transpose(-1, -2)) * scale + rel_bias[(offset + half - 1).clamp_min(0)].to(q.dtype)
-    kernel = F.relu(scores).square()
-    if s == t and position is None:  # a full forward: the product skips the blocks above the diagonal
-        return causal_matmul(kernel, v)
-    return kernel.masked_fill(offset < 0, 0.0) @ v
 
 
 class GatedUnit(nn.Module):

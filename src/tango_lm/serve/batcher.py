@@ -5,10 +5,11 @@ Batching: the decode caches keep one position for a whole batch and the models t
 rows decode together only when their prompts have the same length. The worker takes the oldest
 queued job, waits `batch_wait` seconds for more to arrive, and decodes it with every queued job of
 the same prompt length and sampling (temperature, top_p), up to `max_batch_size` rows, oldest
-first. A job with a seed decodes alone, so its samples do not depend on other traffic (on CPUs
-they equal `tango-lm generate --seed S --num-samples n`; `on_token` makes `generate` use the eager
-decode, whose random draws differ from the static CUDA steps'). Jobs that arrive while a batch decodes join the
-*next batch*, not the running one (its rows are already at another position).
+first. A job with a seed decodes alone, so its samples do not depend on other traffic (they equal
+`tango-lm generate --seed S --num-samples n` on the same device: streaming decodes as `generate`
+does, with static steps replayed as CUDA graphs on CUDA and the eager decode on CPUs). Jobs that
+arrive while a batch decodes join the *next batch*, not the running one (its rows are already at
+another position).
 
 Each batch is one `serve.generate.generate` call (cached decoding; onóna's one-projection sampling
 when the sampling is untruncated at temperature 1) whose `on_token` hook streams every row's text

@@ -1,0 +1,246 @@
+"""The Triton kernels of GAU's and FLASH's squared-ReLU attention; `relu2_attention_triton.py` says
+what each computes and wraps them as custom ops.
+
+Every kernel takes q, k [N, T, s] and v (or dO) [N, T, e] by their strides and writes its outputs
+contiguous; `BIAS` is the relative bias of 2 HALF - 1 entries, the one for offset t - j at index
+t - j + HALF - 1 (T <= HALF, so every causal offset is inside it)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tango_lm.ops.triton_common import configs, dot
+
+# (block sizes..., num_warps, num_stages). The width e of V is tiled over a grid axis in the
+# forward and in dV's kernel (see relu2_attention_triton.py for why), so BLOCK_E trades the
+# recomputation of S (s / BLOCK_E of the P V work) against registers for the [BLOCK, BLOCK_E]
+# fp32 accumulator. Chosen from ptxas's report for sm_90 (triton 3.6, s = 128, bf16; no GPU was
+# at hand to time them): little or no register spilling in bf16, and in every kernel at least one
+# small enough in shared memory for fp32 inputs (several need more than the 227 KiB there; the
+# autotuner skips a configuration that does not fit). Three or four per kernel keep the
+# autotuning inside the GPU check's time limits.
+_FORWARD_CONFIGS = configs(
+    ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
+    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2), (64, 32, 64, 4, 2)],
+)
+_DV_CONFIGS = configs(
+    ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
+    [(64, 64, 128, 8, 3), (64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (32, 64, 64, 4, 2)],
+)
+# One square block for queries and keys: the relative bias's gradient sums dS along the tile's
+# diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). Blocks of at most 64:
+# the program holds k, q and dK [BLOCK, s] and dP [BLOCK, BLOCK] at once (s = 128 at the presets).
+_DQK_CONFIGS = configs(("BLOCK", "BLOCK_E"), [(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 3)])
+_KEY = ["T", "E", "D"]
+
+
+@triton.jit
+def relu_scores(qk, BIAS, t, j, T, HALF, scale):
+    """relu(q.k * scale + bias[t - j]) in fp32, zero where j > t or either position is past T;
+    `qk` is the tile of q.k products, t and j the query and key positions broadcast to its shape."""
+    valid = (t >= j) & (t < T) & (j < T)
+    bias = tl.load(BIAS + (t - j + HALF - 1), mask=valid, other=0.0).to(tl.float32)
+    return tl.where(valid, tl.maximum(qk * scale + bias, 0.0), 0.0)
+
+
+@triton.autotune(_FORWARD_CONFIGS, key=_KEY)
+@triton.jit
+def forward_kernel(
+    Q,
+    K,
+    V,
+    BIAS,
+    O,
+    sqn,
+    sqt,
+    sqd,
+    skn,
+    skt,
+    skd,
+    svn,
+    svt,
+    sve,
+    T,
+    E,
+    D,
+    HALF,
+    scale,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
+    pid_e, n = tl.program_id(1), tl.program_id(2).to(tl.int64)  # 64-bit offsets: N * T * e can pass 2^31
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        Q + n * sqn + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+        mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
+        other=0.0,
+    )
+    acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
+    for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):  # the causal triangle only
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt = tl.load(
+            K + n * skn + offs_n[None, :] * skt + offs_d[:, None] * skd,
+            mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        r = relu_scores(dot(q, kt, PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
+        v = tl.load(
+            V + n * svn + offs_n[:, None] * svt + offs_e[None, :] * sve,
+            mask=(offs_n[:, None] < T) & (offs_e[None, :] < E),
+            other=0.0,
+        )
+        acc += dot((r * r).to(V.dtype.element_ty), v, PRECISION)
+    tl.store(
+        O + (n * T + offs_m[:, None]) * E + offs_e[None, :],
+        acc.to(O.dtype.element_ty),
+        mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
+    )
+
+
+@triton.autotune(_DV_CONFIGS, key=_KEY)
+@triton.jit
+def dv_kernel(
+    Q,
+    K,
+    DO,
+    BIAS,
+    DV,
+    sqn,
+    sqt,
+    sqd,
+    skn,
+    skt,
+    skd,
+    son,
+    sot,
+    soe,
+    T,
+    E,
+    D,
+    HALF,
+    scale,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    pid_n, pid_e, n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = tl.load(
+        K + n * skn + offs_n[:, None] * skt + offs_d[None, :] * skd,
+        mask=(offs_n[:, None] < T) & (offs_d[None, :] < D),
+        other=0.0,
+    )
+    acc = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
+    for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):  # queries that see these keys
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qt = tl.load(
+            Q + n * sqn + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
+            mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        # relu(S)^T: [keys, queries]
+        rt = relu_scores(dot(k, qt, PRECISION), BIAS, offs_m[None, :], offs_n[:, None], T, HALF, scale)
+        do = tl.load(
+            DO + n * son + offs_m[:, None] * sot + offs_e[None, :] * soe,
+            mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
+            other=0.0,
+        )
+        acc += dot((rt * rt).to(DO.dtype.element_ty), do, PRECISION)  # dV = P^T dO
+    tl.store(
+        DV + (n * T + offs_n[:, None]) * E + offs_e[None, :],
+        acc.to(DV.dtype.element_ty),
+        mask=(offs_n[:, None] < T) & (offs_e[None, :] < E),
+    )
+
+
+@triton.autotune(_DQK_CONFIGS, key=_KEY, reset_to_zero=["DQ", "DBIAS"])
+@triton.jit
+def dqk_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    BIAS,
+    DQ,
+    DK,
+    DBIAS,
+    sqn,
+    sqt,
+    sqd,
+    skn,
+    skt,
+    skd,
+    svn,
+    svt,
+    sve,
+    son,
+    sot,
+    soe,
+    T,
+    E,
+    D,
+    HALF,
+    scale,
+    PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    pid_n, n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    dt = Q.dtype.element_ty
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    kmask = (offs_n[:, None] < T) & (offs_d[None, :] < D)
+    k = tl.load(K + n * skn + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
+    dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    rows = tl.arange(0, BLOCK)
+    for start_m in range(pid_n * BLOCK, T, BLOCK):  # queries that see these keys
+        offs_m = start_m + rows
+        qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+        q = tl.load(Q + n * sqn + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
+        r = relu_scores(dot(q, tl.trans(k), PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
+        dp = tl.zeros([BLOCK, BLOCK], tl.float32)
+        for start_e in range(0, E, BLOCK_E):  # dP = dO V^T, contracted over the whole width
+            offs_e = start_e + tl.arange(0, BLOCK_E)
+            do = tl.load(
+                DO + n * son + offs_m[:, None] * sot + offs_e[None, :] * soe,
+                mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
+                other=0.0,
+            )
+            vt = tl.load(
+                V + n * svn + offs_n[None, :] * svt + offs_e[:, None] * sve,
+                mask=(offs_n[None, :] < T) & (offs_e[:, None] < E),
+                other=0.0,
+            )
+            dp += dot(do, vt, PRECISION)
+        ds = 2.0 * r * dp  # dS = 2 relu(S) dP: zero wherever relu(S) is, masked entries included
+        # The bias's gradient, the sum of dS per offset: each tile's diagonals summed in registers
+        # (a gather that lines them up in columns, then a column sum), so only 2 BLOCK atomic adds
+        # per tile reach the [2 HALF - 1] fp32 buffer. One atomic add per entry of dS instead
+        # would put BLOCK^2 atomics per tile on only 2 BLOCK - 1 addresses, serializing them; a
+        # buffer of per-tile partial sums would be as large as the [T, T] scores it avoids.
+        # Column c of `lined` holds the tile's offset t - j = start_m - start_n + c - (BLOCK - 1): row
+        # i's entry at key column i - c + BLOCK - 1 (c = 2 BLOCK - 1 is always empty). The indices
+        # are rebuilt per tile rather than kept live across the loop ([BLOCK, 2 BLOCK] registers).
+        diag = tl.arange(0, 2 * BLOCK)
+        diag_col = rows[:, None] - diag[None, :] + BLOCK - 1
+        on_tile = (diag_col >= 0) & (diag_col < BLOCK)
+        lined = tl.where(on_tile, tl.gather(ds, tl.where(on_tile, diag_col, 0), 1), 0.0)
+        offset = start_m - pid_n * BLOCK + diag - (BLOCK - 1)
+        tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T))
+        ds_in = ds.to(dt)
+        dk += dot(tl.trans(ds_in), q, PRECISION)
+        dq = dot(ds_in, k, PRECISION) * scale
+        tl.atomic_add(DQ + (n * T + offs_m[:, None]) * D + offs_d[None, :], dq, mask=qmask)
+    tl.store(DK + (n * T + offs_n[:, None]) * D + offs_d[None, :], dk * scale, mask=kmask)

@@ -1,0 +1,158 @@
+"""GAU's and FLASH's squared-ReLU attention alone on a GPU: the Triton kernels against the composition.
+
+Usage: PYTHONPATH=src python tools/relu2_attention_bench.py [--batch 16 --seq-len 1024 --qk-dim 128
+       --width 1536 --group-size 0 --dtype bf16 --rounds 10 --compiled --json FILE --device cuda]
+
+`--group-size 0` is GAU's attention, one causal triangle over the whole sequence; `--group-size g`
+FLASH's quadratic part, T/g groups of g folded into the batch. For each implementation of
+`relu2_attention(q, k, v, rel_bias, scale)` (ops/relu2_attention.py): `triton` (the kernels of
+ops/relu2_attention_triton.py), `reference` (the composition: the [T, T] scores and the square
+product, what CUDA ran before the kernels) and, with `--compiled`, the reference under
+`torch.compile`, it times forward + backward (and the forward alone), in rounds that alternate the
+implementations, and reports the median, TFLOP/s per causal FLOP (3 x 2 (s + e) per visible
+(query, key) pair, as `models/flops.py` counts GAU's attention), that as a fraction of a bf16
+matmul peak measured in the same process, the time as a ratio to the reference's, and the memory
+the step allocates beyond its inputs. Each output and gradient is checked against the reference
+first. `--device cpu` runs tiny sizes for a smoke test (the Triton row under TRITON_INTERPRET=1 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import op_timing  # noqa: E402
+
+from tango_lm.ops import relu2_attention as relu2_module  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def implementations(compiled: bool) -> dict:
+    impls = {"reference": relu2_module.relu2_attention_reference}
+    if relu2_module.relu2_attention_triton is not None:
+        impls = {"triton": lambda *xs: relu2_module.relu2_attention(*xs, kernels="triton"), **impls}
+    if compiled:
+        impls["reference-compiled"] = torch.compile(relu2_module.relu2_attention_reference, dynamic=False)
+    return impls
+
+
+def _with_scale(fn, scale: float, *xs: torch.Tensor) -> torch.Tensor:
+    return fn(*xs, scale)
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    b, t, s, e, g = args.batch, args.seq_len, args.qk_dim, args.width, args.group_size
+    lead, n = ((b,), t) if g == 0 else ((b, -(-t // g)), g)  # FLASH: groups folded into the batch
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def draw(*shape, std=1.0, dt=dtype):
+        return (torch.randn(*shape, device=device, generator=gen) * std).to(dt).requires_grad_(True)
+
+    q, k = draw(*lead, n, s, std=s**-0.25), draw(*lead, n, s, std=s**-0.25)
+    v = draw(*lead, n, e)
+    bias = draw(2 * n - 1, std=0.1, dt=torch.float32)  # the parameter stays fp32 under autocast
+    dy = torch.randn(*lead, n, e, device=device, generator=gen).to(dtype)
+    xs, scale = (q, k, v, bias), 1.0 / n
+    impls = implementations(args.compiled)
+    if "triton" in impls and not relu2_module.relu2_attention_triton.supported(q, k, v, bias):
+        del impls["triton"]  # CPU tensors without the interpreter
+    causal_flops = 3 * 2 * (s + e) * q.shape[:-2].numel() * n * (n + 1) / 2
+
+    bound = {name: functools.partial(_with_scale, fn, scale) for name, fn in impls.items()}
+    timed = op_timing.time_implementations(bound, xs, dy, "reference", args.rounds, device)
+    peak = op_timing.matmul_peak(device)
+    base_s = timed["reference"]["fwd_bwd_s"]
+    rows = [
+        {
+            "impl": name,
+            "fwd_bwd_ms": r["fwd_bwd_s"] * 1e3,
+            "fwd_ms": r["fwd_s"] * 1e3,
+            "tflop_per_s": causal_flops / r["fwd_bwd_s"] / 1e12,
+            "of_peak": causal_flops / r["fwd_bwd_s"] / peak,
+            "time_vs_reference": r["fwd_bwd_s"] / base_s,
+            "memory_mib": (r["memory_bytes"] or 0) / 2**20 or None,
+            "max_error_vs_reference": r["error"],
+        }
+        for name, r in timed.items()
+    ]
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "batch": b,
+        "seq_len": t,
+        "qk_dim": s,
+        "width": e,
+        "group_size": g,
+        "rounds": args.rounds,
+        "matmul_peak_tflop_per_s": peak / 1e12,
+        "causal_flops": causal_flops,
+        "rows": rows,
+    }
+
+
+def format_report(report: dict) -> str:
+    shape = "GAU (one triangle)" if not report["group_size"] else f"FLASH quad (groups of {report['group_size']})"
+    lines = [
+        f"relu2_attention alone, {shape}: {report['device']}, torch {report['torch']}, {report['dtype']}, "
+        f"B={report['batch']}, T={report['seq_len']}, s={report['qk_dim']}, e={report['width']}; forward + "
+        f"backward, median of {report['rounds']} alternating rounds; TFLOP/s per causal FLOP; peak = measured "
+        f"square matmul ({report['matmul_peak_tflop_per_s']:.0f} TFLOP/s); error: max normalized difference to "
+        "the reference",
+        f"{'impl':<20}{'fwd+bwd ms':>11}{'fwd ms':>8}{'TFLOP/s':>9}{'of peak':>9}{'x ref':>7}{'MiB':>8}{'error':>9}",
+    ]
+    for r in report["rows"]:
+        mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
+        lines.append(
+            f"{r['impl']:<20}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
+            f"{r['of_peak']:>9.1%}{r['time_vs_reference']:>7.2f}{mem}{r['max_error_vs_reference']:>9.1e}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--qk-dim", type=int, default=128, help="s, the query/key width")
+    p.add_argument("--width", type=int, default=1536, help="e, the value width")
+    p.add_argument("--group-size", type=int, default=0, help="FLASH's group size g; 0: GAU's full attention")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--compiled", action="store_true", help="also time the reference under torch.compile")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = p.parse_args(argv)
+    if min(args.batch, args.seq_len, args.qk_dim, args.width, args.rounds) < 1 or args.group_size < 0:
+        print(
+            "error: --batch, --seq-len, --qk-dim, --width and --rounds must be >= 1, --group-size >= 0", file=sys.stderr
+        )
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(
+            "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test", file=sys.stderr
+        )
+        return 2
+    if relu2_module.relu2_attention_triton is None:
+        print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)
+        return 2
+    report = run(args)
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

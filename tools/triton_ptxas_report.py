@@ -1,0 +1,191 @@
+"""Compile every autotune configuration of the project's Triton kernels for a CUDA GPU, without one.
+
+Usage: PYTHONPATH=src python tools/triton_ptxas_report.py [--ops relu2,tango_mix --kernels NAME,...
+       --dtype bf16 --head-dim 128 --arch 90]
+
+Triton's NVIDIA backend (and the ptxas in its wheel) compiles a kernel for a named architecture on
+any machine, so a GPU session's scarce minutes need not find out that a configuration fails to
+compile, spills registers or needs more shared memory than the chip has (the autotuner skips such a
+configuration silently; if all of a kernel's do, the op fails). For each kernel and configuration
+this prints the shared memory, whether it fits (227 KiB on sm_90), the registers per thread and the
+bytes spilled, from `ptxas -v`. The numbers say nothing about speed. Run it without
+TRITON_INTERPRET (under the interpreter the kernels have one small configuration only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes of shared memory per block
+FP32 = "fp32"  # pointer arguments that are fp32 whatever the inputs' dtype
+IO = "io"  # pointer arguments in the inputs' dtype
+
+# op -> (kernels module, {kernel: {pointer argument: IO | FP32}}, constexpr arguments besides the configs')
+OPS = {
+    "relu2": (
+        "tango_lm.ops.relu2_attention_triton_kernels",
+        {
+            "forward_kernel": {"Q": IO, "K": IO, "V": IO, "BIAS": FP32, "O": IO},
+            "dv_kernel": {"Q": IO, "K": IO, "DO": IO, "BIAS": FP32, "DV": IO},
+            "dqk_kernel": {"Q": IO, "K": IO, "V": IO, "DO": IO, "BIAS": FP32, "DQ": FP32, "DK": FP32, "DBIAS": FP32},
+        },
+        {},
+    ),
+    "tango_mix": (
+        "tango_lm.ops.tango_mix_triton_kernels",
+        {
+            name: {p: FP32 if p in ("LSE", "DELTA", "DQ", "DK") else IO for p in pointers}
+            for name, pointers in {
+                "lse_kernel": ("Q", "K", "LSE"),
+                "forward_kernel": ("Q", "K", "A", "U", "LSE", "Y", "AVG"),
+                "delta_kernel": ("DY", "Y", "DELTA"),
+                "scores_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "DELTA", "DQ", "DK"),
+                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU"),
+            }.items()
+        },
+        {"HAS_U": True, "STORE_AVG": True},
+    ),
+}
+
+
+def ptxas_path(arch: int) -> Path | None:
+    """The ptxas triton itself runs for `arch` (its wheel ships one per architecture range)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return Path(get_ptxas(arch).path)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def report_kernel(kernel, pointers: dict[str, str], constexprs: dict, dtype: str, arch: int) -> list[dict]:
+    """One row per autotune configuration of `kernel` (a triton Autotuner around a JITFunction)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernel.fn
+    rows = []
+    for config in kernel.configs:
+        consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
+        signature = {}
+        for name in fn.arg_names:
+            if name in consts:
+                signature[name] = "constexpr"
+            elif name in pointers:
+                signature[name] = "*fp32" if pointers[name] == FP32 else f"*{dtype}"
+            else:  # strides and sizes, and the float scales
+                signature[name] = "fp32" if name.startswith("scale") else "i32"
+        row = {"kernel": fn.__name__, "config": config.kwargs, "warps": config.num_warps, "stages": config.num_stages}
+        try:
+            source = ASTSource(
+                fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
+            )
+            compiled = triton.compile(
+                source,
+                target=GPUTarget("cuda", arch, 32),
+                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+            )
+        except Exception as exc:  # a configuration that does not compile is this report's finding
+            rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"})
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx = Path(tmp) / "kernel.ptx"
+            ptx.write_text(compiled.asm["ptx"])
+            sm = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+            out = subprocess.run(
+                [str(ptxas_path(arch)), f"-arch={sm}", "-v", str(ptx), "-o", os.devnull], capture_output=True, text=True
+            ).stderr
+        registers = re.search(r"Used (\d+) registers", out)
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out)]
+        shared = compiled.metadata.shared
+        rows.append(
+            {
+                **row,
+                "shared": shared,
+                "fits": shared <= SHARED_LIMIT.get(arch, SHARED_LIMIT[90]),
+                "registers": int(registers.group(1)) if registers else None,
+                "spill_bytes": max(spills) if spills else None,
+            }
+        )
+    return rows
+
+
+def format_rows(rows: list[dict], dtype: str, arch: int, head_dim: int) -> str:
+    lines = [
+        f"Triton kernels compiled for sm_{arch}, {dtype} inputs, head dim {head_dim}: shared memory per "
+        "block, whether it fits, registers per thread and bytes spilled (ptxas -v)",
+        f"{'kernel':<24}{'config':<48}{'warps':>6}{'stages':>7}{'shared KiB':>11}{'fits':>6}{'regs':>6}{'spill B':>9}",
+    ]
+    for r in rows:
+        config = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+        if "error" in r:
+            lines.append(
+                f"{r['kernel']:<24}{config:<48}{r['warps']:>6}{r['stages']:>7}  does not compile: {r['error']}"
+            )
+            continue
+        lines.append(
+            f"{r['kernel']:<24}{config:<48}{r['warps']:>6}{r['stages']:>7}{r['shared'] / 1024:>11.0f}"
+            f"{'yes' if r['fits'] else 'NO':>6}{r['registers'] or '-':>6}{r['spill_bytes'] if r['spill_bytes'] is not None else '-':>9}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of: {', '.join(OPS)}")
+    p.add_argument(
+        "--kernels", default="", help="comma-separated kernel names to keep (default: every kernel of --ops)"
+    )
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    args = p.parse_args(argv)
+    ops = [o for o in args.ops.split(",") if o]
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        print(f"error: unknown --ops {', '.join(unknown)}; choose from: {', '.join(OPS)}", file=sys.stderr)
+        return 2
+    if args.head_dim < 1:
+        print("error: --head-dim must be >= 1", file=sys.stderr)
+        return 2
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: TRITON_INTERPRET=1 leaves the kernels one interpreter configuration: unset it", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)
+        return 2
+    ptxas = ptxas_path(args.arch)
+    if ptxas is None or not ptxas.is_file():
+        print(
+            f"error: triton has no ptxas for sm_{args.arch} here ({ptxas}): its NVIDIA backend is missing",
+            file=sys.stderr,
+        )
+        return 2
+    rows = []
+    for op in ops:
+        module, kernels, constexprs = OPS[op]
+        mod = importlib.import_module(module)
+        block_d = max(16, 1 << (args.head_dim - 1).bit_length())  # as the ops' wrappers pick it
+        consts = {"PRECISION": "ieee" if args.dtype == "fp32" else "tf32", "BLOCK_D": block_d, **constexprs}
+        for name, pointers in kernels.items():
+            if args.kernels and name not in args.kernels.split(","):
+                continue
+            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch)
+    print(format_rows(rows, args.dtype, args.arch, args.head_dim))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
