@@ -101,6 +101,27 @@ def test_dispatch_never_sends_cpu_tensors_to_fla(monkeypatch):
     assert not calls
 
 
+def test_a_failing_fla_kernel_falls_back_under_auto_with_one_logged_line(monkeypatch, caplog):
+    def broken(**kw):
+        raise RuntimeError("no kernel for this head size\nsecond line")
+
+    delta_rule._log_fallback_once.cache_clear()  # once per process and reason
+    monkeypatch.setattr(delta_rule, "_fla_kernel", lambda: broken)
+    monkeypatch.setattr(delta_rule, "wants_fla", lambda backend, on_cuda: backend != "torch")  # as on CUDA
+    q, k, v, beta, g, s0 = inputs(1, 2, 10, 4, 4)
+    o_ref, s_ref = delta_rule_chunked(q, k, v, beta, g, s0, chunk=4)
+    with caplog.at_level("WARNING", logger=delta_rule.__name__):
+        for _ in range(2):
+            o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend="auto")
+            assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+    assert [r.getMessage() for r in caplog.records] == [
+        "gdn_backend=auto: fla's kernel failed (RuntimeError: no kernel for this head size); "
+        "running the chunked PyTorch form"
+    ]
+    with pytest.raises(RuntimeError, match="head size"):
+        gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend="fla")
+
+
 def test_auto_takes_fla_on_cuda_only_in_eager_mode():
     # Under torch.compile `auto` takes the chunked form (fla's entry point is a graph break); `fla` is fla.
     assert [delta_rule.wants_fla(b, True) for b in ("auto", "torch", "fla")] == [True, False, True]

@@ -40,11 +40,14 @@ graph break in every GDN layer.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 
 from tango_lm.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def delta_rule_recurrent(
@@ -149,6 +152,11 @@ def wants_fla(backend: str, on_cuda: bool) -> bool:
     return on_cuda and (backend == "fla" or (backend == "auto" and not torch.compiler.is_compiling()))
 
 
+@functools.cache
+def _log_fallback_once(reason: str) -> None:
+    log.warning("gdn_backend=auto: fla's kernel failed (%s); running the chunked PyTorch form", reason)
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -179,9 +187,10 @@ def gated_delta_rule(
                     output_final_state=True,
                 )
                 return o.transpose(1, 2).to(v.dtype), final
-            except Exception:
+            except Exception as exc:  # e.g. a head size or GPU fla's kernels do not take
                 if backend == "fla":
                     raise
+                _log_fallback_once(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}")
         elif backend == "fla":
             raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
     return delta_rule_chunked(q, k, v, beta, g, state, chunk)
