@@ -1,7 +1,7 @@
-"""What the single-op benches share (tools/gate_average_bench.py, tools/relu2_attention_bench.py):
-each implementation checked against a reference, then forward + backward (and the forward alone)
-timed in rounds that alternate the implementations, with the memory a step allocates beyond its
-inputs on CUDA, and a bf16 matmul peak measured in the same process."""
+"""What the single-op benches share (tools/gate_average_bench.py, tools/relu2_attention_bench.py,
+tools/delta_rule_bench.py): each implementation checked against a reference, then forward +
+backward (and the forward alone) timed in rounds that alternate the implementations, with the
+memory a step allocates beyond its inputs on CUDA, and a bf16 matmul peak measured in the same process."""
 
 from __future__ import annotations
 
