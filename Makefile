@@ -1,6 +1,6 @@
 # Set-up and the two everyday commands. `make quickstart` and `make test` create .venv on first use:
 # a virtual environment that reuses an installed torch (GPU users keep theirs) and otherwise
-# installs the CPU build of torch 2.13.0, then installs tango-lm with its test, eval, hf, triton, serve,
+# installs the CPU build of torch 2.13.0, then installs tango-lm with its test, eval, hf, triton, gdn, serve,
 # tensorboard, wandb and cluster extras (so every optional feature's tests run).
 VENV ?= .venv
 PYTHON ?= python3
@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0 || $(BIN)/python -m pip install torch
-	$(BIN)/python -m pip install -e '.[test,eval,hf,triton,serve,tensorboard,wandb,cluster]'
+	$(BIN)/python -m pip install -e '.[test,eval,hf,triton,gdn,serve,tensorboard,wandb,cluster]'
 	touch $@
 
 quickstart: setup

@@ -112,3 +112,10 @@ def test_gpu_suites_script_and_table(tmp_path):
     out = _run("gpu_suites_table.py", str(tmp_path))
     assert "decode-small  ok" in out and "train-70m     TIMEOUT" in out and "900s" in out
     assert "[decode-small]" in out and "decode: device cpu" in out and "[train-70m]" not in out
+
+
+def test_delta_rule_bench():
+    args = ("--batch", "1", "--heads", "2", "--seq-len", "9", "--head-dim", "4", "--chunk", "4", "--rounds", "2")
+    # --no-compile: inductor's compile alone takes 10-30 s on a 2-core CPU (tests/ops/test_delta_rule.py compiles the op).
+    out = _run("delta_rule_bench.py", *args, "--threads", "1", "--no-compile")
+    assert "chunked" in out and "x 1.00" in out and "compiled" not in out and "fla" not in out  # no CUDA here

@@ -2,7 +2,8 @@
 # The GPU check: on a machine with a CUDA GPU and no network, from a checkout (nothing installed:
 # the sources run with PYTHONPATH=src), `tools/gpu_check.sh` or `make gpu-check` runs
 #
-#   cuda-tests    every `cuda`-marked test: the Triton kernels against float64, every architecture
+#   cuda-tests    every `cuda`-marked test: the Triton kernels against float64, fla's delta rule
+#                 against the chunked form (where fla-core is installed), every architecture
 #                 and head on the GPU against the CPU float64 model, bf16 loss, cached and static decoding;
 #   train-bench   `tango-lm bench --suite train` at the 70M tier of the TANGO paper's Table 3;
 #   kernel-bench  TANGO's mixing alone (tools/gate_average_bench.py): Triton vs the sliced SDPA vs

@@ -19,25 +19,21 @@ first. `--device cpu` runs tiny sizes for a smoke test (the Triton row under TRI
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tango_lm.bench.peak import measure_matmul_peak  # noqa: E402
+import op_timing  # noqa: E402
+
 from tango_lm.ops import relu2_attention as relu2_module  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def implementations(compiled: bool) -> dict:
@@ -47,6 +43,10 @@ def implementations(compiled: bool) -> dict:
     if compiled:
         impls["reference-compiled"] = torch.compile(relu2_module.relu2_attention_reference, dynamic=False)
     return impls
+
+
+def _with_scale(fn, scale: float, *xs: torch.Tensor) -> torch.Tensor:
+    return fn(*xs, scale)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -69,62 +69,23 @@ def run(args: argparse.Namespace) -> dict:
         del impls["triton"]  # CPU tensors without the interpreter
     causal_flops = 3 * 2 * (s + e) * q.shape[:-2].numel() * n * (n + 1) / 2
 
-    def step(fn):
-        y = fn(*xs, scale)
-        return y, torch.autograd.grad(y, xs, dy)
-
-    want = step(impls["reference"])
-    errors = {}
-    for name, fn in impls.items():  # warm-up (compiles and autotunes the kernels) and a check
-        got = step(fn)
-        errors[name] = max(
-            float(
-                (x.detach().float() - y.detach().float()).abs().max() / y.detach().float().abs().max().clamp_min(1e-6)
-            )
-            for x, y in zip((got[0], *got[1]), (want[0], *want[1]), strict=True)
-        )
-        del got
-    del want
-    times = {name: [] for name in impls}
-    forward_times = {name: [] for name in impls}
-    memory = {}
-    for _ in range(args.rounds):
-        for name, fn in impls.items():
-            _sync(device)
-            if device.type == "cuda":
-                base = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                fn(*xs, scale)
-            _sync(device)
-            t1 = time.perf_counter()
-            out = step(fn)
-            _sync(device)
-            times[name].append(time.perf_counter() - t1)
-            forward_times[name].append(t1 - t0)
-            if device.type == "cuda":
-                memory[name] = torch.cuda.max_memory_allocated(device) - base
-            del out
-    peak = measure_matmul_peak(
-        device, torch.bfloat16 if device.type == "cuda" else torch.float32, 8192 if device.type == "cuda" else 512
-    )
-    base_s = statistics.median(times["reference"])
-    rows = []
-    for name in impls:
-        step_s = statistics.median(times[name])
-        rows.append(
-            {
-                "impl": name,
-                "fwd_bwd_ms": step_s * 1e3,
-                "fwd_ms": statistics.median(forward_times[name]) * 1e3,
-                "tflop_per_s": causal_flops / step_s / 1e12,
-                "of_peak": causal_flops / step_s / peak,
-                "time_vs_reference": step_s / base_s,
-                "memory_mib": memory.get(name, 0) / 2**20 or None,
-                "max_error_vs_reference": errors[name],
-            }
-        )
+    bound = {name: functools.partial(_with_scale, fn, scale) for name, fn in impls.items()}
+    timed = op_timing.time_implementations(bound, xs, dy, "reference", args.rounds, device)
+    peak = op_timing.matmul_peak(device)
+    base_s = timed["reference"]["fwd_bwd_s"]
+    rows = [
+        {
+            "impl": name,
+            "fwd_bwd_ms": r["fwd_bwd_s"] * 1e3,
+            "fwd_ms": r["fwd_s"] * 1e3,
+            "tflop_per_s": causal_flops / r["fwd_bwd_s"] / 1e12,
+            "of_peak": causal_flops / r["fwd_bwd_s"] / peak,
+            "time_vs_reference": r["fwd_bwd_s"] / base_s,
+            "memory_mib": (r["memory_bytes"] or 0) / 2**20 or None,
+            "max_error_vs_reference": r["error"],
+        }
+        for name, r in timed.items()
+    ]
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

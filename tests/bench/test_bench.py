@@ -103,6 +103,10 @@ def test_decode_suite_rows_and_ratios():
             assert r["tokens_per_s_vs_loop"][k] == pytest.approx(r["tokens_per_s"][k] / base["tokens_per_s"][k])
         assert r["cache_bytes_per_token"] > 0
         assert r["cache_vs_loop"] == pytest.approx(r["cache_bytes_per_token"] / base["cache_bytes_per_token"])
+        assert list(r["prefill_tokens_per_s"]) == ["b1", "b2"] and r["prefill_tokens_per_s"]["b2"] > 0
+        assert r["prefill_vs_loop"]["b2"] == pytest.approx(
+            r["prefill_tokens_per_s"]["b2"] / base["prefill_tokens_per_s"]["b2"]
+        )
     heads = report["heads"]["variants"]
     assert [h["variant"] for h in heads] == ["standard", "onona-one", "onona-both"]
     for h in heads:
@@ -110,7 +114,15 @@ def test_decode_suite_rows_and_ratios():
             h["tokens_per_s"]["b2"] / heads[0]["tokens_per_s"]["b2"]
         )
     text = decode.format_report(report)
-    assert "decode: device" in text and "decode heads:" in text and "onona-both" in text
+    assert "decode: device" in text and "decode heads:" in text and "onona-both" in text and "prefill b2" in text
+
+
+def test_decode_warmup_compiles_the_timed_rounds_capacity():
+    # The warm-up's static decoder must be the timed rounds' (same capacity bucket), or the first
+    # timed round compiles: prompt 32 + 128 new tokens read 159 positions (bucket 256), so the
+    # warm-up needs 98 new tokens (129 positions); prompt 512 + 256 is in bucket 1024 from 8 on.
+    assert decode.warmup_tokens(32, 128, 1024) == 98
+    assert decode.warmup_tokens(512, 256, 1024) == 8 and decode.warmup_tokens(3, 2, 5) == 2
 
 
 def test_cache_bytes_per_token_of_a_transformer():

@@ -1,5 +1,6 @@
 """The chunkwise-parallel gated delta rule (ops/delta_rule.py) against its step-by-step reference:
-outputs, final states and gradients in float64 at odd lengths and chunks that do not divide T."""
+outputs, final states and gradients in float64 at odd lengths and chunks that do not divide T;
+compiled (AOTAutograd, one graph) against eager."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tango_lm.ops import delta_rule
 from tango_lm.ops.delta_rule import delta_rule_chunked, delta_rule_recurrent, gated_delta_rule
 
 
@@ -27,7 +29,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("t", [1, 7, 63, 130])
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [5, 16, 64])  # remainders 2, 3 (63 % 5), 15, 2: a padded last chunk
 def test_chunked_matches_recurrent_outputs_and_gradients(t, chunk):
     args = [x.requires_grad_() for x in inputs(2, 3, t, 8, 6, seed=t)]
     o_ref, s_ref = delta_rule_recurrent(*args)
@@ -77,9 +79,79 @@ def test_strong_decay_stays_finite_in_fp32():
     assert rel_err(o, o_ref) < 1e-4
 
 
-def test_dispatch_uses_the_torch_path_on_cpu():
+def test_state_stays_fp32_under_autocast():
+    # bf16 products, fp32 sums: the state carried across chunks (and returned) is fp32, as fla keeps it.
+    q, k, v, beta, g, s0 = (x.float() for x in inputs(2, 2, 50, 8, 8, seed=4))
+    o_ref, s_ref = delta_rule_recurrent(*(x.double() for x in (q, k, v, beta, g, s0)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o, s = delta_rule_chunked(q, k, v, beta, g, s0, chunk=8)
+    assert o.dtype == s.dtype == torch.float32
+    assert rel_err(o.double(), o_ref) < 2e-2 and rel_err(s.double(), s_ref) < 2e-2
+
+
+def test_dispatch_never_sends_cpu_tensors_to_fla(monkeypatch):
+    # fla's kernels need CUDA: on CPU tensors every backend runs the chunked form, installed or not.
+    calls = []
+    monkeypatch.setattr(delta_rule, "_fla_kernel", lambda: lambda **kw: calls.append(kw))
     q, k, v, beta, g, s0 = inputs(1, 2, 10, 4, 4)
     for backend in ("auto", "torch", "fla"):
         o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend=backend)
         o_ref, s_ref = delta_rule_chunked(q, k, v, beta, g, s0, chunk=4)
         assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+    assert not calls
+
+
+def test_a_failing_fla_kernel_falls_back_under_auto_with_one_logged_line(monkeypatch, caplog):
+    def broken(**kw):
+        raise RuntimeError("no kernel for this head size\nsecond line")
+
+    delta_rule._log_fallback_once.cache_clear()  # once per process and reason
+    monkeypatch.setattr(delta_rule, "_fla_kernel", lambda: broken)
+    monkeypatch.setattr(delta_rule, "wants_fla", lambda backend, on_cuda: backend != "torch")  # as on CUDA
+    q, k, v, beta, g, s0 = inputs(1, 2, 10, 4, 4)
+    o_ref, s_ref = delta_rule_chunked(q, k, v, beta, g, s0, chunk=4)
+    with caplog.at_level("WARNING", logger=delta_rule.__name__):
+        for _ in range(2):
+            o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend="auto")
+            assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
+    assert [r.getMessage() for r in caplog.records] == [
+        "gdn_backend=auto: fla's kernel failed (RuntimeError: no kernel for this head size); "
+        "running the chunked PyTorch form"
+    ]
+    with pytest.raises(RuntimeError, match="head size"):
+        gated_delta_rule(q, k, v, beta, g, s0, chunk=4, backend="fla")
+
+
+def test_auto_takes_fla_on_cuda_only_in_eager_mode():
+    # Under torch.compile `auto` takes the chunked form (fla's entry point is a graph break); `fla` is fla.
+    assert [delta_rule.wants_fla(b, True) for b in ("auto", "torch", "fla")] == [True, False, True]
+    assert not any(delta_rule.wants_fla(b, False) for b in ("auto", "torch", "fla"))
+    torch._dynamo.reset()
+
+    def choices(x):
+        return x + torch.tensor([delta_rule.wants_fla(b, True) for b in ("auto", "torch", "fla")])
+
+    compiled = torch.compile(choices, fullgraph=True, backend="eager")
+    assert compiled(torch.zeros(3, dtype=torch.long)).tolist() == [0, 0, 1]
+    torch._dynamo.reset()
+
+
+def test_compiled_chunked_matches_eager_outputs_and_gradients():
+    # The graph and its backward through AOTAutograd ("aot_eager": inductor's code generation is slow on
+    # a 2-core CPU; tests/train/test_compile.py compiles the whole GDN model the same way).
+    torch._dynamo.reset()
+    args = [x.requires_grad_() for x in inputs(2, 3, 13, 8, 6, seed=3, dtype=torch.float32)]
+    compiled = torch.compile(delta_rule_chunked, fullgraph=True, dynamic=False, backend="aot_eager")
+    results = []
+    for fn in (delta_rule_chunked, compiled):
+        o, s = fn(*args, chunk=4)
+        weights = torch.linspace(-1, 1, o.numel()).reshape(o.shape)
+        grads = torch.autograd.grad((o * weights).sum() + s.square().sum(), args)
+        results.append((o, s, grads))
+    (o, s, grads), (o_c, s_c, grads_c) = results
+    torch.testing.assert_close(o_c, o)
+    torch.testing.assert_close(s_c, s)
+    for name, g, g_c in zip(("q", "k", "v", "beta", "g", "state"), grads, grads_c, strict=True):
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(g_c, g, msg=name)
+    torch._dynamo.reset()

@@ -10,7 +10,8 @@ import torch
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.data.tokenizers import get_tokenizer
-from tango_lm.serve.batcher import Batcher, Job, RowText
+from tango_lm.serve import batcher as batcher_module
+from tango_lm.serve.batcher import Batcher, Job, RowText, batch_bucket
 from tango_lm.serve.generate import generate
 
 BYTES = get_tokenizer("byte")
@@ -66,14 +67,25 @@ def test_batches_group_equal_prompt_lengths_and_sampling_oldest_first():
     assert batcher._take_batch() == []
 
 
-def test_a_batch_streams_each_rows_greedy_tokens():
+@pytest.mark.parametrize("pad_to_buckets", [False, True])
+def test_a_batch_streams_each_rows_greedy_tokens(pad_to_buckets, monkeypatch):
     """Rows of different jobs decoded together give what each prompt gives alone; rows end at
-    their own max_tokens; a cancelled job stops receiving text."""
+    their own max_tokens; a cancelled job stops receiving text. Padded to a power of two rows
+    (as on CUDA, where each batch size compiles its own static step), the 3 rows decode as 4 and
+    stream the same text."""
     torch.manual_seed(0)
     model = build_model(
         ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257, context_length=32)
     ).double()
-    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    decoded_rows = []
+
+    def recording_generate(model, prompt, *args, **kwargs):
+        decoded_rows.append(prompt.shape[0])
+        return generate(model, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "generate", recording_generate)
+    batcher = Batcher(model, BYTES, torch.device("cpu"), pad_to_buckets=pad_to_buckets)
+    assert Batcher(model, BYTES, torch.device("cpu")).pad_to_buckets is False  # CPUs decode eagerly: no padding
     events: dict[int, list] = {0: [], 1: []}
     done = threading.Event()
     a = Job(
@@ -93,7 +105,7 @@ def test_a_batch_streams_each_rows_greedy_tokens():
             threading.Event().wait(0.05)
     finally:
         batcher.stop()
-    assert done.is_set() and batcher.batches == 1
+    assert done.is_set() and batcher.batches == 1 and decoded_rows == [4 if pad_to_buckets else 3]
     for job, got in ((a, events[0]), (b, events[1])):
         want = generate(model, torch.tensor([job.prompt]), job.max_tokens, temperature=0)[0, 3:].tolist()
         for row in range(job.n):
@@ -161,3 +173,7 @@ def test_onona_requests_at_temperature_1_sample_with_one_projection(monkeypatch)
         text = "".join(e[2] for e in events if e[0] == "text" and e[1] == row)
         ids = want[row][: want[row].index(BYTES.eot_id)] if BYTES.eot_id in want[row] else want[row]
         assert text == BYTES.decode(ids)
+
+
+def test_batch_buckets_are_the_next_power_of_two():
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 31, 32)] == [1, 2, 4, 4, 8, 8, 16, 32, 32]

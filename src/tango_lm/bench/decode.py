@@ -5,8 +5,11 @@ after a random prompt of `prompt_len` tokens with `serve.generate.generate` (dec
 position per step), at each batch size, greedy and at temperature 1. A timed run is the whole
 `generate` call, prefill included; tokens/s counts the new tokens of every row. Runs alternate
 between the models (every model, batch and mode once per round), and each number is the median
-over the timed rounds, after one short warm-up round. Cache bytes per token are
-`cache.nbytes() / positions` of one sequence after prompt + new tokens (fp32).
+over the timed rounds, after one short warm-up round (long enough that its static decoder has the
+timed rounds' capacity, so it compiles the step they replay). Prefill tokens/s times the prompt alone
+through the cached forward (`model.hidden`, what both decodes start with), prompt tokens of every
+row per second. Cache bytes per token are `cache.nbytes() / positions` of one sequence after
+prompt + new tokens (fp32).
 
 Heads: on one backbone, the Standard head against onóna sampled two ways at temperature 1 without
 truncation: one projection per position (`head.sample`, what `generate` does on its own) and
@@ -27,6 +30,7 @@ from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.serve.generate import generate
+from tango_lm.serve.static_decode import capacity_bucket
 from tango_lm.train.device import pick_device
 
 MODES = {"greedy": 0.0, "t=1": 1.0}
@@ -65,6 +69,36 @@ def cache_bytes_per_token(model: torch.nn.Module, positions: int, device: torch.
 def _prompts(batches: tuple[int, ...], prompt_len: int, vocab: int, device: torch.device) -> dict[int, torch.Tensor]:
     gen = torch.Generator(device=device).manual_seed(0)
     return {b: torch.randint(0, vocab, (b, prompt_len), generator=gen, device=device) for b in batches}
+
+
+def warmup_tokens(prompt_len: int, new_tokens: int, context_length: int) -> int:
+    """New tokens of the warm-up round: 8 (at most new_tokens), or more where the static decoder of
+    the timed rounds' length has a larger capacity bucket, so the warm-up compiles the step they use."""
+    want = capacity_bucket(prompt_len + new_tokens - 1, context_length)
+    n = min(8, new_tokens)
+    while capacity_bucket(prompt_len + n - 1, context_length) != want:
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def prefill_walls(
+    models: dict[str, Any], prompts: dict[int, torch.Tensor], repeats: int
+) -> dict[tuple[str, int], list[float]]:
+    """Wall seconds of the prompt's cached forward per (model, batch): one warm-up round, then
+    `repeats` rounds alternating the models."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for i in range(1 + repeats):
+        for b, prompt in prompts.items():
+            for name, model in models.items():
+                cache = model.new_cache(prompt.shape[1])
+                _sync(prompt.device)
+                t0 = time.perf_counter()
+                model.hidden(prompt, cache)
+                _sync(prompt.device)
+                if i > 0:
+                    out.setdefault((name, b), []).append(time.perf_counter() - t0)
+    return out
 
 
 def run_decode_bench(
@@ -125,9 +159,9 @@ def run_decode_bench(
         torch.manual_seed(0)
         models[cfg.arch] = build_model(cfg).to(dev).eval()
     cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
-    wall = _interleaved(
-        models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats, static=report["static_mode"]
-    )
+    prompts = _prompts(batches, prompt_len, vocab_size, dev)
+    wall = _interleaved(models, cases, prompts, new_tokens, repeats, static=report["static_mode"])
+    prefill = prefill_walls(models, prompts, repeats)
     rows = []
     for cfg, note in pairs:
         row: dict[str, Any] = {
@@ -136,6 +170,9 @@ def run_decode_bench(
             "params_total": cfg.num_params()["total"],
             "note": note,
             "tokens_per_s": {},
+            "prefill_tokens_per_s": {
+                f"b{b}": b * prompt_len / statistics.median(prefill[cfg.arch, b]) for b in batches
+            },
             "cache_bytes_per_token": cache_bytes_per_token(models[cfg.arch], positions, dev),
         }
         for b, m, path in cases:
@@ -144,6 +181,7 @@ def run_decode_bench(
     base = next(r for r in rows if r["arch"] == BASELINE)
     for r in rows:
         r["tokens_per_s_vs_loop"] = {k: v / base["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
+        r["prefill_vs_loop"] = {k: v / base["prefill_tokens_per_s"][k] for k, v in r["prefill_tokens_per_s"].items()}
         if static:
             r["static_vs_eager"] = {
                 case_key(b, m, "eager"): r["tokens_per_s"][case_key(b, m, "static")]
@@ -189,12 +227,12 @@ def _interleaved(
     static: str | None = None,
 ) -> dict[tuple[str, int, str, str], list[float]]:
     """Wall seconds per (model, batch, mode, path): one short warm-up round (it also compiles the
-    static steps), then `repeats` rounds of every case for every model."""
+    static steps, `warmup_tokens`), then `repeats` rounds of every case for every model."""
     out: dict[tuple[str, int, str, str], list[float]] = {}
     for i in range(1 + repeats):
-        n = min(8, new_tokens) if i == 0 else new_tokens
         for b, m, path in cases:
             for name, model in models.items():
+                n = new_tokens if i else warmup_tokens(prompts[b].shape[1], new_tokens, model.config.context_length)
                 t = temperature[name] if temperature else MODES[m]
                 wall, _ = _timed_generate(
                     model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
@@ -302,6 +340,7 @@ def format_report(report: dict[str, Any]) -> str:
         for path in report.get("paths", ["eager"])
     ]
     w = max(11, max(len(k) for k in keys) + 2)  # column width: the longest key and a gap
+    prefill_keys = list(report["archs"][0].get("prefill_tokens_per_s", {})) if report["archs"] else []
     models = f"the {report['tier']} presets" if report.get("tier") else "matched models of the train suite"
     static = (
         f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round compiles)"
@@ -313,18 +352,26 @@ def format_report(report: dict[str, Any]) -> str:
         f"(d={report['d_model']}, depth {report['depth']}, V={report['vocab_size']}), prompt {report['prompt_len']} "
         f"+ {report['new_tokens']} new tokens; tok/s = new tokens (all rows) / wall time of the whole generate call "
         f"(prefill included), median of {report['repeats']} rounds alternating models; cache = cache.nbytes() / "
-        f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32){static}",
+        f"positions of one sequence at {report['prompt_len'] + report['new_tokens']} positions (fp32){static}; "
+        f"prefill = prompt tokens (all rows) / s of the prompt's cached forward alone",
         f"{'arch':<19}"
         + "".join(f"{k:>{w}}" for k in keys)
         + "".join(f"{k + ' x':>{w + 2}}" for k in keys)
-        + f"{'cache B/tok':>12}{'cache x':>8}  note",
+        + f"{'cache B/tok':>12}{'cache x':>8}"
+        + "".join(f"{'prefill ' + k:>{len(k) + 10}}{'x':>6}" for k in prefill_keys)
+        + "  note",
     ]
     for r in report["archs"]:
         lines.append(
             f"{r['arch']:<19}"
             + "".join(f"{r['tokens_per_s'][k]:>{w},.0f}" for k in keys)
             + "".join(f"{r['tokens_per_s_vs_loop'][k]:>{w + 2}.2f}" for k in keys)
-            + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}  {r['note']}"
+            + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}"
+            + "".join(
+                f"{r['prefill_tokens_per_s'][k]:>{len(k) + 10},.0f}{r['prefill_vs_loop'][k]:>6.2f}"
+                for k in prefill_keys
+            )
+            + f"  {r['note']}"
         )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")

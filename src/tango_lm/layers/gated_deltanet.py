@@ -113,8 +113,12 @@ class GatedDeltaNet(nn.Module):
         v = split_heads(v, self.n_heads)
         wide = torch.promote_types(h.dtype, torch.float32)  # gates in fp32 (float64 for a float64 model)
         beta = torch.sigmoid(self.b_proj(h).to(wide)).transpose(1, 2)  # [B, H, T]
-        log_alpha = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(h).to(wide) + self.dt_bias.to(wide))
-        log_alpha = log_alpha.transpose(1, 2)
+        # The decay is computed in the delta rule's contiguous [B, H, T] layout, so its gradient and
+        # its input agree in layout: where they differ, PyTorch's traced softplus_backward (2.11 and
+        # 2.13) assumes a contiguous result while the kernel follows the gradient's strides, and the
+        # compiled backward (AOTAutograd) then views the result over strides it did not trace.
+        a = self.a_proj(h).to(wide).transpose(1, 2).contiguous()
+        log_alpha = -self.A_log.to(wide).exp()[:, None] * F.softplus(a + self.dt_bias.to(wide)[:, None])
         s0 = state.read("S") if state is not None else None
         o, s = gated_delta_rule(q, k, v, beta, log_alpha, s0, self.chunk, self.backend if state is None else "torch")
         if state is not None:

@@ -14,10 +14,36 @@ from torch import nn
 from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
-from tango_lm.ops.attention import causal_attention
+from tango_lm.ops.attention import attention_over_slices, runs_sliced, sdpa_attention, value_slices
+from tango_lm.ops.dispatch import requested
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
+
+
+def prefill_through_door(q: torch.Tensor, state: LayerState) -> bool:
+    """Whether a cached forward runs the training forward's door (`mix`: the Triton kernels or the
+    sliced SDPA on CUDA) and only stores its keys and gates: a plain prefill (nothing cached yet, no
+    key mask), off the CPU or with an implementation named ($TANGO_LM_KERNELS). On CPUs 'auto'
+    keeps the cached path's one SDPA call, and its numbers."""
+    return state.empty() and (q.device.type != "cpu" or requested() != "auto")
+
+
+def cache_and_attend(
+    q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, state: LayerState, name: str, attend: bool = True
+) -> torch.Tensor | None:
+    """Append k and the values [B, H, T, w] (under `name`) to the state and, with `attend`, return
+    the new positions' average over everything cached, [B, H, T, w] (`causal_attention`'s door).
+    Where it runs sliced (CUDA) the cache keeps the values slice-major (`value_slices`), so a decode
+    step copies none of them."""
+    sliced = runs_sliced(q, values)
+    k_all = state.append("k", k)
+    v_all = state.append(name, value_slices(values) if sliced else values)
+    if not attend:
+        return None
+    if sliced:
+        return attention_over_slices(q, k_all, v_all, values.shape[-1], state.key_mask())
+    return sdpa_attention(q, k_all, v_all, state.key_mask())
 
 
 class TangoBlock(nn.Module):
@@ -57,10 +83,13 @@ class TangoBlock(nn.Module):
     def mix_cached(
         self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState
     ) -> torch.Tensor:
-        """Decoding: the new positions attend over the keys and gates cached for this application."""
-        k_all = state.append("k", k)
-        g_all = state.append("g", split_heads(F.silu(a), self.n_heads))
-        return merge_heads(causal_attention(q, k_all, g_all, state.key_mask())) * u
+        """Decoding: the new positions attend over the keys and gates cached for this application
+        (`causal_attention`: sliced on CUDA); a plain prefill runs `mix` (`prefill_through_door`)."""
+        g = split_heads(F.silu(a), self.n_heads)
+        if prefill_through_door(q, state):
+            cache_and_attend(q, k, g, state, "g", attend=False)
+            return self.mix(q, k, a, u)
+        return merge_heads(cache_and_attend(q, k, g, state, "g")) * u
 
     def forward(
         self,

@@ -41,8 +41,7 @@ from torch import nn
 from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
-from tango_lm.layers.tango import TangoBlock
-from tango_lm.ops.attention import causal_attention
+from tango_lm.layers.tango import TangoBlock, cache_and_attend, prefill_through_door
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
@@ -173,10 +172,13 @@ class CompactTangoBlock(_SharedQueryKey):
     def mix_cached(
         self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, state: LayerState
     ) -> torch.Tensor:
-        """Decoding: the cache holds keys and the r controller channels, not F gate columns."""
-        k_all = state.append("k", k)
-        c_all = state.append("c", split_heads(F.silu(a), self.n_heads))
-        cbar = merge_heads(causal_attention(q, k_all, c_all, state.key_mask()))
+        """Decoding: the cache holds keys and the r controller channels, not F gate columns; a plain
+        prefill runs `mix` (`prefill_through_door`)."""
+        c = split_heads(F.silu(a), self.n_heads)
+        if prefill_through_door(q, state):
+            cache_and_attend(q, k, c, state, "c", attend=False)
+            return self.mix(q, k, a, u)
+        cbar = merge_heads(cache_and_attend(q, k, c, state, "c"))
         return F.linear(cbar, self.gated_weights()[0]) * u
 
     def forward(

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tango_lm.layers.rope import apply_rope
-from tango_lm.layers.tango import TangoBlock
+from tango_lm.layers.tango import TangoBlock, prefill_through_door
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.windowed import (
     MIN_CHUNK,
@@ -78,11 +78,15 @@ class WindowedTangoBlock(TangoBlock):
         q_raw: torch.Tensor,
         k_raw: torch.Tensor,
     ) -> torch.Tensor:
-        """Decoding: the new positions, in pieces of at most one chunk, against the state."""
+        """Decoding: the new positions, in pieces of at most one chunk, against the state; a plain
+        prefill runs `mix` (`prefill_through_door`) and then sums up its older sources."""
         if state.position is not None:
             return self.mix_static(q, k, a, u, state, q_raw, k_raw)
         g = split_heads(F.silu(a), self.n_heads)
         k_phi = apply_feature_map(k_raw, self.feature_map)
+        if prefill_through_door(q, state):
+            self._store_prefill(state, q, k, k_phi, g)
+            return self.mix(q, k, a, u, q_raw, k_raw)
         ex = state.extra
         if "s" not in ex:
             b, h, _, d_h = k.shape
@@ -120,6 +124,19 @@ class WindowedTangoBlock(TangoBlock):
             # Copies, so the state does not pin the whole concatenation in memory.
             ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k_loc, phi_loc, g_loc))
         return merge_heads(torch.cat(outs, dim=-2)) * u
+
+    def _store_prefill(
+        self, state: LayerState, q: torch.Tensor, k: torch.Tensor, k_phi: torch.Tensor, g: torch.Tensor
+    ) -> None:
+        """The state after a prefill of these T positions: their last W - 1 keys, features and
+        gates, and the prefix sums over the older ones (what the piecewise path leaves)."""
+        acc = compute_dtype(q, k, g)
+        drop = max(k.shape[-2] - (self.window - 1), 0)
+        phi_out = k_phi[..., :drop, :].to(acc)
+        ex = state.extra
+        ex["s"] = phi_out.transpose(-1, -2) @ g[..., :drop, :].to(acc)
+        ex["z"] = phi_out.sum(-2)
+        ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k, k_phi, g))
 
     def forward(
         self,

@@ -16,22 +16,38 @@ state is M_t = Γ_t M_0 + Σ_{s≤t} (Γ_t/Γ_s) k_s u_sᵀ for "pseudo-values" 
 
 a unit lower-triangular system (the UT transform). Writing U = Ũ − W M_0 with
 Ũ = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(βΓ) K, which need no state, all chunks are solved
-at once; only the cheap inter-chunk pass is sequential:
+at once (one batched triangular solve). Only the pass over chunks that carries the state is
+sequential, two batched matmuls (and adds) per chunk:
 
-    O   = diag(Γ) Q M_0 + (Q Kᵀ ⊙ D) U,      D_ts = Γ_t/Γ_s for s ≤ t, else 0
-    M_C = Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U.
+    U   = Ũ − W M_0,      M_C = Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U,
+
+and with every chunk's entry state M_0 and U kept, the outputs of all chunks come at once:
+
+    O   = diag(Γ) Q M_0 + (Q Kᵀ ⊙ D) U,      D_ts = Γ_t/Γ_s for s ≤ t, else 0.
+
+The loop walks chunk-major views (`unbind`), so its backward stacks the per-chunk gradients once
+rather than adding a full-size zero-padded gradient per chunk (indexing `x[:, :, i]` in a loop
+makes the backward quadratic in the number of chunks).
 
 `delta_rule_recurrent` is the step-by-step reference the chunked form is tested against (outputs
-and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel on CUDA
-when it is installed and asked for, and to the chunked PyTorch form otherwise.
+and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel
+(`chunk_gated_delta_rule` of the fla-core package, `pip install 'tango-lm[gdn]'`) on CUDA in eager
+mode, and to the chunked PyTorch form otherwise. Under `torch.compile` `auto` takes the chunked
+form, which compiles into the model's graph: fla's entry point is `torch.compiler.disable`d, a
+graph break in every GDN layer.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
+
+from tango_lm.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def delta_rule_recurrent(
@@ -93,18 +109,31 @@ def delta_rule_chunked(
     rhs = torch.cat([beta[..., None] * v, (beta * gamma.exp())[..., None] * k], dim=-1)
     solved = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
     u_tilde, w = solved[..., :dv], solved[..., dv:]
-    qk = (q @ k.transpose(-1, -2)) * decay  # zero above the diagonal
-    q_decayed = gamma.exp()[..., None] * q
     k_to_end = (gamma[..., -1:] - gamma).exp()[..., None] * k  # (Γ_C / Γ_s) k_s
 
+    def by_chunk(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """[B, H, n, ...] -> n tensors [B·H, ...]."""
+        return x.movedim(2, 0).reshape(n, b * h, *x.shape[3:]).unbind(0)
+
     m = state.to(dtype) if state is not None else q.new_zeros(b, h, dk, dv)
-    outs = []
-    for i in range(n):
-        u = u_tilde[:, :, i] - w[:, :, i] @ m
-        outs.append(q_decayed[:, :, i] @ m + qk[:, :, i] @ u)
-        m = gamma[:, :, i, -1, None, None].exp() * m + k_to_end[:, :, i].transpose(-1, -2) @ u
-    o = torch.stack(outs, dim=2).reshape(b, h, n * c, dv)[:, :, :t]
-    return o.to(out_dtype), m
+    m = m.reshape(b * h, dk, dv)
+    gate_to_end = gamma[..., -1:, None].exp()  # Γ_C per chunk, [B, H, n, 1, 1]
+    starts, us = [], []
+    for u_tilde_i, w_i, k_to_end_i, gate_i in zip(
+        by_chunk(u_tilde), by_chunk(w), by_chunk(k_to_end.transpose(-1, -2)), by_chunk(gate_to_end), strict=True
+    ):
+        # Matmul then add, not baddbmm: under autocast the products run in bf16 but the sums, and
+        # so the state carried from chunk to chunk, stay in fp32 (baddbmm's result would be bf16).
+        starts.append(m)
+        u = u_tilde_i - w_i @ m  # Ũ − W M_0
+        us.append(u)
+        m = gate_i * m + k_to_end_i @ u  # Γ_C M_0 + (K ⊙ Γ_C/Γ)ᵀ U
+    m_start = torch.stack(starts, dim=1).reshape(b, h, n, dk, dv)
+    u = torch.stack(us, dim=1).reshape(b, h, n, c, dv)
+    qk = (q @ k.transpose(-1, -2)) * decay  # zero above the diagonal
+    o = (gamma.exp()[..., None] * q) @ m_start + qk @ u
+    o = o.reshape(b, h, n * c, dv)[:, :, :t]
+    return o.to(out_dtype), m.reshape(b, h, dk, dv)
 
 
 @functools.cache
@@ -115,6 +144,17 @@ def _fla_kernel():
     except Exception:  # ImportError, or a Triton/CUDA mismatch raised at import
         return None
     return chunk_gated_delta_rule
+
+
+def wants_fla(backend: str, on_cuda: bool) -> bool:
+    """Whether `backend` sends CUDA inputs to fla here: 'fla' always on CUDA, 'auto' on CUDA outside
+    `torch.compile` (fla's kernel is a graph break; the chunked form compiles). Never on CPUs."""
+    return on_cuda and (backend == "fla" or (backend == "auto" and not torch.compiler.is_compiling()))
+
+
+@functools.cache
+def _log_fallback_once(reason: str) -> None:
+    log.warning("gdn_backend=auto: fla's kernel failed (%s); running the chunked PyTorch form", reason)
 
 
 def gated_delta_rule(
@@ -128,9 +168,10 @@ def gated_delta_rule(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule through the chosen backend: 'torch' (chunked PyTorch), 'fla' (fla's
-    Triton kernel; CUDA only) or 'auto' (fla on CUDA when it imports, else torch). Shapes as in
-    `delta_rule_recurrent`; q is expected to carry its 1/sqrt(d_k) scale already."""
-    if backend != "torch" and q.is_cuda:
+    Triton kernel on CUDA; the chunked form on CPUs) or 'auto' (fla on CUDA in eager mode when it
+    imports, else torch). Shapes as in `delta_rule_recurrent`; q is expected to carry its
+    1/sqrt(d_k) scale already. fla chunks by 64 whatever `chunk` says."""
+    if wants_fla(backend, q.is_cuda):
         kernel = _fla_kernel()
         if kernel is not None:
             try:
@@ -146,9 +187,10 @@ def gated_delta_rule(
                     output_final_state=True,
                 )
                 return o.transpose(1, 2).to(v.dtype), final
-            except Exception:
+            except Exception as exc:  # e.g. a head size or GPU fla's kernels do not take
                 if backend == "fla":
                     raise
+                _log_fallback_once(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}")
         elif backend == "fla":
-            raise RuntimeError("gdn_backend='fla' needs the flash-linear-attention package")
+            raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
     return delta_rule_chunked(q, k, v, beta, g, state, chunk)

@@ -1,8 +1,8 @@
 """One door for the ops that have several implementations, and one override.
 
 Every op below has a single public function that decides which implementation runs
-(`tango_mix`, with or without u, `gate_average`, `windowed_mix`, `causal_matmul`, and GAU's and
-FLASH's `relu2_attention`); each asks `choose` here. The names:
+(`tango_mix`, with or without u, `gate_average`, `windowed_mix`, `causal_matmul`, GAU's and
+FLASH's `relu2_attention`, and `causal_attention`); each asks `choose` here. The names:
 
 | name | what | ops that have it |
 |---|---|---|
@@ -10,14 +10,15 @@ FLASH's `relu2_attention`); each asks `choose` here. The names:
 | `blocked` | the fused eager CPU ops (blocked over the causal triangle, or chunked) | tango_mix, windowed_mix, causal_matmul, relu2_attention (its product on causal_matmul) |
 | `c` | those ops with their products on the C kernels (`ops/cpu_kernels.py`): float32 on CPUs | tango_mix, causal_matmul, relu2_attention |
 | `triton` | the Triton kernels: CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` | tango_mix, windowed_mix, relu2_attention |
-| `sdpa-sliced` | SDPA with the gates cut into slices of at most 128 columns run as extra heads | tango_mix, gate_average |
+| `sdpa-sliced` | SDPA with the gates cut into slices of at most 128 columns run as extra heads | tango_mix, gate_average, causal_attention |
 
 `auto` (the default) picks per call, from the inputs: on CPUs exactly what the ops picked before
 this door existed (C kernels in float32 where they build, else the blocked op, in eager mode; the
 reference under `torch.compile`); on CUDA the Triton kernels when triton imports and takes the
 inputs' dtypes, else the sliced SDPA (never SDPA's math backend, which holds [B, H, T, T] in fp32;
-relu2_attention: its reference); elsewhere the reference (for windowed_mix on CUDA without triton:
-its chunked composition). relu2_attention's decode steps always run its reference.
+relu2_attention: its reference; causal_attention slices only values wider or narrower than its
+keys); elsewhere the reference (for windowed_mix on CUDA without triton: its chunked composition).
+relu2_attention's decode steps always run its reference.
 
 The override is the op's `kernels=` argument, else the environment variable `TANGO_LM_KERNELS`.
 A named implementation runs wherever the op has it and it can take the inputs (device, dtype,

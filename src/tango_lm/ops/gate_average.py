@@ -16,7 +16,8 @@ equal widths up to 256, cuDNN widths up to 256, the memory-efficient kernel mult
 SDPA call runs PyTorch's math backend, which holds the [B, H, T, T] probabilities in fp32.
 `gate_average_sliced` cuts the values into slices of at most `SDPA_SLICE` columns (a multiple of 8,
 zero-padded) and runs them as extra heads with q and k broadcast to every slice, which the fused
-backends take. It is the CUDA path where the Triton kernels (`tango_mix_triton.py`) cannot run.
+backends take (`ops/attention.py`'s `sliced_attention`, which cached decoding uses too). It is the
+CUDA path where the Triton kernels (`tango_mix_triton.py`) cannot run.
 """
 
 from __future__ import annotations
@@ -24,9 +25,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tango_lm.ops.attention import SDPA_SLICE, sliced_attention, slices
 from tango_lm.ops.dispatch import check_devices, choose
 
-SDPA_SLICE = 128  # widest value slice; fused SDPA backends take up to 256
+__all__ = [
+    "SDPA_SLICE",
+    "gate_average",
+    "gate_average_reference",
+    "gate_average_sdpa",
+    "gate_average_sliced",
+    "merge_heads",
+    "slices",
+    "split_heads",
+]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -57,28 +68,13 @@ def gate_average_sdpa(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor) -> torc
     return F.scaled_dot_product_attention(q, k, g, is_causal=True)
 
 
-def slices(width: int, max_slice: int = SDPA_SLICE) -> tuple[int, int]:
-    """(n, s): the fewest slices of at most `max_slice` columns, each s columns wide, s a multiple of 8
-    (n * s >= width; 1780 -> 14 x 128, 593 -> 5 x 120, 368 -> 3 x 128)."""
-    n = _ceil_div(width, max_slice)
-    return n, _ceil_div(_ceil_div(width, n), 8) * 8
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def gate_average_sliced(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, max_slice: int = SDPA_SLICE) -> torch.Tensor:
-    """Same contract as `gate_average_sdpa`, with the values run as n slices of s columns (`slices`):
-    q, k [B, H, T, d_h] broadcast to [B, H * n, T, d_h], g to [B, H * n, T, s]; one copy of each."""
-    b, h, t, w = g.shape
-    n, s = slices(w, max_slice)
-    if n == 1 and s == w:
-        return gate_average_sdpa(q, k, g)
-    values = F.pad(g, (0, n * s - w)).unflatten(-1, (n, s)).transpose(2, 3).reshape(b, h * n, t, s)
-    qs, ks = (x.unsqueeze(2).expand(b, h, n, t, x.shape[-1]).reshape(b, h * n, t, x.shape[-1]) for x in (q, k))
-    out = F.scaled_dot_product_attention(qs, ks, values, is_causal=True)
-    return out.view(b, h, n, t, s).transpose(2, 3).reshape(b, h, t, n * s)[..., :w]
+def gate_average_sliced(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, max_slice: int | None = None
+) -> torch.Tensor:
+    """Same contract as `gate_average_sdpa`, with the values run as n slices of s columns
+    (`ops/attention.py`'s `sliced_attention`, `slices`): q, k [B, H, T, d_h] broadcast to
+    [B, H * n, T, d_h], g to [B, H * n, T, s]; one copy of each."""
+    return sliced_attention(q, k, g, None, max_slice)
 
 
 def gate_average(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, *, kernels: str | None = None) -> torch.Tensor:

@@ -5,10 +5,11 @@ Batching: the decode caches keep one position for a whole batch and the models t
 rows decode together only when their prompts have the same length. The worker takes the oldest
 queued job, waits `batch_wait` seconds for more to arrive, and decodes it with every queued job of
 the same prompt length and sampling (temperature, top_p), up to `max_batch_size` rows, oldest
-first. A job with a seed decodes alone, so its samples do not depend on other traffic (on CPUs
-they equal `tango-lm generate --seed S --num-samples n`; `on_token` makes `generate` use the eager
-decode, whose random draws differ from the static CUDA steps'). Jobs that arrive while a batch decodes join the
-*next batch*, not the running one (its rows are already at another position).
+first. A job with a seed decodes alone, so its samples do not depend on other traffic (they equal
+`tango-lm generate --seed S --num-samples n` on the same device: streaming decodes as `generate`
+does, with static steps replayed as CUDA graphs on CUDA and the eager decode on CPUs). Jobs that
+arrive while a batch decodes join the *next batch*, not the running one (its rows are already at
+another position).
 
 Each batch is one `serve.generate.generate` call (cached decoding; onóna's one-projection sampling
 when the sampling is untruncated at temperature 1) whose `on_token` hook streams every row's text
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from tango_lm.serve.generate import generate
+from tango_lm.serve.static_decode import default_mode
 
 Event = tuple[Any, ...]  # ("text", row, delta) | ("done", row, finish_reason, tokens) | ("error", message)
 _ids = itertools.count()
@@ -109,9 +111,17 @@ class Batcher:
         device: torch.device,
         max_batch_size: int = 32,
         batch_wait: float = 0.02,
+        pad_to_buckets: bool | None = None,
     ) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.max_batch_size, self.batch_wait = max_batch_size, batch_wait
+        # Unseeded batches grow to a power of two rows (copies of their last prompt, decoded and
+        # dropped; never past max_batch_size), so the static CUDA-graph decode compiles one step per
+        # bucket, not per batch size: log2(max_batch_size) + 1 of them per cache size. Default:
+        # where generate decodes with static steps (CUDA).
+        self.pad_to_buckets = (
+            default_mode(torch.device(device)) is not None if pad_to_buckets is None else pad_to_buckets
+        )
         self.queue: queue.Queue[Job | None] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, not yet decoded (worker thread only)
         self.batches = 0  # batches started (tests and /health read it)
@@ -181,7 +191,7 @@ class Batcher:
         first = batch[0]
 
         def on_token(tokens: torch.Tensor) -> bool:
-            for (job, i, row), token in zip(rows, tokens.tolist(), strict=True):
+            for (job, i, row), token in zip(rows, tokens.tolist()[: len(rows)], strict=True):
                 if row.finish is not None:
                     continue
                 if job.cancelled.is_set():  # the client went away: stop decoding its rows
@@ -194,7 +204,11 @@ class Batcher:
                     job.emit(("done", i, row.finish, len(row.ids)))
             return all(row.finish is not None for _, _, row in rows)
 
-        prompt = torch.tensor([job.prompt for job, _, _ in rows], device=self.device)
+        prompts = [job.prompt for job, _, _ in rows]
+        if self.pad_to_buckets and first.seed is None:
+            rows_padded = min(batch_bucket(len(prompts)), max(self.max_batch_size, len(prompts)))
+            prompts += [prompts[-1]] * (rows_padded - len(prompts))
+        prompt = torch.tensor(prompts, device=self.device)
         self.batches += 1
         try:
             generate(
@@ -210,3 +224,8 @@ class Batcher:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             for job in batch:
                 job.emit(("error", f"decoding failed: {first_line}"))
+
+
+def batch_bucket(rows: int) -> int:
+    """The smallest power of two that holds `rows` rows."""
+    return 1 << (rows - 1).bit_length()

@@ -54,6 +54,10 @@ class LayerState:
         self.lengths[name] = length + n
         return buf[..., : length + n, :]
 
+    def empty(self) -> bool:
+        """Nothing cached yet (and not in a static step): the next forward is a plain prefill."""
+        return self.position is None and not any(self.lengths.values()) and not self.extra
+
     def key_mask(self) -> torch.Tensor | None:
         """Static steps: [1, capacity] bool, the buffer positions the query sees (<= its position).
         None in eager decoding, where the returned keys end at the queries."""

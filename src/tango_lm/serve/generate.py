@@ -87,9 +87,9 @@ def generate(
     the whole context still gets one (`room_for_new_tokens`). `on_token(tokens [B])` sees each
     step's tokens as they are drawn (streaming); when it returns True, decoding stops there.
     `static`: "auto" (CUDA graphs on CUDA, the eager decode elsewhere), None (the eager decode),
-    or a `serve.static_decode` mode ("eager", "compile", "cuda-graphs"); a streaming `on_token`
-    runs the eager decode. Static and eager decoding draw their random numbers differently, so a
-    seed gives the same samples within one of them (greedy tokens agree)."""
+    or a `serve.static_decode` mode ("eager", "compile", "cuda-graphs"); streaming (`on_token`)
+    works with both. Static and eager decoding draw their random numbers differently, so a seed
+    gives the same samples within one of them (greedy tokens agree)."""
     check_sampling(temperature, top_k, top_p, max_new_tokens)
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
     if max_new_tokens > room:
@@ -107,8 +107,10 @@ def generate(
     model.eval()
     serving = getattr(model.head, "serving", contextlib.nullcontext)
     with serving():
-        if mode is not None and max_new_tokens > 0 and on_token is None:
-            return decode_static(model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode)
+        if mode is not None and max_new_tokens > 0:
+            return decode_static(
+                model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode, on_token
+            )
         return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token)
 
 
@@ -121,9 +123,10 @@ def _decode(
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample")
 
     def step(ids: torch.Tensor) -> torch.Tensor:
+        h = model.hidden(ids, cache)[:, -1:]  # a prompt's earlier positions need no log-probs
         if one_projection:
-            return model.hidden(ids, cache)[:, -1:]
-        return model(ids, cache)[:, -1]
+            return h
+        return model.head.log_probs(h, ids[:, -1:])[:, 0]
 
     state = step(prompt)
     last = prompt[:, -1:]

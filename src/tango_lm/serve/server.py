@@ -7,7 +7,8 @@
 
 Requests are decoded by `serve/batcher.py`: concurrent requests with prompts of the same length and
 the same sampling share a batch on the device; requests that arrive while a batch decodes join the
-next batch. An empty prompt starts from the end-of-text token (the start of a document). Every
+next batch. Each batch is one `generate` call, streamed or not: on CUDA its static decode steps
+replayed as CUDA graphs, on CPUs the eager decode. An empty prompt starts from the end-of-text token (the start of a document). Every
 error is OpenAI's JSON error object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx
 status; a bad request never stops the server. Parameters the server does not implement (logprobs,
 echo, suffix, best_of > 1, penalties, logit_bias) are refused with 400 rather than ignored.

@@ -13,7 +13,8 @@ cache holds F gate channels per position. A request runs in three parts:
    layout (their `enter_static(state, position)`), and the other fixed-size state moves to persistent tensors.
 3. Steps: `_step` embeds one token per row, runs the backbone (attention over the full-capacity
    buffers, masked past the position; every state updated in place), the head and the sampler, and
-   the decoder advances the position tensor in place.
+   the decoder advances the position tensor in place. `decode_static` hands each step's tokens to
+   `on_token` when one streams them (the server), and stops when it returns True.
 
 Sampling happens inside the step from uniform noise drawn outside it with the caller's generator
 (so a seed reproduces the tokens, with or without compilation): greedy is the argmax, temperature
@@ -31,6 +32,7 @@ The plain eager decode (`serve/generate.py`) stays the path on CPUs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "cuda-graphs")
 RECOMPILE_LIMIT = 64  # each decoder (model, batch size, sampling options) is one entry of the step's cache
+MAX_DECODERS = 8  # decoders kept per model (`static_decoder`), each with its own preallocated cache
 
 
 def default_mode(device: torch.device) -> str | None:
@@ -182,8 +185,12 @@ def decode_static(
     generator: torch.Generator | None,
     eos_id: int | None,
     mode: str,
+    on_token: Callable[[torch.Tensor], bool] | None = None,
 ) -> torch.Tensor:
-    """`generate`'s loop on static steps (inside the head's serving context): [B, T + n]."""
+    """`generate`'s loop on static steps (inside the head's serving context): [B, T + n].
+    `on_token(tokens [B])` sees each step's tokens (a copy the next step does not overwrite) as
+    soon as they are drawn; when it returns True decoding stops there. The loop itself reads
+    nothing back to the host but the eos check; a streaming `on_token` reads the tokens it needs."""
     decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
     width = model.config.vocab_size + (1 if one_projection else 0)
@@ -207,6 +214,8 @@ def decode_static(
     done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):
         out.append(nxt[:, None])
+        if on_token is not None and on_token(nxt):
+            break
         if eos_id is not None:
             done |= nxt == eos_id
             if bool(done.all()):
@@ -225,12 +234,17 @@ def capacity_bucket(positions: int, context_length: int) -> int:
 def static_decoder(model: torch.nn.Module, batch: int, mode: str, positions: int | None = None) -> StaticDecoder:
     """The model's decoder for this batch size, mode and the capacity bucket of `positions` (None:
     the context length), built once and kept on the model (a new one after the model moves to
-    another device or dtype)."""
+    another device or dtype). At most `MAX_DECODERS` are kept, the least recently used dropped
+    first: each holds a whole decode cache, and a server meets many batch sizes."""
     context = model.config.context_length
     capacity = capacity_bucket(positions, context) if positions is not None else context
     param = next(model.parameters())
     key = (batch, capacity, mode, param.device, param.dtype)
     decoders = model.__dict__.setdefault("_static_decoders", {})
-    if key not in decoders:
-        decoders[key] = StaticDecoder(model, batch, mode, capacity=capacity)
-    return decoders[key]
+    decoder = decoders.pop(key, None)
+    if decoder is None:
+        while len(decoders) >= MAX_DECODERS:
+            del decoders[next(iter(decoders))]  # the least recently used (dicts keep insertion order)
+        decoder = StaticDecoder(model, batch, mode, capacity=capacity)
+    decoders[key] = decoder  # the most recently used last
+    return decoder

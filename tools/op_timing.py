@@ -1,0 +1,85 @@
+"""What the single-op benches share (tools/gate_average_bench.py, tools/relu2_attention_bench.py,
+tools/delta_rule_bench.py): each implementation checked against a reference, then forward +
+backward (and the forward alone) timed in rounds that alternate the implementations, with the
+memory a step allocates beyond its inputs on CUDA, and a bf16 matmul peak measured in the same process."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from tango_lm.bench.peak import measure_matmul_peak
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _max_relative_error(got, want) -> float:
+    return max(
+        float((x.detach().float() - y.detach().float()).abs().max() / y.detach().float().abs().max().clamp_min(1e-6))
+        for x, y in zip(got, want, strict=True)
+    )
+
+
+def time_implementations(
+    impls: dict[str, Callable[..., torch.Tensor]],
+    xs: tuple[torch.Tensor, ...],
+    dy: torch.Tensor,
+    reference: str,
+    rounds: int,
+    device: torch.device,
+) -> dict[str, dict[str, float | None]]:
+    """Per implementation (each called as fn(*xs)): `error` (the largest normalized difference of the
+    output and every gradient to `reference`'s), medians `fwd_bwd_s` and `fwd_s`, and `memory_bytes`
+    (CUDA only, else None). The first call of each (it compiles and autotunes) is not timed."""
+
+    def step(fn):
+        y = fn(*xs)
+        return (y, *torch.autograd.grad(y, xs, dy))
+
+    want = step(impls[reference])
+    errors = {}
+    for name, fn in impls.items():  # warm-up (compiles and autotunes the kernels) and a check
+        errors[name] = _max_relative_error(step(fn), want)
+    del want
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    forward_times: dict[str, list[float]] = {name: [] for name in impls}
+    memory: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            sync(device)
+            if device.type == "cuda":
+                base = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn(*xs)
+            sync(device)
+            t1 = time.perf_counter()
+            out = step(fn)
+            sync(device)
+            times[name].append(time.perf_counter() - t1)
+            forward_times[name].append(t1 - t0)
+            if device.type == "cuda":
+                memory[name] = torch.cuda.max_memory_allocated(device) - base
+            del out
+    return {
+        name: {
+            "error": errors[name],
+            "fwd_bwd_s": statistics.median(times[name]),
+            "fwd_s": statistics.median(forward_times[name]),
+            "memory_bytes": memory.get(name),
+        }
+        for name in impls
+    }
+
+
+def matmul_peak(device: torch.device) -> float:
+    """FLOP/s of square matmuls: bf16 at n = 8192 on CUDA, fp32 at 512 for a CPU smoke test."""
+    cuda = device.type == "cuda"
+    return measure_matmul_peak(device, torch.bfloat16 if cuda else torch.float32, 8192 if cuda else 512)
