@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests import helpers
 
@@ -45,3 +46,17 @@ def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape
     for name, row in rows.items():
         assert row[-3] == "yes", f"{name} needs more shared memory than sm_90 has:\n{proc.stdout}"
         assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread:\n{proc.stdout}"
+
+
+def test_column_alignment_is_what_every_gate_tensor_allows():
+    # The kernels round W and the row strides down to ALIGN: it must divide each of them exactly.
+    common = pytest.importorskip("tango_lm.ops.triton_common", exc_type=ImportError)
+    bf16 = torch.zeros(2, 3, 16 * 1780, dtype=torch.bfloat16)
+    assert common.column_alignment(1780, 2, bf16) == 4  # TANGO's width: 8-byte vectors
+    assert common.column_alignment(1792, 2, torch.zeros(2, 3, 16 * 1792, dtype=torch.bfloat16)) == 8
+    assert common.column_alignment(1780, 4, bf16.float()) == 4  # 16 bytes of fp32
+    assert common.column_alignment(593, 2, bf16) == 1  # 3-set TANGO's: one element at a time
+    offset_by_2 = torch.zeros(2 * 3 * 16 * 1780 + 2, dtype=torch.bfloat16)[2:].view(2, 3, 16 * 1780)
+    assert common.column_alignment(1780, 2, offset_by_2) == 2  # a storage offset of 2 elements
+    assert common.column_alignment(1780, 2, torch.ones(1, 1, 1).expand(2, 3, 16 * 1780)) == 4  # stride 0
+    assert common.column_alignment(1780, 2, bf16[:, :, 1:]) == 1  # a view whose rows start off alignment

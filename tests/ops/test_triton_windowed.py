@@ -48,6 +48,7 @@ def inputs(b, h, t, d, w, dtype, device, seed=0):
     [
         (2, 1, 29, 8, 11, 5, 6, torch.float32),  # 5 chunks, the last partial: prefix sums over 3 of them
         (1, 2, 23, 16, 9, 4, 5, torch.bfloat16),
+        (1, 2, 19, 8, 12, 4, 5, torch.bfloat16),  # width 12 per head: ALIGN = 4, columns in vectors
         (1, 1, 7, 4, 5, 3, None, torch.float32),  # one chunk: the band alone
     ],
 )
