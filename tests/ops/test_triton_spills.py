@@ -60,3 +60,19 @@ def test_column_alignment_is_what_every_gate_tensor_allows():
     assert common.column_alignment(1780, 2, offset_by_2) == 2  # a storage offset of 2 elements
     assert common.column_alignment(1780, 2, torch.ones(1, 1, 1).expand(2, 3, 16 * 1780)) == 4  # stride 0
     assert common.column_alignment(1780, 2, bf16[:, :, 1:]) == 1  # a view whose rows start off alignment
+
+
+def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
+    common = pytest.importorskip("tango_lm.ops.triton_common", exc_type=ImportError)
+    import triton
+
+    def config(**limits):
+        c = triton.Config({})
+        c.limits = limits
+        return c
+
+    every, small_d, aligned, unaligned = config(), config(max_d=32), config(min_align=2), config(max_align=1)
+    choices = [every, small_d, aligned, unaligned]
+    assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4) == [every, small_d, aligned]
+    assert common.for_launch(choices, {}, BLOCK_D=128, ALIGN=1) == [every, unaligned]
+    assert common.for_launch([aligned], {}, BLOCK_D=32, ALIGN=1) == [aligned]  # never none left

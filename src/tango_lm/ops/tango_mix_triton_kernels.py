@@ -14,29 +14,43 @@ from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
 # that is odd, as 3-set TANGO's 593). tools/triton_ptxas_report.py shows them;
 # tests/ops/test_triton_spills.py keeps TANGO's shape so.
 _LSE_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)])
-_ALIGNED = {"min_align": 2}
+_ALIGNED = {"min_align": 2}  # vectorized gate columns
+_UNALIGNED = {"max_align": 1}  # columns one by one: smaller tiles or more warps
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
     [
-        (64, 64, 128, 4, 3),
+        (64, 64, 128, 4, 3, _ALIGNED),
         (128, 64, 128, 8, 3, _ALIGNED),
-        (64, 64, 256, 8, 2, {"max_d": 32}),
+        (64, 64, 256, 8, 2, {"max_d": 32, **_ALIGNED}),
         (128, 64, 64, 4, 3, {"max_d": 32, **_ALIGNED}),
+        (64, 64, 128, 8, 3, _UNALIGNED),
+        (64, 64, 64, 8, 3, _UNALIGNED),
+        (64, 32, 128, 4, 2, _UNALIGNED),
     ],
 )
 _DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(32, 128, 4, 1), (64, 128, 8, 1), (32, 256, 8, 1)])
 _SCORES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
     [
-        (64, 64, 64, 8, 2),
+        (64, 64, 64, 8, 2, _ALIGNED),
         (128, 64, 64, 8, 3, {"max_d": 64, **_ALIGNED}),
         (32, 64, 64, 4, 2, {"max_d": 32, **_ALIGNED}),
         (64, 64, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
+        (64, 64, 32, 8, 2, _UNALIGNED),
+        (32, 64, 64, 8, 2, _UNALIGNED),
+        (32, 64, 32, 4, 2, _UNALIGNED),
     ],
 )
 _GATES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [(64, 64, 128, 8, 3, _ALIGNED), (64, 128, 64, 8, 3), (64, 64, 64, 4, 3, _ALIGNED)],
+    [
+        (64, 64, 128, 8, 3, _ALIGNED),
+        (64, 128, 64, 8, 3, _ALIGNED),
+        (64, 64, 64, 4, 3, _ALIGNED),
+        (64, 64, 64, 8, 3, _UNALIGNED),
+        (32, 64, 64, 4, 2, _UNALIGNED),
+        (64, 128, 32, 8, 3, _UNALIGNED),
+    ],
 )
 _KEY = ["T", "W", "D"]
 

@@ -17,8 +17,9 @@ LOG2E = 1.4426950408889634
 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
     """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
-    {"max_d": n, "min_align": m} keeps a configuration to launches with BLOCK_D <= n and ALIGN >= m
-    (`for_launch`): outside them it spills registers on sm_90 (tools/triton_ptxas_report.py)."""
+    {"max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
+    BLOCK_D <= n and m <= ALIGN <= x (`for_launch`): outside them it spills registers on sm_90, or
+    (max_align) others serve better (tools/triton_ptxas_report.py)."""
     if INTERPRETED:  # one small configuration: several blocks in every direction at the tests' sizes
         return [triton.Config(dict.fromkeys(names, 16), num_warps=1)]
     out = []
@@ -34,11 +35,11 @@ def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list
     """The autotuner's `early_config_prune`: the configurations whose limits admit the launch's
     BLOCK_D and ALIGN (unaligned widths load their columns one by one: fewer fit in registers)."""
     block_d, align = kwargs.get("BLOCK_D", 16), kwargs.get("ALIGN", 1)
+    limits = [getattr(c, "limits", {}) for c in configs]
     kept = [
         c
-        for c in configs
-        if block_d <= getattr(c, "limits", {}).get("max_d", block_d)
-        and align >= getattr(c, "limits", {}).get("min_align", 1)
+        for c, lim in zip(configs, limits, strict=True)
+        if block_d <= lim.get("max_d", block_d) and lim.get("min_align", 1) <= align <= lim.get("max_align", align)
     ]
     return kept or configs[:1]
 

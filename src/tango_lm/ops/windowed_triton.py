@@ -42,11 +42,25 @@ from tango_lm.ops.triton_common import (
 # (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
 # at d_h 32-128 where the limits admit them (triton_common.for_launch; tools/triton_ptxas_report.py).
 _FORWARD_CONFIGS = configs(
-    ("BLOCK_W",), [(64, 8, 2), (128, 8, 2, {"max_d": 64, "min_align": 2}), (64, 4, 2, {"max_d": 64, "min_align": 2})]
+    ("BLOCK_W",),
+    [
+        (64, 8, 2, {"min_align": 2}),
+        (128, 8, 2, {"max_d": 64, "min_align": 2}),
+        (64, 4, 2, {"max_d": 64, "min_align": 2}),
+        (32, 8, 2, {"max_align": 1}),  # gate columns one by one (an odd width per head)
+        (64, 8, 3, {"max_d": 32, "max_align": 1}),
+    ],
 )
 _BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
 _BACKWARD_CONFIGS = configs(
-    ("BLOCK_W",), [(32, 8, 2), (64, 8, 2, {"max_d": 64}), (32, 4, 2, {"max_d": 64, "min_align": 2})]
+    ("BLOCK_W",),
+    [
+        (32, 8, 2),
+        (64, 8, 2, {"max_d": 64, "min_align": 2}),
+        (32, 4, 2, {"max_d": 64, "min_align": 2}),
+        (16, 4, 2, {"max_align": 1}),
+        (32, 8, 3, {"max_align": 1}),
+    ],
 )
 _KEY = ["T", "W", "C", "D"]
 
