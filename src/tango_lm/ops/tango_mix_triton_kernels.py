@@ -37,7 +37,7 @@ _SCORES_CONFIGS = configs(
         (32, 64, 64, 4, 2, {"max_d": 32, **_ALIGNED}),
         (64, 64, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
         (64, 64, 32, 8, 2, _UNALIGNED),
-        (32, 64, 64, 8, 2, _UNALIGNED),
+        (32, 64, 64, 8, 2, {"max_d": 64, **_UNALIGNED}),
         (32, 64, 32, 4, 2, _UNALIGNED),
     ],
 )
@@ -48,7 +48,7 @@ _GATES_CONFIGS = configs(
         (64, 128, 64, 8, 3, _ALIGNED),
         (64, 64, 64, 4, 3, _ALIGNED),
         (64, 64, 64, 8, 3, _UNALIGNED),
-        (32, 64, 64, 4, 2, _UNALIGNED),
+        (32, 64, 64, 4, 2, {"max_d": 32, **_UNALIGNED}),
         (64, 128, 32, 8, 3, _UNALIGNED),
     ],
 )
