@@ -76,3 +76,7 @@ def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
     assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4) == [every, small_d, aligned]
     assert common.for_launch(choices, {}, BLOCK_D=128, ALIGN=1) == [every, unaligned]
     assert common.for_launch([aligned], {}, BLOCK_D=32, ALIGN=1) == [aligned]  # never none left
+    fp32 = config(ieee=True)  # full-fp32 products: only they, and only there
+    assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == [fp32]
+    assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="tf32") == choices[:3]
+    assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == choices[:3]  # none marked

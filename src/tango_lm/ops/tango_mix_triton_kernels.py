@@ -13,9 +13,13 @@ from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
 # 32-128, for the launches its limits admit (triton_common.for_launch; ALIGN 1: a width per head
 # that is odd, as 3-set TANGO's 593). tools/triton_ptxas_report.py shows them;
 # tests/ops/test_triton_spills.py keeps TANGO's shape so.
-_LSE_CONFIGS = configs(("BLOCK_M", "BLOCK_N"), [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2)])
 _ALIGNED = {"min_align": 2}  # vectorized gate columns
 _UNALIGNED = {"max_align": 1}  # columns one by one: smaller tiles or more warps
+_FP32 = {"ieee": True}  # full-fp32 products, on FMAs from registers: small tiles
+_LSE_CONFIGS = configs(
+    ("BLOCK_M", "BLOCK_N"),
+    [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2), (32, 32, 4, 2, _FP32), (32, 64, 4, 2, {"max_d": 64, **_FP32})],
+)
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
     [
@@ -26,6 +30,9 @@ _FORWARD_CONFIGS = configs(
         (64, 64, 128, 8, 3, _UNALIGNED),
         (64, 64, 64, 8, 3, _UNALIGNED),
         (64, 32, 128, 4, 2, _UNALIGNED),
+        (32, 64, 64, 8, 2, _FP32),
+        (32, 32, 32, 4, 2, _FP32),
+        (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
     ],
 )
 _DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(32, 128, 4, 1), (64, 128, 8, 1), (32, 256, 8, 1)])
@@ -39,6 +46,9 @@ _SCORES_CONFIGS = configs(
         (64, 64, 32, 8, 2, _UNALIGNED),
         (32, 64, 64, 8, 2, {"max_d": 64, **_UNALIGNED}),
         (32, 64, 32, 4, 2, _UNALIGNED),
+        (64, 32, 32, 8, 2, _FP32),
+        (32, 64, 32, 8, 2, {"max_d": 64, **_FP32}),
+        (32, 32, 64, 4, 2, {"max_d": 32, **_FP32}),
     ],
 )
 _GATES_CONFIGS = configs(
@@ -50,12 +60,15 @@ _GATES_CONFIGS = configs(
         (64, 64, 64, 8, 3, _UNALIGNED),
         (32, 64, 64, 4, 2, {"max_d": 32, **_UNALIGNED}),
         (64, 128, 32, 8, 3, _UNALIGNED),
+        (64, 32, 64, 8, 2, _FP32),
+        (32, 32, 32, 4, 2, _FP32),
+        (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
     ],
 )
 _KEY = ["T", "W", "D"]
 
 
-@triton.autotune(_LSE_CONFIGS, key=_KEY)
+@triton.autotune(_LSE_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def lse_kernel(
     Q,

@@ -19,7 +19,9 @@ def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]
     """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
     {"max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
     BLOCK_D <= n and m <= ALIGN <= x (`for_launch`): outside them it spills registers on sm_90, or
-    (max_align) others serve better (tools/triton_ptxas_report.py)."""
+    (max_align) others serve better (tools/triton_ptxas_report.py). {"ieee": True} marks one for
+    fp32 products in full fp32 (PRECISION "ieee": FMAs from registers, not the tensor cores):
+    where a kernel has such, those launches take only them and no other launch takes them."""
     if INTERPRETED:  # one small configuration: several blocks in every direction at the tests' sizes
         return [triton.Config(dict.fromkeys(names, 16), num_warps=1)]
     out = []
@@ -36,10 +38,13 @@ def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list
     BLOCK_D and ALIGN (unaligned widths load their columns one by one: fewer fit in registers)."""
     block_d, align = kwargs.get("BLOCK_D", 16), kwargs.get("ALIGN", 1)
     limits = [getattr(c, "limits", {}) for c in configs]
+    ieee = kwargs.get("PRECISION") == "ieee" and any("ieee" in lim for lim in limits)
     kept = [
         c
         for c, lim in zip(configs, limits, strict=True)
-        if block_d <= lim.get("max_d", block_d) and lim.get("min_align", 1) <= align <= lim.get("max_align", align)
+        if block_d <= lim.get("max_d", block_d)
+        and lim.get("min_align", 1) <= align <= lim.get("max_align", align)
+        and lim.get("ieee", False) == ieee
     ]
     return kept or configs[:1]
 
