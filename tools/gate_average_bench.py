@@ -70,20 +70,7 @@ def run(args: argparse.Namespace) -> dict:
     reference = "math" if "math" in impls else next(iter(impls))
     timed = op_timing.time_implementations(impls, xs, dy, reference, args.rounds, device)
     peak = op_timing.matmul_peak(device)
-    base_s = timed["sdpa-sliced-128"]["fwd_bwd_s"]
-    rows = [
-        {
-            "impl": name,
-            "fwd_bwd_ms": r["fwd_bwd_s"] * 1e3,
-            "fwd_ms": r["fwd_s"] * 1e3,
-            "tflop_per_s": causal_flops / r["fwd_bwd_s"] / 1e12,
-            "of_peak": causal_flops / r["fwd_bwd_s"] / peak,
-            "time_vs_sliced": r["fwd_bwd_s"] / base_s,
-            "memory_mib": (r["memory_bytes"] or 0) / 2**20 or None,
-            "max_error_vs_reference": r["error"],
-        }
-        for name, r in timed.items()
-    ]
+    rows = op_timing.report_rows(timed, causal_flops, peak, "sdpa-sliced-128", "time_vs_sliced")
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

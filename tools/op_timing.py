@@ -83,3 +83,22 @@ def matmul_peak(device: torch.device) -> float:
     """FLOP/s of square matmuls: bf16 at n = 8192 on CUDA, fp32 at 512 for a CPU smoke test."""
     cuda = device.type == "cuda"
     return measure_matmul_peak(device, torch.bfloat16 if cuda else torch.float32, 8192 if cuda else 512)
+
+
+def report_rows(timed: dict, causal_flops: float, peak: float, baseline: str, ratio_key: str) -> list[dict]:
+    """One row per implementation: times in ms, TFLOP/s per causal FLOP, that as a share of `peak`,
+    the time as a ratio to `baseline`'s (under `ratio_key`), memory in MiB, the error."""
+    base_s = timed[baseline]["fwd_bwd_s"]
+    return [
+        {
+            "impl": name,
+            "fwd_bwd_ms": r["fwd_bwd_s"] * 1e3,
+            "fwd_ms": r["fwd_s"] * 1e3,
+            "tflop_per_s": causal_flops / r["fwd_bwd_s"] / 1e12,
+            "of_peak": causal_flops / r["fwd_bwd_s"] / peak,
+            ratio_key: r["fwd_bwd_s"] / base_s,
+            "memory_mib": (r["memory_bytes"] or 0) / 2**20 or None,
+            "max_error_vs_reference": r["error"],
+        }
+        for name, r in timed.items()
+    ]
