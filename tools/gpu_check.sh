@@ -39,8 +39,11 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 }
 
 # -- sections: name, time limit in seconds, command ------------------------------------------------
+# pytest-xdist, where installed: the cuda tests' time is mostly compiling (inductor, CUDA graphs,
+# Triton autotuning), which is CPU work that 8 processes share out over one GPU.
+PARALLEL=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadfile")
 section cuda-tests "${CUDA_TESTS_LIMIT:-195}" \
-    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE tests"  # every test marked cuda, wherever it lives
+    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE $PARALLEL tests"  # every test marked cuda, wherever it lives
 section train-bench "${TRAIN_BENCH_LIMIT:-175}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
 section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \
