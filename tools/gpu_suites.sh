@@ -11,6 +11,8 @@
 # - train-70m / train-160m: every architecture at the 70M / 160M tier of seed 000 Table 3
 #   (d = 512 / 768, T = 1024, depth 4, batch 16, V = 50257, bf16 autocast), eager and through
 #   torch.compile side by side (`--compile`), MFU against the measured bf16 matmul peak.
+# - train-70m-t4096: the 70M tier at T = 4096 (batch 4: the same 16,384 tokens per step), where
+#   issue 12's TANGO-vs-Loop targets are also set.
 # - decode-small: the default decode suite (d = 256), eager and static (CUDA-graph) steps.
 # - decode-70m / decode-160m: the 70M / 160M presets, prompt 512, 256 new tokens, batch 1 and 16,
 #   eager and static steps; the heads on dense-142m (onóna one projection vs Standard).
@@ -42,6 +44,7 @@ run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its l
 
 run train-70m "${TIMEOUT_TRAIN:-900}" "${TRAIN70[@]}"
 run train-160m "${TIMEOUT_TRAIN:-900}" "${TRAIN160[@]}"
+run train-70m-t4096 "${TIMEOUT_TRAIN:-900}" "${TRAIN70[@]}" --seq-len 4096 --batch-size 4
 run decode-small "${TIMEOUT_DECODE:-600}" --suite decode --compile
 run decode-70m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 70m
 run decode-160m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 160m
