@@ -244,15 +244,21 @@ def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
     assert "warmup" in capsys.readouterr().err
 
 
-def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monkeypatch, cheap_compile):
+@pytest.mark.parametrize("broken_graph", ["forward", "backward"])
+def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monkeypatch, cheap_compile, broken_graph):
+    from torch._dynamo.backends.common import aot_autograd
+
     real = torch.compile  # cheap_compile's: it sets Dynamo's eager backend
 
     def broken(graph, example_inputs):
-        raise RuntimeError("no kernel for this operator")
+        raise torch._inductor.exc.InductorError(RuntimeError("no kernel for this operator"), None)
+
+    # A backward graph is compiled by AOTAutograd at the first backward call, outside the forward's.
+    backend = broken if broken_graph == "forward" else aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=broken)
 
     def compile_fails_for_tango(fn, **kwargs):
         if fn.__self__.config.arch == "tango":
-            return torch._dynamo.optimize(broken)(fn)
+            return torch._dynamo.optimize(backend)(fn)
         return real(fn, **kwargs)
 
     monkeypatch.setattr(torch, "compile", compile_fails_for_tango)

@@ -8,10 +8,11 @@ import logging
 
 import pytest
 import torch
+from torch._dynamo.backends.common import aot_autograd
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.train import trainer as trainer_module
-from tango_lm.train.compiled_forward import CompiledForward
+from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.trainer import train
 from tests import helpers
 
@@ -82,11 +83,56 @@ def test_the_models_own_errors_are_not_swallowed():
     assert not forward.failed
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_a_run_whose_compiler_fails_trains_as_the_eager_run(data_dir, tmp_path, monkeypatch, caplog):
-    def broken_backend(graph, example_inputs):
-        raise RuntimeError("inductor cannot lower this operator")
+def backward_fails_to_compile():
+    """A backend whose forward graph compiles and whose backward graph, compiled by AOTAutograd at
+    the first backward call (outside the forward's), fails as inductor's failures do."""
 
+    def broken(graph, example_inputs):
+        raise torch._inductor.exc.InductorError(RuntimeError("cannot lower this backward operator"), None)
+
+    return aot_autograd(fw_compiler=lambda graph, example_inputs: graph, bw_compiler=broken)
+
+
+def test_a_backward_that_fails_to_compile_runs_the_step_again_eagerly(caplog):
+    model = tiny_model()
+    forward = CompiledForward(model.nll, backend=backward_fails_to_compile())
+    x, y = batch()
+
+    def step():
+        loss = forward(x, y)
+        loss.backward()
+        return loss
+
+    with caplog.at_level(logging.WARNING, logger="tango_lm.train.compiled_forward"):
+        loss = with_eager_fallback(step, forward)
+    assert forward.failed and len(caplog.records) == 1 and "backward operator" in caplog.records[0].getMessage()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    want = model.nll(x, y)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=0, atol=0)
+    for name, p in model.named_parameters():  # the failed backward wrote nothing: no gradient twice
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=0, msg=name)
+
+
+def test_with_eager_fallback_lets_other_errors_and_eager_failures_through():
+    def fails():
+        raise torch._dynamo.exc.TorchDynamoException("a compiler error")
+
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        with_eager_fallback(fails, tiny_model().nll)  # no compiled forward to fall back from
+    with pytest.raises(ValueError):
+        with_eager_fallback(lambda: int("x"), CompiledForward(tiny_model().nll))
+
+
+def _broken_forward_backend(graph, example_inputs):
+    raise RuntimeError("inductor cannot lower this operator")
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("broken", ["forward", "backward"])
+def test_a_run_whose_compiler_fails_trains_as_the_eager_run(data_dir, tmp_path, monkeypatch, caplog, broken):
+    broken_backend = _broken_forward_backend if broken == "forward" else backward_fails_to_compile()
     train(helpers.run_config(data_dir, tmp_path / "eager", steps=3))
     monkeypatch.setattr(trainer_module, "CompiledForward", functools.partial(CompiledForward, backend=broken_backend))
     with caplog.at_level(logging.WARNING, logger="tango_lm.train.compiled_forward"):

@@ -165,15 +165,15 @@ def run_training_bench(
                 others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
                 torch.cuda.reset_peak_memory_stats(dev)
             t0, c0 = time.perf_counter(), time.process_time()
-            try:
+            try:  # the backward too: AOTAutograd compiles its graph at the first backward call
                 with autocast(dev, dtype):
                     loss = step_fn(x, y)
+                loss.backward()
             except COMPILER_ERRORS as exc:
                 if mode != "compiled":
                     raise
                 compile_failed[r] = one_line(exc)
                 continue
-            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(dev)

@@ -4,19 +4,22 @@ A compiler failure (an operator inductor cannot lower, a Triton build error on a
 shape Dynamo cannot trace) would otherwise end a run at its first step with pages of trace. It is
 logged as one line and the run trains eagerly from then on: the same model, the same numbers (the
 compile tests hold compiled and eager losses equal), only slower. Errors that are not the
-compiler's (out of memory, a bad batch) propagate as they would eagerly.
+compiler's (out of memory, a bad batch) propagate as they would eagerly. AOTAutograd compiles the
+backward graph at the first backward call, outside the forward's: `with_eager_fallback` runs a
+whole step (forward and backward) so that a failure there falls back too.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 log = logging.getLogger(__name__)
 COMPILER_ERRORS = (torch._dynamo.exc.TorchDynamoException,)  # the compiler's own failures, not the model's
+T = TypeVar("T")
 
 
 def one_line(exc: BaseException) -> str:
@@ -39,6 +42,21 @@ class CompiledForward:
             try:
                 return self.compiled(*args, **kwargs)
             except COMPILER_ERRORS as exc:
-                log.warning("train.compile: torch.compile failed, training eagerly from here on: %s", one_line(exc))
-                self.failed = True
+                self.fall_back(exc)
         return self.eager(*args, **kwargs)
+
+    def fall_back(self, exc: BaseException) -> None:
+        log.warning("train.compile: torch.compile failed, training eagerly from here on: %s", one_line(exc))
+        self.failed = True
+
+
+def with_eager_fallback(step: Callable[[], T], forward: Callable[..., torch.Tensor]) -> T:
+    """`step()`, a forward through `forward` and its backward; when `forward` is a `CompiledForward`
+    whose backward graph fails to compile (no gradient is written then), the step once more, eagerly."""
+    try:
+        return step()
+    except COMPILER_ERRORS as exc:
+        if not isinstance(forward, CompiledForward) or forward.failed:
+            raise
+        forward.fall_back(exc)
+        return step()

@@ -44,7 +44,7 @@ from tango_lm.train.checkpoint import (
     tmp_step_dir,
     write_json_atomic,
 )
-from tango_lm.train.compiled_forward import CompiledForward
+from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype
@@ -302,11 +302,16 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             inputs, targets = self.loader.next_batch()
             inputs, targets = inputs.to(self.device), targets.to(self.device)
-            # DDP all-reduces (averages) gradients in the last micro-batch's backward only.
-            with distributed.grad_sync(self.ddp, micro == cfg.grad_accum - 1):
+
+            def forward_backward(inputs: torch.Tensor = inputs, targets: torch.Tensor = targets) -> torch.Tensor:
                 with autocast(self.device, self.dtype):
                     loss = self.step_fn(inputs, targets)
                 (loss / cfg.grad_accum).backward()
+                return loss
+
+            # DDP all-reduces (averages) gradients in the last micro-batch's backward only.
+            with distributed.grad_sync(self.ddp, micro == cfg.grad_accum - 1):
+                loss = with_eager_fallback(forward_backward, self.step_fn)
             total += float(loss.detach())
         grad_norm = distributed.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
