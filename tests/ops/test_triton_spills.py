@@ -80,3 +80,23 @@ def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
     assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == [fp32]
     assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="tf32") == choices[:3]
     assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == choices[:3]  # none marked
+
+
+def test_autotuners_that_prune_by_launch_also_key_their_cache_by_it():
+    # A configuration chosen at one ALIGN or PRECISION must not be reused, unpruned, at another.
+    pytest.importorskip("triton", reason="triton is not installed")
+    from triton.runtime.autotuner import Autotuner
+
+    from tango_lm.ops import tango_mix_triton_kernels, windowed_triton
+
+    tuners = [
+        obj
+        for module in (tango_mix_triton_kernels, windowed_triton)
+        for obj in vars(module).values()
+        if isinstance(obj, Autotuner)
+    ]
+    pruning = [t for t in tuners if t.early_config_prune is not None]
+    assert len(tuners) == 8 and len(pruning) == 6
+    for tuner in pruning:
+        pruned_by = {"ALIGN", "PRECISION"} & set(tuner.arg_names)
+        assert pruned_by and pruned_by <= set(tuner.keys), (tuner.fn.__name__, tuner.keys)

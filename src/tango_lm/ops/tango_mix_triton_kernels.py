@@ -65,10 +65,14 @@ _GATES_CONFIGS = configs(
         (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
     ],
 )
+# `for_launch` prunes by PRECISION and ALIGN: they belong in the cache key too, or a configuration
+# tuned at one (same T, W, D and dtypes) would be reused, unpruned, at another.
 _KEY = ["T", "W", "D"]
+_LSE_KEY = [*_KEY, "PRECISION"]
+_PRUNED_KEY = [*_KEY, "PRECISION", "ALIGN"]
 
 
-@triton.autotune(_LSE_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@triton.autotune(_LSE_CONFIGS, key=_LSE_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def lse_kernel(
     Q,
@@ -119,7 +123,7 @@ def lse_kernel(
     tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@triton.autotune(_FORWARD_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def forward_kernel(
     Q,
@@ -242,7 +246,7 @@ def delta_kernel(
     tl.store(DELTA + bh.to(tl.int64) * T + first_m + offs_m, acc, mask=first_m + offs_m < T)
 
 
-@triton.autotune(_SCORES_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ"])
+@triton.autotune(_SCORES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -345,7 +349,7 @@ def scores_backward_kernel(
     tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
-@triton.autotune(_GATES_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@triton.autotune(_GATES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def gates_backward_kernel(
     Q,

@@ -62,7 +62,7 @@ _BACKWARD_CONFIGS = configs(
         (32, 8, 3, {"max_align": 1}),
     ],
 )
-_KEY = ["T", "W", "C", "D"]
+_KEY = ["T", "W", "C", "D", "PRECISION", "ALIGN"]  # what `for_launch` prunes by, too (as tango_mix's)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> bool:
