@@ -3,7 +3,8 @@ spilling registers at TANGO's shape (bf16, d_h = 32, width 1,780 per head): a ke
 kilobytes per thread to local memory runs far below its arithmetic's speed, and nothing else
 without a GPU would show a change that brings the spills back. Each kernel's first configuration
 (every configuration: tools/triton_ptxas_report.py) is compiled with triton's own NVIDIA backend
-and ptxas, in a subprocess without TRITON_INTERPRET (conftest sets it for the kernels' other tests)."""
+and ptxas, in a subprocess without TRITON_INTERPRET (conftest sets it for the kernels' other tests);
+so is GAU's relu² backward kernel, in every configuration."""
 
 from __future__ import annotations
 
@@ -46,6 +47,34 @@ def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape
     for name, row in rows.items():
         assert row[-3] == "yes", f"{name} needs more shared memory than sm_90 has:\n{proc.stdout}"
         assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread:\n{proc.stdout}"
+
+
+def test_triton_ptxas_report_compiles_the_relu2_gradient_kernel_for_sm90():
+    # Triton's NVIDIA backend compiles for a GPU without one: the backward kernel that sums the
+    # bias's gradient per tile diagonal (tl.gather) compiles for an H100/H200 in every configuration.
+    pytest.importorskip("triton", reason="triton is not installed")
+    sys.path.insert(0, str(helpers.ROOT / "tools"))
+    import triton_ptxas_report
+
+    if triton_ptxas_report.ptxas_path(90) is None or not triton_ptxas_report.ptxas_path(90).is_file():
+        pytest.skip("triton's NVIDIA backend (ptxas) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
+            *("--ops", "relu2"),
+            "--kernels=dqk_kernel",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(helpers.ROOT / "src")},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("dqk_kernel")]
+    assert len(rows) == 3 and all(row[-3] == "yes" and int(row[-2]) <= 255 for row in rows), proc.stdout
+    assert triton_ptxas_report.main(["--ops", "relu2"]) == 2  # under TRITON_INTERPRET=1 (conftest): one error line
 
 
 def test_column_alignment_is_what_every_gate_tensor_allows():
