@@ -29,7 +29,7 @@ import op_timing  # noqa: E402
 
 from tango_lm.ops import delta_rule  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = op_timing.DTYPES
 
 
 def make_inputs(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -5,13 +5,18 @@ memory a step allocates beyond its inputs on CUDA, and a bf16 matmul peak measur
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from tango_lm.bench.peak import measure_matmul_peak
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def sync(device: torch.device) -> None:
@@ -102,3 +107,42 @@ def report_rows(timed: dict, causal_flops: float, peak: float, baseline: str, ra
         }
         for name, r in timed.items()
     ]
+
+
+def table_lines(rows: list[dict], ratio_key: str, ratio_title: str) -> list[str]:
+    """`report_rows`' rows as a header and one line each (`ratio_key` under the title `ratio_title`)."""
+    name_w = max(17, *(len(r["impl"]) + 2 for r in rows))
+    ratio_w = max(7, len(ratio_title) + 1)
+    lines = [
+        f"{'impl':<{name_w}}{'fwd+bwd ms':>11}{'fwd ms':>8}{'TFLOP/s':>9}{'of peak':>9}{ratio_title:>{ratio_w}}"
+        f"{'MiB':>8}{'error':>9}"
+    ]
+    for r in rows:
+        mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
+        lines.append(
+            f"{r['impl']:<{name_w}}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
+            f"{r['of_peak']:>9.1%}{r[ratio_key]:>{ratio_w}.2f}{mem}{r['max_error_vs_reference']:>9.1e}"
+        )
+    return lines
+
+
+def cannot_run(device: str, triton_installed: bool) -> str | None:
+    """The one-line error for a CUDA bench without a GPU or without triton; None when it can run."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test"
+    if not triton_installed:
+        return "error: triton is not installed: pip install 'tango-lm[triton]'"
+    return None
+
+
+def finish(report: dict, text: str, json_path: Path | None) -> int:
+    """Prints the table, writes the report as JSON where asked; the exit code."""
+    print(text)
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def refuse(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import op_timing  # noqa: E402
 
 from tango_lm.ops import relu2_attention as relu2_module  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = op_timing.DTYPES
 
 
 def implementations(compiled: bool) -> dict:
@@ -97,14 +96,8 @@ def format_report(report: dict) -> str:
         f"backward, median of {report['rounds']} alternating rounds; TFLOP/s per causal FLOP; peak = measured "
         f"square matmul ({report['matmul_peak_tflop_per_s']:.0f} TFLOP/s); error: max normalized difference to "
         "the reference",
-        f"{'impl':<20}{'fwd+bwd ms':>11}{'fwd ms':>8}{'TFLOP/s':>9}{'of peak':>9}{'x ref':>7}{'MiB':>8}{'error':>9}",
+        *op_timing.table_lines(report["rows"], "time_vs_reference", "x ref"),
     ]
-    for r in report["rows"]:
-        mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
-        lines.append(
-            f"{r['impl']:<20}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
-            f"{r['of_peak']:>9.1%}{r['time_vs_reference']:>7.2f}{mem}{r['max_error_vs_reference']:>9.1e}"
-        )
     return "\n".join(lines)
 
 
@@ -122,23 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     if min(args.batch, args.seq_len, args.qk_dim, args.width, args.rounds) < 1 or args.group_size < 0:
-        print(
-            "error: --batch, --seq-len, --qk-dim, --width and --rounds must be >= 1, --group-size >= 0", file=sys.stderr
+        return op_timing.refuse(
+            "error: --batch, --seq-len, --qk-dim, --width and --rounds must be >= 1, --group-size >= 0"
         )
-        return 2
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test", file=sys.stderr
-        )
-        return 2
-    if relu2_module.relu2_attention_triton is None:
-        print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)
-        return 2
+    error = op_timing.cannot_run(args.device, relu2_module.relu2_attention_triton is not None)
+    if error:
+        return op_timing.refuse(error)
     report = run(args)
-    print(format_report(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    return op_timing.finish(report, format_report(report), args.json)
 
 
 if __name__ == "__main__":
