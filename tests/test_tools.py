@@ -3,6 +3,7 @@ working (their timings are not checked)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -119,3 +120,19 @@ def test_delta_rule_bench():
     # --no-compile: inductor's compile alone takes 10-30 s on a 2-core CPU (tests/ops/test_delta_rule.py compiles the op).
     out = _run("delta_rule_bench.py", *args, "--threads", "1", "--no-compile")
     assert "chunked" in out and "x 1.00" in out and "compiled" not in out and "fla" not in out  # no CUDA here
+
+
+def test_gpu_suites_runs_only_the_suites_named(tmp_path):
+    # One command on a lent GPU machine runs at most 10 minutes, all suites far longer: SUITES picks.
+    # `echo` stands in for Python, so each suite's "report" is the command line it would run.
+    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory"}
+    proc = subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["decode-small.json", "memory.json"]
+    assert "--suite decode --compile" in (tmp_path / "out" / "decode-small.json").read_text()

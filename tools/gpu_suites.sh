@@ -6,7 +6,9 @@
 # Runs from the repository root with PYTHONPATH=src (no install, no network). Each suite writes
 # OUT_DIR/<name>.json (its `tango-lm bench --json` report) and OUT_DIR/<name>.log; a suite that
 # fails or runs past its timeout is marked in the table and the others still run. Timeouts are in
-# seconds and can be overridden: TIMEOUT_TRAIN=1200 bash tools/gpu_suites.sh.
+# seconds and can be overridden: TIMEOUT_TRAIN=1200 bash tools/gpu_suites.sh. All of them take far
+# longer than one command on a lent GPU machine may run (10 minutes): SUITES="train-70m decode-70m"
+# runs only the suites named.
 #
 # - train-70m / train-160m: every architecture at the 70M / 160M tier of seed 000 Table 3
 #   (d = 512 / 768, T = 1024, depth 4, batch 16, V = 50257, bf16 autocast), eager and through
@@ -34,6 +36,7 @@ DECODE_BIG=(--suite decode --prompt-len 512 --new-tokens 256 --decode-batches 1,
 run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its log to OUT/NAME.log
   local name=$1 limit=$2
   shift 2
+  if [ -n "${SUITES:-}" ] && [[ " $SUITES " != *" $name "* ]]; then return 0; fi
   echo "== $name (timeout ${limit}s): tango-lm bench $*" | tee "$OUT/$name.log"
   local start=$SECONDS
   timeout "$limit" "${BENCH[@]}" "$@" > "$OUT/$name.json" 2>> "$OUT/$name.log"
