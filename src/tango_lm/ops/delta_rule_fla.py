@@ -135,14 +135,15 @@ def fla_kernel_or_reason() -> GdnKernel | str:
 
 
 @torch.compiler.assume_constant_result  # a constant of the graph (Dynamo does not trace the import)
-def fla_available() -> bool:
-    """Whether fla-core imports and has the internals the ops wrap."""
-    return isinstance(fla_kernel_or_reason(), GdnKernel)
-
-
 def fla_unavailable_reason() -> str:
+    """Why fla cannot run the ops (fla-core missing, or its internals moved), or "" where it can."""
     reason = fla_kernel_or_reason()
     return "" if isinstance(reason, GdnKernel) else reason
+
+
+def fla_available() -> bool:
+    """Whether fla-core imports and has the internals the ops wrap."""
+    return not fla_unavailable_reason()
 
 
 def gdn_kernel() -> GdnKernel:
@@ -280,7 +281,8 @@ def gdn_chunk(
 
 def require_fla() -> None:
     """One line naming the extra (or the tested version) where fla cannot run the ops."""
-    if not fla_available():
-        if "does not import" in fla_unavailable_reason():
-            raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
-        raise UserError(f"model.gdn_backend=fla: {fla_unavailable_reason()}")
+    reason = fla_unavailable_reason()
+    if "does not import" in reason:
+        raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
+    if reason:
+        raise UserError(f"model.gdn_backend=fla: {reason}")
