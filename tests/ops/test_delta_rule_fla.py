@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tango_lm.ops import delta_rule_fla
 from tango_lm.ops.delta_rule import delta_rule_chunked, gated_delta_rule
 from tests.ops.test_delta_rule import inputs, rel_err
 
@@ -47,6 +48,19 @@ def test_fla_matches_the_chunked_form(t, compiled):
     assert rel_err(o, o_ref) < 2e-3 and rel_err(s, s_ref) < 2e-3
     for name, grad, grad_ref in zip(("q", "k", "v", "beta", "g", "state"), grads, grads_ref, strict=True):
         assert rel_err(grad, grad_ref) < 5e-3, name
+
+
+def test_opcheck_with_fla():
+    # The fakes against fla's real kernels (shapes, dtypes, strides), bf16 as under autocast.
+    pytest.importorskip("fla.ops.gated_delta_rule", reason="fla-core is not installed: pip install 'tango-lm[gdn]'")
+    q, k, v, beta, g, s0 = (x.float().cuda() for x in inputs(2, 3, 100, 32, 48, seed=2))
+    q, k, v = (x.transpose(1, 2).bfloat16().contiguous().requires_grad_() for x in (q * 32**-0.5, k, v))
+    g, beta = (x.transpose(1, 2).contiguous().requires_grad_() for x in (g, beta))
+    for h0 in (None, s0.requires_grad_()):
+        torch.library.opcheck(delta_rule_fla._fwd, (q, k, v, g, beta, h0, False))
+        o, final, g_cum, a = delta_rule_fla._fwd(q, k, v, g, beta, h0, False)
+        saved = [None if x is None else x.detach() for x in (q, k, v, g, beta, h0, g_cum, a)]
+        torch.library.opcheck(delta_rule_fla._bwd, (*saved, torch.randn_like(o), torch.randn_like(final), False))
 
 
 def test_auto_is_fla_on_cuda():

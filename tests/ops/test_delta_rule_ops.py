@@ -142,6 +142,24 @@ def test_a_failing_kernel_falls_back_under_auto_with_one_logged_line(stand_in, m
         gated_delta_rule(*args, chunk=4, backend="fla")
 
 
+def test_a_backward_that_fails_falls_back_to_the_chunked_gradients(stand_in, monkeypatch, caplog):
+    def broken(*args):
+        raise RuntimeError("out of shared memory")
+
+    delta_rule_fla._log_fallback_once.cache_clear()
+    monkeypatch.setattr(delta_rule_fla, "_FELL_BACK", set())
+    kernel = delta_rule_fla.GdnKernel("half", delta_rule_fla.CHUNKED.forward, broken)
+    monkeypatch.setattr(delta_rule_fla, "fla_kernel_or_reason", lambda: kernel)
+    args = [x.float().requires_grad_() for x in inputs(1, 2, 10, 4, 4, seed=5)]
+    o_ref, s_ref = delta_rule_chunked(*args)
+    grads_ref = torch.autograd.grad((o_ref * o_ref).sum() + s_ref.sum(), args)
+    with caplog.at_level("WARNING", logger=delta_rule_fla.__name__):
+        o, s = gated_delta_rule(*args, backend="auto")
+        grads = torch.autograd.grad((o * o).sum() + s.sum(), args)
+    torch.testing.assert_close(grads, grads_ref)
+    assert len(caplog.records) == 1 and "out of shared memory" in caplog.records[0].getMessage()
+
+
 @pytest.mark.parametrize(
     ("reason", "message"),
     [

@@ -95,6 +95,15 @@ class FlaUnavailable(Exception):
     """fla-core is missing, or its internals are not the ones these ops were written against."""
 
 
+def _fla_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fla-core")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
 @functools.cache
 def fla_kernel_or_reason() -> GdnKernel | str:
     """fla's forward and backward as a `GdnKernel`, or why not (a one-line reason)."""
@@ -107,10 +116,8 @@ def fla_kernel_or_reason() -> GdnKernel | str:
     if fwd is None or bwd is None or not (
         _FWD_PARAMS <= set(inspect.signature(fwd).parameters) and _BWD_PARAMS <= set(inspect.signature(bwd).parameters)
     ):
-        from importlib.metadata import version
-
         return (
-            f"fla-core {version('fla-core')}'s chunk_gated_delta_rule_fwd/_bwd are not the ones tango-lm "
+            f"fla-core {_fla_version()}'s chunk_gated_delta_rule_fwd/_bwd are not the ones tango-lm "
             f"wraps (tested with fla-core {FLA_TESTED}): install fla-core=={FLA_TESTED}.* or use gdn_backend=torch"
         )
 
@@ -120,6 +127,8 @@ def fla_kernel_or_reason() -> GdnKernel | str:
                 q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(), beta=beta.contiguous(),
                 scale=1.0, initial_state=h0, output_final_state=True,
             )  # fmt: skip
+        if len(out) != 6:
+            raise RuntimeError(f"fla-core {_fla_version()}'s chunk_gated_delta_rule_fwd returned {len(out)} values, not 6")
         g_cum, o, A, final = out[:4]  # (g, o, A, final_state, initial_state, g_input) in 0.6
         return o.to(q.dtype), final, g_cum, A
 
