@@ -5,8 +5,9 @@ Usage: PYTHONPATH=src python tools/delta_rule_bench.py [--batch 4 --heads 4 --se
 
 Forward + backward of all outputs and the final state (`ops/delta_rule.py`), alternating round
 after round (tools/op_timing.py): `chunked` (the chunked PyTorch form, eager), `compiled` (the same
-through `torch.compile`, inductor, as `train.compile=true` runs it) and, on CUDA where fla-core is
-installed, `fla` (fla's Triton kernel, what `gdn_backend=auto` runs in eager mode). Reports the
+through `torch.compile`, inductor, as `train.compile=true` runs it on CPUs) and, on CUDA where fla-core is
+installed, `fla` (fla's Triton kernels, what `gdn_backend=auto` runs there) and `fla-comp` (the same
+compiled, fla's kernels as custom ops inside the graph: ops/delta_rule_fla.py). Reports the
 medians (forward + backward, and the forward alone), each as a ratio to `chunked`, and on CUDA the
 memory a step allocates beyond its inputs, after checking every output and gradient against
 `chunked`'s. `--dtype bf16` gives q, k, v in bf16 and β, g and the state in fp32, as autocast hands
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import op_timing  # noqa: E402
 
-from tango_lm.ops import delta_rule  # noqa: E402
+from tango_lm.ops import delta_rule, delta_rule_fla  # noqa: E402
 
 DTYPES = op_timing.DTYPES
 
@@ -74,8 +75,14 @@ def main() -> None:
     impls = {"chunked": flat(chunked)}
     if not args.no_compile:
         impls["compiled"] = flat(torch.compile(chunked, dynamic=False))
-    if device.type == "cuda" and delta_rule._fla_kernel() is not None:
-        impls["fla"] = flat(lambda *x: delta_rule.gated_delta_rule(*x, backend="fla"))
+    if device.type == "cuda" and delta_rule_fla.fla_available():
+
+        def fla(*x):
+            return delta_rule.gated_delta_rule(*x, backend="fla")
+
+        impls["fla"] = flat(fla)
+        if not args.no_compile:  # fla's kernels as custom ops inside the graph, as train.compile=true runs them
+            impls["fla-comp"] = flat(torch.compile(fla, dynamic=False, fullgraph=True))
     dy = torch.randn_like(impls["chunked"](*xs).detach())
     timed = op_timing.time_implementations(impls, xs, dy, "chunked", args.rounds, device)
     base = timed["chunked"]["fwd_bwd_s"]

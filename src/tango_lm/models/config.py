@@ -52,7 +52,7 @@ class ModelConfig:
     gdn_expand_v: float = 1.0  # gdn-hybrid: value width per head = gdn_head_dim * gdn_expand_v
     conv_size: int = 4  # gdn-hybrid: causal depthwise short-convolution kernel on q, k, v
     gdn_chunk: int = 64  # gdn-hybrid: chunk length of the chunkwise-parallel delta rule
-    gdn_backend: str = "auto"  # gdn-hybrid: auto (fla's kernel on CUDA, eager, if installed) | torch | fla
+    gdn_backend: str = "auto"  # gdn-hybrid: auto (fla's kernels on CUDA if installed) | torch | fla
     n_experts: int = 8  # moe: routed SwiGLU experts per layer
     moe_top_k: int = 2  # moe: experts per token
     moe_expert_width: int | None = None  # moe: expert SwiGLU width (default width // moe_top_k: k experts = F)

@@ -30,24 +30,19 @@ rather than adding a full-size zero-padded gradient per chunk (indexing `x[:, :,
 makes the backward quadratic in the number of chunks).
 
 `delta_rule_recurrent` is the step-by-step reference the chunked form is tested against (outputs
-and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernel
-(`chunk_gated_delta_rule` of the fla-core package, `pip install 'tango-lm[gdn]'`) on CUDA in eager
-mode, and to the chunked PyTorch form otherwise. Under `torch.compile` `auto` takes the chunked
-form, which compiles into the model's graph: fla's entry point is `torch.compiler.disable`d, a
-graph break in every GDN layer.
+and gradients, float64, odd lengths). `gated_delta_rule` dispatches to fla's Triton kernels
+(`chunk_gated_delta_rule_fwd` / `_bwd` of the fla-core package, `pip install 'tango-lm[gdn]'`) on
+CUDA, in eager mode and under `torch.compile` alike, through the custom ops of
+ops/delta_rule_fla.py (fla's own entry point is `torch.compiler.disable`d, a graph break in every
+GDN layer), and to the chunked PyTorch form otherwise.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 import torch.nn.functional as F
 
-from tango_lm.errors import UserError
-
-log = logging.getLogger(__name__)
+from tango_lm.ops import delta_rule_fla
 
 
 def delta_rule_recurrent(
@@ -136,25 +131,10 @@ def delta_rule_chunked(
     return o.to(out_dtype), m.reshape(b, h, dk, dv)
 
 
-@functools.cache
-def _fla_kernel():
-    """fla's chunked Triton kernel (fla >= 0.2: [B, T, H, d] layout), or None when fla is not installed."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception:  # ImportError, or a Triton/CUDA mismatch raised at import
-        return None
-    return chunk_gated_delta_rule
-
-
 def wants_fla(backend: str, on_cuda: bool) -> bool:
-    """Whether `backend` sends CUDA inputs to fla here: 'fla' always on CUDA, 'auto' on CUDA outside
-    `torch.compile` (fla's kernel is a graph break; the chunked form compiles). Never on CPUs."""
-    return on_cuda and (backend == "fla" or (backend == "auto" and not torch.compiler.is_compiling()))
-
-
-@functools.cache
-def _log_fallback_once(reason: str) -> None:
-    log.warning("gdn_backend=auto: fla's kernel failed (%s); running the chunked PyTorch form", reason)
+    """Whether `backend` sends CUDA inputs to fla: 'fla' and 'auto', eager or compiled (the custom
+    ops of ops/delta_rule_fla.py keep fla's kernels inside a compiled graph). Never on CPUs."""
+    return on_cuda and backend in ("fla", "auto")
 
 
 def gated_delta_rule(
@@ -168,29 +148,13 @@ def gated_delta_rule(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule through the chosen backend: 'torch' (chunked PyTorch), 'fla' (fla's
-    Triton kernel on CUDA; the chunked form on CPUs) or 'auto' (fla on CUDA in eager mode when it
-    imports, else torch). Shapes as in `delta_rule_recurrent`; q is expected to carry its
+    Triton kernels on CUDA; the chunked form on CPUs) or 'auto' (fla on CUDA when it imports, else
+    torch; a failing fla kernel logs one line and the chunked form runs). Eager and under
+    `torch.compile` alike. Shapes as in `delta_rule_recurrent`; q is expected to carry its
     1/sqrt(d_k) scale already. fla chunks by 64 whatever `chunk` says."""
     if wants_fla(backend, q.is_cuda):
-        kernel = _fla_kernel()
-        if kernel is not None:
-            try:
-                # fla takes [B, T, H, d] and a [B, H, d_k, d_v] state; scale 1: q is pre-scaled.
-                o, final = kernel(
-                    q=q.transpose(1, 2).contiguous(),
-                    k=k.transpose(1, 2).contiguous(),
-                    v=v.transpose(1, 2).contiguous(),
-                    g=g.transpose(1, 2).float().contiguous(),
-                    beta=beta.transpose(1, 2).contiguous(),
-                    scale=1.0,
-                    initial_state=None if state is None else state.float(),
-                    output_final_state=True,
-                )
-                return o.transpose(1, 2).to(v.dtype), final
-            except Exception as exc:  # e.g. a head size or GPU fla's kernels do not take
-                if backend == "fla":
-                    raise
-                _log_fallback_once(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}")
-        elif backend == "fla":
-            raise UserError("model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm[gdn]' (or use auto)")
+        if backend == "fla":
+            delta_rule_fla.require_fla()
+        if delta_rule_fla.fla_available():
+            return delta_rule_fla.gdn_chunk(q, k, v, beta, g, state, fallback=backend == "auto")
     return delta_rule_chunked(q, k, v, beta, g, state, chunk)
