@@ -100,3 +100,15 @@ def test_a_model_keeps_its_most_recent_decoders_and_frees_the_others(monkeypatch
     gc.collect()
     assert list(model._static_decoders.values()) == [first, third] and freed() is None
     assert second_key not in model._static_decoders
+
+
+def test_each_active_segment_of_narrow_width_gets_its_own_decoder():
+    # A decoder's buffers hold the active segment's gate columns: one built with every column active
+    # was reused for a narrow segment (and failed on its narrower gates).
+    model = tiny_model("tango", active_width=5)  # 12 gate columns per head: 3 segments
+    prompt = torch.randint(0, 61, (2, 6), generator=torch.Generator().manual_seed(7))
+    for segment in (None, 1, None, 2):
+        model.set_active_segment(segment)
+        want = generate(model, prompt, 5, temperature=0, static=None)
+        assert torch.equal(generate(model, prompt, 5, temperature=0, static="eager"), want), segment
+    assert len(model._static_decoders) == 3

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 
 from tango_lm.errors import UserError
+from tango_lm.layers.active_width import active_columns
 from tango_lm.serve.generate import filter_logits
 
 log = logging.getLogger(__name__)
@@ -234,12 +235,15 @@ def capacity_bucket(positions: int, context_length: int) -> int:
 def static_decoder(model: torch.nn.Module, batch: int, mode: str, positions: int | None = None) -> StaticDecoder:
     """The model's decoder for this batch size, mode and the capacity bucket of `positions` (None:
     the context length), built once and kept on the model (a new one after the model moves to
-    another device or dtype). At most `MAX_DECODERS` are kept, the least recently used dropped
-    first: each holds a whole decode cache, and a server meets many batch sizes."""
+    another device or dtype, or another segment of rotating narrow width becomes active). At most
+    `MAX_DECODERS` are kept, the least recently used dropped first: each holds a whole decode
+    cache, and a server meets many batch sizes."""
     context = model.config.context_length
     capacity = capacity_bucket(positions, context) if positions is not None else context
     param = next(model.parameters())
-    key = (batch, capacity, mode, param.device, param.dtype)
+    # Rotating narrow width: a decoder's buffers hold the active segment's gate columns.
+    segment = next((c.segment for c in active_columns(model)), None)
+    key = (batch, capacity, mode, param.device, param.dtype, segment)
     decoders = model.__dict__.setdefault("_static_decoders", {})
     decoder = decoders.pop(key, None)
     if decoder is None:
