@@ -40,8 +40,9 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 
 # -- sections: name, time limit in seconds, command ------------------------------------------------
 # pytest-xdist, where installed: the cuda tests' time is mostly compiling (inductor, CUDA graphs,
-# Triton autotuning), which is CPU work that 8 processes share out over one GPU.
-PARALLEL=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadfile")
+# Triton autotuning), which is CPU work that 8 processes share out over one GPU. `load`, not
+# `loadfile`: test_cuda_models.py alone holds half the tests (Triton's compile cache is on disk, shared).
+PARALLEL=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 8 --dist load")
 section cuda-tests "${CUDA_TESTS_LIMIT:-195}" \
     "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE $PARALLEL tests"  # every test marked cuda, wherever it lives
 section train-bench "${TRAIN_BENCH_LIMIT:-175}" \

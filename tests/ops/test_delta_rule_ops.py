@@ -142,6 +142,19 @@ def test_a_failing_kernel_falls_back_under_auto_with_one_logged_line(stand_in, m
         gated_delta_rule(*args, chunk=4, backend="fla")
 
 
+def test_out_of_memory_in_the_kernel_is_not_a_fallback(stand_in, monkeypatch):
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(delta_rule_fla, "_FELL_BACK", set())
+    kernel = delta_rule_fla.GdnKernel("oom", out_of_memory, out_of_memory)
+    monkeypatch.setattr(delta_rule_fla, "fla_kernel_or_reason", lambda: kernel)
+    args = [x.float() for x in inputs(1, 2, 10, 4, 4)]
+    with pytest.raises(torch.OutOfMemoryError):  # the chunked form would need more memory, not less
+        gated_delta_rule(*args, chunk=4, backend="auto")
+    assert not delta_rule_fla._FELL_BACK
+
+
 def test_a_backward_that_fails_falls_back_to_the_chunked_gradients(stand_in, monkeypatch, caplog):
     def broken(*args):
         raise RuntimeError("out of shared memory")

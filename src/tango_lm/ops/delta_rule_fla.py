@@ -186,6 +186,8 @@ def _run(fallback: bool, q: torch.Tensor, v: torch.Tensor, method: str, *args):
         return getattr(CHUNKED, method)(*args)
     try:
         return getattr(gdn_kernel(), method)(*args)
+    except torch.OutOfMemoryError:
+        raise  # the chunked form needs more memory, not less: never a fallback for this
     except Exception as exc:  # e.g. a head size or GPU fla's kernels do not take
         if not fallback:
             raise
