@@ -113,8 +113,13 @@ def fla_kernel_or_reason() -> GdnKernel | str:
         return f"fla-core does not import ({type(exc).__name__}: {str(exc).strip()[:120]})"
     fwd = getattr(chunk, "chunk_gated_delta_rule_fwd", None)
     bwd = getattr(chunk, "chunk_gated_delta_rule_bwd", None)
-    if fwd is None or bwd is None or not (
-        _FWD_PARAMS <= set(inspect.signature(fwd).parameters) and _BWD_PARAMS <= set(inspect.signature(bwd).parameters)
+    if (
+        fwd is None
+        or bwd is None
+        or not (
+            _FWD_PARAMS <= set(inspect.signature(fwd).parameters)
+            and _BWD_PARAMS <= set(inspect.signature(bwd).parameters)
+        )
     ):
         return (
             f"fla-core {_fla_version()}'s chunk_gated_delta_rule_fwd/_bwd are not the ones tango-lm "
@@ -128,7 +133,9 @@ def fla_kernel_or_reason() -> GdnKernel | str:
                 scale=1.0, initial_state=h0, output_final_state=True,
             )  # fmt: skip
         if len(out) != 6:
-            raise RuntimeError(f"fla-core {_fla_version()}'s chunk_gated_delta_rule_fwd returned {len(out)} values, not 6")
+            raise RuntimeError(
+                f"fla-core {_fla_version()}'s chunk_gated_delta_rule_fwd returned {len(out)} values, not 6"
+            )
         g_cum, o, A, final = out[:4]  # (g, o, A, final_state, initial_state, g_input) in 0.6
         return o.to(q.dtype), final, g_cum, A
 
