@@ -4,7 +4,8 @@ kilobytes per thread to local memory runs far below its arithmetic's speed, and 
 without a GPU would show a change that brings the spills back. Each kernel's first configuration
 (every configuration: tools/triton_ptxas_report.py) is compiled with triton's own NVIDIA backend
 and ptxas, in a subprocess without TRITON_INTERPRET (conftest sets it for the kernels' other tests);
-so is GAU's relu² backward kernel, in every configuration."""
+so is GAU's relu² backward kernel, in every configuration; and, in fp32 (full-fp32 products on
+FMAs: configurations of their own), the kernels reworked for that at d_h = 128."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests import helpers
 KERNELS = ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel", "_forward_kernel", "_backward_kernel")
 
 
-def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape():
+def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...], dtype: str, head_dim: int) -> None:
     pytest.importorskip("triton", reason="triton is not installed")
     sys.path.insert(0, str(helpers.ROOT / "tools"))
     import triton_ptxas_report
@@ -33,8 +34,8 @@ def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape
         [
             sys.executable,
             str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
-            *("--ops", "tango_mix,windowed", "--kernels", ",".join(KERNELS), "--first", "1"),
-            *("--dtype", "bf16", "--head-dim", "32", "--width", "1780"),
+            *("--ops", ops, "--kernels", ",".join(kernels), "--first", "1"),
+            *("--dtype", dtype, "--head-dim", str(head_dim), "--width", "1780"),
         ],
         capture_output=True,
         text=True,
@@ -42,11 +43,24 @@ def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    rows = {row[0]: row for row in map(str.split, proc.stdout.splitlines()) if row and row[0] in KERNELS}
-    assert sorted(rows) == sorted(KERNELS), proc.stdout
+    rows = {row[0]: row for row in map(str.split, proc.stdout.splitlines()) if row and row[0] in kernels}
+    assert sorted(rows) == sorted(kernels), proc.stdout
     for name, row in rows.items():
         assert row[-3] == "yes", f"{name} needs more shared memory than sm_90 has:\n{proc.stdout}"
         assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread:\n{proc.stdout}"
+
+
+def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape():
+    _assert_first_configurations_do_not_spill("tango_mix,windowed", KERNELS, "bf16", 32)
+
+
+def test_triton_fp32_kernels_compile_for_sm90_without_register_spills():
+    # fp32 inputs (train.precision=fp32) multiply in full fp32 on FMAs from registers, in
+    # configurations of their own that only they take: tango_mix's at d_h = 128 (where the smaller
+    # d_h's spilled), windowed TANGO's narrow column blocks at TANGO's d_h = 32.
+    _assert_first_configurations_do_not_spill("tango_mix", ("lse_kernel", "scores_backward_kernel"), "fp32", 128)
+    windowed = ("_forward_kernel", "_band_backward_kernel", "_backward_kernel")
+    _assert_first_configurations_do_not_spill("windowed", windowed, "fp32", 32)
 
 
 def test_triton_ptxas_report_compiles_the_relu2_gradient_kernel_for_sm90():
@@ -104,6 +118,9 @@ def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
     choices = [every, small_d, aligned, unaligned]
     assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4) == [every, small_d, aligned]
     assert common.for_launch(choices, {}, BLOCK_D=128, ALIGN=1) == [every, unaligned]
+    large_d = config(min_d=128)
+    assert common.for_launch([every, large_d], {}, BLOCK_D=64) == [every]
+    assert common.for_launch([every, large_d], {}, BLOCK_D=128) == [every, large_d]
     assert common.for_launch([aligned], {}, BLOCK_D=32, ALIGN=1) == [aligned]  # never none left
     fp32 = config(ieee=True)  # full-fp32 products: only they, and only there
     assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == [fp32]
@@ -125,7 +142,7 @@ def test_autotuners_that_prune_by_launch_also_key_their_cache_by_it():
         if isinstance(obj, Autotuner)
     ]
     pruning = [t for t in tuners if t.early_config_prune is not None]
-    assert len(tuners) == 8 and len(pruning) == 6
+    assert len(tuners) == 8 and len(pruning) == 7
     for tuner in pruning:
         pruned_by = {"ALIGN", "PRECISION"} & set(tuner.arg_names)
         assert pruned_by and pruned_by <= set(tuner.keys), (tuner.fn.__name__, tuner.keys)

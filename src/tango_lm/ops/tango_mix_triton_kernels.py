@@ -11,15 +11,22 @@ from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
 # (block sizes..., num_warps, num_stages[, limits]). Larger column blocks recompute P less often.
 # Each configuration compiles for sm_90 without spilling registers, in bf16 and fp16 at head dims
 # 32-128, for the launches its limits admit (triton_common.for_launch; ALIGN 1: a width per head
-# that is odd, as 3-set TANGO's 593); fp32 ones too, but for the scores backward (24 B) and the
-# log-sum-exp (288 B with triton 3.9) at d_h = 128. tools/triton_ptxas_report.py shows them;
-# tests/ops/test_triton_spills.py keeps TANGO's shape so.
+# that is odd, as 3-set TANGO's 593); fp32 ones too (d_h = 128 has its own: the smaller d_h's
+# spill there, and d_h = 128's spill a few bytes at 64). tools/triton_ptxas_report.py shows them;
+# tests/ops/test_triton_spills.py keeps TANGO's shape so, in bf16 and in fp32.
 _ALIGNED = {"min_align": 2}  # vectorized gate columns
 _UNALIGNED = {"max_align": 1}  # columns one by one: smaller tiles or more warps
 _FP32 = {"ieee": True}  # full-fp32 products, on FMAs from registers: small tiles
 _LSE_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N"),
-    [(64, 64, 4, 2), (128, 64, 4, 2), (128, 128, 8, 2), (32, 32, 4, 2, _FP32), (32, 64, 4, 2, {"max_d": 64, **_FP32})],
+    [
+        (64, 64, 4, 2),
+        (128, 64, 4, 2),
+        (128, 128, 8, 2),
+        (32, 32, 4, 2, {"max_d": 64, **_FP32}),
+        (32, 64, 4, 2, {"max_d": 64, **_FP32}),
+        (32, 32, 8, 1, {"min_d": 128, **_FP32}),
+    ],
 )
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
@@ -47,9 +54,10 @@ _SCORES_CONFIGS = configs(
         (64, 64, 32, 8, 2, _UNALIGNED),
         (32, 64, 64, 8, 2, {"max_d": 64, **_UNALIGNED}),
         (32, 64, 32, 4, 2, _UNALIGNED),
-        (64, 32, 32, 8, 2, _FP32),
+        (64, 32, 32, 8, 2, {"max_d": 64, **_FP32}),
         (32, 64, 32, 8, 2, {"max_d": 64, **_FP32}),
         (32, 32, 64, 4, 2, {"max_d": 32, **_FP32}),
+        (32, 32, 32, 8, 2, {"min_d": 128, **_FP32}),
     ],
 )
 _GATES_CONFIGS = configs(

@@ -17,8 +17,8 @@ LOG2E = 1.4426950408889634
 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
     """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
-    {"max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
-    BLOCK_D <= n and m <= ALIGN <= x (`for_launch`): outside them it spills registers on sm_90, or
+    {"min_d": l, "max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
+    l <= BLOCK_D <= n and m <= ALIGN <= x (`for_launch`): outside them it spills registers on sm_90, or
     (max_align) others serve better (tools/triton_ptxas_report.py). {"ieee": True} marks one for
     fp32 products in full fp32 (PRECISION "ieee": FMAs from registers, not the tensor cores):
     where a kernel has such, those launches take only them and no other launch takes them."""
@@ -42,7 +42,7 @@ def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list
     kept = [
         c
         for c, lim in zip(configs, limits, strict=True)
-        if block_d <= lim.get("max_d", block_d)
+        if lim.get("min_d", 1) <= block_d <= lim.get("max_d", block_d)
         and lim.get("min_align", 1) <= align <= lim.get("max_align", align)
         and lim.get("ieee", False) == ieee
     ]

@@ -41,6 +41,9 @@ from tango_lm.ops.triton_common import (
 
 # (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
 # at d_h 32-128 where the limits admit them (triton_common.for_launch; tools/triton_ptxas_report.py).
+# fp32 inputs multiply in full fp32 on FMAs, whose operands' whole contraction ([C = 64] or d_h)
+# sits in registers: narrow column blocks of their own, spill-free at d_h 32 (the backward: 32-64).
+_FP32 = {"ieee": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_W",),
     [
@@ -49,9 +52,12 @@ _FORWARD_CONFIGS = configs(
         (64, 4, 2, {"max_d": 64, "min_align": 2}),
         (32, 8, 2, {"max_align": 1}),  # gate columns one by one (an odd width per head)
         (64, 8, 3, {"max_d": 32, "max_align": 1}),
+        (16, 8, 1, {"max_d": 32, **_FP32}),
+        (16, 16, 1, {"min_d": 64, "max_d": 64, **_FP32}),  # spills 0.4 KB
+        (32, 8, 1, {"min_d": 128, **_FP32}),  # spills 1 KB
     ],
 )
-_BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2)])
+_BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2), (16, 8, 1, _FP32), (16, 8, 2, _FP32)])
 _BACKWARD_CONFIGS = configs(
     ("BLOCK_W",),
     [
@@ -60,6 +66,8 @@ _BACKWARD_CONFIGS = configs(
         (32, 4, 2, {"max_d": 64, "min_align": 2}),
         (16, 4, 2, {"max_align": 1}),
         (32, 8, 3, {"max_align": 1}),
+        (16, 8, 1, {"max_d": 64, **_FP32}),
+        (16, 8, 2, _FP32),  # spills 0.4 KB at d_h = 128
     ],
 )
 _KEY = ["T", "W", "C", "D", "PRECISION", "ALIGN"]  # what `for_launch` prunes by, too (as tango_mix's)
@@ -145,7 +153,7 @@ def _forward_kernel(
         tl.store(Y + first + tile, (acc * u).to(dt), mask=mask)
 
 
-@triton.autotune(_BAND_CONFIGS, key=_KEY)
+@triton.autotune(_BAND_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def _band_backward_kernel(
     A,
