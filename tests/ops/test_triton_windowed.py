@@ -50,6 +50,7 @@ def inputs(b, h, t, d, w, dtype, device, seed=0):
         (1, 2, 23, 16, 9, 4, 5, torch.bfloat16),
         (1, 2, 19, 8, 12, 4, 5, torch.bfloat16),  # width 12 per head: ALIGN = 4, columns in vectors
         (1, 1, 7, 4, 5, 3, None, torch.float32),  # one chunk: the band alone
+        (1, 1, 17, 37, 6, 3, 4, torch.float32),  # d_h 33-64 in fp32: pq S in two halves
     ],
 )
 def test_triton_windowed_forward_and_every_gradient_match_float64(

@@ -42,7 +42,7 @@ from tango_lm.ops.triton_common import (
 # (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
 # at d_h 32-128 where the limits admit them (triton_common.for_launch; tools/triton_ptxas_report.py).
 # fp32 inputs multiply in full fp32 on FMAs, whose operands' whole contraction ([C = 64] or d_h)
-# sits in registers: narrow column blocks of their own, spill-free at d_h 32 (the backward: 32-64).
+# sits in registers: narrow column blocks of their own, spill-free at d_h 32-64.
 _FP32 = {"ieee": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_W",),
@@ -52,8 +52,7 @@ _FORWARD_CONFIGS = configs(
         (64, 4, 2, {"max_d": 64, "min_align": 2}),
         (32, 8, 2, {"max_align": 1}),  # gate columns one by one (an odd width per head)
         (64, 8, 3, {"max_d": 32, "max_align": 1}),
-        (16, 8, 1, {"max_d": 32, **_FP32}),
-        (16, 16, 1, {"min_d": 64, "max_d": 64, **_FP32}),  # spills 0.4 KB
+        (16, 8, 1, {"max_d": 64, **_FP32}),
         (32, 8, 1, {"min_d": 128, **_FP32}),  # spills 1 KB
     ],
 )
@@ -117,14 +116,21 @@ def _forward_kernel(
     W = W // ALIGN * ALIGN  # as in tango_mix's kernels: vectorized gate columns
     F = H * W
     BH = tl.num_programs(1)
+    # fp32 on FMAs holds a product's whole contraction in registers: at d_h 33-64, pq S in two
+    # halves, each with its running sum (S_hi: rows BLOCK_DP.. of S), spills no more (d_h = 128
+    # needs four pieces; halves of 64 spill more than one piece); bf16/fp16 in one piece
+    SPLIT_D: tl.constexpr = (PRECISION == "ieee") & (BLOCK_D == 64)
+    BLOCK_DP: tl.constexpr = BLOCK_D // 2 if SPLIT_D else BLOCK_D
     offs_c = tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.arange(0, BLOCK_DP)
     offs_w = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     tile = offs_c[:, None] * F + offs_w[None, :]  # 32-bit offsets within a chunk, 64-bit ones to it
     cc = (offs_c[:, None] < C) & (offs_c[None, :] < C)
     cd = (offs_c[:, None] < C) & (offs_d[None, :] < D)
+    cd_hi = (offs_c[:, None] < C) & (BLOCK_DP + offs_d[None, :] < D)
     head = b * T * F + h * W
-    s = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)  # S_{i-2}
+    s = tl.zeros([BLOCK_DP, BLOCK_W], tl.float32)  # S_{i-2}
+    s_hi = tl.zeros([BLOCK_DP, BLOCK_W], tl.float32)
     for i in range(0, N):
         first = head + tl.cast(i * C, tl.int64) * F
         mask = (offs_c[:, None] < C) & (i * C + offs_c[:, None] < T) & (offs_w[None, :] < W)
@@ -139,6 +145,11 @@ def _forward_kernel(
             if i >= 2:
                 pq = tl.load(PQ + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
                 acc += dot(pq.to(dt), s.to(dt), PRECISION)
+                if SPLIT_D:
+                    pq = tl.load(
+                        PQ + small * D + offs_c[:, None] * D + BLOCK_DP + offs_d[None, :], mask=cd_hi, other=0.0
+                    )
+                    acc += dot(pq.to(dt), s_hi.to(dt), PRECISION)
             # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
             prev = small - BH * C
             pkt = tl.load(
@@ -147,6 +158,13 @@ def _forward_kernel(
                 other=0.0,
             )
             s += dot(pkt.to(dt), g_prev, PRECISION)
+            if SPLIT_D:
+                pkt = tl.load(
+                    PK + prev * D + offs_c[None, :] * D + BLOCK_DP + offs_d[:, None],
+                    mask=(offs_c[None, :] < C) & (BLOCK_DP + offs_d[:, None] < D),
+                    other=0.0,
+                )
+                s_hi += dot(pkt.to(dt), g_prev, PRECISION)
         if HAS_AVG:
             tl.store(AVG + first + tile, acc.to(dt), mask=mask)
         u = tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)
