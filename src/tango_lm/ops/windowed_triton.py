@@ -117,8 +117,8 @@ def _forward_kernel(
     F = H * W
     BH = tl.num_programs(1)
     # fp32 on FMAs holds a product's whole contraction in registers: at d_h 33-64, pq S in two
-    # halves, each with its running sum (S_hi: rows BLOCK_DP.. of S), spills no more (d_h = 128
-    # needs four pieces; halves of 64 spill more than one piece); bf16/fp16 in one piece
+    # halves, each with its running sum (S_hi: rows BLOCK_DP.. of S), spills no more (at d_h = 128
+    # halves of 64 spill more than one piece: docs/benchmarks.md); bf16/fp16 in one piece
     SPLIT_D: tl.constexpr = (PRECISION == "ieee") & (BLOCK_D == 64)
     BLOCK_DP: tl.constexpr = BLOCK_D // 2 if SPLIT_D else BLOCK_D
     offs_c = tl.arange(0, BLOCK_C)
