@@ -139,13 +139,22 @@ def _decode(
             nxt = sample_next(state, temperature, top_k, top_p, generator)
         last = nxt[:, None]
         out.append(last)
-        if on_token is not None and on_token(nxt):
+        if stop_after(nxt, on_token, eos_id, done):
             break
-        if eos_id is not None:
-            done |= nxt == eos_id
-            if bool(done.all()):
-                break
         if len(out) - 1 == max_new_tokens:
             break
         state = step(last)
     return torch.cat(out, dim=1)
+
+
+def stop_after(
+    tokens: torch.Tensor, on_token: Callable[[torch.Tensor], bool] | None, eos_id: int | None, done: torch.Tensor
+) -> bool:
+    """Both decode loops' check after a step's tokens [B]: hand them to `on_token` (True: stop), and
+    stop once every row has drawn `eos_id` (`done` [B] is updated in place)."""
+    if on_token is not None and on_token(tokens):
+        return True
+    if eos_id is None:
+        return False
+    done |= tokens == eos_id
+    return bool(done.all())

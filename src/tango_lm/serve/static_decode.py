@@ -38,7 +38,7 @@ import torch
 
 from tango_lm.errors import UserError
 from tango_lm.layers.active_width import active_columns
-from tango_lm.serve.generate import filter_logits
+from tango_lm.serve.generate import filter_logits, stop_after
 
 log = logging.getLogger(__name__)
 
@@ -215,12 +215,8 @@ def decode_static(
     done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):
         out.append(nxt[:, None])
-        if on_token is not None and on_token(nxt):
+        if stop_after(nxt, on_token, eos_id, done):
             break
-        if eos_id is not None:
-            done |= nxt == eos_id
-            if bool(done.all()):
-                break
         if i + 1 == max_new_tokens:
             break
         nxt, _ = decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection)
