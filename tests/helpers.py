@@ -12,6 +12,7 @@ import hashlib
 import json
 import random
 import string
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,22 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
             else:
                 out[str(p)] = (0, "dir")
     return out
+
+
+def run_main(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str, list[str]]:
+    """`tango-lm ARGV` in this process: (exit code, stdout, stderr, the warnings it left). An
+    exception escaping `main` (argparse's exit included) fails the test: the command line would
+    print a traceback."""
+    from tango_lm.cli import main
+
+    capsys.readouterr()
+    try:
+        with warnings.catch_warnings(record=True) as leaked:
+            rc = main(argv)
+    except BaseException as exc:  # noqa: BLE001 - an escaping exception is the failure we report
+        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err, [str(w.message) for w in leaked]
 
 
 def assert_one_error_line(err: str) -> str:

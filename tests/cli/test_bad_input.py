@@ -199,18 +199,12 @@ def test_bad_input_exits_2_with_one_error_line(case, run, data_dir, tmp_path, ca
     ctx = Ctx(data=data_dir, run=run, tmp=tmp_path, monkeypatch=monkeypatch)
     argv = BAD[case](ctx)
     before = helpers.snapshot(ctx.data, ctx.run, ctx.tmp)
-    capsys.readouterr()
-    try:
-        with warnings.catch_warnings(record=True) as leaked:  # what the command line would print
-            rc = main(argv)
-    except BaseException as exc:  # noqa: BLE001 - an escaping exception (or argparse's exit) is the failure
-        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
+    rc, out, err, leaked = helpers.run_main(capsys, argv)  # leaked: warnings the command line would print
     monkeypatch.undo()
-    captured = capsys.readouterr()
-    assert rc == 2, captured
-    assert [str(w.message) for w in leaked] == []
-    helpers.assert_one_error_line(captured.err)
-    assert captured.out == ""
+    assert rc == 2, (out, err)
+    assert leaked == []
+    helpers.assert_one_error_line(err)
+    assert out == ""
     with contextlib.suppress(FileNotFoundError):
         for p in ctx.tmp.rglob("*"):
             p.chmod(p.stat().st_mode | 0o600)

@@ -277,15 +277,10 @@ def test_bad_input_exits_2_with_one_error_line(case, cli_run, data_dir, gpt2_dir
     ctx = Ctx(data=data_dir, run=cli_run[0], gpt2=gpt2_dir, tmp=tmp_path)
     argv = BAD[case](ctx)
     before = helpers.snapshot(ctx.data, ctx.run, ctx.gpt2, ctx.tmp)
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except Exception as exc:  # noqa: BLE001 - an escaping exception is the failure we report
-        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
-    captured = capsys.readouterr()
-    assert rc == 2, captured
-    helpers.assert_one_error_line(captured.err)
-    assert captured.out == ""
+    rc, out, err, _ = helpers.run_main(capsys, argv)
+    assert rc == 2, (out, err)
+    helpers.assert_one_error_line(err)
+    assert out == ""
     assert helpers.snapshot(ctx.data, ctx.run, ctx.gpt2, ctx.tmp) == before
     assert not ctx.new_out.exists()
 

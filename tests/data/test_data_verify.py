@@ -39,14 +39,9 @@ def edit_manifest(path: Path, change) -> None:
 
 
 def refused(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except Exception as exc:  # noqa: BLE001 - an escaping exception is the failure we report
-        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
-    captured = capsys.readouterr()
-    assert rc == 2 and captured.out == "", captured
-    return helpers.assert_one_error_line(captured.err)
+    rc, out, err, _ = helpers.run_main(capsys, argv)
+    assert rc == 2 and out == "", (out, err)
+    return helpers.assert_one_error_line(err)
 
 
 def train_argv(data: Path, tmp_path: Path) -> list[str]:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tango_lm.cli import main
 from tango_lm.train import checkpoint
 from tango_lm.train.checkpoint import complete_steps, load_checkpoint
 from tango_lm.train.trainer import train
@@ -26,13 +25,8 @@ TRAIN = {"steps": 8, "save_every": 4, "eval_every": 4}
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    try:
-        rc = main(argv)
-    except Exception as exc:  # noqa: BLE001 - an escaping exception is the failure we report
-        pytest.fail(f"{type(exc).__name__} escaped main(): {exc}")
-    captured = capsys.readouterr()
-    return rc, captured.err
+    rc, _, err, _ = helpers.run_main(capsys, argv)
+    return rc, err
 
 
 @pytest.fixture(scope="module")
