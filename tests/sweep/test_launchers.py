@@ -97,6 +97,12 @@ def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
             time_minutes(bad)
     with pytest.raises(UserError, match="unknown slurm setting 'gpus'"):
         slurm_settings(grid, {"gpus": 2})
+
+
+def test_a_multi_gpu_job_needs_a_parallel_run(data_dir, tmp_path):
+    pytest.importorskip("submitit")  # without it, the missing extra is the error reported first
+    grid = load_grid(write_grid(tmp_path, data_dir))
+    settings = slurm_settings(grid, {"gpus_per_job": 8})
     with pytest.raises(UserError, match="cannot train as a job of 8 processes"):  # train.parallel is none
         submit_sweep(grid, grid.runs, settings, cluster="local")
 
