@@ -88,3 +88,23 @@ def test_triton_windowed_dispatch():
     assert windowed_triton.supported(*xs[:2], *xs[4:]) == windowed_triton.INTERPRETED
     assert not windowed_triton.supported(xs[0].double(), xs[1], *xs[4:])  # band weights in float64
     assert not windowed_triton.supported(*xs[:2], xs[4].double(), xs[5].double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_windowed_inside_a_compiled_graph(device):
+    # One graph (fullgraph) through the band weights' recomputation (a checkpoint) and the custom
+    # op, with the eager path's values and every gradient.
+    xs, dy = inputs(1, 2, 13, 4, 5, torch.float32, device, seed=5)
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda *xs: windowed_mix(*xs, 3, "elu+1", 4, kernels="triton"),
+        fullgraph=True,
+        dynamic=False,
+        backend="aot_eager",
+    )
+    got = compiled(*xs)
+    want = windowed_mix(*xs, 3, "elu+1", 4, kernels="triton")
+    torch.testing.assert_close(got, want)
+    for g, w in zip(torch.autograd.grad(got, xs, dy), torch.autograd.grad(want, xs, dy), strict=True):
+        torch.testing.assert_close(g, w)
+    torch._dynamo.reset()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from tango_lm.ops.causal_matmul import scratch_view
 from tango_lm.ops.dispatch import check_devices, check_installed, choose, eager
@@ -201,6 +202,11 @@ def windowed_mix(
     if name == "blocked":
         return windowed_mix_fused(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)
     if name == "triton":
-        weights, prefix_q, pk = band_weights(q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size)
+        # The small tensors' intermediates (scores, masks, exponentials: [n, B, H, C, 2C] fp32 each)
+        # are recomputed in the backward instead of kept: under 1% of the layer's FLOPs for a sixth
+        # of its saved bytes (tools/saved_for_backward.py gpu-path; docs/benchmarks.md).
+        weights, prefix_q, pk = checkpoint(
+            band_weights, q_rot, k_rot, q_raw, k_raw, window, feature_map, chunk_size, use_reentrant=False
+        )
         return windowed_triton.windowed_band_mix_triton(weights, prefix_q, pk, a, u)
     return windowed_mix_reference(q_rot, k_rot, q_raw, k_raw, a, u, window, feature_map, chunk_size)
