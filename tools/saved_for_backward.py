@@ -1,43 +1,184 @@
-"""Bytes autograd keeps for the backward of one TANGO forward, with the attention probabilities
-kept and recomputed (ops/tango_mix.py `recompute_probs`). Usage: python tools/saved_for_backward.py [T]"""
+"""Bytes autograd keeps for the backward of a training forward: the activations that set peak
+training memory at language-model sizes.
+
+Usage:
+  python tools/saved_for_backward.py gpu-path [--d-model 512 --depth 4 --tango-width 28480
+      --vocab-size 50257 --seq-len 1024 --batch-size 16 --archs tango,loop-transformer,...
+      --kernels triton|sdpa-sliced|reference]
+  python tools/saved_for_backward.py probabilities [T]
+
+`gpu-path`: every architecture of the train suite at matched parameters (as `tango-lm bench
+--suite train` matches them; defaults: the 70M tier of the TANGO paper's Table 3), on the ops a
+GPU runs (TANGO_LM_KERNELS=triton: the Triton custom ops; SDPA's flash kernel for attention),
+under bf16 autocast. Nothing runs and no GPU is needed: what autograd saves depends on shapes,
+dtypes and which implementation each op takes, not on values, so the forward runs under
+FakeTensorMode (shapes only; the custom ops' fake implementations stand in for the kernels) on a
+CPU, in about a second per model. Each storage is counted once; parameters are not counted
+(autocast's bf16 copies of the weights are). A prediction of the activation term of CUDA's peak
+memory, not a measurement: the backward's transient buffers, the optimizer and the allocator's
+fragmentation come on top (`tango-lm bench --suite train` on a GPU measures the peak).
+
+`probabilities`: TANGO's fused CPU op with its attention probabilities kept and recomputed
+(ops/tango_mix.py `recompute_probs`), run for real at d = 256, F = 8192, depth 4 (default T = 2048).
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import traceback
+from pathlib import Path
 
-import torch
+# Before triton is imported: CPU tensors pass the Triton ops' device check (the kernels never run).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import tango_lm.ops.tango_mix as tango_mix
-from tango_lm import ModelConfig, build_model
+import torch  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+from tango_lm import ModelConfig, build_model  # noqa: E402
+from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
+from tango_lm.ops import dispatch  # noqa: E402
 
 
-def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
-    total = 0
+def triton_interpreted() -> bool:
+    """Whether the Triton ops take CPU tensors here (TRITON_INTERPRET=1 before their import)."""
+    try:
+        from tango_lm.ops import triton_common
+    except ImportError:  # triton is not installed
+        return False
+    return triton_common.INTERPRETED
+
+
+def saved_tensors(model: torch.nn.Module, input_ids: torch.Tensor, autocast: torch.dtype | None) -> list[dict]:
+    """Every storage autograd saves in `model.nll` over `input_ids` (parameters left out), once:
+    its bytes, the first shape and dtype saved from it, and the project's source line that saved it."""
+    params = {StorageWeakRef(p.untyped_storage()) for p in model.parameters()}
+    seen: dict[StorageWeakRef, dict] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
+        ref = StorageWeakRef(t.untyped_storage())
+        if ref not in params and ref not in seen:
+            ours = [f for f in traceback.extract_stack() if "tango_lm" in f.filename]
+            where = f"{ours[-1].filename.split('tango_lm/')[-1]}:{ours[-1].lineno}" if ours else "?"
+            seen[ref] = {
+                "bytes": t.untyped_storage().nbytes(),
+                "shape": tuple(t.shape),
+                "dtype": t.dtype,
+                "where": where,
+            }
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.nll(x[:, :-1], x[:, 1:])
-    return total
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None),
+    ):
+        model.nll(input_ids[:, :-1], input_ids[:, 1:])
+    return list(seen.values())
 
 
-def main() -> None:
-    t = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+def kernel_path_saved(
+    cfg: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    kernels: str = "triton",
+    autocast: torch.dtype | None = torch.bfloat16,
+) -> list[dict]:
+    """`saved_tensors` of a model built from `cfg`, shapes only, with every op on `kernels` where it
+    has that implementation (dispatch.py's override)."""
+    if kernels == "triton" and not triton_interpreted():
+        raise RuntimeError(
+            "the Triton ops need triton installed and, for the CPU's fake tensors, TRITON_INTERPRET=1 before import"
+        )
+    previous = os.environ.get(dispatch.ENV)
+    os.environ[dispatch.ENV] = kernels
+    try:
+        with FakeTensorMode():
+            torch.manual_seed(0)
+            model = build_model(cfg)
+            model.check_ids = lambda ids: None  # it reads the ids' values, which fake tensors lack
+            ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
+            return saved_tensors(model, ids, autocast)
+    finally:
+        if previous is None:
+            del os.environ[dispatch.ENV]
+        else:
+            os.environ[dispatch.ENV] = previous
+
+
+def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
+    """Saved tensors with two dimensions of T: attention scores or probabilities ([B, H, T, T])."""
+    return [s for s in saved if sum(d == seq_len for d in s["shape"]) >= 2]
+
+
+def gpu_path(args: argparse.Namespace) -> None:
+    archs = args.archs.split(",") if args.archs else default_archs()
+    rows = matched_configs(archs, args.d_model, args.depth, args.tango_width, args.vocab_size, args.seq_len)
+    tokens = args.batch_size * args.seq_len
+    print(
+        f"saved for the backward, ops on TANGO_LM_KERNELS={args.kernels} where they have it (attention: SDPA "
+        "flash), bf16 autocast, "
+        f"shapes only (FakeTensorMode): d={args.d_model}, depth {args.depth}, V={args.vocab_size}, "
+        f"batch {args.batch_size} x T={args.seq_len}; parameters not counted"
+    )
+    print(f"{'arch':<20}{'width':>7}{'GiB':>8}{'KiB/tok':>9}{'x loop':>8}  {'[T, T] saved':<13}largest (where)")
+    totals = {}
+    for arch, cfg, _ in rows:
+        if cfg is None:
+            continue
+        saved = kernel_path_saved(cfg, args.batch_size, args.seq_len, args.kernels)
+        totals[arch] = (cfg, saved, sum(s["bytes"] for s in saved))
+    base = totals[BASELINE][2]
+    for arch, (cfg, saved, total) in totals.items():
+        top = max(saved, key=lambda s: s["bytes"])
+        count = sum(s["bytes"] == top["bytes"] for s in saved)
+        square = "yes" if quadratic(saved, args.seq_len) else "no"
+        print(
+            f"{arch:<20}{cfg.width:>7}{total / 2**30:>8.2f}{total / tokens / 1024:>9.1f}{total / base:>8.2f}  {square:<13}"
+            f"{count} x {list(top['shape'])} {str(top['dtype']).removeprefix('torch.')} ({top['where']})"
+        )
+
+
+def probabilities(args: argparse.Namespace) -> None:
+    import tango_lm.ops.tango_mix as tango_mix
+
+    t = args.seq_len
     cfg = ModelConfig(arch="tango", d_model=256, depth=4, width=8192, vocab_size=257, context_length=t)
     torch.manual_seed(0)
     model = build_model(cfg)
     x = torch.randint(0, cfg.vocab_size, (1, t + 1))
     policy = tango_mix.recompute_probs
-    for name, rule in (("kept", lambda t, w: False), ("recomputed", lambda t, w: True), ("default", policy)):
-        tango_mix.recompute_probs = rule
-        print(
-            f"T={t}, F={cfg.width}, depth {cfg.depth}, probabilities {name}: "
-            f"{saved_bytes(model, x) / 2**20:,.0f} MiB saved for the backward"
-        )
-    tango_mix.recompute_probs = policy
+    os.environ[dispatch.ENV] = "blocked"  # the fused CPU op whose policy this reports
+    try:
+        for name, rule in (("kept", lambda t, w: False), ("recomputed", lambda t, w: True), ("default", policy)):
+            tango_mix.recompute_probs = rule
+            total = sum(s["bytes"] for s in saved_tensors(model, x, None))
+            print(
+                f"T={t}, F={cfg.width}, depth {cfg.depth}, probabilities {name}: {total / 2**20:,.0f} MiB saved for the backward"
+            )
+    finally:
+        tango_mix.recompute_probs = policy
+        del os.environ[dispatch.ENV]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="report", required=True)
+    gpu = sub.add_parser("gpu-path", help="every architecture on the GPU's kernels, shapes only")
+    gpu.add_argument("--d-model", type=int, default=512)
+    gpu.add_argument("--depth", type=int, default=4)
+    gpu.add_argument("--tango-width", type=int, default=28480)
+    gpu.add_argument("--vocab-size", type=int, default=50257)
+    gpu.add_argument("--seq-len", type=int, default=1024)
+    gpu.add_argument("--batch-size", type=int, default=16)
+    gpu.add_argument("--archs", default=None, help="comma-separated (default: the train suite's)")
+    gpu.add_argument("--kernels", default="triton", choices=dispatch.KERNELS, help="dispatch.py's override")
+    probs = sub.add_parser("probabilities", help="TANGO's fused CPU op, probabilities kept or recomputed")
+    probs.add_argument("seq_len", type=int, nargs="?", default=2048)
+    args = parser.parse_args(argv)
+    gpu_path(args) if args.report == "gpu-path" else probabilities(args)
 
 
 if __name__ == "__main__":

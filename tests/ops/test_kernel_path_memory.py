@@ -1,0 +1,60 @@
+"""What autograd keeps for the backward on the ops a GPU runs (tools/saved_for_backward.py): at the
+TANGO paper's 70M tier (Table 3; B = 16, T = 1024, bf16 autocast), counted under FakeTensorMode, so
+no kernel runs and the real sizes take a second. The activations set most of peak training memory
+at that size; issue 12 asks TANGO for <= 1.2x Loop Transformer++'s peak and no [B, H, T, T] tensor."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests import helpers
+
+pytest.importorskip("tango_lm.ops.tango_mix_triton", exc_type=ImportError, reason="triton is not installed")
+sys.path.insert(0, str(helpers.ROOT / "tools"))
+import saved_for_backward as tool  # noqa: E402
+
+from tango_lm.bench.training import matched_configs  # noqa: E402
+
+B, T = 16, 1024
+ARCHS = ("loop-transformer", "tango", "tango-windowed", "tango-3set", "tango-compact", "gau", "flash")
+
+
+@pytest.fixture(scope="module")
+def configs():
+    if not tool.triton_interpreted():
+        pytest.skip("the Triton ops take CPU (fake) tensors only with TRITON_INTERPRET=1 (conftest.py sets it)")
+    return {arch: cfg for arch, cfg, _ in matched_configs(ARCHS, 512, 4, 28480, 50257, T)}
+
+
+def _total(saved: list[dict]) -> int:
+    return sum(s["bytes"] for s in saved)
+
+
+def test_the_kernel_paths_keep_no_attention_matrix(configs):
+    for arch in ARCHS:
+        saved = tool.kernel_path_saved(configs[arch], B, T, "triton")
+        assert not tool.quadratic(saved, T), arch
+    # The composition does (so the check can fail): TANGO's reference averages through a [T, T] matrix.
+    assert tool.quadratic(tool.kernel_path_saved(configs["tango-3set"], B, T, "reference"), T)
+
+
+def test_tango_keeps_no_more_than_the_loop_transformer(configs):
+    loop = _total(tool.kernel_path_saved(configs["loop-transformer"], B, T, "triton"))
+    tango = _total(tool.kernel_path_saved(configs["tango"], B, T, "triton"))
+    windowed = _total(tool.kernel_path_saved(configs["tango-windowed"], B, T, "triton"))
+    # Both keep four [B, T, width] tensors per layer (TANGO: a, u, the average and y; Loop: SwiGLU's
+    # two projections, the SiLU and the product); measured 0.98x and 1.04x (the band weights).
+    assert tango <= 1.0 * loop, tango / loop
+    assert windowed <= 1.06 * loop, windowed / loop
+    # The composition of library ops (the reference) keeps far more: 1.72x.
+    assert _total(tool.kernel_path_saved(configs["tango"], B, T, "reference")) > 1.5 * loop
+
+
+def test_gpu_path_report_prints_every_architecture(capsys):
+    tool.main(["gpu-path", "--archs", "tango,gau", "--batch-size", "2", "--seq-len", "64", "--tango-width", "2048"])
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert set(rows) == {"tango", "gau", "loop-transformer"}
+    assert rows["loop-transformer"][4] == "1.00" and all(r[5] == "no" for r in rows.values())
