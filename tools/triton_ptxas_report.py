@@ -1,7 +1,7 @@
 """Compile every autotune configuration of the project's Triton kernels for a CUDA GPU, without one.
 
 Usage: PYTHONPATH=src python tools/triton_ptxas_report.py [--ops relu2,tango_mix,windowed --kernels NAME,...
-       --dtype bf16 --head-dim 128 --width 1780 --arch 90 --first N]
+       --dtype bf16 [--tf32] --head-dim 128 --width 1780 --arch 90 --first N]
 
 Triton's NVIDIA backend (and the ptxas in its wheel) compiles a kernel for a named architecture on
 any machine, so a GPU session's scarce minutes need not find out that a configuration fails to
@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--first", type=int, default=None, help="only each kernel's first N configurations")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="fp32 inputs with TF32 matmuls allowed (torch.backends.cuda.matmul.allow_tf32)",
+    )
     p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
     p.add_argument("--width", type=int, default=1780, help="gate columns per head (TANGO's presets: 1,780)")
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
@@ -242,14 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.import_module(module)
         block_d = max(16, 1 << (args.head_dim - 1).bit_length())  # as the ops' wrappers pick it
         align = column_alignment(args.width, 4 if args.dtype == "fp32" else 2)  # as the wrappers pick it
-        consts = {"PRECISION": "ieee" if args.dtype == "fp32" else "tf32", "BLOCK_D": block_d, "ALIGN": align}
+        ieee = args.dtype == "fp32" and not args.tf32  # triton_common.precision
+        consts = {"PRECISION": "ieee" if ieee else "tf32", "BLOCK_D": block_d, "ALIGN": align}
         consts |= constexprs
         for name, pointers in kernels.items():
             if args.kernels and name not in args.kernels.split(","):
                 continue
             ints = launch_ints(op, args.head_dim, args.width)
             rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch, ints, args.first)
-    print(format_rows(rows, args.dtype, args.arch, args.head_dim))
+    print(format_rows(rows, f"{args.dtype} (TF32 products)" if args.tf32 else args.dtype, args.arch, args.head_dim))
     return 0
 
 
