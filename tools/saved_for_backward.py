@@ -1,5 +1,5 @@
-"""Bytes autograd keeps for the backward of a training forward: the activations that set peak
-training memory at language-model sizes.
+"""Training memory on the ops a GPU runs, predicted without one; and bytes autograd keeps for the
+backward of a training forward (the activations that set peak memory at language-model sizes).
 
 Usage:
   python tools/saved_for_backward.py gpu-path [--d-model 512 --depth 4 --tango-width 28480
@@ -10,13 +10,15 @@ Usage:
 `gpu-path`: every architecture of the train suite at matched parameters (as `tango-lm bench
 --suite train` matches them; defaults: the 70M tier of the TANGO paper's Table 3), on the ops a
 GPU runs (TANGO_LM_KERNELS=triton: the Triton custom ops; SDPA's flash kernel for attention),
-under bf16 autocast. Nothing runs and no GPU is needed: what autograd saves depends on shapes,
-dtypes and which implementation each op takes, not on values, so the forward runs under
-FakeTensorMode (shapes only; the custom ops' fake implementations stand in for the kernels) on a
-CPU, in about a second per model. Each storage is counted once; parameters are not counted
-(autocast's bf16 copies of the weights are). A prediction of the activation term of CUDA's peak
-memory, not a measurement: the backward's transient buffers, the optimizer and the allocator's
-fragmentation come on top (`tango-lm bench --suite train` on a GPU measures the peak).
+under bf16 autocast. Nothing runs and no GPU is needed: memory depends on shapes, dtypes and which
+implementation each op takes, not on values, so the models run under FakeTensorMode (shapes only;
+the custom ops' fake implementations stand in for the kernels) on a CPU, a second or two per
+model. Per model: a training step's peak (torch's MemTracker: parameters, gradients, AdamW state,
+activations, temporaries; not the caching allocator's rounding or fragmentation) and what the
+forward saves for the backward (each storage once, parameters not counted, autocast's bf16 weight
+copies counted). Predictions, not measurements: `tango-lm bench --suite train` on a GPU measures.
+(`--kernels sdpa-sliced` is not a CUDA prediction: on CPUs SDPA takes its math backend for unequal
+query and value widths, which CUDA's fused backends accept.)
 
 `probabilities`: TANGO's fused CPU op with its attention probabilities kept and recomputed
 (ops/tango_mix.py `recompute_probs`), run for real at d = 256, F = 8192, depth 4 (default T = 2048).
@@ -25,6 +27,7 @@ fragmentation come on top (`tango-lm bench --suite train` on a GPU measures the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -36,11 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
 
 from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
 from tango_lm.ops import dispatch  # noqa: E402
+from tango_lm.train.optim import adamw  # noqa: E402
 
 
 def triton_interpreted() -> bool:
@@ -79,15 +84,10 @@ def saved_tensors(model: torch.nn.Module, input_ids: torch.Tensor, autocast: tor
     return list(seen.values())
 
 
-def kernel_path_saved(
-    cfg: ModelConfig,
-    batch_size: int,
-    seq_len: int,
-    kernels: str = "triton",
-    autocast: torch.dtype | None = torch.bfloat16,
-) -> list[dict]:
-    """`saved_tensors` of a model built from `cfg`, shapes only, with every op on `kernels` where it
-    has that implementation (dispatch.py's override)."""
+@contextlib.contextmanager
+def shapes_only(cfg: ModelConfig, kernels: str):
+    """A model built from `cfg` under FakeTensorMode (shapes, no values, no memory), with every op
+    on `kernels` where it has that implementation (dispatch.py's override); yields the model."""
     if kernels == "triton" and not triton_interpreted():
         raise RuntimeError(
             "the Triton ops need triton installed and, for the CPU's fake tensors, TRITON_INTERPRET=1 before import"
@@ -99,13 +99,54 @@ def kernel_path_saved(
             torch.manual_seed(0)
             model = build_model(cfg)
             model.check_ids = lambda ids: None  # it reads the ids' values, which fake tensors lack
-            ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
-            return saved_tensors(model, ids, autocast)
+            yield model
     finally:
         if previous is None:
             del os.environ[dispatch.ENV]
         else:
             os.environ[dispatch.ENV] = previous
+
+
+def kernel_path_saved(
+    cfg: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    kernels: str = "triton",
+    autocast: torch.dtype | None = torch.bfloat16,
+) -> list[dict]:
+    """`saved_tensors` of one training forward, shapes only (`shapes_only`)."""
+    with shapes_only(cfg, kernels) as model:
+        ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
+        return saved_tensors(model, ids, autocast)
+
+
+def kernel_path_peak(
+    cfg: ModelConfig,
+    batch_size: int,
+    seq_len: int,
+    kernels: str = "triton",
+    autocast: torch.dtype | None = torch.bfloat16,
+) -> int:
+    """Peak bytes of a training step (forward, backward, AdamW as the benchmarks build it, zeroed
+    gradients), shapes only: torch's MemTracker follows every allocation and free of the second of
+    two steps (the first creates AdamW's state). The scope of the train suite's CUDA column (the
+    model's parameters, gradients, optimizer state, activations and temporaries); the caching
+    allocator's rounding and fragmentation are not modelled."""
+    with shapes_only(cfg, kernels) as model:
+        opt = adamw(model.parameters(), model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        with tracker:
+            for step in range(2):
+                with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
+                    loss = model.nll(ids[:, :-1], ids[:, 1:])
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                if step == 0:
+                    tracker.reset_mod_stats()  # per-module statistics only; the peak is kept
+        return sum(by_kind["Total"] for by_kind in tracker.get_tracker_snapshot("peak").values())
 
 
 def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
@@ -116,28 +157,32 @@ def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
 def gpu_path(args: argparse.Namespace) -> None:
     archs = args.archs.split(",") if args.archs else default_archs()
     rows = matched_configs(archs, args.d_model, args.depth, args.tango_width, args.vocab_size, args.seq_len)
-    tokens = args.batch_size * args.seq_len
     print(
-        f"saved for the backward, ops on TANGO_LM_KERNELS={args.kernels} where they have it (attention: SDPA "
-        "flash), bf16 autocast, "
-        f"shapes only (FakeTensorMode): d={args.d_model}, depth {args.depth}, V={args.vocab_size}, "
-        f"batch {args.batch_size} x T={args.seq_len}; parameters not counted"
+        f"GPU ops, shapes only (FakeTensorMode on a CPU): TANGO_LM_KERNELS={args.kernels} where an op has it "
+        f"(attention: SDPA flash), bf16 autocast, d={args.d_model}, depth {args.depth}, V={args.vocab_size}, "
+        f"batch {args.batch_size} x T={args.seq_len}; peak = a training step's (MemTracker, predicted, not "
+        "measured); saved = what the forward keeps for the backward, parameters not counted"
     )
-    print(f"{'arch':<20}{'width':>7}{'GiB':>8}{'KiB/tok':>9}{'x loop':>8}  {'[T, T] saved':<13}largest (where)")
-    totals = {}
+    print(
+        f"{'arch':<20}{'width':>7}{'peak GiB':>10}{'x loop':>8}{'saved GiB':>11}{'x loop':>8}  "
+        f"{'[T, T] saved':<14}largest saved (where)"
+    )
+    results = {}
     for arch, cfg, _ in rows:
         if cfg is None:
             continue
         saved = kernel_path_saved(cfg, args.batch_size, args.seq_len, args.kernels)
-        totals[arch] = (cfg, saved, sum(s["bytes"] for s in saved))
-    base = totals[BASELINE][2]
-    for arch, (cfg, saved, total) in totals.items():
+        peak = kernel_path_peak(cfg, args.batch_size, args.seq_len, args.kernels)
+        results[arch] = (cfg, saved, sum(s["bytes"] for s in saved), peak)
+    _, _, base_saved, base_peak = results[BASELINE]
+    for arch, (cfg, saved, total, peak) in results.items():
         top = max(saved, key=lambda s: s["bytes"])
         count = sum(s["bytes"] == top["bytes"] for s in saved)
         square = "yes" if quadratic(saved, args.seq_len) else "no"
         print(
-            f"{arch:<20}{cfg.width:>7}{total / 2**30:>8.2f}{total / tokens / 1024:>9.1f}{total / base:>8.2f}  {square:<13}"
-            f"{count} x {list(top['shape'])} {str(top['dtype']).removeprefix('torch.')} ({top['where']})"
+            f"{arch:<20}{cfg.width:>7}{peak / 2**30:>10.2f}{peak / base_peak:>8.2f}{total / 2**30:>11.2f}"
+            f"{total / base_saved:>8.2f}  {square:<14}{count} x {list(top['shape'])} "
+            f"{str(top['dtype']).removeprefix('torch.')} ({top['where']})"
         )
 
 
