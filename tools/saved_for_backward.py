@@ -13,7 +13,7 @@ GPU runs (TANGO_LM_KERNELS=triton: the Triton custom ops; SDPA's flash kernel fo
 under bf16 autocast. Nothing runs and no GPU is needed: memory depends on shapes, dtypes and which
 implementation each op takes, not on values, so the models run under FakeTensorMode (shapes only;
 the custom ops' fake implementations stand in for the kernels) on a CPU, a second or two per
-model. Per model: a training step's peak (torch's MemTracker: parameters, gradients, AdamW state,
+model. Per model: a training step's peak (every storage alive: parameters, gradients, AdamW state,
 activations, temporaries; not the caching allocator's rounding or fragmentation) and what the
 forward saves for the backward (each storage once, parameters not counted, autocast's bf16 weight
 copies counted). Predictions, not measurements: `tango-lm bench --suite train` on a GPU measures.
@@ -31,6 +31,7 @@ import contextlib
 import os
 import sys
 import traceback
+import weakref
 from pathlib import Path
 
 # Before triton is imported: CPU tensors pass the Triton ops' device check (the kernels never run).
@@ -39,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
@@ -120,6 +122,40 @@ def kernel_path_saved(
         return saved_tensors(model, ids, autocast)
 
 
+class LiveStorages(TorchDispatchMode):
+    """Bytes of the storages alive, and their most, while it is active: each op's outputs are
+    counted once per storage (views share theirs) from when they appear until freed. Agrees to the
+    byte with torch's MemTracker (torch.distributed._tools), which refuses a module called twice in
+    one forward (onóna's tables)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._alive: set[StorageWeakRef] = set()
+        for t in tensors:
+            self._count(t)
+
+    def _count(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        ref = StorageWeakRef(storage)
+        if ref not in self._alive:
+            self._alive.add(ref)
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, ref, storage.nbytes())
+
+    def _free(self, ref: StorageWeakRef, nbytes: int) -> None:
+        self._alive.discard(ref)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._count(t)
+        return out
+
+
 def kernel_path_peak(
     cfg: ModelConfig,
     batch_size: int,
@@ -128,25 +164,22 @@ def kernel_path_peak(
     autocast: torch.dtype | None = torch.bfloat16,
 ) -> int:
     """Peak bytes of a training step (forward, backward, AdamW as the benchmarks build it, zeroed
-    gradients), shapes only: torch's MemTracker follows every allocation and free of the second of
-    two steps (the first creates AdamW's state). The scope of the train suite's CUDA column (the
-    model's parameters, gradients, optimizer state, activations and temporaries); the caching
-    allocator's rounding and fragmentation are not modelled."""
+    gradients), shapes only: over two steps (the first creates AdamW's state), every storage alive
+    (`LiveStorages`). The scope of the train suite's CUDA column (the model's parameters, gradients,
+    optimizer state, activations and temporaries; not the batch); the caching allocator's rounding
+    and fragmentation are not modelled."""
     with shapes_only(cfg, kernels) as model:
         opt = adamw(model.parameters(), model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
         ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
-        tracker = MemTracker()
-        tracker.track_external(model, opt)
-        with tracker:
-            for step in range(2):
+        with LiveStorages(list(model.parameters())) as live:
+            for _ in range(2):
                 with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
                     loss = model.nll(ids[:, :-1], ids[:, 1:])
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                if step == 0:
-                    tracker.reset_mod_stats()  # per-module statistics only; the peak is kept
-        return sum(by_kind["Total"] for by_kind in tracker.get_tracker_snapshot("peak").values())
+                del loss
+        return live.peak
 
 
 def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
@@ -160,8 +193,7 @@ def gpu_path(args: argparse.Namespace) -> None:
     print(
         f"GPU ops, shapes only (FakeTensorMode on a CPU): TANGO_LM_KERNELS={args.kernels} where an op has it "
         f"(attention: SDPA flash), bf16 autocast, d={args.d_model}, depth {args.depth}, V={args.vocab_size}, "
-        f"batch {args.batch_size} x T={args.seq_len}; peak = a training step's (MemTracker, predicted, not "
-        "measured); saved = what the forward keeps for the backward, parameters not counted"
+        f"batch {args.batch_size} x T={args.seq_len}; peak = a training step's (predicted, not measured); saved = what the forward keeps for the backward, parameters not counted"
     )
     print(
         f"{'arch':<20}{'width':>7}{'peak GiB':>10}{'x loop':>8}{'saved GiB':>11}{'x loop':>8}  "
@@ -184,6 +216,29 @@ def gpu_path(args: argparse.Namespace) -> None:
             f"{total / base_saved:>8.2f}  {square:<14}{count} x {list(top['shape'])} "
             f"{str(top['dtype']).removeprefix('torch.')} ({top['where']})"
         )
+
+
+def heads(args: argparse.Namespace) -> None:
+    """Every head on one backbone (the memory suite's comparison), the step's predicted peak."""
+    from tango_lm.bench.memory import memory_config
+
+    base = memory_config(args.backbone, 256, 4, args.vocab_size, args.seq_len)
+    names = args.heads.split(",")
+    if "standard" not in names:
+        names.insert(0, "standard")
+    print(
+        f"GPU ops, shapes only (FakeTensorMode on a CPU): {args.backbone} ({base.arch}, d={base.d_model}, depth "
+        f"{base.depth}), V={args.vocab_size}, batch {args.batch_size} x T={args.seq_len}, bf16 autocast, default "
+        f"chunked loss (chunk {base.loss_chunk}); peak = a training step's (predicted, not measured)"
+    )
+    print(f"{'head':<12}{'params':>13}{'peak GiB':>10}{'x standard':>12}")
+    peaks = {}
+    for name in names:
+        cfg = base.replace(head=name)
+        peaks[name] = (cfg, kernel_path_peak(cfg, args.batch_size, args.seq_len, args.kernels))
+    for name, (cfg, peak) in peaks.items():
+        total = cfg.num_params()["total"]
+        print(f"{name:<12}{total:>13,}{peak / 2**30:>10.2f}{peak / peaks['standard'][1]:>12.2f}")
 
 
 def probabilities(args: argparse.Namespace) -> None:
@@ -220,10 +275,17 @@ def main(argv: list[str] | None = None) -> None:
     gpu.add_argument("--batch-size", type=int, default=16)
     gpu.add_argument("--archs", default=None, help="comma-separated (default: the train suite's)")
     gpu.add_argument("--kernels", default="triton", choices=dispatch.KERNELS, help="dispatch.py's override")
+    on_heads = sub.add_parser("heads", help="every head on one backbone (the memory suite's), shapes only")
+    on_heads.add_argument("--backbone", default="dense-142m", help="a preset or an architecture")
+    on_heads.add_argument("--heads", default="standard,onona,untied,mos,sigsoftmax,moss")
+    on_heads.add_argument("--vocab-size", type=int, default=50304)
+    on_heads.add_argument("--seq-len", type=int, default=1024)
+    on_heads.add_argument("--batch-size", type=int, default=32)
+    on_heads.add_argument("--kernels", default="triton", choices=dispatch.KERNELS, help="dispatch.py's override")
     probs = sub.add_parser("probabilities", help="TANGO's fused CPU op, probabilities kept or recomputed")
     probs.add_argument("seq_len", type=int, nargs="?", default=2048)
     args = parser.parse_args(argv)
-    gpu_path(args) if args.report == "gpu-path" else probabilities(args)
+    {"gpu-path": gpu_path, "heads": heads, "probabilities": probabilities}[args.report](args)
 
 
 if __name__ == "__main__":
