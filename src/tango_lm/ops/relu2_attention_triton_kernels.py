@@ -10,29 +10,57 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import configs, dot
+from tango_lm.ops.triton_common import PRUNE, configs, dot
 
-# (block sizes..., num_warps, num_stages). The width e of V is tiled over a grid axis in the
-# forward and in dV's kernel (see relu2_attention_triton.py for why), so BLOCK_E trades the
-# recomputation of S (s / BLOCK_E of the P V work) against registers for the [BLOCK, BLOCK_E]
-# fp32 accumulator. Chosen from ptxas's report for sm_90 (triton 3.6, s = 128, bf16; no GPU was
-# at hand to time them): little or no register spilling in bf16, and in every kernel at least one
-# small enough in shared memory for fp32 inputs (several need more than the 227 KiB there; the
-# autotuner skips a configuration that does not fit). Three or four per kernel keep the
-# autotuning inside the GPU check's time limits.
+# (block sizes..., num_warps, num_stages[, limits]: triton_common.for_launch). The width e of V is
+# tiled over a grid axis in the forward and in dV's kernel (see relu2_attention_triton.py for why),
+# so BLOCK_E trades the recomputation of S (s / BLOCK_E of the P V work) against registers for the
+# [BLOCK, BLOCK_E] fp32 accumulator. Chosen from ptxas's report for sm_90 (tools/triton_ptxas_report.py;
+# no GPU was at hand to time them): none spills registers in bf16 or fp16 at s = 32, 64 or 128.
+# fp32 inputs multiply in full fp32 on FMAs, whose operands sit whole in registers: they take
+# narrow tiles of their own ({"ieee": True}; the bf16 ones spilled 14-39 KB per thread there).
+# Three or four per launch keep the autotuning inside the GPU check's time limits.
+_FP32 = {"ieee": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
-    [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 64, 256, 8, 2), (64, 32, 64, 4, 2)],
+    [
+        (128, 64, 128, 8, 3),
+        (64, 64, 128, 8, 3),
+        (128, 64, 64, 8, 3),
+        (64, 32, 64, 4, 2),
+        (32, 16, 64, 8, 1, _FP32),
+        (16, 16, 128, 8, 1, _FP32),
+        (32, 16, 32, 4, 1, _FP32),
+    ],
 )
 _DV_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
-    [(64, 64, 128, 8, 3), (64, 128, 128, 8, 3), (32, 128, 128, 8, 3), (32, 64, 64, 4, 2)],
+    [
+        (64, 64, 128, 8, 3),
+        (64, 128, 128, 8, 3),
+        (32, 128, 128, 8, 3),
+        (32, 64, 64, 4, 2),
+        (16, 32, 64, 8, 1, _FP32),
+        (32, 32, 32, 8, 1, _FP32),
+        (16, 16, 128, 8, 1, _FP32),
+    ],
 )
 # One square block for queries and keys: the relative bias's gradient sums dS along the tile's
-# diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). Blocks of at most 64:
-# the program holds k, q and dK [BLOCK, s] and dP [BLOCK, BLOCK] at once (s = 128 at the presets).
-_DQK_CONFIGS = configs(("BLOCK", "BLOCK_E"), [(64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 3)])
-_KEY = ["T", "E", "D"]
+# diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). The program holds k, q
+# and dK [BLOCK, s] and dP [BLOCK, BLOCK] at once: blocks of 64 spill registers (64-372 B per
+# thread at s = 32-128 under triton 3.6 or 3.9), blocks of 32 do not.
+_DQK_CONFIGS = configs(
+    ("BLOCK", "BLOCK_E"),
+    [
+        (32, 128, 8, 2),
+        (32, 64, 8, 3),
+        (32, 64, 4, 2, {"max_d": 64}),
+        (16, 32, 8, 1, _FP32),
+        (16, 32, 4, 1, _FP32),
+        (16, 64, 4, 1, {"max_d": 64, **_FP32}),
+    ],
+)
+_KEY = ["T", "E", "D", "PRECISION"]  # what `for_launch` prunes by: D (as BLOCK_D) and PRECISION
 
 
 @triton.jit
@@ -44,7 +72,7 @@ def relu_scores(qk, BIAS, t, j, T, HALF, scale):
     return tl.where(valid, tl.maximum(qk * scale + bias, 0.0), 0.0)
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY)
+@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def forward_kernel(
     Q,
@@ -77,8 +105,10 @@ def forward_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
+    # One 64-bit base per sequence, 32-bit offsets within it (64-bit offset tiles cost registers).
+    Q, K, V, O = Q + n * sqn, K + n * skn, V + n * svn, O + n * T * E
     q = tl.load(
-        Q + n * sqn + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+        Q + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
         mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
@@ -86,25 +116,25 @@ def forward_kernel(
     for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):  # the causal triangle only
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(
-            K + n * skn + offs_n[None, :] * skt + offs_d[:, None] * skd,
+            K + offs_n[None, :] * skt + offs_d[:, None] * skd,
             mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
             other=0.0,
         )
         r = relu_scores(dot(q, kt, PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
         v = tl.load(
-            V + n * svn + offs_n[:, None] * svt + offs_e[None, :] * sve,
+            V + offs_n[:, None] * svt + offs_e[None, :] * sve,
             mask=(offs_n[:, None] < T) & (offs_e[None, :] < E),
             other=0.0,
         )
         acc += dot((r * r).to(V.dtype.element_ty), v, PRECISION)
     tl.store(
-        O + (n * T + offs_m[:, None]) * E + offs_e[None, :],
+        O + offs_m[:, None] * E + offs_e[None, :],
         acc.to(O.dtype.element_ty),
         mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
     )
 
 
-@triton.autotune(_DV_CONFIGS, key=_KEY)
+@triton.autotune(_DV_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
 @triton.jit
 def dv_kernel(
     Q,
@@ -136,8 +166,9 @@ def dv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
+    Q, K, DO, DV = Q + n * sqn, K + n * skn, DO + n * son, DV + n * T * E  # as in forward_kernel
     k = tl.load(
-        K + n * skn + offs_n[:, None] * skt + offs_d[None, :] * skd,
+        K + offs_n[:, None] * skt + offs_d[None, :] * skd,
         mask=(offs_n[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
@@ -145,26 +176,26 @@ def dv_kernel(
     for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):  # queries that see these keys
         offs_m = start_m + tl.arange(0, BLOCK_M)
         qt = tl.load(
-            Q + n * sqn + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
+            Q + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
             mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
             other=0.0,
         )
         # relu(S)^T: [keys, queries]
         rt = relu_scores(dot(k, qt, PRECISION), BIAS, offs_m[None, :], offs_n[:, None], T, HALF, scale)
         do = tl.load(
-            DO + n * son + offs_m[:, None] * sot + offs_e[None, :] * soe,
+            DO + offs_m[:, None] * sot + offs_e[None, :] * soe,
             mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
             other=0.0,
         )
         acc += dot((rt * rt).to(DO.dtype.element_ty), do, PRECISION)  # dV = P^T dO
     tl.store(
-        DV + (n * T + offs_n[:, None]) * E + offs_e[None, :],
+        DV + offs_n[:, None] * E + offs_e[None, :],
         acc.to(DV.dtype.element_ty),
         mask=(offs_n[:, None] < T) & (offs_e[None, :] < E),
     )
 
 
-@triton.autotune(_DQK_CONFIGS, key=_KEY, reset_to_zero=["DQ", "DBIAS"])
+@triton.autotune(_DQK_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ", "DBIAS"])
 @triton.jit
 def dqk_kernel(
     Q,
@@ -202,24 +233,26 @@ def dqk_kernel(
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     kmask = (offs_n[:, None] < T) & (offs_d[None, :] < D)
-    k = tl.load(K + n * skn + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
+    Q, K, V, DO = Q + n * sqn, K + n * skn, V + n * svn, DO + n * son  # as in forward_kernel
+    DQ, DK = DQ + n * T * D, DK + n * T * D
+    k = tl.load(K + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
     dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     rows = tl.arange(0, BLOCK)
     for start_m in range(pid_n * BLOCK, T, BLOCK):  # queries that see these keys
         offs_m = start_m + rows
         qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-        q = tl.load(Q + n * sqn + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
+        q = tl.load(Q + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
         r = relu_scores(dot(q, tl.trans(k), PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
         dp = tl.zeros([BLOCK, BLOCK], tl.float32)
         for start_e in range(0, E, BLOCK_E):  # dP = dO V^T, contracted over the whole width
             offs_e = start_e + tl.arange(0, BLOCK_E)
             do = tl.load(
-                DO + n * son + offs_m[:, None] * sot + offs_e[None, :] * soe,
+                DO + offs_m[:, None] * sot + offs_e[None, :] * soe,
                 mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
                 other=0.0,
             )
             vt = tl.load(
-                V + n * svn + offs_n[None, :] * svt + offs_e[:, None] * sve,
+                V + offs_n[None, :] * svt + offs_e[:, None] * sve,
                 mask=(offs_n[None, :] < T) & (offs_e[:, None] < E),
                 other=0.0,
             )
@@ -238,9 +271,9 @@ def dqk_kernel(
         on_tile = (diag_col >= 0) & (diag_col < BLOCK)
         lined = tl.where(on_tile, tl.gather(ds, tl.where(on_tile, diag_col, 0), 1), 0.0)
         offset = start_m - pid_n * BLOCK + diag - (BLOCK - 1)
-        tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T))
+        tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T), sem="relaxed")
         ds_in = ds.to(dt)
         dk += dot(tl.trans(ds_in), q, PRECISION)
         dq = dot(ds_in, k, PRECISION) * scale
-        tl.atomic_add(DQ + (n * T + offs_m[:, None]) * D + offs_d[None, :], dq, mask=qmask)
-    tl.store(DK + (n * T + offs_n[:, None]) * D + offs_d[None, :], dk * scale, mask=kmask)
+        tl.atomic_add(DQ + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask, sem="relaxed")
+    tl.store(DK + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
