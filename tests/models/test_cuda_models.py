@@ -14,13 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tango_lm import ModelConfig, build_model
+from tango_lm import ModelConfig
 from tango_lm.heads.registry import HEADS
 from tango_lm.models.registry import ARCHITECTURES
-from tango_lm.ops import relu2_attention as relu2_attention_module
 from tango_lm.ops import tango_mix as tango_mix_module
-from tango_lm.ops import windowed_mix as windowed_mix_module
 from tests import arch_cases
+from tests.float64_twin import assert_gradients_close, loss_and_grads, record_triton_calls, twin_models
 
 pytestmark = pytest.mark.cuda
 CASES = (
@@ -45,24 +44,7 @@ def full_fp32():
 
 
 def models(cfg: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module]:
-    torch.manual_seed(0)
-    cpu = build_model(cfg).double()
-    with torch.no_grad():  # move off zero/one inits so every path matters
-        for p in cpu.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    gpu = build_model(cfg).cuda()
-    gpu.load_state_dict({k: v.float() for k, v in cpu.state_dict().items()})
-    if cfg.active_width:  # a middle segment, as at one training step
-        cpu.set_active_segment(1)
-        gpu.set_active_segment(1)
-    return cpu.train(), gpu.train()
-
-
-def loss_and_grads(model, x, y):
-    model.zero_grad(set_to_none=True)
-    loss = model.nll(x, y)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return twin_models(cfg, "cuda")
 
 
 @pytest.mark.parametrize(("arch", "head", "active_width"), CASES)
@@ -72,26 +54,14 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
     gen = torch.Generator().manual_seed(1)
     x, y = (torch.randint(0, cfg.vocab_size, (2, 45), generator=gen) for _ in range(2))  # odd T
 
-    triton_calls = []
     triton = tango_mix_module.tango_mix_triton is not None
-    if triton:
-        for module, name in (
-            (tango_mix_module.tango_mix_triton, "tango_mix_triton"),
-            (windowed_mix_module.windowed_triton, "windowed_band_mix_triton"),
-            (relu2_attention_module.relu2_attention_triton, "relu2_attention_triton"),
-        ):
-            real = getattr(module, name)
-            monkeypatch.setattr(module, name, lambda *xs, _f=real: triton_calls.append(1) or _f(*xs))
+    triton_calls = record_triton_calls(monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(gpu(x.cuda()).double().cpu(), cpu(x), rtol=1e-4, atol=2e-4)
     loss64, grads64 = loss_and_grads(cpu, x, y)
     loss32, grads32 = loss_and_grads(gpu, x.cuda(), y.cuda())
     torch.testing.assert_close(loss32.double().cpu(), loss64, rtol=1e-5, atol=1e-5)
-    assert grads32.keys() == grads64.keys()
-    for name, grad in grads64.items():
-        scale = grad.abs().max().clamp_min(1e-6)
-        err = (grads32[name].double().cpu() - grad).abs().max() / scale
-        assert err < 2e-3, f"{name}: normalized gradient error {err:.1e}"
+    assert_gradients_close(grads32, grads64)
     if arch in TRITON_ARCHS and triton:
         assert triton_calls, "the mixing did not run on the Triton kernels"
 

@@ -13,6 +13,7 @@ import torch
 
 from tango_lm.ops import dispatch
 from tests import arch_cases
+from tests.float64_twin import assert_gradients_close, loss_and_grads, record_triton_calls, twin_models
 
 triton_common = pytest.importorskip(
     "tango_lm.ops.triton_common", exc_type=ImportError, reason="triton is not installed"
@@ -20,10 +21,6 @@ triton_common = pytest.importorskip(
 if not triton_common.INTERPRETED:
     pytest.skip("CPU tensors reach the Triton kernels only with TRITON_INTERPRET=1", allow_module_level=True)
 
-from tango_lm import build_model  # noqa: E402
-from tango_lm.ops import relu2_attention as relu2_attention_module  # noqa: E402
-from tango_lm.ops import tango_mix as tango_mix_module  # noqa: E402
-from tango_lm.ops import windowed_mix as windowed_mix_module  # noqa: E402
 
 CASES = [
     ("tango", "standard", None),
@@ -38,38 +35,14 @@ CASES = [
 ]
 
 
-def loss_and_grads(model, x, y):
-    model.zero_grad(set_to_none=True)
-    loss = model.nll(x, y)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize(("arch", "head", "active_width"), CASES)
 def test_triton_model_matches_float64(monkeypatch, arch, head, active_width):
     cfg = arch_cases.tiny_config(arch, head=head, vocab_size=97, context_length=64, active_width=active_width)
-    torch.manual_seed(0)
-    ref = build_model(cfg).double()
-    with torch.no_grad():  # move off zero/one inits so every path matters
-        for p in ref.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    model = build_model(cfg)
-    model.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
-    if active_width:
-        ref.set_active_segment(1)
-        model.set_active_segment(1)
-    ref.train(), model.train()
+    ref, model = twin_models(cfg, "cpu")
     gen = torch.Generator().manual_seed(1)
     x, y = (torch.randint(0, cfg.vocab_size, (1, 29), generator=gen) for _ in range(2))  # odd T, two query blocks
 
-    calls = []
-    for module, name in (
-        (tango_mix_module.tango_mix_triton, "tango_mix_triton"),
-        (windowed_mix_module.windowed_triton, "windowed_band_mix_triton"),
-        (relu2_attention_module.relu2_attention_triton, "relu2_attention_triton"),
-    ):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *xs, _f=real: calls.append(1) or _f(*xs))
+    calls = record_triton_calls(monkeypatch)
     monkeypatch.setenv(dispatch.ENV, "reference")
     loss64, grads64 = loss_and_grads(ref, x, y)
     with torch.no_grad():
@@ -81,10 +54,7 @@ def test_triton_model_matches_float64(monkeypatch, arch, head, active_width):
     loss32, grads32 = loss_and_grads(model, x, y)
     assert calls, "the mixing did not run on the Triton kernels"
     torch.testing.assert_close(loss32.double(), loss64, rtol=1e-5, atol=1e-5)
-    assert grads32.keys() == grads64.keys()
-    for name, grad in grads64.items():
-        err = (grads32[name].double() - grad).abs().max() / grad.abs().max().clamp_min(1e-6)
-        assert err < 2e-3, f"{name}: normalized gradient error {err:.1e}"
+    assert_gradients_close(grads32, grads64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss_bf16 = model.nll(x, y).float()
     assert abs(loss_bf16.double() / loss64 - 1) < 0.03, (loss_bf16.item(), loss64.item())
