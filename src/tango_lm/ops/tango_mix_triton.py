@@ -205,6 +205,9 @@ def _setup_context(ctx, inputs, output) -> None:
     y, lse, avg = output
     ctx.has_u = u is not None
     ctx.save_for_backward(q, k, a, u, y, avg, lse)
+    # lse and the average are outputs only to be saved: no gradient reaches them, and autograd
+    # would otherwise fill one of the average's [B, T, F] with zeros at every backward.
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, dy, _dlse, _davg):

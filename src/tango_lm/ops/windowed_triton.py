@@ -414,6 +414,7 @@ def _backward_fake(dy, weights, prefix_q, pk, a, u, avg):
 def _setup_context(ctx, inputs, output) -> None:
     weights, prefix_q, pk, a, u, _ = inputs
     ctx.save_for_backward(weights, prefix_q, pk, a, u, output[1])
+    ctx.set_materialize_grads(False)  # the average is saved, never differentiated: no [B, T, F] zeros
 
 
 def _autograd_backward(ctx, dy, _davg):
