@@ -16,7 +16,9 @@ the custom ops' fake implementations stand in for the kernels) on a CPU, a secon
 model. Per model: a training step's peak (every storage alive: parameters, gradients, AdamW state,
 activations, temporaries; not the caching allocator's rounding or fragmentation) and what the
 forward saves for the backward (each storage once, parameters not counted, autocast's bf16 weight
-copies counted). Predictions, not measurements: `tango-lm bench --suite train` on a GPU measures.
+copies counted). MoE dispatches through its fixed capacity buffers, as on GPUs; the gated delta
+rule (gdn-hybrid) runs its chunked form, not fla's kernels, which CUDA takes where fla-core is
+installed. Predictions, not measurements: `tango-lm bench --suite train` on a GPU measures.
 (`--kernels sdpa-sliced` is not a CUDA prediction: on CPUs SDPA takes its math backend for unequal
 query and value widths, which CUDA's fused backends accept.)
 
@@ -46,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
+from tango_lm.layers import moe as moe_layer  # noqa: E402
 from tango_lm.ops import dispatch  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
 
@@ -96,6 +99,8 @@ def shapes_only(cfg: ModelConfig, kernels: str):
         )
     previous = os.environ.get(dispatch.ENV)
     os.environ[dispatch.ENV] = kernels
+    cpu_dispatch = moe_layer.use_capacity_dispatch
+    moe_layer.use_capacity_dispatch = lambda x: True  # MoE as on GPUs: fixed capacity buffers, static shapes
     try:
         with FakeTensorMode():
             torch.manual_seed(0)
@@ -103,6 +108,7 @@ def shapes_only(cfg: ModelConfig, kernels: str):
             model.check_ids = lambda ids: None  # it reads the ids' values, which fake tensors lack
             yield model
     finally:
+        moe_layer.use_capacity_dispatch = cpu_dispatch
         if previous is None:
             del os.environ[dispatch.ENV]
         else:
