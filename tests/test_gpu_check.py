@@ -59,6 +59,10 @@ def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
         peak_size=128,
     )
     (out / "train-bench.json").write_text(json.dumps({"suites": ["train"], "train": train}))
+    assert "peak memory" not in gpu_check_summary.train_result(out, "train-bench")  # not measured here
+    for row in train["models"]:
+        row["memory_vs_loop"] = {"tango": 1.04, "loop-transformer": 1.0}[row["arch"]]  # as CUDA reports it
+    (out / "train-bench.json").write_text(json.dumps({"suites": ["train"], "train": train}))
     tiny = argparse.Namespace(
         device="cpu", dtype="fp32", batch=1, heads=2, seq_len=9, width=11, head_dim=4, rounds=1, math=True
     )  # the tool's defaults are the GPU sizes
@@ -72,6 +76,7 @@ def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
     assert lines[1].split() == ["section", "status", "seconds", "result"]
     assert lines[2].split()[:3] == ["cuda-tests", "ok", "95"] and lines[2].endswith("4 passed, 1 skipped in 90.12s")
     assert lines[3].startswith("train-bench") and "MFU x Loop: tango " in lines[3]
+    assert lines[3].endswith("; peak memory x Loop: tango 1.04")
     assert lines[4].split()[:2] == ["kernel-bench", "timeout"] and "sdpa-sliced-128" in lines[4]
     assert lines[5].split()[:3] == ["compiled", "failed", "(1)"] and lines[5].endswith("RuntimeError: something")
     assert "train: device cpu" in text and "tango_mix alone: cpu" in text
