@@ -70,6 +70,9 @@ def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
     names = [r["impl"] for r in kernels["rows"]]
     assert names[-3:] == ["sdpa-sliced-128", "sdpa-sliced-256", "math"]
     assert all(r["max_error_vs_reference"] < 1e-5 for r in kernels["rows"])
+    # The floor of the two ceilings: nothing runs faster than it (here a tiny op is all overhead).
+    assert kernels["floor_ms"] > 0 and kernels["copy_gb_per_s"] > 0
+    assert all(r["time_vs_floor"] >= 1 for r in kernels["rows"])
     (out / "kernel-bench.json").write_text(json.dumps(kernels))
     text = gpu_check_summary.summary(out)
     lines = text.splitlines()
@@ -79,7 +82,7 @@ def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
     assert lines[3].endswith("; peak memory x Loop: tango 1.04")
     assert lines[4].split()[:2] == ["kernel-bench", "timeout"] and "sdpa-sliced-128" in lines[4]
     assert lines[5].split()[:3] == ["compiled", "failed", "(1)"] and lines[5].endswith("RuntimeError: something")
-    assert "train: device cpu" in text and "tango_mix alone: cpu" in text
+    assert "train: device cpu" in text and "tango_mix alone: cpu" in text and "x floor" in text
 
 
 def test_relu2_kernel_bench_smoke_and_its_summary_row(tmp_path):

@@ -90,14 +90,41 @@ def matmul_peak(device: torch.device) -> float:
     return measure_matmul_peak(device, torch.bfloat16 if cuda else torch.float32, 8192 if cuda else 512)
 
 
-def report_rows(timed: dict, causal_flops: float, peak: float, baseline: str, ratio_key: str) -> list[dict]:
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a device-to-device copy, bytes read plus bytes written (best of 5): the
+    memory ceiling, measured as METHOD.md of the device notes asks (1 GiB on CUDA, 16 MiB on a CPU)."""
+    n = 2**30 if device.type == "cuda" else 2**24
+    x = torch.empty(n // 4, device=device).uniform_()
+    y = torch.empty_like(x)
+    y.copy_(x)
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n / best
+
+
+def floor_s(causal_flops: float, peak: float, min_bytes: float, bandwidth: float) -> float:
+    """The fastest an implementation could run: the larger of its FLOPs at the matmul peak and the
+    fewest bytes it must move (each input read once, each output written once) at copy bandwidth."""
+    return max(causal_flops / peak, min_bytes / bandwidth)
+
+
+def report_rows(
+    timed: dict, causal_flops: float, peak: float, baseline: str, ratio_key: str, floor: float | None = None
+) -> list[dict]:
     """One row per implementation: times in ms, TFLOP/s per causal FLOP, that as a share of `peak`,
-    the time as a ratio to `baseline`'s (under `ratio_key`), memory in MiB, the error."""
+    the time as a ratio to `baseline`'s (under `ratio_key`) and to `floor` (seconds; `floor_s`),
+    memory in MiB, the error."""
     base_s = timed[baseline]["fwd_bwd_s"]
     return [
         {
             "impl": name,
             "fwd_bwd_ms": r["fwd_bwd_s"] * 1e3,
+            "time_vs_floor": r["fwd_bwd_s"] / floor if floor else None,
             "fwd_ms": r["fwd_s"] * 1e3,
             "tflop_per_s": causal_flops / r["fwd_bwd_s"] / 1e12,
             "of_peak": causal_flops / r["fwd_bwd_s"] / peak,
@@ -115,15 +142,25 @@ def table_lines(rows: list[dict], ratio_key: str, ratio_title: str) -> list[str]
     ratio_w = max(7, len(ratio_title) + 1)
     lines = [
         f"{'impl':<{name_w}}{'fwd+bwd ms':>11}{'fwd ms':>8}{'TFLOP/s':>9}{'of peak':>9}{ratio_title:>{ratio_w}}"
-        f"{'MiB':>8}{'error':>9}"
+        f"{'x floor':>9}{'MiB':>8}{'error':>9}"
     ]
     for r in rows:
         mem = f"{r['memory_mib']:>8.0f}" if r["memory_mib"] else f"{'-':>8}"
+        floor = f"{r['time_vs_floor']:>9.1f}" if r.get("time_vs_floor") else f"{'-':>9}"
         lines.append(
             f"{r['impl']:<{name_w}}{r['fwd_bwd_ms']:>11.2f}{r['fwd_ms']:>8.2f}{r['tflop_per_s']:>9.1f}"
-            f"{r['of_peak']:>9.1%}{r[ratio_key]:>{ratio_w}.2f}{mem}{r['max_error_vs_reference']:>9.1e}"
+            f"{r['of_peak']:>9.1%}{r[ratio_key]:>{ratio_w}.2f}{floor}{mem}{r['max_error_vs_reference']:>9.1e}"
         )
     return lines
+
+
+def floor_line(report: dict) -> str:
+    """The header line of the two ceilings and the floor they give (`floor_s`)."""
+    return (
+        f"floor {report['floor_ms']:.2f} ms = max({report['causal_flops'] / 1e12:.2f} TFLOP at the matmul peak, "
+        f"{report['min_bytes'] / 1e9:.2f} GB (inputs read once, outputs written once) at "
+        f"{report['copy_gb_per_s']:.0f} GB/s, a measured device-to-device copy); x floor = time / floor"
+    )
 
 
 def cannot_run(device: str, triton_installed: bool) -> str | None:

@@ -71,7 +71,11 @@ def run(args: argparse.Namespace) -> dict:
     bound = {name: functools.partial(_with_scale, fn, scale) for name, fn in impls.items()}
     timed = op_timing.time_implementations(bound, xs, dy, "reference", args.rounds, device)
     peak = op_timing.matmul_peak(device)
-    rows = op_timing.report_rows(timed, causal_flops, peak, "reference", "time_vs_reference")
+    bandwidth = op_timing.copy_bandwidth(device)
+    # forward: q, k, v in, the output out; backward: q, k, v, dO in, dq, dk, dv out (the bias is small)
+    min_bytes = (6 * q.numel() + 5 * v.numel()) * v.element_size()
+    floor = op_timing.floor_s(causal_flops, peak, min_bytes, bandwidth)
+    rows = op_timing.report_rows(timed, causal_flops, peak, "reference", "time_vs_reference", floor)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -83,7 +87,10 @@ def run(args: argparse.Namespace) -> dict:
         "group_size": g,
         "rounds": args.rounds,
         "matmul_peak_tflop_per_s": peak / 1e12,
+        "copy_gb_per_s": bandwidth / 1e9,
         "causal_flops": causal_flops,
+        "min_bytes": min_bytes,
+        "floor_ms": floor * 1e3,
         "rows": rows,
     }
 
@@ -96,6 +103,7 @@ def format_report(report: dict) -> str:
         f"backward, median of {report['rounds']} alternating rounds; TFLOP/s per causal FLOP; peak = measured "
         f"square matmul ({report['matmul_peak_tflop_per_s']:.0f} TFLOP/s); error: max normalized difference to "
         "the reference",
+        op_timing.floor_line(report),
         *op_timing.table_lines(report["rows"], "time_vs_reference", "x ref"),
     ]
     return "\n".join(lines)
