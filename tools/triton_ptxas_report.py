@@ -52,9 +52,8 @@ OPS = {
             for name, pointers in {
                 "lse_kernel": ("Q", "K", "LSE"),
                 "forward_kernel": ("Q", "K", "A", "U", "LSE", "Y", "AVG"),
-                "delta_kernel": ("DY", "Y", "DELTA"),
                 "scores_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "DELTA", "DQ", "DK"),
-                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU"),
+                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU", "DELTA"),
             }.items()
         },
         {"HAS_U": True, "STORE_AVG": True},

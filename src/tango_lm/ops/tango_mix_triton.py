@@ -11,11 +11,12 @@ larger than d_h, so the probabilities are cheap to recompute and the design is
    before the diagonal only, P = exp(S - lse) is recomputed and multiplied by the gates read in
    place from a (SiLU on load); the epilogue multiplies by u and writes y, and the average itself
    only when the backward needs it for u's gradient;
-3. backward: `delta_kernel` precomputes D = rowsum(dgbar * gbar) = rowsum(dy * y) per head;
+3. backward: `gates_backward_kernel` (one program per key block, column block and head)
+   accumulates dg = P^T dgbar and writes da = dg * silu'(a) and du = dy * gbar at the same
+   positions; on the way it adds its columns' share of D = rowsum(dgbar * gbar) = rowsum(dy * y)
+   per row (atomically, so D costs no pass of its own over the [B, T, F] dy and y); then
    `scores_backward_kernel` (one program per key block and head) forms dP = dgbar g^T over the
-   whole width, dS = P (dP - D), and accumulates dk in registers and dq atomically;
-   `gates_backward_kernel` (one program per key block, column block and head) accumulates
-   dg = P^T dgbar and writes da = dg * silu'(a) and du = dy * gbar at the same positions.
+   whole width, dS = P (dP - D), and accumulates dk in registers and dq atomically.
 
 No [B, H, T, T] tensor is ever held, the gates and the gradient of the average are never written
 out, and every accumulation is fp32 (bf16 and fp16 inputs are multiplied on the tensor cores in
@@ -32,7 +33,6 @@ import torch
 import triton
 
 from tango_lm.ops.tango_mix_triton_kernels import (
-    delta_kernel,
     forward_kernel,
     gates_backward_kernel,
     lse_kernel,
@@ -147,13 +147,27 @@ def _backward(
     if da.numel() == 0:
         return dq.to(q.dtype), dk.zero_().to(k.dtype), da, du
     prec = precision(q.dtype)
-    delta = torch.empty(bsz, h, t, dtype=torch.float32, device=q.device)
+    delta = torch.zeros(bsz, h, t, dtype=torch.float32, device=q.device)  # rowsum(dy * y), accumulated atomically
     align = column_alignment(w, a.element_size(), a, a if u is None else u, dy, y)
-    delta_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), bsz * h)](
-        dy, y, delta, *dy.stride(), *y.stride(), h, t, w, d, ALIGN=align
-    )
     uu = a if u is None else u
     args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride(), *dy.stride(), h, t, w, d, scale_log2)
+    gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
+        q,
+        k,
+        a,
+        uu,
+        dy,
+        lse,
+        avg if u is not None else y,  # gbar; without u, y is gbar
+        da,
+        du if u is not None else da,
+        delta,
+        *args,
+        HAS_U=u is not None,
+        PRECISION=prec,
+        ALIGN=align,
+        BLOCK_D=block_d,
+    )
     scores_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), bsz * h)](
         q,
         k,
@@ -166,22 +180,6 @@ def _backward(
         dk,
         *args,
         d**-0.5,
-        HAS_U=u is not None,
-        PRECISION=prec,
-        ALIGN=align,
-        BLOCK_D=block_d,
-    )
-    gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-        q,
-        k,
-        a,
-        uu,
-        dy,
-        lse,
-        avg if u is not None else a,
-        da,
-        du if u is not None else da,
-        *args,
         HAS_U=u is not None,
         PRECISION=prec,
         ALIGN=align,

@@ -43,7 +43,6 @@ _FORWARD_CONFIGS = configs(
         (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
     ],
 )
-_DELTA_CONFIGS = configs(("BLOCK_M", "BLOCK_W"), [(32, 128, 4, 1), (64, 128, 8, 1), (32, 256, 8, 1)])
 _SCORES_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
     [
@@ -216,44 +215,6 @@ def forward_kernel(
     tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(_DELTA_CONFIGS, key=_KEY)
-@triton.jit
-def delta_kernel(
-    DY,
-    Y,
-    DELTA,
-    sdb,
-    sdt,
-    sdf,
-    syb,
-    syt,
-    syf,
-    H,
-    T,
-    W,
-    D,
-    ALIGN: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), bh % H
-    W = W // ALIGN * ALIGN
-    sdt, syt = sdt // ALIGN * ALIGN, syt // ALIGN * ALIGN
-    first_m = pid_m * BLOCK_M
-    offs_m = tl.arange(0, BLOCK_M)
-    dy_first = DY + b * sdb + tl.cast(first_m, tl.int64) * sdt + h * W * sdf
-    y_first = Y + b * syb + tl.cast(first_m, tl.int64) * syt + h * W * syf
-    acc = tl.zeros([BLOCK_M], tl.float32)
-    for start_w in range(0, W, BLOCK_W):
-        offs_w = start_w + tl.arange(0, BLOCK_W)
-        mask = (first_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
-        dy = tl.load(dy_first + offs_m[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
-        y = tl.load(y_first + offs_m[:, None] * syt + offs_w[None, :] * syf, mask=mask, other=0.0)
-        acc += tl.sum(dy.to(tl.float32) * y.to(tl.float32), 1)
-    tl.store(DELTA + bh.to(tl.int64) * T + first_m + offs_m, acc, mask=first_m + offs_m < T)
-
-
 @triton.autotune(_SCORES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
@@ -357,7 +318,7 @@ def scores_backward_kernel(
     tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
-@triton.autotune(_GATES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE)
+@triton.autotune(_GATES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE, reset_to_zero=["DELTA"])
 @triton.jit
 def gates_backward_kernel(
     Q,
@@ -369,6 +330,7 @@ def gates_backward_kernel(
     AVG,
     DA,
     DU,
+    DELTA,
     sqb,
     sqh,
     sqt,
@@ -422,11 +384,20 @@ def gates_backward_kernel(
     mask = (first_n + offs_n[:, None] < T) & (offs_w[None, :] < W)
     rows = offs_n[:, None] * sat + offs_w[None, :] * saf  # DA, DU and AVG share a's layout (contiguous)
     first = b * sab + tl.cast(first_n, tl.int64) * sat + h * W * saf
-    if HAS_U:  # du = dy * gbar first: its tiles are then not live beside the accumulator
-        dy_first = dy_head + tl.cast(first_n, tl.int64) * sdt
-        dy = tl.load(dy_first + offs_n[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0)
-        avg = tl.load(AVG + first + rows, mask=mask, other=0.0)
-        tl.store(DU + first + rows, (dy.to(tl.float32) * avg.to(tl.float32)).to(DU.dtype.element_ty), mask=mask)
+    # First, at these rows and columns: du = dy * gbar, and this column block's share of the
+    # scores backward's D = rowsum(dy * y) (y = gbar * u; AVG is y itself without u), summed over
+    # the column blocks atomically: no pass of its own over dy and y. Its tiles are then not live
+    # beside the accumulator.
+    dy = tl.load(
+        dy_head + tl.cast(first_n, tl.int64) * sdt + offs_n[:, None] * sdt + offs_w[None, :] * sdf, mask=mask, other=0.0
+    ).to(tl.float32)
+    avg = tl.load(AVG + first + rows, mask=mask, other=0.0).to(tl.float32)
+    if HAS_U:
+        tl.store(DU + first + rows, (dy * avg).to(DU.dtype.element_ty), mask=mask)
+        u_rows = u_head + tl.cast(first_n, tl.int64) * sut + offs_n[:, None] * sut + offs_w[None, :] * suf
+        avg = avg * tl.load(u_rows, mask=mask, other=0.0).to(tl.float32)
+    row_sums = tl.sum(dy * avg, 1)
+    tl.atomic_add(DELTA + bh.to(tl.int64) * T + first_n + offs_n, row_sums, mask=first_n + offs_n < T, sem="relaxed")
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
     for start_m in range(first_n // BLOCK_M * BLOCK_M, T, BLOCK_M):
         qt = tl.load(
