@@ -68,11 +68,9 @@ def run(args: argparse.Namespace) -> dict:
 
     reference = "math" if "math" in impls else next(iter(impls))
     timed = op_timing.time_implementations(impls, xs, dy, reference, args.rounds, device)
-    peak = op_timing.matmul_peak(device)
-    bandwidth = op_timing.copy_bandwidth(device)
     # forward: q, k, a, u in, y out; backward: q, k, a, u, dy in, dq, dk, da, du out
     min_bytes = (6 * q.numel() + 8 * a.numel()) * a.element_size()
-    floor = op_timing.floor_s(causal_flops, peak, min_bytes, bandwidth)
+    peak, floor, ceiling_fields = op_timing.ceilings(device, causal_flops, min_bytes)
     rows = op_timing.report_rows(timed, causal_flops, peak, "sdpa-sliced-128", "time_vs_sliced", floor)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -85,11 +83,7 @@ def run(args: argparse.Namespace) -> dict:
         "head_dim": d,
         "rounds": args.rounds,
         "reference": reference,
-        "matmul_peak_tflop_per_s": peak / 1e12,
-        "copy_gb_per_s": bandwidth / 1e9,
-        "causal_flops": causal_flops,
-        "min_bytes": min_bytes,
-        "floor_ms": floor * 1e3,
+        **ceiling_fields,
         "rows": rows,
     }
 

@@ -113,6 +113,22 @@ def floor_s(causal_flops: float, peak: float, min_bytes: float, bandwidth: float
     return max(causal_flops / peak, min_bytes / bandwidth)
 
 
+def ceilings(device: torch.device, causal_flops: float, min_bytes: float) -> tuple[float, float, dict]:
+    """The two ceilings measured here (`matmul_peak`, `copy_bandwidth`) and the floor they give an
+    op of `causal_flops` that must move `min_bytes`: (peak FLOP/s, floor in seconds, the report's
+    fields for them, which `floor_line` prints)."""
+    peak, bandwidth = matmul_peak(device), copy_bandwidth(device)
+    floor = floor_s(causal_flops, peak, min_bytes, bandwidth)
+    fields = {
+        "matmul_peak_tflop_per_s": peak / 1e12,
+        "copy_gb_per_s": bandwidth / 1e9,
+        "causal_flops": causal_flops,
+        "min_bytes": min_bytes,
+        "floor_ms": floor * 1e3,
+    }
+    return peak, floor, fields
+
+
 def report_rows(
     timed: dict, causal_flops: float, peak: float, baseline: str, ratio_key: str, floor: float | None = None
 ) -> list[dict]:

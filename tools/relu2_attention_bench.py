@@ -70,11 +70,9 @@ def run(args: argparse.Namespace) -> dict:
 
     bound = {name: functools.partial(_with_scale, fn, scale) for name, fn in impls.items()}
     timed = op_timing.time_implementations(bound, xs, dy, "reference", args.rounds, device)
-    peak = op_timing.matmul_peak(device)
-    bandwidth = op_timing.copy_bandwidth(device)
     # forward: q, k, v in, the output out; backward: q, k, v, dO in, dq, dk, dv out (the bias is small)
     min_bytes = (6 * q.numel() + 5 * v.numel()) * v.element_size()
-    floor = op_timing.floor_s(causal_flops, peak, min_bytes, bandwidth)
+    peak, floor, ceiling_fields = op_timing.ceilings(device, causal_flops, min_bytes)
     rows = op_timing.report_rows(timed, causal_flops, peak, "reference", "time_vs_reference", floor)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -86,11 +84,7 @@ def run(args: argparse.Namespace) -> dict:
         "width": e,
         "group_size": g,
         "rounds": args.rounds,
-        "matmul_peak_tflop_per_s": peak / 1e12,
-        "copy_gb_per_s": bandwidth / 1e9,
-        "causal_flops": causal_flops,
-        "min_bytes": min_bytes,
-        "floor_ms": floor * 1e3,
+        **ceiling_fields,
         "rows": rows,
     }
 

@@ -62,7 +62,27 @@ def triton_interpreted() -> bool:
     return triton_common.INTERPRETED
 
 
-def saved_tensors(model: torch.nn.Module, input_ids: torch.Tensor, autocast: torch.dtype | None) -> list[dict]:
+@contextlib.contextmanager
+def kernels_override(kernels: str):
+    """Every op on `kernels` where it has that implementation (dispatch.py's environment override),
+    the variable as it was afterwards."""
+    previous = os.environ.get(dispatch.ENV)
+    os.environ[dispatch.ENV] = kernels
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[dispatch.ENV]
+        else:
+            os.environ[dispatch.ENV] = previous
+
+
+def autocast(dtype: torch.dtype | None):
+    """CPU autocast to `dtype` (standing in for CUDA's), or none."""
+    return torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def saved_tensors(model: torch.nn.Module, input_ids: torch.Tensor, dtype: torch.dtype | None) -> list[dict]:
     """Every storage autograd saves in `model.nll` over `input_ids` (parameters left out), once:
     its bytes, the first shape and dtype saved from it, and the project's source line that saved it."""
     params = {StorageWeakRef(p.untyped_storage()) for p in model.parameters()}
@@ -81,10 +101,7 @@ def saved_tensors(model: torch.nn.Module, input_ids: torch.Tensor, autocast: tor
             }
         return t
 
-    with (
-        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-        torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None),
-    ):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(dtype):
         model.nll(input_ids[:, :-1], input_ids[:, 1:])
     return list(seen.values())
 
@@ -97,22 +114,16 @@ def shapes_only(cfg: ModelConfig, kernels: str):
         raise RuntimeError(
             "the Triton ops need triton installed and, for the CPU's fake tensors, TRITON_INTERPRET=1 before import"
         )
-    previous = os.environ.get(dispatch.ENV)
-    os.environ[dispatch.ENV] = kernels
     cpu_dispatch = moe_layer.use_capacity_dispatch
     moe_layer.use_capacity_dispatch = lambda x: True  # MoE as on GPUs: fixed capacity buffers, static shapes
     try:
-        with FakeTensorMode():
+        with kernels_override(kernels), FakeTensorMode():
             torch.manual_seed(0)
             model = build_model(cfg)
             model.check_ids = lambda ids: None  # it reads the ids' values, which fake tensors lack
             yield model
     finally:
         moe_layer.use_capacity_dispatch = cpu_dispatch
-        if previous is None:
-            del os.environ[dispatch.ENV]
-        else:
-            os.environ[dispatch.ENV] = previous
 
 
 def kernel_path_saved(
@@ -120,12 +131,12 @@ def kernel_path_saved(
     batch_size: int,
     seq_len: int,
     kernels: str = "triton",
-    autocast: torch.dtype | None = torch.bfloat16,
+    dtype: torch.dtype | None = torch.bfloat16,
 ) -> list[dict]:
-    """`saved_tensors` of one training forward, shapes only (`shapes_only`)."""
+    """`saved_tensors` of one training forward under autocast to `dtype`, shapes only (`shapes_only`)."""
     with shapes_only(cfg, kernels) as model:
         ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
-        return saved_tensors(model, ids, autocast)
+        return saved_tensors(model, ids, dtype)
 
 
 class LiveStorages(TorchDispatchMode):
@@ -167,7 +178,7 @@ def kernel_path_peak(
     batch_size: int,
     seq_len: int,
     kernels: str = "triton",
-    autocast: torch.dtype | None = torch.bfloat16,
+    dtype: torch.dtype | None = torch.bfloat16,
 ) -> int:
     """Peak bytes of a training step (forward, backward, AdamW as the benchmarks build it, zeroed
     gradients), shapes only: over two steps (the first creates AdamW's state), every storage alive
@@ -179,7 +190,7 @@ def kernel_path_peak(
         ids = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1))
         with LiveStorages(list(model.parameters())) as live:
             for _ in range(2):
-                with torch.autocast("cpu", dtype=autocast or torch.float32, enabled=autocast is not None):
+                with autocast(dtype):
                     loss = model.nll(ids[:, :-1], ids[:, 1:])
                 loss.backward()
                 opt.step()
@@ -256,17 +267,16 @@ def probabilities(args: argparse.Namespace) -> None:
     model = build_model(cfg)
     x = torch.randint(0, cfg.vocab_size, (1, t + 1))
     policy = tango_mix.recompute_probs
-    os.environ[dispatch.ENV] = "blocked"  # the fused CPU op whose policy this reports
     try:
         for name, rule in (("kept", lambda t, w: False), ("recomputed", lambda t, w: True), ("default", policy)):
             tango_mix.recompute_probs = rule
-            total = sum(s["bytes"] for s in saved_tensors(model, x, None))
+            with kernels_override("blocked"):  # the fused CPU op whose policy this reports
+                total = sum(s["bytes"] for s in saved_tensors(model, x, None))
             print(
                 f"T={t}, F={cfg.width}, depth {cfg.depth}, probabilities {name}: {total / 2**20:,.0f} MiB saved for the backward"
             )
     finally:
         tango_mix.recompute_probs = policy
-        del os.environ[dispatch.ENV]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """What autograd keeps for the backward on the ops a GPU runs (tools/saved_for_backward.py): at the
 TANGO paper's 70M tier (Table 3; B = 16, T = 1024, bf16 autocast), counted under FakeTensorMode, so
-no kernel runs and the real sizes take a second; and a training step's peak, predicted by torch's
-MemTracker on the same fake tensors. Issue 12 asks TANGO for <= 1.2x Loop Transformer++'s peak and
+no kernel runs and the real sizes take a second; and a training step's peak, predicted on the same
+fake tensors by following every storage from creation to free. Issue 12 asks TANGO for <= 1.2x Loop Transformer++'s peak and
 no [B, H, T, T] tensor."""
 
 from __future__ import annotations
