@@ -21,12 +21,16 @@ FORMATTERS = {
 
 
 def load(out: Path, name: str) -> tuple[str, dict | None]:
+    """(status, report): a suite stopped by its timeout still printed what it measured before
+    (`bench/stopping.py`); its status says so, and its tables show it."""
     rc = (out / f"{name}.rc").read_text().strip() if (out / f"{name}.rc").exists() else "?"
     status = {"0": "ok", "124": "TIMEOUT", "137": "KILLED"}.get(rc, f"FAILED (exit {rc})")
     try:
-        report = json.loads((out / f"{name}.json").read_text()) if rc == "0" else None
+        report = json.loads((out / f"{name}.json").read_text())
     except (OSError, json.JSONDecodeError):
-        report, status = None, "FAILED (no JSON report)"
+        return (status if rc != "0" else "FAILED (no JSON report)"), None
+    if report.get("stopped"):
+        status += f" (partial: {report['stopped']['suite']})"
     return status, report
 
 
@@ -44,7 +48,7 @@ def main(out: Path) -> None:
         status, report = reports[name]
         if report is None:
             continue
-        for key in report.get("suites", []):
+        for key in (k for k in report.get("suites", []) if k in report):  # a stopped suite has none
             print(f"\n[{name}]")
             print(FORMATTERS[key](report[key]))
 

@@ -41,8 +41,9 @@ def test_train_suite_rows_and_ratios(capsys):
     report = _bench_json(
         capsys, "--suite", "train", "--archs", "tango,gau,flash", *TINY, "--steps", "2", "--warmup", "1", "--no-memory"
     )
-    assert report["suites"] == ["train"] and "environment" in report
+    assert report["suites"] == ["train"] and "environment" in report and report["stopped"] is None
     train = report["train"]
+    assert train["stopped"] is None and train["not_measured"] == []
     rows = {r["arch"]: r for r in train["models"]}
     assert list(rows) == ["tango", "gau", "flash", "loop-transformer"]  # the baseline is added
     base = rows["loop-transformer"]

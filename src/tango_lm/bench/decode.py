@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from tango_lm.bench.peak import _sync
+from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
@@ -119,12 +121,13 @@ def run_decode_bench(
     print_table: bool = True,
     static: bool = False,
     tier: str | None = None,
+    progress: str = "none",
 ) -> dict[str, Any]:
     """`static`: every case also through static decode steps (`static_mode`), as rows "... static"
     with their ratio to the same model's eager rows. `tier` ("70m", "160m"): each architecture's
     preset `{arch}-{tier}-d{depth}` (seed 000 Table 3 sizes, GPT-2 vocabulary) instead of the
     models matched at `d_model`; the head comparison then runs on `head_backbone` as a preset
-    (e.g. dense-142m) when it names one."""
+    (e.g. dense-142m) when it names one. `progress`: "bar", "lines" or "none" (`bench/progress.py`)."""
     archs = archs or default_archs()
     dev = pick_device(device)
     if threads:
@@ -160,7 +163,8 @@ def run_decode_bench(
         models[cfg.arch] = build_model(cfg).to(dev).eval()
     cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
     prompts = _prompts(batches, prompt_len, vocab_size, dev)
-    wall = _interleaved(models, cases, prompts, new_tokens, repeats, static=report["static_mode"])
+    bar = Progress("decode", 1 + repeats, len(cases) * len(models), 1, progress)
+    wall = _interleaved(models, cases, prompts, new_tokens, repeats, static=report["static_mode"], progress=bar)
     prefill = prefill_walls(models, prompts, repeats)
     rows = []
     for cfg, note in pairs:
@@ -205,6 +209,7 @@ def run_decode_bench(
             dev,
             report["paths"],
             report["static_mode"],
+            progress,
         )
     if print_table:
         print(format_report(report))
@@ -225,20 +230,33 @@ def _interleaved(
     top_k: dict[str, int | None] | None = None,
     temperature: dict[str, float] | None = None,
     static: str | None = None,
+    progress: Progress | None = None,
 ) -> dict[tuple[str, int, str, str], list[float]]:
     """Wall seconds per (model, batch, mode, path): one short warm-up round (it also compiles the
     static steps, `warmup_tokens`), then `repeats` rounds of every case for every model."""
+    progress = progress or Progress("decode", 1 + repeats, len(cases) * len(models), 1)
     out: dict[tuple[str, int, str, str], list[float]] = {}
-    for i in range(1 + repeats):
-        for b, m, path in cases:
-            for name, model in models.items():
-                n = new_tokens if i else warmup_tokens(prompts[b].shape[1], new_tokens, model.config.context_length)
-                t = temperature[name] if temperature else MODES[m]
-                wall, _ = _timed_generate(
-                    model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
-                )
-                if i > 0:
-                    out.setdefault((name, b, m, path), []).append(wall)
+    stopped_by = None
+    try:
+        for i in range(1 + repeats):
+            for b, m, path in cases:
+                for name, model in models.items():
+                    n = new_tokens if i else warmup_tokens(prompts[b].shape[1], new_tokens, model.config.context_length)
+                    t = temperature[name] if temperature else MODES[m]
+                    label = f"{name} {case_key(b, m, path)}"
+                    progress.run_start(label)
+                    wall, _ = _timed_generate(
+                        model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
+                    )
+                    progress.run_done(i, label, wall)
+                    if i > 0:
+                        out.setdefault((name, b, m, path), []).append(wall)
+            progress.round_done(i)
+    except STOPS as stop:
+        stopped_by = signal_name(stop)
+        raise
+    finally:
+        progress.close(stopped_by)
     return out
 
 
@@ -254,6 +272,7 @@ def run_head_decode(
     dev: torch.device,
     paths: list[str] | None = None,
     static: str | None = None,
+    progress: str = "none",
 ) -> dict[str, Any]:
     """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated;
     `backbone` an architecture (at d_model, depth, width 4d) or a preset name (its model)."""
@@ -270,9 +289,9 @@ def run_head_decode(
     top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
     temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)
     cases = [(b, "t=1", path) for b in batches for path in decode_paths]
-    wall = _interleaved(
-        models, cases, _prompts(batches, prompt_len, vocab_size, dev), new_tokens, repeats, top_k, temperature, static
-    )
+    prompts = _prompts(batches, prompt_len, vocab_size, dev)
+    bar = Progress("decode heads", 1 + repeats, len(cases) * len(models), 1, progress)
+    wall = _interleaved(models, cases, prompts, new_tokens, repeats, top_k, temperature, static, bar)
     paths = {
         "standard": "one table (full softmax)",
         "onona-one": "one projection per position (head.sample)",

@@ -20,6 +20,7 @@ import argparse
 import platform
 from typing import Any
 
+from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.errors import UserError
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
@@ -112,6 +113,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "decode suite: also the static-cache decode step (compiled; CUDA graphs on CUDA)",
     )
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (default: a bar on a terminal, else lines)"
+    )
 
 
 def environment() -> dict[str, Any]:
@@ -196,7 +200,9 @@ def format_windowed(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the suites `args` names, print each table unless --json, and return the report (the
-    caller prints it as JSON)."""
+    caller prints it as JSON). SIGTERM (under `bench.stopping.stop_on_sigterm`) or Ctrl-C ends it
+    early: the report's "stopped" names the signal and the suite it stopped; the suites before it
+    are whole, and a stopped train suite keeps the timed steps it finished."""
     import torch
 
     from tango_lm.bench.decode import run_decode_bench
@@ -208,6 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # host memory as training uses it (cpu_allocator.py); the memory suite's children do not
     show = not args.json
+    progress = getattr(args, "progress", "none")  # `tango-lm bench` sets it (cli/bench.py)
 
     def train_bench(archs: list[str]) -> dict[str, Any]:  # the default run and the train suite
         return run_training_bench(
@@ -227,6 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             peak_size=args.peak_size,
             print_table=show,
             compile=args.compile,
+            progress=progress,
         )
 
     if args.suite is None:
@@ -236,45 +244,52 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     suites = SUITES if args.suite == "all" else (args.suite,)
     archs = args.archs or default_archs()
-    out: dict[str, Any] = {"suites": list(suites), "environment": environment()}
+    runners = {
+        "train": lambda: train_bench(archs),
+        "decode": lambda: run_decode_bench(
+            archs=archs,
+            d_model=args.d_model,
+            depth=args.depth,
+            tango_width=args.tango_width,
+            vocab_size=args.vocab_size,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            batches=args.decode_batches,
+            repeats=args.repeats,
+            head_backbone=args.head_backbone,
+            head_vocab=args.head_vocab,
+            device=args.device,
+            threads=args.threads,
+            print_table=show,
+            static=args.compile,
+            tier=args.decode_tier,
+            progress=progress,
+        ),
+        "windowed": lambda: run_windowed(args, show),
+        "memory": lambda: run_memory_bench(
+            backbone=args.memory_backbone,
+            d_model=args.d_model,
+            depth=args.depth,
+            vocab_size=args.head_vocab,
+            batch_size=args.memory_batch_size,
+            seq_len=args.memory_seq_len,
+            steps=args.memory_steps,
+            device=args.device,
+            threads=args.threads,
+            print_table=show,
+            compile=args.compile,
+        ),
+    }
+    out: dict[str, Any] = {"suites": list(suites), "environment": environment(), "stopped": None}
     for i, suite in enumerate(suites):
         if show and i:
             print()
-        if suite == "train":
-            out["train"] = train_bench(archs)
-        elif suite == "decode":
-            out["decode"] = run_decode_bench(
-                archs=archs,
-                d_model=args.d_model,
-                depth=args.depth,
-                tango_width=args.tango_width,
-                vocab_size=args.vocab_size,
-                prompt_len=args.prompt_len,
-                new_tokens=args.new_tokens,
-                batches=args.decode_batches,
-                repeats=args.repeats,
-                head_backbone=args.head_backbone,
-                head_vocab=args.head_vocab,
-                device=args.device,
-                threads=args.threads,
-                print_table=show,
-                static=args.compile,
-                tier=args.decode_tier,
-            )
-        elif suite == "windowed":
-            out["windowed"] = run_windowed(args, show)
-        elif suite == "memory":
-            out["memory"] = run_memory_bench(
-                backbone=args.memory_backbone,
-                d_model=args.d_model,
-                depth=args.depth,
-                vocab_size=args.head_vocab,
-                batch_size=args.memory_batch_size,
-                seq_len=args.memory_seq_len,
-                steps=args.memory_steps,
-                device=args.device,
-                threads=args.threads,
-                print_table=show,
-                compile=args.compile,
-            )
+        try:
+            out[suite] = runners[suite]()
+        except STOPS as stop:  # a time limit or Ctrl-C: the suites finished so far are the report
+            out["stopped"] = {"signal": signal_name(stop), "suite": suite}
+            break
+        if (out[suite].get("stopped") or {}).get("signal"):  # the train suite, stopped inside its steps
+            out["stopped"] = {"signal": out[suite]["stopped"]["signal"], "suite": suite}
+            break
     return out

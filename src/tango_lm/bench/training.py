@@ -9,6 +9,8 @@ larger counts). Peak memory per model: on CUDA, `torch.cuda.max_memory_allocated
 each of the model's steps, minus what the other models and the batch hold; on CPU, the peak
 resident-set growth of the same training steps in a fresh subprocess per model (`bench/memory.py`).
 Every number is also given as a ratio to the Loop Transformer++ measured in the same process.
+Stopped early (SIGTERM, Ctrl-C: `bench/stopping.py`), it reports each model from the timed steps
+it finished.
 
 Widths are matched with `tango_lm.models.matching.match_width` against the TANGO model's total;
 an architecture that cannot be matched runs at width 4·d_model and its row says why.
@@ -25,6 +27,8 @@ import torch
 
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
+from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
@@ -116,13 +120,17 @@ def run_training_bench(
     threads: int | None = None,
     peak_size: int | None = None,
     compile: bool = False,
+    progress: str = "none",
 ) -> dict[str, Any]:
     """Train every model side by side (see the module doc). `archs` None and `configs` None: the
     original pair, Loop Transformer++ and TANGO. `memory` False skips the memory measurement;
     `peak_size` is the side of the peak's square matmuls (default: bench/peak.py's). `compile`:
     every model also trains through `torch.compile(model.nll)` (as `train.compile=true` does), its
     steps alternating with the eager ones; compiled rows are compared with the compiled baseline
-    and with their own eager row (the warm-up steps, which compile, are not timed)."""
+    and with their own eager row (the warm-up steps, which compile, are not timed). `progress`:
+    "bar", "lines" or "none" (`bench/progress.py`). SIGTERM (inside `bench.stopping.stop_on_sigterm`)
+    or Ctrl-C during the steps ends them: the report then has "stopped" and a row per model from the
+    timed steps it finished (no memory subprocess, no second peak)."""
     dev = pick_device(device)
     if threads:
         torch.set_num_threads(threads)
@@ -155,37 +163,68 @@ def run_training_bench(
     cpu_times: list[list[float]] = [[] for _ in runners]
     cuda_peaks = [0 for _ in runners]
     compile_failed: dict[int, str] = {}  # runner -> why it could not compile (its row is left out)
-    for i in range(warmup + steps):
-        for r, (j, mode, step_fn) in enumerate(runners):
-            if r in compile_failed:
-                continue
-            model, opt = models[j], opts[j]
-            _sync(dev)
-            if dev.type == "cuda":
-                others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
-                torch.cuda.reset_peak_memory_stats(dev)
-            t0, c0 = time.perf_counter(), time.process_time()
-            try:  # the backward too: AOTAutograd compiles its graph at the first backward call
-                with autocast(dev, dtype):
-                    loss = step_fn(x, y)
-                loss.backward()
-            except COMPILER_ERRORS as exc:
-                if mode != "compiled":
-                    raise
-                compile_failed[r] = one_line(exc)
-                continue
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            _sync(dev)
-            if i >= warmup:
-                times[r].append(time.perf_counter() - t0)
-                cpu_times[r].append(time.process_time() - c0)
-            if dev.type == "cuda":
-                cuda_peaks[r] = max(cuda_peaks[r], torch.cuda.max_memory_allocated(dev) - others)
-    peak_after = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
+
+    def _step(r: int, i: int) -> float:
+        """Runner r's training step of round i; its seconds (a compile failure drops the runner)."""
+        j, mode, step_fn = runners[r]
+        model, opt = models[j], opts[j]
+        _sync(dev)
+        if dev.type == "cuda":
+            others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:  # the backward too: AOTAutograd compiles its graph at the first backward call
+            with autocast(dev, dtype):
+                loss = step_fn(x, y)
+            loss.backward()
+        except COMPILER_ERRORS as exc:
+            if mode != "compiled":
+                raise
+            compile_failed[r] = one_line(exc)
+            return time.perf_counter() - t0
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(dev)
+        seconds = time.perf_counter() - t0
+        if i >= warmup:
+            times[r].append(seconds)
+            cpu_times[r].append(time.process_time() - c0)
+        if dev.type == "cuda":
+            cuda_peaks[r] = max(cuda_peaks[r], torch.cuda.max_memory_allocated(dev) - others)
+        return seconds
+
+    progress_bar = Progress("train", warmup + steps, len(runners), warmup, progress)
+    stopped: dict[str, Any] | None = None
+    i = 0
+    try:
+        for i in range(warmup + steps):
+            for r, (j, mode, _) in enumerate(runners):
+                if r not in compile_failed:
+                    label = f"{configs[j].arch} {mode}"
+                    progress_bar.run_start(label)
+                    progress_bar.run_done(i, label, _step(r, i))
+            progress_bar.round_done(i)
+    except STOPS as stop:  # a time limit or Ctrl-C: report the steps finished so far
+        stopped = {"signal": signal_name(stop), "timed_rounds_done": max(0, i - warmup), "timed_rounds": steps}
+    finally:
+        progress_bar.close(stopped and stopped["signal"])
+
+    def unless_stopped(measure: Any) -> Any:
+        """What comes after the steps, until a stop: then None (the steps' rows are still reported)."""
+        nonlocal stopped
+        if stopped is not None:
+            return None
+        try:
+            return measure()
+        except STOPS as stop:
+            stopped = {"signal": signal_name(stop), "timed_rounds_done": steps, "timed_rounds": steps}
+            return None
+
+    peak_after = unless_stopped(lambda: measure_matmul_peak(dev, dtype or torch.float32, peak_size))
     load_end = _load()
-    peak = max(peak_before, peak_after)
-    del models, opts, runners
+    peak = max(peak_before, peak_after or 0.0)
+    for held in (models, opts, runners):  # free the models before the memory subprocesses
+        held.clear()
     if dev.type == "cuda":
         mem_method = "cuda max_memory_allocated per model step, minus the other models"
     elif memory:
@@ -196,19 +235,25 @@ def run_training_bench(
         )
     else:
         mem_method = "not measured"
-    rows = []
+    rows, not_measured = [], []
     order = [(j, mode) for j in range(len(pairs)) for mode in modes]  # the runners' order
     for r, ((j, mode), ts, cs) in enumerate(zip(order, times, cpu_times, strict=True)):
         if r in compile_failed:
             continue
         cfg, note = pairs[j]
+        if not ts:  # stopped before this runner's first timed step
+            not_measured.append({"arch": cfg.arch, "mode": mode})
+            continue
         step_s = statistics.median(ts)
         tok_s = batch_size * seq_len / step_s
         fpt = cfg.flops_per_token(seq_len)
         if dev.type == "cuda":
             mem = cuda_peaks[r]
-        elif memory and mode == "eager":  # the subprocess measures an eager step
-            mem = measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)["peak_bytes"]
+        elif memory and mode == "eager":  # a subprocess measures an eager step
+            measured = unless_stopped(
+                lambda cfg=cfg: measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)
+            )
+            mem = measured and measured["peak_bytes"]
         else:
             mem = None
         rows.append(
@@ -224,6 +269,7 @@ def run_training_bench(
                 "mfu": tok_s * fpt / peak,
                 "step_s": step_s,
                 "step_s_all": ts,
+                "timed_steps": len(ts),
                 "cpu_s": statistics.median(cs),
                 "peak_bytes": mem,
             }
@@ -260,13 +306,15 @@ def run_training_bench(
         "allocator": allocator,
         "load_avg_start": load_start,
         "load_avg_end": load_end,
-        "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else rows[0]["arch"],
+        "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else (rows[0]["arch"] if rows else None),
         "modes": list(modes),
         "models": rows,
         "skipped": skipped,
         "compile_failed": [
             {"arch": configs[order[r][0]].arch, "error": error} for r, error in sorted(compile_failed.items())
         ],
+        "stopped": stopped,  # None, or the signal that ended the steps early and how many rounds were timed
+        "not_measured": not_measured,  # runners the stop left without a timed step
     }
     if print_table:
         print(format_report(report))
@@ -277,6 +325,18 @@ def _load_text(report: dict[str, Any]) -> str:
     if report.get("load_avg_start") is None:
         return ""
     return f", 1-min load avg {report['load_avg_start']:.1f} -> {report['load_avg_end']:.1f}"
+
+
+def _giga(flop_per_s: float | None) -> str:
+    return "not measured" if flop_per_s is None else f"{flop_per_s / 1e9:.1f}"
+
+
+def stopped_text(stopped: dict[str, Any]) -> str:
+    """One line for a train report whose steps a signal ended early."""
+    return (
+        f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
+        "rounds: each row is the median of the timed steps that model finished (its timed_steps in --json)"
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -293,7 +353,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"FLOPs: analytic cfg.flops_per_token(T) (3x forward); MFU against the measured matmul peak "
         f"{report['matmul_peak_flop_per_s'] / 1e9:.1f} GFLOP/s (best of 5 square matmuls, n={report['matmul_peak_size']}; "
         f"before "
-        f"{report['matmul_peak_before'] / 1e9:.1f} / after {report['matmul_peak_after'] / 1e9:.1f}); "
+        f"{report['matmul_peak_before'] / 1e9:.1f} / after {_giga(report['matmul_peak_after'])}); "
         f"tok/cpu-s x: by median process CPU time per step (steadier on a shared machine); "
         f"memory: {report['memory_method']}; ratios (x) to {report['baseline']}"
         + (
@@ -319,4 +379,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{r['arch']:<19}{'-':>6}  {r['note']}")
     for r in report.get("compile_failed", []):
         lines.append(f"{r['arch']:<19}{'compiled':<9}  no row: torch.compile failed ({r['error']})")
+    for r in report.get("not_measured", []):
+        lines.append(f"{r['arch']:<19}{r['mode']:<9}  no row: stopped before its first timed step")
+    if report.get("stopped"):
+        lines.append(stopped_text(report["stopped"]))
     return "\n".join(lines)

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from tango_lm.cli.output import _print_json
+from tango_lm.cli.output import _is_terminal, _print_json
 
 
-def cmd_bench(args: argparse.Namespace) -> None:
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the suites; a SIGTERM or Ctrl-C still prints what was measured (`bench/stopping.py`) and
+    then exits as the signal would (143, 130)."""
+    from tango_lm.bench.stopping import STOPS, exit_code, signal_name, stop_on_sigterm
     from tango_lm.bench.suite import run
 
-    report = run(args)
+    args.progress = "none" if args.quiet else ("bar" if _is_terminal(sys.stderr) else "lines")
+    try:
+        with stop_on_sigterm():
+            report = run(args)
+    except STOPS as stop:  # before any suite had rows to report (building models, the matmul peak)
+        print(f"stopped by {signal_name(stop)} before anything was measured", file=sys.stderr)
+        return exit_code(signal_name(stop))
     if args.json:
         _print_json(report)
+    stopped = report.get("stopped")
+    if not stopped:
+        return 0
+    where = f" in the {stopped['suite']} suite" if "suite" in stopped else ""
+    print(f"stopped by {stopped['signal']}{where}: the report has what was measured before", file=sys.stderr)
+    return exit_code(stopped["signal"])
 
 
 def add_parsers(sub: Any) -> None:

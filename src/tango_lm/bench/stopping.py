@@ -1,0 +1,58 @@
+"""Stopping a benchmark early without losing what it measured.
+
+A long suite on a lent or batch-scheduled GPU is often ended from outside: `timeout` and a
+cluster's time limit send SIGTERM, a user presses Ctrl-C (SIGINT). Inside `stop_on_sigterm`,
+SIGTERM raises `Stopped`, as SIGINT raises `KeyboardInterrupt`; the train suite catches either
+in its step loop and reports the timed steps it finished (`bench/training.py`), a suite stopped
+without such rows is named in the report, and `tango-lm bench` prints the report (table or JSON)
+before it exits with 128 + the signal's number, as a process killed by it would.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived. A BaseException, as KeyboardInterrupt is, so that no `except Exception`
+    on the way (torch's, the compiler's) takes it for an error of its own."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = signal.Signals(signum).name
+
+
+STOPS = (Stopped, KeyboardInterrupt)  # what ends a benchmark early: SIGTERM, SIGINT
+
+
+def signal_name(stop: BaseException) -> str:
+    """'SIGTERM' or 'SIGINT' for one of `STOPS`."""
+    return stop.signal if isinstance(stop, Stopped) else "SIGINT"
+
+
+def exit_code(name: str) -> int:
+    """The shell's code for a process ended by signal `name`: 143 for SIGTERM, 130 for SIGINT."""
+    return 128 + signal.Signals[name].value
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises `Stopped` inside the block (main thread only: Python runs handlers there).
+    The first one only: the handler puts the previous one back, so a second SIGTERM (or
+    `timeout --kill-after`'s SIGKILL) still ends a process that does not stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, previous)
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

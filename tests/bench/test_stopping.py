@@ -1,0 +1,190 @@
+"""A benchmark stopped from outside (SIGTERM from `timeout` or a cluster, Ctrl-C) still reports what
+it measured (bench/stopping.py), and a running one says on stderr how far it is (bench/progress.py).
+Stops are planted at known points (a patched call raises what the signal handler raises), and one
+test sends a real SIGTERM to a real `tango-lm bench`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tango_lm.bench import decode, progress, stopping, training
+from tango_lm.cli import main
+
+TINY = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def _stop_at_call(monkeypatch, target: object, name: str, n: int, stop: BaseException) -> list[int]:
+    """Make `target.name` raise `stop` at its n-th call (1-based); the calls made are counted."""
+    real, calls = getattr(target, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise stop
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("stop", [stopping.Stopped(signal.SIGTERM), KeyboardInterrupt()])
+def test_train_suite_stopped_in_its_steps_reports_the_steps_it_finished(monkeypatch, stop):
+    # Two models (Loop, then TANGO) x 1 warm-up + 5 timed rounds; the stop lands in the 4th round's
+    # second run (run 8 of 12): Loop has 3 timed steps then, TANGO 2; each row is the median of its own.
+    _stop_at_call(monkeypatch, training.Progress, "run_start", 8, stop)
+    report = training.run_training_bench(**TINY, steps=5, warmup=1, memory=True, device="cpu", print_table=False)
+    name = "SIGTERM" if isinstance(stop, stopping.Stopped) else "SIGINT"
+    assert report["stopped"] == {"signal": name, "timed_rounds_done": 2, "timed_rounds": 5}
+    rows = {r["arch"]: r for r in report["models"]}
+    assert (rows["loop-transformer"]["timed_steps"], rows["tango"]["timed_steps"]) == (3, 2)
+    for r in rows.values():
+        assert len(r["step_s_all"]) == r["timed_steps"]
+        assert r["tokens_per_s"] == pytest.approx(2 * 16 / r["step_s"])
+        assert r["peak_bytes"] is None  # no memory subprocess after a stop
+    assert report["matmul_peak_after"] is None and report["matmul_peak_flop_per_s"] == report["matmul_peak_before"]
+    assert report["not_measured"] == []
+    assert f"STOPPED by {name} after 2 of 5 timed rounds" in training.format_report(report)
+
+
+def test_a_stop_in_the_warm_up_leaves_rows_only_for_models_that_were_timed(monkeypatch):
+    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stopping.Stopped(signal.SIGTERM))
+    report = training.run_training_bench(**TINY, steps=2, warmup=1, memory=False, device="cpu", print_table=False)
+    assert report["models"] == [] and report["baseline"] is None
+    assert report["not_measured"] == [{"arch": "loop-transformer", "mode": "eager"}, {"arch": "tango", "mode": "eager"}]
+    text = training.format_report(report)
+    assert "tango              eager      no row: stopped before its first timed step" in text
+    assert "after 0 of 2 timed rounds" in text
+
+
+def test_a_stop_while_memory_is_measured_keeps_the_timed_rows(monkeypatch):
+    # After every step was timed, the CPU memory subprocesses run; a stop in the first one ends them.
+    _stop_at_call(monkeypatch, training, "measure_in_subprocess", 1, stopping.Stopped(signal.SIGTERM))
+    report = training.run_training_bench(**TINY, steps=2, warmup=0, memory=True, device="cpu", print_table=False)
+    assert report["stopped"] == {"signal": "SIGTERM", "timed_rounds_done": 2, "timed_rounds": 2}
+    assert [r["timed_steps"] for r in report["models"]] == [2, 2]
+    assert all(r["peak_bytes"] is None for r in report["models"])
+    assert report["matmul_peak_after"] is not None  # measured before the stop
+
+
+def test_bench_cli_prints_the_report_of_a_stopped_suite_and_exits_as_the_signal(monkeypatch, capsys):
+    # The decode suite has no partial rows: the report names it, the suites before it stay whole.
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 3, KeyboardInterrupt())
+    argv = ["bench", "--suite", "decode", "--archs", "tango", "--d-model", "32", "--depth", "2"]
+    argv += ["--tango-width", "64", "--vocab-size", "40", "--prompt-len", "3", "--new-tokens", "2"]
+    assert main([*argv, "--decode-batches", "1", "--repeats", "1", "--device", "cpu", "--json"]) == 130
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["stopped"] == {"signal": "SIGINT", "suite": "decode"} and "decode" not in report
+    assert "stopped by SIGINT in the decode suite" in captured.err
+    assert "decode: stopped by SIGINT after" in captured.err  # its progress lines (stderr is no terminal)
+
+
+def test_a_real_sigterm_to_tango_lm_bench(tmp_path):
+    # `timeout` sends SIGTERM: the bench prints its JSON report with the rounds it timed, exit 143.
+    argv = [sys.executable, "-m", "tango_lm.cli", "bench", "--suite", "train", "--archs", "tango"]
+    argv += ["--d-model", "32", "--depth", "1", "--seq-len", "16", "--batch-size", "2", "--tango-width", "64"]
+    argv += ["--vocab-size", "40", "--peak-size", "64", "--steps", "1000000", "--warmup", "1", "--device", "cpu"]
+    err = tmp_path / "stderr"
+    with err.open("w") as err_file:
+        proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, stderr=err_file, text=True)
+        deadline = time.monotonic() + 120
+        while "timed round 1/" not in err.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.read_text()
+    report = json.loads(out)
+    assert report["stopped"] == {"signal": "SIGTERM", "suite": "train"}
+    train = report["train"]
+    assert train["stopped"]["signal"] == "SIGTERM" and train["stopped"]["timed_rounds_done"] >= 1
+    assert {r["arch"] for r in train["models"]} == {"tango", "loop-transformer"}
+    assert "train: stopped by SIGTERM after" in err.read_text()
+
+
+def test_stop_on_sigterm_restores_the_previous_handler_and_catches_one_signal():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(stopping.Stopped) as caught, stopping.stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs at the next bytecode boundary
+    assert caught.value.signal == "SIGTERM" and signal.getsignal(signal.SIGTERM) == before
+    assert stopping.exit_code("SIGTERM") == 143 and stopping.exit_code("SIGINT") == 130
+
+
+def test_progress_lines_in_a_log(capsys, monkeypatch):
+    bar = progress.Progress("train", rounds=4, runs_per_round=2, warmup_rounds=1, mode="lines")
+    for i in range(4):
+        for label in ("tango eager", "loop-transformer eager"):
+            bar.run_start(label)
+            bar.run_done(i, label, 1.25)
+        bar.round_done(i)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    # One line per warm-up run, the first timed round, then at most one per LINE_EVERY_S (10 s).
+    assert lines[:3] == [
+        "train: warm-up 1/1: tango eager 1.2 s",
+        "train: warm-up 1/1: loop-transformer eager 1.2 s",
+        lines[2],
+    ]
+    assert lines[2].startswith("train: timed round 1/3: ") and lines[2].endswith(" s left)")
+    assert len(lines) == 4 and lines[3].startswith("train: done in ")
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    bar = progress.Progress("decode", rounds=3, runs_per_round=1, warmup_rounds=1, mode="lines")
+    for i in range(3):
+        bar.round_done(i)
+    bar.close("SIGTERM")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1].strip() for line in lines[:2]] == ["timed round 1/2", "timed round 2/2"]
+    assert lines[2].startswith("decode: stopped by SIGTERM after ")
+
+
+def test_progress_none_prints_nothing_a_bar_counts_runs_and_a_bad_mode_is_refused(capsys):
+    bar = progress.Progress("train", rounds=2, runs_per_round=1, warmup_rounds=1)
+    bar.run_start("tango eager")
+    bar.run_done(0, "tango eager", 1.0)
+    bar.round_done(0)
+    bar.close()
+    assert capsys.readouterr().err == ""
+    bar = progress.Progress("train", rounds=2, runs_per_round=1, warmup_rounds=1, mode="bar")  # a terminal's
+    for i in range(2):
+        bar.run_start("tango eager")
+        bar.run_done(i, "tango eager", 1.0)
+        bar.round_done(i)
+    assert bar.bar.n == 2 and bar.bar.desc.startswith("train tango eager")
+    bar.close()
+    assert capsys.readouterr().err.splitlines()[-1].startswith("train: done in ")
+    with pytest.raises(ValueError, match="progress mode 'loud'"):
+        progress.Progress("train", 1, 1, 0, mode="loud")
+
+
+def test_gpu_tables_show_a_suite_its_timeout_stopped(tmp_path):
+    # What `timeout` leaves: exit 124 and the JSON report the stopped bench printed.
+    rows = [
+        {"arch": a, "mfu_vs_loop": x, "memory_vs_loop": None} for a, x in (("tango", 0.9), ("loop-transformer", 1.0))
+    ]
+    stopped = {"signal": "SIGTERM", "timed_rounds_done": 3, "timed_rounds": 8}
+    report = {
+        "suites": ["train"],
+        "stopped": {"signal": "SIGTERM", "suite": "train"},
+        "train": {"models": rows, "stopped": stopped},
+    }
+    (tmp_path / "train-bench.json").write_text(json.dumps(report))
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import gpu_check_summary
+        import gpu_suites_table
+    finally:
+        sys.path.remove(str(TOOLS))
+    assert gpu_check_summary.train_result(tmp_path, "train-bench") == "3/8 timed rounds; MFU x Loop: tango 0.90"
+    (tmp_path / "train-bench.rc").write_text("124\n")
+    assert gpu_suites_table.load(tmp_path, "train-bench") == ("TIMEOUT (partial: train)", report)
+    (tmp_path / "decode.rc").write_text("124\n")  # killed before it printed anything
+    assert gpu_suites_table.load(tmp_path, "decode") == ("TIMEOUT", None)
