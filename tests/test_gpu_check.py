@@ -83,6 +83,11 @@ def test_triton_kernel_bench_smoke_and_gpu_check_summary(tmp_path):
     assert lines[4].split()[:2] == ["kernel-bench", "timeout"] and "sdpa-sliced-128" in lines[4]
     assert lines[5].split()[:3] == ["compiled", "failed", "(1)"] and lines[5].endswith("RuntimeError: something")
     assert "train: device cpu" in text and "tango_mix alone: cpu" in text and "x floor" in text
+    triton_ran = "triton" in names  # interpreted: one configuration, so nothing was tuned
+    assert [r["kernel"] for r in kernels["autotuned"]] == (
+        ["lse_kernel", "forward_kernel", "scores_backward_kernel", "gates_backward_kernel"] if triton_ran else []
+    )
+    assert ("lse_kernel: not tuned (one configuration)" in text) == triton_ran
 
 
 def test_relu2_kernel_bench_smoke_and_its_summary_row(tmp_path):
@@ -104,3 +109,42 @@ def test_relu2_kernel_bench_smoke_and_its_summary_row(tmp_path):
     lines = gpu_check_summary.summary(out).splitlines()
     assert lines[2].split()[:3] == ["relu2-bench", "ok", "40"] and "reference " in lines[2] and "TFLOP/s" in lines[2]
     assert any(line.startswith("relu2_attention alone, FLASH quad (groups of 4): cpu") for line in lines)
+
+
+def test_kernel_benches_read_what_the_autotuner_chose(monkeypatch):
+    # On a GPU the autotuner times each configuration; here (one configuration, interpreted) it does
+    # not, so its state is set as triton leaves it after tuning, and the readout must report it.
+    triton = pytest.importorskip("triton")
+    import op_timing
+
+    from tango_lm.ops import tango_mix_triton_kernels as kernels
+
+    rows = op_timing.autotuned(kernels)
+    assert [r["kernel"] for r in rows] == [
+        "lse_kernel",
+        "forward_kernel",
+        "scores_backward_kernel",
+        "gates_backward_kernel",
+    ]
+    fast = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+    slow = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    monkeypatch.setattr(kernels.lse_kernel, "cache", {(1024, 1780, 32, "tf32"): fast})
+    monkeypatch.setattr(
+        kernels.lse_kernel, "configs_timings", {slow: [0.5, 0.4, 0.6], fast: [0.25, 0.2, 0.3]}, raising=False
+    )
+    row = op_timing.autotuned(kernels)[0]
+    assert row == {
+        "kernel": "lse_kernel",
+        "chosen": "BLOCK_M=64, BLOCK_N=32, warps 4, stages 2",
+        "chosen_ms": 0.25,
+        "timings_ms": {
+            "BLOCK_M=64, BLOCK_N=32, warps 4, stages 2": 0.25,
+            "BLOCK_M=128, BLOCK_N=64, warps 8, stages 3": 0.5,
+        },
+    }
+    report = {"autotuned": [row, *rows[1:]], "rows": [{"impl": "triton", "fwd_bwd_ms": 2.0}]}
+    lines = op_timing.autotune_lines(report)
+    assert lines[1] == "  lse_kernel: 0.250 ms with BLOCK_M=64, BLOCK_N=32, warps 4, stages 2 (tried 0.250, 0.500 ms)"
+    assert lines[2] == "  forward_kernel: not tuned (one configuration)"
+    assert lines[-1] == "  the chosen kernels add up to 0.250 ms of the 2.000 ms forward + backward"
+    assert op_timing.autotune_lines({"autotuned": [], "rows": []}) == []

@@ -85,7 +85,17 @@ def run(args: argparse.Namespace) -> dict:
         "reference": reference,
         **ceiling_fields,
         "rows": rows,
+        "autotuned": autotuned_kernels(impls),
     }
+
+
+def autotuned_kernels(impls: dict) -> list[dict]:
+    """The autotuner's choices for the Triton kernels (op_timing.autotuned) when they ran."""
+    if "triton" not in impls:
+        return []
+    from tango_lm.ops import tango_mix_triton_kernels
+
+    return op_timing.autotuned(tango_mix_triton_kernels)
 
 
 def format_report(report: dict) -> str:
@@ -97,6 +107,7 @@ def format_report(report: dict) -> str:
         f"{report['reference']}",
         op_timing.floor_line(report),
         *op_timing.table_lines(report["rows"], "time_vs_sliced", "x sliced"),
+        *op_timing.autotune_lines(report),
     ]
     return "\n".join(lines)
 

@@ -179,6 +179,59 @@ def floor_line(report: dict) -> str:
     )
 
 
+def autotuned(kernels_module: object) -> list[dict]:
+    """What Triton's autotuner chose for each kernel of `kernels_module` (every autotuned kernel in
+    it, in definition order) at the last shape it tuned there (the benches run one): the chosen
+    configuration, and each configuration it timed with its median ms (Triton's own do_bench
+    timing, fastest first). A kernel with one configuration (the interpreter's) is not tuned: its
+    row has no timings. Shows which kernel takes the step's time and which configurations win."""
+    from triton.runtime.autotuner import Autotuner
+
+    rows = []
+    for name, kernel in vars(kernels_module).items():
+        if not isinstance(kernel, Autotuner):
+            continue
+        timings = getattr(kernel, "configs_timings", None) or {}
+        ms = {_config_text(c): t[0] if isinstance(t, (list, tuple)) else t for c, t in timings.items()}
+        chosen = list(kernel.cache.values())[-1] if kernel.cache else None
+        rows.append(
+            {
+                "kernel": name,
+                "chosen": _config_text(chosen) if chosen else None,
+                "chosen_ms": ms.get(_config_text(chosen)) if chosen else None,
+                "timings_ms": dict(sorted(ms.items(), key=lambda item: item[1])),
+            }
+        )
+    return rows
+
+
+def _config_text(config: object) -> str:
+    """'BLOCK_M=64, BLOCK_N=64, warps 4, stages 2' for a triton.Config."""
+    blocks = ", ".join(f"{k}={v}" for k, v in config.kwargs.items())
+    return f"{blocks}, warps {config.num_warps}, stages {config.num_stages}"
+
+
+def autotune_lines(report: dict) -> list[str]:
+    """The report's `autotuned` rows as text (none where Triton did not run): each kernel's chosen
+    configuration and its time, then the sum of the chosen times beside the triton row's measured
+    forward + backward (the rest is launches and the ops around the kernels)."""
+    rows = report.get("autotuned") or []
+    if not rows:
+        return []
+    step_ms = next((r["fwd_bwd_ms"] for r in report["rows"] if r["impl"] == "triton"), None)
+    lines = ["autotuned (Triton's do_bench median per configuration; chosen, then every one tried):"]
+    for r in rows:
+        if not r["timings_ms"]:
+            lines.append(f"  {r['kernel']}: not tuned (one configuration)")
+            continue
+        tried = ", ".join(f"{t:.3f}" for t in r["timings_ms"].values())
+        lines.append(f"  {r['kernel']}: {r['chosen_ms']:.3f} ms with {r['chosen']} (tried {tried} ms)")
+    total = sum(r["chosen_ms"] for r in rows if r["chosen_ms"] is not None)
+    if total and step_ms:
+        lines.append(f"  the chosen kernels add up to {total:.3f} ms of the {step_ms:.3f} ms forward + backward")
+    return lines
+
+
 def cannot_run(device: str, triton_installed: bool) -> str | None:
     """The one-line error for a CUDA bench without a GPU or without triton; None when it can run."""
     if device.startswith("cuda") and not torch.cuda.is_available():

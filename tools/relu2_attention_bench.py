@@ -86,7 +86,17 @@ def run(args: argparse.Namespace) -> dict:
         "rounds": args.rounds,
         **ceiling_fields,
         "rows": rows,
+        "autotuned": autotuned_kernels(impls),
     }
+
+
+def autotuned_kernels(impls: dict) -> list[dict]:
+    """The autotuner's choices for the Triton kernels (op_timing.autotuned) when they ran."""
+    if "triton" not in impls:
+        return []
+    from tango_lm.ops import relu2_attention_triton_kernels
+
+    return op_timing.autotuned(relu2_attention_triton_kernels)
 
 
 def format_report(report: dict) -> str:
@@ -99,6 +109,7 @@ def format_report(report: dict) -> str:
         "the reference",
         op_timing.floor_line(report),
         *op_timing.table_lines(report["rows"], "time_vs_reference", "x ref"),
+        *op_timing.autotune_lines(report),
     ]
     return "\n".join(lines)
 
