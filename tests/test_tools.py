@@ -3,6 +3,7 @@ working (their timings are not checked)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -136,3 +137,47 @@ def test_gpu_suites_runs_only_the_suites_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["decode-small.json", "memory.json"]
     assert "--suite decode --compile" in (tmp_path / "out" / "decode-small.json").read_text()
+
+
+def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
+    # On a CPU it profiles ops (self time) at tiny sizes; the categories are for CUDA kernels' names.
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import gpu_step_profile
+    finally:
+        sys.path.remove(str(TOOLS))
+    names = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+        "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT": "matmul",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(Flash_fwd_params)": "attention",
+        "triton_poi_fused__to_copy_add_mul_0": "inductor",
+        "gates_backward_kernel": "project triton",
+        "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>(...)": "optimizer",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int, ...)": "elementwise",
+        "void (anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)": "other",
+    }
+    assert {n: gpu_step_profile.category(n) for n in names} == names
+    out = _run(
+        "gpu_step_profile.py",
+        *("--device", "cpu", "--d-model", "32", "--seq-len", "16", "--depth", "2", "--batch-size", "2"),
+        *(
+            "--tango-width",
+            "64",
+            "--vocab-size",
+            "61",
+            "--steps",
+            "2",
+            "--top",
+            "4",
+            "--json",
+            str(tmp_path / "p.json"),
+        ),
+    )
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert [r["arch"] for r in report["models"]] == ["tango", "loop-transformer"]
+    for r in report["models"]:
+        assert r["wall_ms"] > 0 and r["idle_share"] is None  # no device timeline on a CPU
+        assert sum(r["categories_ms"].values()) == pytest.approx(r["kernel_ms"])
+        assert len(r["top"]) == 4 and [t["ms"] for t in r["top"]] == sorted((t["ms"] for t in r["top"]), reverse=True)
+        assert r["categories_ms"]["matmul"] > 0
+    assert out.startswith("step profile: cpu") and "by category (ms): " in out
