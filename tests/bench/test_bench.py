@@ -64,6 +64,21 @@ def test_train_suite_rows_and_ratios(capsys):
     assert rows["tango"]["note"].startswith("reference") and rows["gau"]["note"].startswith("matched")
 
 
+def test_train_bench_on_the_callers_own_configs():
+    cfgs = [
+        ModelConfig(arch=arch, d_model=32, depth=2, width=width, vocab_size=40, context_length=16)
+        for arch, width in (("gau", 48), ("loop-transformer", 64))
+    ]
+    report = training.run_training_bench(
+        configs=cfgs, seq_len=16, batch_size=2, steps=1, warmup=0, memory=False, device="cpu", print_table=False
+    )
+    assert [(r["arch"], r["width"], r["note"]) for r in report["models"]] == [
+        ("gau", 48, "given"),
+        ("loop-transformer", 64, "given"),
+    ]
+    assert report["baseline"] == "loop-transformer" and report["skipped"] == []
+
+
 def test_unmatched_and_unbuildable_archs_say_so():
     triples = training.matched_configs(["tango-3set", "tango"], 32, 1, 64, 40, 16)
     assert [a for a, _, _ in triples] == ["tango-3set", "tango", "loop-transformer"]

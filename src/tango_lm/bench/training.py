@@ -95,6 +95,52 @@ def _own_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     )
 
 
+class _Runner:
+    """One (model, mode) of the side-by-side steps, with what its steps measured: the timed steps'
+    wall and CPU seconds, CUDA's peak beyond the other models, or why it could not compile."""
+
+    def __init__(self, cfg: ModelConfig, note: str, mode: str, model: torch.nn.Module, opt: Any) -> None:
+        self.cfg, self.note, self.mode, self.model, self.opt = cfg, note, mode, model, opt
+        self.step_fn = torch.compile(model.nll) if mode == "compiled" else model.nll
+        self.label = f"{cfg.arch} {mode}"
+        self.times: list[float] = []
+        self.cpu_times: list[float] = []
+        self.cuda_peak = 0
+        self.compile_error: str | None = None  # its rows are left out
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None, timed: bool) -> float:
+        """One training step; its wall seconds (kept when `timed`)."""
+        dev = x.device
+        _sync(dev)
+        if dev.type == "cuda":
+            others = torch.cuda.memory_allocated(dev) - _own_bytes(self.model, self.opt)
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:  # the backward too: AOTAutograd compiles its graph at the first backward call
+            with autocast(dev, dtype):
+                loss = self.step_fn(x, y)
+            loss.backward()
+        except COMPILER_ERRORS as exc:
+            if self.mode != "compiled":
+                raise
+            self.compile_error = one_line(exc)
+            return time.perf_counter() - t0
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        _sync(dev)
+        seconds = time.perf_counter() - t0
+        if timed:
+            self.times.append(seconds)
+            self.cpu_times.append(time.process_time() - c0)
+        if dev.type == "cuda":
+            self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated(dev) - others)
+        return seconds
+
+    def release(self) -> None:
+        """Drop the model, its optimizer and compiled step (their memory), keep the measurements."""
+        self.model = self.opt = self.step_fn = None
+
+
 def _load() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -136,12 +182,12 @@ def run_training_bench(
         torch.set_num_threads(threads)
     allocator = "glibc, freed memory kept" if dev.type == "cpu" and keep_freed_memory() else "default"
     dtype = autocast_dtype("auto", dev)
-    if configs is not None:
-        pairs, skipped = [(c, "given") for c in configs], []
+    if configs is not None:  # the caller's own models, as given (no matching)
+        triples = [(c.arch, c, "given") for c in configs]
     else:
-        pairs = matched_configs(archs or PAIR, d_model, depth, tango_width, vocab_size, seq_len)
-    skipped = [{"arch": a, "note": note} for a, c, note in pairs if c is None]
-    pairs = [(c, note) for _, c, note in pairs if c is not None]
+        triples = matched_configs(archs or PAIR, d_model, depth, tango_width, vocab_size, seq_len)
+    skipped = [{"arch": a, "note": note} for a, c, note in triples if c is None]
+    pairs = [(c, note) for _, c, note in triples if c is not None]
     configs = [c for c, _ in pairs]
     modes = ("eager", "compiled") if compile else ("eager",)
     if compile and warmup < 1:
@@ -149,60 +195,22 @@ def run_training_bench(
     load_start = _load()
     peak_before = measure_matmul_peak(dev, dtype or torch.float32, peak_size)
     torch.manual_seed(0)
-    models = [build_model(c).to(dev) for c in configs]
-    opts = [adamw(m.parameters(), m, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1) for m in models]
-    # One runner per (model, mode); a model's compiled runner shares its weights and optimizer.
-    runners = [
-        (j, mode, torch.compile(model.nll) if mode == "compiled" else model.nll)
-        for j, model in enumerate(models)
-        for mode in modes
-    ]
+    runners = []
+    for cfg, note in pairs:
+        model = build_model(cfg).to(dev)
+        opt = adamw(model.parameters(), model, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        runners += [_Runner(cfg, note, mode, model, opt) for mode in modes]  # modes share weights and optimizer
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
-    times: list[list[float]] = [[] for _ in runners]
-    cpu_times: list[list[float]] = [[] for _ in runners]
-    cuda_peaks = [0 for _ in runners]
-    compile_failed: dict[int, str] = {}  # runner -> why it could not compile (its row is left out)
-
-    def _step(r: int, i: int) -> float:
-        """Runner r's training step of round i; its seconds (a compile failure drops the runner)."""
-        j, mode, step_fn = runners[r]
-        model, opt = models[j], opts[j]
-        _sync(dev)
-        if dev.type == "cuda":
-            others = torch.cuda.memory_allocated(dev) - _own_bytes(model, opt)
-            torch.cuda.reset_peak_memory_stats(dev)
-        t0, c0 = time.perf_counter(), time.process_time()
-        try:  # the backward too: AOTAutograd compiles its graph at the first backward call
-            with autocast(dev, dtype):
-                loss = step_fn(x, y)
-            loss.backward()
-        except COMPILER_ERRORS as exc:
-            if mode != "compiled":
-                raise
-            compile_failed[r] = one_line(exc)
-            return time.perf_counter() - t0
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(dev)
-        seconds = time.perf_counter() - t0
-        if i >= warmup:
-            times[r].append(seconds)
-            cpu_times[r].append(time.process_time() - c0)
-        if dev.type == "cuda":
-            cuda_peaks[r] = max(cuda_peaks[r], torch.cuda.max_memory_allocated(dev) - others)
-        return seconds
-
     progress_bar = Progress("train", warmup + steps, len(runners), warmup, progress)
     stopped: dict[str, Any] | None = None
     i = 0
     try:
         for i in range(warmup + steps):
-            for r, (j, mode, _) in enumerate(runners):
-                if r not in compile_failed:
-                    label = f"{configs[j].arch} {mode}"
-                    progress_bar.run_start(label)
-                    progress_bar.run_done(i, label, _step(r, i))
+            for run in runners:
+                if run.compile_error is None:
+                    progress_bar.run_start(run.label)
+                    progress_bar.run_done(i, run.label, run.step(x, y, dtype, timed=i >= warmup))
             progress_bar.round_done(i)
     except STOPS as stop:  # a time limit or Ctrl-C: report the steps finished so far
         stopped = {"signal": signal_name(stop), "timed_rounds_done": max(0, i - warmup), "timed_rounds": steps}
@@ -223,8 +231,8 @@ def run_training_bench(
     peak_after = unless_stopped(lambda: measure_matmul_peak(dev, dtype or torch.float32, peak_size))
     load_end = _load()
     peak = max(peak_before, peak_after or 0.0)
-    for held in (models, opts, runners):  # free the models before the memory subprocesses
-        held.clear()
+    for run in runners:  # free the models before the memory subprocesses
+        run.release()
     if dev.type == "cuda":
         mem_method = "cuda max_memory_allocated per model step, minus the other models"
     elif memory:
@@ -236,20 +244,19 @@ def run_training_bench(
     else:
         mem_method = "not measured"
     rows, not_measured = [], []
-    order = [(j, mode) for j in range(len(pairs)) for mode in modes]  # the runners' order
-    for r, ((j, mode), ts, cs) in enumerate(zip(order, times, cpu_times, strict=True)):
-        if r in compile_failed:
+    for run in runners:
+        cfg = run.cfg
+        if run.compile_error is not None:
             continue
-        cfg, note = pairs[j]
-        if not ts:  # stopped before this runner's first timed step
-            not_measured.append({"arch": cfg.arch, "mode": mode})
+        if not run.times:  # stopped before this runner's first timed step
+            not_measured.append({"arch": cfg.arch, "mode": run.mode})
             continue
-        step_s = statistics.median(ts)
+        step_s = statistics.median(run.times)
         tok_s = batch_size * seq_len / step_s
         fpt = cfg.flops_per_token(seq_len)
         if dev.type == "cuda":
-            mem = cuda_peaks[r]
-        elif memory and mode == "eager":  # a subprocess measures an eager step
+            mem = run.cuda_peak
+        elif memory and run.mode == "eager":  # a subprocess measures an eager step
             measured = unless_stopped(
                 lambda cfg=cfg: measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)
             )
@@ -259,18 +266,18 @@ def run_training_bench(
         rows.append(
             {
                 "arch": cfg.arch,
-                "mode": mode,
+                "mode": run.mode,
                 "width": cfg.width,
                 "params_total": cfg.num_params()["total"],
-                "note": note,
+                "note": run.note,
                 "tokens_per_s": tok_s,
                 "flops_per_token": fpt,
                 "flop_per_s": tok_s * fpt,
                 "mfu": tok_s * fpt / peak,
                 "step_s": step_s,
-                "step_s_all": ts,
-                "timed_steps": len(ts),
-                "cpu_s": statistics.median(cs),
+                "step_s_all": run.times,
+                "timed_steps": len(run.times),
+                "cpu_s": statistics.median(run.cpu_times),
                 "peak_bytes": mem,
             }
         )
@@ -310,9 +317,7 @@ def run_training_bench(
         "modes": list(modes),
         "models": rows,
         "skipped": skipped,
-        "compile_failed": [
-            {"arch": configs[order[r][0]].arch, "error": error} for r, error in sorted(compile_failed.items())
-        ],
+        "compile_failed": [{"arch": run.cfg.arch, "error": run.compile_error} for run in runners if run.compile_error],
         "stopped": stopped,  # None, or the signal that ended the steps early and how many rounds were timed
         "not_measured": not_measured,  # runners the stop left without a timed step
     }
