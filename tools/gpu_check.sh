@@ -44,7 +44,7 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
 # `loadfile`: test_cuda_models.py alone holds half the tests (Triton's compile cache is on disk, shared).
 PARALLEL=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 8 --dist load")
 section cuda-tests "${CUDA_TESTS_LIMIT:-195}" \
-    "$PYTHON -m pytest -m cuda -p no:cacheprovider -rfE $PARALLEL tests"  # every test marked cuda, wherever it lives
+    "$PYTHON -m pytest -m cuda -p no:cacheprovider -o addopts= -v -rfE --durations=15 $PARALLEL tests"  # each test by name (a time-out still shows which passed), the slowest 15
 section train-bench "${TRAIN_BENCH_LIMIT:-175}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
 section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \
