@@ -149,7 +149,13 @@ def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
     names = {
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
         "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT": "matmul",
-        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>(Flash_fwd_params)": "attention",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, cutlass::bfloat16_t>>(Flash_fwd_params)": (
+            "attention"
+        ),
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>)": (
+            "attention"
+        ),
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8>(Params)": "matmul",
         "triton_poi_fused__to_copy_add_mul_0": "inductor",
         "gates_backward_kernel": "project triton",
         "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>(...)": "optimizer",

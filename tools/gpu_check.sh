@@ -12,9 +12,10 @@
 #                 composition, the same measures;
 #
 # each under its own time limit (a failure or a time-out does not stop the others; the limits add
-# up to under 8 minutes), then prints one summary table (tools/gpu_check_summary.py). Logs and JSON
-# reports go to $GPU_CHECK_OUT (default runs/gpu-check/<UTC time>). To add a suite, add one
-# `section` line below; for a one-line result in the table, add a formatter to gpu_check_summary.py.
+# up to under 8 minutes), then prints one summary table (tools/gpu_check_summary.py) and exits 1 if
+# any section failed or timed out. Logs and JSON reports go to $GPU_CHECK_OUT (default
+# runs/gpu-check/<UTC time>). To add a suite, add one `section` line below; for a one-line result
+# in the table, add a formatter to gpu_check_summary.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -27,6 +28,7 @@ if ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 mkdir -p "$OUT"
 : >"$OUT/sections.tsv"
+failed=0
 
 section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, output in $OUT/NAME.log
     local name=$1 limit=$2 command=$3 start=$SECONDS status=ok rc
@@ -34,6 +36,7 @@ section() {  # section NAME LIMIT_S SHELL_COMMAND: run it under `timeout`, outpu
     timeout --kill-after=20 "$limit" bash -c "$command" >"$OUT/$name.log" 2>&1
     rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then status=timeout; elif [ "$rc" -ne 0 ]; then status="failed ($rc)"; fi
+    [ "$status" = ok ] || failed=1
     printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >>"$OUT/sections.tsv"
     tail -n 20 "$OUT/$name.log"
 }
@@ -52,4 +55,5 @@ section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \
 section relu2-bench "${RELU2_BENCH_LIMIT:-45}" \
     "$PYTHON tools/relu2_attention_bench.py --batch 16 --seq-len 1024 --qk-dim 128 --width 1536 --json $OUT/relu2-bench.json"
 
-"$PYTHON" tools/gpu_check_summary.py "$OUT"
+"$PYTHON" tools/gpu_check_summary.py "$OUT" || failed=1
+exit "$failed"  # 1 when a section failed or ran out of time (the table says which)

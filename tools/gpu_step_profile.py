@@ -34,10 +34,11 @@ from tango_lm.models.model import build_model  # noqa: E402
 from tango_lm.train.device import autocast, autocast_dtype  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
 
-# First match wins. The project's Triton kernels are named by their functions (ops/*_kernels.py).
+# First match wins: attention before matmul, as SDPA's kernels are built on CUTLASS and say so in
+# their names. The project's Triton kernels are named by their functions (ops/*_kernels.py).
 CATEGORIES = [
-    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|baddbmm)$", re.I)),
     ("attention", re.compile(r"flash|fmha|cudnn|attention", re.I)),
+    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|baddbmm)$", re.I)),
     ("inductor", re.compile(r"^triton_(poi|red|per|tem|for)_")),
     ("project triton", re.compile(r"_kernel$")),
     ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),

@@ -39,7 +39,8 @@ run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its l
   if [ -n "${SUITES:-}" ] && [[ " $SUITES " != *" $name "* ]]; then return 0; fi
   echo "== $name (timeout ${limit}s): tango-lm bench $*" | tee "$OUT/$name.log"
   local start=$SECONDS
-  timeout "$limit" "${BENCH[@]}" "$@" > "$OUT/$name.json" 2>> "$OUT/$name.log"
+  # SIGTERM at the limit (the bench then prints what it measured), SIGKILL 30 s later if it is stuck
+  timeout --kill-after=30 "$limit" "${BENCH[@]}" "$@" > "$OUT/$name.json" 2>> "$OUT/$name.log"
   local rc=$?
   echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/$name.log"
   echo "$rc" > "$OUT/$name.rc"

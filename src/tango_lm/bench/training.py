@@ -6,7 +6,8 @@ same machine state, and each model's time is the median of its timed steps. Achi
 the analytic FLOPs per token (`cfg.flops_per_token(T)`, `tango_lm.models.flops`) and MFU divides
 it by a matmul peak measured in the same run (`bench/peak.py`, before and after the steps; the
 larger counts). Peak memory per model: on CUDA, `torch.cuda.max_memory_allocated()` reset before
-each of the model's steps, minus what the other models and the batch hold; on CPU, the peak
+each of the model's timed steps, minus what the other models and the batch hold (not the warm-up's:
+Triton's autotuner and inductor allocate buffers of their own there); on CPU, the peak
 resident-set growth of the same training steps in a fresh subprocess per model (`bench/memory.py`).
 Every number is also given as a ratio to the Loop Transformer++ measured in the same process.
 Stopped early (SIGTERM, Ctrl-C: `bench/stopping.py`), it reports each model from the timed steps
@@ -132,7 +133,7 @@ class _Runner:
         if timed:
             self.times.append(seconds)
             self.cpu_times.append(time.process_time() - c0)
-        if dev.type == "cuda":
+        if dev.type == "cuda" and timed:  # not the warm-up's: autotuning and compiling allocate too
             self.cuda_peak = max(self.cuda_peak, torch.cuda.max_memory_allocated(dev) - others)
         return seconds
 
