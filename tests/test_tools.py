@@ -187,3 +187,21 @@ def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
         assert len(r["top"]) == 4 and [t["ms"] for t in r["top"]] == sorted((t["ms"] for t in r["top"]), reverse=True)
         assert r["categories_ms"]["matmul"] > 0
     assert out.startswith("step profile: cpu") and "by category (ms): " in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--archs", "nope"], "error: unknown architecture 'nope'"),
+        (["--d-model", "0"], "error: --steps, --top, --batch-size, --seq-len, --d-model"),
+        (["--device", "mps"], "error: --device 'mps': cuda (cuda:N) or cpu"),
+        (["--json", "/nonexistent-dir/p.json"], "error: --json /nonexistent-dir/p.json: no directory"),
+    ],
+)
+def test_gpu_step_profile_refuses_bad_arguments_in_one_line(args, message):
+    tiny = ["--device", "cpu", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--tango-width", "64"]
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "gpu_step_profile.py"), *tiny, *args], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr

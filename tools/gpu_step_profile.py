@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tango_lm.bench.peak import _sync  # noqa: E402
 from tango_lm.bench.training import matched_configs  # noqa: E402
+from tango_lm.errors import UserError  # noqa: E402
 from tango_lm.models.model import build_model  # noqa: E402
 from tango_lm.train.device import autocast, autocast_dtype  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
@@ -164,19 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
+    if args.device.split(":")[0] not in ("cuda", "cpu"):
+        return _refuse(f"--device {args.device!r}: cuda (cuda:N) or cpu")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test", file=sys.stderr
-        )
-        return 2
-    if min(args.steps, args.top, args.batch_size, args.seq_len) < 1:
-        print("error: --steps, --top, --batch-size and --seq-len must be at least 1", file=sys.stderr)
-        return 2
-    report = run(args)
+        return _refuse("no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test")
+    sizes = ("steps", "top", "batch_size", "seq_len", "d_model", "depth", "tango_width", "vocab_size")
+    if min(getattr(args, name) for name in sizes) < 1:
+        return _refuse("--" + ", --".join(n.replace("_", "-") for n in sizes) + " must be at least 1")
+    if args.json and not args.json.parent.is_dir():  # found now, not after the profile
+        return _refuse(f"--json {args.json}: no directory {args.json.parent}")
+    try:
+        report = run(args)
+    except UserError as exc:  # an architecture it cannot build at these sizes, an unknown one
+        return _refuse(str(exc))
     print(format_report(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -188,3 +188,13 @@ def test_gpu_tables_show_a_suite_its_timeout_stopped(tmp_path):
     assert gpu_suites_table.load(tmp_path, "train-bench") == ("TIMEOUT (partial: train)", report)
     (tmp_path / "decode.rc").write_text("124\n")  # killed before it printed anything
     assert gpu_suites_table.load(tmp_path, "decode") == ("TIMEOUT", None)
+
+
+def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypatch, capsys):
+    # The default bench (no --suite) stopped while it measures the matmul peak, before any step.
+    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stopping.Stopped(signal.SIGTERM))
+    argv = ["bench", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
+    assert main([*argv, "--tango-width", "64", "--vocab-size", "40", "--device", "cpu", "--json"]) == 143
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"stopped": {"signal": "SIGTERM"}}
+    assert captured.err.splitlines()[-1] == "stopped by SIGTERM before anything was measured"

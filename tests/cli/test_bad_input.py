@@ -187,6 +187,14 @@ BAD = {
     "sweep_slurm_flag_without_slurm": lambda c: ["sweep", str(_grid(c)), "--partition", "gpu"],
     "sweep_slurm_bad_time": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--time", "soon"],
     "sweep_slurm_negative_gpus": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--gpus-per-job", "-1"],
+    # bench: every option checked before the first suite runs (a late one would waste the earlier suites)
+    "bench_steps_zero": lambda c: ["bench", "--steps", "0"],
+    "bench_warmup_negative": lambda c: ["bench", "--warmup", "-1"],
+    "bench_batch_size_zero": lambda c: ["bench", "--suite", "train", "--batch-size", "0"],
+    "bench_threads_negative": lambda c: ["bench", "--threads", "-1"],
+    "bench_decode_batches_empty": lambda c: ["bench", "--suite", "decode", "--decode-batches="],
+    "bench_windowed_heads": lambda c: ["bench", "--suite", "windowed", "--d-model", "48"],
+    "bench_all_bad_memory_backbone": lambda c: ["bench", "--suite", "all", "--memory-backbone", "dens"],
     # what comes before an error is not printed
     "warning_before_error": _warns_then_fails,
     "argparse_usage": lambda c: ["train", "--no-such-flag"],
@@ -241,6 +249,10 @@ EXPECT = {
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
     "eval_negative_windows": "--windows must be at least 1 (got -1)",
     "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
+    "bench_warmup_negative": "--warmup must be 0 or more (got -1)",
+    "bench_decode_batches_empty": "--decode-batches must list positive integers (got '')",
+    "bench_windowed_heads": "--d-model must be a multiple of 32",
+    "bench_all_bad_memory_backbone": "no preset or file named 'dens'",
 }
 
 

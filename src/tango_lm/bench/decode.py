@@ -162,7 +162,7 @@ def run_decode_bench(
         torch.manual_seed(0)
         models[cfg.arch] = build_model(cfg).to(dev).eval()
     cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
-    prompts = _prompts(batches, prompt_len, vocab_size, dev)
+    prompts = _prompts(batches, prompt_len, report["vocab_size"], dev)  # a tier's presets: their vocabulary
     bar = Progress("decode", 1 + repeats, len(cases) * len(models), 1, progress)
     wall = _interleaved(models, cases, prompts, new_tokens, repeats, static=report["static_mode"], progress=bar)
     prefill = prefill_walls(models, prompts, repeats)

@@ -27,6 +27,7 @@ from tango_lm.errors import UserError
 
 SUITES = ("train", "decode", "windowed", "memory")
 WINDOWED_TARGET = 1.3  # windowed time/token at the longest T over its time at the shortest
+WINDOWED_HEAD_DIM = 32  # the windowed suite's blocks: d_model / 32 heads
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -140,6 +141,7 @@ def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
         window=args.window,
         d_model=args.d_model,
         width=args.windowed_width,
+        head_dim=WINDOWED_HEAD_DIM,
         tokens=args.windowed_tokens,
         repeats=args.repeats,
         include_tango=not args.no_full_tango,
@@ -198,6 +200,43 @@ def format_windowed(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every option the chosen suites read, before the first one starts (a bad value found by a
+    later suite of `--suite all` would throw away the ones before it): a UserError for the first."""
+    suites = SUITES if args.suite == "all" else (args.suite or "train",)
+    positive = ["d_model", "depth", "seq_len", "batch_size", "steps", "tango_width", "vocab_size", "memory_steps"]
+    positive += [name for name in ("threads", "peak_size") if getattr(args, name) is not None]
+    if "decode" in suites:
+        positive += ["prompt_len", "new_tokens", "repeats", "head_vocab"]
+    if "windowed" in suites:
+        positive += ["window", "windowed_width", "windowed_tokens", "repeats"]
+    if "memory" in suites:
+        positive += ["memory_batch_size", "memory_seq_len"]
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be 0 or more (got {args.warmup})")
+    lists = (["decode_batches"] if "decode" in suites else []) + (["windowed_lens"] if "windowed" in suites else [])
+    for name in lists:
+        values = getattr(args, name)
+        if not values or min(values) < 1:
+            raise UserError(
+                f"--{name.replace('_', '-')} must list positive integers (got {','.join(map(str, values))!r})"
+            )
+    if "windowed" in suites:
+        heads, head_dim = args.d_model // WINDOWED_HEAD_DIM, WINDOWED_HEAD_DIM
+        if args.d_model % head_dim or args.windowed_width % heads:
+            raise UserError(
+                f"the windowed suite uses heads of {head_dim}: --d-model must be a multiple of {head_dim} and "
+                f"--windowed-width a multiple of d_model / {head_dim} (got {args.d_model}, {args.windowed_width})"
+            )
+    if "memory" in suites:
+        from tango_lm.bench.memory import memory_config
+
+        memory_config(args.memory_backbone, args.d_model, args.depth, args.head_vocab, args.memory_seq_len)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the suites `args` names, print each table unless --json, and return the report (the
     caller prints it as JSON). SIGTERM (under `bench.stopping.stop_on_sigterm`) or Ctrl-C ends it
@@ -210,6 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tango_lm.bench.training import PAIR, default_archs, run_training_bench
     from tango_lm.train.cpu_allocator import keep_freed_memory
 
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # host memory as training uses it (cpu_allocator.py); the memory suite's children do not
@@ -239,9 +279,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.suite is None:
         return train_bench(args.archs or PAIR)
-    for name in ("steps", "repeats", "memory_steps"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     suites = SUITES if args.suite == "all" else (args.suite,)
     archs = args.archs or default_archs()
     runners = {

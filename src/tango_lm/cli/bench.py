@@ -20,6 +20,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         with stop_on_sigterm():
             report = run(args)
     except STOPS as stop:  # before any suite had rows to report (building models, the matmul peak)
+        if args.json:  # still a report, so that a reader of the JSON sees why it is empty
+            _print_json({"stopped": {"signal": signal_name(stop)}})
         print(f"stopped by {signal_name(stop)} before anything was measured", file=sys.stderr)
         return exit_code(signal_name(stop))
     if args.json:
