@@ -146,6 +146,29 @@ def test_progress_lines_in_a_log(capsys, monkeypatch):
     assert lines[2].startswith("decode: stopped by SIGTERM after ")
 
 
+def test_progress_a_line_per_run_where_each_run_is_a_measurement(capsys):
+    bar = progress.Progress("memory", rounds=1, runs_per_round=2, warmup_rounds=0, mode="lines", every_run=True)
+    for label in ("standard eager", "onona eager"):
+        bar.run_start(label)
+        bar.run_done(0, label, 2.25)
+    bar.round_done(0)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["memory: 1/2: standard eager 2.2 s", "memory: 2/2: onona eager 2.2 s"]
+    assert lines[-1].startswith("memory: done in ")
+
+
+def test_every_suite_reports_progress_in_a_log(capsys):
+    # stderr is no terminal here: lines. Windowed and memory suites at tiny sizes.
+    tiny = ["--d-model", "32", "--depth", "1", "--repeats", "1", "--device", "cpu", "--json"]
+    windowed = ["--windowed-lens", "32,64", "--windowed-width", "64", "--windowed-tokens", "128"]
+    assert main(["bench", "--suite", "windowed", *tiny, *windowed]) == 0
+    assert "windowed: warm-up 1/1: tango T=64 " in capsys.readouterr().err
+    memory = ["--memory-backbone", "dense", "--head-vocab", "50", "--memory-seq-len", "16"]
+    assert main(["bench", "--suite", "memory", *tiny, *memory]) == 0
+    assert "memory: 2/2: onona eager " in capsys.readouterr().err
+
+
 def test_progress_none_prints_nothing_a_bar_counts_runs_and_a_bad_mode_is_refused(capsys):
     bar = progress.Progress("train", rounds=2, runs_per_round=1, warmup_rounds=1)
     bar.run_start("tango eager")

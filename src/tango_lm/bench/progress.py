@@ -5,7 +5,8 @@ terminal a bar counts the runs, names the one under way and gives the ETA; in a 
 terminal, as under `tools/gpu_suites.sh`) one line per warm-up run with its seconds, where
 compiling (torch.compile, CUDA graphs, Triton's autotuning) shows, and one per timed round with
 the time left, so a suite stopped by a time limit leaves in its log how far it got and what took
-the time. `tango-lm bench` picks "bar" or "lines" by its stderr, "none" with `--quiet` (the
+the time. A suite whose every run is a whole measurement (the memory suite's subprocesses) asks
+for a line per run (`every_run`). `tango-lm bench` picks "bar" or "lines" by its stderr, "none" with `--quiet` (the
 library's default: a caller that wants progress asks for it).
 """
 
@@ -23,13 +24,22 @@ LINE_EVERY_S = 10.0  # a log gets a timed-round line at most this often
 class Progress:
     """Progress of `rounds` rounds of `runs_per_round` runs, the first `warmup_rounds` untimed."""
 
-    def __init__(self, suite: str, rounds: int, runs_per_round: int, warmup_rounds: int, mode: str = "none") -> None:
+    def __init__(
+        self,
+        suite: str,
+        rounds: int,
+        runs_per_round: int,
+        warmup_rounds: int,
+        mode: str = "none",
+        every_run: bool = False,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"progress mode {mode!r}: one of {', '.join(MODES)}")
-        self.suite, self.rounds, self.warmup = suite, rounds, warmup_rounds
+        self.suite, self.rounds, self.warmup, self.every_run = suite, rounds, warmup_rounds, every_run
+        self.runs, self.total = 0, rounds * runs_per_round
         self.enabled, self.terminal = mode != "none", mode == "bar"
         self.start = self.round_start = self.last_line = time.perf_counter()
-        self.bar = tqdm(total=rounds * runs_per_round, desc=suite, unit="run", disable=not self.terminal, leave=False)
+        self.bar = tqdm(total=self.total, desc=suite, unit="run", disable=not self.terminal, leave=False)
 
     def run_start(self, label: str) -> None:
         if self.terminal:
@@ -37,11 +47,14 @@ class Progress:
 
     def run_done(self, round_index: int, label: str, seconds: float) -> None:
         """One model's run of round `round_index` (0-based; the first `warmup_rounds` are warm-up)."""
+        self.runs += 1
         if self.terminal:
             self.bar.set_postfix_str(f"last {seconds:.1f} s", refresh=False)
             self.bar.update(1)
         elif self.enabled and round_index < self.warmup:
             self._line(f"warm-up {round_index + 1}/{self.warmup}: {label} {seconds:.1f} s")
+        elif self.enabled and self.every_run:
+            self._line(f"{self.runs}/{self.total}: {label} {seconds:.1f} s")
 
     def round_done(self, round_index: int) -> None:
         """In lines: the first timed round, then at most one line per LINE_EVERY_S seconds."""

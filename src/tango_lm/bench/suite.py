@@ -131,7 +131,7 @@ def environment() -> dict[str, Any]:
     }
 
 
-def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
+def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "none") -> dict[str, Any]:
     import torch
 
     from tango_lm.bench.windowed import windowed_time_per_token
@@ -147,6 +147,7 @@ def run_windowed(args: argparse.Namespace, print_table: bool) -> dict[str, Any]:
         include_tango=not args.no_full_tango,
         device=args.device,
         print_table=False,
+        progress=progress,
     )
     if args.clock != "wall":
         kwargs["clock"] = args.clock
@@ -302,7 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tier=args.decode_tier,
             progress=progress,
         ),
-        "windowed": lambda: run_windowed(args, show),
+        "windowed": lambda: run_windowed(args, show, progress),
         "memory": lambda: run_memory_bench(
             backbone=args.memory_backbone,
             d_model=args.d_model,
@@ -315,6 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             threads=args.threads,
             print_table=show,
             compile=args.compile,
+            progress=progress,
         ),
     }
     out: dict[str, Any] = {"suites": list(suites), "environment": environment(), "stopped": None}

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from tango_lm.bench.peak import _sync
+from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
@@ -45,10 +47,12 @@ def windowed_time_per_token(
     device: str = "auto",
     clock: str = "wall",
     print_table: bool = True,
+    progress: str = "none",
 ) -> list[dict[str, Any]]:
     """One row per length: microseconds per token (forward + backward) of each block, and the
     windowed block's time per token relative to the first length. clock "cpu" times CPU runs by
-    this process's CPU time, which other processes on a shared machine disturb less than "wall"."""
+    this process's CPU time, which other processes on a shared machine disturb less than "wall".
+    `progress`: "bar", "lines" or "none" (`bench/progress.py`)."""
     dev = pick_device(device)
     if clock not in ("wall", "cpu") or (clock == "cpu" and dev.type != "cpu"):
         raise ValueError(f"clock must be 'wall', or 'cpu' on a CPU device (got {clock!r} on {dev.type})")
@@ -69,14 +73,25 @@ def windowed_time_per_token(
         dy = torch.randn(batch, t, d_model, device=dev, generator=gen)
         cases.append((t, batch, x, dy, rope_tables(t, head_dim, 10000.0, dev)))
     times: dict[tuple[int, str], list[float]] = {(t, name): [] for t in seq_lens for name in blocks}
-    for i in range(warmup + repeats):
-        for t, _, x, dy, rope in cases:
-            for name, block in blocks.items():
-                elapsed = _step(block, x, rope, dy, timer)
-                if i >= warmup:
-                    times[t, name].append(elapsed)
-                block.zero_grad(set_to_none=True)
-                x.grad = None
+    bar = Progress("windowed", warmup + repeats, len(cases) * len(blocks), warmup, progress)
+    stopped_by = None
+    try:
+        for i in range(warmup + repeats):
+            for t, _, x, dy, rope in cases:
+                for name, block in blocks.items():
+                    bar.run_start(f"{name} T={t}")
+                    elapsed = _step(block, x, rope, dy, timer)
+                    bar.run_done(i, f"{name} T={t}", elapsed)
+                    if i >= warmup:
+                        times[t, name].append(elapsed)
+                    block.zero_grad(set_to_none=True)
+                    x.grad = None
+            bar.round_done(i)
+    except STOPS as stop:
+        stopped_by = signal_name(stop)
+        raise
+    finally:
+        bar.close(stopped_by)
     rows = []
     for t, batch, *_ in cases:
         row: dict[str, Any] = {"seq_len": t, "batch": batch}
