@@ -27,6 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import op_timing  # noqa: E402
 
 from tango_lm.bench.peak import _sync  # noqa: E402
 from tango_lm.bench.training import matched_configs  # noqa: E402
@@ -166,27 +169,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cuda", "cpu"):
-        return _refuse(f"--device {args.device!r}: cuda (cuda:N) or cpu")
+        return op_timing.refuse(f"error: --device {args.device!r}: cuda (cuda:N) or cpu")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        return _refuse("no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test")
+        return op_timing.refuse(
+            "error: no CUDA device: run this on a GPU machine, or pass --device cpu for a smoke test"
+        )
     sizes = ("steps", "top", "batch_size", "seq_len", "d_model", "depth", "tango_width", "vocab_size")
     if min(getattr(args, name) for name in sizes) < 1:
-        return _refuse("--" + ", --".join(n.replace("_", "-") for n in sizes) + " must be at least 1")
+        return op_timing.refuse("error: --" + ", --".join(n.replace("_", "-") for n in sizes) + " must be at least 1")
     if args.json and not args.json.parent.is_dir():  # found now, not after the profile
-        return _refuse(f"--json {args.json}: no directory {args.json.parent}")
+        return op_timing.refuse(f"error: --json {args.json}: no directory {args.json.parent}")
     try:
         report = run(args)
     except UserError as exc:  # an architecture it cannot build at these sizes, an unknown one
-        return _refuse(str(exc))
+        return op_timing.refuse(f"error: {exc}")
     print(format_report(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
-
-
-def _refuse(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

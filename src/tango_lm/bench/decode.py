@@ -27,7 +27,6 @@ import torch
 
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
@@ -236,8 +235,7 @@ def _interleaved(
     static steps, `warmup_tokens`), then `repeats` rounds of every case for every model."""
     progress = progress or Progress("decode", 1 + repeats, len(cases) * len(models), 1)
     out: dict[tuple[str, int, str, str], list[float]] = {}
-    stopped_by = None
-    try:
+    with progress:
         for i in range(1 + repeats):
             for b, m, path in cases:
                 for name, model in models.items():
@@ -252,11 +250,6 @@ def _interleaved(
                     if i > 0:
                         out.setdefault((name, b, m, path), []).append(wall)
             progress.round_done(i)
-    except STOPS as stop:
-        stopped_by = signal_name(stop)
-        raise
-    finally:
-        progress.close(stopped_by)
     return out
 
 

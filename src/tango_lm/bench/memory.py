@@ -46,7 +46,6 @@ import torch.nn.functional as F
 from tango_lm.bench.heads import _max_rss_bytes
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -251,10 +250,8 @@ def run_memory_bench(
     `progress`: "bar", "lines" or "none" (`bench/progress.py`), a line per subprocess."""
     base_cfg = memory_config(backbone, d_model, depth, vocab_size, seq_len)
     modes = (False, True) if compile else (False,)
-    bar = Progress("memory", 1, len(heads) * len(modes), 0, progress, every_run=True)
     rows = []
-    stopped_by = None
-    try:
+    with Progress("memory", 1, len(heads) * len(modes), 0, progress, every_run=True) as bar:
         for head in heads:
             for compiled in modes:
                 label = f"{head} {'compiled' if compiled else 'eager'}"
@@ -266,11 +263,6 @@ def run_memory_bench(
                 bar.run_done(0, label, time.perf_counter() - start)
                 row["step_s_median"] = statistics.median(row["step_s"])
                 rows.append(row)
-    except STOPS as stop:
-        stopped_by = signal_name(stop)
-        raise
-    finally:
-        bar.close(stopped_by)
     for r in rows:
         same_mode = [b for b in rows if b["mode"] == r["mode"]]
         base = next((b for b in same_mode if b["head"] == "standard"), same_mode[0])

@@ -5,7 +5,8 @@ terminal a bar counts the runs, names the one under way and gives the ETA; in a 
 terminal, as under `tools/gpu_suites.sh`) one line per warm-up run with its seconds, where
 compiling (torch.compile, CUDA graphs, Triton's autotuning) shows, and one per timed round with
 the time left, so a suite stopped by a time limit leaves in its log how far it got and what took
-the time. A suite whose every run is a whole measurement (the memory suite's subprocesses) asks
+the time. Used as a context manager, it closes itself and names a stop that ended the block.
+A suite whose every run is a whole measurement (the memory suite's subprocesses) asks
 for a line per run (`every_run`). `tango-lm bench` picks "bar" or "lines" by its stderr, "none" with `--quiet` (the
 library's default: a caller that wants progress asks for it).
 """
@@ -16,6 +17,8 @@ import sys
 import time
 
 from tqdm.auto import tqdm
+
+from tango_lm.bench.stopping import STOPS, signal_name
 
 MODES = ("bar", "lines", "none")
 LINE_EVERY_S = 10.0  # a log gets a timed-round line at most this often
@@ -65,6 +68,13 @@ class Progress:
             self._line(f"timed round {done}/{timed}: {now - self.round_start:.1f} s (about {left:.0f} s left)")
             self.last_line = now
         self.round_start = now
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind: type | None, stop: BaseException | None, traceback: object) -> None:
+        """Closes it; a stop (SIGTERM, Ctrl-C) leaving the block is named in the last line."""
+        self.close(signal_name(stop) if isinstance(stop, STOPS) else None)
 
     def close(self, stopped_by: str | None = None) -> None:
         self.bar.close()

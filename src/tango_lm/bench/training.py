@@ -203,20 +203,18 @@ def run_training_bench(
         runners += [_Runner(cfg, note, mode, model, opt) for mode in modes]  # modes share weights and optimizer
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
-    progress_bar = Progress("train", warmup + steps, len(runners), warmup, progress)
     stopped: dict[str, Any] | None = None
     i = 0
     try:
-        for i in range(warmup + steps):
-            for run in runners:
-                if run.compile_error is None:
-                    progress_bar.run_start(run.label)
-                    progress_bar.run_done(i, run.label, run.step(x, y, dtype, timed=i >= warmup))
-            progress_bar.round_done(i)
+        with Progress("train", warmup + steps, len(runners), warmup, progress) as progress_bar:
+            for i in range(warmup + steps):
+                for run in runners:
+                    if run.compile_error is None:
+                        progress_bar.run_start(run.label)
+                        progress_bar.run_done(i, run.label, run.step(x, y, dtype, timed=i >= warmup))
+                progress_bar.round_done(i)
     except STOPS as stop:  # a time limit or Ctrl-C: report the steps finished so far
         stopped = {"signal": signal_name(stop), "timed_rounds_done": max(0, i - warmup), "timed_rounds": steps}
-    finally:
-        progress_bar.close(stopped and stopped["signal"])
 
     def unless_stopped(measure: Any) -> Any:
         """What comes after the steps, until a stop: then None (the steps' rows are still reported)."""

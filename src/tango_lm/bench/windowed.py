@@ -16,7 +16,6 @@ import torch
 
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
@@ -73,9 +72,7 @@ def windowed_time_per_token(
         dy = torch.randn(batch, t, d_model, device=dev, generator=gen)
         cases.append((t, batch, x, dy, rope_tables(t, head_dim, 10000.0, dev)))
     times: dict[tuple[int, str], list[float]] = {(t, name): [] for t in seq_lens for name in blocks}
-    bar = Progress("windowed", warmup + repeats, len(cases) * len(blocks), warmup, progress)
-    stopped_by = None
-    try:
+    with Progress("windowed", warmup + repeats, len(cases) * len(blocks), warmup, progress) as bar:
         for i in range(warmup + repeats):
             for t, _, x, dy, rope in cases:
                 for name, block in blocks.items():
@@ -87,11 +84,6 @@ def windowed_time_per_token(
                     block.zero_grad(set_to_none=True)
                     x.grad = None
             bar.round_done(i)
-    except STOPS as stop:
-        stopped_by = signal_name(stop)
-        raise
-    finally:
-        bar.close(stopped_by)
     rows = []
     for t, batch, *_ in cases:
         row: dict[str, Any] = {"seq_len": t, "batch": batch}
