@@ -97,7 +97,8 @@ def profile_model(cfg, args: argparse.Namespace, dev: torch.device) -> dict:
     busy_ms = sum(kernels.values())
     by_category: dict[str, float] = {}
     for name, ms in kernels.items():
-        by_category[category(name)] = by_category.get(category(name), 0.0) + ms
+        label = category(name)
+        by_category[label] = by_category.get(label, 0.0) + ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[: args.top]
     return {
         "arch": cfg.arch,
