@@ -29,15 +29,15 @@ def load(out: Path, name: str) -> tuple[str, dict | None]:
         report = json.loads((out / f"{name}.json").read_text())
     except (OSError, json.JSONDecodeError):
         return (status if rc != "0" else "FAILED (no JSON report)"), None
-    if report.get("stopped"):
-        status += f" (partial: {report['stopped']['suite']})"
+    if report.get("stopped"):  # no "suite" when it was stopped before any suite ran
+        status += f" (partial: {report['stopped'].get('suite', 'nothing measured')})"
     return status, report
 
 
 def main(out: Path) -> None:
     names = sorted(p.stem for p in out.glob("*.rc"))
     reports = {name: load(out, name) for name in names}
-    env = next((r["environment"] for _, r in reports.values() if r), {})
+    env = next((r["environment"] for _, r in reports.values() if r and "environment" in r), {})
     print(f"GPU suites in {out}: torch {env.get('torch', '?')}, python {env.get('python', '?')}")
     print(f"{'suite':<14}{'status':<22}seconds")
     for name in names:

@@ -75,17 +75,74 @@ def test_a_stop_while_memory_is_measured_keeps_the_timed_rows(monkeypatch):
     assert report["matmul_peak_after"] is not None  # measured before the stop
 
 
+DECODE = dict(archs=("tango",), d_model=32, depth=2, tango_width=64, vocab_size=40, prompt_len=3, new_tokens=2)
+DECODE.update(batches=(1,), head_vocab=50, device="cpu", print_table=False)
+
+
+def test_decode_suite_stopped_in_its_rounds_reports_the_cases_it_timed(monkeypatch):
+    # Two models x two cases (b1 greedy, b1 t=1) = 4 runs a round, 1 warm-up + 3 timed rounds. The
+    # stop lands in the first timed round's 3rd run: both models have "b1 greedy" once, no "b1 t=1".
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    report = decode.run_decode_bench(**DECODE, repeats=3)
+    assert report["stopped"] == {
+        "signal": "SIGTERM",
+        "timed_rounds_done": 0,
+        "timed_rounds": 3,
+        "part": "architectures",
+    }
+    rows = {r["arch"]: r for r in report["archs"]}
+    assert set(rows) == {"tango", "loop-transformer"} and "heads" not in report  # no heads after a stop
+    for r in rows.values():
+        assert list(r["tokens_per_s"]) == ["b1 greedy"] and r["tokens_per_s"]["b1 greedy"] > 0
+        assert r["tokens_per_s_vs_loop"]["b1 greedy"] == pytest.approx(
+            r["tokens_per_s"]["b1 greedy"] / rows["loop-transformer"]["tokens_per_s"]["b1 greedy"]
+        )
+        assert r["prefill_tokens_per_s"] == {} and r["cache_bytes_per_token"] is None and r["cache_vs_loop"] is None
+    text = decode.format_report(report)
+    tango = next(line for line in text.splitlines() if line.startswith("tango "))
+    assert tango.split()[1:5] == [tango.split()[1], "-", tango.split()[3], "-"]  # b1 t=1 and its ratio: "-"
+    assert "STOPPED by SIGTERM after 0 of 3 timed rounds of the architectures" in text
+
+
+def test_decode_suite_stopped_in_the_heads_keeps_every_architecture(monkeypatch):
+    # 2 models x 2 cases x (1 warm-up + 2 timed) = 12 runs of the architectures, then the heads'
+    # (3 variants x 1 case): the stop is their 2nd timed round's 2nd run (12 + 3 + 3 + 2).
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 12 + 3 + 3 + 2, KeyboardInterrupt())
+    report = decode.run_decode_bench(**DECODE, repeats=2)
+    assert report["stopped"] == {"signal": "SIGINT", "timed_rounds_done": 1, "timed_rounds": 2, "part": "heads"}
+    for r in report["archs"]:
+        assert list(r["tokens_per_s"]) == ["b1 greedy", "b1 t=1"] and r["cache_bytes_per_token"] > 0
+        assert list(r["prefill_tokens_per_s"]) == ["b1"]
+    variants = report["heads"]["variants"]
+    assert [list(v["tokens_per_s"]) for v in variants] == [["b1"], ["b1"], ["b1"]]  # every variant timed once
+    text = decode.format_report(report)
+    assert "decode heads:" in text and "of the heads: each number is the median" in text
+
+
+def test_decode_suite_stopped_while_the_heads_are_built(monkeypatch):
+    _stop_at_call(monkeypatch, decode, "run_head_decode", 1, stopping.Stopped(signal.SIGTERM))
+    report = decode.run_decode_bench(**DECODE, repeats=1)
+    assert report["heads"] is None and report["stopped"]["part"] == "heads"
+    assert report["stopped"]["timed_rounds_done"] == 0  # none of the heads' rounds
+    assert "decode heads:" not in decode.format_report(report)
+
+
 def test_bench_cli_prints_the_report_of_a_stopped_suite_and_exits_as_the_signal(monkeypatch, capsys):
-    # The decode suite has no partial rows: the report names it, the suites before it stay whole.
+    # A stop in the decode suite's warm-up round: its report has rows with no case measured.
     _stop_at_call(monkeypatch, decode, "_timed_generate", 3, KeyboardInterrupt())
     argv = ["bench", "--suite", "decode", "--archs", "tango", "--d-model", "32", "--depth", "2"]
     argv += ["--tango-width", "64", "--vocab-size", "40", "--prompt-len", "3", "--new-tokens", "2"]
     assert main([*argv, "--decode-batches", "1", "--repeats", "1", "--device", "cpu", "--json"]) == 130
     captured = capsys.readouterr()
     report = json.loads(captured.out)
-    assert report["stopped"] == {"signal": "SIGINT", "suite": "decode"} and "decode" not in report
+    assert report["stopped"] == {"signal": "SIGINT", "suite": "decode"}
+    assert report["decode"]["stopped"]["timed_rounds_done"] == 0
+    assert all(r["tokens_per_s"] == {} for r in report["decode"]["archs"])
     assert "stopped by SIGINT in the decode suite" in captured.err
     assert "decode: stopped by SIGINT after" in captured.err  # its progress lines (stderr is no terminal)
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 3, KeyboardInterrupt())  # again, printing the table
+    assert main([*argv, "--decode-batches", "1", "--repeats", "1", "--device", "cpu"]) == 130
+    assert "STOPPED by SIGINT after 0 of 1 timed rounds" in capsys.readouterr().out  # the table, all "-"
 
 
 def test_a_real_sigterm_to_tango_lm_bench(tmp_path):
@@ -221,3 +278,23 @@ def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypa
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"stopped": {"signal": "SIGTERM"}}
     assert captured.err.splitlines()[-1] == "stopped by SIGTERM before anything was measured"
+
+
+def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch, tmp_path, capsys):
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    partial = decode.run_decode_bench(**DECODE, repeats=2)
+    report = {"suites": ["decode"], "stopped": {"signal": "SIGTERM", "suite": "decode"}, "decode": partial}
+    (tmp_path / "decode-70m.json").write_text(json.dumps(report))
+    (tmp_path / "decode-70m.rc").write_text("124\n")
+    (tmp_path / "train-70m.json").write_text(json.dumps({"stopped": {"signal": "SIGTERM"}}))  # before any suite
+    (tmp_path / "train-70m.rc").write_text("143\n")
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import gpu_suites_table
+    finally:
+        sys.path.remove(str(TOOLS))
+    gpu_suites_table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "decode-70m    TIMEOUT (partial: decode)" in out
+    assert "train-70m     FAILED (exit 143) (partial: nothing measured)" in out
+    assert "STOPPED by SIGTERM after 0 of 2 timed rounds of the architectures" in out

@@ -15,6 +15,10 @@ Heads: on one backbone, the Standard head against onóna sampled two ways at tem
 truncation: one projection per position (`head.sample`, what `generate` does on its own) and
 both projections (`top_k=V`, which changes no probability but forces the full mixture). Ratios
 are to the Standard head.
+
+Stopped early (SIGTERM, Ctrl-C: `bench/stopping.py`), it reports every case from the timed rounds
+it finished ("stopped", with "part": "architectures" or "heads"); a case with no timed run, and
+what comes after the rounds (prefill, cache bytes, the heads), is left out ("-" in the table).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, StopRecord
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
@@ -163,8 +168,11 @@ def run_decode_bench(
     cases = [(b, m, path) for b in batches for m in MODES for path in report["paths"]]
     prompts = _prompts(batches, prompt_len, report["vocab_size"], dev)  # a tier's presets: their vocabulary
     bar = Progress("decode", 1 + repeats, len(cases) * len(models), 1, progress)
-    wall = _interleaved(models, cases, prompts, new_tokens, repeats, static=report["static_mode"], progress=bar)
-    prefill = prefill_walls(models, prompts, repeats)
+    stops = StopRecord(repeats)
+    wall = _interleaved(
+        models, cases, prompts, new_tokens, repeats, static=report["static_mode"], progress=bar, stops=stops
+    )
+    prefill = stops.unless_stopped(lambda: prefill_walls(models, prompts, repeats)) or {}
     rows = []
     for cfg, note in pairs:
         row: dict[str, Any] = {
@@ -172,47 +180,66 @@ def run_decode_bench(
             "width": cfg.width,
             "params_total": cfg.num_params()["total"],
             "note": note,
-            "tokens_per_s": {},
-            "prefill_tokens_per_s": {
-                f"b{b}": b * prompt_len / statistics.median(prefill[cfg.arch, b]) for b in batches
+            "tokens_per_s": {
+                case_key(b, m, path): b * new_tokens / statistics.median(wall[cfg.arch, b, m, path])
+                for b, m, path in cases
+                if (cfg.arch, b, m, path) in wall  # a stop can leave a case untimed
             },
-            "cache_bytes_per_token": cache_bytes_per_token(models[cfg.arch], positions, dev),
+            "prefill_tokens_per_s": {
+                f"b{b}": b * prompt_len / statistics.median(prefill[cfg.arch, b]) for b in batches if prefill
+            },
+            "cache_bytes_per_token": stops.unless_stopped(
+                lambda cfg=cfg: cache_bytes_per_token(models[cfg.arch], positions, dev)
+            ),
         }
-        for b, m, path in cases:
-            row["tokens_per_s"][case_key(b, m, path)] = b * new_tokens / statistics.median(wall[cfg.arch, b, m, path])
         rows.append(row)
     base = next(r for r in rows if r["arch"] == BASELINE)
     for r in rows:
-        r["tokens_per_s_vs_loop"] = {k: v / base["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
-        r["prefill_vs_loop"] = {k: v / base["prefill_tokens_per_s"][k] for k, v in r["prefill_tokens_per_s"].items()}
+        r["tokens_per_s_vs_loop"] = ratios(r["tokens_per_s"], base["tokens_per_s"])
+        r["prefill_vs_loop"] = ratios(r["prefill_tokens_per_s"], base["prefill_tokens_per_s"])
         if static:
             r["static_vs_eager"] = {
                 case_key(b, m, "eager"): r["tokens_per_s"][case_key(b, m, "static")]
                 / r["tokens_per_s"][case_key(b, m, "eager")]
                 for b in batches
                 for m in MODES
+                if case_key(b, m, "static") in r["tokens_per_s"] and case_key(b, m, "eager") in r["tokens_per_s"]
             }
-        r["cache_vs_loop"] = r["cache_bytes_per_token"] / base["cache_bytes_per_token"]
+        both = r["cache_bytes_per_token"] is not None and base["cache_bytes_per_token"]
+        r["cache_vs_loop"] = r["cache_bytes_per_token"] / base["cache_bytes_per_token"] if both else None
     report["archs"] = rows
-    del models
-    if heads:
-        report["heads"] = run_head_decode(
-            head_backbone,
-            d_model,
-            depth,
-            head_vocab,
-            prompt_len,
-            new_tokens,
-            batches,
-            repeats,
-            dev,
-            report["paths"],
-            report["static_mode"],
-            progress,
-        )
+    report["stopped"] = stops.record and {**stops.record, "part": "architectures"}
+    models.clear()  # free the architectures before the heads are built
+    if heads and not stops.record:
+        heads_stops = StopRecord(repeats)
+        try:
+            report["heads"] = run_head_decode(
+                head_backbone,
+                d_model,
+                depth,
+                head_vocab,
+                prompt_len,
+                new_tokens,
+                batches,
+                repeats,
+                dev,
+                report["paths"],
+                report["static_mode"],
+                progress,
+                heads_stops,
+            )
+        except STOPS as stop:  # while the heads' models were built, before their first round
+            report["heads"] = None
+            heads_stops.stop(stop, 0)
+        report["stopped"] = heads_stops.record and {**heads_stops.record, "part": "heads"}
     if print_table:
         print(format_report(report))
     return report
+
+
+def ratios(values: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """values[k] / base[k] for every k both measured (a stop can leave cases out of either)."""
+    return {k: v / base[k] for k, v in values.items() if k in base}
 
 
 def case_key(batch: int, mode: str, path: str) -> str:
@@ -230,26 +257,39 @@ def _interleaved(
     temperature: dict[str, float] | None = None,
     static: str | None = None,
     progress: Progress | None = None,
+    stops: StopRecord | None = None,
 ) -> dict[tuple[str, int, str, str], list[float]]:
     """Wall seconds per (model, batch, mode, path): one short warm-up round (it also compiles the
-    static steps, `warmup_tokens`), then `repeats` rounds of every case for every model."""
+    static steps, `warmup_tokens`), then `repeats` rounds of every case for every model. A stop
+    (SIGTERM, Ctrl-C) ends the rounds: recorded in `stops` (raised when there is none), the walls
+    timed before it are returned."""
     progress = progress or Progress("decode", 1 + repeats, len(cases) * len(models), 1)
     out: dict[tuple[str, int, str, str], list[float]] = {}
-    with progress:
-        for i in range(1 + repeats):
-            for b, m, path in cases:
-                for name, model in models.items():
-                    n = new_tokens if i else warmup_tokens(prompts[b].shape[1], new_tokens, model.config.context_length)
-                    t = temperature[name] if temperature else MODES[m]
-                    label = f"{name} {case_key(b, m, path)}"
-                    progress.run_start(label)
-                    wall, _ = _timed_generate(
-                        model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
-                    )
-                    progress.run_done(i, label, wall)
-                    if i > 0:
-                        out.setdefault((name, b, m, path), []).append(wall)
-            progress.round_done(i)
+    i = 0
+    try:
+        with progress:
+            for i in range(1 + repeats):
+                for b, m, path in cases:
+                    for name, model in models.items():
+                        n = (
+                            new_tokens
+                            if i
+                            else warmup_tokens(prompts[b].shape[1], new_tokens, model.config.context_length)
+                        )
+                        t = temperature[name] if temperature else MODES[m]
+                        label = f"{name} {case_key(b, m, path)}"
+                        progress.run_start(label)
+                        wall, _ = _timed_generate(
+                            model, prompts[b], n, t, (top_k or {}).get(name), static if path == "static" else None
+                        )
+                        progress.run_done(i, label, wall)
+                        if i > 0:
+                            out.setdefault((name, b, m, path), []).append(wall)
+                progress.round_done(i)
+    except STOPS as stop:  # a time limit or Ctrl-C: the rounds timed so far are the result
+        if stops is None:
+            raise
+        stops.stop(stop, i - 1)
     return out
 
 
@@ -266,9 +306,11 @@ def run_head_decode(
     paths: list[str] | None = None,
     static: str | None = None,
     progress: str = "none",
+    stops: StopRecord | None = None,
 ) -> dict[str, Any]:
     """Standard vs onóna (one projection) vs onóna (both projections), temperature 1, untruncated;
-    `backbone` an architecture (at d_model, depth, width 4d) or a preset name (its model)."""
+    `backbone` an architecture (at d_model, depth, width 4d) or a preset name (its model). A stop
+    in the rounds is recorded in `stops` (see `_interleaved`)."""
     from tango_lm.bench.memory import memory_config
 
     decode_paths = paths or ["eager"]
@@ -284,7 +326,7 @@ def run_head_decode(
     cases = [(b, "t=1", path) for b in batches for path in decode_paths]
     prompts = _prompts(batches, prompt_len, vocab_size, dev)
     bar = Progress("decode heads", 1 + repeats, len(cases) * len(models), 1, progress)
-    wall = _interleaved(models, cases, prompts, new_tokens, repeats, top_k, temperature, static, bar)
+    wall = _interleaved(models, cases, prompts, new_tokens, repeats, top_k, temperature, static, bar, stops)
     paths = {
         "standard": "one table (full softmax)",
         "onona-one": "one projection per position (head.sample)",
@@ -298,6 +340,7 @@ def run_head_decode(
             / statistics.median(wall[name, b, "t=1", path])
             for b in batches
             for path in decode_paths
+            if (name, b, "t=1", path) in wall
         }
         rows.append(
             {
@@ -308,7 +351,7 @@ def run_head_decode(
             }
         )
     for r in rows:
-        r["tokens_per_s_vs_standard"] = {k: v / rows[0]["tokens_per_s"][k] for k, v in r["tokens_per_s"].items()}
+        r["tokens_per_s_vs_standard"] = ratios(r["tokens_per_s"], rows[0]["tokens_per_s"])
     return {
         "backbone": backbone,
         "d_model": base.d_model,
@@ -344,6 +387,20 @@ def preset_configs(
     return out
 
 
+def _cell(value: float | None, width: int, spec: str) -> str:
+    """A number right-aligned in `width`, or '-' where a stop left it unmeasured."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def stopped_text(stopped: dict[str, Any]) -> str:
+    """One line for a decode report whose rounds a signal ended early."""
+    return (
+        f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
+        f"rounds of the {stopped['part']}: each number is the median of the rounds its case finished; "
+        "'-': not measured"
+    )
+
+
 def format_report(report: dict[str, Any]) -> str:
     keys = [
         case_key(b, m, path)
@@ -352,7 +409,8 @@ def format_report(report: dict[str, Any]) -> str:
         for path in report.get("paths", ["eager"])
     ]
     w = max(11, max(len(k) for k in keys) + 2)  # column width: the longest key and a gap
-    prefill_keys = list(report["archs"][0].get("prefill_tokens_per_s", {})) if report["archs"] else []
+    measured_prefill = any(r.get("prefill_tokens_per_s") for r in report["archs"])
+    prefill_keys = [f"b{b}" for b in report["batches"]] if measured_prefill else []
     models = f"the {report['tier']} presets" if report.get("tier") else "matched models of the train suite"
     static = (
         f"; static = static decode steps ({report['static_mode']}, serve/static_decode.py; the warm-up round compiles)"
@@ -376,11 +434,13 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report["archs"]:
         lines.append(
             f"{r['arch']:<19}"
-            + "".join(f"{r['tokens_per_s'][k]:>{w},.0f}" for k in keys)
-            + "".join(f"{r['tokens_per_s_vs_loop'][k]:>{w + 2}.2f}" for k in keys)
-            + f"{r['cache_bytes_per_token']:>12,.0f}{r['cache_vs_loop']:>8.2f}"
+            + "".join(_cell(r["tokens_per_s"].get(k), w, ",.0f") for k in keys)
+            + "".join(_cell(r["tokens_per_s_vs_loop"].get(k), w + 2, ".2f") for k in keys)
+            + _cell(r["cache_bytes_per_token"], 12, ",.0f")
+            + _cell(r["cache_vs_loop"], 8, ".2f")
             + "".join(
-                f"{r['prefill_tokens_per_s'][k]:>{len(k) + 10},.0f}{r['prefill_vs_loop'][k]:>6.2f}"
+                _cell(r["prefill_tokens_per_s"].get(k), len(k) + 10, ",.0f")
+                + _cell(r["prefill_vs_loop"].get(k), 6, ".2f")
                 for k in prefill_keys
             )
             + f"  {r['note']}"
@@ -388,16 +448,22 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")
     if report.get("static_mode"):
+        eager_keys = [case_key(b, m, "eager") for b in report["batches"] for m in report["modes"]]
         lines.append(
             "static x eager (the same model): "
             + "; ".join(
-                f"{r['arch']} " + " ".join(f"{v:.2f}" for v in r["static_vs_eager"].values()) for r in report["archs"]
+                f"{r['arch']} " + " ".join(_cell(r["static_vs_eager"].get(k), 0, ".2f") for k in eager_keys)
+                for r in report["archs"]
             )
-            + f"  ({', '.join(report['archs'][0]['static_vs_eager'])})"
+            + f"  ({', '.join(eager_keys)})"
         )
-    if "heads" in report:
+    if report.get("heads"):
         h = report["heads"]
-        bkeys = list(h["variants"][0]["tokens_per_s"])
+        bkeys = [
+            f"b{b}" + (" static" if path == "static" else "")
+            for b in report["batches"]
+            for path in report.get("paths", ["eager"])
+        ]
         hw = max(11, max(len(k) for k in bkeys) + 8)
         lines += [
             "",
@@ -413,8 +479,10 @@ def format_report(report: dict[str, Any]) -> str:
         for r in h["variants"]:
             lines.append(
                 f"{r['variant']:<12}"
-                + "".join(f"{r['tokens_per_s'][k]:>{hw},.0f}" for k in bkeys)
-                + "".join(f"{r['tokens_per_s_vs_standard'][k]:>{hw - 3}.2f}" for k in bkeys)
+                + "".join(_cell(r["tokens_per_s"].get(k), hw, ",.0f") for k in bkeys)
+                + "".join(_cell(r["tokens_per_s_vs_standard"].get(k), hw - 3, ".2f") for k in bkeys)
                 + f"  {r['path']}"
             )
+    if report.get("stopped"):
+        lines.append(stopped_text(report["stopped"]))
     return "\n".join(lines)

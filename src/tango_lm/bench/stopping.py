@@ -2,18 +2,21 @@
 
 A long suite on a lent or batch-scheduled GPU is often ended from outside: `timeout` and a
 cluster's time limit send SIGTERM, a user presses Ctrl-C (SIGINT). Inside `stop_on_sigterm`,
-SIGTERM raises `Stopped`, as SIGINT raises `KeyboardInterrupt`; the train suite catches either
-in its step loop and reports the timed steps it finished (`bench/training.py`), a suite stopped
-without such rows is named in the report, and `tango-lm bench` prints the report (table or JSON)
-before it exits with 128 + the signal's number, as a process killed by it would.
+SIGTERM raises `Stopped`, as SIGINT raises `KeyboardInterrupt`; the train and decode suites
+catch either in their timed rounds (`StopRecord`) and report what those rounds measured, a suite
+stopped without such rows is named in the report, and `tango-lm bench` prints the report (table
+or JSON) before it exits with 128 + the signal's number, as a process killed by it would.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Stopped(BaseException):
@@ -31,6 +34,32 @@ STOPS = (Stopped, KeyboardInterrupt)  # what ends a benchmark early: SIGTERM, SI
 def signal_name(stop: BaseException) -> str:
     """'SIGTERM' or 'SIGINT' for one of `STOPS`."""
     return stop.signal if isinstance(stop, Stopped) else "SIGINT"
+
+
+class StopRecord:
+    """The stop that ended a suite's `timed_rounds` early, if one did: `record` is None or
+    {"signal", "timed_rounds_done", "timed_rounds"}, as the suite's report carries it."""
+
+    def __init__(self, timed_rounds: int) -> None:
+        self.timed_rounds = timed_rounds
+        self.record: dict[str, Any] | None = None
+
+    def stop(self, stop: BaseException, timed_rounds_done: int) -> None:
+        self.record = {
+            "signal": signal_name(stop),
+            "timed_rounds_done": max(0, timed_rounds_done),
+            "timed_rounds": self.timed_rounds,
+        }
+
+    def unless_stopped(self, measure: Callable[[], T]) -> T | None:
+        """What a suite measures after its rounds, until a stop: then None (the rounds still count)."""
+        if self.record is not None:
+            return None
+        try:
+            return measure()
+        except STOPS as stop:
+            self.stop(stop, self.timed_rounds)
+            return None
 
 
 def exit_code(name: str) -> int:

@@ -29,7 +29,7 @@ import torch
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, signal_name
+from tango_lm.bench.stopping import STOPS, StopRecord
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
@@ -203,7 +203,7 @@ def run_training_bench(
         runners += [_Runner(cfg, note, mode, model, opt) for mode in modes]  # modes share weights and optimizer
     inputs = torch.randint(0, min(c.vocab_size for c in configs), (batch_size, seq_len + 1), device=dev)
     x, y = inputs[:, :-1], inputs[:, 1:]
-    stopped: dict[str, Any] | None = None
+    stops = StopRecord(steps)
     i = 0
     try:
         with Progress("train", warmup + steps, len(runners), warmup, progress) as progress_bar:
@@ -214,19 +214,8 @@ def run_training_bench(
                         progress_bar.run_done(i, run.label, run.step(x, y, dtype, timed=i >= warmup))
                 progress_bar.round_done(i)
     except STOPS as stop:  # a time limit or Ctrl-C: report the steps finished so far
-        stopped = {"signal": signal_name(stop), "timed_rounds_done": max(0, i - warmup), "timed_rounds": steps}
-
-    def unless_stopped(measure: Any) -> Any:
-        """What comes after the steps, until a stop: then None (the steps' rows are still reported)."""
-        nonlocal stopped
-        if stopped is not None:
-            return None
-        try:
-            return measure()
-        except STOPS as stop:
-            stopped = {"signal": signal_name(stop), "timed_rounds_done": steps, "timed_rounds": steps}
-            return None
-
+        stops.stop(stop, i - warmup)
+    unless_stopped = stops.unless_stopped  # what comes after the steps: skipped after a stop
     peak_after = unless_stopped(lambda: measure_matmul_peak(dev, dtype or torch.float32, peak_size))
     load_end = _load()
     peak = max(peak_before, peak_after or 0.0)
@@ -317,7 +306,7 @@ def run_training_bench(
         "models": rows,
         "skipped": skipped,
         "compile_failed": [{"arch": run.cfg.arch, "error": run.compile_error} for run in runners if run.compile_error],
-        "stopped": stopped,  # None, or the signal that ended the steps early and how many rounds were timed
+        "stopped": stops.record,  # None, or the signal that ended the steps early and how many rounds were timed
         "not_measured": not_measured,  # runners the stop left without a timed step
     }
     if print_table:
