@@ -139,6 +139,34 @@ def test_gpu_suites_runs_only_the_suites_named(tmp_path):
     assert "--suite decode --compile" in (tmp_path / "out" / "decode-small.json").read_text()
 
 
+def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_path):
+    # BUDGET_S: the script ends, table and all, before a lent machine's per-command limit.
+    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory", "BUDGET_S": "150"}
+    proc = subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert (out / "decode-small.log").read_text().startswith("== decode-small (timeout 105s)")  # 150 - 45, not 600
+    assert (out / "memory.log").read_text().startswith("== memory (timeout 105s)")  # `echo` took no time
+    env["BUDGET_S"] = "100"  # 55 s left: under a minute, nothing runs
+    proc = subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert (tmp_path / "out2" / "memory.rc").read_text().strip() == "skipped"
+    assert not (tmp_path / "out2" / "memory.json").exists()
+    table = _run("gpu_suites_table.py", str(tmp_path / "out2"))
+    assert "memory        SKIPPED (budget)" in table
+
+
 def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
     # On a CPU it profiles ops (self time) at tiny sizes; the categories are for CUDA kernels' names.
     sys.path.insert(0, str(TOOLS))

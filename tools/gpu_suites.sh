@@ -8,7 +8,10 @@
 # fails or runs past its timeout is marked in the table and the others still run. Timeouts are in
 # seconds and can be overridden: TIMEOUT_TRAIN=1200 bash tools/gpu_suites.sh. All of them take far
 # longer than one command on a lent GPU machine may run (10 minutes): SUITES="train-70m decode-70m"
-# runs only the suites named.
+# runs only the suites named, and BUDGET_S=570 holds the whole script to 570 seconds: each suite's
+# timeout is cut to the time left (less 45 s: the 30 s a stopped suite has to print its report, and
+# the table), a suite with under a minute left is skipped ("SKIPPED (budget)" in the table), so the
+# script ends with its table before the machine's own limit kills it.
 #
 # - train-70m / train-160m: every architecture at the 70M / 160M tier of seed 000 Table 3
 #   (d = 512 / 768, T = 1024, depth 4, batch 16, V = 50257, bf16 autocast), eager and through
@@ -37,6 +40,15 @@ run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its l
   local name=$1 limit=$2
   shift 2
   if [ -n "${SUITES:-}" ] && [[ " $SUITES " != *" $name "* ]]; then return 0; fi
+  if [ -n "${BUDGET_S:-}" ]; then
+    local left=$((BUDGET_S - SECONDS - 45))
+    if [ "$left" -lt 60 ]; then
+      echo "$name skipped: ${left}s left of BUDGET_S=${BUDGET_S}" | tee "$OUT/$name.log"
+      echo skipped > "$OUT/$name.rc"
+      return 0
+    fi
+    if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  fi
   echo "== $name (timeout ${limit}s): tango-lm bench $*" | tee "$OUT/$name.log"
   local start=$SECONDS
   # SIGTERM at the limit (the bench then prints what it measured), SIGKILL 30 s later if it is stuck

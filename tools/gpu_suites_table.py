@@ -24,7 +24,9 @@ def load(out: Path, name: str) -> tuple[str, dict | None]:
     """(status, report): a suite stopped by its timeout still printed what it measured before
     (`bench/stopping.py`); its status says so, and its tables show it."""
     rc = (out / f"{name}.rc").read_text().strip() if (out / f"{name}.rc").exists() else "?"
-    status = {"0": "ok", "124": "TIMEOUT", "137": "KILLED"}.get(rc, f"FAILED (exit {rc})")
+    status = {"0": "ok", "124": "TIMEOUT", "137": "KILLED", "skipped": "SKIPPED (budget)"}.get(
+        rc, f"FAILED (exit {rc})"
+    )
     try:
         report = json.loads((out / f"{name}.json").read_text())
     except (OSError, json.JSONDecodeError):
