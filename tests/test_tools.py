@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,48 +124,35 @@ def test_delta_rule_bench():
     assert "chunked" in out and "x 1.00" in out and "compiled" not in out and "fla" not in out  # no CUDA here
 
 
-def test_gpu_suites_runs_only_the_suites_named(tmp_path):
-    # One command on a lent GPU machine runs at most 10 minutes, all suites far longer: SUITES picks.
-    # `echo` stands in for Python, so each suite's "report" is the command line it would run.
-    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory"}
+def _gpu_suites(out: Path, **env: str) -> Path:
+    """tools/gpu_suites.sh into `out` with `echo` standing in for Python: each suite's "report" is
+    the command line it would run, and it takes no time."""
     proc = subprocess.run(
-        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(out)],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHON": "echo", **env},
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["decode-small.json", "memory.json"]
-    assert "--suite decode --compile" in (tmp_path / "out" / "decode-small.json").read_text()
+    return out
+
+
+def test_gpu_suites_runs_only_the_suites_named(tmp_path):
+    # One command on a lent GPU machine runs at most 10 minutes, all suites far longer: SUITES picks.
+    out = _gpu_suites(tmp_path / "out", SUITES="decode-small memory")
+    assert sorted(p.name for p in out.glob("*.json")) == ["decode-small.json", "memory.json"]
+    assert "--suite decode --compile" in (out / "decode-small.json").read_text()
 
 
 def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_path):
     # BUDGET_S: the script ends, table and all, before a lent machine's per-command limit.
-    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory", "BUDGET_S": "150"}
-    proc = subprocess.run(
-        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "out"
+    out = _gpu_suites(tmp_path / "out", SUITES="decode-small memory", BUDGET_S="150")
     assert (out / "decode-small.log").read_text().startswith("== decode-small (timeout 105s)")  # 150 - 45, not 600
-    assert (out / "memory.log").read_text().startswith("== memory (timeout 105s)")  # `echo` took no time
-    env["BUDGET_S"] = "100"  # 55 s left: under a minute, nothing runs
-    proc = subprocess.run(
-        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out2")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert (tmp_path / "out2" / "memory.rc").read_text().strip() == "skipped"
-    assert not (tmp_path / "out2" / "memory.json").exists()
-    table = _run("gpu_suites_table.py", str(tmp_path / "out2"))
-    assert "memory        SKIPPED (budget)" in table
+    assert (out / "memory.log").read_text().startswith("== memory (timeout 105s)")
+    out = _gpu_suites(tmp_path / "out2", SUITES="decode-small memory", BUDGET_S="100")  # 55 s left: nothing runs
+    assert (out / "memory.rc").read_text().strip() == "skipped" and not (out / "memory.json").exists()
+    assert "memory        SKIPPED (budget)" in _run("gpu_suites_table.py", str(out))
 
 
 def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
