@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tango_lm.bench import decode, progress, stopping, training
+from tango_lm.bench import decode, memory, progress, stopping, training
 from tango_lm.cli import main
 
 TINY = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
@@ -298,3 +298,30 @@ def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch,
     assert "decode-70m    TIMEOUT (partial: decode)" in out
     assert "train-70m     FAILED (exit 143) (partial: nothing measured)" in out
     assert "STOPPED by SIGTERM after 0 of 2 timed rounds of the architectures" in out
+
+
+def test_memory_suite_stopped_keeps_the_models_it_measured(monkeypatch):
+    # Eager heads first, then the compiled ones: a stop in the compiled pair keeps the eager comparison.
+    def fake_subprocess(cfg, batch_size, seq_len, device, steps, threads, compile=False):
+        peak = {"standard": 100, "onona": 103}[cfg.head] * 2**20
+        row = dict(head=cfg.head, mode="compiled" if compile else "eager", params_total=1, step_s=[0.5])
+        row.update(peak_bytes=peak, state_bytes=2**20, other_bytes=peak - 2**20, device="cpu", threads=1)
+        return row | {"precision": "fp32", "memory_method": "fake"}
+
+    monkeypatch.setattr(memory, "measure_in_subprocess", fake_subprocess)
+    _stop_at_call(monkeypatch, memory, "measure_in_subprocess", 4, stopping.Stopped(signal.SIGTERM))
+    report = memory.run_memory_bench(
+        backbone="dense", d_model=32, depth=1, vocab_size=50, compile=True, print_table=False
+    )
+    assert [(r["head"], r["mode"]) for r in report["heads"]] == [
+        ("standard", "eager"),
+        ("onona", "eager"),
+        ("standard", "compiled"),
+    ]
+    assert report["heads"][1]["peak_vs_standard"] == pytest.approx(1.03)
+    assert report["stopped"] == {"signal": "SIGTERM", "timed_rounds_done": 3, "timed_rounds": 4}
+    assert memory.format_report(report).endswith("STOPPED by SIGTERM after 3 of 4 models")
+    _stop_at_call(monkeypatch, memory, "measure_in_subprocess", 1, KeyboardInterrupt())  # before the first
+    report = memory.run_memory_bench(backbone="dense", d_model=32, depth=1, vocab_size=50, print_table=False)
+    assert report["heads"] == [] and report["device"] is None and report["stopped"]["timed_rounds_done"] == 0
+    assert "after 0 of 2 models" in memory.format_report(report)

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from tango_lm.bench.heads import _max_rss_bytes
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, StopRecord
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -247,22 +248,28 @@ def run_memory_bench(
     """onóna against Standard on the same backbone and batch, each model in a fresh subprocess,
     both on the default (chunked) loss path; ratios are to the Standard head in the same mode.
     `compile`: every head also through torch.compile (the first step compiles; the peak covers it).
-    `progress`: "bar", "lines" or "none" (`bench/progress.py`), a line per subprocess."""
+    `progress`: "bar", "lines" or "none" (`bench/progress.py`), a line per subprocess. The heads of
+    one mode run one after the other, eager first: SIGTERM or Ctrl-C (`bench/stopping.py`) keeps the
+    rows measured before it ("stopped": after how many of the models)."""
     base_cfg = memory_config(backbone, d_model, depth, vocab_size, seq_len)
     modes = (False, True) if compile else (False,)
-    rows = []
-    with Progress("memory", 1, len(heads) * len(modes), 0, progress, every_run=True) as bar:
-        for head in heads:
+    rows: list[dict[str, Any]] = []
+    stops = StopRecord(len(heads) * len(modes))
+    try:
+        with Progress("memory", 1, len(heads) * len(modes), 0, progress, every_run=True) as bar:
             for compiled in modes:
-                label = f"{head} {'compiled' if compiled else 'eager'}"
-                bar.run_start(label)
-                start = time.perf_counter()
-                row = measure_in_subprocess(
-                    base_cfg.replace(head=head), batch_size, seq_len, device, steps, threads, compile=compiled
-                )
-                bar.run_done(0, label, time.perf_counter() - start)
-                row["step_s_median"] = statistics.median(row["step_s"])
-                rows.append(row)
+                for head in heads:
+                    label = f"{head} {'compiled' if compiled else 'eager'}"
+                    bar.run_start(label)
+                    start = time.perf_counter()
+                    row = measure_in_subprocess(
+                        base_cfg.replace(head=head), batch_size, seq_len, device, steps, threads, compile=compiled
+                    )
+                    bar.run_done(0, label, time.perf_counter() - start)
+                    row["step_s_median"] = statistics.median(row["step_s"])
+                    rows.append(row)
+    except STOPS as stop:  # a time limit or Ctrl-C: the models measured so far are the report
+        stops.stop(stop, len(rows))
     for r in rows:
         same_mode = [b for b in rows if b["mode"] == r["mode"]]
         base = next((b for b in same_mode if b["head"] == "standard"), same_mode[0])
@@ -279,11 +286,9 @@ def run_memory_bench(
         "seq_len": seq_len,
         "loss_chunk": base_cfg.loss_chunk,
         "steps": steps,
-        "device": rows[0]["device"],
-        "threads": rows[0]["threads"],
-        "precision": rows[0]["precision"],
-        "memory_method": rows[0]["memory_method"],
+        **{key: rows[0][key] if rows else None for key in ("device", "threads", "precision", "memory_method")},
         "heads": rows,
+        "stopped": stops.record,  # None, or the signal and after how many of the models ("timed_rounds")
     }
     if print_table:
         print(format_report(report))
@@ -309,6 +314,11 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['head']:<10}{r.get('mode', 'eager'):<9}{r['params_total']:>13,}{r['peak_bytes'] / mib:>10.0f}{r['state_bytes'] / mib:>11.0f}"
             f"{r['other_bytes'] / mib:>11.0f}{r['step_s_median']:>8.1f}{r['peak_vs_standard']:>13.2f}"
             f"{r['state_vs_standard']:>14.2f}{r['other_vs_standard']:>14.2f}"
+        )
+    if report.get("stopped"):
+        stopped = report["stopped"]
+        lines.append(
+            f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} models"
         )
     return "\n".join(lines)
 

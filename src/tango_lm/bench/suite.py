@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the suites `args` names, print each table unless --json, and return the report (the
     caller prints it as JSON). SIGTERM (under `bench.stopping.stop_on_sigterm`) or Ctrl-C ends it
     early: the report's "stopped" names the signal and the suite it stopped; the suites before it
-    are whole, and a stopped train suite keeps the timed steps it finished."""
+    are whole, and a stopped train, decode or memory suite keeps what its finished rounds measured."""
     import torch
 
     from tango_lm.bench.decode import run_decode_bench
@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except STOPS as stop:  # a time limit or Ctrl-C: the suites finished so far are the report
             out["stopped"] = {"signal": signal_name(stop), "suite": suite}
             break
-        if (out[suite].get("stopped") or {}).get("signal"):  # the train suite, stopped inside its steps
+        if (out[suite].get("stopped") or {}).get("signal"):  # stopped inside its rounds, its rows kept
             out["stopped"] = {"signal": out[suite]["stopped"]["signal"], "suite": suite}
             break
     return out
