@@ -249,6 +249,34 @@ def test_unfinished_run_is_left_out_with_a_warning(tmp_path):
     assert any(str(failed) in w and "failed before training" in w for w in res["warnings"])
 
 
+def test_report_of_a_live_sweep_passes_over_checkpoints_that_vanish(tmp_path, monkeypatch):
+    # A running sweep renames and removes old checkpoint directories while the report walks the
+    # tree; a checkpoint's own config.json is no run either.
+    import os
+
+    root = tmp_path / "runs"
+    run = _one_run(root)
+    step = run / "checkpoints" / "step-00000010"
+    step.mkdir(parents=True)
+    (step / "config.json").write_text((run / "config.json").read_text())
+    going = root / "live" / "checkpoints" / ".old-step-00000004"
+    going.mkdir(parents=True)
+    (going.parent.parent / "config.json").write_text((run / "config.json").read_text())  # no summary yet
+    gone = root / "removed-mid-walk"
+    gone.mkdir()
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if Path(path) == gone:  # listed by its parent, then removed before the walk reached it
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    res = write_report(root, plots=False)
+    assert [r["path"] for r in res["report"]["runs"]] == [str(run)]
+    assert any("live" in w and "no summary.json" in w for w in res["warnings"])
+
+
 @pytest.mark.parametrize("case", ["truncated_summary", "corrupt_middle_metrics", "corrupt_config", "no_runs"])
 def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys, case):
     root = tmp_path / "runs"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,18 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     )
 
 
+def _run_files(root: Path) -> tuple[list[Path], list[Path]]:
+    """Every config.json and failed.json below `root`, outside checkpoint directories, sorted.
+    os.walk and not rglob: a live sweep renames and removes its old checkpoints while a report
+    reads, and os.walk passes over a directory gone mid-walk where rglob raises."""
+    configs, failures = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "checkpoints"]  # a checkpoint's config.json is no run
+        configs += [Path(dirpath, "config.json")] if "config.json" in filenames else []
+        failures += [Path(dirpath, "failed.json")] if "failed.json" in filenames else []
+    return sorted(configs), sorted(failures)
+
+
 def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None) -> tuple[list[RunRecord], list[str]]:
     """Every finished run below `root` and the warnings met on the way."""
     root = Path(root)
@@ -188,14 +201,15 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
         raise UserError(f"--split must be test or dev (got {split!r})")
     warnings: list[str] = []
     records = []
-    for config in sorted(root.rglob("config.json")):
+    configs, failures = _run_files(root)
+    for config in configs:
         run_dir = config.parent
-        if "checkpoints" in run_dir.relative_to(root).parts or (skip and run_dir.is_relative_to(skip)):
+        if skip and run_dir.is_relative_to(skip):
             continue
         rec = read_run(run_dir, split, warnings)
         if rec is not None:
             records.append(rec)
-    for failed in sorted(root.rglob("failed.json")):  # runs that failed before writing their config
+    for failed in failures:  # runs that failed before writing their config
         if not (failed.parent / "config.json").exists():
             warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
     seen: dict[tuple[Any, ...], Path] = {}
