@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tango_lm.bench import decode, memory, progress, stopping, training
+from tango_lm.bench import decode, memory, progress, stopping, suite, training, windowed
 from tango_lm.cli import main
 
 TINY = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
@@ -325,3 +325,22 @@ def test_memory_suite_stopped_keeps_the_models_it_measured(monkeypatch):
     report = memory.run_memory_bench(backbone="dense", d_model=32, depth=1, vocab_size=50, print_table=False)
     assert report["heads"] == [] and report["device"] is None and report["stopped"]["timed_rounds_done"] == 0
     assert "after 0 of 2 models" in memory.format_report(report)
+
+
+def test_windowed_suite_stopped_keeps_the_lengths_it_timed(monkeypatch, capsys):
+    # Two lengths x two blocks = 4 runs a round; the stop is the first timed round's 3rd run (T = 64,
+    # windowed): T = 32 has a row, T = 64 none, and the target (read at T = 64) is not measured.
+    _stop_at_call(monkeypatch, windowed, "_step", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    argv = ["bench", "--suite", "windowed", "--d-model", "32", "--repeats", "2", "--device", "cpu"]
+    argv += ["--windowed-lens", "32,64", "--windowed-width", "64", "--windowed-tokens", "128", "--json"]
+    assert main(argv) == 143
+    report = json.loads(capsys.readouterr().out)
+    assert report["stopped"] == {"signal": "SIGTERM", "suite": "windowed"}
+    win = report["windowed"]
+    assert [r["seq_len"] for r in win["rows"]] == [32] and win["rows"][0]["tango_vs_windowed"] > 0
+    assert win["longest_vs_first"] is None and win["target_met"] is None
+    assert win["stopped"] == {"signal": "SIGTERM", "timed_rounds_done": 0, "timed_rounds": 2}
+    text = suite.format_windowed(win)
+    assert "target:" not in text and text.endswith("the lengths not reached have no row")
+    win["rows"] = []  # stopped in the warm-up
+    assert "vs T=-" in suite.format_windowed(win)

@@ -2,10 +2,10 @@
 
 A long suite on a lent or batch-scheduled GPU is often ended from outside: `timeout` and a
 cluster's time limit send SIGTERM, a user presses Ctrl-C (SIGINT). Inside `stop_on_sigterm`,
-SIGTERM raises `Stopped`, as SIGINT raises `KeyboardInterrupt`; the train, decode and memory
-suites catch either in their timed rounds (`StopRecord`) and report what those rounds measured,
-the windowed suite is named in the report as stopped, and `tango-lm bench` prints the report
-(table or JSON) before it exits with 128 + the signal's number, as a process killed by it would.
+SIGTERM raises `Stopped`, as SIGINT raises `KeyboardInterrupt`; every suite catches either in its
+timed rounds (`StopRecord`) and reports what those rounds measured, the report names the suite
+stopped, and `tango-lm bench` prints it (table or JSON) before it exits with 128 + the signal's
+number, as a process killed by it would.
 """
 
 from __future__ import annotations

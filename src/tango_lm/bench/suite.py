@@ -20,7 +20,7 @@ import argparse
 import platform
 from typing import Any
 
-from tango_lm.bench.stopping import STOPS, signal_name
+from tango_lm.bench.stopping import STOPS, StopRecord, signal_name
 from tango_lm.errors import UserError
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
@@ -136,6 +136,7 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
 
     from tango_lm.bench.windowed import windowed_time_per_token
 
+    stops = StopRecord(args.repeats)
     kwargs = dict(
         seq_lens=args.windowed_lens,
         window=args.window,
@@ -148,11 +149,13 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
         device=args.device,
         print_table=False,
         progress=progress,
+        stops=stops,
     )
     if args.clock != "wall":
         kwargs["clock"] = args.clock
     rows = windowed_time_per_token(**kwargs)
-    last = rows[-1]
+    # The target is read at the longest length: not measured when a stop came before it.
+    longest = rows[-1]["windowed_vs_first"] if rows and rows[-1]["seq_len"] == args.windowed_lens[-1] else None
     report = {
         "device": str(_device(args.device)),
         "threads": torch.get_num_threads(),
@@ -164,8 +167,9 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
         "clock": args.clock,
         "rows": rows,
         "target": WINDOWED_TARGET,
-        "longest_vs_first": last["windowed_vs_first"],
-        "target_met": last["windowed_vs_first"] <= WINDOWED_TARGET,
+        "longest_vs_first": longest,
+        "target_met": None if longest is None else longest <= WINDOWED_TARGET,
+        "stopped": stops.record,  # None, or the signal and after how many timed rounds
     }
     if print_table:
         print(format_windowed(report))
@@ -185,7 +189,8 @@ def format_windowed(report: dict[str, Any]) -> str:
         f"F={report['width']}, W={report['window']}, forward + backward on {report['tokens_per_step']} tokens per "
         f"step (batch = tokens / T), same weights for both blocks; each time is the best of {report['repeats']} "
         f"rounds that alternate every T and block ({report['clock']} clock, bench/windowed.py)",
-        f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len']):>11}{'tango us/tok':>14}"
+        f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len'] if rows else '-'):>11}"
+        f"{'tango us/tok':>14}"
         f"{'tango/windowed':>16}",
     ]
     for r in rows:
@@ -193,11 +198,18 @@ def format_windowed(report: dict[str, Any]) -> str:
         lines.append(
             f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}{r['windowed_vs_first']:>11.2f}{tango}"
         )
-    lines.append(
-        f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
-        f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
-        f"({'met' if report['target_met'] else 'NOT met'})"
-    )
+    if report["longest_vs_first"] is not None:
+        lines.append(
+            f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
+            f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
+            f"({'met' if report['target_met'] else 'NOT met'})"
+        )
+    if report.get("stopped"):
+        stopped = report["stopped"]
+        lines.append(
+            f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
+            "rounds: each time is the best of the rounds its length finished; the lengths not reached have no row"
+        )
     return "\n".join(lines)
 
 
@@ -242,7 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the suites `args` names, print each table unless --json, and return the report (the
     caller prints it as JSON). SIGTERM (under `bench.stopping.stop_on_sigterm`) or Ctrl-C ends it
     early: the report's "stopped" names the signal and the suite it stopped; the suites before it
-    are whole, and a stopped train, decode or memory suite keeps what its finished rounds measured."""
+    are whole, and a stopped suite keeps what its finished rounds measured."""
     import torch
 
     from tango_lm.bench.decode import run_decode_bench

@@ -16,6 +16,7 @@ import torch
 
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
+from tango_lm.bench.stopping import STOPS, StopRecord
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
@@ -47,11 +48,14 @@ def windowed_time_per_token(
     clock: str = "wall",
     print_table: bool = True,
     progress: str = "none",
+    stops: StopRecord | None = None,
 ) -> list[dict[str, Any]]:
     """One row per length: microseconds per token (forward + backward) of each block, and the
     windowed block's time per token relative to the first length. clock "cpu" times CPU runs by
     this process's CPU time, which other processes on a shared machine disturb less than "wall".
-    `progress`: "bar", "lines" or "none" (`bench/progress.py`)."""
+    `progress`: "bar", "lines" or "none" (`bench/progress.py`). With `stops`, SIGTERM or Ctrl-C
+    (`bench/stopping.py`) ends the rounds and is recorded there: rows for the lengths timed so far
+    (a block not timed at a length has no keys in its row); without, it is raised."""
     dev = pick_device(device)
     if clock not in ("wall", "cpu") or (clock == "cpu" and dev.type != "cpu"):
         raise ValueError(f"clock must be 'wall', or 'cpu' on a CPU device (got {clock!r} on {dev.type})")
@@ -72,27 +76,36 @@ def windowed_time_per_token(
         dy = torch.randn(batch, t, d_model, device=dev, generator=gen)
         cases.append((t, batch, x, dy, rope_tables(t, head_dim, 10000.0, dev)))
     times: dict[tuple[int, str], list[float]] = {(t, name): [] for t in seq_lens for name in blocks}
-    with Progress("windowed", warmup + repeats, len(cases) * len(blocks), warmup, progress) as bar:
-        for i in range(warmup + repeats):
-            for t, _, x, dy, rope in cases:
-                for name, block in blocks.items():
-                    bar.run_start(f"{name} T={t}")
-                    elapsed = _step(block, x, rope, dy, timer)
-                    bar.run_done(i, f"{name} T={t}", elapsed)
-                    if i >= warmup:
-                        times[t, name].append(elapsed)
-                    block.zero_grad(set_to_none=True)
-                    x.grad = None
-            bar.round_done(i)
+    i = 0
+    try:
+        with Progress("windowed", warmup + repeats, len(cases) * len(blocks), warmup, progress) as bar:
+            for i in range(warmup + repeats):
+                for t, _, x, dy, rope in cases:
+                    for name, block in blocks.items():
+                        bar.run_start(f"{name} T={t}")
+                        elapsed = _step(block, x, rope, dy, timer)
+                        bar.run_done(i, f"{name} T={t}", elapsed)
+                        if i >= warmup:
+                            times[t, name].append(elapsed)
+                        block.zero_grad(set_to_none=True)
+                        x.grad = None
+                bar.round_done(i)
+    except STOPS as stop:  # a time limit or Ctrl-C: the lengths timed so far are the rows
+        if stops is None:
+            raise
+        stops.stop(stop, i - warmup)
     rows = []
     for t, batch, *_ in cases:
+        if not times[t, "windowed"]:  # the rounds stopped before this length
+            continue
         row: dict[str, Any] = {"seq_len": t, "batch": batch}
         for name in blocks:
-            row[f"{name}_us_per_token"] = min(times[t, name]) / (batch * t) * 1e6
+            if times[t, name]:
+                row[f"{name}_us_per_token"] = min(times[t, name]) / (batch * t) * 1e6
         rows.append(row)
     for row in rows:
         row["windowed_vs_first"] = row["windowed_us_per_token"] / rows[0]["windowed_us_per_token"]
-        if include_tango:
+        if "tango_us_per_token" in row:
             row["tango_vs_windowed"] = row["tango_us_per_token"] / row["windowed_us_per_token"]
     if print_table:
         print(format_rows(rows, dev, window, d_model, width, clock))
