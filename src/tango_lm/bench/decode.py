@@ -31,7 +31,7 @@ import torch
 
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord
+from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
@@ -392,15 +392,6 @@ def _cell(value: float | None, width: int, spec: str) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
-def stopped_text(stopped: dict[str, Any]) -> str:
-    """One line for a decode report whose rounds a signal ended early."""
-    return (
-        f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
-        f"rounds of the {stopped['part']}: each number is the median of the rounds its case finished; "
-        "'-': not measured"
-    )
-
-
 def format_report(report: dict[str, Any]) -> str:
     keys = [
         case_key(b, m, path)
@@ -484,5 +475,7 @@ def format_report(report: dict[str, Any]) -> str:
                 + f"  {r['path']}"
             )
     if report.get("stopped"):
-        lines.append(stopped_text(report["stopped"]))
+        stopped = report["stopped"]
+        meaning = "each number is the median of the rounds its case finished; '-': not measured"
+        lines.append(stopped_line(stopped, f"timed rounds of the {stopped['part']}", meaning))
     return "\n".join(lines)

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from tango_lm.bench.heads import _max_rss_bytes
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord
+from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -316,10 +316,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['state_vs_standard']:>14.2f}{r['other_vs_standard']:>14.2f}"
         )
     if report.get("stopped"):
-        stopped = report["stopped"]
-        lines.append(
-            f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} models"
-        )
+        lines.append(stopped_line(report["stopped"], "models"))
     return "\n".join(lines)
 
 

@@ -62,6 +62,12 @@ class StopRecord:
             return None
 
 
+def stopped_line(stopped: dict[str, Any], counted: str, meaning: str = "") -> str:
+    """The line under a stopped suite's table: 'STOPPED by SIGTERM after 2 of 8 {counted}: {meaning}'."""
+    line = f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} {counted}"
+    return f"{line}: {meaning}" if meaning else line
+
+
 def exit_code(name: str) -> int:
     """The shell's code for a process ended by signal `name`: 143 for SIGTERM, 130 for SIGINT."""
     return 128 + signal.Signals[name].value

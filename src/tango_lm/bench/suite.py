@@ -20,7 +20,7 @@ import argparse
 import platform
 from typing import Any
 
-from tango_lm.bench.stopping import STOPS, StopRecord, signal_name
+from tango_lm.bench.stopping import STOPS, StopRecord, signal_name, stopped_line
 from tango_lm.errors import UserError
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
@@ -205,11 +205,8 @@ def format_windowed(report: dict[str, Any]) -> str:
             f"({'met' if report['target_met'] else 'NOT met'})"
         )
     if report.get("stopped"):
-        stopped = report["stopped"]
-        lines.append(
-            f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
-            "rounds: each time is the best of the rounds its length finished; the lengths not reached have no row"
-        )
+        meaning = "each time is the best of the rounds its length finished; the lengths not reached have no row"
+        lines.append(stopped_line(report["stopped"], "timed rounds", meaning))
     return "\n".join(lines)
 
 

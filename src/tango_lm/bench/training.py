@@ -29,7 +29,7 @@ import torch
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord
+from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
@@ -324,14 +324,6 @@ def _giga(flop_per_s: float | None) -> str:
     return "not measured" if flop_per_s is None else f"{flop_per_s / 1e9:.1f}"
 
 
-def stopped_text(stopped: dict[str, Any]) -> str:
-    """One line for a train report whose steps a signal ended early."""
-    return (
-        f"STOPPED by {stopped['signal']} after {stopped['timed_rounds_done']} of {stopped['timed_rounds']} timed "
-        "rounds: each row is the median of the timed steps that model finished (its timed_steps in --json)"
-    )
-
-
 def format_report(report: dict[str, Any]) -> str:
     mib = 2**20
     compiled = len(report.get("modes", ["eager"])) > 1
@@ -375,5 +367,6 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report.get("not_measured", []):
         lines.append(f"{r['arch']:<19}{r['mode']:<9}  no row: stopped before its first timed step")
     if report.get("stopped"):
-        lines.append(stopped_text(report["stopped"]))
+        meaning = "each row is the median of the timed steps that model finished (its timed_steps in --json)"
+        lines.append(stopped_line(report["stopped"], "timed rounds", meaning))
     return "\n".join(lines)
