@@ -85,17 +85,8 @@ def run(args: argparse.Namespace) -> dict:
         "reference": reference,
         **ceiling_fields,
         "rows": rows,
-        "autotuned": autotuned_kernels(impls),
+        "autotuned": op_timing.autotuned_if_run(impls, "tango_lm.ops.tango_mix_triton_kernels"),
     }
-
-
-def autotuned_kernels(impls: dict) -> list[dict]:
-    """The autotuner's choices for the Triton kernels (op_timing.autotuned) when they ran."""
-    if "triton" not in impls:
-        return []
-    from tango_lm.ops import tango_mix_triton_kernels
-
-    return op_timing.autotuned(tango_mix_triton_kernels)
 
 
 def format_report(report: dict) -> str:

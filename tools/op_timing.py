@@ -5,6 +5,7 @@ memory a step allocates beyond its inputs on CUDA, and a bf16 matmul peak measur
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 import sys
@@ -203,6 +204,12 @@ def autotuned(kernels_module: object) -> list[dict]:
             }
         )
     return rows
+
+
+def autotuned_if_run(impls: dict, kernels_module: str) -> list[dict]:
+    """`autotuned` for the kernels module named (e.g. 'tango_lm.ops.tango_mix_triton_kernels') when
+    the bench's "triton" implementation ran; none otherwise."""
+    return autotuned(importlib.import_module(kernels_module)) if "triton" in impls else []
 
 
 def _config_text(config: object) -> str:

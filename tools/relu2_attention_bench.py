@@ -86,17 +86,8 @@ def run(args: argparse.Namespace) -> dict:
         "rounds": args.rounds,
         **ceiling_fields,
         "rows": rows,
-        "autotuned": autotuned_kernels(impls),
+        "autotuned": op_timing.autotuned_if_run(impls, "tango_lm.ops.relu2_attention_triton_kernels"),
     }
-
-
-def autotuned_kernels(impls: dict) -> list[dict]:
-    """The autotuner's choices for the Triton kernels (op_timing.autotuned) when they ran."""
-    if "triton" not in impls:
-        return []
-    from tango_lm.ops import relu2_attention_triton_kernels
-
-    return op_timing.autotuned(relu2_attention_triton_kernels)
 
 
 def format_report(report: dict) -> str:
