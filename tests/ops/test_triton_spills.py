@@ -4,8 +4,8 @@ kilobytes per thread to local memory runs far below its arithmetic's speed, and 
 without a GPU would show a change that brings the spills back. Each kernel's first configuration
 (every configuration: tools/triton_ptxas_report.py) is compiled with triton's own NVIDIA backend
 and ptxas, in a subprocess without TRITON_INTERPRET (conftest sets it for the kernels' other tests);
-so is GAU's relu² backward kernel, in every configuration; and, in fp32 (full-fp32 products on
-FMAs: configurations of their own), the kernels reworked for that at d_h = 128."""
+so are GAU's and FLASH's relu² kernels at s = 128 in bf16 and fp32; and, in fp32 (full-fp32
+products on FMAs: configurations of their own), the kernels reworked for that."""
 
 from __future__ import annotations
 
