@@ -5,6 +5,8 @@ Usage:
   python tools/saved_for_backward.py gpu-path [--d-model 512 --depth 4 --tango-width 28480
       --vocab-size 50257 --seq-len 1024 --batch-size 16 --archs tango,loop-transformer,...
       --kernels triton|sdpa-sliced|reference]
+  python tools/saved_for_backward.py heads [--backbone dense-142m --heads standard,onona,...
+      --vocab-size 50304 --seq-len 1024 --batch-size 32]
   python tools/saved_for_backward.py probabilities [T]
 
 `gpu-path`: every architecture of the train suite at matched parameters (as `tango-lm bench
@@ -21,6 +23,9 @@ rule (gdn-hybrid) runs its chunked form, not fla's kernels, which CUDA takes whe
 installed. Predictions, not measurements: `tango-lm bench --suite train` on a GPU measures.
 (`--kernels sdpa-sliced` is not a CUDA prediction: on CPUs SDPA takes its math backend for unequal
 query and value widths, which CUDA's fused backends accept.)
+
+`heads`: every head on one backbone (the memory suite's comparison, at the paper's micro-batch),
+a training step's predicted peak the same way, as a ratio to the Standard head's.
 
 `probabilities`: TANGO's fused CPU op with its attention probabilities kept and recomputed
 (ops/tango_mix.py `recompute_probs`), run for real at d = 256, F = 8192, depth 4 (default T = 2048).
