@@ -72,6 +72,13 @@ def test_gpu_path_report_prints_every_architecture(capsys):
     assert all(r[6] == "no" for r in rows.values())
 
 
+def test_heads_report_gives_each_heads_peak_against_standard(configs, capsys):
+    tool.main(["heads", "--backbone", "dense", "--heads", "onona", "--vocab-size", "50", "--seq-len", "16"])
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert list(rows) == ["standard", "onona"]  # Standard added first: the ratios' base
+    assert rows["standard"][-1] == "1.00" and float(rows["onona"][-1]) > 1.0  # its second table costs memory (1.01x)
+
+
 def test_live_storages_counts_each_storage_from_creation_to_free():
     import torch
 
