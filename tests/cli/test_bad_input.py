@@ -296,6 +296,17 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
     assert len(json.loads(capsys.readouterr().out)["completions"][0].encode()) == 2
 
 
+def test_generate_draws_only_the_tokenizers_ids(run, capsys, monkeypatch):
+    # A model's table may be padded past its tokenizer (GPT-2: 50257 ids in 50304 rows).
+    from tango_lm.serve import generate as generate_module
+
+    seen = []
+    real = generate_module.generate
+    monkeypatch.setattr(generate_module, "generate", lambda *a, **kw: seen.append(kw["vocab_size"]) or real(*a, **kw))
+    assert main(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2"]) == 0
+    assert seen == [257]  # the byte tokenizer's
+
+
 def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypatch):
     from tango_lm.cli import config
 

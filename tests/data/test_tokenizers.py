@@ -54,6 +54,7 @@ def test_gpt2_known_ids(gpt2):
     assert gpt2.encode(" the") == [262]
     assert gpt2.encode("hello") == [31373]
     assert gpt2.decode([50256]) == "<|endoftext|>"
+    assert gpt2.decode([15496, 50300, 11, -1]) == "Hello,"  # past the vocabulary (a padded table's rows): no text
 
 
 def test_gpt2_round_trip_and_batch(gpt2):

@@ -175,5 +175,27 @@ def test_onona_requests_at_temperature_1_sample_with_one_projection(monkeypatch)
         assert text == BYTES.decode(ids)
 
 
+def test_requests_draw_only_the_tokenizers_ids():
+    """A table padded past the tokenizer's 257 ids (as GPT-2's 50257 are padded to 50304): the
+    padding rows, scaled up here, would win every greedy step; the server's rows skip them."""
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=300, context_length=32)
+    )
+    with torch.no_grad():
+        model.head.embed_tokens.weight[257:] *= 50
+    prompt = torch.tensor([[97, 98]])
+    assert (generate(model, prompt, 5, temperature=0)[0, 2:] >= 257).all()
+    want = generate(model, prompt, 5, temperature=0, vocab_size=257)[0, 2:].tolist()
+    events: list = []
+    job = Job(prompt=[97, 98], n=1, max_tokens=5, temperature=0, top_p=None, stop=[], seed=None, emit=events.append)
+    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    batcher.waiting = [job]
+    batcher._decode(batcher._take_batch())
+    text = "".join(e[2] for e in events if e[0] == "text")
+    assert max(want) < 257 and text == BYTES.decode(want[: want.index(BYTES.eot_id)] if BYTES.eot_id in want else want)
+    assert text
+
+
 def test_batch_buckets_are_the_next_power_of_two():
     assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 31, 32)] == [1, 2, 4, 4, 8, 8, 16, 32, 32]

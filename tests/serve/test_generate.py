@@ -90,6 +90,27 @@ def test_generation_stops_at_eos_for_every_row():
     assert out.shape[1] == 4
 
 
+@pytest.mark.parametrize("head", ["standard", "onona"])
+@pytest.mark.parametrize("static", [None, "eager"])
+def test_generation_draws_only_the_tokenizers_ids(head, static):
+    # A model's table padded past its tokenizer's vocabulary (GPT-2's 50257 ids in 50304 rows):
+    # ids 9-11 here have no text, and a model that has not learned to avoid them draws them.
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="tango", head=head, d_model=32, head_dim=8, width=48, depth=2, vocab_size=12)
+    model = build_model(cfg.replace(context_length=16)).eval()
+    prompt = torch.tensor([[3, 5, 7]]).repeat(300, 1)
+    for kwargs in ({}, {"temperature": 1.5, "top_k": 11}, {"top_p": 0.97}):  # {}: onóna's one projection
+        anything = generate(model, prompt, 3, seed=0, static=static, **kwargs)[:, 3:]
+        assert (anything >= 9).any(), kwargs
+        drawable = generate(model, prompt, 3, seed=0, static=static, vocab_size=9, **kwargs)[:, 3:]
+        assert (drawable < 9).all() and drawable.unique().numel() > 4, kwargs
+    logits = model(prompt[:1])[0, -1]
+    top = int(logits.argmax())
+    assert top > 0
+    greedy = generate(model, prompt[:1], 1, temperature=0, static=static, vocab_size=top)[0, -1]
+    assert greedy == logits[:top].argmax()
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     k2 = filter_logits(logits, top_k=2)

@@ -116,7 +116,9 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
     ).eval()
     for rows, backend, kwargs in (
         (1, "inductor", {"temperature": 1.0}),
+        (1, "inductor", {"temperature": 1.0, "vocab_size": 30}),  # ids 30-36: the table's padding
         (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9}),
+        (2, "eager", {"temperature": 1.0, "vocab_size": 30}),
     ):
         prompt = torch.randint(0, 37, (rows, 3), generator=torch.Generator().manual_seed(rows))
         runs = [generate(model, prompt, 6, seed=3, static="eager", **kwargs)]
@@ -125,6 +127,8 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
         runs.append(generate(model, prompt, 6, seed=3, static="compile", **kwargs))
         assert torch.equal(runs[0], runs[1]), kwargs
         assert not model._static_decoders[key].compiled_failed
+        assert (runs[0][:, 3:] < kwargs.get("vocab_size", 37)).all()
+        del model._static_decoders[key]  # the next case compiles its own
 
 
 def test_a_failing_compiled_step_falls_back_with_one_line(caplog):
@@ -174,10 +178,14 @@ def test_onona_static_sample_is_the_one_projection_sample():
         g = torch.sigmoid(head.gate_logit(ids))
         together = head.sample_static(h, ids, noise)
         one_by_one = torch.cat([head.sample_static(h[i : i + 1], ids[i : i + 1], noise[i : i + 1]) for i in range(3)])
+        first_20 = head.sample_static(h, ids, noise, vocab_size=20)  # the rest: a padded table's rows
+        one_by_one_20 = [head.sample_static(h[i : i + 1], ids[i : i + 1], noise[i : i + 1], 20) for i in range(3)]
     for i in range(3):
         table = head.table_a.weight if noise[i, 0] < g[i] else head.table_b.weight
         want = (h[i] @ table.T - torch.log(-torch.log(noise[i, 1:]))).argmax()
         assert together[i] == want == one_by_one[i]
+        want_20 = (h[i] @ table[:20].T - torch.log(-torch.log(noise[i, 1:21]))).argmax()
+        assert first_20[i] == want_20 == one_by_one_20[i]
 
 
 @pytest.mark.cuda

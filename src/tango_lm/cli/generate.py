@@ -46,6 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         top_p=args.top_p,
         seed=args.seed,
         eos_id=None if args.no_stop else tok.eot_id,
+        vocab_size=tok.vocab_size,
     )
     texts = []
     for row in out.tolist():

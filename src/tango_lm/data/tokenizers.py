@@ -170,7 +170,9 @@ class GPT2Tokenizer(Tokenizer):
         return self._enc.encode_ordinary_batch(list(texts))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._enc.decode([int(i) for i in ids], errors="replace")
+        # An id past the vocabulary (a model's table padded to 50304) has no text: dropped, as the
+        # byte tokenizer drops its own, rather than tiktoken's KeyError.
+        return self._enc.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size], errors="replace")
 
     def fingerprint(self) -> str:
         return self._fingerprint

@@ -279,7 +279,8 @@ class TangoLM(TemplateLM):
             step = self._decode_steps(torch.tensor([ids], device=self._device), len(ids) + max_new)
             log_probs = next(step)
             while True:
-                nxt = int(sample_next(log_probs, temperature, top_k, top_p, generator)[0])
+                drawable = log_probs[..., : self.tok.vocab_size]  # not the table's padding past the tokenizer
+                nxt = int(sample_next(drawable, temperature, top_k, top_p, generator)[0])
                 if nxt == self.tok.eot_id:
                     break
                 new.append(nxt)

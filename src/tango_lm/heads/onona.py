@@ -166,10 +166,15 @@ class OnonaHead(Head):
 
     @torch.no_grad()
     def sample(
-        self, h: torch.Tensor, input_ids: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        h: torch.Tensor,
+        input_ids: torch.Tensor,
+        generator: torch.Generator | None = None,
+        vocab_size: int | None = None,
     ) -> torch.Tensor:
         """Exact temperature-1 samples [...] from the mixture with one projection per position:
-        c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says."""
+        c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says; only ids
+        below `vocab_size` (None: the whole table), each component renormalized over them."""
         g = torch.sigmoid(self.gate_logit(input_ids)).reshape(-1)
         flat = h.reshape(-1, h.shape[-1])
         use_a = torch.rand(g.shape, generator=generator, device=g.device, dtype=g.dtype) < g
@@ -177,33 +182,35 @@ class OnonaHead(Head):
         for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
             rows = mask.nonzero().squeeze(1)
             if rows.numel():
-                probs = F.softmax(float_logits(flat[rows], table), dim=-1)
+                probs = F.softmax(float_logits(flat[rows], table[:vocab_size]), dim=-1)
                 out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         return out.view(h.shape[:-1])
 
     @torch.no_grad()
-    def sample_static(self, h: torch.Tensor, input_ids: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def sample_static(
+        self, h: torch.Tensor, input_ids: torch.Tensor, noise: torch.Tensor, vocab_size: int | None = None
+    ) -> torch.Tensor:
         """`sample` without host syncs or data-dependent shapes (static decode steps), from uniform
         noise [B, V + 1]: component A where noise[:, 0] < g[x_t], then the Gumbel-max argmax of that
         table's logits with noise[:, 1:]. h [B, d], input_ids [B] -> tokens [B]. With one row the
         table is picked by index inside the product, which a compiled step fuses into one pass over
         that table only (one projection; run eagerly, the row's table is picked on the host); with
         several rows both products run and each row keeps its own (rows may pick different tables).
-        Serving context only."""
+        Only ids below `vocab_size` (None: any) are drawn, as in `sample`. Serving context only."""
         if self._folded is None:
             raise RuntimeError("sample_static runs inside `with head.serving():`")
         use_a = noise[:, 0] < torch.sigmoid(self.gate_logit(input_ids))
         wide = torch.promote_types(h.dtype, torch.float32)
         if h.shape[0] == 1 and not torch.compiler.is_compiling():
-            logits = float_logits(h, self.table_a.weight if bool(use_a) else self.table_b.weight)
+            logits = float_logits(h, (self.table_a.weight if bool(use_a) else self.table_b.weight)[:vocab_size])
         elif h.shape[0] == 1:
-            table = self._folded[2][(~use_a).long()]  # [1, V, d]: A or B
+            table = self._folded[2][(~use_a).long(), :vocab_size]  # [1, V, d]: A or B
             logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
         else:
-            logits = torch.where(
-                use_a[:, None], float_logits(h, self.table_a.weight), float_logits(h, self.table_b.weight)
-            )
-        gumbel = -torch.log(-torch.log(noise[:, 1:].clamp_min(torch.finfo(noise.dtype).tiny)))
+            a, b = self.table_a.weight[:vocab_size], self.table_b.weight[:vocab_size]
+            logits = torch.where(use_a[:, None], float_logits(h, a), float_logits(h, b))
+        noise = noise[:, 1:][:, : logits.shape[-1]]
+        gumbel = -torch.log(-torch.log(noise.clamp_min(torch.finfo(noise.dtype).tiny)))
         return (logits + gumbel.to(logits.dtype)).argmax(-1)
 
     # -- accounting ----------------------------------------------------------------------------

@@ -219,6 +219,7 @@ class Batcher:
                 top_p=first.top_p,
                 seed=first.seed,
                 on_token=on_token,
+                vocab_size=self.tokenizer.vocab_size,
             )
         except Exception as exc:  # noqa: BLE001 - a failed batch answers its requests; the server stays up
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

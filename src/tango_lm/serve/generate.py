@@ -81,6 +81,7 @@ def generate(
     eos_id: int | None = None,
     on_token: Callable[[torch.Tensor], bool] | None = None,
     static: str | None = "auto",
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """Continue prompt [B, T] by up to max_new_tokens; returns [B, T + n] (rows stop early only
     when every row has produced eos_id). The last new token is never fed back, so a prompt of
@@ -89,7 +90,9 @@ def generate(
     `static`: "auto" (CUDA graphs on CUDA, the eager decode elsewhere), None (the eager decode),
     or a `serve.static_decode` mode ("eager", "compile", "cuda-graphs"); streaming (`on_token`)
     works with both. Static and eager decoding draw their random numbers differently, so a seed
-    gives the same samples within one of them (greedy tokens agree)."""
+    gives the same samples within one of them (greedy tokens agree). `vocab_size`: draw only ids
+    below it, the tokenizer's vocabulary (a model's table is often padded past it, 50257 -> 50304,
+    and an id there has no text); None draws from the whole table."""
     check_sampling(temperature, top_k, top_p, max_new_tokens)
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
     if max_new_tokens > room:
@@ -109,13 +112,15 @@ def generate(
     with serving():
         if mode is not None and max_new_tokens > 0:
             return decode_static(
-                model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode, on_token
+                model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode, on_token, vocab_size
             )
-        return _decode(model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token)
+        return _decode(
+            model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token, vocab_size
+        )
 
 
 def _decode(
-    model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token=None
+    model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token=None, vocab_size=None
 ) -> torch.Tensor:
     cache = model.new_cache(total)
     # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
@@ -126,7 +131,7 @@ def _decode(
         h = model.hidden(ids, cache)[:, -1:]  # a prompt's earlier positions need no log-probs
         if one_projection:
             return h
-        return model.head.log_probs(h, ids[:, -1:])[:, 0]
+        return model.head.log_probs(h, ids[:, -1:])[:, 0, :vocab_size]  # the ids that may be drawn
 
     state = step(prompt)
     last = prompt[:, -1:]
@@ -134,7 +139,7 @@ def _decode(
     done = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
     for _ in range(max_new_tokens):
         if one_projection:
-            nxt = model.head.sample(state, last, generator).reshape(-1)
+            nxt = model.head.sample(state, last, generator, vocab_size).reshape(-1)
         else:
             nxt = sample_next(state, temperature, top_k, top_p, generator)
         last = nxt[:, None]

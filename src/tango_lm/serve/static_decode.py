@@ -133,17 +133,18 @@ class StaticDecoder:
         top_k: int | None = None,
         top_p: float | None = None,
         one_projection: bool = False,
+        vocab_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids [B, 1] at the current position and sample the next token per row from noise
-        [B, V] ([B, V + 1] for one projection); returns (tokens [B], log-probs [B, V] or None for
-        one-projection sampling) and advances the position."""
+        [B, V] ([B, V + 1] for one projection), only ids below `vocab_size` (None: any); returns
+        (tokens [B], log-probs [B, V] or None for one-projection sampling) and advances the position."""
         if self.length >= self.cache.capacity:
             raise UserError(
                 f"sequence of {self.length + 1} tokens is longer than model.context_length="
                 f"{self.cache.capacity}; shorten it or raise context_length"
             )
         temp = torch.full((), float(temperature), device=self.device)
-        args = (ids, noise, temp, top_k, top_p, one_projection)
+        args = (ids, noise, temp, top_k, top_p, one_projection, vocab_size)
         if self._compiled is not None and not self.compiled_failed:
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
@@ -167,13 +168,14 @@ class StaticDecoder:
         return tokens, log_probs
 
     @torch.no_grad()
-    def _step(self, ids, noise, temperature, top_k, top_p, one_projection):
+    def _step(self, ids, noise, temperature, top_k, top_p, one_projection, vocab_size=None):
         model = self.model
         h = model.norm(model.backbone(model.head.embed(ids), self.cache))
         if one_projection:
-            return model.head.sample_static(h[:, 0], ids[:, 0], noise), None
+            return model.head.sample_static(h[:, 0], ids[:, 0], noise, vocab_size), None
         log_probs = model.head.log_probs(h, ids)[:, 0]
-        return sample_from_noise(log_probs, noise, temperature, top_k, top_p), log_probs
+        drawn = sample_from_noise(log_probs[:, :vocab_size], noise[:, :vocab_size], temperature, top_k, top_p)
+        return drawn, log_probs
 
 
 def decode_static(
@@ -187,6 +189,7 @@ def decode_static(
     eos_id: int | None,
     mode: str,
     on_token: Callable[[torch.Tensor], bool] | None = None,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """`generate`'s loop on static steps (inside the head's serving context): [B, T + n].
     `on_token(tokens [B])` sees each step's tokens (a copy the next step does not overwrite) as
@@ -205,12 +208,11 @@ def decode_static(
 
     h = decoder.prefill(prompt)[:, -1:]
     if one_projection:
-        nxt = model.head.sample_static(h[:, 0], prompt[:, -1], noise())
+        nxt = model.head.sample_static(h[:, 0], prompt[:, -1], noise(), vocab_size)
     else:
-        log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0]
-        nxt = sample_from_noise(
-            log_probs, noise(), torch.tensor(float(temperature), device=prompt.device), top_k, top_p
-        )
+        log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0, :vocab_size]
+        temp = torch.tensor(float(temperature), device=prompt.device)
+        nxt = sample_from_noise(log_probs, noise()[:, :vocab_size], temp, top_k, top_p)
     out = [prompt]
     done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):
@@ -219,7 +221,7 @@ def decode_static(
             break
         if i + 1 == max_new_tokens:
             break
-        nxt, _ = decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection)
+        nxt, _ = decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection, vocab_size)
     return torch.cat(out, dim=1)
 
 
