@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from tango_lm.cli import main
 from tango_lm.data import verify
@@ -131,6 +132,8 @@ BAD = {
     "top_k_zero": lambda c: c.generate("--top-k", "0"),
     "top_k_negative": lambda c: c.generate("--top-k", "-5"),
     "top_p_nan": lambda c: c.generate("--top-p", "nan"),
+    "seed_past_64_bits": lambda c: c.generate("--seed", str(2**64)),
+    "device_without_cuda": lambda c: _without_cuda(c, c.generate("--device", "cuda")),
     "prompt_longer_than_context": lambda c: ["generate", str(c.run), "--prompt", "a" * 40],
     "num_samples_not_a_number": lambda c: c.generate("--num-samples", "many"),
     "generate_without_prompt": lambda c: ["generate", str(c.run)],
@@ -183,6 +186,8 @@ BAD = {
     "serve_max_batch_size_zero": lambda c: ["serve", str(c.run), "--max-batch-size", "0"],
     "serve_threads_zero": lambda c: ["serve", str(c.run), "--threads", "0"],
     "serve_port_out_of_range": lambda c: ["serve", str(c.run), "--port", "70000"],
+    "serve_batch_wait_inf": lambda c: ["serve", str(c.run), "--batch-wait-ms", "inf"],
+    "serve_batch_wait_nan": lambda c: ["serve", str(c.run), "--batch-wait-ms", "nan"],
     "serve_missing_run": lambda c: ["serve", str(c.tmp / "no-run")],
     "sweep_slurm_flag_without_slurm": lambda c: ["sweep", str(_grid(c)), "--partition", "gpu"],
     "sweep_slurm_bad_time": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--time", "soon"],
@@ -200,6 +205,11 @@ BAD = {
     "argparse_usage": lambda c: ["train", "--no-such-flag"],
     "unknown_command": lambda c: ["trian"],
 }
+
+
+def _without_cuda(c: Ctx, argv: list[str]) -> list[str]:
+    c.monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, on any
+    return argv
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -228,6 +238,9 @@ EXPECT = {
     "max_new_tokens_negative": "max_new_tokens must be at least 0 (got -1)",
     "max_new_tokens_past_context": "a prompt of 3 tokens leaves room for 30 new tokens in the model's context of 32",
     "top_k_zero": "top_k must be at least 1 (got 0)",
+    "seed_past_64_bits": "seed must be between -2**63 and 2**64 - 1 (got 18446744073709551616)",
+    "device_without_cuda": "CUDA is not available; use --device cpu",
+    "serve_batch_wait_inf": "--batch-wait-ms must be between 0 and 60000 (got inf)",
     "prompt_longer_than_context": "the prompt has 40 tokens, more than the model's context of 32",
     "num_samples_not_a_number": "tango-lm generate: argument --num-samples: invalid int value: 'many'; see",
     "checkpoint_config_without_model": "has a config.json without a model section",

@@ -158,6 +158,11 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     cases = [
         ({**body, "model": "gpt-4"}, 404, "model_not_found"),
         ({**body, "prompt": "x" * (CONTEXT + 1)}, 400, "context_length_exceeded"),
+        ({**body, "prompt": "x" * (CONTEXT + 1), "max_tokens": 0}, 400, "context_length_exceeded"),
+        ({**body, "prompt": "ab\ud800cd"}, 400, None),  # a lone surrogate: no UTF-8 for it
+        ({**body, "prompt": ["ok", "\udfff"]}, 400, None),
+        ({**body, "seed": 2**64}, 400, None),  # past what torch's generators take
+        ({**body, "seed": -(2**63) - 1}, 400, None),
         ({**body, "max_tokens": CONTEXT}, 400, "context_length_exceeded"),  # "hi" leaves CONTEXT - 1
         ({**body, "max_tokens": -1}, 400, None),
         ({**body, "n": 10_000}, 400, None),
@@ -233,3 +238,15 @@ def test_concurrent_clients_are_batched_and_answered_exactly(server, checkpoint,
     assert all(text == want[prompt] for prompt, text in answers)
     assert batches() - before < 128 / 2, "concurrent requests were not batched"
     assert time.perf_counter() - t0 < 120
+
+
+def test_the_served_model_is_named_after_its_run_however_the_path_is_written(checkpoint, monkeypatch):
+    from tango_lm.serve.server import _default_name
+    from tango_lm.train.checkpoint import load_checkpoint
+
+    run = checkpoint.parent.parent
+    monkeypatch.chdir(run)
+    assert _default_name(load_checkpoint(".").path) == run.name  # `tango-lm serve .` inside the run
+    monkeypatch.chdir(checkpoint)
+    assert _default_name(load_checkpoint(".").path) == run.name
+    assert _default_name(load_checkpoint(str(run)).path) == run.name

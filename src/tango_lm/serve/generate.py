@@ -44,10 +44,15 @@ def sample_next(
 
 
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
+SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes
 
 
 def check_sampling(
-    temperature: float, top_k: int | None = None, top_p: float | None = None, max_new_tokens: int = 0
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_new_tokens: int = 0,
+    seed: int | None = None,
 ) -> None:
     """UserError for sampling settings that cannot be honoured (NaN, tiny or negative temperature, ...)."""
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
@@ -61,6 +66,8 @@ def check_sampling(
         raise UserError(f"top_p must be in (0, 1] (got {top_p})")
     if max_new_tokens < 0:
         raise UserError(f"max_new_tokens must be at least 0 (got {max_new_tokens})")
+    if seed is not None and seed not in SEEDS:
+        raise UserError(f"seed must be between -2**63 and 2**64 - 1 (got {seed})")
 
 
 def room_for_new_tokens(prompt_tokens: int, context_length: int) -> int:
@@ -93,7 +100,7 @@ def generate(
     gives the same samples within one of them (greedy tokens agree). `vocab_size`: draw only ids
     below it, the tokenizer's vocabulary (a model's table is often padded past it, 50257 -> 50304,
     and an id there has no text); None draws from the whole table."""
-    check_sampling(temperature, top_k, top_p, max_new_tokens)
+    check_sampling(temperature, top_k, top_p, max_new_tokens, seed)
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
     if max_new_tokens > room:
         raise UserError(

@@ -33,9 +33,10 @@ from starlette.exceptions import HTTPException
 
 from tango_lm.errors import UserError
 from tango_lm.serve.batcher import Batcher, Job
-from tango_lm.serve.generate import MIN_TEMPERATURE, room_for_new_tokens
+from tango_lm.serve.generate import MIN_TEMPERATURE, SEEDS, room_for_new_tokens
 
 MAX_STOP = 16
+MAX_BATCH_WAIT_MS = 60_000  # a minute; longer (or inf) is no batching policy, and inf kills queue.get
 
 
 class APIError(Exception):
@@ -239,6 +240,8 @@ def _check(
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
+    if req.seed is not None and req.seed not in SEEDS:
+        raise APIError(400, f"seed must be between -2**63 and 2**64 - 1 (got {req.seed})", param="seed")
     n = 1 if req.n is None else req.n
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP or any(not s for s in stop):
@@ -253,14 +256,20 @@ def _check(
             param="n",
         )
     for ids in prompts:
+        if len(ids) > context:
+            raise APIError(
+                400,
+                f"a prompt of {len(ids)} tokens is longer than this model's context of {context} tokens; shorten it",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         room = room_for_new_tokens(len(ids), context)  # the model reads every new token but the last
         if max_tokens > room:
             raise APIError(
                 400,
                 f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
-                f"for {max(room, 0)} new tokens (max_tokens is {max_tokens}): shorten the prompt or "
-                "lower max_tokens",
-                param="prompt" if room < 1 else "max_tokens",
+                f"for {room} new tokens (max_tokens is {max_tokens}): shorten the prompt or lower max_tokens",
+                param="max_tokens",
                 code="context_length_exceeded",
             )
     settings = {
@@ -286,6 +295,13 @@ def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
         raise APIError(400, "prompt is an empty list; give a string or token ids", param="prompt")
     out = []
     for item in items:
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON) is no text
+                raise APIError(
+                    400, f"the prompt is not valid Unicode (a lone surrogate at character {exc.start})", param="prompt"
+                ) from None
         ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
         if any(not 0 <= i < tokenizer.vocab_size for i in ids):
             raise APIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
@@ -371,8 +387,8 @@ def serve(
         raise UserError(f"--port must be 0 (any free port) to 65535 (got {port})")
     if max_batch_size < 1:
         raise UserError(f"--max-batch-size must be at least 1 (got {max_batch_size})")
-    if batch_wait_ms < 0:
-        raise UserError(f"--batch-wait-ms must be >= 0 (got {batch_wait_ms})")
+    if not 0 <= batch_wait_ms <= MAX_BATCH_WAIT_MS:  # NaN fails too
+        raise UserError(f"--batch-wait-ms must be between 0 and {MAX_BATCH_WAIT_MS} (got {batch_wait_ms})")
     if threads is not None:
         if threads < 1:
             raise UserError(f"--threads must be at least 1 (got {threads})")
@@ -401,7 +417,7 @@ def _default_name(path: Any) -> str:
     """The run directory's name (a step directory names its run)."""
     from pathlib import Path
 
-    path = Path(path)
+    path = Path(path).resolve()  # `serve .` inside a run names the run, not ""
     return path.parent.parent.name if path.parent.name == "checkpoints" else path.name
 
 

@@ -9,7 +9,9 @@ import torch
 from tango_lm.errors import UserError
 
 
-def pick_device(name: str = "auto") -> torch.device:
+def pick_device(name: str = "auto", setting: str = "--device") -> torch.device:
+    """The device `name` names ("auto": CUDA, else MPS, else the CPU); `setting` is what the user
+    set it with (an option or a config key), for the error message."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -21,7 +23,8 @@ def pick_device(name: str = "auto") -> torch.device:
     except RuntimeError:
         raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} was asked for but CUDA is not available; use train.device=cpu")
+        cpu = f"{setting} cpu" if setting.startswith("--") else f"{setting}=cpu"
+        raise UserError(f"device {name!r} was asked for but CUDA is not available; use {cpu}")
     return device
 
 

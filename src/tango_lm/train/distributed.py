@@ -117,7 +117,7 @@ def setup(run: Any) -> DistEnv:
     (gloo on CPU, NCCL on CUDA; each process takes GPU `LOCAL_RANK`)."""
     rank, local_rank, world_size = launch_env()
     check_launch(run, world_size)
-    device = pick_device(run.train.device)
+    device = pick_device(run.train.device, "train.device")
     if world_size == 1:
         return DistEnv(device=device)
     backend = "gloo"
