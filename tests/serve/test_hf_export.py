@@ -125,6 +125,13 @@ def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
     assert main(["export", str(ckpt), "--hf", str(tmp_path / "file")]) == 2
     assert "not a directory" in helpers.assert_one_error_line(capsys.readouterr().err)
 
+    # Into the checkpoint or its run (whose files an export's would replace), even with --overwrite.
+    before = helpers.snapshot(ckpt.parent.parent)
+    for target, what in ((ckpt, "checkpoint"), (ckpt.parent.parent, "run")):
+        assert main(["export", str(ckpt), "--hf", str(target), "--overwrite"]) == 2
+        assert f"is a tango-lm {what} directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert helpers.snapshot(ckpt.parent.parent) == before
+
 
 def test_overwrite_replaces_the_export_and_keeps_other_files(tmp_path, capsys, byte_export):
     ckpt, first = byte_export

@@ -163,12 +163,17 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     """Write a transformers directory for a checkpoint (run or step directory); returns a summary."""
     from tango_lm import __version__
     from tango_lm.data.tokenizers import tokenizer_from_dict
-    from tango_lm.train.checkpoint import load_checkpoint
+    from tango_lm.train.checkpoint import MARKER, load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory; give a directory for --hf")
+    # Its config.json, model.safetensors and tokenizer.json have the names of a checkpoint's own:
+    # --overwrite would replace them and leave a run or checkpoint that no longer loads.
+    for holds, what in ((MARKER, "checkpoint"), ("checkpoints", "run")):
+        if (out / holds).exists():
+            raise UserError(f"{out} is a tango-lm {what} directory; export to a directory of its own (e.g. {out}/hf)")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} is not empty; choose a new directory or pass --overwrite to replace its files")
     model = ckpt.build_model("cpu")  # fails with a UserError on a checkpoint that does not fit its config
