@@ -235,6 +235,7 @@ BAD = {
     "data_missing_shard": lambda c: c.train(f"data.dir={_data_without_shard(c)}"),
     "data_garbage_manifest": lambda c: c.train(f"data.dir={_data_garbage_manifest(c)}"),
     "missing_split": lambda c: c.train("data.dev_split=validation"),
+    "missing_test_split": lambda c: c.train("data.test_split=validation"),  # refused before training
     "checkpoints_exist_without_resume": lambda c: ["train", *helpers.cli_overrides(c.data, c.run, **TRAIN)],
     "resume_with_other_model": lambda c: [
         "train",
@@ -258,7 +259,12 @@ BAD = {
     "eval_unknown_split": lambda c: ["eval", str(c.run), "--split", "validation"],
     "eval_zero_windows": lambda c: ["eval", str(c.run), "--windows", "0"],
     "eval_unknown_device": lambda c: ["eval", str(c.run), "--device", "tpu9"],
+    "eval_meta_device": lambda c: ["eval", str(c.run), "--device", "meta"],
+    "train_meta_device": lambda c: c.train("train.device=meta"),
     "negative_lr": lambda c: c.train("train.lr=-1"),
+    "seed_past_64_bits": lambda c: c.train("train.seed=99999999999999999999999"),
+    "data_seed_too_large": lambda c: c.train("train.data_seed=100000000000000"),  # x 1,000,003 overflows
+    "eval_sample_seed_negative": lambda c: c.train("train.eval_sample_seed=-1"),
     "zero_steps": lambda c: c.train("train.steps=0"),
     "negative_steps": lambda c: c.train("train.steps=-1"),
     "zero_keep_last": lambda c: c.train("train.keep_last=0"),

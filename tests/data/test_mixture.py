@@ -108,6 +108,9 @@ def test_bad_components(parts, tmp_path):
         prepare_mixture(tmp_path / "m", [f"{tmp_path / 'missing'}:1"], progress=False)
     with pytest.raises(UserError, match="at least one"):
         prepare_mixture(tmp_path / "m", [], progress=False)
+    with pytest.raises(UserError, match="--seed must be 0 or more"):  # numpy's generators take no negative seed
+        prepare_mixture(tmp_path / "m", [f"{parts['a']}:1"], seed=-1, progress=False)
+    assert not (tmp_path / "m").exists()
 
 
 def test_cli_mixture(parts, tmp_path, capsys):

@@ -188,6 +188,8 @@ class MixtureSource(DataSource):
         for path, w in comps:
             if not (w > 0 and math.isfinite(w)):
                 raise UserError(f"mixture weight of {path} must be positive, got {w}")
+        if self.seed < 0:
+            raise UserError(f"--seed must be 0 or more (got {self.seed})")
         tokens = self.tokens
         if tokens is not None and tokens < 1:
             raise UserError(f"tokens must be at least 1, got {tokens}; omit it to use each document at most once")

@@ -146,6 +146,9 @@ class RunConfig:
         return self.train.seq_len or self.model.context_length
 
 
+MAX_SEED = 2**40
+
+
 def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
     known = {f.name: f for f in dataclasses.fields(cls)}
     values = dict(values)
@@ -197,6 +200,11 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
         value = getattr(obj, key, None)
         if value is not None and not (lo <= value < hi or (hi_ok and value == hi)):
             raise UserError(f"{name}.{key} must be in [{lo}, {hi}{']' if hi_ok else ')'} (got {value})")
+    for key in ("seed", "data_seed", "eval_sample_seed"):
+        # torch's generators take 64 bits; the loader's epoch seeds are data_seed * 1,000,003 + epoch
+        value = getattr(obj, key, None)
+        if value is not None and not 0 <= value < MAX_SEED:
+            raise UserError(f"{name}.{key} must be between 0 and 2**40 - 1 (got {value})")
     if getattr(obj, "weight_decay", 0) < 0:
         raise UserError(f"{name}.weight_decay must be >= 0 (got {obj.weight_decay})")
     return obj

@@ -22,9 +22,16 @@ def pick_device(name: str = "auto", setting: str = "--device") -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    cpu = f"{setting} cpu" if setting.startswith("--") else f"{setting}=cpu"
+    if device.type not in ("cpu", "cuda", "mps"):  # meta, xpu, ...: no kernels or tests here
+        raise UserError(f"device {name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
-        cpu = f"{setting} cpu" if setting.startswith("--") else f"{setting}=cpu"
         raise UserError(f"device {name!r} was asked for but CUDA is not available; use {cpu}")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s) are visible")
+    mps = getattr(torch.backends, "mps", None)
+    if device.type == "mps" and not (mps is not None and mps.is_available()):
+        raise UserError(f"device {name!r} was asked for but MPS (Apple's GPU) is not available; use {cpu}")
     return device
 
 

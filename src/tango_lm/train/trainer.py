@@ -135,6 +135,8 @@ class Trainer:
                 cfg.eval_sample_seed,
             )
         )
+        # The test split is read only after training; a missing or too short one fails now.
+        eval_batches(self.dataset.tokens(run.data.test_split), self.seq_len, self.eval_batch_size, cfg.test_windows)
         self.step = 0
         self.tokens_seen = 0
         self.best: dict[str, Any] = {"step": None, "dev_nll": float("inf")}
