@@ -3,6 +3,7 @@ killed half-way (in-process failures and a SIGKILLed `tango-lm train`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from tango_lm.models.model import build_model
 from tango_lm.train import checkpoint as ckpt_mod
 from tango_lm.train.checkpoint import (
     FORMAT,
+    SUMMED,
     complete_steps,
     load_checkpoint,
     prune_checkpoints,
@@ -99,7 +101,14 @@ def test_json_sidecars(scripted_run, data_dir):
         assert json.loads((path / "tokenizer.json").read_text()) == tok
         assert json.loads((path / "COMPLETE").read_text()) == {"step": step}
         meta = json.loads((path / "meta.json").read_text())
-        assert meta == {"format": FORMAT, "step": step, "dev_nll": DEV_SCRIPT[step], "tokens_seen": step * 128}
+        sums = {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in SUMMED}
+        assert meta == {
+            "format": FORMAT,
+            "step": step,
+            "dev_nll": DEV_SCRIPT[step],
+            "tokens_seen": step * 128,
+            "sha256": sums,
+        }
         ck = load_checkpoint(path)
         assert ck.path == path and ck.meta == meta and ck.config == run.to_dict() and ck.tokenizer == tok
 
@@ -141,12 +150,21 @@ def _truncate(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _flip_a_byte(path: Path) -> None:
+    """One byte mid-file: a weight's or an optimizer moment's bits, which still load as a number."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
 CORRUPTIONS = {
     "weights_truncated": lambda p: _truncate(p / "model.safetensors"),
     "weights_garbage": lambda p: (p / "model.safetensors").write_bytes(b"\x00" * 7),
     "weights_missing": lambda p: (p / "model.safetensors").unlink(),
     "train_state_garbage": lambda p: (p / "train_state.pt").write_bytes(b"not a torch file"),
     "train_state_truncated": lambda p: _truncate(p / "train_state.pt"),
+    "weights_bit_flip": lambda p: _flip_a_byte(p / "model.safetensors"),
+    "train_state_bit_flip": lambda p: _flip_a_byte(p / "train_state.pt"),
     "meta_garbage": lambda p: (p / "meta.json").write_text("{"),
     "meta_wrong_format": lambda p: (p / "meta.json").write_text(json.dumps({"format": "other/9", "step": 8})),
     "config_missing": lambda p: (p / "config.json").unlink(),

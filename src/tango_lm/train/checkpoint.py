@@ -5,7 +5,8 @@ A checkpoint is a step directory `checkpoints/step-00000100/` holding
 - `model.safetensors`: the weights (readable without unpickling anything);
 - `train_state.pt`: optimizer, step, loader position, RNG and best-dev record, loaded only with
   `torch.load(weights_only=True)`;
-- `config.json` (the whole run config), `tokenizer.json`, `meta.json`;
+- `config.json` (the whole run config), `tokenizer.json`, `meta.json` (with the sha256 of the
+  weights and the train state: a file damaged or changed on disk is refused when it is read);
 - `COMPLETE`: written last. A directory without it does not count.
 
 It is written under a temporary name and renamed into place, so a run killed mid-save leaves the
@@ -17,6 +18,7 @@ The sharded layout (`shards/`, torch.distributed.checkpoint) is in sharded_check
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -33,6 +35,7 @@ from tango_lm.errors import UserError
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
 SHARDS = "shards"
+SUMMED = ("model.safetensors", "train_state.pt")  # their sha256 in meta.json (checkpoints before it have none)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Checkpoint:
             from tango_lm.train.sharded_checkpoint import load_sharded_model
 
             return load_sharded_model(self.path, self.meta)
+        self._check_sum("model.safetensors")
         try:
             return load_file(str(self.path / "model.safetensors"))
         except (SafetensorError, OSError, ValueError) as exc:
@@ -71,6 +75,7 @@ class Checkpoint:
         return model.to(device).eval()
 
     def train_state(self) -> dict[str, Any]:
+        self._check_sum("train_state.pt")
         try:
             return torch.load(self.path / "train_state.pt", map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure here means a corrupt file
@@ -78,6 +83,31 @@ class Checkpoint:
                 f"checkpoint {self.path} has an unreadable train_state.pt ({type(exc).__name__}); "
                 "resume from another checkpoint"
             ) from None
+
+    def _check_sum(self, name: str) -> None:
+        """A UserError when `name` does not hash to what meta.json recorded at the save (safetensors
+        and torch.load read most flipped bits as valid numbers: NaNs and 1e33 losses on resume)."""
+        sums = self.meta.get("sha256")
+        want = sums.get(name) if isinstance(sums, dict) else None
+        if want is None:
+            return
+        try:
+            got = file_sha256(self.path / name)
+        except OSError:
+            return  # missing or unreadable: the loader says so
+        if got != want:
+            raise UserError(
+                f"checkpoint {self.path} has a {name} that does not match the sha256 in its meta.json "
+                "(damaged or changed on disk); use another checkpoint"
+            )
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        h = hashlib.sha256()
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 def step_dir_name(step: int) -> str:
@@ -186,9 +216,10 @@ def _finish(
         layout = {"layout": "sharded", "shards": shard_manifest(tmp / SHARDS)}
     torch.save(train_state, tmp / "train_state.pt")
     _fsync_file(tmp / "train_state.pt")
+    sums = {name: file_sha256(tmp / name) for name in SUMMED if (tmp / name).exists()}
     _write_json(tmp / "config.json", config)
     _write_json(tmp / "tokenizer.json", tokenizer)
-    _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, **meta})
+    _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, "sha256": sums, **meta})
     _same_mode(tmp)
     _write_json(tmp / MARKER, {"step": step})
     ckpt_root, final = tmp.parent, tmp.parent / step_dir_name(step)
