@@ -157,6 +157,24 @@ def test_text_documents(tmp_path):
         list(text_documents([bad]))
 
 
+def _damaged_gzips(tmp_path: Path, text: str) -> list[Path]:
+    """A .gz cut short (EOFError from gzip) and one whose deflate stream is damaged (zlib.error)."""
+    data = gzip.compress(text.encode() * 200)
+    cut, damaged = tmp_path / "cut.txt.gz", tmp_path / "damaged.txt.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    damaged.write_bytes(data[:12] + bytes(b ^ 0xFF for b in data[12:40]) + data[40:])
+    return [cut, damaged]
+
+
+def test_damaged_gzip_inputs_are_one_line_errors(tmp_path):
+    for path in _damaged_gzips(tmp_path, "some text\n\n"):
+        with pytest.raises(UserError, match=f"cannot read .*{path.name}"):
+            list(text_documents([path]))
+    for path in _damaged_gzips(tmp_path, json.dumps({"text": "x"}) + "\n"):
+        with pytest.raises(UserError, match=f"cannot read .*{path.name}"):
+            list(jsonl_documents([path]))
+
+
 def test_jsonl_documents_and_errors(tmp_path):
     f = _write_jsonl(tmp_path / "a.jsonl", [{"text": "one"}, {"text": "two", "id": 2}, {"text": "  "}])
     g = tmp_path / "b.jsonl.gz"
@@ -173,6 +191,10 @@ def test_jsonl_documents_and_errors(tmp_path):
     _write_jsonl(tmp_path / "num.jsonl", [{"text": 3}])
     with pytest.raises(UserError, match="non-string 'text'"):
         list(jsonl_documents([tmp_path / "num.jsonl"]))
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "\n")  # json's parser recurses per level
+    with pytest.raises(UserError, match=r"deep.jsonl, line 1: not valid JSON"):
+        list(jsonl_documents([deep]))
 
 
 def test_parquet_documents_batches_and_errors(tmp_path):
@@ -187,6 +209,9 @@ def test_parquet_documents_batches_and_errors(tmp_path):
         list(parquet_documents([path], field="body"))
     with pytest.raises(UserError, match="column 'n' .* not text"):
         list(parquet_documents([path], field="n"))
+    categorical = tmp_path / "cat.parquet"  # pandas writes a Categorical column as a dictionary
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), categorical)
+    assert list(parquet_documents([categorical])) == texts[:25]
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet")
     with pytest.raises(UserError, match="cannot read the Parquet file"):

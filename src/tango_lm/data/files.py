@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,12 @@ INPUTS_HELP = (
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
 _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
+READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
 
 
 # -- inputs -----------------------------------------------------------------------------------
+
+
 def _has_ext(path: Path, exts: Sequence[str]) -> bool:
     name = path.name.lower()
     return any(name.endswith(e.lower()) for e in exts)
@@ -157,8 +161,8 @@ def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) ->
             raise UserError(
                 f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
             ) from None
-        except OSError as e:
-            raise UserError(f"cannot read {path} ({e.strerror or e}); check the file") from None
+        except READ_ERRORS as e:
+            raise UserError(f"cannot read {path} ({getattr(e, 'strerror', None) or e}); check the file") from None
 
 
 def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]:
@@ -171,7 +175,7 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                         continue
                     try:
                         row = json.loads(line)
-                    except ValueError as e:
+                    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
                         raise UserError(
                             f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line"
                         ) from None
@@ -185,8 +189,16 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                         yield value
         except UnicodeDecodeError as e:
             raise UserError(f"{path} is not UTF-8 text ({e.reason}); convert it to UTF-8") from None
-        except (OSError, EOFError) as e:
+        except READ_ERRORS as e:
             raise UserError(f"cannot read {path} ({e}); check the file") from None
+
+
+def _is_text(pa: Any, kind: Any) -> bool:
+    """Arrow text: string, large_string, string_view, or a dictionary of them (pandas' Categorical)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    is_view = getattr(pa.types, "is_string_view", lambda _: False)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind)
 
 
 def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: int = 1024) -> Iterator[str]:
@@ -206,7 +218,7 @@ def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: in
                 "choose one with --field"
             )
         kind = pf.schema_arrow.field(field).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        if not _is_text(pa, kind):
             raise UserError(f"column {field!r} of {path} holds {kind}, not text; choose a text column with --field")
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):
