@@ -62,6 +62,20 @@ def _checkpoint_with_config(c: Ctx, config) -> Path:
     return copy
 
 
+def _model_only(c: Ctx) -> dict:
+    step = next(c.run.glob("checkpoints/step-*"))
+    return {"model": json.loads((step / "config.json").read_text())["model"]}
+
+
+def _checkpoint_without_step(c: Ctx) -> Path:
+    copy = Path(shutil.copytree(c.run, c.tmp / "odd-run"))
+    for step in copy.glob("checkpoints/step-*"):
+        meta = json.loads((step / "meta.json").read_text())
+        del meta["step"]
+        (step / "meta.json").write_text(json.dumps(meta))
+    return copy
+
+
 def _file(c: Ctx, name: str, data: bytes) -> Path:
     path = c.tmp / name
     path.write_bytes(data)
@@ -145,6 +159,13 @@ BAD = {
         "a",
     ],
     "checkpoint_config_is_a_list": lambda c: ["eval", str(_checkpoint_with_config(c, ["model"])), "--split", "dev"],
+    "checkpoint_config_only_model": lambda c: [
+        "eval",
+        str(_checkpoint_with_config(c, _model_only(c))),
+        "--split",
+        "dev",
+    ],
+    "checkpoint_meta_without_step": lambda c: ["eval", str(_checkpoint_without_step(c)), "--split", "dev"],
     # numbers that cannot train
     "lr_inf": lambda c: c.train("train.lr=.inf"),
     "lr_nan": lambda c: c.train("train.lr=.nan"),
@@ -245,6 +266,8 @@ EXPECT = {
     "num_samples_not_a_number": "tango-lm generate: argument --num-samples: invalid int value: 'many'; see",
     "checkpoint_config_without_model": "has a config.json without a model section",
     "checkpoint_config_is_a_list": "has a config.json that is a list, not a mapping",
+    "checkpoint_config_only_model": "has an incomplete config.json (no 'data'); it is corrupt",
+    "checkpoint_meta_without_step": "has a meta.json without its step; it is corrupt",
     "lr_inf": "train.lr must be a finite number (got inf)",
     "lr_nan": "train.lr must be a finite number (got nan)",
     "init_std_nan": "model.init_std must be a finite number (got nan)",

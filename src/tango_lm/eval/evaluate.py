@@ -31,14 +31,25 @@ def evaluate_checkpoint(
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)
     run = ckpt.config
-    data_path = data_dir or run["data"]["dir"]
+    try:  # the run config's parts this reads: a hand-edited or truncated config.json lacks some
+        data_path = data_dir or run["data"]["dir"]
+        splits = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}
+        train = run["train"]
+        seq_len = train["seq_len"] or run["model"]["context_length"]
+        bs = batch_size or train.get("eval_batch_size") or train["batch_size"]
+        precision, eval_windows = train["precision"], train["eval_windows"]
+    except (KeyError, TypeError) as exc:
+        what = f"no {exc}" if isinstance(exc, KeyError) else "a section that is not a mapping"
+        raise UserError(
+            f"checkpoint {ckpt.path} has an incomplete config.json ({what}); it is corrupt, use another checkpoint"
+        ) from None
     dataset = PreparedDataset.open(data_path)
     if not same_tokenizer(dataset.tokenizer.to_dict(), ckpt.tokenizer):
         raise UserError(
             f"dataset {data_path} was prepared with tokenizer {dataset.tokenizer.name!r}, not the checkpoint's "
             f"{ckpt.tokenizer.get('name')!r}; prepare the data with the checkpoint's tokenizer"
         )
-    split_name = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}.get(split, split)
+    split_name = splits.get(split, split)
     dev = pick_device(device)
     model = ckpt.build_model(dev)
     model.set_active_segment(segment)  # None: all columns
@@ -51,12 +62,10 @@ def evaluate_checkpoint(
                 f"{run['model']['head']!r}"
             )
         model.head.ablation = ablate.lower()
-    seq_len = run["train"]["seq_len"] or run["model"]["context_length"]
-    bs = batch_size or run["train"].get("eval_batch_size") or run["train"]["batch_size"]
-    dtype = autocast_dtype(run["train"]["precision"], dev)
-    sample_seed = run["train"].get("eval_sample_seed") if split_name == run["data"]["dev_split"] else None
+    dtype = autocast_dtype(precision, dev)
+    sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] else None
     if sample_seed is not None and max_windows is None:
-        max_windows = run["train"]["eval_windows"]
+        max_windows = eval_windows
     batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed)
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}

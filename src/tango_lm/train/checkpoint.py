@@ -284,6 +284,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             )
     if meta.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(meta.get("step"), int):
+        raise UserError(f"checkpoint {path} has a meta.json without its step; it is corrupt, use another checkpoint")
     if not isinstance(config.get("model"), dict):
         raise UserError(
             f"checkpoint {path} has a config.json without a model section; it is corrupt, use another checkpoint"
