@@ -111,11 +111,10 @@ def _unreadable_shard(c: Ctx) -> Path:
     return copy
 
 
-def _grid(c: Ctx) -> Path:
+def _grid(c: Ctx, out_dir: Path | None = None) -> Path:
     base = {"model": helpers.TINY_MODEL, "data": {"dir": str(c.data)}, "train": {**helpers.TINY_TRAIN, **TRAIN}}
-    return _file(
-        c, "grid.yaml", json.dumps({"out_dir": str(c.tmp / "sweep"), "base": base, "axes": {"seed": [17]}}).encode()
-    )
+    out = str(out_dir or c.tmp / "sweep")
+    return _file(c, "grid.yaml", json.dumps({"out_dir": out, "base": base, "axes": {"seed": [17]}}).encode())
 
 
 def _warns_then_fails(c: Ctx) -> list[str]:
@@ -213,6 +212,7 @@ BAD = {
     "sweep_slurm_flag_without_slurm": lambda c: ["sweep", str(_grid(c)), "--partition", "gpu"],
     "sweep_slurm_bad_time": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--time", "soon"],
     "sweep_slurm_negative_gpus": lambda c: ["sweep", str(_grid(c)), "--launcher", "slurm", "--gpus-per-job", "-1"],
+    "sweep_inside_a_dataset": lambda c: ["sweep", str(_grid(c, c.data / "sweep"))],
     # bench: every option checked before the first suite runs (a late one would waste the earlier suites)
     "bench_steps_zero": lambda c: ["bench", "--steps", "0"],
     "bench_warmup_negative": lambda c: ["bench", "--warmup", "-1"],
@@ -286,6 +286,7 @@ EXPECT = {
     "eval_negative_windows": "--windows must be at least 1 (got -1)",
     "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
     "bench_warmup_negative": "--warmup must be 0 or more (got -1)",
+    "sweep_inside_a_dataset": "sweep is inside the prepared dataset",
     "bench_decode_batches_empty": "--decode-batches must list positive integers (got '')",
     "bench_windowed_heads": "--d-model must be a multiple of 32",
     "bench_all_bad_memory_backbone": "no preset or file named 'dens'",

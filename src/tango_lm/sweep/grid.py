@@ -53,6 +53,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import TIERS, conventional_untied, match_width, parse_tier
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
+from tango_lm.train.run_dir import enclosing
 
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
 CONVENTIONAL = "conventional-untied"
@@ -119,6 +120,11 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     out_dir = spec.get("out_dir", f"runs/sweeps/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise UserError(f"out_dir in sweep grid {path} must be a directory path (got {out_dir!r})")
+    dataset = enclosing(out_dir, is_prepared)  # before the sweep writes its status and locks there
+    if dataset is not None:
+        raise UserError(
+            f"sweep grid {path}: out_dir {out_dir} is inside the prepared dataset {dataset}; choose a directory outside it"
+        )
     base = _base_sections(spec.get("base"), path)
     axes = _parse_axes(spec.get("axes") or {}, path)
     grid = Grid(path=path, out_dir=Path(out_dir), axes=axes, slurm=spec.get("slurm") or {})
