@@ -83,7 +83,8 @@ def test_train_state_loads_with_weights_only(scripted_run):
     out, run, _ = scripted_run
     for step in (4, 6, 8):
         state = torch.load(helpers.step_dir(out, step) / "train_state.pt", map_location="cpu", weights_only=True)
-        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best", "nonfinite"}
+        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best", "nonfinite", "step_times"}
+        assert len(state["step_times"]) == step
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
@@ -201,6 +202,17 @@ def test_resume_uses_latest_complete_and_ignores_incomplete(scripted_run, data_d
     helpers.assert_same_weights(
         {k: v for k, v in trainer.model.state_dict().items()}, helpers.weights(helpers.step_dir(copy, 6))
     )
+
+
+def test_resume_keeps_the_step_times_of_the_throughput(scripted_run, data_dir, tmp_path):
+    # tokens/s is the median of the final 100 steps: after a resume some of them came before it
+    out, _, result = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    state = load_checkpoint(helpers.step_dir(copy, 8)).train_state()
+    assert len(state["step_times"]) == 8 and all(t > 0 for t in state["step_times"])
+    again = train(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, keep_last=2), resume=True)
+    assert again.summary["steps"] == 8 and again.summary["tokens_per_s"] == result.summary["tokens_per_s"]
+    assert again.summary["mfu"] == result.summary["mfu"]
 
 
 def test_resume_restores_the_global_rng(data_dir, tmp_path):

@@ -184,6 +184,7 @@ class Trainer:
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
+            self.step_times = [float(t) for t in state.get("step_times", [])]  # none before this was saved
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
@@ -206,6 +207,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "best": {"step": self.best["step"], "dev_nll": float(self.best["dev_nll"])},
             "nonfinite": self.nonfinite.state_dict(),
+            # the summary's tokens/s is the median of the final steps, some of them before a resume
+            "step_times": self.step_times[-THROUGHPUT_WINDOW:],
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
