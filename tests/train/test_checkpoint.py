@@ -19,7 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tango_lm.cli import main
-from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.shards import PreparedDataset, write_prepared
+from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.models.model import build_model
 from tango_lm.train import checkpoint as ckpt_mod
@@ -83,8 +84,18 @@ def test_train_state_loads_with_weights_only(scripted_run):
     out, run, _ = scripted_run
     for step in (4, 6, 8):
         state = torch.load(helpers.step_dir(out, step) / "train_state.pt", map_location="cpu", weights_only=True)
-        assert set(state) == {"optimizer", "loader", "rng", "step", "tokens_seen", "best", "nonfinite", "step_times"}
-        assert len(state["step_times"]) == step
+        assert set(state) == {
+            "optimizer",
+            "loader",
+            "rng",
+            "step",
+            "tokens_seen",
+            "best",
+            "nonfinite",
+            "step_times",
+            "data",
+        }
+        assert len(state["step_times"]) == step and set(state["data"]) == {"train", "dev"}
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
@@ -213,6 +224,21 @@ def test_resume_keeps_the_step_times_of_the_throughput(scripted_run, data_dir, t
     again = train(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, keep_last=2), resume=True)
     assert again.summary["steps"] == 8 and again.summary["tokens_per_s"] == result.summary["tokens_per_s"]
     assert again.summary["mfu"] == result.summary["mfu"]
+
+
+def test_resume_refuses_other_data_and_takes_the_same_data_anywhere(scripted_run, data_dir, tmp_path):
+    # The loader position and the best dev NLL refer to the tokens the run trained on.
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    moved = _copy(data_dir, tmp_path / "moved-data")  # the same tokens elsewhere: resumes
+    assert Trainer(helpers.run_config(moved, copy, steps=8, save_every=2, eval_every=2), resume=True).step == 8
+    other = tmp_path / "other-data"
+    splits = {"train": helpers.make_docs(helpers.TRAIN_DOCS, 5), "dev": helpers.make_docs(helpers.EVAL_DOCS, 1)}
+    write_prepared(
+        other, get_tokenizer("byte"), {**splits, "test": helpers.make_docs(helpers.EVAL_DOCS, 2)}, {}, progress=False
+    )
+    with pytest.raises(UserError, match=r"the train split\(s\) of .*other-data hold other tokens"):
+        Trainer(helpers.run_config(other, copy, steps=8, save_every=2, eval_every=2), resume=True)
 
 
 def test_resume_restores_the_global_rng(data_dir, tmp_path):

@@ -372,6 +372,14 @@ class PreparedDataset:
         """Number of documents in `split`."""
         return int(self._entry(split)["documents"])
 
+    def content_id(self, split: str) -> str:
+        """A sha256 of `split`'s tokens in order (from its shards' recorded sha256s): equal for the
+        same tokens wherever the dataset lies and however often it was prepared."""
+        sums = "\n".join(
+            str(sh.get("sha256", "")) + ":" + str(sh.get("tokens", "")) for sh in self._entry(split)["shards"]
+        )
+        return hashlib.sha256(sums.encode()).hexdigest()
+
     def tokens(self, split: str) -> np.ndarray:
         """All tokens of `split` as a 1-D array: a read-only memmap for one shard, else a copy."""
         if split in self._cache:

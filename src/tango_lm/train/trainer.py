@@ -166,6 +166,15 @@ class Trainer:
                 "than the checkpoint's; use the original data"
             )
         state = ckpt.train_state()
+        saved_ids = state.get("data") if isinstance(state, dict) else None  # none before this was saved
+        if isinstance(saved_ids, dict):
+            changed = [s for s, content in self._data_ids().items() if saved_ids.get(s) not in (None, content)]
+            if changed:
+                raise UserError(
+                    f"cannot resume {self.out}: the {' and '.join(changed)} split(s) of {self.dataset.path} hold other "
+                    "tokens than the run trained on (its data position and best dev NLL refer to those); resume "
+                    "with the original data or use a new train.out_dir"
+                )
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)
@@ -209,7 +218,13 @@ class Trainer:
             "nonfinite": self.nonfinite.state_dict(),
             # the summary's tokens/s is the median of the final steps, some of them before a resume
             "step_times": self.step_times[-THROUGHPUT_WINDOW:],
+            "data": self._data_ids(),
         }
+
+    def _data_ids(self) -> dict[str, str]:
+        """What the loader position and the best dev NLL refer to: the train and dev splits' tokens."""
+        data = self.run.data
+        return {split: self.dataset.content_id(getattr(data, f"{split}_split")) for split in ("train", "dev")}
 
     def save(self, dev_nll: float | None = None) -> Path:
         """Write the step directory. Every process calls this; rank 0 writes the files, the
