@@ -200,6 +200,12 @@ BAD = {
     "verify_missing_dataset": lambda c: ["data", "verify", str(c.tmp / "nothing-here")],
     "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
     "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
+    "eval_ppl_directory": lambda c: ["eval", str(c.run), "--ppl", str(c.tmp)],
+    "code_max_file_bytes_zero": lambda c: [
+        *("data", "prepare", "code", str(_file(c, "m.py", b"x = 1\n"))),
+        *("--out", str(c.tmp / "new-data"), "--tokenizer", "byte", "--max-file-bytes", "0"),
+    ],
+    "yaml_number_for_a_path": lambda c: c.train("data.test_split=2024"),
     # loggers, serve, sweep launchers
     "logger_unknown": lambda c: c.train("train.loggers=[jsonl,mlflow]"),
     "loggers_without_jsonl": lambda c: c.train("train.loggers=[tensorboard]"),
@@ -285,6 +291,9 @@ EXPECT = {
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
     "eval_negative_windows": "--windows must be at least 1 (got -1)",
     "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
+    "eval_ppl_directory": "is a directory; give a text file to --ppl",
+    "code_max_file_bytes_zero": "--max-file-bytes must be at least 1 (got 0)",
+    "yaml_number_for_a_path": "YAML read it as a number: quote it",
     "bench_warmup_negative": "--warmup must be 0 or more (got -1)",
     "sweep_inside_a_dataset": "sweep is inside the prepared dataset",
     "bench_decode_batches_empty": "--decode-batches must list positive integers (got '')",

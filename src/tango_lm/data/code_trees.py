@@ -142,6 +142,11 @@ class CodeSource(HeldOutSource):
     def skipped_dirs(self) -> tuple[str, ...]:
         return (*CODE_ALWAYS_EXCLUDED, *(() if self.include_tests else CODE_TEST_DIRS), *self.exclude_dirs)
 
+    def check(self) -> None:
+        super().check()
+        if self.max_bytes < 1:
+            raise UserError(f"--max-file-bytes must be at least 1 (got {self.max_bytes})")
+
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         exts, exclude_dirs = self.exts, self.skipped_dirs
         for r in self.roots:

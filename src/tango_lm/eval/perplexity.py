@@ -137,7 +137,8 @@ def read_text_file(path: str | Path) -> str:
     """The file as UTF-8 text; UserError for a missing, binary or undecodable file."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path} does not exist; give a text file to --ppl")
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise UserError(f"{path} {what}; give a text file to --ppl")
     data = path.read_bytes()
     if b"\x00" in data:
         raise UserError(f"{path} is a binary file (it holds NUL bytes); --ppl takes UTF-8 text")

@@ -7,6 +7,7 @@ Checkpoints store it, `params` and `match` read it, reports print it. Validation
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,4 +166,10 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         if isinstance(value, typ):
             return value
     wanted = " or ".join(o for o in options)
-    raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__})")
+    hint = ""
+    if "str" in options and isinstance(value, (int, float, datetime.date)):  # YAML's reading of a bare 2024
+        kind = "date" if isinstance(value, datetime.date) else "number"
+        hint = (
+            f"; YAML read it as a {kind}: quote it, {name}: '{value}' in a file or \"{name}='{value}'\" as an override"
+        )
+    raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__}){hint}")
