@@ -261,13 +261,37 @@ def test_resume_from_weights_that_do_not_fit_is_a_user_error(scripted_run, data_
     state = load_file(str(path))
     state.pop("norm.weight")
     save_file(state, str(path), metadata={"format": FORMAT})
+    meta = json.loads((path.parent / "meta.json").read_text())  # consistent with its sums: past that check
+    meta["sha256"]["model.safetensors"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (path.parent / "meta.json").write_text(json.dumps(meta))
     argv = ["train", *helpers.cli_overrides(data_dir, copy, steps=10, save_every=2, eval_every=2), "--resume"]
     try:
         rc = main(argv)
     except RuntimeError:
         rc = "traceback"
     assert rc == 2
-    helpers.assert_one_error_line(capsys.readouterr().err)
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "is corrupt or from another run (Error(s) in loading" in line and "to resume from the one before it" in line
+
+
+def test_a_damaged_latest_checkpoint_says_how_to_resume_from_the_one_before(scripted_run, data_dir, tmp_path, capsys):
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    _flip_a_byte(helpers.step_dir(copy, 8) / "train_state.pt")
+    argv = ["train", *helpers.cli_overrides(data_dir, copy, steps=8, save_every=2, eval_every=2), "--resume"]
+    assert main([*argv, "--no-progress"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "does not match the sha256" in line and "another checkpoint" not in line
+    assert f"move {helpers.step_dir(copy, 8)} out of {copy / 'checkpoints'} to resume from the one before it" in line
+    shutil.move(helpers.step_dir(copy, 8), tmp_path / "aside")  # as it says
+    assert Trainer(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2), resume=True).step == 6
+
+
+def test_resume_past_the_configured_steps_is_refused(scripted_run, data_dir, tmp_path):
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    with pytest.raises(UserError, match="latest checkpoint is at step 8, past the 4 steps this config trains"):
+        Trainer(helpers.run_config(data_dir, copy, steps=4, save_every=2, eval_every=2), resume=True)
 
 
 # -- atomic save / prune -------------------------------------------------------------------------

@@ -148,7 +148,10 @@ class Trainer:
 
     # -- state --------------------------------------------------------------------------------
     def _resume(self, path: Path) -> None:
-        ckpt = load_checkpoint(path)
+        try:
+            ckpt = load_checkpoint(path)
+        except UserError as exc:
+            raise self._unresumable(path, exc) from None
         saved_model = ckpt.config.get("model", {})
         if saved_model != self.run.model.to_dict():
             diff = sorted(
@@ -165,7 +168,10 @@ class Trainer:
                 f"cannot resume {self.out}: dataset {self.dataset.path} was prepared with a different tokenizer "
                 "than the checkpoint's; use the original data"
             )
-        state = ckpt.train_state()
+        try:
+            state = ckpt.train_state()
+        except UserError as exc:
+            raise self._unresumable(path, exc) from None
         saved_ids = state.get("data") if isinstance(state, dict) else None  # none before this was saved
         if isinstance(saved_ids, dict):
             changed = [s for s, content in self._data_ids().items() if saved_ids.get(s) not in (None, content)]
@@ -194,13 +200,28 @@ class Trainer:
             self.best = dict(state["best"])
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
             self.step_times = [float(t) for t in state.get("step_times", [])]  # none before this was saved
+        except UserError as exc:
+            raise self._unresumable(path, exc) from None
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise self._unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
+        if self.step > self.total_steps:
             raise UserError(
-                f"checkpoint {ckpt.path} is corrupt or from another run ({first}); resume from another checkpoint"
-            ) from None
+                f"cannot resume {self.out}: its latest checkpoint is at step {self.step}, past the {self.total_steps} "
+                "steps this config trains; raise train.steps (or tokens) or use a new train.out_dir"
+            )
         self._truncate_metrics(self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
+
+    def _unresumable(self, path: Path, error: UserError | str) -> UserError:
+        """A damaged latest checkpoint's error, saying how to resume from the one before it."""
+        text = str(error)
+        for advice in ("; use another checkpoint", "; resume from another checkpoint"):
+            text = text.removesuffix(advice)
+        return UserError(
+            f"{text}; --resume continues from the latest complete checkpoint: move {path} out of "
+            f"{self.ckpt_root} to resume from the one before it"
+        )
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
         """Everything but the weights. The loader position is global (the same on every rank) and
