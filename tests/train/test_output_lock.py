@@ -177,6 +177,10 @@ def test_runs_and_datasets_stay_out_of_each_other(data_dir, tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
     (tmp_path / "config.json").write_text("{}")  # a stray config.json does not make a folder a run
     assert main([*argv, "--out", str(tmp_path / "data")]) == 0
+    before = helpers.snapshot(data_dir)  # a dataset inside another: replacing the outer one removes it
+    line = refused(capsys, [*argv, "--out", str(data_dir / "nested")])
+    assert f"is inside the prepared dataset {data_dir}" in line
+    assert helpers.snapshot(data_dir) == before
 
 
 # -- data prepare -----------------------------------------------------------------------------

@@ -66,6 +66,9 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
     run = enclosing(out, is_run_dir)
     if run is not None:
         raise UserError(f"{out} is inside the run directory {run}; choose an output directory outside it")
+    outer = enclosing(out.absolute().parent, is_prepared)  # replacing that one would take this one with it
+    if outer is not None:
+        raise UserError(f"{out} is inside the prepared dataset {outer}; choose an output directory outside it")
     if not out.exists():
         return
     if is_prepared(out):
