@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from tango_lm.config_checks import check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
-from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
@@ -51,6 +50,7 @@ from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
+from tango_lm.train.resume import check_not_past, check_same_run, data_ids, open_checkpoint, unresumable
 from tango_lm.train.run_dir import claim_run_dir
 from tango_lm.train.sharded_checkpoint import load_shards, save_shards
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib
@@ -148,39 +148,8 @@ class Trainer:
 
     # -- state --------------------------------------------------------------------------------
     def _resume(self, path: Path) -> None:
-        try:
-            ckpt = load_checkpoint(path)
-        except UserError as exc:
-            raise self._unresumable(path, exc) from None
-        saved_model = ckpt.config.get("model", {})
-        if saved_model != self.run.model.to_dict():
-            diff = sorted(
-                k
-                for k in set(saved_model) | set(self.run.model.to_dict())
-                if saved_model.get(k) != self.run.model.to_dict().get(k)
-            )
-            raise UserError(
-                f"cannot resume {self.out}: its checkpoint has a different model config ({', '.join(diff)}); "
-                "resume with the original config or use a new train.out_dir"
-            )
-        if not same_tokenizer(ckpt.tokenizer, self.dataset.tokenizer.to_dict()):
-            raise UserError(
-                f"cannot resume {self.out}: dataset {self.dataset.path} was prepared with a different tokenizer "
-                "than the checkpoint's; use the original data"
-            )
-        try:
-            state = ckpt.train_state()
-        except UserError as exc:
-            raise self._unresumable(path, exc) from None
-        saved_ids = state.get("data") if isinstance(state, dict) else None  # none before this was saved
-        if isinstance(saved_ids, dict):
-            changed = [s for s, content in self._data_ids().items() if saved_ids.get(s) not in (None, content)]
-            if changed:
-                raise UserError(
-                    f"cannot resume {self.out}: the {' and '.join(changed)} split(s) of {self.dataset.path} hold other "
-                    "tokens than the run trained on (its data position and best dev NLL refer to those); resume "
-                    "with the original data or use a new train.out_dir"
-                )
+        ckpt, state = open_checkpoint(path)
+        check_same_run(ckpt, state, self.run, self.dataset)
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)
@@ -201,27 +170,13 @@ class Trainer:
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
             self.step_times = [float(t) for t in state.get("step_times", [])]  # none before this was saved
         except UserError as exc:
-            raise self._unresumable(path, exc) from None
+            raise unresumable(path, exc) from None
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise self._unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
-        if self.step > self.total_steps:
-            raise UserError(
-                f"cannot resume {self.out}: its latest checkpoint is at step {self.step}, past the {self.total_steps} "
-                "steps this config trains; raise train.steps (or tokens) or use a new train.out_dir"
-            )
+            raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
+        check_not_past(self.step, self.total_steps, self.run)
         self._truncate_metrics(self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
-
-    def _unresumable(self, path: Path, error: UserError | str) -> UserError:
-        """A damaged latest checkpoint's error, saying how to resume from the one before it."""
-        text = str(error)
-        for advice in ("; use another checkpoint", "; resume from another checkpoint"):
-            text = text.removesuffix(advice)
-        return UserError(
-            f"{text}; --resume continues from the latest complete checkpoint: move {path} out of "
-            f"{self.ckpt_root} to resume from the one before it"
-        )
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
         """Everything but the weights. The loader position is global (the same on every rank) and
@@ -239,13 +194,8 @@ class Trainer:
             "nonfinite": self.nonfinite.state_dict(),
             # the summary's tokens/s is the median of the final steps, some of them before a resume
             "step_times": self.step_times[-THROUGHPUT_WINDOW:],
-            "data": self._data_ids(),
+            "data": data_ids(self.dataset, self.run),
         }
-
-    def _data_ids(self) -> dict[str, str]:
-        """What the loader position and the best dev NLL refer to: the train and dev splits' tokens."""
-        data = self.run.data
-        return {split: self.dataset.content_id(getattr(data, f"{split}_split")) for split in ("train", "dev")}
 
     def save(self, dev_nll: float | None = None) -> Path:
         """Write the step directory. Every process calls this; rank 0 writes the files, the

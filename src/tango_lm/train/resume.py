@@ -1,0 +1,75 @@
+"""Whether a run may continue from its latest checkpoint (`tango-lm train --resume`): the same model
+config, tokenizer and data tokens, and not past the steps its config trains; and, when that
+checkpoint is damaged, an error that says how to continue from the one before it. The trainer
+(train/trainer.py) loads the state once these hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.tokenizers import same_tokenizer
+from tango_lm.errors import UserError
+from tango_lm.train.checkpoint import Checkpoint, load_checkpoint
+from tango_lm.train.config import RunConfig
+
+
+def unresumable(path: Path, error: UserError | str) -> UserError:
+    """A damaged latest checkpoint's error, saying how to resume from the one before it (--resume
+    always takes the latest complete one, so "use another checkpoint" is not advice it can follow)."""
+    text = str(error)
+    for advice in ("; use another checkpoint", "; resume from another checkpoint"):
+        text = text.removesuffix(advice)
+    return UserError(
+        f"{text}; --resume continues from the latest complete checkpoint: move {path} out of "
+        f"{path.parent} to resume from the one before it"
+    )
+
+
+def open_checkpoint(path: Path) -> tuple[Checkpoint, dict[str, Any]]:
+    """The checkpoint and its train state, or `unresumable`'s error."""
+    try:
+        ckpt = load_checkpoint(path)
+        return ckpt, ckpt.train_state()
+    except UserError as exc:
+        raise unresumable(path, exc) from None
+
+
+def data_ids(dataset: PreparedDataset, run: RunConfig) -> dict[str, str]:
+    """What the loader position and the best dev NLL refer to: the train and dev splits' tokens."""
+    return {split: dataset.content_id(getattr(run.data, f"{split}_split")) for split in ("train", "dev")}
+
+
+def check_same_run(ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, dataset: PreparedDataset) -> None:
+    """UserError unless the checkpoint's model config, tokenizer and data tokens are this run's."""
+    out = run.train.out_dir
+    saved_model, model = ckpt.config.get("model", {}), run.model.to_dict()
+    if saved_model != model:
+        diff = sorted(k for k in set(saved_model) | set(model) if saved_model.get(k) != model.get(k))
+        raise UserError(
+            f"cannot resume {out}: its checkpoint has a different model config ({', '.join(diff)}); "
+            "resume with the original config or use a new train.out_dir"
+        )
+    if not same_tokenizer(ckpt.tokenizer, dataset.tokenizer.to_dict()):
+        raise UserError(
+            f"cannot resume {out}: dataset {dataset.path} was prepared with a different tokenizer "
+            "than the checkpoint's; use the original data"
+        )
+    saved_ids = state.get("data") if isinstance(state, dict) else None  # none before it was saved
+    if isinstance(saved_ids, dict):
+        changed = [s for s, content in data_ids(dataset, run).items() if saved_ids.get(s) not in (None, content)]
+        if changed:
+            raise UserError(
+                f"cannot resume {out}: the {' and '.join(changed)} split(s) of {dataset.path} hold other "
+                "tokens than the run trained on (its data position and best dev NLL refer to those); resume "
+                "with the original data or use a new train.out_dir"
+            )
+
+
+def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:
+    if step > total_steps:
+        raise UserError(
+            f"cannot resume {run.train.out_dir}: its latest checkpoint is at step {step}, past the {total_steps} "
+            "steps this config trains; raise train.steps (or tokens) or use a new train.out_dir"
+        )
