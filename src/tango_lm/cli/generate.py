@@ -18,9 +18,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from tango_lm.train.checkpoint import load_checkpoint
     from tango_lm.train.device import pick_device
 
-    check_sampling(
-        args.temperature, args.top_k, args.top_p, args.max_new_tokens or 0, args.seed
-    )  # before the slow load
+    # before the slow load
+    check_sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens or 0, args.seed)
     if args.num_samples < 1:
         raise UserError(f"--num-samples must be at least 1 (got {args.num_samples})")
     prompt_text = _utf8_prompt(args.prompt).replace("\\n", "\n")

@@ -49,8 +49,6 @@ READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and 
 
 
 # -- inputs -----------------------------------------------------------------------------------
-
-
 def _has_ext(path: Path, exts: Sequence[str]) -> bool:
     name = path.name.lower()
     return any(name.endswith(e.lower()) for e in exts)
