@@ -217,7 +217,24 @@ def test_model_args(run_dir):
         TangoLM(checkpoint=str(run_dir), max_length=33)
     with pytest.raises(UserError, match="precision"):
         TangoLM(checkpoint=str(run_dir), precision="fp16")
+    for name in ("max_length", "max_gen_toks"):
+        with pytest.raises(UserError, match=f"{name} must be an integer \\(got 'abc'\\)"):
+            TangoLM(checkpoint=str(run_dir), **{name: "abc"})
     assert TangoLM(pretrained=str(run_dir), device="cpu").checkpoint.path.name == "step-00000030"
+
+
+def test_tango_lm_eval_prints_the_adapters_errors_as_one_line(run_dir, capsys, monkeypatch):
+    """`tango-lm-eval run --model tango-lm --model_args checkpoint=/nope ...`: lm-eval builds the
+    model inside its command line, whose UserError was a traceback and exit code 1."""
+    import lm_eval.__main__
+
+    from tango_lm.eval import lm_eval_adapter
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: TangoLM(checkpoint=str(run_dir / "nope")))
+    with pytest.raises(SystemExit) as info:
+        lm_eval_adapter.main()
+    assert info.value.code == 2
+    assert "does not exist" in helpers.assert_one_error_line(capsys.readouterr().err)
 
 
 def test_moe_is_scored_at_its_evaluation_capacity(tmp_path):

@@ -20,6 +20,7 @@ from tango_lm.eval.perplexity import (
     evaluate_file,
     lambada_metrics,
     read_lambada,
+    read_text_file,
     rolling_windows,
     split_blank_lines,
     split_wikitext,
@@ -294,7 +295,14 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
     assert "last-word perplexity" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["no_last_word", "jsonl_does_not_parse", "binary", "missing", "stride"])
+FLAGS = {  # --ppl with what only a split takes, or what --ppl takes without it; --ablate goes with both
+    "split_with_ppl": (["--split", "dev"], "--split score a dataset split and --ppl a file"),
+    "windows_and_data_with_ppl": (["--windows", "3", "--data", "d"], "--data, --windows score a dataset split"),
+    "ablate_with_ppl_on_one_table": (["--ablate", "A"], "--ablate needs a checkpoint with twin tables"),
+}
+
+
+@pytest.mark.parametrize("case", ["no_last_word", "jsonl_does_not_parse", "binary", "missing", "stride", *FLAGS])
 def test_cli_bad_ppl_input_exits_2(run_dir, tmp_path, capsys, case):
     path = tmp_path / "f"
     args = ["--format", "lambada"]
@@ -305,5 +313,60 @@ def test_cli_bad_ppl_input_exits_2(run_dir, tmp_path, capsys, case):
     elif case == "stride":
         path.write_text("some text")
         args = ["--format", "text", "--stride", "999"]
+    elif case in FLAGS:
+        path.write_text("some text")
+        args = FLAGS[case][0]
     assert main(["eval", str(run_dir), "--ppl", str(path), "--device", "cpu", *args]) == 2
-    helpers.assert_one_error_line(capsys.readouterr().err)
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    if case in FLAGS:
+        assert FLAGS[case][1] in line
+
+
+def test_cli_ppl_scores_one_table_of_a_twin_head(tmp_path, capsys):
+    from tango_lm.data.tokenizers import get_tokenizer
+    from tango_lm.train.checkpoint import load_checkpoint, save_checkpoint
+    from tango_lm.train.config import RunConfig
+
+    run = RunConfig.from_dict(
+        {
+            "model": {**helpers.TINY_MODEL, "head": "onona"},
+            "data": {"dir": str(tmp_path / "data")},
+            "train": {**helpers.TINY_TRAIN, "out_dir": str(tmp_path)},
+        }
+    )
+    torch.manual_seed(0)
+    net = run.model.build()
+    with torch.no_grad():  # tables A and B apart, so that each one alone scores differently
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    save_checkpoint(
+        tmp_path / "checkpoints", 1, net.state_dict(), {}, run.to_dict(), get_tokenizer("byte").to_dict(), {}
+    )
+    path = tmp_path / "t.txt"
+    path.write_text(WIKI)
+    scores = {}
+    for ablate in (None, "A", "B"):
+        extra = ["--ablate", ablate] if ablate else []
+        assert main(["eval", str(tmp_path), "--ppl", str(path), "--device", "cpu", "--json", *extra]) == 0
+        res = json.loads(capsys.readouterr().out)
+        model = load_checkpoint(tmp_path).build_model("cpu")
+        model.head.ablation = ablate.lower() if ablate else None
+        want = evaluate_file(model, TOK, path, "text", helpers.SEQ_LEN)
+        assert res["nll"] == pytest.approx(want["nll"], rel=1e-6) and res.get("ablate") == ablate
+        scores[ablate] = res["nll"]
+    assert len(set(scores.values())) == 3
+
+
+def test_cli_ppl_flags_without_ppl_exit_2(run_dir, capsys):
+    for args in (["--format", "lambada"], ["--stride", "4"]):
+        assert main(["eval", str(run_dir), "--device", "cpu", *args]) == 2
+        assert "go with --ppl FILE" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    # Windows editors start UTF-8 files with U+FEFF: LAMBADA's JSONL test reads the first character.
+    plain, marked = tmp_path / "plain.jsonl", tmp_path / "marked.jsonl"
+    plain.write_text('{"text": "ab cd ef gh"}\n{"text": "ij kl mn"}\n', encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_lambada(marked) == read_lambada(plain) == [("ab cd ef", "gh"), ("ij kl", "mn")]
+    assert read_text_file(marked) == read_text_file(plain)

@@ -47,11 +47,17 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     if args.windows is not None and args.windows < 1:
         raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
+    split_only = [f"--{n}" for n in ("split", "data", "windows") if getattr(args, n) is not None]
+    ppl_only = [f"--{n}" for n in ("format", "stride") if getattr(args, n) is not None]
+    if args.ppl and split_only:
+        raise UserError(f"{', '.join(split_only)} score a dataset split and --ppl a file; give one or the other")
+    if not args.ppl and ppl_only:
+        raise UserError(f"{', '.join(ppl_only)} go with --ppl FILE (a file's perplexity); add it or leave them out")
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(
         args.checkpoint,
-        args.split,
+        args.split or "test",
         data_dir=args.data,
         max_windows=args.windows,
         device=args.device,
@@ -61,33 +67,45 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(res)
     else:
-        segment = f", segment {res['segment']}" if "segment" in res else ""
-        segment += f", table {res['ablate']} only" if "ablate" in res else ""
-        segment += f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
+        sampled = f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
         print(
             f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
-            f"({res['checkpoint']}, step {res['step']}{segment})"
+            f"({res['checkpoint']}, step {res['step']}{_variant(res)}{sampled})"
         )
+
+
+def _variant(res: dict) -> str:
+    """The printed labels of `evaluate.model_variant`."""
+    text = f", segment {res['segment']}" if "segment" in res else ""
+    return text + (f", table {res['ablate']} only" if "ablate" in res else "")
 
 
 def _eval_ppl(args: argparse.Namespace) -> None:
     """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (docs/design.md §6)."""
     from tango_lm.eval.perplexity import evaluate_checkpoint_file
 
-    res = evaluate_checkpoint_file(args.checkpoint, args.ppl, args.format, stride=args.stride, device=args.device)
+    res = evaluate_checkpoint_file(
+        args.checkpoint,
+        args.ppl,
+        args.format or "text",
+        stride=args.stride,
+        device=args.device,
+        segment=_parse_segment(args.segment),
+        ablate=args.ablate,
+    )
     if args.json:
         _print_json(res)
     elif res["format"] == "lambada":
         print(
             f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
-            f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']})"
+            f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']}{_variant(res)})"
         )
     else:
         print(
             f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
             f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
             f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
-            f"step {res['step']})"
+            f"step {res['step']}{_variant(res)})"
         )
 
 
@@ -121,7 +139,7 @@ def add_parsers(sub: Any) -> None:
 
     s = sub.add_parser("eval", help="NLL of a checkpoint on a split")
     s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
-    s.add_argument("--split", default="test", help="dev, test, or another split of the dataset")
+    s.add_argument("--split", default=None, help="dev, test (the default), or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
     s.add_argument(
         "--windows",
@@ -141,9 +159,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--ppl", default=None, metavar="FILE", help="external perplexity of a local file instead of a split")
     s.add_argument(
         "--format",
-        default="text",
+        default=None,
         choices=("text", "wikitext", "lambada"),
-        help="--ppl file format: blank-line documents, raw WikiText, or LAMBADA lines/JSONL",
+        help="--ppl file format: blank-line documents (text, the default), raw WikiText, or LAMBADA lines/JSONL",
     )
     s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
     s.add_argument("--device", default="auto")

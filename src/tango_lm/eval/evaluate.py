@@ -52,16 +52,7 @@ def evaluate_checkpoint(
     split_name = splits.get(split, split)
     dev = pick_device(device)
     model = ckpt.build_model(dev)
-    model.set_active_segment(segment)  # None: all columns
-    if ablate is not None:
-        if ablate.upper() not in ("A", "B"):
-            raise UserError(f"--ablate takes A or B (got {ablate!r})")
-        if not hasattr(model.head, "ablation"):
-            raise UserError(
-                f"--ablate needs a checkpoint with twin tables (head onona); {ckpt.path} has head "
-                f"{run['model']['head']!r}"
-            )
-        model.head.ablation = ablate.lower()
+    variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
     sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] else None
     if sample_seed is not None and max_windows is None:
@@ -71,8 +62,25 @@ def evaluate_checkpoint(
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
     if sample_seed is not None:
         res["sample_seed"] = sample_seed
+    return {**res, **variant}
+
+
+def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None) -> dict[str, Any]:
+    """Run `model` with one segment of a rotating narrow width (None: all columns) and, for a
+    twin-table head, `ablate` ("A" or "B": that table alone at input and output); returns the
+    result's labels for them ("segment" for models trained with active_width, "ablate")."""
+    model.set_active_segment(segment)
+    labels: dict[str, Any] = {}
     if ablate is not None:
-        res["ablate"] = ablate.upper()
+        if ablate.upper() not in ("A", "B"):
+            raise UserError(f"--ablate takes A or B (got {ablate!r})")
+        if not hasattr(model.head, "ablation"):
+            raise UserError(
+                f"--ablate needs a checkpoint with twin tables (head onona); {ckpt.path} has head "
+                f"{ckpt.config['model'].get('head')!r}"
+            )
+        model.head.ablation = ablate.lower()
+        labels["ablate"] = ablate.upper()
     if model.num_segments is not None:  # trained with active_width: say which columns ran
-        res["segment"] = "all" if segment is None else segment
-    return res
+        labels["segment"] = "all" if segment is None else segment
+    return labels

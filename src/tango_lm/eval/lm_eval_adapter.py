@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,14 @@ logger = logging.getLogger(__name__)
 AUTO_BATCH_SIZE = 16
 
 
+def _int_arg(name: str, value: Any) -> int:
+    """A `--model_args` integer (lm-eval hands them over as strings)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{name} must be an integer (got {value!r})") from None
+
+
 def _batch_size(value: Any, max_batch_size: Any = None) -> int:
     """lm-eval passes `--batch_size` as a string: an integer, `auto` or `auto:N`."""
     if value is None:
@@ -61,7 +70,7 @@ def _batch_size(value: Any, max_batch_size: Any = None) -> int:
     if isinstance(value, str) and value.startswith("auto"):
         size = AUTO_BATCH_SIZE
         if max_batch_size is not None:
-            size = min(size, int(max_batch_size))
+            size = min(size, _int_arg("max_batch_size", max_batch_size))
         return size
     try:
         size = int(value)
@@ -102,7 +111,9 @@ class TangoLM(TemplateLM):
         train = ckpt.config.get("train") or {}
         context = int(ckpt.config["model"]["context_length"])
         self._max_length = (
-            int(max_length) if max_length is not None else min(int(train.get("seq_len") or context), context)
+            _int_arg("max_length", max_length)
+            if max_length is not None
+            else min(int(train.get("seq_len") or context), context)
         )
         if not 1 <= self._max_length <= context:
             raise UserError(
@@ -111,7 +122,7 @@ class TangoLM(TemplateLM):
         precision = precision or train.get("precision", "auto")
         if precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"precision must be auto, fp32 or bf16 (got {precision!r})")
-        self._max_gen_toks = int(max_gen_toks)
+        self._max_gen_toks = _int_arg("max_gen_toks", max_gen_toks)
         self._batch_size = _batch_size(batch_size, max_batch_size)
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's --device defaults to cuda:0 whatever the machine has.
@@ -325,7 +336,13 @@ def main() -> None:
     """`tango-lm-eval`: lm-eval's command line with the `tango-lm` model registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    from tango_lm.cli.output import one_line
+
+    try:
+        cli_evaluate()
+    except UserError as exc:  # a bad checkpoint or model argument: one line, as tango-lm's own commands
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -134,7 +134,9 @@ def document_logprobs(
 
 # -- files --------------------------------------------------------------------------------------
 def read_text_file(path: str | Path) -> str:
-    """The file as UTF-8 text; UserError for a missing, binary or undecodable file."""
+    """The file as UTF-8 text without a leading byte-order mark (Windows editors write one; it is
+    no text to score, and LAMBADA's JSONL test reads the first character); UserError for a
+    missing, binary or undecodable file."""
     path = Path(path)
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
@@ -143,7 +145,7 @@ def read_text_file(path: str | Path) -> str:
     if b"\x00" in data:
         raise UserError(f"{path} is a binary file (it holds NUL bytes); --ppl takes UTF-8 text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}); convert it to UTF-8") from None
 
@@ -369,10 +371,14 @@ def evaluate_checkpoint_file(
     stride: int | None = None,
     device: str = "auto",
     batch_size: int | None = None,
+    segment: int | None = None,
+    ablate: str | None = None,
 ) -> dict[str, Any]:
     """`tango-lm eval CHECKPOINT --ppl FILE --format F`: the checkpoint's model and tokenizer,
-    windows of the run's training sequence length."""
+    windows of the run's training sequence length; `segment` and `ablate` as in `eval --split`
+    (`evaluate.model_variant`)."""
     from tango_lm.data.tokenizers import tokenizer_from_dict
+    from tango_lm.eval.evaluate import model_variant
     from tango_lm.train.checkpoint import load_checkpoint
     from tango_lm.train.device import autocast_dtype, pick_device
 
@@ -383,10 +389,11 @@ def evaluate_checkpoint_file(
     run = ckpt.config
     dev = pick_device(device)
     model = ckpt.build_model(dev)
+    variant = model_variant(model, ckpt, segment, ablate)
     tokenizer = tokenizer_from_dict(ckpt.tokenizer)
     context = min(run["train"].get("seq_len") or run["model"]["context_length"], run["model"]["context_length"])
     dtype = autocast_dtype(run["train"].get("precision", "auto"), dev)
     # Each window materializes [batch, context, vocab] fp32 log-probs, so batches stay small.
     bs = batch_size or min(8, run["train"].get("eval_batch_size") or run["train"].get("batch_size") or 8)
     res = evaluate_file(model, tokenizer, path, fmt, context, stride, bs, dev, dtype)
-    return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), **res}
+    return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), **res, **variant}
