@@ -149,6 +149,19 @@ def test_run_directory_resolves_to_best_then_latest(scripted_run, tmp_path):
     assert load_checkpoint(helpers.step_dir(run, 8)).meta["step"] == 8
 
 
+def test_a_run_that_selects_its_final_model_resolves_to_its_latest(scripted_run, tmp_path):
+    # train.select=final (the onóna protocol) reports the last step: eval, generate, serve and
+    # export of the run directory must load that one, not the best dev one best.json records.
+    out, _, _ = scripted_run
+    run = _copy(out, tmp_path / "run")
+    for step in run.glob("checkpoints/step-*"):
+        config = json.loads((step / "config.json").read_text())
+        config["train"]["select"] = "final"
+        (step / "config.json").write_text(json.dumps(config))
+    assert json.loads((run / "best.json").read_text())["step"] == 4
+    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+
+
 def test_run_directory_without_checkpoints_is_a_user_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no complete checkpoint"):

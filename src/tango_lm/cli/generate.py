@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tango_lm.cli.output import _print_json
+from tango_lm.cli.output import CHECKPOINT_HELP, _print_json
 from tango_lm.errors import UserError
 
 
@@ -120,7 +120,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def add_parsers(sub: Any) -> None:
     """`generate`, `serve`, `export`."""
     s = sub.add_parser("generate", help="sample text from a checkpoint")
-    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
     s.add_argument(
         "--max-new-tokens",
@@ -139,7 +139,7 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="serve a checkpoint over HTTP with the OpenAI completions API")
-    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
     s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
@@ -155,7 +155,7 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
-    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--hf", required=True, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)")
     s.add_argument("--overwrite", action="store_true", help="replace the export's files in a non-empty DIR")
     s.add_argument("--json", action="store_true")

@@ -27,6 +27,11 @@ from tango_lm.errors import UserError
 __all__ = ["Parser", "one_line", "held_warnings", "progress_on_terminal_only"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The positional argument of eval, generate, serve and export (train/checkpoint.py, resolve_run_checkpoint).
+CHECKPOINT_HELP = (
+    "run directory (the checkpoint it selected: best dev, or its last with train.select=final) "
+    "or a checkpoints/step-* directory"
+)
 
 
 class Parser(argparse.ArgumentParser):

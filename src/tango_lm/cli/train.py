@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tango_lm.cli.config import _config_and_overrides
-from tango_lm.cli.output import _print_json, _table
+from tango_lm.cli.output import CHECKPOINT_HELP, _print_json, _table
 from tango_lm.errors import UserError
 
 
@@ -138,7 +138,7 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("eval", help="NLL of a checkpoint on a split")
-    s.add_argument("checkpoint", help="run directory (its best-dev checkpoint) or checkpoints/step-* directory")
+    s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--split", default=None, help="dev, test (the default), or another split of the dataset")
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
     s.add_argument(

@@ -294,13 +294,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
-    """The best-dev checkpoint of a run directory when recorded (and `which` is 'best'), else its latest."""
+    """The checkpoint a run selected (`which` "best"): its best-dev one when recorded, or its latest
+    for a run with train.select=final (the onóna protocol, which reports the final model);
+    `which` "latest": its latest."""
     ckpt_root = run_dir / "checkpoints"
     steps = complete_steps(ckpt_root)
     if not steps:
         raise UserError(
             f"{run_dir} holds no complete checkpoint; train first or point at a checkpoints/step-* directory"
         )
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError, AttributeError):  # no such setting
+        if json.loads((steps[-1] / "config.json").read_text())["train"].get("select") == "final":
+            which = "latest"
     best_file = run_dir / "best.json"
     if which == "best" and best_file.exists():
         try:
