@@ -357,3 +357,17 @@ def test_console_script_bad_input(data_dir, tmp_path):
     assert proc.returncode == 2
     assert helpers.assert_one_error_line(proc.stderr).startswith("error: unknown architecture 'nope'")
     assert proc.stdout == "" and not out.exists()
+
+
+def test_json_output_is_standard_json(capsys):
+    # An infinite word perplexity (a long word on a weak model) printed as Python's `Infinity`,
+    # which JSON.parse, Go and Rust refuse.
+    from tango_lm.cli.output import _print_json
+
+    _print_json({"word_perplexity": float("inf"), "rows": [{"nll": float("nan"), "tokens": 3}], "pair": (1, 2.5)})
+    text = capsys.readouterr().out
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
+        "word_perplexity": None,
+        "rows": [{"nll": None, "tokens": 3}],
+        "pair": [1, 2.5],
+    }

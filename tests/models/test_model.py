@@ -50,6 +50,20 @@ def test_log_probs_are_normalized_fp32(arch):
     assert lp.std(-1).min() > 1e-3  # not a uniform distribution
 
 
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_bf16_weights_run_without_autocast(arch):
+    # A model cast to bf16 (transformers' dtype=torch.bfloat16 on an export, a user's .bfloat16())
+    # keeps bf16 between its layers: a layer that returns fp32 fails the next bf16 Linear.
+    torch.manual_seed(0)
+    model = build_model(arch_cases.tiny_config(arch)).eval()
+    x = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(x)
+        got = model.to(torch.bfloat16)(x)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()  # log-probs in fp32 as ever
+    assert (got - want).abs().max() < 0.1
+
+
 def check_causal(cfg: ModelConfig) -> torch.nn.Module:
     """float64, one row (an MoE's expert capacity is shared by the rows of a batch): changing the
     tokens from position t on changes no log-prob before t and does change position t; changing

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import re
 import sys
 import warnings
@@ -76,7 +77,19 @@ def _is_terminal(stream: Any) -> bool:
 
 
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=float))
+    """Standard JSON: a non-finite number (an infinite word perplexity, say) is null, not Python's
+    `Infinity`, which strict parsers refuse."""
+    print(json.dumps(_finite_or_null(json.loads(json.dumps(data, default=float))), indent=2, allow_nan=False))
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

@@ -91,7 +91,7 @@ class AttnRes(nn.Module):
         out = alpha[0, ..., None] * values[0]
         for i in range(1, len(values)):
             out = out + alpha[i, ..., None] * values[i]
-        return out
+        return out.to(values[0].dtype)  # the stream's dtype: bf16 weights take bf16 inputs (alpha is fp32)
 
 
 def attn_res_reference(values: list[torch.Tensor], query: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
