@@ -249,6 +249,35 @@ def test_unfinished_run_is_left_out_with_a_warning(tmp_path):
     assert any(str(failed) in w and "failed before training" in w for w in res["warnings"])
 
 
+def test_a_skipped_step_has_no_point_on_the_curve(tmp_path):
+    # The trainer logs a step whose loss was not finite as "loss": null (train/nonfinite.py).
+    run = _one_run(tmp_path / "runs")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 25, "loss": None, "tokens": 2500, "skipped": True}) + "\n")
+    res = write_report(tmp_path / "runs", plots=True)
+    assert res["report"]["runs"][0]["test_nll"] == 3.0
+    assert (tmp_path / "runs" / "report" / "plots").is_dir()
+
+
+def test_a_summary_from_before_a_failed_attempt_is_left_out(tmp_path):
+    # The grid was edited (more steps, say) and the run's resume failed: its summary is stale.
+    run = _one_run(tmp_path / "runs")
+    _one_run(tmp_path / "runs" / "other")
+    (run / "failed.json").write_text('{"error": "cannot resume"}')
+    res = write_report(tmp_path / "runs", plots=False)
+    assert len(res["report"]["runs"]) == 1
+    assert any(str(run) in w and "latest attempt failed" in w for w in res["warnings"])
+
+
+def test_seed_columns_in_numeric_order(tmp_path):
+    for seed in ([5, 1], [17, 2]):
+        write_run(tmp_path / "runs", {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": seed}, 3, 3)
+        labels = {"dataset": "d", "tier": "2M", "depth": 2, "arch": "gau", "seed": seed}
+        write_run(tmp_path / "runs", labels, 3.5, 3.5)
+    report = write_report(tmp_path / "runs", plots=False)["report"]
+    assert list(report["margins"][0]["seeds"]) == ["5/1", "17/2"]
+
+
 def test_report_of_a_live_sweep_passes_over_checkpoints_that_vanish(tmp_path, monkeypatch):
     # A running sweep renames and removes old checkpoint directories while the report walks the
     # tree; a checkpoint's own config.json is no run either.

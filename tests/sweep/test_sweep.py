@@ -238,6 +238,19 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
 
 
+def test_an_extended_run_whose_resume_fails_keeps_no_stale_summary(data_dir, tmp_path):
+    # The grid's steps raised after the run finished: the sweep resumes it. If that attempt fails,
+    # the old summary (fewer steps) must not stand beside failed.json for the report to read.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+    assert [r["status"] for r in run_sweep(load_grid(path), progress=False, log=lambda _: None)] == ["trained"]
+    run_dir = load_grid(path).runs[0].out_dir
+    assert (run_dir / "summary.json").exists()
+    longer = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=16, data_seed=7)
+    rows = run_sweep(load_grid(longer), progress=False, log=lambda _: None)  # another data order: refused
+    assert rows[0]["status"] == "failed" and (run_dir / "failed.json").exists()
+    assert not (run_dir / "summary.json").exists()
+
+
 def test_attempt_killed_before_its_first_checkpoint_starts_clean(data_dir, tmp_path):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
     run_dir = load_grid(path).runs[0].out_dir

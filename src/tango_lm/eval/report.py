@@ -119,14 +119,21 @@ def _seed_label(seed: Any, data_seed: Any = None) -> str:
     return str(seed) if data_seed is None else f"{seed}/{data_seed}"
 
 
+def _numbers(record: dict[str, Any], *keys: str) -> bool:
+    return all(isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool) for k in keys)
+
+
 def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None:
     """A finished run's record, or None (with a warning) when it has not finished."""
     config = _load_json(run_dir / "config.json", "the run's config is needed to label it")
     summary_path = run_dir / "summary.json"
+    failed = run_dir / "failed.json"
     if not summary_path.exists():
-        failed = run_dir / "failed.json"
         why = "failed" if failed.exists() else "unfinished"
         warnings.append(f"{run_dir}: no summary.json ({why}); left out of the report")
+        return None
+    if failed.exists():  # a summary from before the latest attempt, which failed (a grid edit, say)
+        warnings.append(f"{run_dir}: its latest attempt failed (failed.json); left out of the report")
         return None
     summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
     sweep_path = run_dir / "sweep.json"
@@ -139,11 +146,12 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         raise UserError(f"{run_dir} has a config.json or summary.json without field {exc}; it is corrupt") from None
 
     metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
-    train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if "loss" in r and "tokens" in r]
+    # A skipped step (non-finite loss) logs "loss": null; it has no point on the curve.
+    train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if _numbers(r, "loss", "tokens")]
     dev_curve = [
         (int(r["tokens"]), float(r["dev_nll"]))
         for r in metrics
-        if "dev_nll" in r and "tokens" in r and r.get("event") != "summary"
+        if _numbers(r, "dev_nll", "tokens") and r.get("event") != "summary"
     ]
     selected = summary.get("selected_step")
     at_selected = [
@@ -234,7 +242,10 @@ def _tier_value(tier: str) -> float:
 
 
 def _natural(v: Any) -> tuple[int, Any]:
-    return (0, float(v)) if isinstance(v, (int, float)) else (1, str(v))
+    """Numbers (and numerals: seed "17" is a label's text) before words, in numeric order."""
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        v = int(v)
+    return (0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v))
 
 
 def arch_labels() -> dict[str, str]:

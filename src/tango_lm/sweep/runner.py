@@ -157,6 +157,8 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in FAILED_FILES:
         (out / name).unlink(missing_ok=True)
+    if state["state"] == "resume":  # the summary of fewer steps (a grid extended): this attempt rewrites it
+        (out / "summary.json").unlink(missing_ok=True)
     if state["state"] in ("new", "retry"):
         for name in STALE_FILES:  # left by an attempt killed before its first checkpoint
             (out / name).unlink(missing_ok=True)
