@@ -140,3 +140,32 @@ def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_pa
     assert main(["sweep", str(grid), "--launcher", "slurm"]) == 2
     assert "pip install 'tango-lm[cluster]'" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert not (tmp_path / "sweep").exists()
+
+
+def _fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sbatch_rc: int) -> None:
+    """`sbatch` and `srun` on PATH; this sbatch refuses every job as SLURM does a bad partition."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {
+        "sbatch": f"echo 'sbatch: error: invalid partition specified: nope' >&2; exit {sbatch_rc}",
+        "srun": "exit 0",
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_no_sbatch_or_a_refused_submission_is_one_line(data_dir, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    grid = write_grid(tmp_path, data_dir)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no SLURM on this machine (nor anything else)
+    assert main(["sweep", str(grid), "--launcher", "slurm"]) == 2
+    assert "needs SLURM's sbatch, which is not on PATH" in helpers.assert_one_error_line(capsys.readouterr().err)
+    monkeypatch.undo()
+
+    _fake_slurm(tmp_path, monkeypatch, sbatch_rc=1)
+    assert main(["sweep", str(grid), "--launcher", "slurm", "--partition", "nope"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]  # after sbatch's own message (its stderr is the terminal's)
+    assert line.startswith("error: the cluster refused the jobs") and "invalid partition" in line
+    leftovers = [p for p in (tmp_path / "sweep" / ".submitit").rglob("*") if p.is_file()]
+    assert leftovers == []  # the job pickles written for the refused array are gone

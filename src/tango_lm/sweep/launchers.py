@@ -25,9 +25,11 @@ Job settings come from the grid's `slurm:` mapping, overridden by the command's 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -199,10 +201,7 @@ def submit_sweep(
         todo = [r for r in todo if r.name not in queued]
         jobs = []
         if todo:
-            executor = submitit.AutoExecutor(folder=str(grid.out_dir / ".submitit"), cluster=cluster)
-            executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
-            with executor.batch():
-                jobs = [executor.submit(SweepJob(run.name, run.labels, run.config.to_dict())) for run in todo]
+            jobs = _submit(submitit, grid, todo, settings, cluster)
             _record_jobs(grid.out_dir, cluster, [(run.name, job.job_id) for run, job in zip(todo, jobs, strict=True)])
     for run, job in zip(todo, jobs, strict=True):
         log(f"{run.name}: submitted as job {job.job_id}")
@@ -219,6 +218,32 @@ def submit_sweep(
         rows.append({**row, "job_id": job.job_id})
         log(f"{run.name}: job {job.job_id} {row['status']}")
     return rows
+
+
+def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str, Any], cluster: str) -> list[Any]:
+    """One job array of `runs`; a refused submission (sbatch's own error: a partition that does not
+    exist, a time over the limit) is a UserError, and the job files written for it are removed."""
+    if cluster == "slurm" and shutil.which("sbatch") is None:
+        raise UserError(
+            "--launcher slurm needs SLURM's sbatch, which is not on PATH here: submit from a login node of "
+            "the cluster, or train on this machine with --launcher local"
+        )
+    folder = grid.out_dir / ".submitit"
+    before = set(folder.rglob("*")) if folder.exists() else set()
+    try:
+        executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
+        executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
+        with executor.batch():
+            return [executor.submit(SweepJob(run.name, run.labels, run.config.to_dict())) for run in runs]
+    except Exception as exc:  # noqa: BLE001 - submitit raises its own types and RuntimeError for sbatch's refusals
+        for path in sorted(set(folder.rglob("*")) - before, reverse=True):  # files before their folders
+            with contextlib.suppress(OSError):
+                path.unlink() if path.is_file() else path.rmdir()
+        text = str(exc).strip()
+        first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
+        raise UserError(
+            f"the cluster refused the jobs ({first[:300]}); fix the slurm settings and submit again"
+        ) from None
 
 
 def queued_jobs(out_dir: Path, cluster: str) -> dict[str, str]:
