@@ -227,6 +227,16 @@ BAD = {
     "bench_decode_batches_empty": lambda c: ["bench", "--suite", "decode", "--decode-batches="],
     "bench_windowed_heads": lambda c: ["bench", "--suite", "windowed", "--d-model", "48"],
     "bench_all_bad_memory_backbone": lambda c: ["bench", "--suite", "all", "--memory-backbone", "dens"],
+    "bench_all_bad_head_backbone": lambda c: ["bench", "--suite", "all", "--head-backbone", "dens"],
+    "bench_all_decode_tier_without_preset": lambda c: [
+        "bench",
+        "--suite",
+        "all",
+        "--depth",
+        "2",
+        "--decode-tier",
+        "70m",
+    ],
     # what comes before an error is not printed
     "warning_before_error": _warns_then_fails,
     "argparse_usage": lambda c: ["train", "--no-such-flag"],
@@ -299,6 +309,8 @@ EXPECT = {
     "bench_decode_batches_empty": "--decode-batches must list positive integers (got '')",
     "bench_windowed_heads": "--d-model must be a multiple of 32",
     "bench_all_bad_memory_backbone": "no preset or file named 'dens'",
+    "bench_all_bad_head_backbone": "no preset or file named 'dens'",
+    "bench_all_decode_tier_without_preset": "has no preset loop-transformer-70m-d2",
 }
 
 

@@ -241,10 +241,16 @@ def check_arguments(args: argparse.Namespace) -> None:
                 f"the windowed suite uses heads of {head_dim}: --d-model must be a multiple of {head_dim} and "
                 f"--windowed-width a multiple of d_model / {head_dim} (got {args.d_model}, {args.windowed_width})"
             )
-    if "memory" in suites:
-        from tango_lm.bench.memory import memory_config
+    from tango_lm.bench.memory import memory_config
 
+    if "memory" in suites:
         memory_config(args.memory_backbone, args.d_model, args.depth, args.head_vocab, args.memory_seq_len)
+    if "decode" in suites:
+        from tango_lm.bench.decode import preset_configs
+
+        memory_config(args.head_backbone, args.d_model, args.depth, args.head_vocab, args.prompt_len + args.new_tokens)
+        if args.decode_tier is not None:  # the baseline's preset at that tier and depth must exist
+            preset_configs([], args.decode_tier, args.depth, args.prompt_len + args.new_tokens)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
