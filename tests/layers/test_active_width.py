@@ -127,6 +127,8 @@ def test_bad_active_width_is_a_user_error(fields, message):
 
 def test_arch_without_support_rejects_active_width(monkeypatch):
     class Plain(Architecture):  # an architecture whose blocks know nothing of segments
+        rotating_width = True  # ... registered as if they did: the built model is checked too
+
         @staticmethod
         def build(cfg):
             return Backbone([torch.nn.Identity()], [0], cfg.head_dim, cfg.rope_theta)
@@ -140,12 +142,11 @@ def test_arch_without_support_rejects_active_width(monkeypatch):
 @pytest.mark.parametrize("arch", arch_cases.names())
 def test_architectures_say_whether_they_rotate(arch):
     """`rotating_width` on the architecture class is true exactly when its blocks can run segments."""
-    cfg = arch_cases.tiny_config(arch, active_width=2)
     if ARCHITECTURES[arch].rotating_width:
-        assert build_model(cfg).num_segments > 1
-    else:
+        assert build_model(arch_cases.tiny_config(arch, active_width=2)).num_segments > 1
+    else:  # refused with the config, before anything is built (params, match and sweeps read configs)
         with pytest.raises(UserError, match=f"not supported by arch={arch}; .* use one of: tango, "):
-            build_model(cfg)
+            arch_cases.tiny_config(arch, active_width=2)
 
 
 # Seed 000 Table 8: the packed active width of each rotating preset (per head for the TANGO

@@ -78,6 +78,8 @@ class ModelConfig:
             raise UserError(f"unknown architecture {self.arch!r}; choose one of: {', '.join(sorted(ARCHITECTURES))}")
         if self.head not in HEADS:
             raise UserError(f"unknown head {self.head!r}; choose one of: {', '.join(sorted(HEADS))}")
+        if self.active_width is not None and not ARCHITECTURES[self.arch].rotating_width:
+            raise active_width_unsupported(self.arch)  # here, not at build: params, match and sweeps check configs
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
@@ -146,6 +148,16 @@ class ModelConfig:
 
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def active_width_unsupported(arch: str) -> UserError:
+    from tango_lm.models.registry import ARCHITECTURES
+
+    supported = ", ".join(a for a, c in ARCHITECTURES.items() if c.rotating_width)
+    return UserError(
+        f"model.active_width (rotating narrow-width training) is not supported by arch={arch}; "
+        f"remove active_width or use one of: {supported}"
+    )
 
 
 def check_type(name: str, value: Any, annotation: Any) -> Any:

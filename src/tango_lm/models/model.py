@@ -8,7 +8,7 @@ from torch import nn
 from tango_lm.errors import UserError
 from tango_lm.layers import active_width
 from tango_lm.layers.norm import RMSNorm
-from tango_lm.models.config import ModelConfig
+from tango_lm.models.config import ModelConfig, active_width_unsupported
 from tango_lm.serve.cache import DecodeCache
 
 
@@ -24,10 +24,7 @@ class LanguageModel(nn.Module):
         self.backbone = ARCHITECTURES[config.arch].build(config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         if config.active_width is not None and not active_width.active_columns(self.backbone):
-            raise UserError(
-                f"model.active_width (rotating narrow-width training) is not supported by arch={config.arch}; "
-                f"remove active_width or use one of: {', '.join(a for a, c in ARCHITECTURES.items() if c.rotating_width)}"
-            )
+            raise active_width_unsupported(config.arch)  # a registration whose rotating_width is wrong
         # The body is initialized before the head draws its tables, so with one seed every head
         # gets the same initial body (the onóna protocol compares heads on identical bodies).
         for module in self.modules():
