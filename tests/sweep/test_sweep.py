@@ -82,12 +82,17 @@ def test_run_names_matching_and_budgets(data_dir, tmp_path):
         "train.lr": 0.002,
         "seed": [17, 101],
     }
+    # --only: a substring, or a glob against the name or its tail from any "/" (as the grids' examples write)
+    assert len(grid.select(["arch=tango/"])) == len(grid.select(["depth=2/*"])) == 8
+    assert len(grid.select(["*/arch=tango/head=onona/*"])) == len(grid.select(["head=onona/*seed=17-101"])) == 4
+    assert grid.select(["arch=tango*"]) == grid.select(["arch=tango/"])  # a glob from the start of a part
 
 
 def test_example_grids_load():
     cpu = load_grid(CONFIGS / "dmmath-cpu.yaml", check_data=False)
     assert len(cpu.runs) == 8
     table1 = load_grid(CONFIGS / "table1-fineweb.yaml", check_data=False)
+    assert len(table1.select(["tier=70M/*"])) == len(table1.runs) // 2  # the --only its comment shows
     assert len(table1.runs) == 72 and set(table1.missing_data) <= {"fineweb-edu"}
     widths = {
         r.labels["arch"]: r.config.model.width

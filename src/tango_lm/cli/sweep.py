@@ -112,7 +112,7 @@ def add_parsers(sub: Any) -> None:
         "--only",
         action="append",
         metavar="PATTERN",
-        help="only runs whose name matches (glob, or substring; repeatable)",
+        help="only runs whose name matches: a substring, or a glob from the start of the name or of any part (tier=70M/*); repeatable",
     )
     s.add_argument(
         "--launcher",

@@ -85,7 +85,8 @@ class Grid:
     slurm: dict[str, Any] = field(default_factory=dict)  # job settings for --launcher slurm (sweep/launchers.py)
 
     def select(self, patterns: list[str] | None) -> list[SweepRun]:
-        """Runs whose name matches any pattern (a glob, or a plain substring)."""
+        """Runs whose name matches any pattern: a plain substring, or a glob matched against the
+        name or any part of it from a `/` on (`tier=70M/*` selects `dataset=fw/tier=70M/...`)."""
         if not patterns:
             return list(self.runs)
         return [r for r in self.runs if any(_matches(r.name, p) for p in patterns)]
@@ -93,7 +94,8 @@ class Grid:
 
 def _matches(name: str, pattern: str) -> bool:
     if any(c in pattern for c in "*?["):
-        return fnmatch.fnmatchcase(name, pattern)
+        parts = name.split("/")
+        return any(fnmatch.fnmatchcase("/".join(parts[i:]), pattern) for i in range(len(parts)))
     return pattern in name
 
 
