@@ -300,6 +300,16 @@ def test_a_damaged_latest_checkpoint_says_how_to_resume_from_the_one_before(scri
     assert Trainer(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2), resume=True).step == 6
 
 
+def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_run, data_dir, tmp_path):
+    # Every checkpoint of the run holds the same data order: moving one away would not help.
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    with pytest.raises(UserError) as info:
+        Trainer(helpers.run_config(data_dir, copy, steps=8, batch_size=8), resume=True)
+    assert "data position was saved with global_batch 4 (now 8)" in str(info.value)
+    assert "train.batch_size (the global batch)" in str(info.value) and "move" not in str(info.value)
+
+
 def test_resume_past_the_configured_steps_is_refused(scripted_run, data_dir, tmp_path):
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")

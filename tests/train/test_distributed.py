@@ -52,6 +52,8 @@ RUNS = {
     "sharded": ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, True),
     # torch.compile on each rank over FSDP2 shards; its reference is the eager single process.
     "fsdp_compile": (UNTIED, {"parallel": "fsdp", "compile": True}, True),
+    # AttnRes's layers return no tensors (they write into the depth sources): they stay in the root unit.
+    "fsdp_attnres": ({"arch": "attnres", "n_kv_heads": 2}, {"parallel": "fsdp"}, False),
 }
 # The 1 -> 2 direction: a single-process run cut at step 8, finished by 2 FSDP ranks.
 ONE_TO_TWO = ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"}, False)

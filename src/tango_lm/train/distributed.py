@@ -211,12 +211,17 @@ def wrap_ddp(model: nn.Module, env: DistEnv, arch: str) -> nn.Module:
 def shard_fsdp(model: nn.Module) -> None:
     """`fully_shard` in place: each block the backbone applies exactly once is a unit of its own,
     the root takes the rest. A looped block runs several times per forward, so it stays in the
-    root unit (gathered for the whole forward) rather than relying on re-gathering per use."""
+    root unit (gathered for the whole forward) rather than relying on re-gathering per use; so do
+    the layers of an architecture whose layers return no tensors (`layers_return_tensors`)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from tango_lm.models.registry import ARCHITECTURES
 
     backbone = getattr(model, "backbone", None)
     layers, schedule = getattr(backbone, "layers", None), getattr(backbone, "schedule", None)
-    if isinstance(layers, nn.ModuleList) and schedule is not None:
+    arch = ARCHITECTURES.get(getattr(getattr(model, "config", None), "arch", ""))
+    per_layer = arch is None or arch.layers_return_tensors
+    if per_layer and isinstance(layers, nn.ModuleList) and schedule is not None:
         for index, layer in enumerate(layers):
             if list(schedule).count(index) == 1:
                 fully_shard(layer)

@@ -41,8 +41,12 @@ def data_ids(dataset: PreparedDataset, run: RunConfig) -> dict[str, str]:
     return {split: dataset.content_id(getattr(run.data, f"{split}_split")) for split in ("train", "dev")}
 
 
-def check_same_run(ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, dataset: PreparedDataset) -> None:
-    """UserError unless the checkpoint's model config, tokenizer and data tokens are this run's."""
+def check_same_run(
+    ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, dataset: PreparedDataset, loader: Any
+) -> None:
+    """UserError unless the checkpoint's model config, tokenizer, data tokens and data order
+    (`loader`'s seq_len, global batch and seed) are this run's. Another checkpoint of the run would
+    not differ: these errors say to change the config back, not to move a checkpoint."""
     out = run.train.out_dir
     saved_model, model = ckpt.config.get("model", {}), run.model.to_dict()
     if saved_model != model:
@@ -64,6 +68,17 @@ def check_same_run(ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, data
                 f"cannot resume {out}: the {' and '.join(changed)} split(s) of {dataset.path} hold other "
                 "tokens than the run trained on (its data position and best dev NLL refer to those); resume "
                 "with the original data or use a new train.out_dir"
+            )
+    saved = state.get("loader") if isinstance(state, dict) else None
+    if isinstance(saved, dict):
+        order = ("seq_len", "global_batch", "data_seed")
+        changed = [
+            f"{k} {saved[k]} (now {getattr(loader, k)})" for k in order if k in saved and saved[k] != getattr(loader, k)
+        ]
+        if changed:
+            raise UserError(
+                f"cannot resume {out}: its data position was saved with {', '.join(changed)}; resume with the same "
+                "train.seq_len, train.batch_size (the global batch) and train.data_seed, or use a new train.out_dir"
             )
 
 

@@ -149,7 +149,7 @@ class Trainer:
     # -- state --------------------------------------------------------------------------------
     def _resume(self, path: Path) -> None:
         ckpt, state = open_checkpoint(path)
-        check_same_run(ckpt, state, self.run, self.dataset)
+        check_same_run(ckpt, state, self.run, self.dataset, self.loader)
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)

@@ -79,6 +79,7 @@ class AttnResArch(Architecture):
     family = "onona"
     decode_state = "keys and values of the n_kv_heads heads, every position"
     tiny = {"n_kv_heads": 2}
+    layers_return_tensors = False  # a layer adds its outputs to the DepthSources it is given
 
     @staticmethod
     def validate(cfg: ModelConfig) -> None:

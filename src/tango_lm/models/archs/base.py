@@ -33,6 +33,10 @@ class Architecture:
     # A forward may leave a parameter without a gradient (an MoE expert no token chose): DDP has to
     # look for such parameters after every backward, and FSDP cannot train the model.
     skips_parameters: bool = False
+    # Under FSDP each layer applied once is a unit of its own, re-gathered for the backward by a
+    # hook on its output tensors. A layer that returns none (it writes into a shared structure, as
+    # AttnRes's depth sources) stays in the root unit instead.
+    layers_return_tensors: bool = True
     # The fields that make a tiny model of it on top of tests/arch_cases.py's base (d = 32, heads
     # of 8): the generic tests build every registered architecture from this.
     tiny: dict = {}
