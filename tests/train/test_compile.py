@@ -141,3 +141,24 @@ def test_training_steps_do_not_recompile(arch, head):
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs == [1, 1, 1, 1], graphs
     assert not counters["recompiles"] and not counters["graph_break"], (counters["recompiles"], counters["graph_break"])
+
+
+def test_rotating_width_compiles_one_graph_per_segment_past_dynamos_limit():
+    # 12 columns a head in segments of 1: 12 graphs, each segment's columns constants of its own.
+    # Dynamo's recompile limit (8) would run the segments past the eighth eagerly.
+    from torch._dynamo.utils import counters
+
+    from tango_lm.train.compiled_forward import CompiledForward
+
+    counters.clear()
+    torch.manual_seed(0)
+    model = build_model(arch_cases.tiny_config("tango", active_width=1, depth=1)).train()
+    segments = model.num_segments
+    assert segments == 12 > torch._dynamo.config.recompile_limit
+    step = CompiledForward(model.nll, backend="eager", graphs=segments)
+    x, y = (torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    for segment in range(segments):
+        model.set_active_segment(segment)
+        eager = model.nll(x, y)
+        torch.testing.assert_close(step(x, y), eager)
+    assert counters["stats"]["unique_graphs"] == segments and not step.failed

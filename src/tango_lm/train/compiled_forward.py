@@ -30,17 +30,22 @@ def one_line(exc: BaseException) -> str:
 
 
 class CompiledForward:
-    """Calls `torch.compile(forward)`; after its first compiler failure, `forward` itself."""
+    """Calls `torch.compile(forward)`; after its first compiler failure, `forward` itself.
+    `graphs`: how many graphs the forward needs, one per segment of a rotating narrow width (each
+    segment's columns are constants of its graph); Dynamo's recompile limit (8) is raised to admit
+    them, where it would otherwise run segments past the eighth eagerly after a warning."""
 
-    def __init__(self, forward: Callable[..., torch.Tensor], backend: Any = "inductor") -> None:
+    def __init__(self, forward: Callable[..., torch.Tensor], backend: Any = "inductor", graphs: int = 1) -> None:
         self.eager = forward
         self.compiled = torch.compile(forward, backend=backend)
         self.failed = False
+        self.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 1)  # + 1: one spare
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not self.failed:
             try:
-                return self.compiled(*args, **kwargs)
+                with torch._dynamo.config.patch(recompile_limit=self.recompile_limit):
+                    return self.compiled(*args, **kwargs)
             except COMPILER_ERRORS as exc:
                 self.fall_back(exc)
         return self.eager(*args, **kwargs)

@@ -113,7 +113,8 @@ class Trainer:
         elif self.dist.parallel == "ddp":
             self.ddp = distributed.wrap_ddp(self.model, self.dist, run.model.arch)
         forward = self.ddp if self.ddp is not None else self.model.nll
-        self.step_fn = CompiledForward(forward) if cfg.compile else forward  # eager again if compiling fails
+        # eager again if compiling fails; one graph per segment of a rotating width
+        self.step_fn = CompiledForward(forward, graphs=self.model.num_segments or 1) if cfg.compile else forward
         self.optimizer = build_optimizer(self.model, cfg)
         # batch_size is the global micro-batch: each process takes its slice of the same order.
         self.loader = WindowLoader(
