@@ -71,7 +71,7 @@ def test_description_restores_exactly(trained):
     pretty.write_text(json.dumps(json.loads(path.read_text()), indent=4))
     assert get_tokenizer(f"bpe:{pretty}").fingerprint() == tok.fingerprint()
     changed = json.loads(d["hf_tokenizer"])
-    changed["model"]["vocab"]["zzz"] = len(changed["model"]["vocab"]) + 1
+    changed["model"]["vocab"]["zzz"] = max(changed["model"]["vocab"].values()) + 1
     with pytest.raises(UserError, match="fingerprint"):
         tokenizer_from_dict({**d, "hf_tokenizer": json.dumps(changed)})
     with pytest.raises(UserError, match="lacks its `hf_tokenizer`"):
@@ -121,6 +121,21 @@ def test_bad_input(corpus, tmp_path):
     with pytest.raises(UserError, match="bad.jsonl, line 2"):
         train_bpe([corpus, bad], 300, tmp_path / "t2.json", progress=False)  # fails mid-training
     assert not (tmp_path / "t2.json").exists()
+
+
+def test_hand_edited_tokenizers_that_shards_cannot_hold_are_refused(trained, tmp_path):
+    _, path = trained
+    data = json.loads(path.read_text())
+    sparse = json.loads(json.dumps(data))
+    sparse["model"]["vocab"]["e"] = 70_000  # an id past the count: shards and models take 0 .. n - 1
+    (tmp_path / "sparse.json").write_text(json.dumps(sparse))
+    with pytest.raises(UserError, match="ids are not 0 to"):
+        get_tokenizer(f"bpe:{tmp_path / 'sparse.json'}")
+    plain = json.loads(json.dumps(data))
+    plain["added_tokens"][0]["special"] = False  # "<|endoftext|>" in a document would then end it
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    with pytest.raises(UserError, match="is not a special token"):
+        get_tokenizer(f"bpe:{tmp_path / 'plain.json'}")
 
 
 def test_cli_train_tokenizer(corpus, tmp_path, capsys):

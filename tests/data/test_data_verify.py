@@ -77,6 +77,16 @@ def test_a_manifest_cannot_point_outside_its_directory(data_dir, tmp_path, capsy
     assert not (tmp_path / "run").exists()
 
 
+def test_a_shard_name_with_a_nul_byte_is_a_malformed_entry(data_dir, tmp_path, capsys):
+    data = copy_of(data_dir, tmp_path)
+
+    def nul(m):
+        m["splits"]["train"]["shards"][0]["file"] = "train\u0000.bin"
+
+    edit_manifest(data, nul)
+    assert "has a malformed shard entry in split 'train'" in refused(capsys, ["data", "verify", str(data)])
+
+
 def test_a_file_listed_twice_is_refused(data_dir, tmp_path):
     data = copy_of(data_dir, tmp_path)
     edit_manifest(data, lambda m: m["splits"]["test"].update(m["splits"]["dev"]))  # test = dev

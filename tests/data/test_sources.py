@@ -157,6 +157,19 @@ def test_text_documents(tmp_path):
         list(text_documents([bad]))
 
 
+def test_text_and_lean_files_are_read_with_universal_newlines(tmp_path):
+    # As the README says: CRLF and CR become LF (Python's text mode); code trees keep their bytes.
+    from tango_lm.data.lean import read_lean
+
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(b"first line\r\nsecond\r\n\r\nnext paragraph\rend\r\n")
+    assert list(text_documents([crlf])) == ["first line\nsecond\n\nnext paragraph\nend\n"]
+    assert list(text_documents([crlf], split_on_blank_lines=True)) == ["first line\nsecond", "next paragraph\nend"]
+    lean = tmp_path / "a.lean"
+    lean.write_bytes(b"theorem t : True := by\r\n  trivial\r\n")
+    assert read_lean(lean) == "theorem t : True := by\n  trivial\n"
+
+
 def _damaged_gzips(tmp_path: Path, text: str) -> list[Path]:
     """A .gz cut short (EOFError from gzip) and one whose deflate stream is damaged (zlib.error)."""
     data = gzip.compress(text.encode() * 200)

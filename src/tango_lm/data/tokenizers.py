@@ -219,6 +219,17 @@ class BPETokenizer(Tokenizer):
             )
         self.eot_id = int(eot)
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        if max(ids, default=-1) + 1 != self.vocab_size:  # shards and models take ids 0 .. vocab_size - 1
+            raise UserError(
+                f"the BPE tokenizer's ids are not 0 to {self.vocab_size - 1} (the largest is {max(ids)}); "
+                "train one with `tango-lm data train-tokenizer`"
+            )
+        eot_entry = next((t for t in self._tok.get_added_tokens_decoder().values() if t.content == BPE_EOT), None)
+        if eot_entry is None or not eot_entry.special:  # else "<|endoftext|>" in a document would end it
+            raise UserError(
+                f"the BPE tokenizer's {BPE_EOT!r} is not a special token; train one with `tango-lm data train-tokenizer`"
+            )
         self._fingerprint = hashlib.sha256(b"tango-lm bpe tokenizer\n" + self._json.encode("utf-8")).hexdigest()
 
     @classmethod

@@ -74,6 +74,7 @@ def manifest_shards(path: Path, manifest: dict[str, Any], hint: str) -> tuple[np
             if (
                 not isinstance(name, str)
                 or not name
+                or "\0" in name  # no file has one (resolve() raises)
                 or not _count(tokens)
                 or not (isinstance(sha, str) and _HEX64.match(sha))
             ):
