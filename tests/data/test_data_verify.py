@@ -87,6 +87,16 @@ def test_a_shard_name_with_a_nul_byte_is_a_malformed_entry(data_dir, tmp_path, c
     assert "has a malformed shard entry in split 'train'" in refused(capsys, ["data", "verify", str(data)])
 
 
+def test_a_maximum_id_past_the_tokenizer_is_refused(data_dir, tmp_path, capsys):
+    data = copy_of(data_dir, tmp_path)
+
+    def past(m):
+        m["max_token_id"] = 60_000  # the byte tokenizer has 257 ids
+
+    edit_manifest(data, past)
+    assert "records token id 60000, past its tokenizer's 257 ids" in refused(capsys, ["data", "verify", str(data)])
+
+
 def test_a_file_listed_twice_is_refused(data_dir, tmp_path):
     data = copy_of(data_dir, tmp_path)
     edit_manifest(data, lambda m: m["splits"]["test"].update(m["splits"]["dev"]))  # test = dev

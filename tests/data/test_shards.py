@@ -71,7 +71,7 @@ def test_round_trip_gpt2_single_shard_is_memmap(tmp_path):
     assert ds.tokenizer.encode("Hello world") == [15496, 995]
 
 
-def test_large_vocab_uses_uint32(tmp_path):
+def test_large_vocab_uses_uint32(tmp_path, monkeypatch):
     class Wide(ByteTokenizer):
         """Byte ids shifted past 2**16 (end-of-text stays the byte tokenizer's, as recorded)."""
 
@@ -83,9 +83,10 @@ def test_large_vocab_uses_uint32(tmp_path):
             return [[i + 69_000 for i in ids] for ids in super().encode_batch(texts)]
 
         def to_dict(self):
-            return ByteTokenizer().to_dict()  # rebuildable on open; only the dtype matters here
+            return ByteTokenizer().to_dict()  # a real tokenizer's record; opening rebuilds a Wide (below)
 
     path = write_prepared(tmp_path / "w", Wide(), {"train": ["ab"]}, {}, progress=False)
+    monkeypatch.setattr(shards, "tokenizer_from_dict", lambda d: Wide())  # its 70,000 ids hold the shards' ids
     ds = PreparedDataset.open(path, verify=True)
     assert ds.manifest["dtype"] == "<u4"
     assert ds.tokens("train").tolist() == [69_097, 69_098, 256]

@@ -342,6 +342,11 @@ class PreparedDataset:
         if dtype.itemsize == 2 and tokenizer.vocab_size > 2**16:
             raise UserError(f"{p / MANIFEST} stores {tokenizer.vocab_size} token ids as uint16; {_PREPARE_HINT}")
         verified = verify_shards(p, manifest, dtype, shards, tokenizer.eot_id, _PREPARE_HINT, force=verify)
+        if manifest["max_token_id"] >= tokenizer.vocab_size:  # the shards hold no more (verify_shards)
+            raise UserError(
+                f"{p / MANIFEST} records token id {manifest['max_token_id']}, past its tokenizer's "
+                f"{tokenizer.vocab_size} ids, so it was altered; {_PREPARE_HINT}"
+            )
         ds = cls(p, manifest, tokenizer)
         ds.verified = verified
         return ds
