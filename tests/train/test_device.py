@@ -9,9 +9,15 @@ from tango_lm.errors import UserError
 from tango_lm.train.device import pick_device
 
 
-def test_auto_and_cpu():
+def test_auto_takes_cuda_then_mps_then_the_cpu(monkeypatch):
     assert pick_device("cpu") == torch.device("cpu")
-    assert pick_device("auto").type in ("cpu", "cuda", "mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
 
 
 def test_unavailable_devices_say_what_to_set(monkeypatch):

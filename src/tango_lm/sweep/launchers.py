@@ -238,7 +238,10 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
     except Exception as exc:  # noqa: BLE001 - submitit raises its own types and RuntimeError for sbatch's refusals
         for path in sorted(set(folder.rglob("*")) - before, reverse=True):  # files before their folders
             with contextlib.suppress(OSError):
-                path.unlink() if path.is_file() else path.rmdir()
+                if path.is_file():
+                    path.unlink()
+                else:
+                    path.rmdir()
         text = str(exc).strip()
         first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
         raise UserError(

@@ -15,9 +15,7 @@ def pick_device(name: str = "auto", setting: str = "--device") -> torch.device:
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return torch.device("mps" if _mps_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -29,10 +27,14 @@ def pick_device(name: str = "auto", setting: str = "--device") -> torch.device:
         raise UserError(f"device {name!r} was asked for but CUDA is not available; use {cpu}")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s) are visible")
-    mps = getattr(torch.backends, "mps", None)
-    if device.type == "mps" and not (mps is not None and mps.is_available()):
+    if device.type == "mps" and not _mps_available():
         raise UserError(f"device {name!r} was asked for but MPS (Apple's GPU) is not available; use {cpu}")
     return device
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)  # absent from some builds
+    return mps is not None and mps.is_available()
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
