@@ -390,6 +390,18 @@ def test_truncated_shard_is_refused(runs, data_dir, tmp_path, capsys):
     assert "truncated or altered shard shards/__0_0.distcp" in _fails(capsys, argv, out)
 
 
+def test_flipped_bit_in_a_shard_is_refused(runs, data_dir, tmp_path, capsys):
+    # DCP reads a flipped bit as a valid number: only the sha256 in meta.json catches it.
+    out, shards, argv = _sharded_copy(runs, data_dir, tmp_path)
+    data = bytearray((shards / "__1_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (shards / "__1_0.distcp").write_bytes(bytes(data))
+    message = "has a shards/__1_0.distcp that does not match the sha256 in its meta.json"
+    assert message in _fails(capsys, argv, out)
+    assert main(["eval", str(helpers.step_dir(out, 12)), "--split", "dev"]) == 2
+    assert message in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
 class _Exploit:
     def __reduce__(self):
         return (os.system, ("touch pwned",))
@@ -401,6 +413,7 @@ def test_shard_metadata_is_not_unpickled_blindly(runs, data_dir, tmp_path, capsy
     meta_path = helpers.step_dir(out, 12) / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["shards"][".metadata"] = (shards / ".metadata").stat().st_size  # as if written that way
+    del meta["sha256"]["shards/.metadata"]
     meta_path.write_text(json.dumps(meta))
     monkeypatch.chdir(tmp_path)
     line = _fails(capsys, argv, out)

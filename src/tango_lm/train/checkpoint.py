@@ -35,7 +35,8 @@ from tango_lm.errors import UserError
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
 SHARDS = "shards"
-SUMMED = ("model.safetensors", "train_state.pt")  # their sha256 in meta.json (checkpoints before it have none)
+# Their sha256 in meta.json, and each shard's as "shards/NAME" (checkpoints before it have none).
+SUMMED = ("model.safetensors", "train_state.pt")
 
 
 @dataclass
@@ -85,21 +86,26 @@ class Checkpoint:
             ) from None
 
     def _check_sum(self, name: str) -> None:
-        """A UserError when `name` does not hash to what meta.json recorded at the save (safetensors
-        and torch.load read most flipped bits as valid numbers: NaNs and 1e33 losses on resume)."""
-        sums = self.meta.get("sha256")
-        want = sums.get(name) if isinstance(sums, dict) else None
-        if want is None:
-            return
-        try:
-            got = file_sha256(self.path / name)
-        except OSError:
-            return  # missing or unreadable: the loader says so
-        if got != want:
-            raise UserError(
-                f"checkpoint {self.path} has a {name} that does not match the sha256 in its meta.json "
-                "(damaged or changed on disk); use another checkpoint"
-            )
+        check_sum(self.path, self.meta, name)
+
+
+def check_sum(path: Path, meta: dict[str, Any], name: str) -> None:
+    """A UserError when file `name` of step directory `path` does not hash to what meta.json
+    recorded at the save (safetensors, torch.load and DCP read most flipped bits as valid numbers:
+    NaNs and 1e33 losses on resume)."""
+    sums = meta.get("sha256")
+    want = sums.get(name) if isinstance(sums, dict) else None
+    if want is None:
+        return
+    try:
+        got = file_sha256(path / name)
+    except OSError:
+        return  # missing or unreadable: the loader says so
+    if got != want:
+        raise UserError(
+            f"checkpoint {path} has a {name} that does not match the sha256 in its meta.json "
+            "(damaged or changed on disk); use another checkpoint"
+        )
 
 
 def file_sha256(path: Path) -> str:
@@ -216,7 +222,8 @@ def _finish(
         layout = {"layout": "sharded", "shards": shard_manifest(tmp / SHARDS)}
     torch.save(train_state, tmp / "train_state.pt")
     _fsync_file(tmp / "train_state.pt")
-    sums = {name: file_sha256(tmp / name) for name in SUMMED if (tmp / name).exists()}
+    summed = [*SUMMED, *(f"{SHARDS}/{name}" for name in layout.get("shards", {}))]
+    sums = {name: file_sha256(tmp / name) for name in summed if (tmp / name).exists()}
     _write_json(tmp / "config.json", config)
     _write_json(tmp / "tokenizer.json", tokenizer)
     _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, "sha256": sums, **meta})

@@ -3,8 +3,8 @@
 A *sharded* checkpoint (`train.checkpoint_format=sharded`, docs/distributed.md) holds, instead of
 `model.safetensors` and the optimizer tensors, a `shards/` directory written by every process with
 torch.distributed.checkpoint (DCP): one `__R_0.distcp` file per rank plus DCP's `.metadata`.
-`meta.json` says `"layout": "sharded"` and lists every shard file with its size; a checkpoint with
-a listed file missing or cut short is refused before anything is read. DCP's `.metadata` is a
+`meta.json` says `"layout": "sharded"` and lists every shard file with its size and sha256; a
+checkpoint with a listed file missing, cut short or altered is refused before anything is read. DCP's `.metadata` is a
 pickle: it is read with an unpickler that admits only DCP's own metadata classes, torch sizes,
 dtypes and layouts, and DCP's tensor files are read with `torch.load(weights_only=True)`.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tango_lm.errors import UserError
-from tango_lm.train.checkpoint import SHARDS, write_failed
+from tango_lm.train.checkpoint import SHARDS, check_sum, write_failed
 
 __all__ = ["METADATA", "save_shards", "shard_manifest", "check_shards", "load_shards", "load_sharded_model"]
 
@@ -59,7 +59,8 @@ def shard_manifest(directory: Path) -> dict[str, int]:
 
 
 def check_shards(path: Path, meta: dict[str, Any]) -> None:
-    """UserError unless every shard file `meta.json` lists is present with its recorded size."""
+    """UserError unless every shard file `meta.json` lists is present with its recorded size (and
+    sha256, recorded since checkpoints carry them)."""
     listed = meta.get("shards")
     if not isinstance(listed, dict) or METADATA not in listed:
         raise UserError(
@@ -82,14 +83,20 @@ def check_shards(path: Path, meta: dict[str, Any]) -> None:
                 f"checkpoint {path} has a truncated or altered shard {SHARDS}/{name} ({file.stat().st_size} bytes, "
                 f"{size} written); copy it again or resume from another checkpoint"
             )
+        check_sum(path, meta, f"{SHARDS}/{name}")
 
 
 def load_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], distributed: bool) -> None:
     """Fill `template` (tensors/DTensors of this process's shapes and placements) in place from
     the DCP shards of step directory `path`; DCP reshards to this run's number of processes."""
+    check_shards(path, meta)
+    _load_checked_shards(path, meta, template, distributed)
+
+
+def _load_checked_shards(path: Path, meta: dict[str, Any], template: dict[str, Any], distributed: bool) -> None:
+    """`load_shards` once `check_shards` has passed (it hashes every file: once is enough)."""
     import torch.distributed.checkpoint as dcp
 
-    check_shards(path, meta)
     reader_cls, planner_cls = _dcp_classes()
     reader = reader_cls(str(path / SHARDS))
     files = {getattr(info, "relative_path", None) for info in reader.read_metadata().storage_data.values()}
@@ -123,7 +130,7 @@ def load_sharded_model(path: Path, meta: dict[str, Any]) -> dict[str, torch.Tens
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }
     template = {"model": model}
-    load_shards(path, meta, template, distributed=False)
+    _load_checked_shards(path, meta, template, distributed=False)
     return template["model"]
 
 
