@@ -87,6 +87,12 @@ def test_a_shard_name_with_a_nul_byte_is_a_malformed_entry(data_dir, tmp_path, c
     assert "has a malformed shard entry in split 'train'" in refused(capsys, ["data", "verify", str(data)])
 
 
+def test_a_manifest_without_splits_is_refused(data_dir, tmp_path, capsys):
+    data = copy_of(data_dir, tmp_path)
+    edit_manifest(data, lambda m: m.update(splits={}))
+    assert "manifest.json lists no splits" in refused(capsys, ["data", "verify", str(data)])
+
+
 def test_a_maximum_id_past_the_tokenizer_is_refused(data_dir, tmp_path, capsys):
     data = copy_of(data_dir, tmp_path)
 

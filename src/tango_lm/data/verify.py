@@ -56,6 +56,8 @@ def manifest_shards(path: Path, manifest: dict[str, Any], hint: str) -> tuple[np
     splits = manifest.get("splits")
     if not isinstance(splits, dict):
         raise UserError(f"{where} has no splits mapping; {hint}")
+    if not splits:  # nothing to verify is not a verified dataset: train would fail at its first read
+        raise UserError(f"{where} lists no splits; {hint}")
     dtype_text = manifest.get("dtype")
     if dtype_text not in DTYPES:
         raise UserError(f"{where} gives token dtype {dtype_text!r}, not one of {', '.join(DTYPES)}; {hint}")
