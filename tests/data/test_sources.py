@@ -170,6 +170,20 @@ def test_text_and_lean_files_are_read_with_universal_newlines(tmp_path):
     assert read_lean(lean) == "theorem t : True := by\n  trivial\n"
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    # Windows editors start UTF-8 files with U+FEFF; JSON refuses it, and it is no document's text.
+    from tango_lm.data.lean import read_lean
+
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbfhello\n")
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "one"}\n{"text": "two"}\n')
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b'\xef\xbb\xbf{"text": "one"}\n'))
+    (tmp_path / "a.lean").write_bytes(b"\xef\xbb\xbftheorem t : True := trivial\n")
+    assert list(text_documents([tmp_path / "a.txt"])) == ["hello\n"]
+    assert list(jsonl_documents([tmp_path / "a.jsonl"])) == ["one", "two"]
+    assert list(jsonl_documents([tmp_path / "a.jsonl.gz"])) == ["one"]
+    assert read_lean(tmp_path / "a.lean") == "theorem t : True := trivial\n"
+
+
 def _damaged_gzips(tmp_path: Path, text: str) -> list[Path]:
     """A .gz cut short (EOFError from gzip) and one whose deflate stream is damaged (zlib.error)."""
     data = gzip.compress(text.encode() * 200)

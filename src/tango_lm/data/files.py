@@ -131,9 +131,10 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
 
 # -- readers ----------------------------------------------------------------------------------
 def _open_text(path: Path) -> io.TextIOBase:
+    # utf-8-sig: a byte-order mark some editors write is not text (JSON refuses it on line 1).
     if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")
 
 
 def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) -> Iterator[str]:

@@ -165,7 +165,7 @@ def proof_examples(text: str, path: str = "<string>") -> list[ProofExample]:
 
 def read_lean(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not text
     except UnicodeDecodeError as e:
         raise UserError(f"{path} is not UTF-8 text ({e.reason}); convert it or leave it out") from None
     except OSError as e:
