@@ -16,6 +16,7 @@ from tango_lm.ops import tango_mix as tango_mix_module
 from tango_lm.ops.causal_matmul import causal_matmul
 from tango_lm.ops.gate_average import gate_average, gate_average_reference, gate_average_sliced, slices
 from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference
+from tests import helpers
 
 
 def mix_inputs(dtype=torch.float32, b=1, h=2, t=5, d=4, w=3, seed=0):
@@ -100,7 +101,7 @@ def test_triton_runs_on_cpu_tensors_only_when_asked_and_interpreted(calls):
 
 def test_unknown_implementation_is_one_clear_error(monkeypatch):
     monkeypatch.setenv(dispatch.ENV, "fast")
-    with pytest.raises(ValueError, match=r"TANGO_LM_KERNELS='fast'; choose one of: auto, reference, blocked"):
+    with pytest.raises(UserError, match=r"TANGO_LM_KERNELS='fast'; set it to one of: auto, reference, blocked"):
         tango_mix(*mix_inputs())
     with pytest.raises(ValueError, match=r"kernels='cuda'"):
         causal_matmul(torch.zeros(1, 3, 3), torch.zeros(1, 3, 2), kernels="cuda")
@@ -171,3 +172,39 @@ def test_one_cache_root(monkeypatch, tmp_path):
     assert dmmath._generated_root() == tmp_path / "root" / "dmmath"
     monkeypatch.setenv("TANGO_LM_KERNEL_DIR", str(tmp_path / "k"))  # still moves the kernels alone
     assert cpu_kernels._cache_dir() == tmp_path / "k"
+
+
+def test_a_bad_kernels_variable_stops_a_command_before_it_writes(monkeypatch, data_dir, tmp_path, capsys):
+    monkeypatch.setenv(dispatch.ENV, "Triton")
+    rc, out, err, _ = helpers.run_main(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", steps=2)])
+    assert rc == 2 and "TANGO_LM_KERNELS='Triton'; set it to one of" in helpers.assert_one_error_line(err)
+    assert not (tmp_path / "run").exists()
+
+
+IMPLEMENTATIONS = [None, "reference", "blocked", "c", "sdpa-sliced"]
+if tango_mix_module.tango_mix_triton is not None:
+    IMPLEMENTATIONS.append("triton")
+
+
+@pytest.mark.parametrize("kernels", IMPLEMENTATIONS)
+def test_gates_of_another_dtype_fall_back_without_an_error(kernels):
+    # What the fast paths do not take runs promoted (CPU's fallback, the reference, raised).
+    q, k, a, u = mix_inputs(torch.float32)
+    got = tango_mix(q, k, a.bfloat16(), u, kernels=kernels)
+    want = tango_mix_reference(q.double(), k.double(), a.bfloat16().double(), u.double())
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)  # SiLU in bf16 or not
+
+
+@pytest.mark.parametrize("kernels", IMPLEMENTATIONS)
+@pytest.mark.parametrize(("b", "t", "w"), [(0, 5, 3), (2, 0, 3), (2, 5, 0)])
+def test_empty_inputs_give_empty_outputs_and_gradients(kernels, b, t, w):
+    from tango_lm.ops.windowed_mix import windowed_mix
+
+    q, k, a, u = (x.requires_grad_(True) for x in mix_inputs(torch.float32, b=b, t=t, w=w))
+    for y, xs in (
+        (tango_mix(q, k, a, u, kernels=kernels), (q, k, a, u)),
+        (windowed_mix(q, k, q, k, a, u, 3, kernels=kernels), (q, k, a, u)),
+    ):
+        assert y.shape == (b, t, 2 * w)
+        grads = torch.autograd.grad(y.sum(), xs)
+        assert [g.shape for g in grads] == [x.shape for x in xs]

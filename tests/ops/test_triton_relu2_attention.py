@@ -139,6 +139,18 @@ def test_triton_inside_a_compiled_graph(device):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("where", ["q", "k", "bias"])
+def test_triton_propagates_a_nan_score_as_relu_does(device, where):
+    # tl.maximum(nan, 0) is 0 by default: a NaN in q, k or the bias came out as finite outputs.
+    (q, k, v, bias), _ = inputs((1,), 19, 8, 5, 19, torch.float32, device, seed=7)
+    with torch.no_grad():
+        {"q": q, "k": k}.get(where, bias)[(0, 7, 3) if where != "bias" else 20] = float("nan")
+    got = triton_ops.relu2_attention_triton(q, k, v, bias, 0.5)
+    want = relu2_attention_reference(*(x.detach().cpu().double() for x in (q, k, v, bias)), 0.5)
+    assert got.isnan().any() and torch.equal(got.isnan().cpu(), want.isnan())
+
+
 def test_triton_takes_only_what_it_supports():
     q, v, bias = torch.zeros(2, 5, 4), torch.zeros(2, 5, 3), torch.zeros(9)
     assert triton_ops.supported(q, q, v, bias) == triton_ops.INTERPRETED  # CPU tensors only when interpreted

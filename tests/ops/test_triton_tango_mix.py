@@ -114,6 +114,18 @@ def test_triton_custom_op_registration(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_triton_op_without_the_stored_average_still_differentiates(device):
+    # store_avg=False saves an empty average; the backward recomputes it (it read the empty tensor
+    # at [B, T, F] offsets: a segfault interpreted, out-of-bounds reads on a GPU).
+    xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=6)
+    y = torch.ops.tango_lm.tango_mix_triton_forward(*xs, False)[0]
+    got = torch.autograd.grad(y, xs, dy)
+    want = torch.autograd.grad(triton_ops.tango_mix_triton(*xs), xs, dy)
+    for g, w, name in zip(got, want, NAMES[1:], strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_inside_a_compiled_graph(device):
     # The custom op keeps the graph whole (fullgraph) and gives the eager kernels' values and gradients.
     xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=4)

@@ -83,11 +83,34 @@ def test_triton_windowed_custom_op_registration(device):
     )
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_windowed_op_without_the_stored_average_still_differentiates(device):
+    # store_avg=False saves an empty average; the backward recomputes it (it read the empty tensor).
+    xs, _ = inputs(1, 2, 11, 4, 3, torch.float32, device, seed=2)
+    args = [x.detach().contiguous().requires_grad_(True) for x in band_weights(*xs[:4], 3, "elu+1", 4)]
+    args += [x.detach().requires_grad_(True) for x in xs[4:]]
+    dy = torch.randn_like(args[-1])
+    got = torch.autograd.grad(torch.ops.tango_lm.windowed_mix_triton_forward(*args, False)[0], args, dy)
+    want = torch.autograd.grad(torch.ops.tango_lm.windowed_mix_triton_forward(*args, True)[0], args, dy)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
 def test_triton_windowed_dispatch():
     xs, _ = inputs(1, 1, 5, 4, 3, torch.float32, "cpu")
     assert windowed_triton.supported(*xs[:2], *xs[4:]) == windowed_triton.INTERPRETED
     assert not windowed_triton.supported(xs[0].double(), xs[1], *xs[4:])  # band weights in float64
     assert not windowed_triton.supported(*xs[:2], xs[4].double(), xs[5].double())
+
+
+def test_triton_windowed_takes_no_shape_its_kernels_would_read_past():
+    # The kernels index a and u by q's batch, positions and heads: other shapes wrote part of the
+    # output (garbage in the rest) or read past a's end; they fall back to the composition now.
+    (q, k, *_), _ = inputs(2, 2, 5, 4, 3, torch.float32, "cpu")
+    ok = torch.zeros(2, 5, 6)
+    assert windowed_triton.supported(q, k, ok, ok) == windowed_triton.INTERPRETED
+    for bad in (torch.zeros(2, 5, 7), torch.zeros(1, 5, 6), torch.zeros(4, 5, 6), torch.zeros(2, 4, 6)):
+        assert not windowed_triton.supported(q, k, bad, bad), bad.shape
 
 
 @pytest.mark.parametrize("device", DEVICES)

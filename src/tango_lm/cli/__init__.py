@@ -16,6 +16,7 @@ import sys
 from tango_lm.cli import bench, config, data, generate, sweep, train
 from tango_lm.cli.output import Parser, held_warnings, one_line, progress_on_terminal_only
 from tango_lm.errors import UserError, os_error_text
+from tango_lm.ops import dispatch as kernel_dispatch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with held_warnings():
             args = parse_args(argv)
+            kernel_dispatch.requested()  # a bad $TANGO_LM_KERNELS fails before a command writes anything
             progress_on_terminal_only(args)
             code = args.func(args)
     except UserError as exc:

@@ -46,8 +46,10 @@ def requested(kernels: str | None = None) -> str:
     """The implementation asked for: the argument, else $TANGO_LM_KERNELS, else 'auto'."""
     name = kernels if kernels is not None else (os.environ.get(ENV) or "auto")
     if name not in KERNELS:
-        source = "kernels=" if kernels is not None else f"{ENV}="
-        raise ValueError(f"unknown kernel implementation {source}{name!r}; choose one of: {', '.join(KERNELS)}")
+        choices = ", ".join(KERNELS)
+        if kernels is not None:  # a caller's argument: a programming error
+            raise ValueError(f"unknown kernel implementation kernels={name!r}; choose one of: {choices}")
+        raise UserError(f"unknown kernel implementation {ENV}={name!r}; set it to one of: {choices}")
     return name
 
 

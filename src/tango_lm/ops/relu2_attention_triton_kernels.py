@@ -69,7 +69,8 @@ def relu_scores(qk, BIAS, t, j, T, HALF, scale):
     `qk` is the tile of q.k products, t and j the query and key positions broadcast to its shape."""
     valid = (t >= j) & (t < T) & (j < T)
     bias = tl.load(BIAS + (t - j + HALF - 1), mask=valid, other=0.0).to(tl.float32)
-    return tl.where(valid, tl.maximum(qk * scale + bias, 0.0), 0.0)
+    # propagate_nan: tl.maximum's default returns 0 for a NaN score, where torch.relu keeps the NaN
+    return tl.where(valid, tl.maximum(qk * scale + bias, 0.0, propagate_nan=tl.PropagateNan.ALL), 0.0)
 
 
 @triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)

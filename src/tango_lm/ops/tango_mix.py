@@ -45,9 +45,11 @@ except ImportError:  # no triton: CUDA runs the sliced SDPA
 
 
 def tango_mix_reference(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
-    """q, k: [B, H, T, d_h]; a (gate pre-activation), u: [B, T, F] -> [B, T, F] (without u, the average)."""
-    g = split_heads(F.silu(a), q.shape[1])
-    avg = merge_heads(gate_average_sdpa(q, k, g))
+    """q, k: [B, H, T, d_h]; a (gate pre-activation), u: [B, T, F] -> [B, T, F] (without u, the
+    average). Inputs of mixed dtypes run in their promoted dtype, as `tango_mix_sliced`'s do."""
+    g = F.silu(a)
+    dtype = torch.promote_types(q.dtype, g.dtype)
+    avg = merge_heads(gate_average_sdpa(q.to(dtype), k.to(dtype), split_heads(g.to(dtype), q.shape[1])))
     return avg if u is None else avg * u
 
 
@@ -239,6 +241,8 @@ def tango_mix(
     """
     check_devices("tango_mix", q=q, k=k, a=a, u=u)
     check_installed("triton", tango_mix_triton is not None, kernels)
+    if a.numel() == 0:  # no position, batch or column: the blocked op needs a block
+        return tango_mix_reference(q, k, a, u)
     name = choose(*_paths(q, k, a, u), kernels)
     if name == "triton":
         return tango_mix_triton.tango_mix_triton(q, k, a, u)

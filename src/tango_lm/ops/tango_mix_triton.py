@@ -210,6 +210,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _autograd_backward(ctx, dy, _dlse, _davg):
     q, k, a, u, y, avg, lse = ctx.saved_tensors
+    if ctx.has_u and avg.numel() != a.numel():  # the op was called with store_avg=False: recompute it
+        avg = _forward(q, k, a, None, False)[0]
     dq, dk, da, du = _backward(dy, q, k, a, u, y, avg, lse)
     return dq, dk, da, du if ctx.has_u else None, None
 

@@ -194,6 +194,9 @@ def windowed_mix(
     (`ops/dispatch.py`)."""
     check_devices("windowed_mix", q_rot=q_rot, k_rot=k_rot, q_raw=q_raw, k_raw=k_raw, a=a, u=u)
     check_installed("triton", windowed_triton is not None, kernels)
+    if a.numel() == 0:  # no position, batch or column: nothing to chunk
+        nothing = sum(x.sum() for x in (q_rot, k_rot, q_raw, k_raw)) * 0  # zero gradients, not none
+        return a * u * 0 + nothing
     wide = a.dtype in (torch.float32, torch.float64) and a.dtype == u.dtype == q_rot.dtype
     fused = a.device.type == "cpu" and wide and eager() and not torch.is_autocast_enabled("cpu")
     triton = windowed_triton is not None and windowed_triton.supported(q_rot, k_rot, a, u)

@@ -74,7 +74,8 @@ _KEY = ["T", "W", "C", "D", "PRECISION", "ALIGN"]  # what `for_launch` prunes by
 
 def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> bool:
     """CUDA tensors (or CPU ones when interpreted); gates a, u of one dtype of `DTYPES`; q, k that
-    `band_weights` turns into fp32 weights (no float64); d_h <= 256."""
+    `band_weights` turns into fp32 weights (no float64); d_h <= 256; q [B, H, T, d_h] and a, u
+    [B, T, F] with F a multiple of H."""
     device_ok = a.is_cuda or (INTERPRETED and a.device.type == "cpu")
     return (
         device_ok
@@ -84,6 +85,11 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
         and q.shape[-1] <= 256
         and a.dim() == 3
         and u.shape == a.shape
+        # the kernels index a by q's batch, positions and heads: another shape reads out of bounds
+        and q.dim() == 4
+        and q.shape[0] == a.shape[0]
+        and q.shape[2] == a.shape[1]
+        and a.shape[2] % q.shape[1] == 0
     )
 
 
@@ -418,7 +424,10 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _autograd_backward(ctx, dy, _davg):
-    return (*_backward(dy, *ctx.saved_tensors), None)
+    weights, prefix_q, pk, a, u, avg = ctx.saved_tensors
+    if avg.numel() != a.numel():  # the op was called with store_avg=False: recompute the average
+        avg = _forward(weights, prefix_q, pk, a, u, True)[1]
+    return (*_backward(dy, weights, prefix_q, pk, a, u, avg), None)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
