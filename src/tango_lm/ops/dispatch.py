@@ -24,7 +24,9 @@ The override is the op's `kernels=` argument, else the environment variable `TAN
 A named implementation runs wherever the op has it and it can take the inputs (device, dtype,
 eager or compiled); anywhere else the op falls back to `auto`'s choice without an error, so
 `TANGO_LM_KERNELS=c` means "the C kernels wherever they apply". Only asking for `triton` where
-the package is not installed is an error (`UserError`, naming the extra that installs it).
+the package is not installed is an error (`UserError`, naming the extra that installs it), and a
+name that is not one of `KERNELS` (`UserError` for the variable, which `tango-lm` checks before
+any command runs; `ValueError` for the argument).
 `TANGO_LM_CPU_KERNELS=0` still keeps the C kernels from being built or used at all (as if no
 compiler were installed).
 """
