@@ -306,8 +306,24 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
     copy = _copy(out, tmp_path / "run")
     with pytest.raises(UserError) as info:
         Trainer(helpers.run_config(data_dir, copy, steps=8, batch_size=8), resume=True)
-    assert "data position was saved with global_batch 4 (now 8)" in str(info.value)
-    assert "train.batch_size (the global batch)" in str(info.value) and "move" not in str(info.value)
+    assert "data position was saved with global micro-batch 4 (now 8)" in str(info.value)
+    assert "train.batch_size (the global micro-batch)" in str(info.value) and "move" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"grad_accum": 2}, "train.grad_accum=1 (now 2)"),  # the summary's tokens/s doubled with no step run
+        ({"eval_windows": 2}, "train.eval_windows=8 (now 2)"),  # best dev compared across window sets
+        ({"eval_sample_seed": 5}, "train.eval_sample_seed=None (now 5)"),
+    ],
+)
+def test_resume_with_another_batch_per_step_or_dev_windows_is_refused(scripted_run, data_dir, tmp_path, change, said):
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    with pytest.raises(UserError, match=r"its checkpoint was trained with ") as info:
+        Trainer(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, **change), resume=True)
+    assert said in str(info.value) and "move" not in str(info.value)
 
 
 def test_resume_past_the_configured_steps_is_refused(scripted_run, data_dir, tmp_path):

@@ -148,7 +148,7 @@ class WindowLoader:
             raise UserError(
                 "the saved data position was made with different "
                 + ", ".join(mismatched)
-                + "; resume with the same train.seq_len, train.batch_size (the global batch) and train.data_seed"
+                + "; resume with the same train.seq_len, train.batch_size (the global micro-batch) and train.data_seed"
             )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or position < 0 or position % self.global_batch:

@@ -14,6 +14,11 @@ from tango_lm.errors import UserError
 from tango_lm.train.checkpoint import Checkpoint, load_checkpoint
 from tango_lm.train.config import RunConfig
 
+# Train settings a resume keeps: the tokens each step averages over (the step times saved for the
+# throughput and the schedule's meaning depend on it) and the dev windows every best-dev comparison
+# is made on. Others (eval_every, keep_last, select, loggers, ...) may change on a resume.
+SAME_ON_RESUME = ("grad_accum", "eval_windows", "eval_sample_seed")
+
 
 def unresumable(path: Path, error: UserError | str) -> UserError:
     """A damaged latest checkpoint's error, saying how to resume from the one before it (--resume
@@ -71,14 +76,30 @@ def check_same_run(
             )
     saved = state.get("loader") if isinstance(state, dict) else None
     if isinstance(saved, dict):
-        order = ("seq_len", "global_batch", "data_seed")
+        order = {"seq_len": "seq_len", "global_batch": "global micro-batch", "data_seed": "data_seed"}
         changed = [
-            f"{k} {saved[k]} (now {getattr(loader, k)})" for k in order if k in saved and saved[k] != getattr(loader, k)
+            f"{label} {saved[k]} (now {getattr(loader, k)})"
+            for k, label in order.items()
+            if k in saved and saved[k] != getattr(loader, k)
         ]
         if changed:
             raise UserError(
                 f"cannot resume {out}: its data position was saved with {', '.join(changed)}; resume with the same "
-                "train.seq_len, train.batch_size (the global batch) and train.data_seed, or use a new train.out_dir"
+                "train.seq_len, train.batch_size (the global micro-batch) and train.data_seed, or use a new "
+                "train.out_dir"
+            )
+    saved_train, train = ckpt.config.get("train"), run.to_dict()["train"]
+    if isinstance(saved_train, dict):
+        changed = [
+            f"train.{k}={saved_train[k]!r} (now {train[k]!r})"
+            for k in SAME_ON_RESUME
+            if saved_train.get(k, train[k]) != train[k]
+        ]
+        if changed:
+            raise UserError(
+                f"cannot resume {out}: its checkpoint was trained with {', '.join(changed)}, which sets the "
+                "batch per step or the dev windows its best dev NLL was measured on; resume with the original "
+                "value or use a new train.out_dir"
             )
 
 
