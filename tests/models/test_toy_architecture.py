@@ -135,7 +135,7 @@ def test_activation_checkpointing_recomputes_the_same(toy, monkeypatch):
 def test_trains_through_the_cli(toy, data_dir, tmp_path, capsys):
     config = tmp_path / "toy.yaml"
     config.write_text(f"model:\n  arch: {toy}\n")
-    check_trains_through_the_cli(config, tiny_overrides(str(config)), data_dir, tmp_path / "run", capsys)
+    check_trains_through_the_cli(config, tiny_overrides(toy), data_dir, tmp_path / "run", capsys)
 
 
 def test_hugging_face_round_trip(toy, tmp_path: Path):

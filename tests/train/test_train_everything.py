@@ -17,14 +17,20 @@ from tango_lm.train.trainer import train
 from tests import arch_cases, helpers
 
 
-def preset_of(arch: str) -> str:
-    """A shipped preset of the architecture: the first named after it, else the first that uses it."""
+def preset_of(arch: str) -> tuple[str, dict[str, Any]]:
+    """A shipped preset of the architecture (the first named after it, else the first that uses
+    it) and no overrides; for one that ships none (a new architecture, registered and nothing
+    else), the first preset with the architecture swapped in."""
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
     named = [n for n in names if n.startswith(f"{arch}-")]
     for name in named + [n for n in names if n not in named]:
         if load_run_config(name, []).model.arch == arch:
-            return name
-    raise AssertionError(f"architecture {arch!r} ships no preset; add one to models/presets/")
+            return name, {}
+    return names[0], {"model.arch": arch}
+
+
+def _case_id(preset: str, overrides: dict[str, Any]) -> str:
+    return f"{overrides['model.arch']}-from-{preset}" if "model.arch" in overrides else preset
 
 
 # One preset per registered architecture, plus the paper's special geometries with what they need.
@@ -33,15 +39,23 @@ GEOMETRIES = {
     "tango-70m-d8-rotating": {"model.active_width": 1},
     "tango-windowed-70m-d8-rotating": {"model.active_width": 3},
 }
-PRESETS = {**{preset_of(arch): {} for arch in arch_cases.names()}, **GEOMETRIES}
+CASES = {_case_id(*found): found for found in map(preset_of, arch_cases.names())}
+CASES |= {preset: (preset, overrides) for preset, overrides in GEOMETRIES.items()}
 
 
-def tiny_overrides(preset: str) -> dict[str, Any]:
-    """The preset shrunk to its architecture's tiny model (tests/arch_cases.py) on byte tokens."""
-    arch = load_run_config(preset, []).model.arch
+def tiny_overrides(arch: str) -> dict[str, Any]:
+    """Overrides that shrink a preset or config of `arch` to its tiny model (tests/arch_cases.py)
+    on byte tokens."""
     fields = arch_cases.tiny_fields(arch, vocab_size=257, context_length=32)
     fields = {"n_heads": None, "n_kv_heads": None, **fields}  # heads follow head_dim unless tiny says
-    return {f"model.{k}": v for k, v in fields.items() if k != "arch"} | PRESETS.get(preset, {})
+    return {f"model.{k}": v for k, v in fields.items()}
+
+
+def case_overrides(case: str) -> tuple[str, dict[str, Any]]:
+    """The case's preset and the overrides that shrink it."""
+    preset, extra = CASES[case]
+    arch = extra.get("model.arch") or load_run_config(preset, []).model.arch
+    return preset, tiny_overrides(arch) | extra
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,9 +87,9 @@ def check_trains_through_the_cli(
     assert summary["steps"] == 2 and summary["test_nll"] > 0
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_preset_trains_through_the_cli(preset, data_dir, tmp_path, capsys):
-    check_trains_through_the_cli(preset, tiny_overrides(preset), data_dir, tmp_path / "run", capsys)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_preset_trains_through_the_cli(case, data_dir, tmp_path, capsys):
+    check_trains_through_the_cli(*case_overrides(case), data_dir, tmp_path / "run", capsys)
 
 
 @pytest.mark.parametrize("arch", sorted(a for a, c in ARCHITECTURES.items() if c.family == "onona") + ["tango"])
@@ -99,9 +113,9 @@ def test_every_head_trains_on_the_backbone(arch, data_dir, tmp_path):
         assert all(loss == loss for loss in result.losses.values())  # no NaN
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_bf16_autocast_step_matches_fp32(preset):
-    overrides = tiny_overrides(preset)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bf16_autocast_step_matches_fp32(case):
+    preset, overrides = case_overrides(case)
     check_bf16_step(load_run_config(preset, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]).model)
 
 

@@ -21,6 +21,7 @@ import platform
 from typing import Any
 
 from tango_lm.bench.stopping import STOPS, StopRecord, signal_name, stopped_line
+from tango_lm.bench.training import default_archs
 from tango_lm.errors import UserError
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
@@ -53,8 +54,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--archs",
         type=_names,
         default=None,
-        help="comma-separated architectures for train/decode (default for --suite: tango, tango-windowed, "
-        "tango-3set, tango-compact, loop-transformer, untied-transformer, gau, flash)",
+        help="comma-separated architectures for train/decode (default: those registered in the bench suite: "
+        f"{', '.join(default_archs())})",
     )
     s.add_argument("--d-model", type=int, default=256)
     s.add_argument("--seq-len", type=int, default=256)

@@ -10,8 +10,10 @@ dataclass of its options, that provides
   written, read the documents of every split and tokenize them into shards, in that order, so a
   bad option or output fails before anything is read;
 - `fingerprint()`: the manifest's `source` record, what the dataset was made from and how (its
-  name first, its options, and what reading found: files, splits, counts). A counter it holds
-  may fill while the documents stream; the manifest is written after the last one.
+  name first, its options, and what reading found: files, splits, counts). It is called once,
+  after `read` returns its streams and before they are consumed; the manifest is written after
+  the last document. So a count that reading finds belongs in a mutable container the record
+  holds (as `code_trees.py`'s `stats` dict): a plain number is copied as it stood, often 0.
 
 A new source is one file with its subclass plus one line in `data/sources.py`'s `SOURCES`; the
 command line is generated from that registry.
@@ -62,7 +64,8 @@ class DataSource:
         raise NotImplementedError
 
     def fingerprint(self) -> dict[str, Any]:
-        """The manifest's `source` record (module docstring); called after `read`."""
+        """The manifest's `source` record (module docstring): called after `read`, before its
+        documents stream; counts found while they stream go in a container the record holds."""
         raise NotImplementedError
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:

@@ -20,16 +20,19 @@ class Architecture:
     display_name: str = ""  # in reports and tables: "Loop Transformer++"
     description: str = ""  # one line for generated presets: "TANGO (full prefix)"
     family: str = ""  # the paper it comes from: "tango" (arXiv:2608.22117) or "onona" (arXiv:2611.10556)
-    matched: bool = False  # in `tango-lm match` and the generated presets (the TANGO paper's Table 3)
-    in_bench_suite: bool = False  # in `tango-lm bench --suite training` (and decode) by default
+    # In `tango-lm match` and the generated presets (the TANGO paper's Table 3): after setting it,
+    # write its presets with `python tools/make_presets.py` (a test checks they are up to date).
+    matched: bool = False
+    in_bench_suite: bool = False  # in `tango-lm bench --suite train` (and decode) by default
     uses_heads: bool = True  # False: no multi-head split (GAU, FLASH), so d_model need not divide by heads
     min_depth: int = 1  # fewer applications cannot build it (three sets need three)
     rotating_width: bool = False  # trains with `active_width` (rotating narrow width, docs/design.md §2.6)
     width_name: str = "gate"  # what `width` is, for generated presets: "gate" (TANGO's F) or "FFN"
-    # Labels of the paper's fixed geometries of this architecture that sweeps accept as `arch`
-    # (label -> display name), reported right after it.
+    # Labels of the paper's fixed geometries of this architecture (label -> display name), for
+    # reports, right after it. A sweep's `arch` axis takes one only where sweep/grid.py builds its
+    # geometry (today `conventional-untied`, from the tier).
     variants: dict[str, str] = {}
-    decode_state: str = ""  # what one application's decode state holds (serve/cache.py)
+    decode_state: str = ""  # for readers: what one application's decode state holds (serve/cache.py)
     # A forward may leave a parameter without a gradient (an MoE expert no token chose): DDP has to
     # look for such parameters after every backward, and FSDP cannot train the model.
     skips_parameters: bool = False
