@@ -155,6 +155,20 @@ def test_loglikelihood_sums_continuation_log_probs(lm):
     assert results[5][1] is True  # the model's own greedy continuation
 
 
+def test_the_greedy_flag_ignores_the_tables_padding_rows(lm, monkeypatch):
+    # A table padded past the tokenizer (50304 rows for GPT-2's 50257): generate_until never draws
+    # a padding row, so the greedy flag is the argmax over the tokenizer's ids, not over every row.
+    ctx = lm.tok.encode("abc def")
+    with torch.no_grad():
+        logp = lm.model(torch.tensor([ctx]))[0, -1]
+    top = int(logp.argmax())
+    assert top > 0
+    monkeypatch.setattr(lm.tok, "vocab_size", top)  # the model's argmax is a padding row now
+    best_real = int(logp[:top].argmax())
+    (_, greedy), (_, not_greedy) = lm._loglikelihood_tokens([(("a", "b"), ctx, [best_real]), (("a", "c"), ctx, [top])])
+    assert greedy and not not_greedy
+
+
 def test_loglikelihood_rejects_a_continuation_longer_than_the_window(lm):
     with pytest.raises(UserError, match="max_length"):
         lm.loglikelihood([_request("loglikelihood", ("a", "b" * 40))])

@@ -101,6 +101,17 @@ def test_whole_number_float_fills_an_int_field():
     assert run.train.tokens == 1_000_000 and type(run.train.tokens) is int
 
 
+def test_numpy_scalars_fill_int_and_float_fields():
+    # A sweep script's np.int64 width was refused as "must be int (got 64 of type int64)".
+    np = pytest.importorskip("numpy")
+
+    cfg = ModelConfig(d_model=np.int64(64), width=np.uint16(96), rope_theta=np.float32(1e4), depth=np.int32(2))
+    assert (cfg.d_model, cfg.depth, cfg.rope_theta) == (64, 2, 1e4)
+    assert type(cfg.d_model) is int and type(cfg.depth) is int and type(cfg.rope_theta) is float
+    with pytest.raises(UserError, match="model.rope_theta must be a finite number"):
+        ModelConfig(rope_theta=np.float64("inf"))
+
+
 def test_overrides_dotted_and_bare_keys():
     data = {"model": {"width": 64, "depth": 2}, "train": {"lr": 0.1}}
     out = apply_overrides(data, ["model.width=96", "depth=5", "steps=7", "dir=data/x", "seed=3", "train.lr=0.25"])

@@ -194,6 +194,51 @@ def test_token_id_outside_vocab_is_user_error(arch, bad):
         model.nll(x, ids())
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_ignored_targets_are_not_scored_nor_counted_in_the_mean(arch):
+    # -100 marks a position not scored, as F.cross_entropy's ignore_index; the mean divided by all.
+    model = small_model(arch)
+    x, y = ids(seed=3), ids(seed=4)
+    y[0, :5] = y[1, 7:] = -100
+    manual = torch.nn.functional.nll_loss(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+    torch.testing.assert_close(model.nll(x, y), manual, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (ids(t=T - 1), r"targets of shape \(2, 11\) for input_ids of shape \(2, 12\)"),  # read misaligned
+        (ids().flatten(), r"targets of shape \(24,\)"),
+        (ids().clamp(max=V - 2).index_fill(1, torch.tensor([3]), V), f"target id {V} is outside"),
+        (ids().index_fill(1, torch.tensor([3]), -1), "target id -1 is outside"),
+    ],
+)
+@pytest.mark.parametrize("head", ["standard", "onona"])
+def test_bad_targets_are_user_errors(head, targets, message):
+    model = small_model("tango", head=head)
+    with pytest.raises(UserError, match=message):
+        model.nll(ids(), targets)
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_input_of_no_position_gives_no_log_probs_and_1d_input_is_refused(arch):
+    model = build_model(arch_cases.tiny_config(arch)).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, model.config.vocab_size)
+    with pytest.raises(UserError, match=r"input_ids of shape \(5,\); give a \[batch, positions\] tensor"):
+        model(torch.zeros(5, dtype=torch.long))
+
+
+def test_build_model_checks_a_config_changed_after_it_was_made():
+    cfg = small_config("tango")
+    cfg.width = 47  # not a multiple of the heads: the CPU kernels raised a ValueError deep inside
+    with pytest.raises(UserError, match="model.width=47 is not a multiple of n_heads"):
+        build_model(cfg)
+    cfg.width, cfg.arch = 48, "nope"
+    with pytest.raises(UserError, match="unknown architecture 'nope'"):
+        build_model(cfg)
+
+
 def test_negative_token_id_is_user_error():
     x = ids()
     x[0, 0] = -1

@@ -64,6 +64,23 @@ def test_cache_beyond_context_is_a_user_error():
         model(torch.zeros(1, 9, dtype=torch.long), cache)
 
 
+def test_a_cache_keeps_its_history_or_refuses(monkeypatch):
+    # Another batch than the cache began with is refused (a fresh zero buffer dropped the history);
+    # another dtype (a bf16 prefill, fp32 steps) converts what is cached.
+    model = tiny_model("loop-transformer")
+    x = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(2))
+    cache = model.new_cache()
+    model(x[:, :6], cache)
+    with pytest.raises(ValueError, match=r"a cache continues the batch it began with"):
+        model(x[:1, 6:7], cache)
+    model = tiny_model("loop-transformer").float()
+    cache = model.new_cache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x[:, :6], cache)
+    step = model(x[:, 6:7], cache)[:, -1]
+    torch.testing.assert_close(step, model(x[:, :7])[:, -1], atol=0.1, rtol=0)  # bf16's rounding, not a lost prefix
+
+
 def test_greedy_generation_matches_argmax_of_full_forward():
     model = tiny_model("tango")
     prompt = torch.tensor([[3, 14, 15, 9]])

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def make_checkpoint(root: Path, arch: str = "tango", tokenizer: str | Tokenizer = "byte", **model) -> Path:
     """A randomly initialized tiny checkpoint, its weights moved off their init so every path matters."""
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    cfg = arch_cases.tiny_fields(arch, context_length=48, vocab_size=tok.vocab_size, **model)
+    cfg = arch_cases.tiny_fields(arch, **{"context_length": 48, "vocab_size": tok.vocab_size, **model})
     run = RunConfig.from_dict(
         {"model": cfg, "data": {"dir": str(root / "data")}, "train": {**helpers.TINY_TRAIN, "out_dir": str(root)}}
     )
@@ -194,6 +194,21 @@ def check_round_trip(transformers, root: Path, arch: str, **model) -> None:
     # beam search reorders the cache rows
     beams = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
     assert hf.generate(prompts[:1], **beams).tolist() == hf.generate(prompts[:1], use_cache=False, **beams).tolist()
+
+
+def test_generate_never_picks_the_tables_padding_rows(transformers, tmp_path):
+    # 320 rows for the byte tokenizer's 257 ids (as 50304 for GPT-2's 50257): the rows past it are
+    # no tokens, and `tango-lm generate` never draws them; HF's generate() picked them.
+    ckpt = make_checkpoint(tmp_path, "tango", vocab_size=320)
+    hf = load_hf(transformers, export(ckpt, tmp_path / "hf"))
+    assert hf.generation_config.suppress_tokens == list(range(257, 320))
+    ref = load_checkpoint(ckpt).build_model()
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert ref(prompt)[0].argmax(-1).ge(257).any()  # padding rows are the argmax somewhere
+    want = generate(ref, prompt, 24, temperature=0, vocab_size=257)
+    got = hf.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    assert got.tolist() == want.tolist() and got.max() < 257
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -227,7 +227,8 @@ class TangoLM(TemplateLM):
                     targets = torch.tensor(ids[-n:], device=logp.device)
                     window = logp[row, end - n : end]
                     picked = window.gather(-1, targets[:, None]).squeeze(-1)
-                    answer = (float(picked.double().sum()), bool((window.argmax(-1) == targets).all()))
+                    greedy = window[..., : self.tok.vocab_size].argmax(-1)  # as generate_until draws: no padding row
+                    answer = (float(picked.double().sum()), bool((greedy == targets).all()))
                     results[i] = answer
                     self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
                 bar.update(len(chunk))

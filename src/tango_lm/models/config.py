@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +174,10 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
             continue
         if typ is float and isinstance(value, (int, float)):
             return check_finite(name, value)
+        if typ is float and isinstance(value, numbers.Real):  # numpy's scalars
+            return check_finite(name, float(value))
+        if typ is int and isinstance(value, numbers.Integral):  # numpy's integers too
+            return int(value)
         if typ is int and isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, typ):

@@ -9,6 +9,7 @@ from tango_lm.errors import UserError
 from tango_lm.layers import active_width
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.models.config import ModelConfig, active_width_unsupported
+from tango_lm.ops.twin_loss import IGNORE_INDEX
 from tango_lm.serve.cache import DecodeCache
 
 
@@ -47,9 +48,28 @@ class LanguageModel(nn.Module):
                 f"[0, {self.config.vocab_size}); use data prepared with the model's tokenizer or raise model.vocab_size"
             )
 
+    def check_targets(self, input_ids: torch.Tensor, targets: torch.Tensor) -> None:
+        """Raise UserError unless targets match input_ids' shape and are ids of the vocabulary or
+        IGNORE_INDEX (the values are read only where `check_ids` reads them)."""
+        if targets.shape != input_ids.shape:
+            raise UserError(
+                f"targets of shape {tuple(targets.shape)} for input_ids of shape {tuple(input_ids.shape)}; "
+                "give one target per input position"
+            )
+        if targets.device.type != "cpu" or torch.compiler.is_compiling() or targets.numel() == 0:
+            return
+        bad = targets[(targets != IGNORE_INDEX) & ((targets < 0) | (targets >= self.config.vocab_size))]
+        if bad.numel():
+            raise UserError(
+                f"target id {int(bad[0])} is outside the model's vocabulary [0, {self.config.vocab_size}); "
+                f"targets are token ids, or {IGNORE_INDEX} for a position not scored"
+            )
+
     def hidden(self, input_ids: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
         """Final-normed hidden states [B, T, d]; with a cache, of the positions after it (and the
         cache advances past them)."""
+        if input_ids.dim() != 2:
+            raise UserError(f"input_ids of shape {tuple(input_ids.shape)}; give a [batch, positions] tensor")
         start = cache.position if cache is not None else 0
         if start + input_ids.shape[-1] > self.config.context_length:
             raise UserError(
@@ -57,6 +77,8 @@ class LanguageModel(nn.Module):
                 f"{self.config.context_length}; shorten it or raise context_length"
             )
         self.check_ids(input_ids)
+        if input_ids.shape[-1] == 0:  # no position: some mixers' convolutions and chunks need one
+            return self.norm(self.head.embed(input_ids))
         h = self.norm(self.backbone(self.head.embed(input_ids), cache))
         if cache is not None:
             cache.position += input_ids.shape[-1]
@@ -87,11 +109,14 @@ class LanguageModel(nn.Module):
         return DecodeCache(len(self.backbone.schedule), capacity or self.config.context_length)
 
     def nll(self, input_ids: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """NLL in nats of targets [B, T] through the head's fused loss path ('mean' or 'sum')."""
+        """NLL in nats of targets [B, T] through the head's fused loss path ('mean' over the scored
+        targets, or 'sum'); targets equal to IGNORE_INDEX (-100) are not scored, as in
+        F.cross_entropy. In training mode MoE adds its load-balancing loss (below)."""
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        self.check_targets(input_ids, targets)
         total = self.head.nll(self.hidden(input_ids), input_ids, targets)
-        loss = total / targets.numel() if reduction == "mean" else total
+        loss = total / (targets != IGNORE_INDEX).sum() if reduction == "mean" else total
         # MoE load-balancing loss (docs/design.md §4.3): part of the training objective only (per token for
         # 'mean', per token x count for 'sum'); evaluation NLL stays pure.
         aux = self.backbone.aux_loss() if self.training and hasattr(self.backbone, "aux_loss") else None
@@ -102,4 +127,5 @@ class LanguageModel(nn.Module):
 
 def build_model(config: ModelConfig) -> LanguageModel:
     """Build the model a config describes (docs/design.md §7)."""
+    config.validate()  # again: a dataclass's fields may have been set after it was checked
     return LanguageModel(config)

@@ -44,6 +44,13 @@ class LayerState:
         n = x.shape[-2]
         length = self.lengths.get(name, 0)
         buf = self.buffers.get(name)
+        if buf is not None and length and buf.shape[:-2] != x.shape[:-2]:  # a fresh buffer would drop the history
+            raise ValueError(
+                f"decode cache holds {tuple(buf.shape[:-2])} rows, the new positions {tuple(x.shape[:-2])}; "
+                "a cache continues the batch it began with: start another with model.new_cache()"
+            )
+        if buf is not None and length and (buf.dtype != x.dtype or buf.device != x.device):
+            buf = self.buffers[name] = buf.to(device=x.device, dtype=x.dtype)  # e.g. a bf16 prefill, fp32 steps
         if buf is None or buf.shape[:-2] != x.shape[:-2] or buf.dtype != x.dtype or buf.device != x.device:
             # zeros: a static step reads the whole buffer (masked), and garbage could be NaN
             buf = x.new_zeros(x.shape[:-2] + (self.capacity, x.shape[-1]))

@@ -107,6 +107,11 @@ def hf_tokenizer_json(tokenizer: Any) -> str:
     raise UserError(f"cannot export the {tokenizer.name!r} tokenizer to Hugging Face format")
 
 
+def _padding_ids(model_config: dict[str, Any], tokenizer: Any) -> list[int]:
+    """The model's vocabulary rows that no token of the tokenizer has."""
+    return list(range(tokenizer.vocab_size, model_config["vocab_size"]))
+
+
 def _config(model_config: dict[str, Any], eot: int, dtype: str) -> dict[str, Any]:
     from tango_lm import __version__
 
@@ -201,6 +206,9 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
                 "eos_token_id": tokenizer.eot_id,
                 "pad_token_id": tokenizer.eot_id,
                 "do_sample": False,
+                # The table's padding rows past the tokenizer (50304 for GPT-2's 50257 ids) are no
+                # tokens: generate() never picks them, as `tango-lm generate` does not.
+                **({"suppress_tokens": padding} if (padding := _padding_ids(model_config, tokenizer)) else {}),
             },
         )
         shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), tmp / MODELING_FILE)
