@@ -402,6 +402,58 @@ def test_flipped_bit_in_a_shard_is_refused(runs, data_dir, tmp_path, capsys):
     assert message in helpers.assert_one_error_line(capsys.readouterr().err)
 
 
+def _without_shard_sums(step: Path) -> None:
+    """As a sharded checkpoint written before shard sums were recorded (they are optional on load)."""
+    meta = json.loads((step / "meta.json").read_text())
+    meta["sha256"] = {k: v for k, v in meta["sha256"].items() if not k.startswith("shards/")}
+    (step / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_damaged_shard_without_sums_is_one_line(runs, data_dir, tmp_path, capsys):
+    # DCP reports a read failure as CheckpointException, a BaseException: it escaped as a traceback.
+    out, shards, argv = _sharded_copy(runs, data_dir, tmp_path)
+    data = bytearray((shards / "__1_0.distcp").read_bytes())
+    data[100:2000] = bytes(1900)
+    (shards / "__1_0.distcp").write_bytes(bytes(data))
+    _without_shard_sums(helpers.step_dir(out, 12))
+    assert "has unreadable shards" in _fails(capsys, argv, out)
+    assert main(["eval", str(helpers.step_dir(out, 12)), "--split", "dev"]) == 2
+    assert "has unreadable shards" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_a_shard_item_that_is_not_a_tensor_is_refused_in_one_line(runs, data_dir, tmp_path, capsys):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    out, shards, argv = _sharded_copy(runs, data_dir, tmp_path)
+    reader = dcp.FileSystemReader(str(shards))
+    state = {
+        k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+        for k, v in reader.read_metadata().state_dict_metadata.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    victim = next(k for k in state if k.startswith("model.") and k.endswith("norm.weight"))
+    state[victim] = "not a tensor"  # DCP pickles it as a bytes item
+    shutil.rmtree(shards)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards)), no_dist=True)
+    step = helpers.step_dir(out, 12)
+    meta = json.loads((step / "meta.json").read_text())
+    meta["shards"] = {p.name: p.stat().st_size for p in sorted(shards.iterdir())}
+    (step / "meta.json").write_text(json.dumps(meta))
+    _without_shard_sums(step)
+    assert f"hold a non-tensor item {victim!r} where a tensor belongs" in _fails(capsys, argv, out)
+
+
+def test_world_size_without_a_rendezvous_address_is_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    _torchrun_env(monkeypatch, 2)
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.delenv("MASTER_PORT")
+    argv = ["train", *_overrides(data_dir, tmp_path / "run", {}, {"parallel": "ddp"})]
+    assert "WORLD_SIZE=2 but MASTER_ADDR and MASTER_PORT not set; launch with torchrun" in _fails(capsys, argv)
+    assert not (tmp_path / "run").exists()
+
+
 class _Exploit:
     def __reduce__(self):
         return (os.system, ("touch pwned",))

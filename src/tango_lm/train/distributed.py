@@ -132,6 +132,12 @@ def setup(run: Any) -> DistEnv:
         torch.cuda.set_device(device)
         backend = "nccl"
     if not dist.is_initialized():
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+        if missing:  # WORLD_SIZE set by hand, or by a scheduler, without a rendezvous address
+            raise UserError(
+                f"WORLD_SIZE={world_size} but {' and '.join(missing)} not set; launch with torchrun "
+                "(it sets them), or unset WORLD_SIZE to train in one process"
+            )
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         _owned_group.append(True)
     return DistEnv(run.train.parallel, rank, local_rank, world_size, device)

@@ -35,14 +35,25 @@ def save_shards(directory: Path, tensors: dict[str, Any], distributed: bool) -> 
     calls this with its own shards and rank 0 writes `.metadata`."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         with _quiet_single_process():
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=not distributed)
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's write failure (a full disk) in its own type
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's (a BaseException) wraps every rank's failure
         if not distributed or dist.get_rank() == 0:
             shutil.rmtree(directory.parent, ignore_errors=True)
-        raise write_failed(directory.parent.parent, int(directory.parent.name.split("-")[2]), exc) from None
+        raise write_failed(directory.parent.parent, int(directory.parent.name.split("-")[2]), _first(exc)) from None
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The first rank's own failure inside DCP's CheckpointException (which lists every rank's
+    with its traceback), else `exc`."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        return first[0] if isinstance(first, tuple) else first
+    return exc
 
 
 @contextlib.contextmanager
@@ -106,13 +117,18 @@ def _load_checked_shards(path: Path, meta: dict[str, Any], template: dict[str, A
             f"checkpoint {path} refers to shard {SHARDS}/{missing[0]} that meta.json does not list; "
             "it is corrupt, resume from another checkpoint"
         )
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _quiet_single_process():
             dcp.load(template, storage_reader=reader, planner=planner_cls(), no_dist=not distributed)
     except UserError:
         raise
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every read failure in its own types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's (a BaseException) wraps every read failure
+        cause = _first(exc)
+        if isinstance(cause, UserError):  # our planner's refusal, on some rank
+            raise UserError(str(cause)) from None
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         raise UserError(
             f"checkpoint {path} has unreadable shards ({first[:200]}); resume from another checkpoint"
         ) from None

@@ -223,13 +223,22 @@ class Trainer:
             model_state = distributed.full_model_state(self.model, self.dist)
             train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
         path = self.ckpt_root / step_dir_name(self.step)
+        failure: UserError | None = None
         if self.dist.is_main:
-            path = finish_checkpoint(
-                tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
+            try:
+                path = finish_checkpoint(
+                    tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
+                )
+            except UserError as exc:  # a full disk: every rank stops with one line, not at a barrier's broken pipe
+                failure = exc
+            else:
+                protect = {self.best["step"]} if self.best["step"] is not None else set()
+                prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
+        # no rank moves on (or reads it back) before it is complete; this also tells them whether it is
+        if distributed.broadcast_int(self.dist, int(failure is not None)):
+            raise failure or UserError(
+                f"rank 0 could not write checkpoint {step_dir_name(self.step)} in {self.ckpt_root}; its error says why"
             )
-            protect = {self.best["step"]} if self.best["step"] is not None else set()
-            prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
-        distributed.barrier(self.dist)  # no rank moves on (or reads it back) before it is complete
         return path
 
     def _write_best(self) -> None:
