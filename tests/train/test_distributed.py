@@ -81,11 +81,16 @@ def init(self, *args, **kwargs):  # record the dev windows each rank scores, in 
         forward, trainer = self.step_fn, self
         self.step_fn = lambda x, y: forward(x, y) * (float("nan") if trainer.step + 1 in jobs[name][2] else 1.0)
 Trainer.__init__ = init
+import tango_lm.train.trainer as trainer_module
+from tango_lm.train.checkpoint import write_failed
+real_finish = trainer_module.finish_checkpoint
+def full_disk(tmp, step, *args):  # rank 0 alone writes the files: as on a full disk
+    raise write_failed(tmp.parent, step, OSError(28, "No space left on device"))
 for name, (argv, script, *_) in jobs.items():
     Trainer.evaluate_dev = (lambda self: script[str(self.step)]) if script else real_dev
+    trainer_module.finish_checkpoint = full_disk if name == "save_fails" else real_finish
     codes[name] = main(argv)
-if os.environ["RANK"] == "0":
-    open(sys.argv[2], "w").write(json.dumps(codes))
+open(sys.argv[2] + f".rank{os.environ['RANK']}", "w").write(json.dumps(codes))
 dist.destroy_process_group()
 """
 
@@ -149,6 +154,11 @@ def runs(data_dir, tmp_path_factory):
         m.setattr(Trainer, "train_step", nan_loss)
         refs["nan"] = train(helpers.run_config(data_dir, root / "nan-ref", model))
     jobs["nan"] = [["train", *_overrides(data_dir, root / "nan", model, train_kw), "--no-progress"], None, nan_steps]
+    # Last: rank 0's checkpoint write fails; both ranks stop with one line (rank 1 broke at a barrier).
+    jobs["save_fails"] = [
+        ["train", *_overrides(data_dir, root / "save_fails", {}, {"parallel": "ddp"}), "--no-progress"],
+        None,
+    ]
     (root / "jobs.json").write_text(json.dumps(jobs))
     (root / "driver.py").write_text(DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -177,7 +187,10 @@ def runs(data_dir, tmp_path_factory):
         _, err = proc.communicate(timeout=30)
         pytest.fail(f"torchrun timed out: {err[-4000:]}")
     assert proc.returncode == 0, err[-4000:]
-    assert json.loads((root / "codes.json").read_text()) == dict.fromkeys(jobs, 0)
+    want = {**dict.fromkeys(jobs, 0), "save_fails": 2}
+    for rank in (0, 1):
+        assert json.loads((root / f"codes.json.rank{rank}").read_text()) == want, rank
+    assert "error: rank 0 could not write checkpoint step-00000004" in err and "Connection closed" not in err
     return root, refs
 
 
