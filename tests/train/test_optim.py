@@ -111,6 +111,18 @@ def test_optimizer_groups_decay_matrices_only():
     assert all(g["betas"] == (0.8, 0.9) and g["lr"] == LR for g in opt.param_groups)
 
 
+@pytest.mark.parametrize("arch", ["gau", "flash"])
+def test_offset_scales_are_not_decayed(arch):
+    # gamma and beta are per-dimension scales and offsets stored as one [n_offsets, s] tensor each:
+    # two dimensions, yet vectors (docs/design.md §6); the ndim rule decayed them.
+    model = build_model(ModelConfig(arch=arch, d_model=32, width=64, depth=2, vocab_size=257, context_length=32))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = build_optimizer(model, _cfg(weight_decay=0.1)).param_groups
+    undecayed = {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]}
+    assert {"gamma", "beta", "rel_bias"} <= undecayed
+    assert not any(names[id(p)].endswith((".gamma", ".beta")) for p in decay["params"])
+
+
 def test_norm_weights_are_not_decayed():
     """With zero gradients AdamW only applies weight decay: matrices shrink, norms do not move."""
     model = _tiny_model()

@@ -39,6 +39,8 @@ class GatedUnit(nn.Module):
     gamma ~ N(0, init_std^2), beta = 0 and the relative bias = 0, as in the paper's pseudocode
     (`scale_offset`, with Adam the small gamma grows within the first steps)."""
 
+    no_weight_decay = ("gamma", "beta")  # per-dimension scales and offsets: vectors, stored stacked (train/optim.py)
+
     def __init__(
         self,
         d_model: int,

@@ -39,12 +39,20 @@ def adamw(params: Iterable[Any], model: nn.Module, **hyper: Any) -> torch.optim.
     return torch.optim.AdamW(params, fused=use_fused_adamw(model) or None, **hyper)
 
 
+def undecayed_ids(model: nn.Module) -> set[int]:
+    """Parameters of two or more dimensions that are still not weights to decay: those a module
+    names in its `no_weight_decay` (GAU's and FLASH's offset-scales, one [n_offsets, s] tensor of
+    per-dimension scales and offsets). Read by attribute name, so FSDP's re-registered parameters count."""
+    return {id(getattr(module, name)) for module in model.modules() for name in getattr(module, "no_weight_decay", ())}
+
+
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """Decay weight matrices and tables; never norms or biases. Fused where it runs."""
+    """Decay weight matrices and tables; never norms, biases or offset-scales. Fused where it runs."""
     decay, no_decay = [], []
+    vectors = undecayed_ids(model)
     for p in model.parameters():
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            (decay if p.ndim >= 2 and id(p) not in vectors else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
