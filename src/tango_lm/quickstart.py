@@ -35,13 +35,20 @@ def quickstart_models() -> list[ModelConfig]:
     return [tango, loop]
 
 
-def run_quickstart(out: str = "runs/quickstart", steps: int | None = None, fresh: bool = False) -> list[dict[str, Any]]:
+def run_quickstart(
+    out: str = "runs/quickstart", steps: int | None = None, fresh: bool = False, progress: bool = True
+) -> list[dict[str, Any]]:
     root = Path(out)
     data_dir = root / "dmmath-byte"
     if not is_prepared(data_dir):
         print(f"[1/3] generating DeepMind Mathematics into {data_dir} ...", flush=True)
         prepare_dmmath(
-            data_dir, tokenizer="byte", train_per_module=TRAIN_PER_MODULE, test_per_module=TEST_PER_MODULE, seed=0
+            data_dir,
+            tokenizer="byte",
+            train_per_module=TRAIN_PER_MODULE,
+            test_per_module=TEST_PER_MODULE,
+            seed=0,
+            progress=progress,
         )
     else:
         print(f"[1/3] using the prepared data in {data_dir}", flush=True)
@@ -63,6 +70,7 @@ def run_quickstart(out: str = "runs/quickstart", steps: int | None = None, fresh
                 eval_windows=64,
                 save_every=25,
                 log_every=5,
+                progress=progress,
             ),
         )
         print(

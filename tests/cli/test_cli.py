@@ -371,3 +371,16 @@ def test_json_output_is_standard_json(capsys):
         "rows": [{"nll": None, "tokens": 3}],
         "pair": [1, 2.5],
     }
+
+
+@pytest.mark.parametrize("argv", [["quickstart", "--out", "x"], ["data", "prepare", "dmmath", "--out", "x"]])
+def test_commands_without_a_progress_flag_draw_no_bars_off_a_terminal(monkeypatch, argv):
+    # pytest's captured stderr is no terminal: bars there are only noise in a log file.
+    import tango_lm.data.dmmath as dmmath
+    import tango_lm.quickstart as quickstart
+
+    seen = {}
+    monkeypatch.setattr(quickstart, "run_quickstart", lambda *a, progress, **k: seen.update(progress=progress) or [])
+    monkeypatch.setattr(dmmath.DMMathSource, "prepare", lambda self, out, **k: seen.update(k) or Path(out))
+    assert main(argv) == 0
+    assert seen["progress"] is False

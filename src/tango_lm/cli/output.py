@@ -64,8 +64,9 @@ def held_warnings() -> Iterator[None]:
 
 
 def progress_on_terminal_only(args: Any) -> None:
-    """Commands with a `--no-progress` flag draw bars only when stderr is a terminal."""
-    if hasattr(args, "no_progress") and not _is_terminal(sys.stderr):
+    """Commands draw bars only when stderr is a terminal: `args.no_progress` is set otherwise, also
+    for commands without a `--no-progress` flag (they read it with getattr)."""
+    if not _is_terminal(sys.stderr):
         args.no_progress = True
 
 

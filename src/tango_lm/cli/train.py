@@ -122,7 +122,9 @@ def _parse_segment(text: str) -> int | None:
 def cmd_quickstart(args: argparse.Namespace) -> None:
     from tango_lm.quickstart import run_quickstart
 
-    rows = run_quickstart(args.out, steps=args.steps, fresh=args.fresh)
+    rows = run_quickstart(
+        args.out, steps=args.steps, fresh=args.fresh, progress=not getattr(args, "no_progress", False)
+    )
     if args.json:
         _print_json(rows)
 

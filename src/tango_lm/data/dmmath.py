@@ -231,7 +231,7 @@ class DMMathSource(DataSource):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="output directory")
-        parser.add_argument("--tokenizer", default="gpt2", help="gpt2 or byte")
+        parser.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
         parser.add_argument("--train-per-module", type=int, default=300)
         parser.add_argument("--test-per-module", type=int, default=30)
         parser.add_argument("--dev-fraction", type=float, default=0.05)
