@@ -323,3 +323,16 @@ def test_decode_suite_on_presets_keeps_their_sizes():
     assert (tango.d_model, tango.width, tango.vocab_size, tango.context_length) == (512, 28480, 50257, 1024)
     assert all(c is not None and note.startswith("preset") for _, c, note in triples)
     assert decode.preset_configs(["dense"], "70m", 4, 768)[0][1] is None  # no such preset: skipped
+
+
+def test_a_childs_user_error_is_the_parents_one_line(monkeypatch):
+    # A measuring child that stops on a UserError: its one line, not a RuntimeError around its traceback.
+    import subprocess
+
+    from tango_lm.errors import UserError
+
+    failed = subprocess.CompletedProcess([], 1, "", "Traceback ...\ntango_lm.errors.UserError: device 'x' is absent\n")
+    monkeypatch.setattr(memory.subprocess, "run", lambda *a, **k: failed)
+    cfg = memory.memory_config("dense", 32, 1, 64, 8)
+    with pytest.raises(UserError, match="^device 'x' is absent$"):
+        memory.measure_in_subprocess(cfg, 1, 8)

@@ -227,6 +227,7 @@ BAD = {
     "bench_decode_batches_empty": lambda c: ["bench", "--suite", "decode", "--decode-batches="],
     "bench_windowed_heads": lambda c: ["bench", "--suite", "windowed", "--d-model", "48"],
     "bench_all_bad_memory_backbone": lambda c: ["bench", "--suite", "all", "--memory-backbone", "dens"],
+    "bench_memory_device_without_cuda": lambda c: _without_cuda(c, ["bench", "--suite", "memory", "--device", "cuda"]),
     "bench_all_bad_head_backbone": lambda c: ["bench", "--suite", "all", "--head-backbone", "dens"],
     "bench_all_decode_tier_without_preset": lambda c: [
         "bench",

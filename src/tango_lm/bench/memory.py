@@ -47,6 +47,7 @@ from tango_lm.bench.heads import _max_rss_bytes
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -54,6 +55,8 @@ from tango_lm.train.optim import adamw
 
 HEADS_COMPARED = ("standard", "onona")
 MMAP_THRESHOLD = 131072  # bytes: glibc serves blocks this large by mmap in the CPU children
+
+USER_ERROR_PREFIX = "tango_lm.errors.UserError: "  # how a child's uncaught UserError ends its stderr
 
 
 def _current_rss_bytes() -> int:
@@ -205,6 +208,9 @@ def measure_in_subprocess(
         env=env,
     )
     if proc.returncode != 0:
+        user_error = [line for line in proc.stderr.splitlines() if line.startswith(USER_ERROR_PREFIX)]
+        if user_error:  # the child's one-line error is the user's, as if raised here
+            raise UserError(user_error[-1].removeprefix(USER_ERROR_PREFIX))
         raise RuntimeError(f"memory measurement of {cfg.arch}/{cfg.head} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

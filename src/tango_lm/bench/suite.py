@@ -215,6 +215,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Every option the chosen suites read, before the first one starts (a bad value found by a
     later suite of `--suite all` would throw away the ones before it): a UserError for the first."""
     suites = SUITES if args.suite == "all" else (args.suite or "train",)
+    _device(args.device)  # an absent CUDA: the memory suite's children each failed with a traceback
     positive = ["d_model", "depth", "seq_len", "batch_size", "steps", "tango_width", "vocab_size", "memory_steps"]
     positive += [name for name in ("threads", "peak_size") if getattr(args, name) is not None]
     if "decode" in suites:
