@@ -58,10 +58,11 @@ class LanguageModel(nn.Module):
             )
         if targets.device.type != "cpu" or torch.compiler.is_compiling() or targets.numel() == 0:
             return
-        bad = targets[(targets != IGNORE_INDEX) & ((targets < 0) | (targets >= self.config.vocab_size))]
-        if bad.numel():
+        scored = torch.where(targets == IGNORE_INDEX, 0, targets)  # min and max, as check_ids reads: no nonzero
+        lo, hi = int(scored.min()), int(scored.max())
+        if lo < 0 or hi >= self.config.vocab_size:
             raise UserError(
-                f"target id {int(bad[0])} is outside the model's vocabulary [0, {self.config.vocab_size}); "
+                f"target id {lo if lo < 0 else hi} is outside the model's vocabulary [0, {self.config.vocab_size}); "
                 f"targets are token ids, or {IGNORE_INDEX} for a position not scored"
             )
 
