@@ -434,6 +434,7 @@ def test_a_damaged_shard_without_sums_is_one_line(runs, data_dir, tmp_path, caps
     assert "has unreadable shards" in helpers.assert_one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP's note on this test's own save
 def test_a_shard_item_that_is_not_a_tensor_is_refused_in_one_line(runs, data_dir, tmp_path, capsys):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
