@@ -188,3 +188,41 @@ def test_a_failing_logger_stops_the_run_with_one_error_line(data_dir, tmp_path, 
     monkeypatch.setattr(TensorBoardLogger, "log", full_disk)
     with pytest.raises(UserError, match="the tensorboard logger failed .*No space left on device"):
         train(helpers.run_config(data_dir, tmp_path / "run", steps=4, loggers=["jsonl", "tensorboard"]))
+
+
+def test_resuming_a_finished_run_logs_its_summary_once(data_dir, tmp_path):
+    # The finished run's summary sat at the last step, below TensorBoard's purge step: twice.
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=4, save_every=2, loggers="jsonl,tensorboard")
+    train(run)
+    train(run, resume=True)
+    assert tensorboard_scalars(out) == float32(jsonl_scalars(out))  # tensorboard_scalars refuses a step twice
+    longer = helpers.run_config(data_dir, out, steps=6, save_every=2, loggers="jsonl,tensorboard")
+    train(longer, resume=True)
+    logged = jsonl_scalars(out)
+    assert {step for tag, step in logged if tag.startswith("summary/")} == {6}
+    assert tensorboard_scalars(out) == float32(logged)
+
+
+def test_a_killed_attempts_lost_wandb_history_is_sent_again(data_dir, tmp_path, offline_wandb, monkeypatch):
+    # A SIGKILL ends W&B's service before it writes the history it holds: the resumed attempt's
+    # offline directory gets the kept records up to the checkpoint again.
+    out = tmp_path / "cut"
+    run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,wandb")
+    original = Trainer.train_step
+
+    def stop_after_6(self):
+        if self.step == 6:
+            raise KeyboardInterrupt
+        return original(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop_after_6)
+        with pytest.raises(KeyboardInterrupt):
+            train(run)
+    for lost in (out / "wandb").glob("offline-run-*"):  # as if nothing had been flushed
+        for path in lost.glob("run-*.wandb"):
+            path.unlink()
+    train(run, resume=True)
+    assert wandb_history(out)[1] == jsonl_scalars(out)

@@ -21,11 +21,13 @@ CPU, calling them inline took milliseconds per record: each hands work to anothe
 waits for it to be scheduled). Closing drains the queue. A logger that fails stops the run at its
 next record with a one-line error.
 
-Resuming: TensorBoard writes to the same directory and hides the events a killed attempt wrote
-after the checkpoint it resumes from (`purge_step`); W&B continues the same run id (kept in
-`RUN/wandb.json`). W&B cannot drop history: online, the server ignores steps it already has (the
-resumed run recomputes them exactly, timings aside); offline, the resumed attempt is a second
-`offline-run-*` directory of the same run id.
+Resuming: TensorBoard writes to the same directory and hides the events from the checkpoint's
+step on (`purge_step`: a killed attempt's, or a finished run's summary), then gets that step's
+kept records again; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
+kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
+server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
+offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
+whole history up to the checkpoint (a SIGKILL loses what the first had not flushed).
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class MetricLogger:
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """On a resume: which of the records metrics.jsonl kept (steps up to the checkpoint) this
+        logger lacks and is sent again at opening. None by default (metrics.jsonl has them all)."""
+        return []
+
     def close(self) -> None:
         """Flush and release what the logger holds; called once at the end of the run."""
 
@@ -99,9 +106,14 @@ class TensorBoardLogger(MetricLogger):
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = ctx.out_dir / "tensorboard"
-        # Events past the step we resume from belong to a killed attempt: hide them.
-        purge = ctx.start_step + 1 if log_dir.is_dir() and any(log_dir.iterdir()) else None
+        # Events from the step we resume from on belong to a killed attempt, or to the summary a
+        # finished run wrote at its last step: hide them (the step's own records are replayed).
+        self.start_step = ctx.start_step
+        purge = ctx.start_step if log_dir.is_dir() and any(log_dir.iterdir()) else None
         self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
+
+    def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in kept if r.get("step", 0) == self.start_step]
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
@@ -145,6 +157,12 @@ class WandbLogger(MetricLogger):
         # Records of one step (training, dev, summary) merge into one history row at that step.
         self.run.log(scalars(record), step=int(record.get("step", 0)))
 
+    def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The steps this W&B run does not have: offline, a resumed attempt starts a new offline
+        # directory (all of them: a SIGKILL lost the previous one's unflushed history); online,
+        # those past the server's last step.
+        return [r for r in kept if r.get("step", 0) >= self.run.starting_step]
+
     def close(self) -> None:
         self.run.finish()
 
@@ -162,6 +180,9 @@ class InBackground(MetricLogger):
     def log(self, record: dict[str, Any]) -> None:
         self._raise_failure()
         self.records.put(dict(record))
+
+    def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.inner.to_replay(kept)
 
     def _run(self) -> None:
         while (record := self.records.get()) is not None:
@@ -227,12 +248,15 @@ def check_available(names: list[str]) -> None:
             )
 
 
-def open_loggers(names: list[str], ctx: LogContext) -> list[MetricLogger]:
+def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] = ()) -> list[MetricLogger]:
+    """The loggers `names`, each sent again what it lacks of `kept` (a resume's metrics.jsonl)."""
     opened: list[MetricLogger] = []
     try:
         for name in names:
             logger = LOGGERS[name](ctx)
             opened.append(InBackground(logger) if logger.background else logger)
+            for record in opened[-1].to_replay(list(kept)):
+                opened[-1].log(record)
     except BaseException:
         close_loggers(opened)
         raise

@@ -286,6 +286,13 @@ class Trainer:
         tmp.write_text("".join(k + "\n" for k in kept))
         tmp.replace(path)
 
+    def _kept_records(self) -> list[dict[str, Any]]:
+        """The records metrics.jsonl holds when training (re)starts: those up to the checkpoint."""
+        path = self.out / "metrics.jsonl"
+        if self.step == 0 or not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
     # -- loop ---------------------------------------------------------------------------------
     def evaluate_dev(self) -> float:
         nll, _ = evaluate_nll(self.model, self.dev_batches, self.device, self.dtype, env=self.dist)
@@ -348,7 +355,7 @@ class Trainer:
         if self.step == 0:
             self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
         if self.dist.is_main:
-            self.loggers = open_loggers(cfg.loggers, self._log_context())
+            self.loggers = open_loggers(cfg.loggers, self._log_context(), self._kept_records())
             self.peak_flops = matmul_peak(self.device, self.dtype)
         try:
             result = self._fit()
