@@ -101,8 +101,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['arch']:<18}{r['params_total']:>10,}{r['tokens']:>10,}{r['best_dev_nll']:>10.4f}"
-            f"{r['test_nll']:>10.4f}{r['tokens_per_s'] or 0:>10,.0f}"
+            f"{r['arch']:<18}{r['params_total']:>10,}{r['tokens']:>10,}{_nll(r['best_dev_nll']):>10}"
+            f"{_nll(r['test_nll']):>10}{r['tokens_per_s'] or 0:>10,.0f}"
         )
     lines.append("NLL in nats per byte; test NLL of the best-dev checkpoint (DM Math interpolate split).")
     return "\n".join(lines)
+
+
+def _nll(value: float | None) -> str:
+    """A table cell: '-' for no finite NLL (a diverged run's summary has null)."""
+    return "-" if value is None else f"{value:.4f}"

@@ -324,3 +324,31 @@ def test_a_peak_the_run_beats_is_measured_again(data_dir, tmp_path, monkeypatch)
     result = train(helpers.run_config(data_dir, tmp_path / "run", steps=4, eval_every=2, save_every=2, log_every=1))
     mfus = [r["mfu"] for r in helpers.read_metrics(tmp_path / "run") if "loss" in r]
     assert len(calls) == 2 and all(m < 1 for m in mfus) and 0 < result.summary["mfu"] < 1
+
+
+def test_each_run_reports_its_own_peak_memory(data_dir, tmp_path):
+    # A sweep trains its runs in one process: each reported the largest peak of any run before it.
+    from tango_lm.train.utilization import peak_memory_mib, reset_peak_memory
+
+    cpu = torch.device("cpu")
+    if not reset_peak_memory(cpu):
+        pytest.skip("this kernel does not let a process reset its peak resident set")
+    big = torch.ones(256 * 2**20 // 4)  # 256 MiB resident: a large run before this one
+    del big
+    before = peak_memory_mib(cpu)
+    result = train(helpers.run_config(data_dir, tmp_path / "run", steps=2, eval_every=2, save_every=2))
+    assert result.summary["peak_memory_mib"] < before - 128
+
+
+def test_a_dev_nll_that_is_never_finite_is_null_in_the_files(data_dir, tmp_path, monkeypatch):
+    # JSON.parse and jq refuse NaN and Infinity; the table says '-', not inf.
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: float("nan"))
+    result = train(helpers.run_config(data_dir, tmp_path / "run", steps=4, eval_every=2, save_every=2))
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in a JSON file"))
+
+    summary = strict((tmp_path / "run" / "summary.json").read_text())
+    records = [strict(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["best_dev_nll"] is None and result.summary["best_dev_nll"] is None
+    assert [r["dev_nll"] for r in records if "dev_nll" in r] == [None, None]

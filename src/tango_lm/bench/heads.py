@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from tango_lm.bench.peak import _sync
 from tango_lm.heads.onona import twin_log_probs
 from tango_lm.ops.twin_loss import LOSS_CHUNK, softmax_nll, twin_nll
 from tango_lm.train.device import pick_device
+from tango_lm.train.utilization import peak_rss_bytes
 
 VARIANTS = ("standard", "standard-fused", "twin-plain", "twin-fused")
 
@@ -78,20 +78,6 @@ def _loss(variant: str, x: dict[str, torch.Tensor], chunk: int) -> torch.Tensor:
     if variant == "twin-fused":
         return twin_nll(h, x["a"], x["b"], x["z"], y, chunk=chunk)
     raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-
-
-def _max_rss_bytes() -> int:
-    """This process's peak resident set. On Linux, VmHWM of /proc/self/status: `ru_maxrss` of a
-    child started by fork + exec begins at the parent's peak (the kernel carries it over), so
-    growth measured with it in a subprocess would be hidden below the parent's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def measure_variant(
@@ -135,9 +121,9 @@ def measure_variant(
         peak = torch.cuda.max_memory_allocated(dev) - before
         method = "cuda max_memory_allocated"
     else:
-        before = _max_rss_bytes()
+        before = peak_rss_bytes()
         first = step()
-        peak = _max_rss_bytes() - before
+        peak = peak_rss_bytes() - before
         method = "peak RSS growth (VmHWM)"
     times = [step() for _ in range(steps)]
     return {

@@ -7,7 +7,7 @@ reports the peak memory the model needed on top of what the process held before 
   memory allocated at that point (the batch), so weights, gradients, AdamW's moments,
   activations and temporaries all count, and nothing else;
 - on CPU: torch's CPU allocations are invisible to `tracemalloc`, so, as in `bench/heads.py`, the
-  measure is the peak resident set (VmHWM, `bench.heads._max_rss_bytes`) after the steps minus
+  measure is the peak resident set (VmHWM, `train.utilization.peak_rss_bytes`) after the steps minus
   the resident set just before the model was built. It counts pages actually touched and
   allocator slack: an upper bound on the peak of live tensors, not an exact count. A small
   warm-up step runs first so that one-time runtime set-up (thread pools, the autograd engine) is
@@ -43,7 +43,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tango_lm.bench.heads import _max_rss_bytes
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
@@ -52,6 +51,7 @@ from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 from tango_lm.train.optim import adamw
+from tango_lm.train.utilization import peak_rss_bytes, reset_peak_memory
 
 HEADS_COMPARED = ("standard", "onona")
 MMAP_THRESHOLD = 131072  # bytes: glibc serves blocks this large by mmap in the CPU children
@@ -65,7 +65,7 @@ def _current_rss_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        return _max_rss_bytes()
+        return peak_rss_bytes()
 
 
 def _warm_runtime(dev: torch.device) -> None:
@@ -80,16 +80,6 @@ def _warm_runtime(dev: torch.device) -> None:
     ).backward()
     opt.step()
     _sync(dev)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak resident set (Linux >= 4.0); False where that is not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
@@ -130,9 +120,9 @@ def measure_training_step(
         torch.cuda.reset_peak_memory_stats(dev)
         method = "cuda max_memory_allocated"
     else:
-        _reset_peak_rss()
+        reset_peak_memory(dev)
         before = _current_rss_bytes()
-        slack = max(0, _max_rss_bytes() - before)  # an earlier peak above the baseline hides growth below it
+        slack = max(0, peak_rss_bytes() - before)  # an earlier peak above the baseline hides growth below it
         threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")
         method = "peak RSS growth (VmHWM" + (f", MALLOC_MMAP_THRESHOLD_={threshold})" if threshold else ")")
     torch.manual_seed(seed)
@@ -155,7 +145,7 @@ def measure_training_step(
         peak = torch.cuda.max_memory_allocated(dev) - before
         slack = 0
     else:
-        peak = _max_rss_bytes() - before
+        peak = peak_rss_bytes() - before
     state = state_bytes(model, opt)
     persistent = sum(state.values())
     return {

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import re
 import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from tango_lm import strict_json
 from tango_lm.errors import UserError
 
 __all__ = ["Parser", "one_line", "held_warnings", "progress_on_terminal_only"]
@@ -80,17 +80,8 @@ def _is_terminal(stream: Any) -> bool:
 def _print_json(data: Any) -> None:
     """Standard JSON: a non-finite number (an infinite word perplexity, say) is null, not Python's
     `Infinity`, which strict parsers refuse."""
-    print(json.dumps(_finite_or_null(json.loads(json.dumps(data, default=float))), indent=2, allow_nan=False))
-
-
-def _finite_or_null(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_null(v) for v in value]
-    return value
+    # default=float first: numpy and torch scalars become floats, which strict_json can then check.
+    print(strict_json.dumps(json.loads(json.dumps(data, default=float)), indent=2))
 
 
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

@@ -154,8 +154,10 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         if _numbers(r, "dev_nll", "tokens") and r.get("event") != "summary"
     ]
     selected = summary.get("selected_step")
-    at_selected = [
-        r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected and r.get("event") != "summary"
+    at_selected = [  # a diverged dev NLL is null in metrics.jsonl
+        r["dev_nll"]
+        for r in metrics
+        if _numbers(r, "dev_nll") and r.get("step") == selected and r.get("event") != "summary"
     ]
     dev_nll = float(at_selected[-1]) if at_selected else best_dev
     value = test_nll if split == "test" else dev_nll

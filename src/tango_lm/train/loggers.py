@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tango_lm import strict_json
 from tango_lm.errors import UserError
 
 
@@ -94,7 +95,7 @@ class JsonlLogger(MetricLogger):
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:  # opened per record: a kill loses at most the line being written
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json.dumps(record) + "\n")  # a NaN dev NLL as null, which every reader takes
 
 
 class TensorBoardLogger(MetricLogger):

@@ -23,6 +23,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from tango_lm import strict_json
 from tango_lm.config_checks import check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
@@ -53,7 +54,7 @@ from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_ad
 from tango_lm.train.resume import check_not_past, check_same_run, data_ids, open_checkpoint, unresumable
 from tango_lm.train.run_dir import claim_run_dir
 from tango_lm.train.sharded_checkpoint import load_shards, save_shards
-from tango_lm.train.utilization import matmul_peak, peak_memory_mib
+from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
 
@@ -357,6 +358,7 @@ class Trainer:
         if self.dist.is_main:
             self.loggers = open_loggers(cfg.loggers, self._log_context(), self._kept_records())
             self.peak_flops = matmul_peak(self.device, self.dtype)
+        reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
         try:
             result = self._fit()
         except BaseException:
@@ -380,7 +382,8 @@ class Trainer:
             desc=f"train {self.run.model.arch}",
             dynamic_ncols=True,
         )
-        dev_nll = None
+        # the bar's dev NLL: after a resume, the last one measured before the checkpoint
+        dev_nll = next((r["dev_nll"] for r in reversed(self._kept_records()) if "dev_nll" in r), None)
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step()
@@ -454,7 +457,7 @@ class Trainer:
             "tokens": self.tokens_seen,
             "skipped_steps": self.nonfinite.skipped,
             "selected_step": selected,
-            "best_dev_nll": self.best["dev_nll"],
+            "best_dev_nll": self.best["dev_nll"] if math.isfinite(self.best["dev_nll"]) else None,  # none finite
             "test_nll": test_nll,
             "test_tokens": n_test,
             "tokens_per_s": tokens_per_s,
@@ -464,7 +467,7 @@ class Trainer:
             "out_dir": str(self.out),
         }
         if self.dist.is_main:
-            write_json_atomic(self.out / "summary.json", summary)
+            write_json_atomic(self.out / "summary.json", strict_json.finite_or_null(summary))
         self._log({"event": "summary", "step": self.step, **summary})
         return summary
 

@@ -31,8 +31,37 @@ def matmul_peak(device: torch.device, dtype: torch.dtype | None, again: bool = F
 
 def peak_memory_mib(device: torch.device) -> float:
     """CUDA: the most memory PyTorch has allocated on the device. CPU: the process's peak resident
-    set (everything the process holds, not only tensors)."""
+    set (everything the process holds, not only tensors). Both since `reset_peak_memory`."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    return peak_rss_bytes() / 2**20
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start the peak over (the trainer does at the start of each run: a sweep trains many in one
+    process, each reported the largest before it). CUDA: the allocator's counter; CPUs: the peak
+    resident set where Linux (>= 4.0) allows it; False where nothing could be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set. On Linux, VmHWM of /proc/self/status (what
+    `reset_peak_memory` resets): `ru_maxrss` of a child started by fork + exec begins at the
+    parent's peak (the kernel carries it over), and no call resets it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    return peak if sys.platform == "darwin" else peak * 1024
