@@ -384,3 +384,13 @@ def test_commands_without_a_progress_flag_draw_no_bars_off_a_terminal(monkeypatc
     monkeypatch.setattr(dmmath.DMMathSource, "prepare", lambda self, out, **k: seen.update(k) or Path(out))
     assert main(argv) == 0
     assert seen["progress"] is False
+
+
+def test_a_config_file_whose_path_has_an_equals_sign_is_a_config(tmp_path, capsys):
+    # A sweep's run directories are named arch=tango/seed=1: their config.yaml was read as an override.
+    run_dir = tmp_path / "sweep" / "arch=tango"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": {"arch": "loop-transformer", "width": 40}}))
+    assert main(["params", str(run_dir / "config.yaml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["arch"], out["width"]) == ("loop-transformer", 40)

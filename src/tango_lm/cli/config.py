@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from tango_lm.cli.output import _print_json, _table
 
 
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """The optional CONFIG positional may be the first override when no preset is given."""
-    if args.config and "=" in args.config:
+    """The optional CONFIG positional may be the first override when no preset is given (a file
+    that exists is a config even with '=' in its path: a sweep's run directories have them)."""
+    if args.config and "=" in args.config and not Path(args.config).is_file():
         return None, [args.config, *args.overrides]
     return args.config, list(args.overrides)
 
