@@ -141,6 +141,9 @@ def test_per_seed_margins(runs):
     assert {s: v["margin"] for s, v in m4["seeds"].items()} == pytest.approx(
         {"17/101": 0.3, "23/103": 0.3, "41/107": 0.4}
     )
+    ref_md = (runs / "ref" / "report.md").read_text()  # its heading names it, not "the best model"
+    assert "## Per-seed margin of Loop Transformer++ over the best other model" in ref_md
+    assert "## Per-seed margin of the best model over the best other model" in md
 
 
 def test_depth_scaling(runs):
@@ -198,6 +201,29 @@ def test_runs_without_sweep_json_are_labelled_from_their_config(tmp_path):
     assert (row["dataset"], row["depth"]) == ("x", 3)
     assert row["cells"]["tango"]["mean"] == pytest.approx(1.1)
     assert report["seeds"] == ["17/101", "23/103", "41/107"]
+
+
+def test_plain_runs_of_other_configs_are_not_averaged(tmp_path):
+    # Two run directories without sweep.json, one model and seed, other widths: "the same setting
+    # and seed" was averaged with a ± over one seed.
+    root, labels = tmp_path / "runs", {"dataset": "x", "tier": "-", "depth": 2, "arch": "tango", "seed": SEEDS[0]}
+    small = write_run(root / "small", labels, 3.0, 3.0, sweep_json=False)
+    wide = write_run(root / "wide", labels, 2.0, 2.0, sweep_json=False)
+    config = json.loads((wide / "config.json").read_text())
+    config["model"]["width"] = 64
+    (wide / "config.json").write_text(json.dumps(config))
+    res = write_report(root, plots=False)
+    rows = res["report"]["main"]
+    assert sorted(r["cells"]["tango"]["mean"] for r in rows) == [2.0, 3.0]
+    assert {dict(r["extras"])["run"] if isinstance(r.get("extras"), list) else r.get("run") for r in rows} == {
+        small.relative_to(root).as_posix(),
+        wide.relative_to(root).as_posix(),
+    }
+    assert any("share a label and seed but not their configs" in w for w in res["warnings"])
+    again = write_run(root / "again", labels, 2.5, 2.5, sweep_json=False)  # the small run's config, run again
+    (again / "config.json").write_text((small / "config.json").read_text())
+    res = write_report(root, plots=False)
+    assert any("are the same setting and seed; both enter the statistics" in w for w in res["warnings"])
 
 
 def test_plots_are_written(tmp_path):
@@ -329,6 +355,13 @@ def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys, case):
     assert main(["report", str(root), "--no-plots"]) == 2
     line = helpers.assert_one_error_line(capsys.readouterr().err)
     assert want in line
+
+
+def test_an_out_that_is_a_file_is_a_user_error(runs, tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(UserError, match="--out .*afile is a file; give a directory for the report"):
+        write_report(runs, tmp_path / "afile", plots=False)
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_unknown_reference_is_a_user_error(runs):

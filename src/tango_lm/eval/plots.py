@@ -116,6 +116,8 @@ def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Pa
     tier and depth (means over seeds), labelled with its tier and depth."""
     import statistics
 
+    from matplotlib.ticker import NullFormatter
+
     by_dataset: dict[str, dict[tuple[Any, ...], list[RunRecord]]] = {}
     for r in records:
         if r.tokens_per_s:
@@ -136,6 +138,7 @@ def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Pa
             for x, y, tag in zip(xs, ys, tags, strict=True):
                 ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap when the runs lie within 10x
         ax.set_xlabel("training throughput (tokens/s)")
         ax.set_ylabel(f"{split} NLL (nats/token)")
         ax.set_title(dataset)

@@ -1,8 +1,9 @@
 """Paper-style reports of a directory of runs (docs/design.md §6): `tango-lm report DIR`.
 
 Every run directory below DIR (one holding `config.json`) that finished (`summary.json`) is read
-with its `metrics.jsonl`. Runs are labelled by their sweep's `sweep.json` when present, else by
-their config (dataset = the data directory's name, seed = model/data seed pair, tier unknown).
+with its `metrics.jsonl` (report_runs.py). Runs are labelled by their sweep's `sweep.json` when present, else by
+their config (dataset = the data directory's name, seed = model/data seed pair, tier unknown);
+runs of one label and seed whose configs differ are rows of their own, labelled `run`.
 
 The value reported per run is, for `split="test"`, the test NLL of the selected checkpoint
 (`summary.json`), and for `split="dev"`, the dev NLL of that same checkpoint (the best dev NLL
@@ -30,207 +31,12 @@ logging) is skipped with a warning; a run without `summary.json` is left out wit
 from __future__ import annotations
 
 import json
-import math
-import os
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tango_lm.errors import UserError
-
-ROW_AXES = ("dataset", "tier", "depth")
-MODEL_AXES = ("arch", "head", "seed")
-
-
-@dataclass
-class RunRecord:
-    """One finished run: its labels, its reported NLL and its learning curves."""
-
-    path: Path
-    dataset: str
-    tier: str
-    depth: int
-    arch: str
-    head: str
-    seed: str
-    extras: tuple[tuple[str, Any], ...]
-    value: float
-    test_nll: float | None
-    dev_nll: float | None
-    tokens_per_s: float | None
-    params_total: int | None
-    tokens: int | None
-    train_curve: list[tuple[int, float]] = field(default_factory=list)
-    dev_curve: list[tuple[int, float]] = field(default_factory=list)
-
-    @property
-    def model(self) -> str:
-        return self.arch if self.head == "standard" else f"{self.arch}+{self.head}"
-
-    @property
-    def row(self) -> tuple[Any, ...]:
-        return (self.dataset, self.tier, self.depth, self.extras)
-
-
-# -- reading ----------------------------------------------------------------------------------
-def _load_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise UserError(f"{path} is truncated or corrupt (not valid JSON); {what}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is corrupt (not a JSON object); {what}")
-    return data
-
-
-def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """Records of a `metrics.jsonl`; a partial last line is skipped with a warning."""
-    if not path.exists():
-        warnings.append(f"{path} is missing; no learning curves for this run")
-        return []
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
-        raise UserError(f"{path} cannot be read as text; it is corrupt") from None
-    lines = text.split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError
-        except ValueError:
-            if all(not rest.strip() for rest in lines[i + 1 :]):
-                warnings.append(f"{path}: skipped a partial last line (the run was cut while logging)")
-                break
-            raise UserError(
-                f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it"
-            ) from None
-        records.append(rec)
-    return records
-
-
-def _seed_label(seed: Any, data_seed: Any = None) -> str:
-    if isinstance(seed, list):
-        seed, data_seed = (seed + [None])[:2]
-    return str(seed) if data_seed is None else f"{seed}/{data_seed}"
-
-
-def _numbers(record: dict[str, Any], *keys: str) -> bool:
-    return all(isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool) for k in keys)
-
-
-def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None:
-    """A finished run's record, or None (with a warning) when it has not finished."""
-    config = _load_json(run_dir / "config.json", "the run's config is needed to label it")
-    summary_path = run_dir / "summary.json"
-    failed = run_dir / "failed.json"
-    if not summary_path.exists():
-        why = "failed" if failed.exists() else "unfinished"
-        warnings.append(f"{run_dir}: no summary.json ({why}); left out of the report")
-        return None
-    if failed.exists():  # a summary from before the latest attempt, which failed (a grid edit, say)
-        warnings.append(f"{run_dir}: its latest attempt failed (failed.json); left out of the report")
-        return None
-    summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
-    sweep_path = run_dir / "sweep.json"
-    labels = _load_json(sweep_path, "rerun the sweep to rewrite it").get("labels", {}) if sweep_path.exists() else {}
-    try:
-        model, train, data = config["model"], config["train"], config["data"]
-        test_nll = summary["test_nll"]
-        best_dev = summary["best_dev_nll"]
-    except (KeyError, TypeError) as exc:
-        raise UserError(f"{run_dir} has a config.json or summary.json without field {exc}; it is corrupt") from None
-
-    metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
-    # A skipped step (non-finite loss) logs "loss": null; it has no point on the curve.
-    train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if _numbers(r, "loss", "tokens")]
-    dev_curve = [
-        (int(r["tokens"]), float(r["dev_nll"]))
-        for r in metrics
-        if _numbers(r, "dev_nll", "tokens") and r.get("event") != "summary"
-    ]
-    selected = summary.get("selected_step")
-    at_selected = [  # a diverged dev NLL is null in metrics.jsonl
-        r["dev_nll"]
-        for r in metrics
-        if _numbers(r, "dev_nll") and r.get("step") == selected and r.get("event") != "summary"
-    ]
-    dev_nll = float(at_selected[-1]) if at_selected else best_dev
-    value = test_nll if split == "test" else dev_nll
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        warnings.append(f"{run_dir}: its {split} NLL is {value!r}; left out of the report")
-        return None
-    tier = labels.get("tier", labels.get("target_params", "-"))
-    extras = tuple(
-        sorted((k, v) for k, v in labels.items() if k not in (*ROW_AXES, *MODEL_AXES, "tier", "target_params"))
-    )
-    return RunRecord(
-        path=run_dir,
-        dataset=str(labels.get("dataset", Path(str(data.get("dir", "-"))).name)),
-        tier=str(tier),
-        depth=int(labels.get("depth", model.get("depth", 0))),
-        arch=str(labels.get("arch", model.get("arch"))),
-        head=str(labels.get("head", model.get("head", "standard"))),
-        seed=_seed_label(labels["seed"])
-        if "seed" in labels
-        else _seed_label(train.get("seed"), train.get("data_seed")),
-        extras=extras,
-        value=float(value),
-        test_nll=test_nll,
-        dev_nll=dev_nll,
-        tokens_per_s=summary.get("tokens_per_s"),
-        params_total=summary.get("params_total"),
-        tokens=summary.get("tokens"),
-        train_curve=train_curve,
-        dev_curve=dev_curve,
-    )
-
-
-def _run_files(root: Path) -> tuple[list[Path], list[Path]]:
-    """Every config.json and failed.json below `root`, outside checkpoint directories, sorted.
-    os.walk and not rglob: a live sweep renames and removes its old checkpoints while a report
-    reads, and os.walk passes over a directory gone mid-walk where rglob raises."""
-    configs, failures = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != "checkpoints"]  # a checkpoint's config.json is no run
-        configs += [Path(dirpath, "config.json")] if "config.json" in filenames else []
-        failures += [Path(dirpath, "failed.json")] if "failed.json" in filenames else []
-    return sorted(configs), sorted(failures)
-
-
-def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None) -> tuple[list[RunRecord], list[str]]:
-    """Every finished run below `root` and the warnings met on the way."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UserError(f"{root} is not a directory; give the sweep's out_dir or a directory of run directories")
-    if split not in ("test", "dev"):
-        raise UserError(f"--split must be test or dev (got {split!r})")
-    warnings: list[str] = []
-    records = []
-    configs, failures = _run_files(root)
-    for config in configs:
-        run_dir = config.parent
-        if skip and run_dir.is_relative_to(skip):
-            continue
-        rec = read_run(run_dir, split, warnings)
-        if rec is not None:
-            records.append(rec)
-    for failed in failures:  # runs that failed before writing their config
-        if not (failed.parent / "config.json").exists():
-            warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
-    seen: dict[tuple[Any, ...], Path] = {}
-    for r in records:
-        key = (r.row, r.model, r.seed)
-        if key in seen:
-            warnings.append(f"{r.path} and {seen[key]} are the same setting and seed; both enter the statistics")
-        seen[key] = r.path
-    if not records:
-        raise UserError(f"no finished runs under {root} (no run directory with config.json and summary.json)")
-    return records, warnings
+from tango_lm.eval.report_runs import RunRecord, collect_runs
 
 
 # -- ordering ---------------------------------------------------------------------------------
@@ -360,6 +166,7 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
         "models": models,
         "seeds": seeds,
         "main": main,
+        "reference": reference,  # the model the margins are of (None: each row's best)
         "margins": margins,
         "depth": depth,
         "heads": _heads(records),
@@ -458,6 +265,8 @@ def write_report(
             f"{', '.join(sorted({r.model for r in records}, key=model_order))}"
         )
     report = build_report(records, split, reference)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory for the report (default: {root / 'report'})")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.md", out / "report.json"]
     if plots:

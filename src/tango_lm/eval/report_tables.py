@@ -53,8 +53,9 @@ def to_markdown(report: dict[str, Any], digits: int = 3) -> str:
         rows.append([str(row[k]) if k in row else "" for k in ("dataset", "tier", "depth", *extra)] + cells)
     out += _md_table(lead + [model_name(m) for m in models], rows) + [""]
 
+    of = model_name(report["reference"]) if report.get("reference") else "the best model"  # --reference
     out += [
-        "## Per-seed margin of the best model over the best other model",
+        f"## Per-seed margin of {of} over the best other model",
         "",
         "Each value is the model's NLL minus the lowest NLL among the other models at the same seed pair; "
         "negative values favor the model.",
