@@ -133,6 +133,15 @@ def test_params_from_overrides_only_matches_numel(capsys):
     assert (res["arch"], res["d_model"], res["width"], res["vocab_size"]) == ("tango", 64, 128, 257)
 
 
+def test_params_flops_are_at_the_training_length(capsys):
+    # As train logs them: at train.seq_len when it is shorter than the context (it used the context).
+    argv = ["params", "arch=tango", "d_model=64", "width=128", "model.context_length=64", "train.seq_len=48", "--json"]
+    res = _run_json(capsys, argv)
+    assert res["flops_per_token"] == ModelConfig(
+        arch="tango", d_model=64, width=128, context_length=64
+    ).flops_per_token(48)
+
+
 def test_params_of_preset(capsys):
     res = _run_json(capsys, ["params", "tango-70m-d4", "--json"])
     assert res["total"] == 70002176 and res["non_embedding"] == 44270592

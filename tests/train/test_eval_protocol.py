@@ -92,3 +92,22 @@ def test_dense_1b_follows_its_separate_evaluation():
     train_cfg = load_run_config("dense-1b", []).train
     assert (train_cfg.eval_windows, train_cfg.eval_batch_size, train_cfg.eval_sample_seed) == (50 * 8, 8, 1234)
     assert train_cfg.batch_size // 8 == train_cfg.eval_batch_size  # 8 GPUs: the per-GPU micro-batch
+
+
+def test_eval_scores_in_the_batches_its_run_used_on_several_processes(data_dir, tmp_path, monkeypatch):
+    # N processes score batch_size / N windows per forward; eval scored batch_size, and MoE's dev
+    # NLL (capacity per forward) then differed from the logged one.
+    import json
+
+    from tango_lm.eval import evaluate
+
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=2, eval_every=2, save_every=2, batch_size=4))
+    meta_path = next((out / "checkpoints").glob("step-*")) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "parallel": "ddp", "world_size": 2}))  # as 2 ranks write it
+    seen = []
+    real = evaluate.eval_batches
+    monkeypatch.setattr(evaluate, "eval_batches", lambda tokens, t, bs, *a: seen.append(bs) or real(tokens, t, bs, *a))
+    evaluate_checkpoint(str(out), "dev", max_windows=4)
+    assert seen == [2]

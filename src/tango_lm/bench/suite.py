@@ -187,8 +187,8 @@ def format_windowed(report: dict[str, Any]) -> str:
     rows = report["rows"]
     lines = [
         f"windowed: device {report['device']} ({report['threads']} threads), one block, d={report['d_model']}, "
-        f"F={report['width']}, W={report['window']}, forward + backward on {report['tokens_per_step']} tokens per "
-        f"step (batch = tokens / T), same weights for both blocks; each time is the best of {report['repeats']} "
+        f"F={report['width']}, W={report['window']}, forward + backward on about {report['tokens_per_step']} "
+        f"tokens per step (batch = tokens // T), same weights for both blocks; each time is the best of {report['repeats']} "
         f"rounds that alternate every T and block ({report['clock']} clock, bench/windowed.py)",
         f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len'] if rows else '-'):>11}"
         f"{'tango us/tok':>14}"

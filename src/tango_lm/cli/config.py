@@ -22,7 +22,8 @@ def cmd_params(args: argparse.Namespace) -> None:
 
     config, overrides = _config_and_overrides(args)
     data = read_yaml(config) if config else {}
-    model = RunConfig.from_dict(apply_overrides(data, overrides)).model  # validates every section
+    run = RunConfig.from_dict(apply_overrides(data, overrides))  # validates every section
+    model = run.model
     counts = model.num_params()
     out = {
         **counts,
@@ -33,7 +34,7 @@ def cmd_params(args: argparse.Namespace) -> None:
         "depth": model.depth,
         "n_heads": model.n_heads,
         "vocab_size": model.vocab_size,
-        "flops_per_token": model.flops_per_token(),
+        "flops_per_token": model.flops_per_token(run.seq_len()),  # at the training length, as train logs it
     }
     if args.json:
         _print_json(out)

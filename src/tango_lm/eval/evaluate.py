@@ -36,7 +36,9 @@ def evaluate_checkpoint(
         splits = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}
         train = run["train"]
         seq_len = train["seq_len"] or run["model"]["context_length"]
-        bs = batch_size or train.get("eval_batch_size") or train["batch_size"]
+        # the trainer's eval batch: the per-process micro-batch (it matters for MoE's capacity)
+        world = ckpt.meta.get("world_size") if isinstance(ckpt.meta.get("world_size"), int) else 1
+        bs = batch_size or train.get("eval_batch_size") or max(1, train["batch_size"] // world)
         precision, eval_windows = train["precision"], train["eval_windows"]
     except (KeyError, TypeError) as exc:
         what = f"no {exc}" if isinstance(exc, KeyError) else "a section that is not a mapping"
