@@ -176,6 +176,43 @@ def test_stop_on_sigterm_restores_the_previous_handler_and_catches_one_signal():
     assert stopping.exit_code("SIGTERM") == 143 and stopping.exit_code("SIGINT") == 130
 
 
+def test_timeouts_second_sigterm_does_not_kill_a_stopping_bench():
+    # `timeout` signals the process, then its group: the second SIGTERM came while the stopped
+    # suite cleaned up (waiting on a child) and killed it before it printed its report.
+    code = (
+        "import os, signal, time\n"
+        "from tango_lm.bench import stopping\n"
+        "try:\n"
+        "    with stopping.stop_on_sigterm():\n"
+        "        try:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM); time.sleep(1)\n"
+        "        finally:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.5)\n"
+        "except stopping.Stopped:\n"
+        "    print('report printed')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "report printed"), proc.stderr
+
+
+def test_a_later_sigterm_reaches_the_previous_handler(monkeypatch):
+    # A bench that does not stop still ends on a second SIGTERM (past the echo window).
+    calls = []
+    monkeypatch.setattr(stopping, "ECHO_S", 0.0)
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        with pytest.raises(stopping.Stopped), stopping.stop_on_sigterm():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)
+        assert calls == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_progress_lines_in_a_log(capsys, monkeypatch):
     bar = progress.Progress("train", rounds=4, runs_per_round=2, warmup_rounds=1, mode="lines")
     for i in range(4):
