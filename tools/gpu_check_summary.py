@@ -49,6 +49,8 @@ def train_result(out: Path, name: str) -> str:
     rows = [r for r in report["train"]["models"] if r["arch"] != "loop-transformer"]
     stopped = report["train"].get("stopped")  # its time limit ended the steps: the rounds it timed
     result = f"{stopped['timed_rounds_done']}/{stopped['timed_rounds']} timed rounds; " if stopped else ""
+    if not rows:  # stopped in the warm-up: no model was timed
+        return result + "no model timed"
     result += "MFU x Loop: " + ", ".join(f"{r['arch']} {r['mfu_vs_loop']:.2f}" for r in rows)
     if all(r.get("memory_vs_loop") is not None for r in rows):  # CUDA's peaks; docs/benchmarks.md predicts them
         result += "; peak memory x Loop: " + ", ".join(f"{r['arch']} {r['memory_vs_loop']:.2f}" for r in rows)

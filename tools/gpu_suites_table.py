@@ -37,15 +37,17 @@ def load(out: Path, name: str) -> tuple[str, dict | None]:
 
 
 def main(out: Path) -> None:
-    names = sorted(p.stem for p in out.glob("*.rc"))
+    names = [p.stem for p in sorted(out.glob("*.rc"), key=lambda p: p.stat().st_mtime)]  # in the order they ran
     reports = {name: load(out, name) for name in names}
     env = next((r["environment"] for _, r in reports.values() if r and "environment" in r), {})
     print(f"GPU suites in {out}: torch {env.get('torch', '?')}, python {env.get('python', '?')}")
-    print(f"{'suite':<14}{'status':<22}seconds")
+    wide = max([len("suite"), *map(len, names)]) + 2
+    status_wide = max([len("status"), *(len(reports[n][0]) for n in names)]) + 2
+    print(f"{'suite':<{wide}}{'status':<{status_wide}}seconds")
     for name in names:
         log = (out / f"{name}.log").read_text().splitlines() if (out / f"{name}.log").exists() else []
         took = next((line.split()[-1] for line in reversed(log) if line.startswith(f"{name} rc=")), "?")
-        print(f"{name:<14}{reports[name][0]:<22}{took}")
+        print(f"{name:<{wide}}{reports[name][0]:<{status_wide}}{took}")
     for name in names:
         status, report = reports[name]
         if report is None:

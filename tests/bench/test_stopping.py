@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -305,6 +306,25 @@ def test_gpu_tables_show_a_suite_its_timeout_stopped(tmp_path):
     assert gpu_suites_table.load(tmp_path, "train-bench") == ("TIMEOUT (partial: train)", report)
     (tmp_path / "decode.rc").write_text("124\n")  # killed before it printed anything
     assert gpu_suites_table.load(tmp_path, "decode") == ("TIMEOUT", None)
+    report["train"]["models"] = []  # stopped in the warm-up: not "MFU x Loop: ; peak memory x Loop:"
+    (tmp_path / "train-bench.json").write_text(json.dumps(report))
+    assert gpu_check_summary.train_result(tmp_path, "train-bench") == "3/8 timed rounds; no model timed"
+
+
+def test_gpu_suites_table_columns_fit_the_longest_name_and_status(tmp_path, capsys):
+    # Names and statuses longer than the old fixed widths ran into the next column.
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import gpu_suites_table
+    finally:
+        sys.path.remove(str(TOOLS))
+    for name in ("train-70m", "train-70m-t4096"):
+        (tmp_path / f"{name}.rc").write_text("124\n")
+        (tmp_path / f"{name}.log").write_text(f"{name} rc=124 905s\n")
+        (tmp_path / f"{name}.json").write_text(json.dumps({"stopped": {"signal": "SIGTERM"}}))
+    gpu_suites_table.main(tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert "train-70m-t4096  TIMEOUT (partial: nothing measured)  905s" in lines
 
 
 def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypatch, capsys):
@@ -332,8 +352,8 @@ def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch,
         sys.path.remove(str(TOOLS))
     gpu_suites_table.main(tmp_path)
     out = capsys.readouterr().out
-    assert "decode-70m    TIMEOUT (partial: decode)" in out
-    assert "train-70m     FAILED (exit 143) (partial: nothing measured)" in out
+    assert re.search(r"^decode-70m +TIMEOUT \(partial: decode\) ", out, re.M)
+    assert re.search(r"^train-70m +FAILED \(exit 143\) \(partial: nothing measured\) ", out, re.M)
     assert "STOPPED by SIGTERM after 0 of 2 timed rounds of the architectures" in out
 
 

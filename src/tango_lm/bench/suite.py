@@ -236,6 +236,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UserError(
                 f"--{name.replace('_', '-')} must list positive integers (got {','.join(map(str, values))!r})"
             )
+    if "windowed" in suites and args.clock == "cpu" and _device(args.device).type != "cpu":
+        raise UserError(
+            f"--clock cpu times this process's CPU, not a {_device(args.device).type} device; use --clock wall"
+        )
     if "windowed" in suites:
         heads, head_dim = args.d_model // WINDOWED_HEAD_DIM, WINDOWED_HEAD_DIM
         if args.d_model % head_dim or args.windowed_width % heads:
