@@ -326,18 +326,20 @@ def test_a_peak_the_run_beats_is_measured_again(data_dir, tmp_path, monkeypatch)
     assert len(calls) == 2 and all(m < 1 for m in mfus) and 0 < result.summary["mfu"] < 1
 
 
-def test_each_run_reports_its_own_peak_memory(data_dir, tmp_path):
+def test_each_run_reports_its_own_peak_memory(data_dir, tmp_path, monkeypatch):
     # A sweep trains its runs in one process: each reported the largest peak of any run before it.
-    from tango_lm.train.utilization import peak_memory_mib, reset_peak_memory
+    from tango_lm.train import trainer as trainer_module
+    from tango_lm.train import utilization
 
     cpu = torch.device("cpu")
-    if not reset_peak_memory(cpu):
+    if not utilization.reset_peak_memory(cpu):
         pytest.skip("this kernel does not let a process reset its peak resident set")
-    big = torch.ones(256 * 2**20 // 4)  # 256 MiB resident: a large run before this one
-    del big
-    before = peak_memory_mib(cpu)
-    result = train(helpers.run_config(data_dir, tmp_path / "run", steps=2, eval_every=2, save_every=2))
-    assert result.summary["peak_memory_mib"] < before - 128
+    resident = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")) * 1024
+    assert utilization.peak_rss_bytes() < resident + 2**24  # the peak starts over at what is resident now
+    calls = []
+    monkeypatch.setattr(trainer_module, "reset_peak_memory", lambda device: calls.append(device))
+    train(helpers.run_config(data_dir, tmp_path / "run", steps=2, eval_every=2, save_every=2))
+    assert calls == [cpu]  # at the start of the run, before its first step
 
 
 def test_a_dev_nll_that_is_never_finite_is_null_in_the_files(data_dir, tmp_path, monkeypatch):
