@@ -539,3 +539,25 @@ def test_cli_prepare_code(code_tree, tmp_path, capsys):
     docs = _docs(tmp_path / "c", "train")
     assert docs[0] == "# path: a.py\nimport os\n"
     assert "# path: tests/test_a.py\nassert True\n" in docs and not any("sub/" in d for d in docs)
+
+
+def test_copies_of_a_file_at_other_paths_stay_in_one_split_with_path_headers(tmp_path):
+    # The path line made each copy's text different, so its hash sent copies to train, dev and test.
+    for i in range(60):
+        (tmp_path / "tree" / f"pkg{i}").mkdir(parents=True)
+        (tmp_path / "tree" / f"pkg{i}" / "util.py").write_text("def same():\n    return 1\n")
+        (tmp_path / "tree" / f"pkg{i}" / f"own{i}.py").write_text(f"x = {i}\n")
+    out = tmp_path / "c"
+    prepare_source(
+        "code",
+        out,
+        inputs=[str(tmp_path / "tree")],
+        tokenizer="byte",
+        path_header=True,
+        dev_fraction=0.2,
+        test_fraction=0.2,
+    )
+    body = "def same():\n    return 1\n"
+    holding = [s for s in ("train", "dev", "test") if any(d.endswith(body) for d in _docs(out, s))]
+    assert len(holding) == 1, holding
+    assert sum(len(_docs(out, s)) for s in ("train", "dev", "test")) == 120  # every file, headed

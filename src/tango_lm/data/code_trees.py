@@ -157,7 +157,9 @@ class CodeSource(HeldOutSource):
                 raise UserError(f"no {'/'.join(exts)} files under {r}; check the path or --ext")
         self._stats: dict[str, int] = {}
         docs = code_documents(self.roots, exts, exclude_dirs, self.max_bytes, self.path_header, self._stats)
-        return self.held_out_splits({"train": docs}, out_dir)
+        # hashed without the path line: copies of one file at other paths stay in one split
+        key = (lambda doc: doc.split("\n", 1)[1]) if self.path_header else None
+        return self.held_out_splits({"train": docs}, out_dir, key)
 
     def fingerprint(self) -> dict[str, Any]:
         # `stats` is filled while the documents stream and is serialized with the manifest at the end.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -97,12 +97,14 @@ class HeldOutSource(DataSource):
     def open_tokenizer(self) -> Any:
         return _tokenizer(self.tokenizer)
 
-    def held_out_splits(self, own: dict[str, Iterable[str]], out_dir: Path) -> dict[str, Iterable[str]]:
+    def held_out_splits(
+        self, own: dict[str, Iterable[str]], out_dir: Path, key: Callable[[str], str] | None = None
+    ) -> dict[str, Iterable[str]]:
         """`own` (split -> documents; `{"train": docs}` for an unsplit source) plus the dev and test
-        splits it lacks, held out of train by document hash."""
+        splits it lacks, held out of train by the hash of each document (or of its `key`)."""
         from tango_lm.data.splits import assemble_splits
 
-        return assemble_splits(own, self.dev_fraction, self.test_fraction, self.seed, _spill_dir(out_dir))
+        return assemble_splits(own, self.dev_fraction, self.test_fraction, self.seed, _spill_dir(out_dir), key)
 
     @staticmethod
     def add_common_arguments(p: argparse.ArgumentParser) -> None:

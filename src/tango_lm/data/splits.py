@@ -118,17 +118,21 @@ def hold_out(
     seed: int = 0,
     keep: Sequence[str] = (),
     spill_dir: str | os.PathLike | None = None,
+    key: Callable[[str], str] | None = None,
 ) -> dict[str, Iterator[str]]:
     """Split one document stream into train/dev/test by document hash (module docstring), in one pass.
 
     Splits in `keep` are not held out (the source supplies them); neither are splits with fraction 0.
-    The splits read after the first are spilled to a temporary directory in `spill_dir`.
+    The splits read after the first are spilled to a temporary directory in `spill_dir`. `key`:
+    the part of a document that is hashed (default: all of it; a code tree's text without the
+    path header it added, so that copies of a file at other paths stay in one split).
     """
     fractions = {"dev": dev_fraction, "test": test_fraction}
     names = ["train"] + [s for s, f in fractions.items() if f > 0 and s not in keep]
     dev = dev_fraction if "dev" in names else 0.0
     test = test_fraction if "test" in names else 0.0
-    splitter = _SpillSplitter(docs, names, lambda d: split_of(d, dev, test, seed), spill_dir)
+    text_of = key or (lambda d: d)
+    splitter = _SpillSplitter(docs, names, lambda d: split_of(text_of(d), dev, test, seed), spill_dir)
     return {n: splitter.stream(n) for n in names}
 
 
@@ -138,10 +142,11 @@ def assemble_splits(
     test_fraction: float,
     seed: int = 0,
     spill_dir: str | os.PathLike | None = None,
+    key: Callable[[str], str] | None = None,
 ) -> dict[str, Iterable[str]]:
     """Splits for `write_prepared`: the source's own splits, plus dev/test held out of train when missing.
 
-    `own` maps split names to documents; an unsplit source passes `{"train": docs}`.
+    `own` maps split names to documents; an unsplit source passes `{"train": docs}`. `key`: as `hold_out`'s.
     """
     _check_fractions(dev_fraction, test_fraction)
     if "train" not in own:
@@ -149,9 +154,8 @@ def assemble_splits(
     missing = [s for s in ("dev", "test") if s not in own]
     if not missing:
         return dict(own)
-    held = hold_out(
-        own["train"], dev_fraction, test_fraction, seed, keep=[s for s in own if s != "train"], spill_dir=spill_dir
-    )
+    keep = [s for s in own if s != "train"]
+    held = hold_out(own["train"], dev_fraction, test_fraction, seed, keep=keep, spill_dir=spill_dir, key=key)
     out: dict[str, Iterable[str]] = {"train": held["train"]}
     for s in ("dev", "test"):
         if s in own:
