@@ -137,3 +137,13 @@ def test_cli_mixture(parts, tmp_path, capsys):
     assert [c["share"] for c in manifest["source"]["components"]] == [0.7, 0.3]
     rc = main(["data", "prepare", "mixture", "--out", str(tmp_path / "n"), "--source", f"{parts['a']}"])
     assert rc == 2 and "DIR:WEIGHT" in capsys.readouterr().err
+
+
+def test_a_dataset_named_twice_is_refused(parts, tmp_path, monkeypatch):
+    # Its documents would be mixed twice, which the default mixture promises never to do.
+    with pytest.raises(UserError, match="names dataset .* twice; give it once, with the sum of the weights"):
+        prepare_mixture(tmp_path / "m", [f"{parts['a']}:1", f"{parts['a']}:1"], progress=False)
+    monkeypatch.chdir(parts["a"].parent)
+    with pytest.raises(UserError, match=r"twice \(also as "):  # the same directory by another path
+        prepare_mixture(tmp_path / "m", [f"{parts['a']}:1", f"./{parts['a'].name}:2"], progress=False)
+    assert not (tmp_path / "m").exists()

@@ -185,9 +185,15 @@ class MixtureSource(DataSource):
         comps = [parse_component(s) if isinstance(s, str) else (str(s[0]), float(s[1])) for s in self.components]
         if not comps:
             raise UserError("a mixture needs at least one --source DIR:WEIGHT")
+        seen: dict[Path, str] = {}
         for path, w in comps:
             if not (w > 0 and math.isfinite(w)):
                 raise UserError(f"mixture weight of {path} must be positive, got {w}")
+            resolved = Path(path).resolve()
+            if resolved in seen:  # its documents would be repeated, which a mixture promises not to do
+                also = "" if seen[resolved] == path else f" (also as {seen[resolved]})"
+                raise UserError(f"mixture names dataset {path} twice{also}; give it once, with the sum of the weights")
+            seen[resolved] = path
         if self.seed < 0:
             raise UserError(f"--seed must be 0 or more (got {self.seed})")
         tokens = self.tokens
