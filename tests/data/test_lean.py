@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tango_lm.cli import main
@@ -138,3 +140,14 @@ def test_prepare_lean_bad_input(tmp_path):
     )
     assert rc == 0
     assert PreparedDataset.open(tmp_path / "cli").splits == ["train"]
+
+
+def test_an_empty_lean_file_is_no_document(tmp_path):
+    # Whitespace-only documents are skipped everywhere (splits.py); a blank .lean file was a lone end-of-text.
+    tree = tmp_path / "tree"
+    shutil.copytree(FIXTURES, tree)
+    (tree / "Blank.lean").write_text("  \n\n")
+    out = prepare_lean([tree], tmp_path / "a", BYTE, dev_fraction=0, test_fraction=0, progress=False)
+    ids = PreparedDataset.open(out).tokens("train").tolist()
+    docs = bytes(0 if t == BYTE.eot_id else t for t in ids).split(b"\0")[:-1]  # the fixtures hold no NUL
+    assert len(docs) == ids.count(BYTE.eot_id) and all(d.strip() for d in docs)

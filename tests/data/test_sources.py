@@ -561,3 +561,19 @@ def test_copies_of_a_file_at_other_paths_stay_in_one_split_with_path_headers(tmp
     holding = [s for s in ("train", "dev", "test") if any(d.endswith(body) for d in _docs(out, s))]
     assert len(holding) == 1, holding
     assert sum(len(_docs(out, s)) for s in ("train", "dev", "test")) == 120  # every file, headed
+
+
+def test_documents_all_held_out_say_so(tmp_path):
+    # Not "the input holds no train documents (empty or whitespace-only)": the input was not empty.
+    text = tmp_path / "one.txt"
+    for i in range(50):  # a document the hash sends to dev or test at these fractions
+        text.write_text(f"document {i}\n")
+        if split_of(text.read_text(), 0.45, 0.45) != "train":
+            break
+    with pytest.raises(
+        UserError, match=r"all 1 documents went to (dev|test) .* and none to train.* lower --dev-fraction"
+    ):
+        prepare_source(
+            "text", tmp_path / "d", inputs=[str(text)], tokenizer="byte", dev_fraction=0.45, test_fraction=0.45
+        )
+    assert not (tmp_path / "d").exists()

@@ -29,7 +29,8 @@ def cmd_data_verify(args: argparse.Namespace) -> None:
         return
     splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
     print(
-        f"verified {report['path']}: {report['shards']} shards, {report['tokens']:,} tokens ({splits}), "
+        f"verified {report['path']}: {report['shards']} shard{'' if report['shards'] == 1 else 's'}, "
+        f"{report['tokens']:,} tokens ({splits}), "
         f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest"
     )
 

@@ -202,7 +202,7 @@ def plan_lean(files: Sequence[Path], tokenizer: Any, proof_weight: float = 0.5, 
         text = read_lean(path)
         exs = proof_examples(text, str(path))
         ids = tokenizer.encode_batch([text] + [e.text for e in exs])
-        source_tokens += len(ids[0]) + 1
+        source_tokens += len(ids[0]) + 1 if text.strip() else 0  # a blank file is not written (lean_documents)
         for ei, (e, e_ids) in enumerate(zip(exs, ids[1:], strict=True)):
             examples.append((_unit(f"{fi}/{ei}/{e.text}", seed), len(e_ids) + 1, (fi, ei)))
     total = sum(n for _, n, _ in examples)
@@ -232,7 +232,7 @@ def lean_documents(files: Sequence[Path], plan: dict[str, Any]) -> Iterator[tupl
     for r in range(max(1, rounds)):
         for fi, path in enumerate(files):
             text = read_lean(path)
-            if r == 0:
+            if r == 0 and text.strip():  # an empty file is no document (splits.py skips them everywhere)
                 yield "source", text
             for ei, e in enumerate(proof_examples(text, str(path))):
                 if r < plan["repeats"] + ((fi, ei) in plan["extra"]):

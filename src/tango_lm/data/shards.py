@@ -252,6 +252,13 @@ def _write_prepared(
             split_entries[split] = entry
             shard_stats.update(stats)
             max_id = max(max_id, split_max)
+        held = {s: e["documents"] for s, e in split_entries.items() if s != "train" and e["documents"]}
+        if split_entries.get("train", {"documents": 0})["documents"] == 0 and held:
+            raise UserError(
+                f"all {sum(held.values())} documents went to {' and '.join(held)} (held out by hash, or the "
+                f"source's own splits) and none to train, so no dataset was written to {out}; give more "
+                "documents or lower --dev-fraction / --test-fraction"
+            )
         if split_entries.get("train", {"documents": 0})["documents"] == 0:
             raise UserError(
                 f"the input holds no {'train ' if split_entries else ''}documents (empty or whitespace-only), "
