@@ -35,7 +35,7 @@ def test_gpu_check_without_a_gpu_is_one_line_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("outcome", ["all pass", "tests fail", "bench times out"])
+@pytest.mark.parametrize("outcome", ["all pass", "tests fail", "bench times out", "kernels do not import"])
 def test_gpu_check_runs_every_section_and_exits_1_when_one_did_not_pass(tmp_path, outcome):
     # The script's own logic with a stand-in interpreter: it says CUDA is there, fails pytest or
     # outlives a 1-second limit when told to, and runs the real summary (python) for the table.
@@ -44,6 +44,7 @@ def test_gpu_check_runs_every_section_and_exits_1_when_one_did_not_pass(tmp_path
         "#!/usr/bin/env bash\n"
         'case "$*" in\n'
         '  "-c import sys, torch"*) exit 0 ;;\n'  # the CUDA check
+        f'  "-c import tango_lm.ops"*) [ "{outcome}" = "kernels do not import" ] && exit 1; exit 0 ;;\n'
         f'  *gpu_check_summary.py*) exec "{sys.executable}" "$@" ;;\n'
         f'  *pytest*) [ "{outcome}" = "tests fail" ] && exit 1; echo "== 3 passed in 1.0s =="; exit 0 ;;\n'
         f'  *tango_lm.cli*) [ "{outcome}" = "bench times out" ] && sleep 30; exit 0 ;;\n'
@@ -56,9 +57,14 @@ def test_gpu_check_runs_every_section_and_exits_1_when_one_did_not_pass(tmp_path
         ["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True, env=env, timeout=120
     )
     sections = [line.split("\t")[:2] for line in (tmp_path / "out" / "sections.tsv").read_text().splitlines()]
-    want = {"all pass": "ok", "tests fail": "failed (1)", "bench times out": "timeout"}[outcome]
+    want = {
+        "all pass": "ok",
+        "tests fail": "failed (1)",
+        "bench times out": "timeout",
+        "kernels do not import": "failed (1)",
+    }
     assert [name for name, _ in sections] == ["cuda-tests", "train-bench", "kernel-bench", "relu2-bench"]
-    assert dict(sections)["cuda-tests" if outcome == "tests fail" else "train-bench"] == want
+    assert dict(sections)["train-bench" if outcome == "bench times out" else "cuda-tests"] == want[outcome]
     assert proc.returncode == (0 if outcome == "all pass" else 1), proc.stderr
     assert "section" in proc.stdout and "cuda-tests" in proc.stdout  # the summary table came last
 
