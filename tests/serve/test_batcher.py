@@ -37,6 +37,14 @@ def test_row_text_waits_for_whole_utf8_characters():
     assert deltas[0] == "" and deltas[1] == "é"
 
 
+@pytest.mark.parametrize(("stop", "want"), [("fé", " wörld ca"), (" wö", ""), ("wörld", " "), ("é", " caf")])
+def test_a_stop_string_ending_in_a_multibyte_character_is_never_sent(stop, want):
+    # The half-decoded character (U+FFFD) hid that the text could still end a stop: its start went out.
+    row = RowText(BYTES, [stop], max_tokens=50)
+    deltas = pushes(row, " wörld café".encode() if stop != "é" else " café".encode())
+    assert "".join(deltas) == want and row.text == want and row.finish == "stop"
+
+
 def test_row_text_ends_at_end_of_text_and_at_max_tokens():
     row = RowText(BYTES, [], max_tokens=50)
     assert pushes(row, [104, 105, BYTES.eot_id]) == ["h", "i", ""] and (row.finish, row.ids) == ("stop", [104, 105])

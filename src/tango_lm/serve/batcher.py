@@ -91,14 +91,15 @@ class RowText:
     def _held_back(self) -> int:
         """Trailing characters that may still change: an incomplete UTF-8 sequence (decoded as
         U+FFFD) or the start of a stop string."""
-        text = self.text
-        hold = len(text) - len(text.rstrip("\ufffd"))
+        text = self.text.rstrip("\ufffd")
+        partial = len(self.text) - len(text)  # the incomplete character may complete a stop begun before it
+        hold = 0
         for s in self.stop:
             for k in range(min(len(s) - 1, len(text)), 0, -1):
                 if text.endswith(s[:k]):
                     hold = max(hold, k)
                     break
-        return hold
+        return partial + hold
 
 
 class Batcher:
