@@ -273,7 +273,7 @@ EXPECT = {
     "temperature_nan": "temperature must be 0 (greedy decoding) or a finite number of at least 0.0001 (got nan)",
     "temperature_denormal": "(got 1e-310)",
     "num_samples_zero": "--num-samples must be at least 1 (got 0)",
-    "max_new_tokens_negative": "max_new_tokens must be at least 0 (got -1)",
+    "max_new_tokens_negative": "max_new_tokens (--max-new-tokens) must be at least 0 (got -1)",
     "max_new_tokens_past_context": "a prompt of 3 tokens leaves room for 30 new tokens in the model's context of 32",
     "top_k_zero": "top_k must be at least 1 (got 0)",
     "seed_past_64_bits": "seed must be between -2**63 and 2**64 - 1 (got 18446744073709551616)",

@@ -128,6 +128,19 @@ def test_generation_draws_only_the_tokenizers_ids(head, static):
     assert greedy == logits[:top].argmax()
 
 
+@pytest.mark.parametrize("static", [None, "eager"])
+def test_top_p_of_one_draws_as_no_top_p(static):
+    # The server reads top_p 1 as none; generate took it for a truncation, and an onóna model then
+    # drew through two projections: other samples for the same seed than the server's.
+    cfg = ModelConfig(
+        arch="dense", head="onona", d_model=32, head_dim=8, width=48, depth=2, vocab_size=30, context_length=16
+    )
+    model = model_for(cfg)
+    prompt = torch.randint(0, 30, (2, 3), generator=torch.Generator().manual_seed(3))
+    without = generate(model, prompt, 6, seed=11, static=static)
+    assert torch.equal(generate(model, prompt, 6, seed=11, top_p=1.0, static=static), without)
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     k2 = filter_logits(logits, top_k=2)

@@ -65,7 +65,7 @@ def check_sampling(
     if top_p is not None and not 0 < top_p <= 1:
         raise UserError(f"top_p must be in (0, 1] (got {top_p})")
     if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be at least 0 (got {max_new_tokens})")
+        raise UserError(f"max_new_tokens (--max-new-tokens) must be at least 0 (got {max_new_tokens})")
     if seed is not None and seed not in SEEDS:
         raise UserError(f"seed must be between -2**63 and 2**64 - 1 (got {seed})")
 
@@ -101,6 +101,8 @@ def generate(
     below it, the tokenizer's vocabulary (a model's table is often padded past it, 50257 -> 50304,
     and an id there has no text); None draws from the whole table."""
     check_sampling(temperature, top_k, top_p, max_new_tokens, seed)
+    if top_p == 1:  # the whole distribution, as no top_p (and as the server reads it): the same draws
+        top_p = None
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
     if max_new_tokens > room:
         raise UserError(
