@@ -250,3 +250,28 @@ def test_the_served_model_is_named_after_its_run_however_the_path_is_written(che
     monkeypatch.chdir(checkpoint)
     assert _default_name(load_checkpoint(".").path) == run.name
     assert _default_name(load_checkpoint(str(run)).path) == run.name
+
+
+def test_a_waiting_request_whose_client_left_stops_waiting():
+    # Starlette does not cancel a plain handler when its client leaves: a non-streamed request's
+    # rows decoded to the end for nobody. The wait now notices and lets the jobs be cancelled.
+    from tango_lm.serve import server as server_module
+
+    class Client:
+        def __init__(self, gone: bool) -> None:
+            self.gone = gone
+
+        async def is_disconnected(self) -> bool:
+            return self.gone
+
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def answer() -> int:
+        await asyncio.sleep(2 * server_module.DISCONNECT_POLL_S)
+        return 7
+
+    started = time.monotonic()
+    assert asyncio.run(server_module._collect_while_connected(Client(gone=True), forever())) is None
+    assert time.monotonic() - started < 5
+    assert asyncio.run(server_module._collect_while_connected(Client(gone=False), answer())) == 7

@@ -27,7 +27,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
@@ -133,7 +133,7 @@ def build_app(
         }
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest, request: Request) -> Any:
         prompts, settings = _check(req, model_name, tokenizer, context, max_batch_size)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -162,10 +162,13 @@ def build_app(
                 headers={"Cache-Control": "no-cache"},
             )
         try:
-            texts, finish, tokens = await _collect(events, jobs, n)
+            collected = await _collect_while_connected(request, _collect(events, jobs, n))
         finally:
             for job in jobs:
                 job.cancelled.set()  # no-op once done; stops the rows of a client that went away
+        if collected is None:  # the client left: nobody reads an answer
+            return Response(status_code=499)
+        texts, finish, tokens = collected
         choices = [
             {"text": texts[k], "index": k, "logprobs": None, "finish_reason": finish[k]} for k in range(len(jobs) * n)
         ]
@@ -307,6 +310,23 @@ def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
             raise APIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
         out.append(ids or [tokenizer.eot_id])  # an empty prompt starts a document
     return out
+
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+
+
+async def _collect_while_connected(request: Request, collect: Any) -> Any:
+    """`collect`'s result, or None once the client has disconnected (Starlette does not cancel a
+    handler then: without this, a client that timed out left its rows decoding to the end)."""
+    task = asyncio.ensure_future(collect)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                return None
+        return task.result()
+    finally:
+        task.cancel()
 
 
 async def _collect(events: asyncio.Queue, jobs: list[Any], n: int) -> tuple[list[str], list[str], list[int]]:
