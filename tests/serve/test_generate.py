@@ -194,6 +194,27 @@ def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixt
     assert not calls  # truncated sampling needs both projections
 
 
+def test_onona_one_projection_sampling_below_the_tokenizers_ids_is_the_renormalized_mixture():
+    # Table B puts almost all its mass on padding rows 9-11, and of the rest most on id 0:
+    # renormalizing each component over ids 0-8 gave B's crumbs (id 0) B's whole gate weight;
+    # the mixture renormalized over 0-8 hardly uses B.
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="tango", head="onona", d_model=32, head_dim=8, width=48, depth=2, vocab_size=12)
+    model = build_model(cfg.replace(context_length=16)).eval()
+    prompt = torch.tensor([[3, 5, 7]])
+    with torch.no_grad():
+        h = model.hidden(prompt)[0, -1]
+        model.head.table_b.weight[9:] = 40 * h / h.norm() ** 2  # logits of 40 on B's padding rows
+        model.head.table_b.weight[0] = 5 * h / h.norm() ** 2  # and 5 on id 0
+    n = 6000
+    first = generate(model, prompt.repeat(n, 1), 1, seed=0, vocab_size=9)[:, -1]
+    mixture = model(prompt)[0, -1].exp()[:9]
+    want = mixture / mixture.sum()
+    got = torch.bincount(first, minlength=9).float() / n
+    se = (want * (1 - want) / n).sqrt()
+    assert ((got - want).abs() <= 4 * se + 1e-3).all(), (got, want)
+
+
 def test_onona_serving_fold_gives_the_same_numbers():
     torch.manual_seed(1)
     model = build_model(

@@ -173,17 +173,22 @@ class OnonaHead(Head):
         vocab_size: int | None = None,
     ) -> torch.Tensor:
         """Exact temperature-1 samples [...] from the mixture with one projection per position:
-        c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says; only ids
-        below `vocab_size` (None: the whole table), each component renormalized over them."""
+        c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says. With
+        `vocab_size` (the tokenizer's ids, below the table's padded rows), a row that drew a padding
+        id draws again, component too: what is accepted is the mixture renormalized over those ids
+        (renormalizing each component instead weighs them by their mass below `vocab_size`)."""
         g = torch.sigmoid(self.gate_logit(input_ids)).reshape(-1)
         flat = h.reshape(-1, h.shape[-1])
-        use_a = torch.rand(g.shape, generator=generator, device=g.device, dtype=g.dtype) < g
         out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
-        for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
-            rows = mask.nonzero().squeeze(1)
-            if rows.numel():
-                probs = F.softmax(float_logits(flat[rows], table[:vocab_size]), dim=-1)
-                out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        todo = torch.arange(flat.shape[0], device=flat.device)
+        while todo.numel():  # rounds: 1 + the padding's share of the draws (about 1e-4 trained)
+            use_a = torch.rand(todo.shape, generator=generator, device=g.device, dtype=g.dtype) < g[todo]
+            for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
+                rows = todo[mask]
+                if rows.numel():
+                    probs = F.softmax(float_logits(flat[rows], table), dim=-1)
+                    out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            todo = todo[out[todo] >= vocab_size] if vocab_size is not None else todo[:0]
         return out.view(h.shape[:-1])
 
     @torch.no_grad()
@@ -196,7 +201,9 @@ class OnonaHead(Head):
         table is picked by index inside the product, which a compiled step fuses into one pass over
         that table only (one projection; run eagerly, the row's table is picked on the host); with
         several rows both products run and each row keeps its own (rows may pick different tables).
-        Only ids below `vocab_size` (None: any) are drawn, as in `sample`. Serving context only."""
+        Only ids below `vocab_size` (None: any) are drawn: here the chosen table is renormalized
+        over them (a redraw has no place in a static step), which differs from the mixture `sample`
+        draws by at most the probability the tables give their padding rows. Serving context only."""
         if self._folded is None:
             raise RuntimeError("sample_static runs inside `with head.serving():`")
         use_a = noise[:, 0] < torch.sigmoid(self.gate_logit(input_ids))
