@@ -119,13 +119,12 @@ def test_every_jsonl_scalar_reaches_tensorboard_and_wandb(data_dir, tmp_path, of
     assert history == logged
 
 
-def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, tmp_path, offline_wandb, monkeypatch):
-    pytest.importorskip("tensorboard")
-    out = tmp_path / "cut"
-    run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,tensorboard,wandb")
+def interrupt_after_6(run: RunConfig, monkeypatch) -> None:
+    """Train `run` (checkpoints every 4 steps) until step 6 is logged, then stop as a kill would:
+    steps 5 and 6 are logged and lost."""
     original = Trainer.train_step
 
-    def stop_after_6(self):  # the checkpoint is at 4: steps 5 and 6 are logged, then lost
+    def stop_after_6(self):
         if self.step == 6:
             raise KeyboardInterrupt
         return original(self)
@@ -134,6 +133,13 @@ def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, t
         m.setattr(Trainer, "train_step", stop_after_6)
         with pytest.raises(KeyboardInterrupt):
             train(run)
+
+
+def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, tmp_path, offline_wandb, monkeypatch):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "cut"
+    run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,tensorboard,wandb")
+    interrupt_after_6(run, monkeypatch)
     first_id = json.loads((out / "wandb.json").read_text())["run_id"]
     train(run, resume=True)
     logged = jsonl_scalars(out)
@@ -210,17 +216,7 @@ def test_a_killed_attempts_lost_wandb_history_is_sent_again(data_dir, tmp_path, 
     # offline directory gets the kept records up to the checkpoint again.
     out = tmp_path / "cut"
     run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,wandb")
-    original = Trainer.train_step
-
-    def stop_after_6(self):
-        if self.step == 6:
-            raise KeyboardInterrupt
-        return original(self)
-
-    with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", stop_after_6)
-        with pytest.raises(KeyboardInterrupt):
-            train(run)
+    interrupt_after_6(run, monkeypatch)
     for lost in (out / "wandb").glob("offline-run-*"):  # as if nothing had been flushed
         for path in lost.glob("run-*.wandb"):
             path.unlink()
