@@ -197,3 +197,14 @@ def test_generated_presets_are_up_to_date():
     for name, text in tango_presets().items():
         path = PRESET_DIR / f"{name}.yaml"  # a new matched architecture has none until generated
         assert path.is_file() and path.read_text() == text, f"{name}: run python tools/make_presets.py"
+
+
+def test_matched_presets_of_a_tier_train_on_the_same_tokens():
+    # 20 tokens per parameter of each model's own count gave each architecture its own budget
+    # (21,363 steps for TANGO, 21,375 for the Untied Transformer++ at 70M, depth 4).
+    from tango_lm.train.config import load_run_config
+
+    for tier in ("70m", "160m"):
+        runs = [load_run_config(n, []) for n in ALL_PRESETS if re.fullmatch(rf"[a-z0-9-]+-{tier}-d(4|8|16)", n)]
+        assert len({r.total_steps() for r in runs}) == 1, tier
+        assert {r.train.tokens for r in runs} == {20 * {"70m": 70_000_000, "160m": 160_000_000}[tier]}
