@@ -66,7 +66,7 @@ def test_resume_yields_identical_batches(steps_before):
     for _ in range(steps_before):
         original.next_batch()
     state = original.state_dict()
-    assert set(state) == {"epoch", "position", "data_seed", "seq_len", "global_batch"}
+    assert set(state) == {"epoch", "position", "data_seed", "seq_len", "global_batch", "reshuffle"}
     restored = WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=11)
     restored.load_state_dict(dict(state))
     for _ in range(10):  # spans at least one epoch boundary
@@ -82,6 +82,19 @@ def test_resume_rejects_different_settings():
         WindowLoader(_tokens(), SEQ, batch_size=3, data_seed=1, world_size=2).load_state_dict(state)
     # The same global batch over a different number of ranks is fine.
     WindowLoader(_tokens(), SEQ, batch_size=2, data_seed=1, world_size=2).load_state_dict(state)
+
+
+def test_without_reshuffling_every_epoch_repeats_the_first_permutation():
+    # The onóna paper (Appendix C): "the same permutation repeats when the pool is exhausted".
+    loader = WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=3, reshuffle=False)
+    first = [w for _ in range(7) for w in _window_ids(loader.next_batch()[0])]
+    second = [w for _ in range(7) for w in _window_ids(loader.next_batch()[0])]
+    assert first == second and loader.state_dict()["epoch"] == 1
+    state = loader.state_dict()
+    with pytest.raises(UserError, match="reshuffle False .now True"):
+        WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=3).load_state_dict(state)
+    state.pop("reshuffle")  # saved before the option: it reshuffled
+    WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=3).load_state_dict(state)
 
 
 def test_rank_slices_concatenate_to_global_batch():

@@ -99,7 +99,8 @@ def test_train_state_loads_with_weights_only(scripted_run):
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
-        assert state["loader"] == {"epoch": 0, "position": step * 4, "data_seed": 101, "seq_len": 32, "global_batch": 4}
+        loader = {"epoch": 0, "position": step * 4, "data_seed": 101, "seq_len": 32, "global_batch": 4}
+        assert state["loader"] == {**loader, "reshuffle": True}
         assert isinstance(state["rng"]["torch"], torch.Tensor)
         assert len(state["optimizer"]["param_groups"]) == 2
 

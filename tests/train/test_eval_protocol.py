@@ -84,6 +84,7 @@ def test_onona_presets_follow_the_papers_protocol(name):
         8,
     )
     assert train_cfg.select == "final"
+    assert not train_cfg.reshuffle_each_epoch  # Appendix C: the same permutation on every pass
 
 
 def test_dense_1b_follows_its_separate_evaluation():

@@ -61,6 +61,7 @@ class WindowLoader:
         data_seed: int,
         rank: int = 0,
         world_size: int = 1,
+        reshuffle: bool = True,
     ) -> None:
         _check_tokens(tokens, seq_len)
         if batch_size < 1:
@@ -71,6 +72,7 @@ class WindowLoader:
         self.seq_len = int(seq_len)
         self.batch_size = int(batch_size)
         self.data_seed = int(data_seed)
+        self.reshuffle = bool(reshuffle)  # False: every epoch repeats epoch 0's permutation
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.global_batch = self.batch_size * self.world_size
@@ -104,6 +106,7 @@ class WindowLoader:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The permutation of window ids used in `epoch` (same on every rank and every run)."""
+        epoch = epoch if self.reshuffle else 0
         if epoch != self._order_epoch:
             g = torch.Generator().manual_seed(self.data_seed * _EPOCH_STRIDE + epoch)
             self._order = torch.randperm(self.num_windows, generator=g).numpy()
@@ -135,20 +138,23 @@ class WindowLoader:
             "data_seed": self.data_seed,
             "seq_len": self.seq_len,
             "global_batch": self.global_batch,
+            "reshuffle": self.reshuffle,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state`; seq_len, global batch and data seed must match this loader's."""
+        """Continue from `state`; seq_len, global batch, data seed and reshuffling must match this loader's."""
+        saved = {"reshuffle": True, **state}  # states saved before the option reshuffled
         mismatched = [
-            f"{key} {state.get(key)} (now {getattr(self, key)})"
-            for key in ("seq_len", "global_batch", "data_seed")
-            if state.get(key) != getattr(self, key)
+            f"{key} {saved.get(key)} (now {getattr(self, key)})"
+            for key in ("seq_len", "global_batch", "data_seed", "reshuffle")
+            if saved.get(key) != getattr(self, key)
         ]
         if mismatched:
             raise UserError(
                 "the saved data position was made with different "
                 + ", ".join(mismatched)
-                + "; resume with the same train.seq_len, train.batch_size (the global micro-batch) and train.data_seed"
+                + "; resume with the same train.seq_len, train.batch_size (the global micro-batch), train.data_seed "
+                "and train.reshuffle_each_epoch"
             )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or position < 0 or position % self.global_batch:

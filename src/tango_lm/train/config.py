@@ -50,6 +50,9 @@ class TrainConfig:
     out_dir: str = "runs/default"
     seed: int = 17  # model seed: initialization
     data_seed: int = 101  # data-order seed, separate from the model seed (seed pairs 17/101)
+    # A new window permutation each pass over the data (true), or the first one again on every
+    # pass (false: the onóna paper's Appendix C, "the same permutation repeats").
+    reshuffle_each_epoch: bool = True
     seq_len: int | None = None  # default: model.context_length
     batch_size: int = 8  # windows per micro-batch over all processes; each of N takes batch_size / N
     grad_accum: int = 1

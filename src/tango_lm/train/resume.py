@@ -76,7 +76,12 @@ def check_same_run(
             )
     saved = state.get("loader") if isinstance(state, dict) else None
     if isinstance(saved, dict):
-        order = {"seq_len": "seq_len", "global_batch": "global micro-batch", "data_seed": "data_seed"}
+        order = {
+            "seq_len": "seq_len",
+            "global_batch": "global micro-batch",
+            "data_seed": "data_seed",
+            "reshuffle": "reshuffle_each_epoch",
+        }
         changed = [
             f"{label} {saved[k]} (now {getattr(loader, k)})"
             for k, label in order.items()
@@ -85,8 +90,8 @@ def check_same_run(
         if changed:
             raise UserError(
                 f"cannot resume {out}: its data position was saved with {', '.join(changed)}; resume with the same "
-                "train.seq_len, train.batch_size (the global micro-batch) and train.data_seed, or use a new "
-                "train.out_dir"
+                "train.seq_len, train.batch_size (the global micro-batch), train.data_seed and "
+                "train.reshuffle_each_epoch, or use a new train.out_dir"
             )
     saved_train, train = ckpt.config.get("train"), run.to_dict()["train"]
     if isinstance(saved_train, dict):

@@ -125,6 +125,7 @@ class Trainer:
             cfg.data_seed,
             self.dist.rank,
             self.dist.world_size,
+            cfg.reshuffle_each_epoch,
         )
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
