@@ -69,7 +69,7 @@ def test_train_text_output(data_dir, tmp_path, capsys):
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert "test NLL" in text and f"{summary['test_nll']:.4f}" in text
-    assert f"run directory: {out} (test NLL from step {summary['selected_step']})" in text
+    assert f"run directory: {out} (dev and test NLL of the checkpoint of step {summary['selected_step']})" in text
 
 
 def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):

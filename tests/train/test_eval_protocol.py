@@ -112,3 +112,14 @@ def test_eval_scores_in_the_batches_its_run_used_on_several_processes(data_dir, 
     monkeypatch.setattr(evaluate, "eval_batches", lambda tokens, t, bs, *a: seen.append(bs) or real(tokens, t, bs, *a))
     evaluate_checkpoint(str(out), "dev", max_windows=4)
     assert seen == [2]
+
+
+def test_the_summary_gives_the_selected_checkpoints_dev_nll(data_dir, tmp_path, monkeypatch):
+    # select: final tests the final checkpoint; the table showed the best dev NLL beside its test NLL.
+    script = {2: 3.0, 4: 2.0, 6: 2.5}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    for select, want in (("final", 2.5), ("best", 2.0)):
+        result = train(
+            helpers.run_config(data_dir, tmp_path / select, steps=6, eval_every=2, save_every=2, select=select)
+        )
+        assert (result.summary["selected_dev_nll"], result.summary["best_dev_nll"]) == (want, 2.0)

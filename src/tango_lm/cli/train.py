@@ -33,13 +33,13 @@ def cmd_train(args: argparse.Namespace) -> None:
                 ("arch", "arch", ""),
                 ("params_total", "params", ",d"),
                 ("tokens", "tokens", ",d"),
-                ("best_dev_nll", "best dev NLL", ".4f"),
+                ("selected_dev_nll", "dev NLL", ".4f"),
                 ("test_nll", "test NLL", ".4f"),
                 ("tokens_per_s", "tokens/s", ",.0f"),
             ],
         )
     )
-    print(f"run directory: {s['out_dir']} (test NLL from step {s['selected_step']})")
+    print(f"run directory: {s['out_dir']} (dev and test NLL of the checkpoint of step {s['selected_step']})")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

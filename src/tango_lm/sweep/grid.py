@@ -171,6 +171,11 @@ def _base_sections(base: Any, grid_path: Path) -> dict[str, dict[str, Any]]:
             if not isinstance(preset, str):
                 raise UserError(f"base.preset in sweep grid {grid_path} must be a preset name or YAML file")
             start = _read_base(preset, grid_path)
+            own = data.get("train") if isinstance(data.get("train"), dict) else {}
+            budget = ("steps", "tokens", "tokens_per_param")
+            if any(key in own for key in budget) and isinstance(start.get("train"), dict):
+                for key in budget:  # the grid's budget replaces the preset's, whichever kind each is
+                    start["train"].pop(key, None)
             for section, values in data.items():
                 if isinstance(values, dict) and isinstance(start.get(section, {}), dict):
                     start.setdefault(section, {}).update(values)

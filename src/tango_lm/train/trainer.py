@@ -290,10 +290,18 @@ class Trainer:
 
     def _kept_records(self) -> list[dict[str, Any]]:
         """The records metrics.jsonl holds when training (re)starts: those up to the checkpoint."""
+        return self._records() if self.step else []
+
+    def _records(self) -> list[dict[str, Any]]:
         path = self.out / "metrics.jsonl"
-        if self.step == 0 or not path.exists():
+        if not self.dist.is_main or not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def _dev_nll_at(self, step: int | None) -> float | None:
+        """The dev NLL logged at `step` (rank 0; None where none was)."""
+        at = [r["dev_nll"] for r in self._records() if "dev_nll" in r and r.get("step") == step]
+        return at[-1] if at else None
 
     # -- loop ---------------------------------------------------------------------------------
     def evaluate_dev(self) -> float:
@@ -459,6 +467,8 @@ class Trainer:
             "skipped_steps": self.nonfinite.skipped,
             "selected_step": selected,
             "best_dev_nll": self.best["dev_nll"] if math.isfinite(self.best["dev_nll"]) else None,  # none finite
+            # the selected checkpoint's own (select: final reports the final one, not the best)
+            "selected_dev_nll": self._dev_nll_at(selected),
             "test_nll": test_nll,
             "test_tokens": n_test,
             "tokens_per_s": tokens_per_s,
