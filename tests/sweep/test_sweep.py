@@ -19,6 +19,7 @@ from tango_lm.cli import main, parse_args
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
 from tango_lm.sweep import load_grid, run_sweep
+from tango_lm.sweep.runner import plan_rows
 from tango_lm.train.trainer import Trainer
 from tests import helpers
 
@@ -243,17 +244,20 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
 
 
-def test_an_extended_run_whose_resume_fails_keeps_no_stale_summary(data_dir, tmp_path):
-    # The grid's steps raised after the run finished: the sweep resumes it. If that attempt fails,
-    # the old summary (fewer steps) must not stand beside failed.json for the report to read.
+@pytest.mark.parametrize("change", [{"lr": 0.03}, {"steps": 16}, {"steps": 8}])
+def test_a_run_directory_of_another_config_is_neither_reused_nor_resumed(data_dir, tmp_path, change):
+    # An edited grid: the finished run was shown as the grid's (another lr), resumed on another
+    # schedule (more steps: its decay had ended at 12), or lost its summary before a refusal (fewer).
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
     assert [r["status"] for r in run_sweep(load_grid(path), progress=False, log=lambda _: None)] == ["trained"]
     run_dir = load_grid(path).runs[0].out_dir
-    assert (run_dir / "summary.json").exists()
-    longer = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=16, data_seed=7)
-    rows = run_sweep(load_grid(longer), progress=False, log=lambda _: None)  # another data order: refused
-    assert rows[0]["status"] == "failed" and (run_dir / "failed.json").exists()
-    assert not (run_dir / "summary.json").exists()
+    before = helpers.snapshot(run_dir)
+    edited = load_grid(write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, **change))
+    key = next(iter(change))
+    assert plan_rows(edited, edited.runs)[0]["state"] == "other-config"
+    (row,) = run_sweep(edited, progress=False, log=lambda _: None)
+    assert row["status"] == "failed" and f"holds a run of another config (train.{key}" in row["error"]
+    assert helpers.snapshot(run_dir) == before
 
 
 def test_attempt_killed_before_its_first_checkpoint_starts_clean(data_dir, tmp_path):

@@ -37,11 +37,36 @@ STALE_FILES = ("metrics.jsonl", "best.json", "summary.json", "config.json", "con
 FAILED_FILES = ("failed.json", "failed.log")
 
 
+# Run-config fields that say where and how a run logs, not what it trains: they may differ.
+NOT_THE_SETTING = ("out_dir", "progress", "loggers", "wandb_project", "device")
+
+
+def _differences(run: SweepRun) -> list[str]:
+    """The model and train fields where the run directory's config.json differs from the grid's
+    run (none when it holds no config yet)."""
+    saved = _read_json(run.out_dir / "config.json")
+    if saved is None:
+        return []
+    want = run.config.to_dict()
+    out = []
+    for section in ("model", "train"):
+        have, grid = saved.get(section) or {}, want[section]
+        for key in sorted(set(have) | set(grid)):
+            if key not in NOT_THE_SETTING and have.get(key) != grid.get(key):
+                out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
+    return out
+
+
 def run_state(run: SweepRun) -> dict[str, Any]:
-    """What a (re)run would do: {"state": done|resume|retry|new, ...details}."""
+    """What a (re)run would do: {"state": done|resume|retry|new|other-config, ...details}. A run
+    directory holding another config (the grid was edited) is neither reused as done nor resumed:
+    its results would be shown as the grid's, and a resume would mix two settings."""
     out = run.out_dir
-    summary = _read_summary(out / "summary.json")
     total = run.config.total_steps()
+    differences = _differences(run)
+    if differences:
+        return {"state": "other-config", "differences": differences, "steps": total}
+    summary = _read_summary(out / "summary.json")
     if summary is not None and summary.get("steps") == total:
         return {"state": "done", "steps": total, "summary": summary}
     steps = complete_steps(out / "checkpoints")
@@ -72,7 +97,11 @@ def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
         state = run_state(run)
         m = run.config.model
         counts = m.num_params()
-        note = {"resume": f"from step {state.get('from_step')}", "retry": state.get("error")}.get(state["state"])
+        note = {
+            "resume": f"from step {state.get('from_step')}",
+            "retry": state.get("error"),
+            "other-config": "; ".join(state.get("differences", [])),
+        }.get(state["state"])
         missing = grid.missing_data.get(run.labels.get("dataset", "data.dir"))
         if missing is not None:
             note = f"data missing: {missing}"
@@ -118,6 +147,14 @@ def run_sweep(
                 log(f"{head}: finished before, skipped")
                 rows.append(_row(run, "skipped", state["summary"]))
                 continue
+            if state["state"] == "other-config":  # its files stay as they are
+                error = (
+                    f"{run.out_dir} holds a run of another config ({state['differences'][0]}); delete that "
+                    "directory to train the grid's, or give the sweep another out_dir"
+                )
+                log(f"{head}: not trained: {error}")
+                rows.append(_row(run, "failed", None, error))
+                continue
             if progress is not None:
                 run.config.train.progress = progress
             try:
@@ -157,7 +194,7 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in FAILED_FILES:
         (out / name).unlink(missing_ok=True)
-    if state["state"] == "resume":  # the summary of fewer steps (a grid extended): this attempt rewrites it
+    if state["state"] == "resume":  # a summary beside a resumable checkpoint is stale: this attempt rewrites it
         (out / "summary.json").unlink(missing_ok=True)
     if state["state"] in ("new", "retry"):
         for name in STALE_FILES:  # left by an attempt killed before its first checkpoint
