@@ -128,6 +128,10 @@ MALFORMED = {
     "bad_combination": ({"model.d_model": [33]}, "run model.d_model=33"),
     "repeated_value": ({"depth": [2, 2]}, "repeats a value"),
     "not_a_list": ({"depth": 2}, "must be a list"),
+    # a field axis beside the named axis that sets it: overwritten, or mislabelling the runs
+    "field_and_named_axis": ({"arch": ["tango"], "model.arch": ["gau"]}, "axes model.arch and arch"),
+    "seed_field_and_seed": ({"seed": [[1, 2]], "train.data_seed": [4]}, "axes train.data_seed and seed"),
+    "width_with_a_tier": ({"tier": ["70M"], "model.width": [128]}, "the matcher sets the width"),
 }
 
 
@@ -242,6 +246,13 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     fresh = helpers.run_config(data_dir, tmp_path / "fresh")
     assert train(fresh).summary["test_nll"] == json.loads((tango / "summary.json").read_text())["test_nll"]
     assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
+
+
+def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):
+    # The model.head axis was read before the field axes: runs named onona trained a Standard head.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "model.head": ["onona"]})
+    (run,) = load_grid(path).runs
+    assert run.config.model.head == "onona"
 
 
 @pytest.mark.parametrize("change", [{"lr": 0.03}, {"steps": 16}, {"steps": 8}])

@@ -208,6 +208,30 @@ def _read_base(source: str, grid_path: Path) -> dict[str, Any]:
 
 
 # -- axes -------------------------------------------------------------------------------------
+# Config fields a named axis sets: an axis of the field too would be overwritten, or overwrite it
+# behind the run's name and labels (and report under the wrong architecture or seed).
+FIELDS_OF_NAMED_AXES = {
+    "model.arch": ("arch",),
+    "model.head": ("head",),
+    "model.depth": ("depth",),
+    "model.d_model": ("d_model", "tier"),
+    "model.width": ("tier", "target_params"),  # the matcher sets the width
+    "train.seed": ("seed",),
+    "train.data_seed": ("seed",),
+}
+
+
+def _check_field_axes(axes: dict[str, list[Any]], path: Path) -> None:
+    for config_field, named in FIELDS_OF_NAMED_AXES.items():
+        clash = next((a for a in named if a in axes), None)
+        if config_field in axes and clash is not None:
+            why = "the matcher sets the width" if config_field == "model.width" else f"list its values under {clash}"
+            raise UserError(
+                f"sweep grid {path} has axes {config_field} and {clash}, which sets {config_field} too; "
+                f"drop the {config_field} axis ({why})"
+            )
+
+
 def _parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
     if not isinstance(raw, dict):
         raise UserError(f"axes in sweep grid {path} must be a mapping of axis name: list of values")
@@ -240,6 +264,7 @@ def _parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
         axes[name] = parsed
     if "tier" in axes and "target_params" in axes:
         raise UserError(f"sweep grid {path} has both tier and target_params axes; use one of them")
+    _check_field_axes(axes, path)
     if CONVENTIONAL in axes.get("arch", []) and "tier" not in axes:
         raise UserError(
             f"arch {CONVENTIONAL!r} in sweep grid {path} needs a tier axis (70M or 160M) to take its geometry"
@@ -376,6 +401,7 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         if "." in axis:
             section, _, key = axis.partition(".")
             sections[section][key] = value
+    head = model["head"]  # a model.head axis too (matching below is done with the Standard head)
     train["out_dir"] = str(grid.out_dir / name)
     try:
         run = RunConfig.from_dict(sections)
