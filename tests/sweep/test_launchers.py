@@ -169,3 +169,17 @@ def test_no_sbatch_or_a_refused_submission_is_one_line(data_dir, tmp_path, capsy
     assert line.startswith("error: the cluster refused the jobs") and "invalid partition" in line
     leftovers = [p for p in (tmp_path / "sweep" / ".submitit").rglob("*") if p.is_file()]
     assert leftovers == []  # the job pickles written for the refused array are gone
+
+
+def test_an_unquoted_slurm_time_is_hours_not_base_60(data_dir, tmp_path):
+    # YAML 1.1 reads 12:00:00 as the integer 43200, which SLURM took as minutes: 30 days.
+    path = write_grid(tmp_path, data_dir)
+    path.write_text(path.read_text() + "slurm: {time: 12:00:00}\n")
+    settings = slurm_settings(load_grid(path), {})
+    assert executor_parameters(settings, "x")["timeout_min"] == 12 * 60
+
+
+def test_signal_delay_is_passed_under_submitits_current_name(data_dir, tmp_path):
+    grid = load_grid(write_grid(tmp_path, data_dir, slurm={"signal_delay_s": 120}))
+    params = executor_parameters(slurm_settings(grid, {}), "x")
+    assert params["slurm_signal_delay_s"] == 120 and "signal_delay_s" not in params  # no deprecation warning

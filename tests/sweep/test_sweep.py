@@ -339,3 +339,14 @@ def test_sigkill_loses_no_finished_run(data_dir, tmp_path):
     for run_dir in (p.parent for p in root.rglob("summary.json")):
         steps = [r["step"] for r in helpers.loss_records(run_dir)]
         assert steps == list(range(1, 17)), run_dir  # every step logged once, none lost or repeated
+
+
+def test_a_file_where_a_run_directory_belongs_fails_that_run_only(data_dir, tmp_path):
+    # The run's lock could not be created: the whole sweep stopped, the other runs untrained.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "seed": [[1, 2], [3, 4]]})
+    first, second = load_grid(path).runs
+    first.out_dir.parent.mkdir(parents=True, exist_ok=True)
+    first.out_dir.write_text("not a run")
+    rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert [r["status"] for r in rows] == ["failed", "trained"] and "Not a directory" in rows[0]["error"]
+    assert first.out_dir.read_text() == "not a run"

@@ -150,10 +150,11 @@ def executor_parameters(settings: dict[str, Any], job_name: str) -> dict[str, An
         "tasks_per_node": max(gpus, 1),
         "gpus_per_node": gpus,
     }
-    for key in ("cpus_per_task", "mem_gb", "signal_delay_s"):
+    for key in ("cpus_per_task", "mem_gb"):
         if key in settings:
             params[key] = settings[key]
-    for key in ("partition", "array_parallelism", "constraint", "qos", "account"):
+    # submitit deprecated the unprefixed signal_delay_s (a warning on every sweep that set it)
+    for key in ("partition", "array_parallelism", "constraint", "qos", "account", "signal_delay_s"):
         if key in settings:
             params[f"slurm_{key}"] = settings[key]
     if settings.get("additional"):

@@ -160,8 +160,8 @@ def run_sweep(
             try:
                 with hold_output_lock(run.out_dir, "tango-lm sweep", "stop it first"):
                     rows.append(_train_one(run, head, log))
-            except OutputLocked as exc:  # another process trains it: record nothing in its directory
-                log(f"{head}: not trained: {exc}")
+            except (OutputLocked, UserError) as exc:  # another process trains it, or its directory is a file:
+                log(f"{head}: not trained: {exc}")  # record nothing there, and go on with the others
                 rows.append(_row(run, "failed", None, str(exc)))
             finally:
                 _release_memory()

@@ -28,6 +28,23 @@ _Loader.add_implicit_resolver(
 )
 
 
+class _NotBase60:
+    """YAML 1.1 reads `12:00:00` as the base-60 integer 43200 (and a sweep's SLURM time of 12 hours
+    as 30 days): a number resolver that leaves anything with a colon a string."""
+
+    def __init__(self, regexp: re.Pattern) -> None:
+        self.regexp = regexp
+
+    def match(self, value: str) -> re.Match | None:
+        return None if ":" in value else self.regexp.match(value)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, _NotBase60(rx) if tag.endswith((":int", ":float")) else rx) for tag, rx in resolvers]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+
+
 def parse_yaml(text: str):
     return yaml.load(text, Loader=_Loader)
 
