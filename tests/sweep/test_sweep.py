@@ -132,6 +132,7 @@ MALFORMED = {
     "field_and_named_axis": ({"arch": ["tango"], "model.arch": ["gau"]}, "axes model.arch and arch"),
     "seed_field_and_seed": ({"seed": [[1, 2]], "train.data_seed": [4]}, "axes train.data_seed and seed"),
     "width_with_a_tier": ({"tier": ["70M"], "model.width": [128]}, "the matcher sets the width"),
+    "seq_len_past_the_context": ({"train.seq_len": [64]}, "train.seq_len=64 is longer than model.context_length=32"),
 }
 
 
@@ -185,8 +186,8 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     axes = {
         "dataset": {"syn": str(data_dir)},
         "arch": ["tango", "loop-transformer", "untied-transformer"],
-        "train.seq_len": [32, 64],
-    }  # seq_len 64 > context 32: a UserError when the run starts
+        "data.test_split": ["test", "nope"],
+    }  # no split "nope" in the dataset: a UserError when the run starts
     path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
     original = trainer_module.train
 
@@ -202,25 +203,25 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     assert "2 of 6 runs finished" in out
     status = {r["run"]: r for r in json.loads((root / "status.json").read_text())["runs"]}
     assert [r["status"] for r in status.values()] == ["trained", "failed", "failed", "failed", "trained", "failed"]
-    boom = json.loads((root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.json").read_text())
+    boom = json.loads((root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.json").read_text())
     assert boom["error"] == "RuntimeError: boom" and boom["type"] == "RuntimeError"
-    log = (root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.log").read_text()
+    log = (root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.log").read_text()
     assert "Traceback" in log and "boom" in log
-    user = json.loads((root / "dataset=syn/arch=tango/train.seq_len=64/failed.json").read_text())
-    assert "longer than model.context_length" in user["error"] and "\n" not in user["error"]
+    user = json.loads((root / "dataset=syn/arch=tango/data.test_split=nope/failed.json").read_text())
+    assert "split 'nope' is not in" in user["error"] and "\n" not in user["error"]
 
     # Rerun with the fault gone: finished runs are not touched, the failed ones are retried.
     monkeypatch.setattr(trainer_module, "train", original)
     done = [
-        root / "dataset=syn/arch=tango/train.seq_len=32",
-        root / "dataset=syn/arch=untied-transformer/train.seq_len=32",
+        root / "dataset=syn/arch=tango/data.test_split=test",
+        root / "dataset=syn/arch=untied-transformer/data.test_split=test",
     ]
     before = helpers.snapshot(*done)
     assert main(["sweep", str(path), "--no-progress"]) == 1
     assert helpers.snapshot(*done) == before
     status = [r["status"] for r in json.loads((root / "status.json").read_text())["runs"]]
     assert status == ["skipped", "failed", "trained", "failed", "skipped", "failed"]
-    assert not (root / "dataset=syn/arch=loop-transformer/train.seq_len=32/failed.json").exists()
+    assert not (root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.json").exists()
 
 
 def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):

@@ -144,11 +144,16 @@ class RunConfig:
             if not isinstance(data.get(name) or {}, dict):
                 raise UserError(f"config section {name!r} must be a mapping of field: value (got {data[name]!r})")
         model = ModelConfig.from_dict(dict(data.get("model") or {}))
-        return cls(
+        run = cls(
             model=model,
             data=_section(DataConfig, "data", data.get("data") or {}),
             train=_section(TrainConfig, "train", data.get("train") or {}),
         )
+        if run.seq_len() > model.context_length:  # here, not at training: a sweep's dry run lists it
+            raise UserError(
+                f"train.seq_len={run.seq_len()} is longer than model.context_length={model.context_length}; lower seq_len"
+            )
+        return run
 
     def total_steps(self) -> int:
         """Optimizer steps implied by the budget."""
