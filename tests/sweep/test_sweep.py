@@ -249,6 +249,18 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
 
 
+def test_a_run_from_before_a_config_field_existed_is_still_done(data_dir, tmp_path):
+    # Its config.json lacks the field: not "another config" (every finished run after an upgrade).
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+    run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    grid = load_grid(path)
+    config_file = grid.runs[0].out_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    del config["train"]["reshuffle_each_epoch"]
+    config_file.write_text(json.dumps(config))
+    assert plan_rows(grid, grid.runs)[0]["state"] == "done"
+
+
 def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):
     # The model.head axis was read before the field axes: runs named onona trained a Standard head.
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "model.head": ["onona"]})

@@ -43,7 +43,8 @@ NOT_THE_SETTING = ("out_dir", "progress", "loggers", "wandb_project", "device")
 
 def _differences(run: SweepRun) -> list[str]:
     """The model and train fields where the run directory's config.json differs from the grid's
-    run (none when it holds no config yet)."""
+    run (none when it holds no config yet). Fields one of them lacks are passed over: a run from a
+    version of tango-lm before the field was added ran with what is now its default."""
     saved = _read_json(run.out_dir / "config.json")
     if saved is None:
         return []
@@ -51,7 +52,7 @@ def _differences(run: SweepRun) -> list[str]:
     out = []
     for section in ("model", "train"):
         have, grid = saved.get(section) or {}, want[section]
-        for key in sorted(set(have) | set(grid)):
+        for key in sorted(set(have) & set(grid)):
             if key not in NOT_THE_SETTING and have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
     return out
