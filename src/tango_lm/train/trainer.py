@@ -10,7 +10,6 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import statistics
@@ -31,7 +30,7 @@ from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
-from tango_lm.train import distributed
+from tango_lm.train import distributed, metrics_file
 from tango_lm.train.checkpoint import (
     SHARDS,
     begin_checkpoint,
@@ -179,7 +178,8 @@ class Trainer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
-        self._truncate_metrics(self.step)
+        if self.dist.is_main:
+            metrics_file.truncate_records(self.out, self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -270,38 +270,13 @@ class Trainer:
             self.peak_flops, self.peak_measured_again = matmul_peak(self.device, self.dtype, again=True), True
         return flops / self.peak_flops
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop records a killed run wrote after the checkpoint we resume from, so the log is
-        exactly what an uninterrupted run writes."""
-        path = self.out / "metrics.jsonl"
-        if not path.exists() or not self.dist.is_main:
-            return
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by the kill
-            if rec.get("step", 0) <= step and rec.get("event") != "summary":
-                kept.append(line)
-        tmp = path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        tmp.replace(path)
+    def _records(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's records, on rank 0 (train/metrics_file.py); [] elsewhere."""
+        return metrics_file.read_records(self.out) if self.dist.is_main else []
 
     def _kept_records(self) -> list[dict[str, Any]]:
         """The records metrics.jsonl holds when training (re)starts: those up to the checkpoint."""
         return self._records() if self.step else []
-
-    def _records(self) -> list[dict[str, Any]]:
-        path = self.out / "metrics.jsonl"
-        if not self.dist.is_main or not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def _dev_nll_at(self, step: int | None) -> float | None:
-        """The dev NLL logged at `step` (rank 0; None where none was)."""
-        at = [r["dev_nll"] for r in self._records() if "dev_nll" in r and r.get("step") == step]
-        return at[-1] if at else None
 
     # -- loop ---------------------------------------------------------------------------------
     def evaluate_dev(self) -> float:
@@ -363,7 +338,8 @@ class Trainer:
             write_json_atomic(self.out / "config.json", self.run.to_dict())
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0:
-            self._truncate_metrics(0)  # records of an attempt killed before its first checkpoint
+            if self.dist.is_main:  # records of an attempt killed before its first checkpoint
+                metrics_file.truncate_records(self.out, 0)
         if self.dist.is_main:
             self.loggers = open_loggers(cfg.loggers, self._log_context(), self._kept_records())
             self.peak_flops = matmul_peak(self.device, self.dtype)
@@ -468,7 +444,7 @@ class Trainer:
             "selected_step": selected,
             "best_dev_nll": self.best["dev_nll"] if math.isfinite(self.best["dev_nll"]) else None,  # none finite
             # the selected checkpoint's own (select: final reports the final one, not the best)
-            "selected_dev_nll": self._dev_nll_at(selected),
+            "selected_dev_nll": metrics_file.dev_nll_at(self._records(), selected),
             "test_nll": test_nll,
             "test_tokens": n_test,
             "tokens_per_s": tokens_per_s,
