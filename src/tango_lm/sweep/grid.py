@@ -259,7 +259,9 @@ def _parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
             parsed = [_choice(v, name, where) for v in values]
         else:
             parsed = [_field_value(name, v, where) for v in values]
-        if len({_label(v) for v in parsed}) != len(parsed):
+        # as values, not labels: 1 and 1.0 are one learning rate (two runs of one setting)
+        same = {float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _label(v) for v in parsed}
+        if len(same) != len(parsed):
             raise UserError(f"{where} repeats a value; list each value once")
         axes[name] = parsed
     if "tier" in axes and "target_params" in axes:
