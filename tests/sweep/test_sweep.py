@@ -128,6 +128,7 @@ MALFORMED = {
     "bad_combination": ({"model.d_model": [33]}, "run model.d_model=33"),
     "repeated_value": ({"depth": [2, 2]}, "repeats a value"),
     "repeated_value_spelled_twice": ({"train.lr": [1, 1.0]}, "repeats a value"),  # labels 1 and 1.0
+    "negative_value": ({"train.lr": [-1]}, "train.lr must be positive (got -1.0)"),  # not "cannot name a directory"
     "not_a_list": ({"depth": 2}, "must be a list"),
     # a field axis beside the named axis that sets it: overwritten, or mislabelling the runs
     "field_and_named_axis": ({"arch": ["tango"], "model.arch": ["gau"]}, "axes model.arch and arch"),

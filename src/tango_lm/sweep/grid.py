@@ -57,7 +57,9 @@ from tango_lm.train.run_dir import enclosing
 
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
 CONVENTIONAL = "conventional-untied"
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# A value's label in its run's directory name `axis=label` (a leading '-' is safe after `axis=`:
+# a negative number then gets the field's own error, not this one's).
+_SAFE = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9._+-]*$")
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
