@@ -117,7 +117,7 @@ def measure_training_step(
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
+        reset_peak_memory(dev)
         method = "cuda max_memory_allocated"
     else:
         reset_peak_memory(dev)

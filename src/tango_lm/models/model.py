@@ -36,13 +36,20 @@ class LanguageModel(nn.Module):
         self.head = HEADS[config.head](config)
         self.head.loss_chunk = config.loss_chunk
 
+    def _outside_vocab(self, ids: torch.Tensor, ignore: int | None = None) -> tuple[int, int] | None:
+        """(min, max) of `ids` (`ignore` not counted) when one is outside [0, vocab_size), else None.
+        It reads values, so it looks only at CPU tensors, and not under torch.compile."""
+        if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0:
+            return None
+        if ignore is not None:
+            ids = torch.where(ids == ignore, 0, ids)  # min and max of the rest: no data-dependent shape
+        lo, hi = int(ids.min()), int(ids.max())
+        return (lo, hi) if lo < 0 or hi >= self.config.vocab_size else None
+
     def check_ids(self, input_ids: torch.Tensor) -> None:
-        """Raise UserError for ids outside [0, vocab_size) (the check reads values, so it runs only
-        on CPU tensors and not under torch.compile)."""
-        if input_ids.device.type != "cpu" or torch.compiler.is_compiling() or input_ids.numel() == 0:
-            return
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.config.vocab_size:
+        """Raise UserError for ids outside [0, vocab_size) (`_outside_vocab`)."""
+        if (bad := self._outside_vocab(input_ids)) is not None:
+            lo, hi = bad
             raise UserError(
                 f"token id {hi if hi >= self.config.vocab_size else lo} is outside the model's vocabulary "
                 f"[0, {self.config.vocab_size}); use data prepared with the model's tokenizer or raise model.vocab_size"
@@ -50,17 +57,14 @@ class LanguageModel(nn.Module):
 
     def check_targets(self, input_ids: torch.Tensor, targets: torch.Tensor) -> None:
         """Raise UserError unless targets match input_ids' shape and are ids of the vocabulary or
-        IGNORE_INDEX (the values are read only where `check_ids` reads them)."""
+        IGNORE_INDEX (read as `check_ids` reads ids)."""
         if targets.shape != input_ids.shape:
             raise UserError(
                 f"targets of shape {tuple(targets.shape)} for input_ids of shape {tuple(input_ids.shape)}; "
                 "give one target per input position"
             )
-        if targets.device.type != "cpu" or torch.compiler.is_compiling() or targets.numel() == 0:
-            return
-        scored = torch.where(targets == IGNORE_INDEX, 0, targets)  # min and max, as check_ids reads: no nonzero
-        lo, hi = int(scored.min()), int(scored.max())
-        if lo < 0 or hi >= self.config.vocab_size:
+        if (bad := self._outside_vocab(targets, ignore=IGNORE_INDEX)) is not None:
+            lo, hi = bad
             raise UserError(
                 f"target id {lo if lo < 0 else hi} is outside the model's vocabulary [0, {self.config.vocab_size}); "
                 f"targets are token ids, or {IGNORE_INDEX} for a position not scored"

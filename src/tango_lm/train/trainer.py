@@ -337,15 +337,15 @@ class Trainer:
             remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
             write_json_atomic(self.out / "config.json", self.run.to_dict())
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
-        if self.step == 0:
-            if self.dist.is_main:  # records of an attempt killed before its first checkpoint
-                metrics_file.truncate_records(self.out, 0)
+        if self.step == 0 and self.dist.is_main:  # records of an attempt killed before its first checkpoint
+            metrics_file.truncate_records(self.out, 0)
+        kept = self._kept_records()  # read once: the dashboards get what they lack, the bar the last dev NLL
         if self.dist.is_main:
-            self.loggers = open_loggers(cfg.loggers, self._log_context(), self._kept_records())
+            self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
             self.peak_flops = matmul_peak(self.device, self.dtype)
         reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
         try:
-            result = self._fit()
+            result = self._fit(kept)
         except BaseException:
             loggers, self.loggers = self.loggers or [], None
             with contextlib.suppress(Exception):  # the error that stopped training is the one to report
@@ -355,7 +355,7 @@ class Trainer:
         close_loggers(loggers)
         return result
 
-    def _fit(self) -> TrainResult:
+    def _fit(self, kept: list[dict[str, Any]]) -> TrainResult:
         cfg = self.run.train
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
@@ -368,7 +368,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         # the bar's dev NLL: after a resume, the last one measured before the checkpoint
-        dev_nll = next((r["dev_nll"] for r in reversed(self._kept_records()) if "dev_nll" in r), None)
+        dev_nll = next((r["dev_nll"] for r in reversed(kept) if "dev_nll" in r), None)
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             loss = self.train_step()
