@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from tango_lm.errors import UserError
 from tango_lm.train import metrics_file
 
 
@@ -21,3 +24,24 @@ def test_truncation_keeps_the_records_up_to_the_step_without_the_summary_or_a_cu
     assert kept == records[:2]
     assert metrics_file.dev_nll_at(kept, 2) == 2.5 and metrics_file.dev_nll_at(kept, 1) is None
     assert metrics_file.read_records(tmp_path / "none") == []
+
+
+@pytest.mark.parametrize("bad", ['{"step": 2, "lo', "[1, 2]", "null"])
+def test_a_corrupt_line_before_the_last_is_refused_and_the_log_is_left_as_it_was(tmp_path, bad):
+    # Only a last line can be a kill mid-write; anywhere else the log is damaged and a resume that
+    # dropped the line (or a list record it could not read) would rewrite it without a word.
+    text = '{"step": 1, "loss": 3.0}\n' + bad + '\n{"step": 3, "loss": 2.0}\n'
+    (tmp_path / metrics_file.NAME).write_text(text)
+    with pytest.raises(UserError, match=r"metrics.jsonl line 2 is not a JSON record"):
+        metrics_file.truncate_records(tmp_path, 2)
+    with pytest.raises(UserError, match=r"line 2"):
+        metrics_file.read_records(tmp_path)
+    assert (tmp_path / metrics_file.NAME).read_text() == text
+
+
+def test_a_partial_last_line_is_reported_by_parse(tmp_path):
+    path = tmp_path / metrics_file.NAME
+    path.write_text('{"step": 1}\n[1,')
+    assert metrics_file.parse(path) == ([('{"step": 1}', {"step": 1})], True)
+    path.write_text('{"step": 1}\n\n')
+    assert metrics_file.parse(path) == ([('{"step": 1}', {"step": 1})], False)

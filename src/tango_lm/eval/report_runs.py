@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.errors import UserError
+from tango_lm.train import metrics_file
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -63,28 +64,10 @@ def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     if not path.exists():
         warnings.append(f"{path} is missing; no learning curves for this run")
         return []
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
-        raise UserError(f"{path} cannot be read as text; it is corrupt") from None
-    lines = text.split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError
-        except ValueError:
-            if all(not rest.strip() for rest in lines[i + 1 :]):
-                warnings.append(f"{path}: skipped a partial last line (the run was cut while logging)")
-                break
-            raise UserError(
-                f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it"
-            ) from None
-        records.append(rec)
-    return records
+    pairs, cut = metrics_file.parse(path)
+    if cut:
+        warnings.append(f"{path}: skipped a partial last line (the run was cut while logging)")
+    return [rec for _, rec in pairs]
 
 
 def _seed_label(seed: Any, data_seed: Any = None) -> str:

@@ -8,15 +8,40 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tango_lm.errors import UserError
+
 NAME = "metrics.jsonl"
 
 
+def parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """The log's (line, record) pairs, and whether a partial last line (a kill mid-write) was left out.
+    Any other line that is not a JSON object is corruption the reader cannot repair: a UserError."""
+    try:
+        lines = path.read_text().split("\n")
+    except (OSError, UnicodeDecodeError):
+        raise UserError(f"{path} cannot be read as text; it is corrupt, fix or remove it") from None
+    pairs = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError
+        except ValueError:
+            if all(not rest.strip() for rest in lines[i + 1 :]):
+                return pairs, True
+            raise UserError(
+                f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it"
+            ) from None
+        pairs.append((line, rec))
+    return pairs, False
+
+
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every record of the run's log ([] without one)."""
+    """Every complete record of the run's log ([] without one)."""
     path = run_dir / NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [rec for _, rec in parse(path)[0]] if path.exists() else []
 
 
 def truncate_records(run_dir: Path, step: int) -> None:
@@ -25,14 +50,7 @@ def truncate_records(run_dir: Path, step: int) -> None:
     path = run_dir / NAME
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the kill
-        if rec.get("step", 0) <= step and rec.get("event") != "summary":
-            kept.append(line)
+    kept = [line for line, rec in parse(path)[0] if rec.get("step", 0) <= step and rec.get("event") != "summary"]
     tmp = path.with_name(f".{NAME}.tmp")
     tmp.write_text("".join(k + "\n" for k in kept))
     tmp.replace(path)
