@@ -428,6 +428,15 @@ def test_moe_aux_loss_is_alpha_for_a_uniform_router_and_reaches_the_training_los
     assert model.backbone.aux_loss() is None
 
 
+def test_moe_sum_of_the_training_loss_over_scored_targets_is_its_mean():
+    # The load-balancing term is per scored target in both reductions: ignored (-100) targets add none.
+    model = tiny_model("moe", aux_loss_weight=0.5).train()
+    x, y = ids(), ids(seed=3)
+    y[:, ::3] = -100
+    total, mean = model.nll(x, y, reduction="sum"), model.nll(x, y)
+    torch.testing.assert_close(total / (y != -100).sum(), mean)
+
+
 def test_moe_aux_loss_gives_the_router_a_gradient():
     grads = []
     for weight in (0.0, 0.5):

@@ -121,12 +121,13 @@ class LanguageModel(nn.Module):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         self.check_targets(input_ids, targets)
         total = self.head.nll(self.hidden(input_ids), input_ids, targets)
-        loss = total / (targets != IGNORE_INDEX).sum() if reduction == "mean" else total
-        # MoE load-balancing loss (docs/design.md §4.3): part of the training objective only (per token for
-        # 'mean', per token x count for 'sum'); evaluation NLL stays pure.
+        scored = (targets != IGNORE_INDEX).sum()
+        loss = total / scored if reduction == "mean" else total
+        # MoE load-balancing loss (docs/design.md §4.3): part of the training objective only (per scored
+        # target, so that 'sum' / scored == 'mean'); evaluation NLL stays pure.
         aux = self.backbone.aux_loss() if self.training and hasattr(self.backbone, "aux_loss") else None
         if aux is not None:
-            loss = loss + (aux if reduction == "mean" else aux * targets.numel())
+            loss = loss + (aux if reduction == "mean" else aux * scored)
         return loss
 
 
