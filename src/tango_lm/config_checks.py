@@ -49,6 +49,8 @@ def check_model_numbers(cfg: Any) -> None:
     """UserError unless every field of `MODEL_RANGES` is in its range."""
     for name, (low, inclusive) in MODEL_RANGES.items():
         value = getattr(cfg, name)
+        if value is None:  # left to the architecture's validate (a derived default it could not fill)
+            continue
         if value < low or (value == low and not inclusive):
             bound = f"at least {low:g}" if inclusive else f"above {low:g}"
             raise UserError(f"model.{name} must be {bound} (got {value!r})")

@@ -463,6 +463,33 @@ def test_capacity_factor_context_and_cached_decoding_use_the_eval_factor():
     assert not torch.allclose(dropped, full)
 
 
+@pytest.mark.parametrize("experts, top_k", [(4, 2), (16, 2), (8, 1)])
+def test_default_eval_capacity_drops_nothing_so_scores_and_decoding_ignore_batch_mates(experts, top_k):
+    # capacity_factor_eval defaults to E / k: with a peaked router (as after training) the full forward
+    # at the evaluation capacity equals cached decoding, and a row's scores do not depend on its batch.
+    model = tiny_model("moe", n_experts=experts, moe_top_k=top_k, moe_renormalize=top_k > 1)
+    assert model.config.capacity_factor_eval == experts / top_k
+    with torch.no_grad():
+        for block in model.backbone.layers:
+            block.mlp.router.weight.mul_(30)
+        x = ids(4, 12)
+        with capacity_factor(model, "eval"):
+            full = model(x)
+            alone = model(x[:1])
+        cache = model.new_cache()
+        cached = torch.cat([model(x[:, :5], cache)] + [model(x[:, i : i + 1], cache) for i in range(5, 12)], 1)
+    torch.testing.assert_close(alone, full[:1], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(cached, full, rtol=1e-10, atol=1e-10)
+
+
+def test_eval_capacity_default_follows_the_experts_and_an_explicit_value_is_kept():
+    assert tiny("moe", n_experts=16, moe_top_k=2).capacity_factor_eval == 8.0
+    assert tiny("moe").replace(n_experts=6).capacity_factor_eval == 3.0
+    assert tiny("moe", capacity_factor_eval=1.5).replace(width=40).capacity_factor_eval == 1.5
+    # the presets' 8 experts, top-2: the paper's 4.0, and other archs' config.json as before
+    assert ModelConfig(arch="tango", d_model=32, vocab_size=V).to_dict()["capacity_factor_eval"] == 4.0
+
+
 # -- AttnRes --------------------------------------------------------------------------------------
 def test_attnres_mix_matches_definition_and_starts_uniform():
     torch.manual_seed(0)

@@ -28,7 +28,8 @@ Model arguments (`--model_args key=value,...`):
 Scoring follows lm-eval's conventions: a request's text is the context followed by the
 continuation, an empty context is replaced by the end-of-text token, and `loglikelihood` returns
 the continuation's summed log-prob and whether greedy decoding reproduces it. MoE models are scored
-with their external-evaluation capacity (`capacity_factor_eval`, 4.0 by default).
+with their external-evaluation capacity (`capacity_factor_eval`, by default n_experts / moe_top_k,
+which drops nothing: 4.0 for the presets).
 `generate_until` decodes one request at a time with the model's decode cache (greedy unless
 `do_sample` with a temperature > 0), stopping at the end-of-text token, a stop string or
 `max_gen_toks`; on CUDA its steps are static steps replayed as CUDA graphs (serve/static_decode.py).
@@ -198,7 +199,8 @@ class TangoLM(TemplateLM):
 
         Each input is (context + continuation) cut from the left to `max_length + 1` ids, fed
         without its last id. Requests are batched longest first and padded on the right, which
-        leaves every real position unchanged because the model is causal."""
+        leaves every real position unchanged because the model is causal (for MoE only while
+        `capacity_factor_eval` >= E / k, its default: below it padding takes expert capacity)."""
         items = []
         for i, (_, context, continuation) in enumerate(requests):
             if len(continuation) > self._max_length:

@@ -69,7 +69,8 @@ def _score(
     was_training = model.training
     model.eval()
     try:
-        # MoE layers serve with their inference capacity (no dropped tokens), as in the paper.
+        # MoE layers serve with their inference capacity: no dropped tokens at the default E / k (the
+        # paper's 4.0 for its 8 experts, top-2); a lower capacity_factor_eval makes scores batch-dependent.
         with capacity_factor(model, "eval") if moe_layers(model) else contextlib.nullcontext():
             for length, indices in sorted(by_length.items()):
                 for start in range(0, len(indices), batch_size):

@@ -9,7 +9,9 @@ Capacity: each expert takes at most `C = ceil(capacity_factor * N * k / E)` of t
 call. Assignments are served in (token, rank) order with tokens in flattened [B, T] order, so a
 position is only ever dropped because of positions before it in its own row (or of earlier rows):
 the model stays causal. A dropped assignment contributes 0; a token with all its assignments
-dropped passes through on the residual. `capacity_factor = E / k` never drops.
+dropped passes through on the residual. `capacity_factor = E / k` never drops (the evaluation
+default, models/config.py); below it, what a row gets depends on the rows batched with it and a
+1-token decode step (which never drops) can differ from the full forward.
 
 Load balancing: `aux = alpha * E * sum_i f_i P_i` with f_i the share of the N*k assignments
 routed to expert i (before capacity) and P_i the mean router probability of expert i; it equals

@@ -60,7 +60,9 @@ class ModelConfig:
     moe_expert_width: int | None = None  # moe: expert SwiGLU width (default width // moe_top_k: k experts = F)
     moe_renormalize: bool = True  # moe: rescale the top-k router probabilities to sum to 1
     capacity_factor_train: float = 1.25  # moe: expert capacity in training and validation
-    capacity_factor_eval: float = 4.0  # moe: expert capacity in external evaluation and cached decoding
+    # moe: expert capacity in external evaluation and cached decoding; None: n_experts / moe_top_k, which
+    # never drops a token (4.0 for 8 experts, top-2: the paper's), so scores and decoding do not depend on batch mates
+    capacity_factor_eval: float | None = None
     aux_loss_weight: float = 0.01  # moe: alpha of the load-balancing loss alpha * E * sum_i f_i P_i
     attnres_block: int | None = None  # attnres: layers summed per block (Block AttnRes); None or 0 = full
 
@@ -84,6 +86,8 @@ class ModelConfig:
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
+        if self.capacity_factor_eval is None and self.moe_top_k >= 1:
+            self.capacity_factor_eval = self.n_experts / self.moe_top_k  # filled for every arch: one config.json
         check_model_numbers(self)  # finite, in range (config_checks.py)
         if not ARCHITECTURES[self.arch].uses_heads:
             ARCHITECTURES[self.arch].validate(self)
@@ -115,6 +119,8 @@ class ModelConfig:
             data["n_heads"] = None
         if "n_kv_heads" not in changes and ("n_heads" in changes or "d_model" in changes):
             data["n_kv_heads"] = None
+        if "capacity_factor_eval" not in changes and ("n_experts" in changes or "moe_top_k" in changes):
+            data["capacity_factor_eval"] = None
         data.update(changes)
         return ModelConfig(**data)
 

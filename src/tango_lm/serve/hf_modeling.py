@@ -21,7 +21,7 @@ that loading needs `pip install tango-lm` (of a version that knows the exported 
   On CUDA the steps after the prompt are tango-lm's static decode steps replayed as CUDA graphs
   (`tango_lm.serve.static_decode`; the same log-probs as the eager cache).
 - MoE models run at `capacity_factor_eval` (tango-lm's external-evaluation capacity) outside
-  training, so the cached and uncached paths agree.
+  training, so the cached and uncached paths agree (at its default, E / k, which drops nothing).
 - Padding is not supported (the model takes no attention mask): batch prompts of equal length or
   generate one prompt at a time.
 """
