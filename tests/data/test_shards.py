@@ -8,8 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tango_lm.data import shards
+from tango_lm.data.loader import eval_batches
+from tango_lm.data.sharded_tokens import ShardedTokens
 from tango_lm.data.shards import FORMAT, PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer
 from tango_lm.errors import UserError
@@ -51,7 +54,7 @@ def test_round_trip_byte(prepared):
         assert ds.num_tokens(split) == len(expected)
         assert ds.num_documents(split) == len(docs)
         # One EOT after each document and nowhere else.
-        assert int((got == tok.eot_id).sum()) == len(docs)
+        assert int((np.asarray(got) == tok.eot_id).sum()) == len(docs)
     m = ds.manifest
     assert m["format"] == FORMAT and m["dtype"] == "<u2" and m["source"] == {"name": "unit"}
     assert m["max_token_id"] == tok.eot_id
@@ -60,6 +63,30 @@ def test_round_trip_byte(prepared):
     assert all(s["tokens"] == 100 for s in train_shards[:-1])
     assert [s["file"] for s in train_shards[:2]] == ["train-00000.bin", "train-00001.bin"]
     assert json.loads((prepared / "tokenizer.json").read_text()) == tok.to_dict()
+
+
+def test_a_split_of_several_shards_is_read_in_place_and_indexes_as_the_concatenation(prepared):
+    # Several shards are a view over their memmaps (a copy per process was gigabytes at real scale).
+    ds = PreparedDataset.open(prepared)
+    view = ds.tokens("train")
+    assert isinstance(view, ShardedTokens) and len(view.maps) > 1
+    assert all(isinstance(m, np.memmap) for m in view.maps)
+    whole = np.concatenate([np.asarray(m) for m in view.maps])
+    n = len(whole)
+    assert len(view) == n and view.shape == (n,) and view.dtype == whole.dtype and view.ndim == 1
+    rng = np.random.default_rng(0)
+    idx = rng.integers(-n, n, size=(7, 13))  # windows crossing shard edges, negative indices too
+    assert np.array_equal(view[idx], whole[idx])
+    assert np.array_equal(view[np.array([], dtype=np.int64)], whole[[]])
+    for sl in (slice(95, 205), slice(None), slice(3, 3), slice(-150, None), slice(1, 250, 7)):
+        assert np.array_equal(view[sl], whole[sl])
+    assert view[101] == whole[101] and view[-1] == whole[-1]
+    with pytest.raises(IndexError):
+        view[np.array([n])]
+    # the loaders' windows equal those of the concatenated array
+    batches = [eval_batches(t, 16, 4) for t in (view, whole)]
+    for (x1, y1), (x2, y2) in zip(*batches, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
 
 
 def test_round_trip_gpt2_single_shard_is_memmap(tmp_path):

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tango_lm.data.sharded_tokens import ShardedTokens
 from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
 from tango_lm.data.verify import manifest_shards, record_verified, verify_shards
 from tango_lm.errors import UserError, os_error_text
@@ -395,8 +396,9 @@ class PreparedDataset:
         )
         return hashlib.sha256(sums.encode()).hexdigest()
 
-    def tokens(self, split: str) -> np.ndarray:
-        """All tokens of `split` as a 1-D array: a read-only memmap for one shard, else a copy."""
+    def tokens(self, split: str) -> np.ndarray | ShardedTokens:
+        """All tokens of `split` as a read-only 1-D array: its shard's memmap, or a view over its shards'
+        memmaps (data/sharded_tokens.py; never a copy of the split in memory)."""
         if split in self._cache:
             return self._cache[split]
         shards = self._entry(split)["shards"]
@@ -416,7 +418,7 @@ class PreparedDataset:
         elif len(maps) == 1:
             arr = maps[0]
         else:
-            arr = np.concatenate(maps)
+            arr = ShardedTokens(maps, self.dtype)
         self._cache[split] = arr
         return arr
 
