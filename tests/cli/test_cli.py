@@ -31,7 +31,7 @@ def gpt2_dir(tmp_path_factory):
     return helpers.synthetic_gpt2_dataset(tmp_path_factory)
 
 
-TRAIN = {"steps": 4, "save_every": 2, "eval_every": 2}
+TRAIN = {"steps": 4, "save_every": 2, "eval_every": 2, "test_windows": 3}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_train_json_prints_the_summary(cli_run):
     assert summary["steps"] == 4 and summary["tokens"] == 4 * 4 * 32
     assert summary["arch"] == "tango" and summary["params_total"] == 16480
     assert summary["out_dir"] == str(out)
-    assert math.isfinite(summary["test_nll"]) and summary["test_tokens"] == 9 * 32
+    assert math.isfinite(summary["test_nll"]) and summary["test_tokens"] == 3 * 32  # train.test_windows
     assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4]
 
 
@@ -104,11 +104,14 @@ def test_eval_json_fields(cli_run, capsys):
     assert set(res) == {"checkpoint", "step", "split", "nll", "tokens"}
     assert res["split"] == "dev" and res["step"] == best
     assert res["checkpoint"] == str(helpers.step_dir(out, best))
-    assert res["tokens"] == 9 * 32
+    # the run's own dev windows by default (8 of the 9), so eval reproduces the logged best dev NLL
+    assert res["tokens"] == 8 * 32 and res["nll"] == pytest.approx(summary["best_dev_nll"], rel=1e-6)
     assert res["nll"] == evaluate_checkpoint(str(out), "dev")["nll"]
+    every = _run_json(capsys, ["eval", str(out), "--split", "dev", "--windows", "all", "--json"])
+    assert every["tokens"] == 9 * 32
     assert 0 < res["nll"] < 10
     test = _run_json(capsys, ["eval", str(out), "--json"])
-    assert test["split"] == "test"
+    assert test["split"] == "test" and test["tokens"] == 3 * 32  # the run's test_windows
     if summary["selected_step"] == best:
         assert test["nll"] == summary["test_nll"]
     few = _run_json(capsys, ["eval", str(helpers.step_dir(out, 2)), "--split", "dev", "--windows", "2", "--json"])

@@ -45,8 +45,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
-    if args.windows is not None and args.windows < 1:
-        raise UserError(f"--windows must be at least 1 (got {args.windows}); leave it out to evaluate every window")
+    if args.windows not in (None, "all") and (not args.windows.isdigit() or int(args.windows) < 1):
+        raise UserError(
+            f"--windows takes a positive number or 'all' (got {args.windows!r}); leave it out for the run's own windows"
+        )
     split_only = [f"--{n}" for n in ("split", "data", "windows") if getattr(args, n) is not None]
     ppl_only = [f"--{n}" for n in ("format", "stride") if getattr(args, n) is not None]
     if args.ppl and split_only:
@@ -59,7 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         args.checkpoint,
         args.split or "test",
         data_dir=args.data,
-        max_windows=args.windows,
+        max_windows=args.windows if args.windows in (None, "all") else int(args.windows),
         device=args.device,
         segment=_parse_segment(args.segment),
         ablate=args.ablate,
@@ -145,9 +147,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--data", default=None, help="prepared dataset (default: the one the run trained on)")
     s.add_argument(
         "--windows",
-        type=int,
         default=None,
-        help="evaluate only the first N windows (a run with train.eval_sample_seed: the first N of its sample)",
+        help="N: the first N windows (of the sample with train.eval_sample_seed); all: every window; default: "
+        "the run's own (dev: eval_windows, test: test_windows) on its own data, every window otherwise",
     )
     s.add_argument(
         "--ablate",

@@ -17,16 +17,17 @@ def evaluate_checkpoint(
     checkpoint: str,
     split: str,
     data_dir: str | None = None,
-    max_windows: int | None = None,
+    max_windows: int | str | None = None,
     device: str = "auto",
     batch_size: int | None = None,
     segment: int | None = None,
     ablate: str | None = None,
 ) -> dict[str, Any]:
-    """Mean NLL of the checkpoint on `split`. Windows are the run's sequence length; all windows
-    of the split unless `max_windows` is given; on the dev split of a run with `eval_sample_seed`,
-    the run's own sampled dev windows (its `eval_windows` unless `max_windows` is given), so the
-    result reproduces the dev NLL the run logged. A model trained with `active_width` (docs/design.md §2.6)
+    """Mean NLL of the checkpoint on `split`, in windows of the run's sequence length. By default
+    (`max_windows` None) the run's own windows on its own dataset, so the result reproduces what the
+    run logged: on dev its `eval_windows` (the first ones, or those sampled with `eval_sample_seed`),
+    on test its `test_windows` (None: all); on another split or dataset every window. An int takes
+    the first N of those windows (of the sample on a sampled dev split), "all" every window. A model trained with `active_width` (docs/design.md §2.6)
     runs with all segments active unless `segment` picks one; its result then has a "segment" key.
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
     ckpt = load_checkpoint(checkpoint)
@@ -39,7 +40,7 @@ def evaluate_checkpoint(
         # the trainer's eval batch: the per-process micro-batch (it matters for MoE's capacity)
         world = ckpt.meta.get("world_size") if isinstance(ckpt.meta.get("world_size"), int) else 1
         bs = batch_size or train.get("eval_batch_size") or max(1, train["batch_size"] // world)
-        precision, eval_windows = train["precision"], train["eval_windows"]
+        precision, own_windows = train["precision"], {"dev": train["eval_windows"], "test": train.get("test_windows")}
     except (KeyError, TypeError) as exc:
         what = f"no {exc}" if isinstance(exc, KeyError) else "a section that is not a mapping"
         raise UserError(
@@ -57,8 +58,11 @@ def evaluate_checkpoint(
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
     sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] else None
-    if sample_seed is not None and max_windows is None:
-        max_windows = eval_windows
+    own = [k for k, name in splits.items() if name == split_name and data_dir is None]
+    if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
+        max_windows = own_windows[own[0]] if own else None
+    elif max_windows == "all":
+        max_windows = None
     batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed)
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
