@@ -178,9 +178,9 @@ def test_blank_line_documents():
 class Bigram(nn.Module):
     """A hand-made model: log-probs depend on the previous token only (a lookup table)."""
 
-    def __init__(self, table: dict[str, str]) -> None:
+    def __init__(self, table: dict[str, str], rows: int = 257) -> None:
         super().__init__()
-        logits = torch.zeros(257, 257)
+        logits = torch.zeros(257, rows)  # rows past the tokenizer's 257 ids: a padded table
         logits[:, 0] = 1.0  # by default the most likely next token is byte 0
         for prev, nxt in table.items():
             logits[ord(prev), ord(nxt)] = 5.0
@@ -209,6 +209,16 @@ def test_lambada_matches_brute_force_and_counts_greedy_hits(tmp_path):
         hits += all(int(logp[t - 1].argmax()) == s[t] for t in range(len(s) - k, len(s)))
     assert hits == 1 and res["correct"] == 1 and res["accuracy"] == pytest.approx(1 / 3)
     assert res["last_word_perplexity"] == pytest.approx(math.exp(sum(nlls) / 3), rel=1e-6)
+
+
+def test_lambada_accuracy_takes_the_argmax_over_the_tokenizers_ids_not_the_padding_rows():
+    # Greedy decoding never draws a padding row (design.md §8.17), so a padding row above the
+    # target does not make the word wrong: the same rule as the lm-eval adapter's greedy flags.
+    bigram = Bigram({"x": " ", " ": "y", "y": "z"}, rows=300)
+    with torch.no_grad():
+        bigram.logits[ord("y"), 299] = 6.0  # above z's 5.0
+    res = lambada_metrics(bigram, TOK, [("ax", "yz")], CONTEXT)
+    assert res["correct"] == 1
 
 
 def test_lambada_on_the_tango_model_and_plain_lines(model, tmp_path):

@@ -15,8 +15,14 @@ from itertools import islice
 
 import torch
 
+from tango_lm.ops.twin_loss import IGNORE_INDEX
 from tango_lm.train.device import autocast
 from tango_lm.train.distributed import DistEnv, all_reduce_sum
+
+
+def scored(targets: torch.Tensor) -> int:
+    """How many targets `model.nll` scores (those not IGNORE_INDEX)."""
+    return int((targets != IGNORE_INDEX).sum())
 
 
 @torch.no_grad()
@@ -27,7 +33,8 @@ def evaluate_nll(
     dtype: torch.dtype | None = None,
     env: DistEnv | None = None,
 ) -> tuple[float, int]:
-    """(mean NLL in nats per target token, number of target tokens) over all batches."""
+    """(mean NLL in nats per scored target token, number of scored target tokens) over all batches;
+    targets equal to IGNORE_INDEX (-100) are not scored, as in `model.nll`."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -37,7 +44,7 @@ def evaluate_nll(
                 inputs, targets = inputs.to(device), targets.to(device)
                 with autocast(device, dtype):
                     total += float(model.nll(inputs, targets, reduction="sum"))
-                count += targets.numel()
+                count += scored(targets)
         else:
             lockstep = env.parallel == "fsdp"
             for group in _rounds(batches, env.world_size):
@@ -50,7 +57,7 @@ def evaluate_nll(
                     nll = float(model.nll(inputs, targets, reduction="sum"))
                 if mine is not None:
                     total += nll
-                    count += targets.numel()
+                    count += scored(targets)
             total, summed = all_reduce_sum(env, [total, float(count)])
             count = int(summed)
     finally:

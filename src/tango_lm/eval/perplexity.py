@@ -22,9 +22,12 @@ Formats and their conventions:
   up to two empty pieces per article).
 - `lambada`: one example per line, JSONL with a "text" field or plain lines. The target is the
   text after the last space, the context everything before it; the context and " " + target are
-  tokenized separately (lm-evaluation-harness). Reports last-word perplexity exp(mean over
+  tokenized separately (lm-evaluation-harness). The context starts after the end-of-text token,
+  as every document does here (lm-evaluation-harness's `lambada_openai` through the adapter has no
+  such token, so its numbers differ slightly). Reports last-word perplexity exp(mean over
   examples of the target's total NLL) and accuracy (greedy decoding reproduces every target
-  token, i.e. each is the argmax given the true prefix). Blank lines are skipped.
+  token, i.e. each is the argmax over the tokenizer's ids given the true prefix; padding rows of
+  the table are never drawn). Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -56,9 +59,15 @@ class _Item:
 
 @torch.no_grad()
 def _score(
-    model: torch.nn.Module, items: Sequence[_Item], batch_size: int, device: torch.device, dtype: torch.dtype | None
+    model: torch.nn.Module,
+    items: Sequence[_Item],
+    batch_size: int,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    vocab: int | None = None,
 ) -> list[tuple[list[float], bool]]:
-    """Per item: the log-probs of its scored targets and whether each target is the argmax."""
+    """Per item: the log-probs of its scored targets and whether each target is the argmax over the
+    tokenizer's `vocab` ids (greedy decoding never picks the table's padding rows, design.md §8.17)."""
     from tango_lm.layers.moe import capacity_factor, moe_layers
     from tango_lm.train.device import autocast
 
@@ -80,7 +89,7 @@ def _score(
                         logp = model(ids[:, :-1]).float()
                     targets = ids[:, 1:]
                     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                    greedy = logp.argmax(-1) == targets
+                    greedy = logp[..., :vocab].argmax(-1) == targets
                     for row, i in enumerate(chunk):
                         k = items[i].scored
                         results[i] = (
@@ -321,7 +330,7 @@ def lambada_metrics(
             raise UserError(f"the target word {target!r} has {len(word)} tokens, more than the context of {context}")
         s = [tokenizer.eot_id, *ctx, *word][-(context + 1) :]
         items.append(_Item(s, len(word)))
-    scores = _score(model, items, batch_size, torch.device(device), dtype)
+    scores = _score(model, items, batch_size, torch.device(device), dtype, tokenizer.vocab_size)
     nlls = [-sum(lp) for lp, _ in scores]
     correct = sum(ok for _, ok in scores)
     mean = sum(nlls) / len(nlls)
