@@ -263,6 +263,27 @@ def test_one_projection_sampling_matches_the_mixture():
     assert g.shape == (6,) and ((g > 0) & (g < 1)).all()
 
 
+@pytest.mark.parametrize("table", ["a", "b"])
+def test_one_projection_sampling_under_a_one_table_ablation_draws_from_that_table(table):
+    # The ablation is that table at input and output, without the gate: its samples too.
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(vocab_size=6, d_model=4, init_std=0.6, norm_eps=1e-6)
+    head = OnonaHead(cfg)
+    head.ablation = table
+    n = 40_000
+    h = torch.randn(1, 4, generator=torch.Generator().manual_seed(2)).expand(n, 4)
+    x = torch.full((n,), 3)
+    samples = head.sample(h, x, generator=torch.Generator().manual_seed(1))
+    freq = torch.bincount(samples, minlength=6).double() / n
+    p = head.log_probs(h[:1], x[:1]).exp()[0].double()
+    assert ((freq - p).abs() < 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+    noise = torch.rand(n, 7, generator=torch.Generator().manual_seed(3))
+    with head.serving():
+        static = head.sample_static(h, x, noise)
+    freq = torch.bincount(static, minlength=6).double() / n
+    assert ((freq - p).abs() < 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+
+
 def test_cached_decoding_reproduces_full_forward():
     model = small_model("tango", "onona", dtype=torch.float64)
     x = ids(t=14)

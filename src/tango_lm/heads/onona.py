@@ -164,6 +164,14 @@ class OnonaHead(Head):
         merged = 0.5 * (self.table_a.weight + self.table_b.weight)
         return torch.sigmoid(self.gate(merged))
 
+    def _chance_of_a(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """P(component A) per position: the gate g[x_t], or 1 / 0 under a one-table ablation, whose
+        samples come from that table alone (as its log_probs say)."""
+        if self.ablation is not None:
+            a = float(self._one_table() is self.table_a)
+            return torch.full(input_ids.shape, a, dtype=torch.float32, device=input_ids.device)
+        return torch.sigmoid(self.gate_logit(input_ids))
+
     @torch.no_grad()
     def sample(
         self,
@@ -177,7 +185,7 @@ class OnonaHead(Head):
         `vocab_size` (the tokenizer's ids, below the table's padded rows), a row that drew a padding
         id draws again, component too: what is accepted is the mixture renormalized over those ids
         (renormalizing each component instead weighs them by their mass below `vocab_size`)."""
-        g = torch.sigmoid(self.gate_logit(input_ids)).reshape(-1)
+        g = self._chance_of_a(input_ids).reshape(-1)
         flat = h.reshape(-1, h.shape[-1])
         out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
         todo = torch.arange(flat.shape[0], device=flat.device)
@@ -206,7 +214,7 @@ class OnonaHead(Head):
         draws by at most the probability the tables give their padding rows. Serving context only."""
         if self._folded is None:
             raise RuntimeError("sample_static runs inside `with head.serving():`")
-        use_a = noise[:, 0] < torch.sigmoid(self.gate_logit(input_ids))
+        use_a = noise[:, 0] < self._chance_of_a(input_ids)
         wide = torch.promote_types(h.dtype, torch.float32)
         if h.shape[0] == 1 and not torch.compiler.is_compiling():
             logits = float_logits(h, (self.table_a.weight if bool(use_a) else self.table_b.weight)[:vocab_size])
