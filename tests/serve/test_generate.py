@@ -170,6 +170,23 @@ def test_bad_sampling_arguments():
         generate(model, torch.tensor([[1] * 40]), 20)
 
 
+@pytest.mark.parametrize("static", [None, "eager"])
+def test_a_prompt_that_is_not_batch_by_length_is_a_user_error(static):
+    model = tiny_model("tango")
+    for prompt in (torch.zeros(1, 0, dtype=torch.long), torch.tensor([1, 2, 3])):
+        with pytest.raises(UserError, match=r"shape \[batch, length\]"):
+            generate(model, prompt, 2, temperature=0, static=static)
+
+
+def test_generate_gives_the_model_back_in_the_mode_it_had():
+    # Sampling mid-training must not switch the model to eval (MoE's load-balancing loss, dropout).
+    model = tiny_model("moe").train()
+    generate(model, torch.tensor([[1, 2]]), 2, temperature=0)
+    assert model.training
+    generate(model.eval(), torch.tensor([[1, 2]]), 2, temperature=0)
+    assert not model.training
+
+
 def test_onona_temperature_one_sampling_uses_one_projection_and_matches_the_mixture(monkeypatch):
     torch.manual_seed(0)
     model = build_model(

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tango_lm import ModelConfig, build_model
+from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.serve.generate import generate
 from tango_lm.serve.static_decode import StaticDecoder, capacity_bucket, sample_from_noise
@@ -203,3 +203,13 @@ def test_cuda_graph_decode_equals_the_eager_decode(arch):
         assert torch.equal(got, want)
     assert not next(iter(model._static_decoders.values())).compiled_failed
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def test_a_full_cache_names_the_decoders_capacity_not_the_models_context():
+    model = tiny_model("tango")  # context 48: the decoder's own 8 positions run out first
+    decoder = StaticDecoder(model, 1, "eager", capacity=8)
+    x = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    decoder.prefill(x[:, :8])
+    noise = torch.rand(1, model.config.vocab_size, dtype=torch.float64)
+    with pytest.raises(UserError, match=r"cache of 8 positions \(model.context_length=48\)"):
+        decoder.step(x[:, 8:9], noise, 0.0)

@@ -101,6 +101,11 @@ def generate(
     below it, the tokenizer's vocabulary (a model's table is often padded past it, 50257 -> 50304,
     and an id there has no text); None draws from the whole table."""
     check_sampling(temperature, top_k, top_p, max_new_tokens, seed)
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise UserError(
+            f"the prompt must be token ids of shape [batch, length] with length >= 1 (got shape {tuple(prompt.shape)}); "
+            "add a batch dimension with prompt[None] or start from the end-of-text token"
+        )
     if top_p == 1:  # the whole distribution, as no top_p (and as the server reads it): the same draws
         top_p = None
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
@@ -116,16 +121,30 @@ def generate(
     from tango_lm.serve.static_decode import decode_static, default_mode
 
     mode = default_mode(prompt.device) if static == "auto" else static
+    was_training = model.training  # sampling mid-training must not leave the model in eval mode
     model.eval()
     serving = getattr(model.head, "serving", contextlib.nullcontext)
-    with serving():
-        if mode is not None and max_new_tokens > 0:
-            return decode_static(
-                model, prompt, max_new_tokens, temperature, top_k, top_p, generator, eos_id, mode, on_token, vocab_size
+    try:
+        with serving():
+            if mode is not None and max_new_tokens > 0:
+                return decode_static(
+                    model,
+                    prompt,
+                    max_new_tokens,
+                    temperature,
+                    top_k,
+                    top_p,
+                    generator,
+                    eos_id,
+                    mode,
+                    on_token,
+                    vocab_size,
+                )
+            return _decode(
+                model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token, vocab_size
             )
-        return _decode(
-            model, prompt, max_new_tokens, total, temperature, top_k, top_p, generator, eos_id, on_token, vocab_size
-        )
+    finally:
+        model.train(was_training)
 
 
 def _decode(

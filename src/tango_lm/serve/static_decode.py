@@ -140,8 +140,9 @@ class StaticDecoder:
         (tokens [B], log-probs [B, V] or None for one-projection sampling) and advances the position."""
         if self.length >= self.cache.capacity:
             raise UserError(
-                f"sequence of {self.length + 1} tokens is longer than model.context_length="
-                f"{self.cache.capacity}; shorten it or raise context_length"
+                f"sequence of {self.length + 1} tokens is longer than this decoder's cache of {self.cache.capacity} "
+                f"positions (model.context_length={self.model.config.context_length}); shorten it or make a decoder "
+                "with a larger capacity"
             )
         temp = torch.full((), float(temperature), device=self.device)
         args = (ids, noise, temp, top_k, top_p, one_projection, vocab_size)
