@@ -317,9 +317,10 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
         ({"grad_accum": 2}, "train.grad_accum=1 (now 2)"),  # the summary's tokens/s doubled with no step run
         ({"eval_windows": 2}, "train.eval_windows=8 (now 2)"),  # best dev compared across window sets
         ({"eval_sample_seed": 5}, "train.eval_sample_seed=None (now 5)"),
+        ({"precision": "bf16"}, "train.precision='fp32' (now 'bf16')"),  # best dev compared across precisions
     ],
 )
-def test_resume_with_another_batch_per_step_or_dev_windows_is_refused(scripted_run, data_dir, tmp_path, change, said):
+def test_resume_with_another_batch_per_step_dev_windows_or_precision_is_refused(scripted_run, data_dir, tmp_path, change, said):
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")
     with pytest.raises(UserError, match=r"its checkpoint was trained with ") as info:

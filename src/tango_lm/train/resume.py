@@ -15,9 +15,10 @@ from tango_lm.train.checkpoint import Checkpoint, load_checkpoint
 from tango_lm.train.config import RunConfig
 
 # Train settings a resume keeps: the tokens each step averages over (the step times saved for the
-# throughput and the schedule's meaning depend on it) and the dev windows every best-dev comparison
-# is made on. Others (eval_every, keep_last, select, loggers, ...) may change on a resume.
-SAME_ON_RESUME = ("grad_accum", "eval_windows", "eval_sample_seed")
+# throughput and the schedule's meaning depend on it), and the dev windows and precision every best-dev
+# comparison is made in (the run's config.json, which reports read, must describe the whole run).
+# Others (eval_every, keep_last, select, loggers, ...) may change on a resume.
+SAME_ON_RESUME = ("grad_accum", "eval_windows", "eval_sample_seed", "precision")
 
 
 def unresumable(path: Path, error: UserError | str) -> UserError:
@@ -103,7 +104,7 @@ def check_same_run(
         if changed:
             raise UserError(
                 f"cannot resume {out}: its checkpoint was trained with {', '.join(changed)}, which sets the "
-                "batch per step or the dev windows its best dev NLL was measured on; resume with the original "
+                "batch per step, or the dev windows or precision its best dev NLL was measured in; resume with the original "
                 "value or use a new train.out_dir"
             )
 
