@@ -320,7 +320,9 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
         ({"precision": "bf16"}, "train.precision='fp32' (now 'bf16')"),  # best dev compared across precisions
     ],
 )
-def test_resume_with_another_batch_per_step_dev_windows_or_precision_is_refused(scripted_run, data_dir, tmp_path, change, said):
+def test_resume_with_another_batch_per_step_dev_windows_or_precision_is_refused(
+    scripted_run, data_dir, tmp_path, change, said
+):
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")
     with pytest.raises(UserError, match=r"its checkpoint was trained with ") as info:

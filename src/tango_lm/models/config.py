@@ -190,7 +190,12 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
             return value
     wanted = " or ".join(o for o in options)
     hint = ""
-    if "str" in options and isinstance(value, (int, float, datetime.date)):  # YAML's reading of a bare 2024
+    if "str" in options and isinstance(value, bool):  # YAML 1.1 reads a bare on/off/yes/no/true/false so
+        hint = (
+            f"; YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote, {name}: 'off' in a "
+            f"file or \"{name}='off'\" as an override"
+        )
+    elif "str" in options and isinstance(value, (int, float, datetime.date)):  # YAML's reading of a bare 2024
         kind = "date" if isinstance(value, datetime.date) else "number"
         hint = (
             f"; YAML read it as a {kind}: quote it, {name}: '{value}' in a file or \"{name}='{value}'\" as an override"
