@@ -184,6 +184,18 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert read_lean(tmp_path / "a.lean") == "theorem t : True := trivial\n"
 
 
+def test_half_a_surrogate_pair_in_jsonl_becomes_the_replacement_character(tmp_path):
+    # json.loads takes "\ud800" alone (scraped text has it), but no UTF-8 encoder takes the result.
+    (tmp_path / "a.jsonl").write_text('{"text": "bad \\ud800 x"}\n{"text": "pair \\ud83d\\ude00"}\n')
+    assert list(jsonl_documents([tmp_path / "a.jsonl"])) == ["bad \ufffd x", "pair \U0001f600"]
+    lines = "".join(json.dumps({"text": f"doc {i} \ud800"}) + "\n" for i in range(40))
+    (tmp_path / "b.jsonl").write_text(lines, errors="surrogatepass")
+    rc = main(
+        ["data", "prepare", "jsonl", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "out"), "--tokenizer", "byte"]
+    )
+    assert rc == 0  # every split (the held-out ones are spilled as JSON text) takes it
+
+
 def _damaged_gzips(tmp_path: Path, text: str) -> list[Path]:
     """A .gz cut short (EOFError from gzip) and one whose deflate stream is damaged (zlib.error)."""
     data = gzip.compress(text.encode() * 200)

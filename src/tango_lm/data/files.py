@@ -45,6 +45,9 @@ INPUTS_HELP = (
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
 _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
+# A JSON escape such as "\ud800" without its pair (scraped web text has them) decodes to a lone
+# surrogate, which no UTF-8 encoder takes; json.loads has already joined every valid pair.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
 
 
@@ -185,7 +188,7 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                             f"{path}, line {lineno}: the object {what} {field!r}; choose the text field with --field"
                         )
                     if value.strip():
-                        yield value
+                        yield _LONE_SURROGATE.sub("\ufffd", value)  # U+FFFD, as a UTF-8 decoder's replacement
         except UnicodeDecodeError as e:
             raise UserError(f"{path} is not UTF-8 text ({e.reason}); convert it to UTF-8") from None
         except READ_ERRORS as e:
