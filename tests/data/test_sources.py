@@ -119,6 +119,19 @@ def test_expand_inputs_dirs_globs_and_missing(tmp_path):
         expand_inputs([tmp_path], [".jsonl"])
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "lean"])
+def test_a_file_named_in_two_splits_is_refused(tmp_path, kind):
+    # train=x test=x would make the test split the training text; a directory and a file in it too.
+    ext = ".jsonl" if kind == "jsonl" else ".lean"
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d" / f"a{ext}"
+    path.write_text('{"text": "one"}\n' if kind == "jsonl" else "theorem t : True := trivial\n")
+    for inputs in ([f"train={path}", f"test={path}"], [f"train={tmp_path / 'd'}", f"dev={path}"]):
+        with pytest.raises(UserError, match="is an input of both the train and the (test|dev) split"):
+            prepare_source(kind, tmp_path / "out", inputs=inputs, tokenizer=BYTE, progress=False)
+        assert not (tmp_path / "out").exists()
+
+
 def test_split_inputs_detects_own_splits(tmp_path):
     d = tmp_path / "corpus"
     d.mkdir()
@@ -426,6 +439,9 @@ def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
     with pytest.raises(UserError, match="has no field 'text' \\(fields: content\\)"):
         prepare_hf(str(saved), tmp_path / "o3", BYTE, progress=False)
     assert not (tmp_path / "o3").exists()
+    with pytest.raises(UserError, match="two of our splits to the dataset's split 'train'"):
+        prepare_hf(str(saved), tmp_path / "o4", BYTE, split_map="train=train,test=train", progress=False)
+    assert not (tmp_path / "o4").exists()
 
 
 def test_hf_missing_package(monkeypatch, tmp_path, capsys):

@@ -132,6 +132,21 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
     return {"train": items}
 
 
+def files_per_split(groups: dict[str, list[str]], exts: Sequence[str]) -> dict[str, list[Path]]:
+    """`expand_inputs` of each split's inputs; a file named in two splits is refused (a test split
+    that is the train split would report the NLL of training text)."""
+    files = {s: expand_inputs(paths, exts) for s, paths in groups.items()}
+    owner: dict[Path, str] = {}
+    for split, paths in files.items():
+        for path in paths:
+            other = owner.setdefault(path.resolve(), split)
+            if other != split:
+                raise UserError(
+                    f"{path} is an input of both the {other} and the {split} split; give each split its own files"
+                )
+    return files
+
+
 # -- readers ----------------------------------------------------------------------------------
 def _open_text(path: Path) -> io.TextIOBase:
     # utf-8-sig: a byte-order mark some editors write is not text (JSON refuses it on line 1).
@@ -294,7 +309,7 @@ class FileSource(HeldOutSource):
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
-        self._files = {s: expand_inputs(paths, exts) for s, paths in self._groups.items()}  # fail on missing paths now
+        self._files = files_per_split(self._groups, exts)  # fail on missing or shared paths now
         own = {
             s: _limit(
                 file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows), self.max_docs

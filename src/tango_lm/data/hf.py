@@ -175,6 +175,12 @@ class HFSource(HeldOutSource):
             raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
         split_map = self.split_map
         self._split_map = parse_split_map(split_map) if isinstance(split_map, str) else split_map
+        theirs = list((self._split_map or {}).values())
+        shared = sorted({t for t in theirs if theirs.count(t) > 1})
+        if shared:  # a test split that is the train split would report the NLL of training text
+            raise UserError(
+                f"--split-map maps two of our splits to the dataset's split {shared[0]!r}; give each its own split"
+            )
 
     @property
     def streams(self) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.files import INPUTS_HELP, expand_inputs, split_inputs
+from tango_lm.data.files import INPUTS_HELP, files_per_split, split_inputs
 from tango_lm.data.source import HeldOutSource
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError
@@ -176,7 +176,7 @@ def _assign_files(
     inputs: Sequence[str | os.PathLike], exts: Sequence[str], dev_fraction: float, test_fraction: float, seed: int
 ) -> dict[str, list[Path]]:
     """Files of each split: the inputs' own splits, dev/test held out of train by file-text hash."""
-    groups = {s: expand_inputs(p, exts) for s, p in split_inputs(inputs, exts).items()}
+    groups = files_per_split(split_inputs(inputs, exts), exts)
     if "train" not in groups:
         raise UserError(f"the inputs have splits {', '.join(groups)} but no train split; give one (train=PATH)")
     dev = 0.0 if "dev" in groups else dev_fraction
