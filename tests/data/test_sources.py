@@ -605,3 +605,23 @@ def test_documents_all_held_out_say_so(tmp_path):
             "text", tmp_path / "d", inputs=[str(text)], tokenizer="byte", dev_fraction=0.45, test_fraction=0.45
         )
     assert not (tmp_path / "d").exists()
+
+
+def test_prepare_says_how_large_each_split_is_and_warns_of_an_empty_one_that_train_then_names(tmp_path, capsys):
+    from tests import helpers
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(30):
+        (docs / f"{i}.txt").write_text(f"document number {i} " * 8)
+    out = tmp_path / "data"
+    argv = ["data", "prepare", "text", str(docs), "--out", str(out), "--tokenizer", "byte", "--no-progress"]
+    assert main([*argv, "--dev-fraction", "0.5", "--test-fraction", "0.001"]) == 0  # 30 documents: no test one
+    captured = capsys.readouterr()
+    ds = PreparedDataset.open(out)
+    assert captured.out.startswith(f"prepared {out}: train {ds.num_documents('train'):,} documents (")
+    assert "warning: the test split has no documents" in captured.err and "--test-fraction" in captured.err
+    assert "dev split" not in captured.err
+    run = helpers.cli_overrides(out, tmp_path / "run", steps=2)
+    assert main(["train", *run, "--no-progress"]) == 2
+    assert "the test ('test') split" in capsys.readouterr().err

@@ -94,8 +94,10 @@ def test_data_prepare_toy_writes_a_dataset(toy, tmp_path, capsys):
         )
         == 0
     )
-    assert capsys.readouterr().out == f"prepared {out}\n"
+    captured = capsys.readouterr()
     ds = PreparedDataset.open(out, verify=True)
+    sizes = [f"{s} {ds.num_documents(s):,} documents ({ds.num_tokens(s):,} tokens)" for s in ("train", "dev", "test")]
+    assert captured.out == f"prepared {out}: {', '.join(sizes)}\n" and captured.err == ""
     assert ds.splits == ["train", "dev", "test"]
     assert sum(ds.num_documents(s) for s in ds.splits) == 200
     assert json.loads((out / "manifest.json").read_text())["source"] == {

@@ -109,7 +109,9 @@ def test_eval_scores_in_the_batches_its_run_used_on_several_processes(data_dir, 
     meta_path.write_text(json.dumps({**meta, "parallel": "ddp", "world_size": 2}))  # as 2 ranks write it
     seen = []
     real = evaluate.eval_batches
-    monkeypatch.setattr(evaluate, "eval_batches", lambda tokens, t, bs, *a: seen.append(bs) or real(tokens, t, bs, *a))
+    monkeypatch.setattr(
+        evaluate, "eval_batches", lambda tokens, t, bs, *a, **k: seen.append(bs) or real(tokens, t, bs, *a, **k)
+    )
     evaluate_checkpoint(str(out), "dev", max_windows=4)
     assert seen == [2]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from tango_lm.cli.output import _print_json
@@ -10,13 +11,22 @@ from tango_lm.cli.output import _print_json
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
     """`data prepare SOURCE ...`: the registered source (data/sources.py) the arguments describe."""
-    from tango_lm.data.shards import hold_dataset_lock
+    from tango_lm.data.shards import PreparedDataset, hold_dataset_lock
     from tango_lm.data.sources import SOURCES
 
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
         path = source.prepare(args.out, overwrite=args.overwrite, progress=not getattr(args, "no_progress", False))
-    print(f"prepared {path}")
+    ds = PreparedDataset.open(path)
+    sizes = ", ".join(f"{s} {ds.num_documents(s):,} documents ({ds.num_tokens(s):,} tokens)" for s in ds.splits)
+    print(f"prepared {path}: {sizes}")
+    for split in ("dev", "test"):  # what `tango-lm train` scores by default
+        if split not in ds.splits or not ds.num_documents(split):
+            print(
+                f"warning: the {split} split has no documents, and training scores {split} windows; give more "
+                f"documents or a larger --{split}-fraction",
+                file=sys.stderr,
+            )
 
 
 def cmd_data_verify(args: argparse.Namespace) -> None:

@@ -192,6 +192,7 @@ def eval_batches(
     batch_size: int,
     max_windows: int | None = None,
     sample_seed: int | None = None,
+    split: str = "evaluation",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed evaluation batches over the windows `eval_window_ids` picks: the first `max_windows`
     (all when None) in order, or `max_windows` sampled with `sample_seed`.
@@ -203,9 +204,14 @@ def eval_batches(
     if batch_size < 1:
         raise UserError(f"batch_size must be at least 1, got {batch_size}; set a positive batch size")
     n = count_eval_windows(tokens, seq_len, max_windows)
+    if n == 0 and len(tokens) == 0:
+        raise UserError(
+            f"the {split} split is empty; prepare the data again with more documents or a larger "
+            "--dev-fraction / --test-fraction"
+        )
     if n == 0:
         raise UserError(
-            f"the evaluation split has {len(tokens)} tokens, fewer than one window of seq_len {seq_len} "
+            f"the {split} split has {len(tokens)} tokens, fewer than one window of seq_len {seq_len} "
             f"needs ({seq_len + 1}); use more evaluation data or a smaller seq_len"
         )
     ids = eval_window_ids(num_windows(len(tokens), seq_len), n, sample_seed)

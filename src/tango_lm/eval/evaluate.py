@@ -63,7 +63,7 @@ def evaluate_checkpoint(
         max_windows = own_windows[own[0]] if own else None
     elif max_windows == "all":
         max_windows = None
-    batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed)
+    batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed, split=repr(split_name))
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
     if sample_seed is not None:

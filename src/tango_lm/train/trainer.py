@@ -135,10 +135,14 @@ class Trainer:
                 self.eval_batch_size,
                 cfg.eval_windows,
                 cfg.eval_sample_seed,
+                split=f"dev ({run.data.dev_split!r})",
             )
         )
         # The test split is read only after training; a missing or too short one fails now.
-        eval_batches(self.dataset.tokens(run.data.test_split), self.seq_len, self.eval_batch_size, cfg.test_windows)
+        test = self.dataset.tokens(run.data.test_split)
+        eval_batches(
+            test, self.seq_len, self.eval_batch_size, cfg.test_windows, split=f"test ({run.data.test_split!r})"
+        )
         self.step = 0
         self.tokens_seen = 0
         self.best: dict[str, Any] = {"step": None, "dev_nll": float("inf")}
