@@ -444,6 +444,20 @@ def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
     assert not (tmp_path / "o4").exists()
 
 
+def test_hf_loading_draws_no_bars_off_a_terminal_and_logs_nothing(hf_datasets, tmp_path, capfd):
+    # A local JSONL directory goes through load_dataset, whose "Generating train split" bar ignored
+    # --no-progress; the README promises bars only on a terminal and nothing but the error line.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write_jsonl(corpus / "train.jsonl", [{"text": f"doc {i}"} for i in range(40)])
+    verbosity = hf_datasets.utils.logging.get_verbosity()
+    argv = ["data", "prepare", "hf", str(corpus), "--out", str(tmp_path / "out"), "--tokenizer", "byte"]
+    assert main([*argv, "--no-progress", "--test-fraction", "0.3"]) == 0
+    captured = capfd.readouterr()
+    assert "Generating" not in captured.err and "%" not in captured.err, captured.err
+    assert hf_datasets.utils.logging.get_verbosity() == verbosity and hf_datasets.is_progress_bar_enabled()
+
+
 def test_hf_missing_package(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(UserError, match=r"pip install 'tango-lm\[hf\]'"):

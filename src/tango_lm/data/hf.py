@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,32 +53,48 @@ def _hf_error(name: str, e: Exception) -> UserError:
     return UserError(f"cannot load dataset {name!r}: {first}")
 
 
+@contextlib.contextmanager
+def _quiet_hub(datasets: Any, progress: bool) -> Iterator[None]:
+    """No log lines from `datasets` / `huggingface_hub` (an offline Hub name logs a retry a second
+    before the one error line) and their progress bars only with `progress` on a terminal. Parts a
+    `datasets` module lacks (another version, a stand-in) are left alone."""
+    loggers = [getattr(getattr(datasets, "utils", None), "logging", None)]
+    try:
+        import huggingface_hub.utils as hub
+
+        loggers.append(hub.logging)
+    except ImportError:
+        pass
+    loggers = [lg for lg in loggers if lg is not None and hasattr(lg, "get_verbosity")]
+    was = [lg.get_verbosity() for lg in loggers]
+    bars = getattr(datasets, "is_progress_bar_enabled", None)
+    had_bars = bars() if bars else None
+    for lg in loggers:
+        lg.set_verbosity_error()
+    if bars:
+        (datasets.enable_progress_bars if progress and sys.stderr.isatty() else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, was, strict=True):
+            lg.set_verbosity(level)
+        if bars:
+            (datasets.enable_progress_bars if had_bars else datasets.disable_progress_bars)()
+
+
 def load_hf_splits(
     name: str,
     config: str | None = None,
     split_map: dict[str, str] | None = None,
     streaming: bool = True,
     revision: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Our split name -> a `datasets` split of `name` (a Hub name, a local data directory, or a
     `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
     datasets = _import_datasets()
-    local = Path(name).expanduser()
-    try:
-        if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
-            loaded = datasets.load_from_disk(str(local))
-            if streaming:
-                loaded = (
-                    {k: v.to_iterable_dataset() for k, v in loaded.items()}
-                    if hasattr(loaded, "keys")
-                    else loaded.to_iterable_dataset()
-                )
-        else:
-            loaded = datasets.load_dataset(name, config, revision=revision, streaming=streaming)
-    except UserError:
-        raise
-    except Exception as e:  # datasets raises many types (ValueError for configs, ConnectionError, ...)
-        raise _hf_error(name, e) from None
+    with _quiet_hub(datasets, progress):
+        loaded = _load(datasets, name, config, streaming, revision)
     available = dict(loaded.items()) if hasattr(loaded, "keys") else {"train": loaded}
     if split_map:
         for theirs in split_map.values():
@@ -96,6 +114,26 @@ def load_hf_splits(
             "map them with --split-map, e.g. train={next(iter(available))}"
         )
     return out
+
+
+def _load(datasets: Any, name: str, config: str | None, streaming: bool, revision: str | None) -> Any:
+    """`datasets`' dataset (dict) for `name`: a `save_to_disk` directory, else `load_dataset`."""
+    local = Path(name).expanduser()
+    try:
+        if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
+            loaded = datasets.load_from_disk(str(local))
+            if streaming:
+                loaded = (
+                    {k: v.to_iterable_dataset() for k, v in loaded.items()}
+                    if hasattr(loaded, "keys")
+                    else loaded.to_iterable_dataset()
+                )
+            return loaded
+        return datasets.load_dataset(name, config, revision=revision, streaming=streaming)
+    except UserError:
+        raise
+    except Exception as e:  # datasets raises many types (ValueError for configs, ConnectionError, ...)
+        raise _hf_error(name, e) from None
 
 
 def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterator[str]:
@@ -189,7 +227,7 @@ class HFSource(HeldOutSource):
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         name = self.dataset
         self._loaded = load_hf_splits(
-            name, self.config, self._split_map, streaming=self.streams, revision=self.revision
+            name, self.config, self._split_map, streaming=self.streams, revision=self.revision, progress=progress
         )
         own = {
             s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
