@@ -160,3 +160,18 @@ def test_cli_train_tokenizer(corpus, tmp_path, capsys):
     assert tok.vocab_size == 320
     ds = write_prepared(tmp_path / "ds", tok, {"train": TEXTS}, {}, progress=False)
     assert PreparedDataset.open(ds).tokenizer.encode("Hello world") == tok.encode("Hello world")
+
+
+def test_train_tokenizer_out_must_name_a_file_not_a_directory(corpus, tmp_path):
+    for out in (f"{tmp_path / 'new'}/", str(tmp_path)):
+        with pytest.raises(
+            UserError, match=r"is a directory; name the tokenizer's JSON file, e\.g\. .*tokenizer\.json"
+        ):
+            train_bpe([str(corpus / "doc0.txt")], 300, out, progress=False)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_prepared_datasets_description_of_another_tokenizer_names_it(tmp_path):
+    ds = write_prepared(tmp_path / "ds", get_tokenizer("byte"), {"train": TEXTS}, {}, progress=False)
+    with pytest.raises(UserError, match=r"describes tango-lm's 'byte' tokenizer, not a BPE; use --tokenizer byte"):
+        get_tokenizer(f"bpe:{ds / 'tokenizer.json'}")

@@ -76,6 +76,10 @@ def train_bpe(
     if min_frequency < 1:
         raise UserError(f"min_frequency must be at least 1, got {min_frequency}")
     out_path = Path(out)
+    if str(out).endswith(("/", os.sep)) or out_path.is_dir():
+        raise UserError(
+            f"--out {out} is a directory; name the tokenizer's JSON file, e.g. {out_path / 'tokenizer.json'}"
+        )
     if out_path.exists() and not overwrite:
         raise UserError(f"{out_path} already exists; pass --overwrite to replace it or choose another path")
     texts = training_texts(inputs, field, exts, max_docs)

@@ -248,6 +248,10 @@ class BPETokenizer(Tokenizer):
             if data.get("fingerprint") not in (None, tok.fingerprint()):
                 raise UserError(f"the tokenizer description {path} fails its fingerprint check; it was edited")
             return tok
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and "model" not in data:
+            raise UserError(  # a prepared dataset's description of another tokenizer, not a BPE's JSON
+                f"{path} describes tango-lm's {data['name']!r} tokenizer, not a BPE; use --tokenizer {data['name']}"
+            )
         return cls(text)
 
     def encode(self, text: str) -> list[int]:
