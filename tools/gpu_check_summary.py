@@ -42,6 +42,10 @@ def pytest_result(out: Path, name: str) -> str:
     return _last_line(out, name).strip("= ")
 
 
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"  # None: no baseline row in that mode
+
+
 def train_result(out: Path, name: str) -> str:
     report = _json(out, name)
     if not report or "train" not in report:
@@ -51,7 +55,7 @@ def train_result(out: Path, name: str) -> str:
     result = f"{stopped['timed_rounds_done']}/{stopped['timed_rounds']} timed rounds; " if stopped else ""
     if not rows:  # stopped in the warm-up: no model was timed
         return result + "no model timed"
-    result += "MFU x Loop: " + ", ".join(f"{r['arch']} {r['mfu_vs_loop']:.2f}" for r in rows)
+    result += "MFU x Loop: " + ", ".join(f"{r['arch']} {_x(r['mfu_vs_loop'])}" for r in rows)
     if all(r.get("memory_vs_loop") is not None for r in rows):  # CUDA's peaks; docs/benchmarks.md predicts them
         result += "; peak memory x Loop: " + ", ".join(f"{r['arch']} {r['memory_vs_loop']:.2f}" for r in rows)
     return result

@@ -291,6 +291,32 @@ def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monk
     assert "tango              compiled   no row: torch.compile failed (RuntimeError" in training.format_report(report)
 
 
+def test_a_mode_whose_baseline_did_not_compile_has_no_ratios(monkeypatch, cheap_compile):
+    # Dividing by another model under the baseline's name would print tango compiled at 1.00x.
+    real = torch.compile
+
+    def broken(graph, example_inputs):
+        raise torch._inductor.exc.InductorError(RuntimeError("no kernel for this operator"), None)
+
+    def compile_fails_for_the_baseline(fn, **kwargs):
+        if fn.__self__.config.arch == "loop-transformer":
+            return torch._dynamo.optimize(broken)(fn)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_fails_for_the_baseline)
+    tiny = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
+    report = training.run_training_bench(
+        **tiny, archs=("tango",), steps=1, warmup=1, memory=False, compile=True, device="cpu", print_table=False
+    )
+    rows = {(r["arch"], r["mode"]): r for r in report["models"]}
+    assert set(rows) == {("tango", "eager"), ("loop-transformer", "eager"), ("tango", "compiled")}
+    compiled = rows["tango", "compiled"]
+    assert compiled["tokens_per_s_vs_loop"] is None and compiled["mfu_vs_loop"] is None
+    assert compiled["tokens_per_s_vs_eager"] is not None and rows["tango", "eager"]["mfu_vs_loop"] is not None
+    line = next(x for x in training.format_report(report).splitlines() if x.startswith("tango") and "compiled" in x)
+    assert line.split("%")[-1].split()[:5] == ["-"] * 5  # after MFU: peak MiB (not measured) and the four x
+
+
 def test_decode_suite_static_columns(cheap_compile):
     report = decode.run_decode_bench(
         archs=("tango",),

@@ -269,17 +269,21 @@ def run_training_bench(
                 "peak_bytes": mem,
             }
         )
+    baseline = BASELINE if any(r["arch"] == BASELINE for r in rows) else (rows[0]["arch"] if rows else None)
     for r in rows:
-        eager = next(e for e in rows if e["arch"] == r["arch"] and e["mode"] == "eager")
-        r["tokens_per_s_vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"]
-        same_mode = [b for b in rows if b["mode"] == r["mode"]]
-        base = next((b for b in same_mode if b["arch"] == BASELINE), same_mode[0])
-        r["tokens_per_s_vs_loop"] = r["tokens_per_s"] / base["tokens_per_s"]
-        r["flop_per_s_vs_loop"] = r["flop_per_s"] / base["flop_per_s"]
-        r["mfu_vs_loop"] = r["mfu"] / base["mfu"]
-        r["tokens_per_cpu_s_vs_loop"] = base["cpu_s"] / r["cpu_s"] if r["cpu_s"] > 0 else float("nan")
+        eager = next((e for e in rows if e["arch"] == r["arch"] and e["mode"] == "eager"), None)
+        r["tokens_per_s_vs_eager"] = r["tokens_per_s"] / eager["tokens_per_s"] if eager else None
+        # The baseline in the same mode only: where its compile failed (or a stop left it unmeasured)
+        # that mode has no ratios, rather than ratios to another model under the baseline's name.
+        base = next((b for b in rows if b["mode"] == r["mode"] and b["arch"] == baseline), None)
+        r["tokens_per_s_vs_loop"] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        r["flop_per_s_vs_loop"] = r["flop_per_s"] / base["flop_per_s"] if base else None
+        r["mfu_vs_loop"] = r["mfu"] / base["mfu"] if base else None
+        r["tokens_per_cpu_s_vs_loop"] = base["cpu_s"] / r["cpu_s"] if base and r["cpu_s"] > 0 else None
         r["memory_vs_loop"] = (
-            r["peak_bytes"] / base["peak_bytes"] if r["peak_bytes"] is not None and base["peak_bytes"] else None
+            r["peak_bytes"] / base["peak_bytes"]
+            if base and r["peak_bytes"] is not None and base["peak_bytes"]
+            else None
         )
     report = {
         "device": str(dev),
@@ -301,7 +305,7 @@ def run_training_bench(
         "allocator": allocator,
         "load_avg_start": load_start,
         "load_avg_end": load_end,
-        "baseline": BASELINE if any(r["arch"] == BASELINE for r in rows) else (rows[0]["arch"] if rows else None),
+        "baseline": baseline,
         "modes": list(modes),
         "models": rows,
         "skipped": skipped,
@@ -322,6 +326,11 @@ def _load_text(report: dict[str, Any]) -> str:
 
 def _giga(flop_per_s: float | None) -> str:
     return "not measured" if flop_per_s is None else f"{flop_per_s / 1e9:.1f}"
+
+
+def _ratio(value: float | None, width: int) -> str:
+    """A ratio column: '-' where the row has no baseline (or no eager row) to divide by."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -351,14 +360,13 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     for r in report["models"]:
         mem = f"{r['peak_bytes'] / mib:>9.0f}" if r["peak_bytes"] is not None else f"{'-':>9}"
-        mem_x = f"{r['memory_vs_loop']:>7.2f}" if r["memory_vs_loop"] is not None else f"{'-':>7}"
         mode = f"{r.get('mode', 'eager'):<9}" if compiled else ""
-        vs_eager = f"{r['tokens_per_s_vs_eager']:>9.2f}" if compiled else ""
+        vs_eager = _ratio(r["tokens_per_s_vs_eager"], 9) if compiled else ""
         lines.append(
             f"{r['arch']:<19}{mode}{r['width']:>6}{r['params_total']:>11,}{r['tokens_per_s']:>8,.0f}"
             f"{r['flops_per_token'] / 1e6:>10.1f}{r['flop_per_s'] / 1e9:>8.1f}{r['mfu']:>7.1%}{mem}"
-            f"{r['tokens_per_s_vs_loop']:>8.2f}{r['tokens_per_cpu_s_vs_loop']:>12.2f}{r['mfu_vs_loop']:>7.2f}{mem_x}"
-            f"{vs_eager}  {r['note']}"
+            f"{_ratio(r['tokens_per_s_vs_loop'], 8)}{_ratio(r['tokens_per_cpu_s_vs_loop'], 12)}"
+            f"{_ratio(r['mfu_vs_loop'], 7)}{_ratio(r['memory_vs_loop'], 7)}{vs_eager}  {r['note']}"
         )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}{'-':>6}  {r['note']}")
