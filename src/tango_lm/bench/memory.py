@@ -262,7 +262,8 @@ def run_memory_bench(
                         base_cfg.replace(head=head), batch_size, seq_len, device, steps, threads, compile=compiled
                     )
                     bar.run_done(0, label, time.perf_counter() - start)
-                    row["step_s_median"] = statistics.median(row["step_s"])
+                    # after the first step, which allocates AdamW's moments and, compiled, compiles
+                    row["step_s_median"] = statistics.median(row["step_s"][1:] or row["step_s"])
                     rows.append(row)
     except STOPS as stop:  # a time limit or Ctrl-C: the models measured so far are the report
         stops.stop(stop, len(rows))
@@ -301,7 +302,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"device {report['device']} ({report['threads']} threads)",
         f"peak: {report['memory_method']} over {report['steps']} steps, one fresh subprocess per model; "
         "state = weights + gradients + AdamW moments (counted from the tensors); other = peak - state "
-        "(activations, temporaries, allocator slack)",
+        "(activations, temporaries, allocator slack); step s = median "
+        + (
+            "of the steps after the first (which compiles)" if report["steps"] > 1 else "of one step (compile included)"
+        ),
         f"{'head':<10}{'mode':<9}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
         f"{'peak vs std':>13}{'state vs std':>14}{'other vs std':>14}",
     ]
