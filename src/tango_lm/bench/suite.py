@@ -236,6 +236,11 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UserError(
                 f"--{name.replace('_', '-')} must list positive integers (got {','.join(map(str, values))!r})"
             )
+        if len(set(values)) != len(values):  # a repeat is a second row of one setting
+            raise UserError(f"--{name.replace('_', '-')} lists a value twice (got {','.join(map(str, values))!r})")
+    if "windowed" in suites and list(args.windowed_lens) != sorted(args.windowed_lens):
+        # its target compares the time per token at the last (longest) length with the first (shortest)
+        raise UserError(f"--windowed-lens must be in increasing order (got {','.join(map(str, args.windowed_lens))!r})")
     if "windowed" in suites and args.clock == "cpu" and _device(args.device).type != "cpu":
         raise UserError(
             f"--clock cpu times this process's CPU, not a {_device(args.device).type} device; use --clock wall"
