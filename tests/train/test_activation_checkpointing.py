@@ -12,6 +12,7 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 import tango_lm.models.archs.attnres
+import tango_lm.models.archs.moe
 import tango_lm.models.backbone
 from tango_lm import ModelConfig, build_model
 from tango_lm.cli import main
@@ -58,6 +59,7 @@ def record_checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
     monkeypatch.setattr(tango_lm.models.backbone, "checkpoint", recording)
     monkeypatch.setattr(tango_lm.models.archs.attnres, "checkpoint", recording)
+    monkeypatch.setattr(tango_lm.models.archs.moe, "checkpoint", recording)
     return calls
 
 

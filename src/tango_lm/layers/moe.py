@@ -78,7 +78,16 @@ class MoEFeedForward(nn.Module):
         return max(1, math.ceil(capacity_factor * n_tokens * self.top_k / self.n_experts))
 
     def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
-        """h [B, T, d] -> [B, T, d]; with a decode state (cached decoding) at `capacity_factor_eval`."""
+        """h [B, T, d] -> [B, T, d]; with a decode state (cached decoding) at `capacity_factor_eval`.
+        Keeps the call's load-balancing loss and drop rate on the module (`aux_loss`, `dropped`)."""
+        out, self.aux_loss, self.dropped = self.route(h, state)
+        return out
+
+    def route(
+        self, h: torch.Tensor, state: LayerState | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """`forward` without writing to the module: (output, load-balancing loss in training else
+        None, share of assignments over capacity)."""
         shape = h.shape
         x = h.reshape(-1, shape[-1])
         n, k, e = x.shape[0], self.top_k, self.n_experts
@@ -89,19 +98,30 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         flat = chosen.reshape(-1)  # (token, rank) order
         onehot = F.one_hot(flat, e)  # [N*k, E]
+        aux = None
         if self.training:
             f = onehot.sum(0).to(probs.dtype) / (n * k)
-            self.aux_loss = self.aux_loss_weight * e * (f * probs.mean(0)).sum()
-        else:
-            self.aux_loss = None
+            aux = self.aux_loss_weight * e * (f * probs.mean(0)).sum()
         # Position of each assignment in its expert's queue; over-capacity ones are dropped.
         position = (onehot.cumsum(0) * onehot).sum(-1) - 1
         factor = self.capacity_factor_eval if state is not None else self.capacity_factor
         capacity = self.capacity(n, factor)
-        self.dropped = (position >= capacity).float().mean()  # read on the host only via `last_dropped`
+        dropped = (position >= capacity).float().mean()  # read on the host only via `last_dropped`
         dispatch = dispatch_capacity if use_capacity_dispatch(x) else dispatch_sorted
         out = dispatch(x, self.experts, flat, weights.reshape(-1), position, capacity, k)
-        return out.view(shape)
+        return out.view(shape), aux, dropped
+
+
+class MoEBlock(PreNormBlock):
+    """The pre-norm block with routed experts, plus `forward_with_stats` for activation checkpointing."""
+
+    def forward_with_stats(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], application: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The training forward returning the experts' (aux loss, drop rate) instead of storing them."""
+        x = x + self.mixer(self.attn_norm(x), rope, None)
+        out, aux, dropped = self.mlp.route(self.mlp_norm(x))
+        return x + out, aux, dropped
 
 
 def moe_block(
@@ -117,7 +137,7 @@ def moe_block(
     capacity_factor_train: float,
     capacity_factor_eval: float,
     aux_loss_weight: float,
-) -> PreNormBlock:
+) -> MoEBlock:
     """`x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x))` with the Dense block's GQA + QK-norm attention.
     Cached decoding serves with `capacity_factor_eval` (the paper's inference capacity)."""
     attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, head_dim, eps)
@@ -131,7 +151,7 @@ def moe_block(
         aux_loss_weight,
         capacity_factor_eval,
     )
-    return PreNormBlock(d_model, eps, attn, experts)
+    return MoEBlock(d_model, eps, attn, experts)
 
 
 def moe_layers(model: nn.Module) -> list[MoEFeedForward]:

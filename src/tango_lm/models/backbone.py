@@ -42,8 +42,14 @@ class Backbone(nn.Module):
         recompute = self.recomputes(cache)
         for application, index in enumerate(self.schedule):
             if recompute:
-                x = checkpoint(self.layers[index], x, rope, application, None, use_reentrant=False)
+                x = self.recomputed(self.layers[index], x, rope, application)
             else:
                 state = cache.states[application] if cache is not None else None
                 x = self.layers[index](x, rope, application, state)
         return x
+
+    def recomputed(self, layer: nn.Module, x: torch.Tensor, rope: tuple, application: int) -> torch.Tensor:
+        """One application under activation checkpointing; a backbone whose layers keep statistics
+        (MoE) overrides it so that nothing is written inside the recomputed region (Dynamo breaks
+        the graph at a side effect there)."""
+        return checkpoint(layer, x, rope, application, None, use_reentrant=False)

@@ -86,7 +86,7 @@ class ModelConfig:
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
             if getattr(self, name) < 1:
                 raise UserError(f"model.{name} must be at least 1 (got {getattr(self, name)})")
-        if self.capacity_factor_eval is None and self.moe_top_k >= 1:
+        if self.capacity_factor_eval is None and self.moe_top_k >= 1 and self.n_experts >= 1:
             self.capacity_factor_eval = self.n_experts / self.moe_top_k  # filled for every arch: one config.json
         check_model_numbers(self)  # finite, in range (config_checks.py)
         if not ARCHITECTURES[self.arch].uses_heads:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tango_lm.errors import UserError
 from tango_lm.layers.gqa import gqa_params
@@ -34,6 +35,13 @@ def expert_width(cfg: ModelConfig) -> int:
 
 class MoEBackbone(Backbone):
     """The layer stack plus the load-balancing loss of its last training forward."""
+
+    def recomputed(self, layer: nn.Module, x: torch.Tensor, rope: tuple, application: int) -> torch.Tensor:
+        # The checkpointed region returns the experts' statistics; they are stored outside it.
+        x, layer.mlp.aux_loss, layer.mlp.dropped = checkpoint(
+            layer.forward_with_stats, x, rope, application, use_reentrant=False
+        )
+        return x
 
     def aux_loss(self) -> torch.Tensor | None:
         """Mean over MoE layers of α·E·Σ f_i P_i from the last forward in training mode, else None."""
