@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -389,11 +390,13 @@ def test_json_output_is_standard_json(capsys):
 def test_commands_without_a_progress_flag_draw_no_bars_off_a_terminal(monkeypatch, argv):
     # pytest's captured stderr is no terminal: bars there are only noise in a log file.
     import tango_lm.data.dmmath as dmmath
+    import tango_lm.data.shards as shards
     import tango_lm.quickstart as quickstart
 
     seen = {}
     monkeypatch.setattr(quickstart, "run_quickstart", lambda *a, progress, **k: seen.update(progress=progress) or [])
     monkeypatch.setattr(dmmath.DMMathSource, "prepare", lambda self, out, **k: seen.update(k) or Path(out))
+    monkeypatch.setattr(shards.PreparedDataset, "open", lambda path: SimpleNamespace(path=path, splits=[]))
     assert main(argv) == 0
     assert seen["progress"] is False
 

@@ -17,9 +17,13 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
         path = source.prepare(args.out, overwrite=args.overwrite, progress=not getattr(args, "no_progress", False))
-    ds = PreparedDataset.open(path)
+    print_prepared(PreparedDataset.open(path))
+
+
+def print_prepared(ds: Any) -> None:
+    """Each split's size, and a warning for a dev or test split without documents."""
     sizes = ", ".join(f"{s} {ds.num_documents(s):,} documents ({ds.num_tokens(s):,} tokens)" for s in ds.splits)
-    print(f"prepared {path}: {sizes}")
+    print(f"prepared {ds.path}: {sizes}")
     for split in ("dev", "test"):  # what `tango-lm train` scores by default
         if split not in ds.splits or not ds.num_documents(split):
             print(
