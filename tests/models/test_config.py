@@ -274,3 +274,22 @@ def test_section_that_is_not_a_mapping_is_user_error(tmp_path, text):
 def test_non_positive_budget_is_user_error(override):
     with pytest.raises(UserError, match=override.split("=")[0]):
         load_run_config(None, [*SMALL, override])
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "heads", "head_dim"),
+    [
+        ("tango-70m-d4", ["model.head_dim=64"], 8, 64),  # the preset writes n_heads=16: head_dim was ignored
+        ("tango-70m-d4", ["model.d_model=256"], 8, 32),  # heads keep d_h = 32 (were 16 heads of 16)
+        ("tango-70m-d4", ["model.n_heads=8"], 8, 64),
+        ("tango-70m-d4", ["model.n_heads=32", "model.d_model=1024"], 32, 32),
+        ("tango-70m-d4", ["model.width=1024"], 16, 32),  # head shape untouched by other fields
+        ("dense-142m", ["model.head_dim=32"], 24, 32),  # the preset writes both n_heads and head_dim
+        ("dense-142m", ["model.n_heads=24", "model.n_kv_heads=12"], 24, 32),
+        ("dense-142m", ["model.d_model=384", "model.n_kv_heads=3"], 6, 64),
+    ],
+)
+def test_overrides_change_the_head_shape_they_name(preset, overrides, heads, head_dim):
+    model = load_run_config(preset, overrides).model
+    assert (model.n_heads, model.head_dim) == (heads, head_dim)
+    assert model.n_heads * model.head_dim == model.d_model

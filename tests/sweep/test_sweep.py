@@ -365,3 +365,19 @@ def test_a_file_where_a_run_directory_belongs_fails_that_run_only(data_dir, tmp_
     rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
     assert [r["status"] for r in rows] == ["failed", "trained"] and "Not a directory" in rows[0]["error"]
     assert first.out_dir.read_text() == "not a run"
+
+
+def test_head_shape_axes_change_what_they_name(data_dir, tmp_path):
+    # A model.head_dim axis over a base that writes n_heads was ignored (head_dim follows n_heads);
+    # a d_model axis kept the base's head width only when the base wrote head_dim.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "model.head_dim": [8, 16]})
+    with path.open() as f:
+        grid = yaml.safe_load(f)
+    del grid["base"]["model"]["head_dim"]
+    grid["base"]["model"].update(d_model=32, n_heads=4)  # heads of 8
+    path.write_text(yaml.safe_dump(grid))
+    assert [(r.config.model.n_heads, r.config.model.head_dim) for r in load_grid(path).runs] == [(4, 8), (2, 16)]
+    grid["axes"] = {"dataset": {"syn": str(data_dir)}, "d_model": [64]}
+    path.write_text(yaml.safe_dump(grid))
+    (run,) = load_grid(path).runs
+    assert (run.config.model.n_heads, run.config.model.head_dim) == (8, 8)

@@ -124,6 +124,26 @@ class ModelConfig:
         data.update(changes)
         return ModelConfig(**data)
 
+    @staticmethod
+    def overridden(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+        """A config mapping's model fields with `changes` (a user's overrides) applied.
+
+        A preset writes `n_heads` and `head_dim` follows from it, so `head_dim=64` or `d_model=128`
+        alone would be ignored or would narrow every head. The field the user changed wins:
+        `head_dim` or `d_model` without `n_heads` drops the base's `n_heads` (heads keep their
+        width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`."""
+        out = dict(base)
+        heads = base.get("n_heads")
+        if heads is not None and "n_heads" not in changes and changes.keys() & {"head_dim", "d_model"}:
+            d_model = base.get("d_model", ModelConfig.d_model)
+            if "head_dim" not in base and isinstance(heads, int) and isinstance(d_model, int) and heads > 0:
+                out["head_dim"] = d_model // heads  # the base's head width (validation names a bad base)
+            del out["n_heads"]
+        if "n_heads" in changes and "head_dim" not in changes:
+            out.pop("head_dim", None)
+        out.update(changes)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -385,8 +385,7 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     elif "target_params" in values:
         target = values["target_params"]
     if d_model is not None and d_model != model.get("d_model"):
-        model["d_model"] = d_model
-        model.pop("n_heads", None)
+        model = sections["model"] = ModelConfig.overridden(model, {"d_model": d_model})
         model.pop("n_kv_heads", None)
     if "depth" in values:
         model["depth"] = values["depth"]
@@ -401,10 +400,13 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         train["seed"], data_seed = values["seed"]
         if data_seed is not None:
             train["data_seed"] = data_seed
+    model_axes = {}
     for axis, value in values.items():
         if "." in axis:
             section, _, key = axis.partition(".")
-            sections[section][key] = value
+            (model_axes if section == "model" else sections[section])[key] = value
+    if model_axes:  # a model.head_dim axis over a preset's n_heads changes the heads' width, as an override
+        model = sections["model"] = ModelConfig.overridden(model, model_axes)
     head = model["head"]  # a model.head axis too (matching below is done with the Standard head)
     train["out_dir"] = str(grid.out_dir / name)
     try:

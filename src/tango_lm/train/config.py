@@ -272,6 +272,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
         if not isinstance(v or {}, dict):
             raise UserError(f"config section {k!r} must be a mapping of field: value (got {v!r})")
     out = {k: dict(v or {}) for k, v in data.items()}
+    model_changes: dict[str, Any] = {}
     fields = {
         "model": {f.name for f in dataclasses.fields(ModelConfig)},
         "train": {f.name for f in dataclasses.fields(TrainConfig)},
@@ -292,7 +293,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
             section, name = (owners[0] if owners else (bare_section or "model")), key
         if section not in fields:
             raise UserError(f"override {item!r} names unknown section {section!r}; use model., data. or train.")
-        out.setdefault(section, {})[name] = value
+        (model_changes if section == "model" else out.setdefault(section, {}))[name] = value
+    if model_changes:
+        out["model"] = ModelConfig.overridden(out.get("model", {}), model_changes)
     return out
 
 
