@@ -488,6 +488,11 @@ def test_eval_capacity_default_follows_the_experts_and_an_explicit_value_is_kept
     assert tiny("moe", capacity_factor_eval=1.5).replace(width=40).capacity_factor_eval == 1.5
     # the presets' 8 experts, top-2: the paper's 4.0, and other archs' config.json as before
     assert ModelConfig(arch="tango", d_model=32, vocab_size=V).to_dict()["capacity_factor_eval"] == 4.0
+    # the MoE presets leave it to the default: a preset wrote 4.0, which n_experts=16 kept (dropping at eval)
+    for preset in ("moe-142m", "moe-330m"):
+        assert load_run_config(preset, []).model.capacity_factor_eval == 4.0
+        assert load_run_config(preset, ["model.n_experts=16"]).model.capacity_factor_eval == 8.0
+        assert load_run_config(preset, ["model.moe_top_k=1"]).model.capacity_factor_eval == 8.0
 
 
 # -- AttnRes --------------------------------------------------------------------------------------
