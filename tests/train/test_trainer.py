@@ -147,7 +147,7 @@ def test_resume_with_different_model_config_is_refused(data_dir, tmp_path):
     out = tmp_path / "run"
     train(helpers.run_config(data_dir, out, steps=4))
     before = helpers.snapshot(out)
-    with pytest.raises(UserError, match="different model config.*width"):
+    with pytest.raises(UserError, match=r"different model config \(width\).*it had model.width=64\)"):
         train(helpers.run_config(data_dir, out, model={"width": 128}, steps=8), resume=True)
     assert helpers.snapshot(out) == before
 

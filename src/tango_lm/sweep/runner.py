@@ -150,8 +150,9 @@ def run_sweep(
                 continue
             if state["state"] == "other-config":  # its files stay as they are
                 error = (
-                    f"{run.out_dir} holds a run of another config ({state['differences'][0]}); delete that "
-                    "directory to train the grid's, or give the sweep another out_dir"
+                    f"{run.out_dir} holds a run of another config ({state['differences'][0]}); give the "
+                    "grid that value to keep its results, delete that directory to train the grid's, or give the "
+                    "sweep another out_dir"
                 )
                 log(f"{head}: not trained: {error}")
                 rows.append(_row(run, "failed", None, error))

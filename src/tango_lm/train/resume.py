@@ -5,6 +5,7 @@ checkpoint is damaged, an error that says how to continue from the one before it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,12 @@ def check_same_run(
     saved_model, model = ckpt.config.get("model", {}), run.model.to_dict()
     if saved_model != model:
         diff = sorted(k for k in set(saved_model) | set(model) if saved_model.get(k) != model.get(k))
+        # The saved values as overrides: a default that changed between versions (capacity_factor_eval)
+        # is then one paste away, not a search through the checkpoint.
+        saved = " ".join(f"model.{k}={json.dumps(saved_model.get(k))}" for k in diff)
         raise UserError(
             f"cannot resume {out}: its checkpoint has a different model config ({', '.join(diff)}); "
-            "resume with the original config or use a new train.out_dir"
+            f"resume with the original config (it had {saved}) or use a new train.out_dir"
         )
     if not same_tokenizer(ckpt.tokenizer, dataset.tokenizer.to_dict()):
         raise UserError(
