@@ -380,3 +380,12 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert read_lambada(marked) == read_lambada(plain) == [("ab cd ef", "gh"), ("ij kl", "mn")]
     assert read_text_file(marked) == read_text_file(plain)
+
+
+def test_lambada_jsonl_lone_surrogate_becomes_the_replacement_character(tmp_path):
+    # '\ud800' alone crashed tokenization with a UnicodeEncodeError traceback (data prepare already mapped it)
+    path = tmp_path / "lambada.jsonl"
+    path.write_text('{"text": "alpha beta \\ud800 gamma delta"}\n')
+    ((context, target),) = read_lambada(path)
+    assert (context, target) == ("alpha beta \ufffd gamma", "delta")
+    assert TOK.encode(context)

@@ -48,6 +48,12 @@ _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
 # A JSON escape such as "\ud800" without its pair (scraped web text has them) decodes to a lone
 # surrogate, which no UTF-8 encoder takes; json.loads has already joined every valid pair.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """A string from JSON with each unpaired surrogate as U+FFFD, a UTF-8 decoder's replacement."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
 READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
 
 
@@ -203,7 +209,7 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                             f"{path}, line {lineno}: the object {what} {field!r}; choose the text field with --field"
                         )
                     if value.strip():
-                        yield _LONE_SURROGATE.sub("\ufffd", value)  # U+FFFD, as a UTF-8 decoder's replacement
+                        yield without_lone_surrogates(value)
         except UnicodeDecodeError as e:
             raise UserError(f"{path} is not UTF-8 text ({e.reason}); convert it to UTF-8") from None
         except READ_ERRORS as e:

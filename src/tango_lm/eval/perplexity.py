@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from tango_lm.data.files import without_lone_surrogates
 from tango_lm.errors import UserError
 
 FORMATS = ("text", "wikitext", "lambada")
@@ -249,7 +250,7 @@ def read_lambada(path: str | Path) -> list[tuple[str, str]]:
                 ) from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise UserError(f'line {n} of {path} has no string "text" field; write {{"text": "..."}} per line')
-            passage = record["text"]
+            passage = without_lone_surrogates(record["text"])  # "\ud800" alone, as scraped text has
         else:
             passage = line
         passage = passage.strip()
