@@ -26,7 +26,7 @@ def test_truncation_keeps_the_records_up_to_the_step_without_the_summary_or_a_cu
     assert metrics_file.read_records(tmp_path / "none") == []
 
 
-@pytest.mark.parametrize("bad", ['{"step": 2, "lo', "[1, 2]", "null"])
+@pytest.mark.parametrize("bad", ['{"step": 2, "lo', "[1, 2]", "null", '{"step": null}', '{"step": "2"}'])
 def test_a_corrupt_line_before_the_last_is_refused_and_the_log_is_left_as_it_was(tmp_path, bad):
     # Only a last line can be a kill mid-write; anywhere else the log is damaged and a resume that
     # dropped the line (or a list record it could not read) would rewrite it without a word.

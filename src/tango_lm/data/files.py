@@ -54,6 +54,7 @@ def without_lone_surrogates(text: str) -> str:
     """A string from JSON with each unpaired surrogate as U+FFFD, a UTF-8 decoder's replacement."""
     return _LONE_SURROGATE.sub("\ufffd", text)
 
+
 READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
 
 

@@ -15,7 +15,8 @@ NAME = "metrics.jsonl"
 
 def parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
     """The log's (line, record) pairs, and whether a partial last line (a kill mid-write) was left out.
-    Any other line that is not a JSON object is corruption the reader cannot repair: a UserError."""
+    Any other line that is not a JSON object (with an integer step, if any) is corruption the reader
+    cannot repair: a UserError."""
     try:
         lines = path.read_text().split("\n")
     except (OSError, UnicodeDecodeError):
@@ -26,13 +27,15 @@ def parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
             continue
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict):
+            step = rec.get("step", 0) if isinstance(rec, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):  # resume cuts the log by step
                 raise ValueError
         except ValueError:
             if all(not rest.strip() for rest in lines[i + 1 :]):
                 return pairs, True
             raise UserError(
-                f"{path} line {i + 1} is not a JSON record; the file is corrupt, fix or remove it"
+                f"{path} line {i + 1} is not a JSON record (an object, its step an integer); the file is "
+                "corrupt, fix or remove it"
             ) from None
         pairs.append((line, rec))
     return pairs, False
