@@ -271,6 +271,7 @@ BAD = {
     "eval_corrupt_data": lambda c: ["eval", str(c.run), "--data", str(_data_garbage_manifest(c))],
     "eval_unknown_split": lambda c: ["eval", str(c.run), "--split", "validation"],
     "eval_zero_windows": lambda c: ["eval", str(c.run), "--windows", "0"],
+    "eval_superscript_windows": lambda c: ["eval", str(c.run), "--windows", "\u00b2"],  # isdigit() but not int()
     "eval_unknown_device": lambda c: ["eval", str(c.run), "--device", "tpu9"],
     "eval_meta_device": lambda c: ["eval", str(c.run), "--device", "meta"],
     "train_meta_device": lambda c: c.train("train.device=meta"),

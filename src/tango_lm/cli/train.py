@@ -45,7 +45,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from tango_lm.eval.evaluate import evaluate_checkpoint
 
-    if args.windows not in (None, "all") and (not args.windows.isdigit() or int(args.windows) < 1):
+    if args.windows not in (None, "all") and (
+        not args.windows.isascii() or not args.windows.isdigit() or int(args.windows) < 1
+    ):
         raise UserError(
             f"--windows takes a positive number or 'all' (got {args.windows!r}); leave it out for the run's own windows"
         )

@@ -51,7 +51,7 @@ def _tier_value(tier: str) -> float:
 
 def _natural(v: Any) -> tuple[int, Any]:
     """Numbers (and numerals: seed "17" is a label's text) before words, in numeric order."""
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+    if isinstance(v, str) and v.strip().lstrip("-").isascii() and v.strip().lstrip("-").isdigit():
         v = int(v)
     return (0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v))
 
