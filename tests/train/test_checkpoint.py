@@ -24,6 +24,7 @@ from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.models.model import build_model
 from tango_lm.train import checkpoint as ckpt_mod
+from tango_lm.train import trainer as trainer_module
 from tango_lm.train.checkpoint import (
     FORMAT,
     SUMMED,
@@ -500,3 +501,19 @@ def test_sigkilled_training_resumes_and_matches(data_dir, tmp_path, capsys):
     helpers.assert_same_weights(
         helpers.weights(helpers.step_dir(out, steps)), helpers.weights(helpers.step_dir(ref, steps))
     )
+
+
+def test_resume_in_another_compute_dtype_under_auto_is_refused(data_dir, tmp_path, monkeypatch):
+    # precision "auto" is bf16 on a bf16 GPU and fp32 on a CPU: a run moved between them compared its
+    # best dev NLL across precisions though its config (and train.precision) read the same.
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(trainer_module, "autocast_dtype", lambda precision, device: torch.bfloat16)  # a bf16 device
+        train(helpers.run_config(data_dir, out, steps=2, save_every=2, eval_every=2, precision="auto"))
+    before = helpers.snapshot(out)
+    with pytest.raises(UserError, match=r"it trained in bfloat16 and train.precision='auto' gives float32 on this"):
+        Trainer(helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, precision="auto"), resume=True)
+    assert helpers.snapshot(out) == before
+    with monkeypatch.context() as m:  # back on a bf16 device it resumes
+        m.setattr(trainer_module, "autocast_dtype", lambda precision, device: torch.bfloat16)
+        train(helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, precision="auto"), resume=True)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
@@ -48,12 +50,17 @@ def data_ids(dataset: PreparedDataset, run: RunConfig) -> dict[str, str]:
     return {split: dataset.content_id(getattr(run.data, f"{split}_split")) for split in ("train", "dev")}
 
 
+def compute_dtype(autocast: torch.dtype | None) -> str:
+    """The name of the dtype a run's matmuls run in (autocast's, else float32)."""
+    return str(autocast or torch.float32).removeprefix("torch.")
+
+
 def check_same_run(
-    ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, dataset: PreparedDataset, loader: Any
+    ckpt: Checkpoint, state: dict[str, Any], run: RunConfig, dataset: PreparedDataset, loader: Any, dtype: str
 ) -> None:
     """UserError unless the checkpoint's model config, tokenizer, data tokens and data order
-    (`loader`'s seq_len, global batch and seed) are this run's. Another checkpoint of the run would
-    not differ: these errors say to change the config back, not to move a checkpoint."""
+    (`loader`'s seq_len, global batch and seed) and compute `dtype` are this run's. Another checkpoint
+    of the run would not differ: these errors say to change the config back, not to move a checkpoint."""
     out = run.train.out_dir
     saved_model, model = ckpt.config.get("model", {}), run.model.to_dict()
     if saved_model != model:
@@ -111,6 +118,14 @@ def check_same_run(
                 "batch per step, or the dev windows or precision its best dev NLL was measured in; resume with the original "
                 "value or use a new train.out_dir"
             )
+
+    saved_dtype = state.get("compute_dtype") if isinstance(state, dict) else None  # none before it was saved
+    if isinstance(saved_dtype, str) and saved_dtype != dtype:
+        raise UserError(
+            f"cannot resume {out}: it trained in {saved_dtype} and train.precision={run.train.precision!r} gives "
+            f"{dtype} on this device (its best dev NLL was measured in {saved_dtype}); resume on a device that "
+            f"gives {saved_dtype} or use a new train.out_dir"
+        )
 
 
 def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:

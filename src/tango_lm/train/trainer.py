@@ -50,7 +50,7 @@ from tango_lm.train.device import autocast, autocast_dtype
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
-from tango_lm.train.resume import check_not_past, check_same_run, data_ids, open_checkpoint, unresumable
+from tango_lm.train.resume import check_not_past, check_same_run, compute_dtype, data_ids, open_checkpoint, unresumable
 from tango_lm.train.run_dir import claim_run_dir
 from tango_lm.train.sharded_checkpoint import load_shards, save_shards
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
@@ -156,7 +156,7 @@ class Trainer:
     # -- state --------------------------------------------------------------------------------
     def _resume(self, path: Path) -> None:
         ckpt, state = open_checkpoint(path)
-        check_same_run(ckpt, state, self.run, self.dataset, self.loader)
+        check_same_run(ckpt, state, self.run, self.dataset, self.loader, compute_dtype(self.dtype))
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)
@@ -203,6 +203,7 @@ class Trainer:
             # the summary's tokens/s is the median of the final steps, some of them before a resume
             "step_times": self.step_times[-THROUGHPUT_WINDOW:],
             "data": data_ids(self.dataset, self.run),
+            "compute_dtype": compute_dtype(self.dtype),  # what precision "auto" gave on this device
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
