@@ -262,8 +262,10 @@ BAD = {
     "malformed_yaml": lambda c: ["train", str(_bad_yaml(c)), f"data.dir={c.data}", f"train.out_dir={c.new_out}"],
     "yaml_not_a_mapping": lambda c: ["params", str(_list_yaml(c))],
     "params_unknown_arch": lambda c: ["params", "arch=nope", "--json"],
+    "params_of_a_directory": lambda c: ["params", str(c.tmp)],
     "params_wrong_type": lambda c: ["params", "arch=tango", "d_model=abc"],
     "match_bad_tier": lambda c: ["match", "--tier", "lots", "--depth", "4"],
+    "match_zero_d_model_on_a_paper_tier": lambda c: ["match", "--tier", "70M", "--depth", "4", "--d-model", "0"],
     "eval_other_tokenizer": lambda c: ["eval", str(c.run), "--data", str(c.gpt2)],
     "eval_missing_checkpoint": lambda c: ["eval", str(c.tmp / "no-such-run")],
     "eval_corrupt_checkpoint": lambda c: ["eval", str(_corrupt_run(c)), "--json"],
@@ -322,6 +324,8 @@ def test_error_messages_name_the_problem(cli_run, data_dir, gpt2_dir, tmp_path, 
         "missing_data_dir": "no-such-data",
         "data_missing_shard": "train-00000.bin",
         "eval_corrupt_checkpoint": "corrupt-run",
+        "params_of_a_directory": "is a directory",
+        "match_zero_d_model_on_a_paper_tier": "d_model must be at least 1",
     }
     for case, needle in expect.items():
         assert main(BAD[case](ctx)) == 2

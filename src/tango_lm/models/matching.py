@@ -26,7 +26,7 @@ def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
     key = tier.strip().upper()
     if key in TIERS:
         target, default_d = TIERS[key]
-        return target, d_model or default_d
+        return target, d_model if d_model is not None else default_d
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMB]?)", key)
     if not m:
         raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M or 1500000")

@@ -380,7 +380,8 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     d_model = values.get("d_model")
     if "tier" in values:
         tier = values["tier"]
-        target, tier_d = parse_tier(tier, d_model or (None if tier in TIERS else model.get("d_model", 256)))
+        fallback = None if tier in TIERS else model.get("d_model", 256)
+        target, tier_d = parse_tier(tier, d_model if d_model is not None else fallback)
         d_model = tier_d
     elif "target_params" in values:
         target = values["target_params"]
