@@ -117,10 +117,11 @@ def cli_overrides(data_dir: Path, out_dir: Path, **train: Any) -> list[str]:
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Tiny models are much faster on one thread (and the CI box has two busy cores)."""
+def one_thread(threads: int = 1) -> Iterator[None]:
+    """Tiny models are much faster on one thread (and the CI box has two busy cores); a test of
+    what parallel kernels do asks for more."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:

@@ -92,7 +92,8 @@ def _host_memory() -> int | None:
         return None
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(limit_file).read().strip()
+            with open(limit_file) as f:
+                text = f.read().strip()
         except OSError:
             continue
         if text.isdigit():

@@ -52,3 +52,19 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(on: bool):
+    """PyTorch's deterministic algorithms while the block runs, if `on`. Compiled training on CPUs
+    needs them for exact resume: inductor's embedding backward adds rows with parallel atomics, so
+    two runs' gradients differed by ~1e-9 (eager CPU kernels are deterministic already)."""
+    if not on:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])

@@ -46,7 +46,7 @@ from tango_lm.train.checkpoint import (
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig
 from tango_lm.train.cpu_allocator import keep_freed_memory
-from tango_lm.train.device import autocast, autocast_dtype
+from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
@@ -350,7 +350,8 @@ class Trainer:
             self.peak_flops = matmul_peak(self.device, self.dtype)
         reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
         try:
-            result = self._fit(kept)
+            with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
+                result = self._fit(kept)
         except BaseException:
             loggers, self.loggers = self.loggers or [], None
             with contextlib.suppress(Exception):  # the error that stopped training is the one to report
