@@ -173,6 +173,10 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         ({**body, "logprobs": 2}, 400, "unsupported_parameter"),
         ({**body, "frobnicate": 1}, 400, None),
         ({**body, "max_tokens": "many"}, 400, None),
+        ({**body, "max_tokens": True}, 400, None),  # lax parsing read true as 1 and 2.0 as 2
+        ({**body, "prompt": [True, 5]}, 400, None),
+        ({**body, "prompt": [1.0, 5]}, 400, None),
+        ({**body, "n": 2.0}, 400, None),
         ({"prompt": "hi"}, 400, None),
         ([1, 2], 400, None),
     ]

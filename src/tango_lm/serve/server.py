@@ -58,7 +58,7 @@ class APIError(Exception):
 class CompletionRequest(BaseModel):
     """OpenAI's completion parameters (unknown ones are refused)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no true as token 1, no 2.0 as max_tokens 2
 
     model: str
     prompt: str | list[str] | list[int] | list[list[int]] = ""
