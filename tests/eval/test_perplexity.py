@@ -308,7 +308,7 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
 FLAGS = {  # --ppl with what only a split takes, or what --ppl takes without it; --ablate goes with both
     "split_with_ppl": (["--split", "dev"], "--split score a dataset split and --ppl a file"),
     "windows_and_data_with_ppl": (["--windows", "3", "--data", "d"], "--data, --windows score a dataset split"),
-    "ablate_with_ppl_on_one_table": (["--ablate", "A"], "--ablate needs a checkpoint with twin tables"),
+    "ablate_with_ppl_on_one_table": (["--ablate", "A"], "--ablate needs a checkpoint of onóna's twin mixture"),
 }
 
 

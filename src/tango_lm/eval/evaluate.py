@@ -82,8 +82,8 @@ def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None
             raise UserError(f"--ablate takes A or B (got {ablate!r})")
         if not hasattr(model.head, "ablation"):
             raise UserError(
-                f"--ablate needs a checkpoint with twin tables (head onona); {ckpt.path} has head "
-                f"{ckpt.config['model'].get('head')!r}"
+                f"--ablate needs a checkpoint of onóna's twin mixture (head onona or factorial-m-mix); "
+                f"{ckpt.path} has head {ckpt.config['model'].get('head')!r}"
             )
         model.head.ablation = ablate.lower()
         labels["ablate"] = ablate.upper()
