@@ -215,11 +215,8 @@ def test_plain_runs_of_other_configs_are_not_averaged(tmp_path):
     res = write_report(root, plots=False)
     rows = res["report"]["main"]
     assert sorted(r["cells"]["tango"]["mean"] for r in rows) == [2.0, 3.0]
-    assert {dict(r["extras"])["run"] if isinstance(r.get("extras"), list) else r.get("run") for r in rows} == {
-        small.relative_to(root).as_posix(),
-        wide.relative_to(root).as_posix(),
-    }
-    assert any("share a label and seed but not their configs" in w for w in res["warnings"])
+    # the field they differ in labels their rows
+    assert sorted((r["model.width"] or 0, r["cells"]["tango"]["mean"]) for r in rows) == [(0, 3.0), (64, 2.0)]
     again = write_run(root / "again", labels, 2.5, 2.5, sweep_json=False)  # the small run's config, run again
     (again / "config.json").write_text((small / "config.json").read_text())
     res = write_report(root, plots=False)
@@ -367,3 +364,22 @@ def test_an_out_that_is_a_file_is_a_user_error(runs, tmp_path):
 def test_unknown_reference_is_a_user_error(runs):
     with pytest.raises(UserError, match="--reference 'nope'"):
         write_report(runs, plots=False, reference="nope")
+
+
+def test_plain_runs_trained_differently_are_not_paired_or_ranked_together(tmp_path):
+    # Outside a sweep, an onóna run of 2 steps at lr 1e-5 was paired against a Standard run of 8 steps
+    # ("heads against Standard") and ranked with it, with nothing said.
+    root = tmp_path / "runs"
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "arch": "dense", "seed": SEEDS[0]}
+    standard = write_run(root, {**labels, "head": "standard"}, 3.0, 3.0, sweep_json=False)
+    onona = write_run(root, {**labels, "head": "onona"}, 4.0, 4.0, sweep_json=False)
+    report = write_report(root, plots=False)["report"]
+    assert [(h["head"], h["delta"]) for h in report["heads"]] == [("onona", 1.0)]  # the same training: paired
+    config = json.loads((onona / "config.json").read_text())
+    config["train"].update(steps=2, lr=1e-5, out_dir="elsewhere", save_every=1)  # the last two label nothing
+    (onona / "config.json").write_text(json.dumps(config))
+    report = write_report(root, plots=False)["report"]
+    assert report["heads"] == []
+    rows = {(r["train.lr"], r["train.steps"]): sorted(r["cells"]) for r in report["main"]}
+    assert rows == {(None, None): ["dense"], (1e-5, 2): ["dense+onona"]}
+    assert standard.exists()

@@ -179,10 +179,48 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
     for failed in failures:  # runs that failed before writing their config
         if not (failed.parent / "config.json").exists():
             warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
+    records = _label_other_training(records)
     records = _separate_other_settings(root, records, warnings)
     if not records:
         raise UserError(f"no finished runs under {root} (no run directory with config.json and summary.json)")
     return records, warnings
+
+
+# Train fields that do not change what a run computes (where and how it logged, checkpointed or
+# compiled) or that are the seed axis; the others, where plain runs of one row differ, label the rows.
+NOT_A_SETTING = (
+    "out_dir", "seed", "data_seed", "device", "progress", "loggers", "wandb_project", "save_every", "keep_last",
+    "log_every", "compile", "activation_checkpointing", "parallel", "checkpoint_format", "max_nonfinite_steps",
+)  # fmt: skip
+
+
+def _label_other_training(records: list[RunRecord]) -> list[RunRecord]:
+    """Run directories trained outside a sweep (no sweep.json) carry no labels of what they varied:
+    in one row, each train field where they differ, and each model field where runs of one
+    architecture differ (the head aside), becomes a label of its own. Without this, runs of another
+    lr or length were paired and ranked as if they differed only by head or architecture."""
+    plain = [r for r in records if not (r.path / "sweep.json").exists()]
+    settings = {r.path: _setting(r.path) for r in plain}
+    labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in plain}
+    rows: dict[tuple[Any, ...], list[RunRecord]] = {}
+    for r in plain:
+        rows.setdefault(r.row, []).append(r)
+    for row in rows.values():
+        groups = [("train", row, NOT_A_SETTING)]
+        for arch in {r.arch for r in row}:
+            groups.append(("model", [r for r in row if r.arch == arch], ("head",)))
+        for section, runs, neutral in groups:
+            fields = sorted({k for r in runs for k in settings[r.path][section] or {}} - set(neutral))
+            for key in fields:
+                values = [(settings[r.path][section] or {}).get(key) for r in runs]
+                if any(v != values[0] for v in values):
+                    for r, v in zip(runs, values, strict=True):
+                        labels[r.path].append((f"{section}.{key}", v if _hashable(v) else json.dumps(v)))
+    return [replace(r, extras=(*r.extras, *labels[r.path])) if labels.get(r.path) else r for r in records]
+
+
+def _hashable(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 def _separate_other_settings(root: Path, records: list[RunRecord], warnings: list[str]) -> list[RunRecord]:
