@@ -128,6 +128,19 @@ def check_same_run(
         )
 
 
+def check_same_eval_batch(state: dict[str, Any], run: RunConfig, eval_batch: int, batch_dependent: bool) -> None:
+    """UserError when a model whose scores depend on batch mates (MoE: expert capacity is per forward)
+    would measure dev NLL in other batches than the checkpoint's best was (another
+    train.eval_batch_size, or its default batch_size / processes on another number of processes)."""
+    saved = state.get("eval_batch_size") if isinstance(state, dict) else None  # none before it was saved
+    if batch_dependent and isinstance(saved, int) and saved != eval_batch:
+        raise UserError(
+            f"cannot resume {run.train.out_dir}: its dev NLL was measured in batches of {saved} windows per process, "
+            f"which an MoE layer's expert capacity depends on, and this run would use {eval_batch}; set "
+            f"train.eval_batch_size={saved} or use a new train.out_dir"
+        )
+
+
 def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:
     if step > total_steps:
         raise UserError(

@@ -29,6 +29,7 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
+from tango_lm.layers.moe import moe_layers
 from tango_lm.models.model import build_model
 from tango_lm.train import distributed, metrics_file
 from tango_lm.train.checkpoint import (
@@ -50,7 +51,15 @@ from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernel
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
-from tango_lm.train.resume import check_not_past, check_same_run, compute_dtype, data_ids, open_checkpoint, unresumable
+from tango_lm.train.resume import (
+    check_not_past,
+    check_same_eval_batch,
+    check_same_run,
+    compute_dtype,
+    data_ids,
+    open_checkpoint,
+    unresumable,
+)
 from tango_lm.train.run_dir import claim_run_dir
 from tango_lm.train.sharded_checkpoint import load_shards, save_shards
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
@@ -157,6 +166,7 @@ class Trainer:
     def _resume(self, path: Path) -> None:
         ckpt, state = open_checkpoint(path)
         check_same_run(ckpt, state, self.run, self.dataset, self.loader, compute_dtype(self.dtype))
+        check_same_eval_batch(state, self.run, self.eval_batch_size, bool(moe_layers(self.model)))
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)
@@ -204,6 +214,7 @@ class Trainer:
             "step_times": self.step_times[-THROUGHPUT_WINDOW:],
             "data": data_ids(self.dataset, self.run),
             "compute_dtype": compute_dtype(self.dtype),  # what precision "auto" gave on this device
+            "eval_batch_size": self.eval_batch_size,  # per process: MoE's dev NLL depends on it
         }
 
     def save(self, dev_nll: float | None = None) -> Path:
