@@ -8,18 +8,30 @@ All three are checked before anything is written:
   std of zero or below would divide by zero or produce NaN in the first forward);
 - the weights, gradients and AdamW's two moments (16 bytes per parameter in fp32; split over the
   processes under FSDP) fit in the memory of the device that trains them (`check_fits_memory`),
-  so a mistyped width stops at once instead of swapping or dying in the allocator.
+  so a mistyped width stops at once instead of swapping or dying in the allocator;
+- and a dataset's token ids fit the model's table (`check_data_fits_model`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tango_lm.errors import UserError
 
-__all__ = ["MODEL_RANGES", "TRAIN_BYTES_PER_PARAM", "check_finite", "check_model_numbers", "check_fits_memory"]
+if TYPE_CHECKING:
+    from tango_lm.data.shards import PreparedDataset
+    from tango_lm.train.config import RunConfig
+
+__all__ = [
+    "MODEL_RANGES",
+    "TRAIN_BYTES_PER_PARAM",
+    "check_finite",
+    "check_model_numbers",
+    "check_fits_memory",
+    "check_data_fits_model",
+]
 
 # field -> (lowest allowed value, whether the bound itself is allowed)
 MODEL_RANGES: dict[str, tuple[float, bool]] = {
@@ -99,3 +111,13 @@ def _host_memory() -> int | None:
         if text.isdigit():
             total = min(total, int(text))
     return total
+
+
+def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
+    """Every token id of the dataset (and of its tokenizer) has a row in the model's table."""
+    tok = dataset.tokenizer
+    if tok.vocab_size > run.model.vocab_size or dataset.max_token_id >= run.model.vocab_size:
+        raise UserError(
+            f"dataset {dataset.path} uses tokenizer {tok.name!r} with {tok.vocab_size} ids but model.vocab_size is "
+            f"{run.model.vocab_size}; set model.vocab_size={tok.vocab_size} or prepare the data with the model's tokenizer"
+        )

@@ -539,3 +539,22 @@ def test_resume_of_moe_with_another_eval_batch_is_refused(data_dir, tmp_path):
         with pytest.raises(UserError, match=r"batches of 4 windows per process.*set train.eval_batch_size=4"):
             Trainer(again, resume=True)
         assert helpers.snapshot(out) == before
+
+
+def test_moe_logs_its_load_balancing_term_apart_and_the_report_curve_is_the_nll(data_dir, tmp_path):
+    # MoE's loss is NLL + aux: its learning curve sat ~alpha above the other backbones' NLL curves.
+    from tango_lm.eval.report_runs import read_run
+
+    for arch in ("moe", "tango"):
+        out = tmp_path / arch
+        train(
+            helpers.run_config(data_dir, out, model={"arch": arch}, steps=3, save_every=3, eval_every=3, grad_accum=2)
+        )
+        steps = [r for r in helpers.read_metrics(out) if "loss" in r and r.get("event") != "summary"]
+        if arch == "tango":
+            assert all("aux_loss" not in r for r in steps)
+            continue
+        # alpha * E * sum_i f_i P_i >= alpha (equality when routing is uniform); far below the NLL
+        assert all(0.0099 < r["aux_loss"] < 0.05 for r in steps), steps
+        curve = read_run(out, "test", [])
+        assert curve.train_curve == [(r["tokens"], r["loss"] - r["aux_loss"]) for r in steps]

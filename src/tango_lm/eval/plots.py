@@ -38,8 +38,8 @@ def write_plots(report: dict[str, Any], records: list[RunRecord], out: Path) -> 
 
 
 def _learning_curves(Figure: Any, records: list[RunRecord], out: Path) -> list[Path]:
-    """One figure per row (dataset, tier, depth, other axes) and seed: train loss and dev NLL
-    against tokens, one line per model."""
+    """One figure per row (dataset, tier, depth, other axes) and seed: train NLL (MoE's without its
+    load-balancing term) and dev NLL against tokens, one line per model."""
     groups: dict[tuple[Any, ...], list[RunRecord]] = {}
     for r in records:
         groups.setdefault((*r.row, r.seed), []).append(r)
@@ -54,7 +54,7 @@ def _learning_curves(Figure: Any, records: list[RunRecord], out: Path) -> list[P
                 ax_train.plot(*zip(*r.train_curve, strict=True), label=model_name(r.model), linewidth=1)
             if r.dev_curve:
                 ax_dev.plot(*zip(*r.dev_curve, strict=True), marker="o", markersize=3, label=model_name(r.model))
-        for ax, what in ((ax_train, "train loss"), (ax_dev, "dev NLL")):
+        for ax, what in ((ax_train, "train NLL"), (ax_dev, "dev NLL")):
             ax.set_xlabel("tokens")
             ax.set_ylabel(f"{what} (nats/token)")
             ax.grid(alpha=0.3)

@@ -104,7 +104,12 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
 
     metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
     # A skipped step (non-finite loss) logs "loss": null; it has no point on the curve.
-    train_curve = [(int(r["tokens"]), float(r["loss"])) for r in metrics if _numbers(r, "loss", "tokens")]
+    # MoE's loss holds its load-balancing term, logged apart: the curve is the NLL every model logs.
+    train_curve = [
+        (int(r["tokens"]), float(r["loss"]) - (float(r["aux_loss"]) if _numbers(r, "aux_loss") else 0.0))
+        for r in metrics
+        if _numbers(r, "loss", "tokens")
+    ]
     dev_curve = [
         (int(r["tokens"]), float(r["dev_nll"]))
         for r in metrics

@@ -23,7 +23,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from tango_lm import strict_json
-from tango_lm.config_checks import check_fits_memory
+from tango_lm.config_checks import check_data_fits_model, check_fits_memory
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError, os_error_text
@@ -73,15 +73,6 @@ class TrainResult:
 
     summary: dict[str, Any]
     losses: dict[int, float] = field(default_factory=dict)  # optimizer step (1-based) -> train loss
-
-
-def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
-    tok = dataset.tokenizer
-    if tok.vocab_size > run.model.vocab_size or dataset.max_token_id >= run.model.vocab_size:
-        raise UserError(
-            f"dataset {dataset.path} uses tokenizer {tok.name!r} with {tok.vocab_size} ids but model.vocab_size is "
-            f"{run.model.vocab_size}; set model.vocab_size={tok.vocab_size} or prepare the data with the model's tokenizer"
-        )
 
 
 class Trainer:
@@ -311,7 +302,8 @@ class Trainer:
         segments = self.model.num_segments
         if segments is not None:
             self.model.set_active_segment(segment_for_step(self.step, segments))
-        total = 0.0
+        total = aux_total = 0.0
+        aux_of = getattr(self.model.backbone, "aux_loss", None)  # MoE: the load-balancing term in the loss
         for micro in range(cfg.grad_accum):
             inputs, targets = self.loader.next_batch()
             inputs, targets = inputs.to(self.device), targets.to(self.device)
@@ -326,6 +318,8 @@ class Trainer:
             with distributed.grad_sync(self.ddp, micro == cfg.grad_accum - 1):
                 loss = with_eager_fallback(forward_backward, self.step_fn)
             total += float(loss.detach())
+            aux = aux_of() if aux_of is not None else None
+            aux_total += float(aux.detach()) if aux is not None else 0.0
         grad_norm = distributed.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
         skip = self.nonfinite.skip(loss, grad_norm)  # both values are global: every rank decides alike
@@ -337,6 +331,8 @@ class Trainer:
         self.step += 1
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
         self._last = {"lr": lr, "grad_norm": grad_norm if math.isfinite(grad_norm) else None}
+        if aux_of is not None:  # logged apart: loss - aux_loss is the NLL that other models log as loss
+            self._last["aux_loss"] = distributed.mean_over_ranks(self.dist, aux_total / cfg.grad_accum)
         if skip:  # a skipped step still counts: its batch is consumed (train/nonfinite.py)
             self._last["skipped"] = True
             self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
