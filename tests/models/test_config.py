@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 
 from tango_lm import ModelConfig, UserError
 from tango_lm.train.config import RunConfig, TrainConfig, apply_overrides, load_run_config
@@ -293,3 +294,18 @@ def test_overrides_change_the_head_shape_they_name(preset, overrides, heads, hea
     model = load_run_config(preset, overrides).model
     assert (model.n_heads, model.head_dim) == (heads, head_dim)
     assert model.n_heads * model.head_dim == model.d_model
+
+
+def test_a_run_configs_head_shape_follows_an_override(tmp_path):
+    # A run's config.yaml writes every derived field: n_kv_heads = n_heads (no GQA) and head_dim.
+    saved = load_run_config("dense-142m", ["model.n_kv_heads=12"]).to_dict()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    model = load_run_config(str(path), ["model.d_model=384"]).model
+    assert (model.n_heads, model.n_kv_heads, model.head_dim) == (6, 6, 64)  # n_kv_heads 12 stayed: an error
+    model = load_run_config(str(path), ["model.n_heads=24"]).model
+    assert (model.n_heads, model.n_kv_heads, model.head_dim) == (24, 24, 32)
+    gqa = load_run_config("dense-142m", []).to_dict()  # 12 heads share 6 key/value heads: kept as written
+    path.write_text(yaml.safe_dump(gqa))
+    with pytest.raises(UserError, match="n_kv_heads=6"):
+        load_run_config(str(path), ["model.d_model=256"])  # 4 heads of 64

@@ -131,16 +131,21 @@ class ModelConfig:
         A preset writes `n_heads` and `head_dim` follows from it, so `head_dim=64` or `d_model=128`
         alone would be ignored or would narrow every head. The field the user changed wins:
         `head_dim` or `d_model` without `n_heads` drops the base's `n_heads` (heads keep their
-        width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`."""
+        width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`.
+        A base's `n_kv_heads` equal to its `n_heads` (no GQA, as a run's config.yaml writes it)
+        follows the new head count."""
         out = dict(base)
         heads = base.get("n_heads")
-        if heads is not None and "n_heads" not in changes and changes.keys() & {"head_dim", "d_model"}:
+        new_heads = "n_heads" in changes or (heads is not None and changes.keys() & {"head_dim", "d_model"})
+        if heads is not None and "n_heads" not in changes and new_heads:
             d_model = base.get("d_model", ModelConfig.d_model)
             if "head_dim" not in base and isinstance(heads, int) and isinstance(d_model, int) and heads > 0:
                 out["head_dim"] = d_model // heads  # the base's head width (validation names a bad base)
             del out["n_heads"]
         if "n_heads" in changes and "head_dim" not in changes:
             out.pop("head_dim", None)
+        if new_heads and "n_kv_heads" not in changes and heads is not None and base.get("n_kv_heads") == heads:
+            del out["n_kv_heads"]
         out.update(changes)
         return out
 
