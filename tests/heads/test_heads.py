@@ -410,4 +410,4 @@ def test_eval_ablate_cli(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["nll"] == pytest.approx(b)
     assert main(["eval", str(runs["standard"]), "--split", "dev", "--ablate", "A"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "twin tables" in err[0]
+    assert len(err) == 1 and "onóna's twin mixture" in err[0]
