@@ -288,6 +288,7 @@ def test_non_positive_budget_is_user_error(override):
         ("dense-142m", ["model.head_dim=32"], 24, 32),  # the preset writes both n_heads and head_dim
         ("dense-142m", ["model.n_heads=24", "model.n_kv_heads=12"], 24, 32),
         ("dense-142m", ["model.d_model=384", "model.n_kv_heads=3"], 6, 64),
+        ("dense-1b", ["model.n_heads=null"], 32, 64),  # unpinning the head count keeps the head width
     ],
 )
 def test_overrides_change_the_head_shape_they_name(preset, overrides, heads, head_dim):
@@ -305,7 +306,26 @@ def test_a_run_configs_head_shape_follows_an_override(tmp_path):
     assert (model.n_heads, model.n_kv_heads, model.head_dim) == (6, 6, 64)  # n_kv_heads 12 stayed: an error
     model = load_run_config(str(path), ["model.n_heads=24"]).model
     assert (model.n_heads, model.n_kv_heads, model.head_dim) == (24, 24, 32)
-    gqa = load_run_config("dense-142m", []).to_dict()  # 12 heads share 6 key/value heads: kept as written
+    gqa = load_run_config("dense-142m", []).to_dict()  # 12 heads share 6 key/value heads: groups of 2 kept
     path.write_text(yaml.safe_dump(gqa))
+    for overrides, shape in [
+        (["model.d_model=1536"], (24, 12, 64)),
+        (["model.n_heads=24"], (24, 12, 32)),
+        (["model.head_dim=32"], (24, 12, 32)),
+        (["model.n_heads=24", "model.n_kv_heads=3"], (24, 3, 32)),
+    ]:
+        model = load_run_config(str(path), overrides).model
+        assert (model.n_heads, model.n_kv_heads, model.head_dim) == shape, overrides
+        assert load_run_config("dense-142m", overrides).model.n_kv_heads == shape[1]  # the preset alike
     with pytest.raises(UserError, match="n_kv_heads=6"):
-        load_run_config(str(path), ["model.d_model=256"])  # 4 heads of 64
+        load_run_config(str(path), ["model.n_heads=3"])  # no group of 2 in 3 heads: the error says so
+
+
+def test_a_default_eval_capacity_follows_new_experts_and_a_chosen_one_stays(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(load_run_config("moe-142m", []).to_dict()))  # writes 4.0 = E/k
+    assert load_run_config(str(path), ["model.n_experts=16"]).model.capacity_factor_eval == 8.0
+    assert load_run_config(str(path), ["model.moe_top_k=1"]).model.capacity_factor_eval == 8.0
+    chosen = load_run_config("moe-142m", ["model.capacity_factor_eval=2.0"]).to_dict()
+    path.write_text(yaml.safe_dump(chosen))
+    assert load_run_config(str(path), ["model.n_experts=16"]).model.capacity_factor_eval == 2.0

@@ -126,27 +126,35 @@ class ModelConfig:
 
     @staticmethod
     def overridden(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-        """A config mapping's model fields with `changes` (a user's overrides) applied.
+        """A config mapping's model fields with `changes` (a user's overrides, a sweep's axes) applied.
 
         A preset writes `n_heads` and `head_dim` follows from it, so `head_dim=64` or `d_model=128`
         alone would be ignored or would narrow every head. The field the user changed wins:
         `head_dim` or `d_model` without `n_heads` drops the base's `n_heads` (heads keep their
         width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`.
-        A base's `n_kv_heads` equal to its `n_heads` (no GQA, as a run's config.yaml writes it)
-        follows the new head count."""
+        Derived fields follow as in `replace()`: the base's GQA group (`n_heads / n_kv_heads`) is
+        kept for the new head count, and a `capacity_factor_eval` that was its default E/k follows
+        new `n_experts` or `moe_top_k` (a base may be a run's config.yaml, which writes them all)."""
         out = dict(base)
-        heads = base.get("n_heads")
-        new_heads = "n_heads" in changes or (heads is not None and changes.keys() & {"head_dim", "d_model"})
-        if heads is not None and "n_heads" not in changes and new_heads:
+        heads, kv = base.get("n_heads"), base.get("n_kv_heads")
+        reshaped = "n_heads" in changes or (heads is not None and bool(changes.keys() & {"head_dim", "d_model"}))
+        if heads is not None and "n_heads" not in changes and reshaped:
             d_model = base.get("d_model", ModelConfig.d_model)
-            if "head_dim" not in base and isinstance(heads, int) and isinstance(d_model, int) and heads > 0:
+            if "head_dim" not in base and _positive_ints(heads, d_model):
                 out["head_dim"] = d_model // heads  # the base's head width (validation names a bad base)
             del out["n_heads"]
-        if "n_heads" in changes and "head_dim" not in changes:
+        if changes.get("n_heads") is not None and "head_dim" not in changes:
             out.pop("head_dim", None)
-        if new_heads and "n_kv_heads" not in changes and heads is not None and base.get("n_kv_heads") == heads:
-            del out["n_kv_heads"]
         out.update(changes)
+        if reshaped and "n_kv_heads" not in changes and _positive_ints(heads, kv) and heads % kv == 0:
+            group, new_heads = heads // kv, _head_count(out)
+            if new_heads is not None and new_heads % group == 0:
+                out["n_kv_heads"] = new_heads // group
+        experts = ("n_experts", "moe_top_k")
+        if changes.keys() & set(experts) and "capacity_factor_eval" not in changes:
+            e, k = (base.get(f, getattr(ModelConfig, f)) for f in experts)
+            if _positive_ints(e, k) and base.get("capacity_factor_eval") == e / k:
+                out.pop("capacity_factor_eval")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,3 +234,15 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
             f"; YAML read it as a {kind}: quote it, {name}: '{value}' in a file or \"{name}='{value}'\" as an override"
         )
     raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__}){hint}")
+
+
+def _positive_ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def _head_count(model: dict[str, Any]) -> int | None:
+    """The query heads a config mapping asks for, where it says (None where validation decides)."""
+    if model.get("n_heads") is not None:
+        return model["n_heads"] if _positive_ints(model["n_heads"]) else None
+    d_model, head_dim = model.get("d_model", ModelConfig.d_model), model.get("head_dim", ModelConfig.head_dim)
+    return d_model // head_dim if _positive_ints(d_model, head_dim) and d_model % head_dim == 0 else None

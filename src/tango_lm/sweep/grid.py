@@ -386,8 +386,7 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     elif "target_params" in values:
         target = values["target_params"]
     if d_model is not None and d_model != model.get("d_model"):
-        model = sections["model"] = ModelConfig.overridden(model, {"d_model": d_model})
-        model.pop("n_kv_heads", None)
+        model = sections["model"] = ModelConfig.overridden(model, {"d_model": d_model})  # heads follow
     if "depth" in values:
         model["depth"] = values["depth"]
     arch = values.get("arch")
