@@ -45,3 +45,12 @@ def test_a_partial_last_line_is_reported_by_parse(tmp_path):
     assert metrics_file.parse(path) == ([('{"step": 1}', {"step": 1})], True)
     path.write_text('{"step": 1}\n\n')
     assert metrics_file.parse(path) == ([('{"step": 1}', {"step": 1})], False)
+
+
+@pytest.mark.parametrize("last", ['{"step": "2"}', "null", "[1, 2]"])
+def test_a_complete_last_line_that_is_no_record_is_corruption_not_a_cut(tmp_path, last):
+    # A line cut by a kill is never valid JSON (records are objects); a valid non-record was dropped as "partial".
+    path = tmp_path / metrics_file.NAME
+    path.write_text('{"step": 1}\n' + last + "\n")
+    with pytest.raises(UserError, match="line 2 is not a JSON record"):
+        metrics_file.parse(path)

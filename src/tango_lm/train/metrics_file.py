@@ -27,16 +27,16 @@ def parse(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
             continue
         try:
             rec = json.loads(line)
-            step = rec.get("step", 0) if isinstance(rec, dict) else None
-            if not isinstance(step, int) or isinstance(step, bool):  # resume cuts the log by step
-                raise ValueError
         except ValueError:
-            if all(not rest.strip() for rest in lines[i + 1 :]):
+            rec = None
+            if all(not rest.strip() for rest in lines[i + 1 :]):  # a record cut by a kill is never valid JSON
                 return pairs, True
+        step = rec.get("step", 0) if isinstance(rec, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):  # resume cuts the log by step
             raise UserError(
                 f"{path} line {i + 1} is not a JSON record (an object, its step an integer); the file is "
                 "corrupt, fix or remove it"
-            ) from None
+            )
         pairs.append((line, rec))
     return pairs, False
 
