@@ -216,7 +216,8 @@ def test_plain_runs_of_other_configs_are_not_averaged(tmp_path):
     rows = res["report"]["main"]
     assert sorted(r["cells"]["tango"]["mean"] for r in rows) == [2.0, 3.0]
     # the field they differ in labels their rows
-    assert sorted((r["model.width"] or 0, r["cells"]["tango"]["mean"]) for r in rows) == [(0, 3.0), (64, 2.0)]
+    # (the field the older config.json lacks is at its default, 1024)
+    assert sorted((r["model.width"], r["cells"]["tango"]["mean"]) for r in rows) == [(64, 2.0), (1024, 3.0)]
     again = write_run(root / "again", labels, 2.5, 2.5, sweep_json=False)  # the small run's config, run again
     (again / "config.json").write_text((small / "config.json").read_text())
     res = write_report(root, plots=False)
@@ -381,5 +382,33 @@ def test_plain_runs_trained_differently_are_not_paired_or_ranked_together(tmp_pa
     report = write_report(root, plots=False)["report"]
     assert report["heads"] == []
     rows = {(r["train.lr"], r["train.steps"]): sorted(r["cells"]) for r in report["main"]}
-    assert rows == {(None, None): ["dense"], (1e-5, 2): ["dense+onona"]}
+    assert rows == {(0.001, None): ["dense"], (1e-5, 2): ["dense+onona"]}  # lr missing: its default
     assert standard.exists()
+
+
+def test_training_labels_cover_sweep_runs_and_ignore_what_computes_nothing(tmp_path):
+    root = tmp_path / "runs"
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}
+    swept = write_run(root / "sweep", {**labels, "arch": "tango"}, 3.0, 3.0)  # with sweep.json
+    plain = write_run(root / "plain", {**labels, "arch": "loop-transformer"}, 4.0, 4.0, sweep_json=False)
+
+    def edit(run, **train):
+        config = json.loads((run / "config.json").read_text())
+        config["train"].update(train)
+        (run / "config.json").write_text(json.dumps(config))
+
+    def main_rows():
+        return sorted(
+            (sorted(k for k in r if k.startswith("train.")), sorted(r["cells"]))
+            for r in write_report(root, plots=False)["report"]["main"]
+        )
+
+    # Neither seq_len None and its resolved value, nor eval_batch_size off MoE, nor the logging, splits a row;
+    # a field one config.json lacks is at its default (reshuffle_each_epoch: true).
+    edit(swept, seq_len=None, reshuffle_each_epoch=True, eval_batch_size=2, compile=True, keep_last=1)
+    model = json.loads((plain / "config.json").read_text())["model"]
+    edit(plain, seq_len=model.get("context_length", 1024), lr=0.001)
+    assert main_rows() == [([], ["loop-transformer", "tango"])]
+    # A plain run of another lr beside a sweep's run was ranked against it.
+    edit(plain, lr=1e-5)
+    assert main_rows() == [(["train.lr"], ["loop-transformer"]), (["train.lr"], ["tango"])]

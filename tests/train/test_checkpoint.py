@@ -95,7 +95,10 @@ def test_train_state_loads_with_weights_only(scripted_run):
             "nonfinite",
             "step_times",
             "data",
+            "compute_dtype",
+            "eval_batch_size",
         }
+        assert state["compute_dtype"] == "float32" and state["eval_batch_size"] == run.train.batch_size
         assert len(state["step_times"]) == step and set(state["data"]) == {"train", "dev"}
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32

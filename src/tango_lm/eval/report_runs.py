@@ -4,6 +4,7 @@ met on the way (damaged inputs: see report.py's docstring)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.errors import UserError
+from tango_lm.models.config import ModelConfig
 from tango_lm.train import metrics_file
+from tango_lm.train.config import TrainConfig
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -191,37 +194,63 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
     return records, warnings
 
 
-# Train fields that do not change what a run computes (where and how it logged, checkpointed or
-# compiled) or that are the seed axis; the others, where plain runs of one row differ, label the rows.
-NOT_A_SETTING = (
-    "out_dir", "seed", "data_seed", "device", "progress", "loggers", "wandb_project", "save_every", "keep_last",
-    "log_every", "compile", "activation_checkpointing", "parallel", "checkpoint_format", "max_nonfinite_steps",
-)  # fmt: skip
+# Fields that do not change what a run computes (where and how it logged, checkpointed or compiled;
+# a kernel or chunk choice) or that are axes of their own; the others, where runs of one row differ,
+# label the rows. eval_batch_size changes MoE's scores only (expert capacity is per forward).
+NEUTRAL = {
+    "train": {
+        "out_dir", "seed", "data_seed", "device", "progress", "loggers", "wandb_project", "save_every", "keep_last",
+        "log_every", "compile", "activation_checkpointing", "parallel", "checkpoint_format", "max_nonfinite_steps",
+        "eval_batch_size",
+    },
+    "model": {"head", "loss_chunk", "gdn_chunk", "gdn_backend"},
+}  # fmt: skip
+# A config.json from before a field existed ran with what is now its default (as sweep/runner.py reads it).
+DEFAULTS = {
+    section: {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for section, cls in (("train", TrainConfig), ("model", ModelConfig))
+}
 
 
 def _label_other_training(records: list[RunRecord]) -> list[RunRecord]:
-    """Run directories trained outside a sweep (no sweep.json) carry no labels of what they varied:
-    in one row, each train field where they differ, and each model field where runs of one
-    architecture differ (the head aside), becomes a label of its own. Without this, runs of another
-    lr or length were paired and ranked as if they differed only by head or architecture."""
-    plain = [r for r in records if not (r.path / "sweep.json").exists()]
-    settings = {r.path: _setting(r.path) for r in plain}
-    labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in plain}
+    """In one row, each train field where runs differ, and each model field where runs of one
+    architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
+    length (plain run directories carry no labels of what they varied) were paired and ranked as if
+    they differed only by head or architecture. A sweep's axes already split its rows."""
+    settings = {r.path: _resolved_setting(r.path) for r in records}
+    labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
-    for r in plain:
+    for r in records:
         rows.setdefault(r.row, []).append(r)
     for row in rows.values():
-        groups = [("train", row, NOT_A_SETTING)]
-        for arch in {r.arch for r in row}:
-            groups.append(("model", [r for r in row if r.arch == arch], ("head",)))
+        neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in row) else set())
+        groups = [("train", row, neutral_train)]
+        groups += [("model", [r for r in row if r.arch == arch], NEUTRAL["model"]) for arch in {r.arch for r in row}]
         for section, runs, neutral in groups:
-            fields = sorted({k for r in runs for k in settings[r.path][section] or {}} - set(neutral))
-            for key in fields:
-                values = [(settings[r.path][section] or {}).get(key) for r in runs]
-                if any(v != values[0] for v in values):
-                    for r, v in zip(runs, values, strict=True):
-                        labels[r.path].append((f"{section}.{key}", v if _hashable(v) else json.dumps(v)))
-    return [replace(r, extras=(*r.extras, *labels[r.path])) if labels.get(r.path) else r for r in records]
+            for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
+                known = [(r, settings[r.path][section][key]) for r in runs if key in settings[r.path][section]]
+                if all(v == known[0][1] for _, v in known):
+                    continue
+                name = f"{section}.{key}"
+                for r, v in known:  # not twice where a sweep's axis (model.d_model's is d_model) labels it
+                    if name not in dict(r.extras) and not (name == "model.d_model" and "d_model" in dict(r.extras)):
+                        labels[r.path].append((name, v if _hashable(v) else json.dumps(v)))
+    return [replace(r, extras=(*r.extras, *labels[r.path])) if labels[r.path] else r for r in records]
+
+
+def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """`_setting` with the fields an older config.json lacks at their defaults, and seq_len resolved."""
+    setting = _setting(run_dir)
+    out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model")}
+    if out["train"].get("seq_len") is None:  # None: the model's context length
+        out["train"]["seq_len"] = out["model"].get("context_length")
+    return out
+
+
+def _compared(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """What two runs of one label must share to be one setting: the resolved setting less NEUTRAL."""
+    setting = _resolved_setting(run_dir)
+    return {section: {k: v for k, v in setting[section].items() if k not in NEUTRAL[section]} for section in setting}
 
 
 def _hashable(value: Any) -> bool:
@@ -237,7 +266,7 @@ def _separate_other_settings(root: Path, records: list[RunRecord], warnings: lis
     for group in (g for g in groups.values() if len(g) > 1):
         settings: dict[str, list[RunRecord]] = {}
         for r in group:
-            settings.setdefault(json.dumps(_setting(r.path), sort_keys=True), []).append(r)
+            settings.setdefault(json.dumps(_compared(r.path), sort_keys=True), []).append(r)
         if len(settings) > 1:
             paths = " and ".join(str(r.path) for r in group)
             warnings.append(f"{paths} share a label and seed but not their configs; each config is a row of its own")
