@@ -264,28 +264,33 @@ def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
     assert "warmup" in capsys.readouterr().err
 
 
+def _broken(graph, example_inputs):
+    raise torch._inductor.exc.InductorError(RuntimeError("no kernel for this operator"), None)
+
+
+def _bench_with_a_failing_compile(monkeypatch, arch: str, backend) -> dict:
+    """The tiny train bench, eager and compiled, with `arch`'s compile going through `backend`."""
+    real = torch.compile  # cheap_compile's: it sets Dynamo's eager backend
+
+    def compile_fails_for_arch(fn, **kwargs):
+        if fn.__self__.config.arch == arch:
+            return torch._dynamo.optimize(backend)(fn)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_fails_for_arch)
+    tiny = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
+    return training.run_training_bench(
+        **tiny, archs=("tango",), steps=1, warmup=1, memory=False, compile=True, device="cpu", print_table=False
+    )
+
+
 @pytest.mark.parametrize("broken_graph", ["forward", "backward"])
 def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monkeypatch, cheap_compile, broken_graph):
     from torch._dynamo.backends.common import aot_autograd
 
-    real = torch.compile  # cheap_compile's: it sets Dynamo's eager backend
-
-    def broken(graph, example_inputs):
-        raise torch._inductor.exc.InductorError(RuntimeError("no kernel for this operator"), None)
-
     # A backward graph is compiled by AOTAutograd at the first backward call, outside the forward's.
-    backend = broken if broken_graph == "forward" else aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=broken)
-
-    def compile_fails_for_tango(fn, **kwargs):
-        if fn.__self__.config.arch == "tango":
-            return torch._dynamo.optimize(backend)(fn)
-        return real(fn, **kwargs)
-
-    monkeypatch.setattr(torch, "compile", compile_fails_for_tango)
-    tiny = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
-    report = training.run_training_bench(
-        **tiny, archs=("tango",), steps=1, warmup=1, memory=False, compile=True, device="cpu", print_table=False
-    )
+    backend = _broken if broken_graph == "forward" else aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=_broken)
+    report = _bench_with_a_failing_compile(monkeypatch, "tango", backend)
     assert {(r["arch"], r["mode"]) for r in report["models"]} == {
         ("tango", "eager"),
         ("loop-transformer", "eager"),
@@ -297,21 +302,7 @@ def test_train_suite_reports_a_model_that_cannot_compile_and_times_the_rest(monk
 
 def test_a_mode_whose_baseline_did_not_compile_has_no_ratios(monkeypatch, cheap_compile):
     # Dividing by another model under the baseline's name would print tango compiled at 1.00x.
-    real = torch.compile
-
-    def broken(graph, example_inputs):
-        raise torch._inductor.exc.InductorError(RuntimeError("no kernel for this operator"), None)
-
-    def compile_fails_for_the_baseline(fn, **kwargs):
-        if fn.__self__.config.arch == "loop-transformer":
-            return torch._dynamo.optimize(broken)(fn)
-        return real(fn, **kwargs)
-
-    monkeypatch.setattr(torch, "compile", compile_fails_for_the_baseline)
-    tiny = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
-    report = training.run_training_bench(
-        **tiny, archs=("tango",), steps=1, warmup=1, memory=False, compile=True, device="cpu", print_table=False
-    )
+    report = _bench_with_a_failing_compile(monkeypatch, "loop-transformer", _broken)
     rows = {(r["arch"], r["mode"]): r for r in report["models"]}
     assert set(rows) == {("tango", "eager"), ("loop-transformer", "eager"), ("tango", "compiled")}
     compiled = rows["tango", "compiled"]
