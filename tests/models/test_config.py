@@ -329,3 +329,15 @@ def test_a_default_eval_capacity_follows_new_experts_and_a_chosen_one_stays(tmp_
     chosen = load_run_config("moe-142m", ["model.capacity_factor_eval=2.0"]).to_dict()
     path.write_text(yaml.safe_dump(chosen))
     assert load_run_config(str(path), ["model.n_experts=16"]).model.capacity_factor_eval == 2.0
+
+
+def test_head_overrides_read_the_width_in_use_and_a_group_without_n_heads(tmp_path):
+    path = tmp_path / "config.yaml"
+    # a copied preset whose head_dim was left stale: n_heads decides the width in use (64)
+    path.write_text(yaml.safe_dump({"model": {"arch": "dense", "d_model": 512, "n_heads": 8, "head_dim": 32}}))
+    model = load_run_config(str(path), ["model.d_model=1024"]).model
+    assert (model.n_heads, model.head_dim) == (16, 64)
+    # n_kv_heads written without n_heads: 8 heads of 32 in groups of 4 stay groups of 4
+    path.write_text(yaml.safe_dump({"model": {"arch": "dense", "d_model": 256, "n_kv_heads": 2}}))
+    model = load_run_config(str(path), ["model.d_model=512"]).model
+    assert (model.n_heads, model.n_kv_heads) == (16, 4)

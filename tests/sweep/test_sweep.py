@@ -381,3 +381,19 @@ def test_head_shape_axes_change_what_they_name(data_dir, tmp_path):
     path.write_text(yaml.safe_dump(grid))
     (run,) = load_grid(path).runs
     assert (run.config.model.n_heads, run.config.model.head_dim) == (8, 8)
+
+
+def test_d_model_and_head_axes_keep_the_bases_gqa_group_as_overrides_do(data_dir, tmp_path):
+    # The d_model axis and a model.* axis were applied one after the other: the second no longer saw the
+    # base's n_heads, so 4 heads over 2 key/value heads became groups of 4 (or a valid grid was refused).
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "d_model": [64], "model.head_dim": [8]})
+    grid = yaml.safe_load(path.read_text())
+    grid["base"]["model"].update(arch="dense", d_model=32, n_heads=4, n_kv_heads=2)
+    del grid["base"]["model"]["head_dim"]
+    path.write_text(yaml.safe_dump(grid))
+    (run,) = load_grid(path).runs
+    assert (run.config.model.n_heads, run.config.model.n_kv_heads, run.config.model.head_dim) == (8, 4, 8)
+    grid["axes"] = {"dataset": {"syn": str(data_dir)}, "d_model": [64], "model.n_heads": [2]}
+    path.write_text(yaml.safe_dump(grid))
+    (run,) = load_grid(path).runs
+    assert (run.config.model.n_heads, run.config.model.n_kv_heads) == (2, 1)

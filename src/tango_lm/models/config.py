@@ -132,22 +132,25 @@ class ModelConfig:
         alone would be ignored or would narrow every head. The field the user changed wins:
         `head_dim` or `d_model` without `n_heads` drops the base's `n_heads` (heads keep their
         width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`.
-        Derived fields follow as in `replace()`: the base's GQA group (`n_heads / n_kv_heads`) is
-        kept for the new head count, and a `capacity_factor_eval` that was its default E/k follows
-        new `n_experts` or `moe_top_k` (a base may be a run's config.yaml, which writes them all)."""
+        The base's GQA group (`n_heads / n_kv_heads`) is kept for the new head count, and a
+        `capacity_factor_eval` that was its default E/k follows new `n_experts` or `moe_top_k` (a
+        base may be a run's config.yaml, which writes every derived field). `replace()`, which
+        matching uses on MHA models, resets `n_kv_heads` instead."""
         out = dict(base)
         heads, kv = base.get("n_heads"), base.get("n_kv_heads")
         reshaped = "n_heads" in changes or (heads is not None and bool(changes.keys() & {"head_dim", "d_model"}))
-        if heads is not None and "n_heads" not in changes and reshaped:
+        if heads is not None and changes.get("n_heads") is None and reshaped:  # n_heads unchanged or null
             d_model = base.get("d_model", ModelConfig.d_model)
-            if "head_dim" not in base and _positive_ints(heads, d_model):
-                out["head_dim"] = d_model // heads  # the base's head width (validation names a bad base)
+            if _positive_ints(heads, d_model) and d_model % heads == 0:
+                out["head_dim"] = d_model // heads  # the width in use (a written head_dim follows n_heads)
             del out["n_heads"]
         if changes.get("n_heads") is not None and "head_dim" not in changes:
             out.pop("head_dim", None)
         out.update(changes)
-        if reshaped and "n_kv_heads" not in changes and _positive_ints(heads, kv) and heads % kv == 0:
-            group, new_heads = heads // kv, _head_count(out)
+        old_heads = _head_count(base)  # also where the base writes n_kv_heads but not n_heads
+        regrouped = reshaped or bool(changes.keys() & {"head_dim", "d_model"})
+        if regrouped and "n_kv_heads" not in changes and _positive_ints(old_heads, kv) and old_heads % kv == 0:
+            group, new_heads = old_heads // kv, _head_count(out)
             if new_heads is not None and new_heads % group == 0:
                 out["n_kv_heads"] = new_heads // group
         experts = ("n_experts", "moe_top_k")

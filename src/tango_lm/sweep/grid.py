@@ -29,8 +29,8 @@ Axes and what they set:
 - `seed`: `[model_seed, data_seed]` pairs, or plain model seeds (data seed from the base).
 
 Budgets: a `train.tokens_per_param` budget is turned into `train.tokens` = TPP x the tier's
-target (or, without a tier, x the standard-head count of the run's model), so every architecture
-and head of a setting trains on the same tokens in the same order.
+target (or, without a tier, x the standard-head count of the run's model), so every head of a
+setting (and, with a tier or target, every architecture) trains on the same tokens in the same order.
 
 Run directories are named by the axes in the fixed order dataset, tier/target_params, d_model,
 depth, arch, head, config-field axes, seed: `dataset=fineweb/tier=70M/depth=4/arch=tango/
@@ -385,8 +385,13 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         d_model = tier_d
     elif "target_params" in values:
         target = values["target_params"]
+    # The model.* axes and d_model as one set of overrides, so the head shape follows them as on the
+    # command line (the base's n_heads and GQA group are read once).
+    model_axes = {k.partition(".")[2]: v for k, v in values.items() if k.startswith("model.")}
     if d_model is not None and d_model != model.get("d_model"):
-        model = sections["model"] = ModelConfig.overridden(model, {"d_model": d_model})  # heads follow
+        model_axes["d_model"] = d_model
+    if model_axes:
+        model = sections["model"] = ModelConfig.overridden(model, model_axes)
     if "depth" in values:
         model["depth"] = values["depth"]
     arch = values.get("arch")
@@ -400,13 +405,10 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         train["seed"], data_seed = values["seed"]
         if data_seed is not None:
             train["data_seed"] = data_seed
-    model_axes = {}
     for axis, value in values.items():
-        if "." in axis:
+        if "." in axis and not axis.startswith("model."):
             section, _, key = axis.partition(".")
-            (model_axes if section == "model" else sections[section])[key] = value
-    if model_axes:  # a model.head_dim axis over a preset's n_heads changes the heads' width, as an override
-        model = sections["model"] = ModelConfig.overridden(model, model_axes)
+            sections[section][key] = value
     head = model["head"]  # a model.head axis too (matching below is done with the Standard head)
     train["out_dir"] = str(grid.out_dir / name)
     try:
