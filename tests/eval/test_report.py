@@ -412,3 +412,33 @@ def test_training_labels_cover_sweep_runs_and_ignore_what_computes_nothing(tmp_p
     # A plain run of another lr beside a sweep's run was ranked against it.
     edit(plain, lr=1e-5)
     assert main_rows() == [(["train.lr"], ["loop-transformer"]), (["train.lr"], ["tango"])]
+
+
+def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
+    def edit(run, section, **fields):
+        config = json.loads((run / "config.json").read_text())
+        config[section].update(fields)
+        (run / "config.json").write_text(json.dumps(config))
+
+    def cells(root):
+        return sorted(sorted(r["cells"]) for r in write_report(root, plots=False)["report"]["main"])
+
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}
+    # a grid's tokens_per_param without a tier gives each architecture its own token budget: by design
+    sweep = tmp_path / "sweep"
+    edit(write_run(sweep, {**labels, "arch": "tango"}, 3.0, 3.0), "train", tokens=351)
+    edit(write_run(sweep, {**labels, "arch": "loop-transformer"}, 4.0, 4.0), "train", tokens=371)
+    assert cells(sweep) == [["loop-transformer", "tango"]]
+    # a config.json from before n_kv_heads and capacity_factor_eval were written, beside a new one
+    plain = tmp_path / "plain"
+    old = write_run(plain, {**labels, "arch": "dense", "head": "standard"}, 3.0, 3.0, sweep_json=False)
+    new = write_run(plain, {**labels, "arch": "dense", "head": "onona"}, 3.5, 3.5, sweep_json=False)
+    edit(old, "model", d_model=64, head_dim=16)
+    edit(new, "model", d_model=64, head_dim=16, n_heads=4, n_kv_heads=4, capacity_factor_eval=4.0)
+    report = write_report(plain, plots=False)["report"]
+    assert [(h["head"], h["delta"]) for h in report["heads"]] == [("onona", 0.5)]
+    # eval_every changed on a resume picks nothing under select: final (it picks the checkpoint under best)
+    for select, rows in (("final", 1), ("best", 2)):
+        for run in (old, new):
+            edit(run, "train", select=select, eval_every=2 if run == old else 3)
+        assert len(write_report(plain, plots=False)["report"]["main"]) == rows, select

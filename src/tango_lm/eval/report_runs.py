@@ -216,20 +216,24 @@ def _label_other_training(records: list[RunRecord]) -> list[RunRecord]:
     """In one row, each train field where runs differ, and each model field where runs of one
     architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
     length (plain run directories carry no labels of what they varied) were paired and ranked as if
-    they differed only by head or architecture. A sweep's axes already split its rows."""
+    they differed only by head or architecture. Runs of one sweep are compared by their axes alone
+    (their own budgets per architecture, say, are the grid's design), not field by field."""
     settings = {r.path: _resolved_setting(r.path) for r in records}
+    origin = {r.path: _sweep_root(r.path) or r.path for r in records}
     labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
     for r in records:
         rows.setdefault(r.row, []).append(r)
     for row in rows.values():
         neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in row) else set())
+        if all(settings[r.path]["train"].get("select") == "final" for r in row):
+            neutral_train = neutral_train | {"eval_every"}  # it only picks the best-dev checkpoint
         groups = [("train", row, neutral_train)]
         groups += [("model", [r for r in row if r.arch == arch], NEUTRAL["model"]) for arch in {r.arch for r in row}]
         for section, runs, neutral in groups:
             for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
                 known = [(r, settings[r.path][section][key]) for r in runs if key in settings[r.path][section]]
-                if all(v == known[0][1] for _, v in known):
+                if all(v == w or origin[r.path] == origin[q.path] for r, v in known for q, w in known):
                     continue
                 name = f"{section}.{key}"
                 for r, v in known:  # not twice where a sweep's axis (model.d_model's is d_model) labels it
@@ -239,12 +243,28 @@ def _label_other_training(records: list[RunRecord]) -> list[RunRecord]:
 
 
 def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """`_setting` with the fields an older config.json lacks at their defaults, and seq_len resolved."""
+    """`_setting` as a run of today would write it: the model validated (derived fields such as
+    n_kv_heads and capacity_factor_eval filled), train fields an older config.json lacks at their
+    defaults, and seq_len resolved."""
     setting = _setting(run_dir)
     out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model")}
+    try:
+        out["model"] = ModelConfig.from_dict(dict(setting["model"] or {})).to_dict()
+    except (UserError, TypeError, ValueError):  # a field since removed, say: compared as written
+        pass
     if out["train"].get("seq_len") is None:  # None: the model's context length
         out["train"]["seq_len"] = out["model"].get("context_length")
     return out
+
+
+def _sweep_root(run_dir: Path) -> Path | None:
+    """The sweep directory a run of a sweep lies in (its sweep.json names it relative to that)."""
+    try:
+        name = json.loads((run_dir / "sweep.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    parts = Path(str(name)).parts if isinstance(name, str) else ()
+    return Path(*run_dir.parts[: -len(parts)]) if parts and run_dir.parts[-len(parts) :] == parts else None
 
 
 def _compared(run_dir: Path) -> dict[str, dict[str, Any]]:
