@@ -135,6 +135,7 @@ MALFORMED = {
     "seed_field_and_seed": ({"seed": [[1, 2]], "train.data_seed": [4]}, "axes train.data_seed and seed"),
     "width_with_a_tier": ({"tier": ["70M"], "model.width": [128]}, "the matcher sets the width"),
     "seq_len_past_the_context": ({"train.seq_len": [64]}, "train.seq_len=64 is longer than model.context_length=32"),
+    "two_budget_axes": ({"train.steps": [2], "train.tokens": [256]}, "both set the budget"),
 }
 
 
@@ -397,3 +398,15 @@ def test_d_model_and_head_axes_keep_the_bases_gqa_group_as_overrides_do(data_dir
     path.write_text(yaml.safe_dump(grid))
     (run,) = load_grid(path).runs
     assert (run.config.model.n_heads, run.config.model.n_kv_heads) == (2, 1)
+
+
+def test_a_budget_axis_replaces_the_bases_budget_of_another_kind(data_dir, tmp_path):
+    # A train.tokens_per_param axis over a base with train.steps (a preset's tokens, say) was ignored:
+    # steps win over tokens_per_param, so runs labelled by 1 and 20 tokens per parameter trained alike.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "train.tokens_per_param": [0.5, 1]}, steps=6)
+    runs = load_grid(path).runs
+    assert [r.config.train.steps for r in runs] == [None, None]
+    assert [r.config.train.tokens for r in runs] == [
+        int(tpp * r.config.model.replace(head="standard").num_params()["total"])
+        for tpp, r in zip((0.5, 1), runs, strict=True)
+    ]

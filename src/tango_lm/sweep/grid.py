@@ -405,9 +405,16 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         train["seed"], data_seed = values["seed"]
         if data_seed is not None:
             train["data_seed"] = data_seed
+    budget = ("steps", "tokens", "tokens_per_param")
+    budget_axes = [axis for axis in values if axis in {f"train.{key}" for key in budget}]
+    if len(budget_axes) > 1:
+        raise UserError(f"axes {' and '.join(budget_axes)} of sweep grid {path} both set the budget; keep one")
     for axis, value in values.items():
         if "." in axis and not axis.startswith("model."):
             section, _, key = axis.partition(".")
+            if axis in budget_axes:  # the axis's budget replaces the base's, whichever kind each is
+                for other in budget:
+                    train.pop(other, None)
             sections[section][key] = value
     head = model["head"]  # a model.head axis too (matching below is done with the Standard head)
     train["out_dir"] = str(grid.out_dir / name)
