@@ -341,3 +341,11 @@ def test_head_overrides_read_the_width_in_use_and_a_group_without_n_heads(tmp_pa
     path.write_text(yaml.safe_dump({"model": {"arch": "dense", "d_model": 256, "n_kv_heads": 2}}))
     model = load_run_config(str(path), ["model.d_model=512"]).model
     assert (model.n_heads, model.n_kv_heads) == (16, 4)
+
+
+def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tango-70m-d4").mkdir()  # a run or data directory of that name, say
+    assert load_run_config("tango-70m-d4", []).model.width == 28480
+    with pytest.raises(UserError, match="is a directory"):
+        load_run_config(str(tmp_path), [])

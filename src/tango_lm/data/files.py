@@ -49,13 +49,12 @@ _SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
 # surrogate, which no UTF-8 encoder takes; json.loads has already joined every valid pair.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
+READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
+
 
 def without_lone_surrogates(text: str) -> str:
     """A string from JSON with each unpaired surrogate as U+FFFD, a UTF-8 decoder's replacement."""
     return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and a damaged stream
 
 
 # -- inputs -----------------------------------------------------------------------------------

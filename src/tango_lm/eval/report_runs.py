@@ -187,8 +187,9 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
     for failed in failures:  # runs that failed before writing their config
         if not (failed.parent / "config.json").exists():
             warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
-    records = _label_other_training(records)
-    records = _separate_other_settings(root, records, warnings)
+    settings = {r.path: _resolved_setting(r.path) for r in records}  # each config.json read once
+    records = _label_other_training(records, settings)
+    records = _separate_other_settings(root, records, settings, warnings)
     if not records:
         raise UserError(f"no finished runs under {root} (no run directory with config.json and summary.json)")
     return records, warnings
@@ -212,13 +213,12 @@ DEFAULTS = {
 }
 
 
-def _label_other_training(records: list[RunRecord]) -> list[RunRecord]:
+def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[str, Any]]) -> list[RunRecord]:
     """In one row, each train field where runs differ, and each model field where runs of one
     architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
     length (plain run directories carry no labels of what they varied) were paired and ranked as if
     they differed only by head or architecture. Runs of one sweep are compared by their axes alone
     (their own budgets per architecture, say, are the grid's design), not field by field."""
-    settings = {r.path: _resolved_setting(r.path) for r in records}
     origin = {r.path: _sweep_root(r.path) or r.path for r in records}
     labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
@@ -267,9 +267,8 @@ def _sweep_root(run_dir: Path) -> Path | None:
     return Path(*run_dir.parts[: -len(parts)]) if parts and run_dir.parts[-len(parts) :] == parts else None
 
 
-def _compared(run_dir: Path) -> dict[str, dict[str, Any]]:
+def _compared(setting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """What two runs of one label must share to be one setting: the resolved setting less NEUTRAL."""
-    setting = _resolved_setting(run_dir)
     return {section: {k: v for k, v in setting[section].items() if k not in NEUTRAL[section]} for section in setting}
 
 
@@ -277,24 +276,26 @@ def _hashable(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-def _separate_other_settings(root: Path, records: list[RunRecord], warnings: list[str]) -> list[RunRecord]:
+def _separate_other_settings(
+    root: Path, records: list[RunRecord], settings: dict[Path, dict[str, Any]], warnings: list[str]
+) -> list[RunRecord]:
     """Runs of one row, model and seed: one setting run twice, or (configs differ) rows of their own."""
     groups: dict[tuple[Any, ...], list[RunRecord]] = {}
     relabelled: dict[Path, RunRecord] = {}
     for r in records:
         groups.setdefault((r.row, r.model, r.seed), []).append(r)
     for group in (g for g in groups.values() if len(g) > 1):
-        settings: dict[str, list[RunRecord]] = {}
+        by_setting: dict[str, list[RunRecord]] = {}
         for r in group:
-            settings.setdefault(json.dumps(_compared(r.path), sort_keys=True), []).append(r)
-        if len(settings) > 1:
+            by_setting.setdefault(json.dumps(_compared(settings[r.path]), sort_keys=True), []).append(r)
+        if len(by_setting) > 1:
             paths = " and ".join(str(r.path) for r in group)
             warnings.append(f"{paths} share a label and seed but not their configs; each config is a row of its own")
-        for same in settings.values():
+        for same in by_setting.values():
             if len(same) > 1:
                 paths = " and ".join(str(r.path) for r in same)
                 warnings.append(f"{paths} are the same setting and seed; both enter the statistics")
-            for r in same if len(settings) > 1 else ():
+            for r in same if len(by_setting) > 1 else ():
                 relabelled[r.path] = replace(r, extras=(*r.extras, ("run", same[0].path.relative_to(root).as_posix())))
     return [relabelled.get(r.path, r) for r in records]
 

@@ -138,7 +138,7 @@ class ModelConfig:
         matching uses on MHA models, resets `n_kv_heads` instead."""
         out = dict(base)
         heads, kv = base.get("n_heads"), base.get("n_kv_heads")
-        reshaped = "n_heads" in changes or (heads is not None and bool(changes.keys() & {"head_dim", "d_model"}))
+        reshaped = bool(changes.keys() & {"n_heads", "head_dim", "d_model"})
         if heads is not None and changes.get("n_heads") is None and reshaped:  # n_heads unchanged or null
             d_model = base.get("d_model", ModelConfig.d_model)
             if _positive_ints(heads, d_model) and d_model % heads == 0:
@@ -148,8 +148,7 @@ class ModelConfig:
             out.pop("head_dim", None)
         out.update(changes)
         old_heads = _head_count(base)  # also where the base writes n_kv_heads but not n_heads
-        regrouped = reshaped or bool(changes.keys() & {"head_dim", "d_model"})
-        if regrouped and "n_kv_heads" not in changes and _positive_ints(old_heads, kv) and old_heads % kv == 0:
+        if reshaped and "n_kv_heads" not in changes and _positive_ints(old_heads, kv) and old_heads % kv == 0:
             group, new_heads = old_heads // kv, _head_count(out)
             if new_heads is not None and new_heads % group == 0:
                 out["n_kv_heads"] = new_heads // group

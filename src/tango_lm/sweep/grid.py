@@ -55,6 +55,7 @@ from tango_lm.models.matching import TIERS, conventional_untied, match_width, pa
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
 from tango_lm.train.run_dir import enclosing
 
+BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which one sets the budget
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
 CONVENTIONAL = "conventional-untied"
 # A value's label in its run's directory name `axis=label` (a leading '-' is safe after `axis=`:
@@ -174,9 +175,8 @@ def _base_sections(base: Any, grid_path: Path) -> dict[str, dict[str, Any]]:
                 raise UserError(f"base.preset in sweep grid {grid_path} must be a preset name or YAML file")
             start = _read_base(preset, grid_path)
             own = data.get("train") if isinstance(data.get("train"), dict) else {}
-            budget = ("steps", "tokens", "tokens_per_param")
-            if any(key in own for key in budget) and isinstance(start.get("train"), dict):
-                for key in budget:  # the grid's budget replaces the preset's, whichever kind each is
+            if any(key in own for key in BUDGET_FIELDS) and isinstance(start.get("train"), dict):
+                for key in BUDGET_FIELDS:  # the grid's budget replaces the preset's, whichever kind each is
                     start["train"].pop(key, None)
             for section, values in data.items():
                 if isinstance(values, dict) and isinstance(start.get(section, {}), dict):
@@ -405,15 +405,14 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         train["seed"], data_seed = values["seed"]
         if data_seed is not None:
             train["data_seed"] = data_seed
-    budget = ("steps", "tokens", "tokens_per_param")
-    budget_axes = [axis for axis in values if axis in {f"train.{key}" for key in budget}]
+    budget_axes = [axis for axis in values if axis in {f"train.{key}" for key in BUDGET_FIELDS}]
     if len(budget_axes) > 1:
         raise UserError(f"axes {' and '.join(budget_axes)} of sweep grid {path} both set the budget; keep one")
     for axis, value in values.items():
         if "." in axis and not axis.startswith("model."):
             section, _, key = axis.partition(".")
             if axis in budget_axes:  # the axis's budget replaces the base's, whichever kind each is
-                for other in budget:
+                for other in BUDGET_FIELDS:
                     train.pop(other, None)
             sections[section][key] = value
     head = model["head"]  # a model.head axis too (matching below is done with the Standard head)

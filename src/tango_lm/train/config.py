@@ -244,10 +244,10 @@ def read_yaml(source: str) -> dict[str, Any]:
     path = Path(source)
     if not path.is_file():
         preset = PRESET_DIR / f"{source}.yaml"
-        if path.is_dir():
-            raise UserError(f"config {source} is a directory; give a YAML file or a preset name")
         if preset.is_file():
             path = preset
+        elif path.is_dir():
+            raise UserError(f"config {source} is a directory; give a YAML file or a preset name")
         elif path.suffix in (".yaml", ".yml") or "/" in source:
             raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
         else:
