@@ -123,6 +123,19 @@ def test_overrides_dotted_and_bare_keys():
     assert apply_overrides({}, ["a=b=c"])["model"]["a"] == "b=c"  # split at the first '='
 
 
+def test_a_budget_override_replaces_the_configs_budget_of_any_kind():
+    # `train.tokens=1e9` on a preset that writes steps trained the preset's steps (steps win in
+    # total_steps), and config.json recorded both.
+    base = {"train": {"steps": 6, "lr": 0.1}}
+    assert apply_overrides(base, ["train.tokens=128"])["train"] == {"tokens": 128, "lr": 0.1}
+    assert apply_overrides(base, ["tokens_per_param=2"])["train"] == {"tokens_per_param": 2, "lr": 0.1}
+    assert apply_overrides({"train": {"tokens": 9}}, ["train.steps=3"])["train"] == {"steps": 3}
+    assert apply_overrides(base, ["train.tokens="])["train"] == {"steps": 6, "lr": 0.1, "tokens": None}
+    assert load_run_config("tango-70m-d4", ["train.tokens_per_param=1"]).total_steps() == 1069  # 70,002,176 parameters / 65,536 tokens a step
+    with pytest.raises(UserError, match="train.steps=3 and tokens=5 both set the training budget"):
+        apply_overrides(base, ["train.steps=3", "tokens=5"])
+
+
 @pytest.mark.parametrize(
     ("override", "word"),
     [("model.width", "key=value"), ("optim.lr=1", "optim")],

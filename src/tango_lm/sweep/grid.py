@@ -52,10 +52,9 @@ from tango_lm.data.shards import is_prepared
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import TIERS, conventional_untied, match_width, parse_tier
-from tango_lm.train.config import DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
+from tango_lm.train.config import BUDGET_FIELDS, DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
 from tango_lm.train.run_dir import enclosing
 
-BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which one sets the budget
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
 CONVENTIONAL = "conventional-untied"
 # A value's label in its run's directory name `axis=label` (a leading '-' is safe after `axis=`:

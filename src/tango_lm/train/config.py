@@ -267,14 +267,19 @@ def read_yaml(source: str) -> dict[str, Any]:
     return data
 
 
+BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which one sets the budget
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: str | None = None) -> dict[str, Any]:
     """Apply `section.key=value` overrides (values parsed as YAML scalars). A key without a section
-    goes to the section that has a field of that name (model first)."""
+    goes to the section that has a field of that name (model first). An override of the budget
+    (`train.steps`, `tokens` or `tokens_per_param`) replaces the config's, whichever kind it is."""
     for k, v in data.items():
         if not isinstance(v or {}, dict):
             raise UserError(f"config section {k!r} must be a mapping of field: value (got {v!r})")
     out = {k: dict(v or {}) for k, v in data.items()}
     model_changes: dict[str, Any] = {}
+    budgets: dict[str, str] = {}  # budget field -> the override that sets it
     fields = {
         "model": {f.name for f in dataclasses.fields(ModelConfig)},
         "train": {f.name for f in dataclasses.fields(TrainConfig)},
@@ -296,6 +301,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
         if section not in fields:
             raise UserError(f"override {item!r} names unknown section {section!r}; use model., data. or train.")
         (model_changes if section == "model" else out.setdefault(section, {}))[name] = value
+        if section == "train" and name in BUDGET_FIELDS and value is not None:
+            budgets[name] = item
+    if len(budgets) > 1:
+        raise UserError(f"overrides {' and '.join(budgets.values())} both set the training budget; keep one")
+    for name in budgets:  # the override's budget replaces the config's, whichever kind each is
+        for other in BUDGET_FIELDS:
+            if other != name:
+                out["train"].pop(other, None)
     if model_changes:
         out["model"] = ModelConfig.overridden(out.get("model", {}), model_changes)
     return out
