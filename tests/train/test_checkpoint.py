@@ -322,9 +322,14 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
         ({"eval_windows": 2}, "train.eval_windows=8 (now 2)"),  # best dev compared across window sets
         ({"eval_sample_seed": 5}, "train.eval_sample_seed=None (now 5)"),
         ({"precision": "bf16"}, "train.precision='fp32' (now 'bf16')"),  # best dev compared across precisions
+        # Restored from the optimizer state over the config's: recorded in config.json, never applied.
+        ({"weight_decay": 5.0}, "train.weight_decay=0.1 (now 5.0)"),
+        ({"beta1": 0.1}, "train.beta1=0.9 (now 0.1)"),
+        ({"beta2": 0.5}, "train.beta2=0.95 (now 0.5)"),
+        ({"seed": 99}, "train.seed=17 (now 99)"),  # the weights were initialized with 17: reports paired it as 99
     ],
 )
-def test_resume_with_another_batch_per_step_dev_windows_or_precision_is_refused(
+def test_resume_with_a_setting_a_resume_keeps_changed_is_refused(
     scripted_run, data_dir, tmp_path, change, said
 ):
     out, _, _ = scripted_run

@@ -17,11 +17,23 @@ from tango_lm.errors import UserError
 from tango_lm.train.checkpoint import Checkpoint, load_checkpoint
 from tango_lm.train.config import RunConfig
 
-# Train settings a resume keeps: the tokens each step averages over (the step times saved for the
-# throughput and the schedule's meaning depend on it), and the dev windows and precision every best-dev
-# comparison is made in (the run's config.json, which reports read, must describe the whole run).
-# Others (eval_every, keep_last, select, loggers, ...) may change on a resume.
-SAME_ON_RESUME = ("grad_accum", "eval_windows", "eval_sample_seed", "precision")
+# Train settings a resume keeps (the run's config.json, which reports read, must describe the whole
+# run): the tokens each step averages over (the step times saved for the throughput and the
+# schedule's meaning depend on it); the model seed, whose initialization is behind the weights; AdamW's
+# decay and betas, which the optimizer state restores over the config's (a new value would be recorded
+# and not applied); and the dev windows and precision every best-dev comparison is made in. Others
+# may change on a resume: the schedule's (lr, steps, warmup, ...) from the resumed step on, and
+# eval_every, keep_last, select, loggers, ...
+SAME_ON_RESUME = (
+    "grad_accum",
+    "seed",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "eval_windows",
+    "eval_sample_seed",
+    "precision",
+)
 
 
 def unresumable(path: Path, error: UserError | str) -> UserError:
@@ -114,9 +126,9 @@ def check_same_run(
         ]
         if changed:
             raise UserError(
-                f"cannot resume {out}: its checkpoint was trained with {', '.join(changed)}, which sets the "
-                "batch per step, or the dev windows or precision its best dev NLL was measured in; resume with the original "
-                "value or use a new train.out_dir"
+                f"cannot resume {out}: its checkpoint was trained with {', '.join(changed)} (a resume keeps the "
+                "batch per step, the model seed, AdamW's decay and betas, and the dev windows and precision its best "
+                "dev NLL was measured in); resume with the original value or use a new train.out_dir"
             )
 
     saved_dtype = state.get("compute_dtype") if isinstance(state, dict) else None  # none before it was saved
