@@ -426,8 +426,14 @@ def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
     labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}
     # a grid's tokens_per_param without a tier gives each architecture its own token budget: by design
     sweep = tmp_path / "sweep"
-    edit(write_run(sweep, {**labels, "arch": "tango"}, 3.0, 3.0), "train", tokens=351)
-    edit(write_run(sweep, {**labels, "arch": "loop-transformer"}, 4.0, 4.0), "train", tokens=371)
+    tango = write_run(sweep, {**labels, "arch": "tango"}, 3.0, 3.0)
+    loop = write_run(sweep, {**labels, "arch": "loop-transformer"}, 4.0, 4.0)
+    edit(tango, "train", tokens=351)
+    edit(loop, "train", tokens=371)
+    for run in (tango, loop):  # as the sweep writes it (sweep/grid.py _fix_budget)
+        (run / "sweep.json").write_text(
+            json.dumps({**json.loads((run / "sweep.json").read_text()), "tokens_per_param": 2})
+        )
     assert cells(sweep) == [["loop-transformer", "tango"]]
     # a config.json from before n_kv_heads and capacity_factor_eval were written, beside a new one
     plain = tmp_path / "plain"
@@ -442,3 +448,28 @@ def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
         for run in (old, new):
             edit(run, "train", select=select, eval_every=2 if run == old else 3)
         assert len(write_report(plain, plots=False)["report"]["main"]) == rows, select
+
+
+def test_runs_of_one_sweep_trained_differently_are_not_ranked_together(tmp_path):
+    # A grid edited after some of its runs trained (warmup 1 -> 3, one architecture's directory
+    # deleted and retrained) left the other's run beside it: the report ranked them in one row.
+    def edit(run, **fields):
+        config = json.loads((run / "config.json").read_text())
+        config["train"].update(fields)
+        (run / "config.json").write_text(json.dumps(config))
+
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}
+    sweep = tmp_path / "sweep"
+    tango = write_run(sweep, {**labels, "arch": "tango"}, 3.0, 3.0)
+    loop = write_run(sweep, {**labels, "arch": "loop-transformer"}, 4.0, 4.0)
+    edit(tango, warmup_steps=3)
+    edit(loop, warmup_steps=1)
+    rows = write_report(sweep, plots=False)["report"]["main"]
+    assert sorted((r["train.warmup_steps"], sorted(r["cells"])) for r in rows) == [
+        (1, ["loop-transformer"]),
+        (3, ["tango"]),
+    ]
+    # Token budgets of another kind of difference (not one tokens_per_param turned per architecture) split too.
+    edit(tango, warmup_steps=1, tokens=351)
+    edit(loop, tokens=371)
+    assert len(write_report(sweep, plots=False)["report"]["main"]) == 2

@@ -18,7 +18,7 @@ import yaml
 from tango_lm.cli import main, parse_args
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
-from tango_lm.sweep import load_grid, run_sweep
+from tango_lm.sweep import load_grid, run_sweep, runner
 from tango_lm.sweep.runner import plan_rows
 from tango_lm.train.trainer import Trainer
 from tests import helpers
@@ -73,6 +73,7 @@ def test_run_names_matching_and_budgets(data_dir, tmp_path):
         assert cfg.model.width == match_width(standard, 20000).width
         # TPP against the target: every architecture and head trains on the same tokens.
         assert cfg.train.tokens == 40000 and cfg.train.tokens_per_param is None
+        assert run.tokens_per_param == 2  # written to sweep.json: reports know the tokens came from it
     assert {r.config.model.head for r in grid.runs} == {"standard", "onona"}
     assert json.loads(json.dumps(grid.runs[0].labels)) == {
         "dataset": "syn",
@@ -410,3 +411,6 @@ def test_a_budget_axis_replaces_the_bases_budget_of_another_kind(data_dir, tmp_p
         int(tpp * r.config.model.replace(head="standard").num_params()["total"])
         for tpp, r in zip((0.5, 1), runs, strict=True)
     ]
+    # Each run's sweep.json records the TPP behind its tokens (the report compares the runs' tokens by it).
+    runner._prepare_dir(runs[0], {"state": "new"})
+    assert json.loads((runs[0].out_dir / "sweep.json").read_text())["tokens_per_param"] == 0.5

@@ -217,9 +217,10 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
     """In one row, each train field where runs differ, and each model field where runs of one
     architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
     length (plain run directories carry no labels of what they varied) were paired and ranked as if
-    they differed only by head or architecture. Runs of one sweep are compared by their axes alone
-    (their own budgets per architecture, say, are the grid's design), not field by field."""
-    origin = {r.path: _sweep_root(r.path) or r.path for r in records}
+    they differed only by head or architecture. Runs of one sweep are compared the same way (a grid
+    edited since some of its runs trained leaves those beside the new ones), except in the token
+    budgets the grid derived from one tokens_per_param (each architecture's own count, by design)."""
+    derived = {r.path: _derived_budget(r.path) for r in records}
     labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
     for r in records:
@@ -233,9 +234,11 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
         for section, runs, neutral in groups:
             for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
                 known = [(r, settings[r.path][section][key]) for r in runs if key in settings[r.path][section]]
-                if all(v == w or origin[r.path] == origin[q.path] for r, v in known for q, w in known):
-                    continue
                 name = f"{section}.{key}"
+                budgets = {derived[r.path] for r, _ in known}
+                by_design = name == "train.tokens" and len(budgets) == 1 and None not in budgets
+                if by_design or all(v == w for _, v in known for _, w in known):
+                    continue
                 for r, v in known:  # not twice where a sweep's axis (model.d_model's is d_model) labels it
                     if name not in dict(r.extras) and not (name == "model.d_model" and "d_model" in dict(r.extras)):
                         labels[r.path].append((name, v if _hashable(v) else json.dumps(v)))
@@ -259,12 +262,24 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def _sweep_root(run_dir: Path) -> Path | None:
     """The sweep directory a run of a sweep lies in (its sweep.json names it relative to that)."""
-    try:
-        name = json.loads((run_dir / "sweep.json").read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        return None
+    name = _sweep_json(run_dir).get("name")
     parts = Path(str(name)).parts if isinstance(name, str) else ()
     return Path(*run_dir.parts[: -len(parts)]) if parts and run_dir.parts[-len(parts) :] == parts else None
+
+
+def _derived_budget(run_dir: Path) -> tuple[Path, float] | None:
+    """(sweep directory, tokens_per_param) when the run's train.tokens is its sweep's tokens_per_param
+    budget turned into tokens (sweep/grid.py `_fix_budget`); runs sharing it differ in tokens by design."""
+    root, tokens_per_param = _sweep_root(run_dir), _sweep_json(run_dir).get("tokens_per_param")
+    return (root, tokens_per_param) if root is not None and isinstance(tokens_per_param, (int, float)) else None
+
+
+def _sweep_json(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _compared(setting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

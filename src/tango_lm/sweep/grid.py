@@ -71,6 +71,9 @@ class SweepRun:
     labels: dict[str, Any]
     config: RunConfig
     dataset_dir: str | None = None
+    # The grid's tokens_per_param behind train.tokens (`_fix_budget`): runs of one sweep may differ in
+    # tokens by design then (each architecture's own count without a tier), and reports know it.
+    tokens_per_param: float | None = None
 
     @property
     def out_dir(self) -> Path:
@@ -422,10 +425,10 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
             run.model = _conventional(run.model, values["tier"], where)
         elif target is not None:
             run.model = match_width(run.model.replace(head="standard"), target).replace(head=head)
-        _fix_budget(run, target)
+        tokens_per_param = _fix_budget(run, target)
     except UserError as exc:
         raise UserError(f"{where}: {exc}") from None
-    return SweepRun(name=name, labels=labels, config=run, dataset_dir=dataset_dir)
+    return SweepRun(name=name, labels=labels, config=run, dataset_dir=dataset_dir, tokens_per_param=tokens_per_param)
 
 
 def _conventional(model: ModelConfig, tier: str, where: str) -> ModelConfig:
@@ -440,10 +443,11 @@ def _conventional(model: ModelConfig, tier: str, where: str) -> ModelConfig:
     )
 
 
-def _fix_budget(run: RunConfig, target: int | None) -> None:
+def _fix_budget(run: RunConfig, target: int | None) -> float | None:
+    """Turn a tokens_per_param budget into train.tokens (module docstring); the TPP it turned, if any."""
     t = run.train
     if t.tokens_per_param is None or t.steps is not None or t.tokens is not None:
-        return
+        return None
     reference = target if target is not None else run.model.replace(head="standard").num_params()["total"]
-    t.tokens = int(t.tokens_per_param * reference)
-    t.tokens_per_param = None
+    tokens_per_param, t.tokens, t.tokens_per_param = t.tokens_per_param, int(t.tokens_per_param * reference), None
+    return tokens_per_param

@@ -203,7 +203,8 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
             (out / name).unlink(missing_ok=True)
         if (out / "checkpoints").is_dir():  # no complete step in it (else the state is resume)
             shutil.rmtree(out / "checkpoints")
-    write_json_atomic(out / "sweep.json", {"name": run.name, "labels": run.labels})
+    budget = {} if run.tokens_per_param is None else {"tokens_per_param": run.tokens_per_param}
+    write_json_atomic(out / "sweep.json", {"name": run.name, "labels": run.labels, **budget})
 
 
 def _record_failure(run: SweepRun, exc: BaseException) -> str:
