@@ -253,7 +253,7 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     assert helpers.loss_records(tango) == helpers.loss_records(tmp_path / "fresh")
 
 
-def test_a_run_from_before_a_config_field_existed_is_still_done(data_dir, tmp_path):
+def test_a_run_from_before_a_config_field_existed_or_logged_otherwise_is_still_done(data_dir, tmp_path):
     # Its config.json lacks the field: not "another config" (every finished run after an upgrade).
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
     run_sweep(load_grid(path), progress=False, log=lambda _: None)
@@ -263,6 +263,11 @@ def test_a_run_from_before_a_config_field_existed_is_still_done(data_dir, tmp_pa
     del config["train"]["reshuffle_each_epoch"]
     config_file.write_text(json.dumps(config))
     assert plan_rows(grid, grid.runs)[0]["state"] == "done"
+    # Nor does a grid edited in how runs log, checkpoint or compile make it "another config" (the
+    # sweep reported every finished run failed and exited 1).
+    logistics = {"log_every": 3, "keep_last": 5, "save_every": 2, "compile": True, "max_nonfinite_steps": 2}
+    edited = load_grid(write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, **logistics))
+    assert plan_rows(edited, edited.runs)[0]["state"] == "done"
 
 
 def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.train import metrics_file
-from tango_lm.train.config import TrainConfig
+from tango_lm.train.config import LOGISTICS_FIELDS, TrainConfig
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -199,13 +199,9 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
 # a kernel or chunk choice) or that are axes of their own; the others, where runs of one row differ,
 # label the rows. eval_batch_size changes MoE's scores only (expert capacity is per forward).
 NEUTRAL = {
-    "train": {
-        "out_dir", "seed", "data_seed", "device", "progress", "loggers", "wandb_project", "save_every", "keep_last",
-        "log_every", "compile", "activation_checkpointing", "parallel", "checkpoint_format", "max_nonfinite_steps",
-        "eval_batch_size",
-    },
+    "train": LOGISTICS_FIELDS | {"seed", "data_seed", "eval_batch_size"},
     "model": {"head", "loss_chunk", "gdn_chunk", "gdn_backend"},
-}  # fmt: skip
+}
 # A config.json from before a field existed ran with what is now its default (as sweep/runner.py reads it).
 DEFAULTS = {
     section: {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}

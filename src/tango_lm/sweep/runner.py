@@ -32,13 +32,10 @@ from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import complete_steps, write_json_atomic
+from tango_lm.train.config import LOGISTICS_FIELDS
 
 STALE_FILES = ("metrics.jsonl", "best.json", "summary.json", "config.json", "config.yaml")
 FAILED_FILES = ("failed.json", "failed.log")
-
-
-# Run-config fields that say where and how a run logs, not what it trains: they may differ.
-NOT_THE_SETTING = ("out_dir", "progress", "loggers", "wandb_project", "device")
 
 
 def _differences(run: SweepRun) -> list[str]:
@@ -53,7 +50,7 @@ def _differences(run: SweepRun) -> list[str]:
     for section in ("model", "train"):
         have, grid = saved.get(section) or {}, want[section]
         for key in sorted(set(have) & set(grid)):
-            if key not in NOT_THE_SETTING and have.get(key) != grid.get(key):
+            if not (section == "train" and key in LOGISTICS_FIELDS) and have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
     return out
 

@@ -268,6 +268,14 @@ def read_yaml(source: str) -> dict[str, Any]:
 
 
 BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which one sets the budget
+# Train fields that say where and how a run logs, checkpoints, compiles or spreads over processes,
+# not what it computes: a sweep's finished run stays done, and a report compares runs, across them.
+LOGISTICS_FIELDS = frozenset(
+    {
+        "out_dir", "device", "progress", "loggers", "wandb_project", "save_every", "keep_last", "log_every",
+        "compile", "activation_checkpointing", "parallel", "checkpoint_format", "max_nonfinite_steps",
+    }
+)  # fmt: skip
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: str | None = None) -> dict[str, Any]:
