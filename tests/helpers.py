@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import random
 import string
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -27,6 +30,18 @@ from tango_lm.train.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 FIXTURES = ROOT / "tests" / "fixtures"
+TOOLS = ROOT / "tools"
+
+
+def tool(name: str) -> ModuleType:
+    """A script under tools/ imported as a module: its functions and `main(argv)` run in this process
+    (a subprocess costs seconds of imports; each script keeps one end-to-end subprocess test)."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(TOOLS))
+
 
 # d_model 32 with head_dim 16 -> 2 heads; width 64 is a multiple of 2.
 TINY_MODEL: dict[str, Any] = {

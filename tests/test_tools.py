@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tango_lm.cli import main
 from tango_lm.ops import cpu_kernels
 from tests import helpers
 
-TOOLS = helpers.ROOT / "tools"
+TOOLS = helpers.TOOLS
 
 
 def _run(script: str, *args: str) -> str:
@@ -23,20 +24,30 @@ def _run(script: str, *args: str) -> str:
     return proc.stdout
 
 
+def _run_here(monkeypatch, capsys, script: str, *args: str) -> str:
+    """`script` with these arguments in this process (for the scripts' other cases: seconds of imports saved)."""
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    helpers.tool(script.removesuffix(".py")).main()
+    return capsys.readouterr().out
+
+
 def test_op_speed_pair():
     out = _run("op_speed.py", "windowed", "1", "40", "64")
     assert out.startswith("fused") and "composition" in out
 
 
-@pytest.mark.parametrize("args", [("tango", "1", "40", "128", "16"), ("causal", "2", "40", "8")])
-def test_op_speed_variants(args):
-    out = _run("op_speed.py", *args)
-    assert out.startswith("blocked") and "composition" in out
-    assert ("C kernels" in out) == cpu_kernels.available()
+def test_op_speed_variants(monkeypatch, capsys):
+    # "tango" sets the op's block size in its module: in a process of its own.
+    for out in (
+        _run("op_speed.py", "tango", "1", "40", "128", "16"),
+        _run_here(monkeypatch, capsys, "op_speed.py", "causal", "2", "40", "8"),
+    ):
+        assert out.startswith("blocked") and "composition" in out
+        assert ("C kernels" in out) == cpu_kernels.available()
 
 
-def test_op_speed_pieces():
-    out = _run("op_speed.py", "pieces", "80", "64")
+def test_op_speed_pieces(monkeypatch, capsys):
+    out = _run_here(monkeypatch, capsys, "op_speed.py", "pieces", "80", "64")
     assert "blocks of 32" in out and "blocks of 64" in out and "full square" in out
     assert "blocks of 128" not in out  # no block as long as the sequence
 
@@ -59,60 +70,27 @@ def test_step_profile():
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler: the tool has nothing to compare")
-def test_tango_kernels_tool():
+def test_tango_kernels_tool(monkeypatch, capsys):
     out = _run("tango_kernels.py", "products", "40", "128", "--rounds", "1")
     assert out.count("C kernel ") == 3 and out.count("MKL blocks of 64") == 3
-    out = _run("tango_kernels.py", "steps", "16", "--steps", "1")
+    out = _run_here(monkeypatch, capsys, "tango_kernels.py", "steps", "16", "--steps", "1")
     assert "tango, C kernels" in out and "tango, blocked" in out and "x 1.000" in out
 
 
-def test_gpu_suites_script_and_table(tmp_path):
+def test_gpu_suites_script_and_table(tmp_path, capsys):
     # The GPU script parses; its table reads what the suites wrote (a tiny CPU decode report here,
     # plus a suite that timed out), one status line per suite, then each suite's own table.
     assert subprocess.run(["bash", "-n", str(TOOLS / "gpu_suites.sh")]).returncode == 0
-    report = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tango_lm.cli",
-            "bench",
-            "--suite",
-            "decode",
-            "--archs",
-            "tango",
-            "--d-model",
-            "32",
-            "--depth",
-            "2",
-            "--tango-width",
-            "64",
-            "--vocab-size",
-            "40",
-            "--prompt-len",
-            "3",
-            "--new-tokens",
-            "2",
-            "--decode-batches",
-            "1",
-            "--repeats",
-            "1",
-            "--head-vocab",
-            "50",
-            "--device",
-            "cpu",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert report.returncode == 0, report.stderr
-    (tmp_path / "decode-small.json").write_text(report.stdout)
+    tiny = ("--archs", "tango", "--d-model", "32", "--depth", "2", "--tango-width", "64", "--vocab-size", "40")
+    decode = ("--prompt-len", "3", "--new-tokens", "2", "--decode-batches", "1", "--repeats", "1", "--head-vocab", "50")
+    assert main(["bench", "--suite", "decode", *tiny, *decode, "--device", "cpu", "--json"]) == 0
+    (tmp_path / "decode-small.json").write_text(capsys.readouterr().out)
     (tmp_path / "decode-small.rc").write_text("0\n")
     (tmp_path / "decode-small.log").write_text("== decode-small\ndecode-small rc=0 3s\n")
     (tmp_path / "train-70m.rc").write_text("124\n")
     (tmp_path / "train-70m.log").write_text("== train-70m\ntrain-70m rc=124 900s\n")
-    out = _run("gpu_suites_table.py", str(tmp_path))
+    helpers.tool("gpu_suites_table").main(tmp_path)
+    out = capsys.readouterr().out
     assert "decode-small  ok" in out and "train-70m     TIMEOUT" in out and "900s" in out
     assert "[decode-small]" in out and "decode: device cpu" in out and "[train-70m]" not in out
 
@@ -157,11 +135,7 @@ def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_pat
 
 def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
     # On a CPU it profiles ops (self time) at tiny sizes; the categories are for CUDA kernels' names.
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gpu_step_profile
-    finally:
-        sys.path.remove(str(TOOLS))
+    gpu_step_profile = helpers.tool("gpu_step_profile")
     names = {
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
         "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT": "matmul",
@@ -214,10 +188,8 @@ def test_gpu_step_profile_smoke_and_its_categories(tmp_path):
         (["--json", "/nonexistent-dir/p.json"], "error: --json /nonexistent-dir/p.json: no directory"),
     ],
 )
-def test_gpu_step_profile_refuses_bad_arguments_in_one_line(args, message):
+def test_gpu_step_profile_refuses_bad_arguments_in_one_line(args, message, capsys):
     tiny = ["--device", "cpu", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--tango-width", "64"]
-    proc = subprocess.run(
-        [sys.executable, str(TOOLS / "gpu_step_profile.py"), *tiny, *args], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert helpers.tool("gpu_step_profile").main([*tiny, *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(message) and err.count("\n") == 1, err

@@ -18,6 +18,7 @@ import pytest
 
 from tango_lm.bench import decode, memory, progress, stopping, suite, training, windowed
 from tango_lm.cli import main
+from tests import helpers
 
 TINY = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -295,12 +296,7 @@ def test_gpu_tables_show_a_suite_its_timeout_stopped(tmp_path):
         "train": {"models": rows, "stopped": stopped},
     }
     (tmp_path / "train-bench.json").write_text(json.dumps(report))
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gpu_check_summary
-        import gpu_suites_table
-    finally:
-        sys.path.remove(str(TOOLS))
+    gpu_check_summary, gpu_suites_table = helpers.tool("gpu_check_summary"), helpers.tool("gpu_suites_table")
     assert gpu_check_summary.train_result(tmp_path, "train-bench") == "3/8 timed rounds; MFU x Loop: tango 0.90"
     (tmp_path / "train-bench.rc").write_text("124\n")
     assert gpu_suites_table.load(tmp_path, "train-bench") == ("TIMEOUT (partial: train)", report)
@@ -313,11 +309,7 @@ def test_gpu_tables_show_a_suite_its_timeout_stopped(tmp_path):
 
 def test_gpu_suites_table_columns_fit_the_longest_name_and_status(tmp_path, capsys):
     # Names and statuses longer than the old fixed widths ran into the next column.
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gpu_suites_table
-    finally:
-        sys.path.remove(str(TOOLS))
+    gpu_suites_table = helpers.tool("gpu_suites_table")
     for name in ("train-70m", "train-70m-t4096"):
         (tmp_path / f"{name}.rc").write_text("124\n")
         (tmp_path / f"{name}.log").write_text(f"{name} rc=124 905s\n")
@@ -345,11 +337,7 @@ def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch,
     (tmp_path / "decode-70m.rc").write_text("124\n")
     (tmp_path / "train-70m.json").write_text(json.dumps({"stopped": {"signal": "SIGTERM"}}))  # before any suite
     (tmp_path / "train-70m.rc").write_text("143\n")
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import gpu_suites_table
-    finally:
-        sys.path.remove(str(TOOLS))
+    gpu_suites_table = helpers.tool("gpu_suites_table")
     gpu_suites_table.main(tmp_path)
     out = capsys.readouterr().out
     assert re.search(r"^decode-70m +TIMEOUT \(partial: decode\) ", out, re.M)

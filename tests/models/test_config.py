@@ -131,7 +131,9 @@ def test_a_budget_override_replaces_the_configs_budget_of_any_kind():
     assert apply_overrides(base, ["tokens_per_param=2"])["train"] == {"tokens_per_param": 2, "lr": 0.1}
     assert apply_overrides({"train": {"tokens": 9}}, ["train.steps=3"])["train"] == {"steps": 3}
     assert apply_overrides(base, ["train.tokens="])["train"] == {"steps": 6, "lr": 0.1, "tokens": None}
-    assert load_run_config("tango-70m-d4", ["train.tokens_per_param=1"]).total_steps() == 1069  # 70,002,176 parameters / 65,536 tokens a step
+    assert (
+        load_run_config("tango-70m-d4", ["train.tokens_per_param=1"]).total_steps() == 1069
+    )  # 70,002,176 parameters / 65,536 tokens a step
     with pytest.raises(UserError, match="train.steps=3 and tokens=5 both set the training budget"):
         apply_overrides(base, ["train.steps=3", "tokens=5"])
 

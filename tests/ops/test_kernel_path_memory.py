@@ -6,15 +6,12 @@ no [B, H, T, T] tensor."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from tests import helpers
 
 pytest.importorskip("tango_lm.ops.tango_mix_triton", exc_type=ImportError, reason="triton is not installed")
-sys.path.insert(0, str(helpers.ROOT / "tools"))
-import saved_for_backward as tool  # noqa: E402
+tool = helpers.tool("saved_for_backward")
 
 from tango_lm.bench.training import matched_configs  # noqa: E402
 

@@ -23,9 +23,7 @@ KERNELS = ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel", 
 
 def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...], dtype: str, head_dim: int) -> None:
     pytest.importorskip("triton", reason="triton is not installed")
-    sys.path.insert(0, str(helpers.ROOT / "tools"))
-    import triton_ptxas_report
-
+    triton_ptxas_report = helpers.tool("triton_ptxas_report")
     ptxas = triton_ptxas_report.ptxas_path(90)
     if ptxas is None or not ptxas.is_file():
         pytest.skip("triton's NVIDIA backend (ptxas) is not installed")
@@ -69,10 +67,9 @@ def test_relu2_kernels_compile_for_sm90_without_register_spills():
     relu2 = ("forward_kernel", "dv_kernel", "dqk_kernel")
     _assert_first_configurations_do_not_spill("relu2", relu2, "bf16", 128)
     _assert_first_configurations_do_not_spill("relu2", relu2, "fp32", 128)
-    sys.path.insert(0, str(helpers.ROOT / "tools"))
-    import triton_ptxas_report
-
-    assert triton_ptxas_report.main(["--ops", "relu2"]) == 2  # under TRITON_INTERPRET=1 (conftest): one error line
+    assert (
+        helpers.tool("triton_ptxas_report").main(["--ops", "relu2"]) == 2
+    )  # under TRITON_INTERPRET=1 (conftest): one error line
 
 
 def test_column_alignment_is_what_every_gate_tensor_allows():

@@ -106,8 +106,8 @@ def test_capacity_buckets():
 
 def test_seeded_sampling_is_the_same_eager_and_compiled():
     # onóna's one-projection sampling at batch 1 (the table picked by index inside the product),
-    # compiled with inductor (no CUDA graphs on a CPU), against the static step run eagerly; and
-    # top-k / top-p sampling at batch 2 through Dynamo's graph.
+    # compiled with inductor (no CUDA graphs on a CPU; once: each inductor build costs seconds),
+    # against the static step run eagerly; and top-k / top-p sampling through Dynamo's graph.
     torch.manual_seed(0)
     model = build_model(
         ModelConfig(
@@ -115,8 +115,8 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
         )
     ).eval()
     for rows, backend, kwargs in (
-        (1, "inductor", {"temperature": 1.0}),
         (1, "inductor", {"temperature": 1.0, "vocab_size": 30}),  # ids 30-36: the table's padding
+        (1, "eager", {"temperature": 1.0}),
         (2, "eager", {"temperature": 0.7, "top_k": 5, "top_p": 0.9}),
         (2, "eager", {"temperature": 1.0, "vocab_size": 30}),
     ):

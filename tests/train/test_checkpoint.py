@@ -329,9 +329,7 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
         ({"seed": 99}, "train.seed=17 (now 99)"),  # the weights were initialized with 17: reports paired it as 99
     ],
 )
-def test_resume_with_a_setting_a_resume_keeps_changed_is_refused(
-    scripted_run, data_dir, tmp_path, change, said
-):
+def test_resume_with_a_setting_a_resume_keeps_changed_is_refused(scripted_run, data_dir, tmp_path, change, said):
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")
     with pytest.raises(UserError, match=r"its checkpoint was trained with ") as info:
