@@ -124,6 +124,7 @@ MALFORMED = {
     "unknown_arch": ({"arch": ["tango", "nope"]}, "unknown arch 'nope'"),
     "dataset_missing": ({"dataset": {"gone": "/nonexistent/data"}}, "dataset 'gone'"),
     "base_data_missing": ({"depth": [1]}, "the base's data.dir"),
+    "data_dir_axis_missing": ({"data.dir": ["nodata"]}, "axis data.dir value 'nodata'"),  # listed as new, then failed
     "bad_seed": ({"seed": [[1, 2, 3]]}, "[model_seed, data_seed] pairs"),
     "unknown_field": ({"train.colour": [1]}, "not a config field"),
     "bad_combination": ({"model.d_model": [33]}, "run model.d_model=33"),
@@ -134,6 +135,10 @@ MALFORMED = {
     # a field axis beside the named axis that sets it: overwritten, or mislabelling the runs
     "field_and_named_axis": ({"arch": ["tango"], "model.arch": ["gau"]}, "axes model.arch and arch"),
     "seed_field_and_seed": ({"seed": [[1, 2]], "train.data_seed": [4]}, "axes train.data_seed and seed"),
+    "data_dir_and_dataset": (
+        {"dataset": {"a": "/x"}, "data.dir": ["y"]},
+        "axes data.dir and dataset",
+    ),  # named a, trained y
     "width_with_a_tier": ({"tier": ["70M"], "model.width": [128]}, "the matcher sets the width"),
     "seq_len_past_the_context": ({"train.seq_len": [64]}, "train.seq_len=64 is longer than model.context_length=32"),
     "two_budget_axes": ({"train.steps": [2], "train.tokens": [256]}, "both set the budget"),
@@ -143,7 +148,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", [*MALFORMED, "not_yaml", "unknown_key", "missing_file", "only_matches_nothing"])
 def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkeypatch, case):
     args = []
-    if case == "base_data_missing":  # the default data.dir is relative: make sure it is absent here
+    if case in ("base_data_missing", "data_dir_axis_missing"):  # relative directories: make sure they are absent here
         monkeypatch.chdir(tmp_path)
     if case in MALFORMED:
         axes, want = MALFORMED[case]
@@ -163,7 +168,11 @@ def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkey
     line = helpers.assert_one_error_line(capsys.readouterr().err)
     assert want in line, line
     assert not (tmp_path / "sweep").exists()
-    if case in ("dataset_missing", "base_data_missing"):  # a dry run still lists the plan, saying what is missing
+    if case in (
+        "dataset_missing",
+        "base_data_missing",
+        "data_dir_axis_missing",
+    ):  # a dry run lists the plan, saying what is missing
         assert main(["sweep", str(path), "--dry-run"]) == 0
         assert "data missing: " in capsys.readouterr().out
 

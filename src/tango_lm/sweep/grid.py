@@ -136,16 +136,20 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     axes = _parse_axes(spec.get("axes") or {}, path)
     grid = Grid(path=path, out_dir=Path(out_dir), axes=axes, slurm=spec.get("slurm") or {})
 
-    datasets = axes.get("dataset") or [(None, base["data"].get("dir", DataConfig().dir))]
-    for name, directory in datasets:
-        if not is_prepared(directory):
-            if check_data:
-                what = f"dataset {name!r}" if name is not None else "the base's data.dir"
+    if "dataset" in axes:  # (what it is, its name in missing_data, directory)
+        datasets = [(f"dataset {name!r}", name, directory) for name, directory in axes["dataset"]]
+    elif "data.dir" in axes:
+        datasets = [(f"axis data.dir value {d!r}", f"data.dir={d}", d) for d in axes["data.dir"]]
+    else:
+        datasets = [("the base's data.dir", "data.dir", base["data"].get("dir", DataConfig().dir))]
+    for what, name, directory in datasets:
+        if not isinstance(directory, str) or not is_prepared(directory):
+            if check_data or not isinstance(directory, str):
                 raise UserError(
                     f"{what} of sweep grid {path}: {directory} is not a prepared dataset (directory missing or "
                     "incomplete); prepare it with `tango-lm data prepare` or fix the grid"
                 )
-            grid.missing_data[name or "data.dir"] = directory
+            grid.missing_data[name] = directory
 
     order = [a for a in NAMED_AXES if a in axes and a != "seed"]
     order += sorted(a for a in axes if "." in a)
@@ -222,6 +226,7 @@ FIELDS_OF_NAMED_AXES = {
     "model.width": ("tier", "target_params"),  # the matcher sets the width
     "train.seed": ("seed",),
     "train.data_seed": ("seed",),
+    "data.dir": ("dataset",),
 }
 
 

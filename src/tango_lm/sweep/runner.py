@@ -100,9 +100,8 @@ def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
             "retry": state.get("error"),
             "other-config": "; ".join(state.get("differences", [])),
         }.get(state["state"])
-        missing = grid.missing_data.get(run.labels.get("dataset", "data.dir"))
-        if missing is not None:
-            note = f"data missing: {missing}"
+        if run.config.data.dir in grid.missing_data.values():
+            note = f"data missing: {run.config.data.dir}"
         rows.append(
             {
                 "run": run.name,
