@@ -77,7 +77,15 @@ def test_short_runs_are_well_defined(total):
         lrs = _curve(total, schedule=schedule, warmup_steps=100)
         assert all(0 < x <= LR for x in lrs)
         assert all(math.isfinite(x) for x in lrs)
-    assert _curve(total, schedule="wsd", warmup_steps=100)[-1] == pytest.approx(FLOOR)
+    # Warmup longer than the run: both decays land on the floor at the last step (cosine stayed at the peak).
+    for schedule in ("wsd", "cosine"):
+        assert _curve(total, schedule=schedule, warmup_steps=100)[-1] == pytest.approx(FLOOR)
+
+
+def test_wsd_without_a_decay_fraction_does_not_decay():
+    # decay_fraction 0 still decayed the last step to the floor.
+    assert _curve(20, schedule="wsd", decay_fraction=0.0)[10:] == [LR] * 10
+    assert _curve(20, schedule="wsd", decay_fraction=0.01)[-1] == pytest.approx(FLOOR)  # rounds to one step
 
 
 def test_schedule_past_the_end_stays_at_floor():

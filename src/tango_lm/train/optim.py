@@ -62,9 +62,11 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warmup, then
-    - wsd: constant, then a linear decay to min_lr over the last `decay_fraction` of steps;
+    - wsd: constant, then a linear decay to min_lr over the last `decay_fraction` of steps (at
+      least one step unless decay_fraction is 0: no decay);
     - cosine: cosine decay to min_lr;
-    - constant: constant."""
+    - constant: constant.
+    Warmup takes at most all steps but the last, where both decays land on min_lr."""
     peak, floor = cfg.lr, cfg.lr * cfg.min_lr_ratio
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
     if step < warmup:
@@ -72,10 +74,10 @@ def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "constant":
         return peak
     if cfg.schedule == "cosine":
-        span = max(total_steps - 1 - warmup, 1)  # the last step lands on min_lr
-        progress = min((step - warmup) / span, 1.0)
+        span = total_steps - 1 - warmup  # the last step lands on min_lr (the only one after warmup too)
+        progress = min((step - warmup) / span, 1.0) if span > 0 else 1.0
         return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    decay_steps = max(int(round(cfg.decay_fraction * total_steps)), 1)
+    decay_steps = max(int(round(cfg.decay_fraction * total_steps)), 1) if cfg.decay_fraction > 0 else 0
     decay_start = max(total_steps - decay_steps, warmup)
     if step < decay_start:
         return peak
