@@ -156,6 +156,13 @@ def test_split_inputs_detects_own_splits(tmp_path):
     (d / "extra.jsonl").write_text("")
     with pytest.raises(UserError, match="and also extra.jsonl"):
         split_inputs([d], [".jsonl"])
+    # Dev and test files without train* ones were all trained on, and dev/test drawn from the rest.
+    for name in ("train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl"):
+        (d / name).unlink()
+    with pytest.raises(
+        UserError, match=r"named after the test and dev split \(test.jsonl, validation.jsonl\) but none"
+    ):
+        split_inputs([d], [".jsonl"])
 
 
 def test_text_documents(tmp_path):
@@ -268,6 +275,10 @@ def test_parquet_documents_batches_and_errors(tmp_path):
     junk.write_bytes(b"not parquet")
     with pytest.raises(UserError, match="cannot read the Parquet file"):
         list(parquet_documents([junk]))
+    latin = tmp_path / "latin.parquet"  # a string column holding bytes that are not UTF-8: a traceback before
+    pq.write_table(pa.table({"text": pa.array([b"ok", b"caf\xe9"], type=pa.binary()).view(pa.string())}), latin)
+    with pytest.raises(UserError, match=r"latin.parquet is not UTF-8 text \(.* in column 'text'\)"):
+        list(parquet_documents([latin]))
 
 
 # -- code trees -------------------------------------------------------------------------------

@@ -135,6 +135,12 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
                     "move those away or name each input as SPLIT=PATH"
                 )
             return out
+        if out and "train" not in out:  # the user's dev or test files would be trained on
+            named = ", ".join(Path(p).name for paths in out.values() for p in paths)
+            raise UserError(
+                f"{items[0]} has entries named after the {' and '.join(out)} split ({named}) but none named "
+                "train*; name the training files train* to keep those splits, or give every input as SPLIT=PATH"
+            )
     return {"train": items}
 
 
@@ -250,6 +256,10 @@ def parquet_documents(files: Iterable[Path], field: str = "text", batch_rows: in
                         yield value
         except (OSError, pa.ArrowException) as e:
             raise UserError(f"cannot read the Parquet file {path} ({e}); check the file") from None
+        except UnicodeDecodeError as e:  # a string column holding other bytes (Arrow does not check them)
+            raise UserError(
+                f"{path} is not UTF-8 text ({e.reason} in column {field!r}); convert it or leave it out"
+            ) from None
 
 
 def file_documents(
