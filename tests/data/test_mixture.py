@@ -19,10 +19,11 @@ BYTE = ByteTokenizer()
 
 
 def _component(path: Path, letter: str, n_docs: int, seed: int, tok=BYTE, **kw) -> Path:
-    """A dataset whose documents are runs of one letter, of varied lengths."""
+    """A dataset whose documents are runs of one letter, of varied lengths (dev's longer than train's:
+    a mixture leaves out of train what a dev split holds)."""
     rng = random.Random(seed)
     docs = [letter * rng.randint(1, 120) for _ in range(n_docs)]
-    dev = [letter * rng.randint(1, 40) for _ in range(n_docs // 5)]
+    dev = [letter * rng.randint(121, 160) for _ in range(n_docs // 5)]
     return write_prepared(path, tok, {"train": docs, "dev": dev}, {"name": f"letters-{letter}"}, progress=False, **kw)
 
 
@@ -147,3 +148,30 @@ def test_a_dataset_named_twice_is_refused(parts, tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"twice \(also as "):  # the same directory by another path
         prepare_mixture(tmp_path / "m", [f"{parts['a']}:1", f"./{parts['a'].name}:2"], progress=False)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_document_held_out_in_any_component_is_left_out_of_the_mixtures_training(tmp_path):
+    # A corpus and a copy split another way: every test document of the mixture was also in its train.
+    docs = [f"document number {i} " * (1 + i % 7) for i in range(60)]
+    a = write_prepared(
+        tmp_path / "a", BYTE, {"train": docs[:40], "dev": docs[40:50], "test": docs[50:]}, {}, progress=False
+    )
+    b = write_prepared(
+        tmp_path / "b", BYTE, {"train": docs[20:], "dev": docs[:10], "test": docs[10:20]}, {}, progress=False
+    )
+    out = PreparedDataset.open(prepare_mixture(tmp_path / "m", [f"{a}:1", f"{b}:1"], tokens=20_000, progress=False))
+
+    def documents(split):
+        toks = out.tokens(split)
+        return {bytes(d[:-1].tolist()).decode() for d in np.split(toks, np.flatnonzero(toks == BYTE.eot_id) + 1)[:-1]}
+
+    train, dev, test = documents("train"), documents("dev"), documents("test")
+    assert not train & (dev | test) and not dev & test
+    assert test <= set(docs[50:]) | set(docs[10:20]) and train == set(docs[20:40])  # the rest of train is held out
+    realized = out.source["realized"]["train"]
+    assert [r["held_out"] for r in realized] == [20, 20] and realized[0]["epochs"] > 1  # a: 0-19; b: 40-59
+    # A component whose every train document another holds out would have been chosen forever.
+    c = write_prepared(tmp_path / "c", BYTE, {"train": docs[:10]}, {}, progress=False)
+    with pytest.raises(UserError, match="every document of mixture component 2 is held out"):
+        prepare_mixture(tmp_path / "n", [f"{b}:1", f"{c}:1"], tokens=5_000, progress=False)
+    assert not (tmp_path / "n").exists()

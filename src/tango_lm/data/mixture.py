@@ -12,11 +12,17 @@ stops once it has that many tokens, and components start new epochs (fresh permu
 needed; the manifest records each component's epochs. Every split present in all components is
 mixed the same way (dev/test never repeat); a split that is missing or empty in some component
 is mixed from the others with their weights renormalized, and train must be present in all.
+
+Held out: a document (the same tokens) that any component's test split holds is left out of the
+mixture's train and dev, and one any component's dev split holds is left out of its train, so
+components that share documents (a corpus and a filtered copy of it) keep no test text in training.
+The manifest's `realized` counts each component's documents left out (`held_out`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -97,27 +103,47 @@ class _Documents:
         return np.concatenate(parts)
 
 
+def document_key(ids: np.ndarray) -> bytes:
+    """A document's identity across components (they share a tokenizer, hence token dtype)."""
+    return hashlib.blake2b(ids.tobytes(), digest_size=16).digest()
+
+
 def mix_documents(
-    docs: Sequence[_Documents], weights: Sequence[float], seed: int, tokens: int | None, stats: list[dict[str, int]]
+    docs: Sequence[_Documents],
+    weights: Sequence[float],
+    seed: int,
+    tokens: int | None,
+    stats: list[dict[str, int]],
+    held_out: frozenset[bytes] = frozenset(),
 ) -> Iterator[np.ndarray]:
-    """Token arrays (documents without EOT) of the mixture, recording per-component counts in `stats`."""
+    """Token arrays (documents without EOT) of the mixture, recording per-component counts in `stats`;
+    documents whose `document_key` is in `held_out` are passed over (counted as held_out)."""
     w = np.asarray(weights, dtype=np.float64) / sum(weights)
     emitted = np.zeros(len(docs))
     orders: list[np.ndarray | None] = [None] * len(docs)
     cursors = [0] * len(docs)
     for st in stats:
-        st.update(tokens=0, documents=0, epochs=0)
+        st.update(tokens=0, documents=0, epochs=0, held_out=0)
     total = 0
     while tokens is None or total < tokens:
         i = int(np.argmin(emitted / w))
         if orders[i] is None or cursors[i] == len(orders[i]):
             if stats[i]["epochs"] and tokens is None:
                 return  # the default mixture never repeats a document
+            if stats[i]["epochs"] and not stats[i]["documents"]:  # it would be chosen forever
+                raise UserError(
+                    f"every document of mixture component {stats[i].get('component', i) + 1} is held out (another "
+                    "component's dev or test split holds it); leave that component out"
+                )
             orders[i] = np.random.default_rng([seed, i, stats[i]["epochs"]]).permutation(len(docs[i]))
             cursors[i] = 0
             stats[i]["epochs"] += 1
         ids = docs[i].get(int(orders[i][cursors[i]]))
         cursors[i] += 1
+        if held_out and document_key(ids) in held_out:
+            if stats[i]["epochs"] == 1:  # counted once, not again on each later pass
+                stats[i]["held_out"] += 1
+            continue
         n = len(ids) + 1
         emitted[i] += n
         total += n
@@ -220,14 +246,30 @@ class MixtureSource(DataSource):
         ]
         self._stats: dict[str, list[dict[str, int]]] = {}
         splits: dict[str, Iterator[np.ndarray]] = {}
+        docs = {
+            split: [
+                (k, _Documents(ds, split))
+                for k, ds in enumerate(datasets)
+                if split in ds.splits and ds.num_documents(split) > 0
+            ]
+            for split in names
+        }
+        keys = {
+            s: frozenset(document_key(d.get(i)) for _, d in docs.get(s, []) for i in range(len(d)))
+            for s in ("dev", "test")
+        }
+        held_out = {"train": keys["dev"] | keys["test"], "dev": keys["test"]}
         for split in names:
-            members = [k for k, ds in enumerate(datasets) if split in ds.splits and ds.num_documents(split) > 0]
-            if not members:
+            if not docs[split]:
                 continue
-            self._stats[split] = [{"component": k} for k in members]
-            docs = [_Documents(datasets[k], split) for k in members]
+            self._stats[split] = [{"component": k} for k, _ in docs[split]]
             splits[split] = mix_documents(
-                docs, [comps[k][1] for k in members], seed, tokens if split == "train" else None, self._stats[split]
+                [d for _, d in docs[split]],
+                [comps[k][1] for k, _ in docs[split]],
+                seed,
+                tokens if split == "train" else None,
+                self._stats[split],
+                held_out.get(split, frozenset()),
             )
         self._datasets = datasets
         return splits
