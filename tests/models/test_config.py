@@ -245,8 +245,10 @@ def budget_config(*overrides: str) -> RunConfig:
 
 def test_total_steps_from_steps_and_priority():
     assert budget_config("train.steps=17").total_steps() == 17
-    # steps wins when several budgets are set.
-    assert budget_config("train.steps=17", "train.tokens=100000", "train.tokens_per_param=5").total_steps() == 17
+    # steps wins when a config file sets several budgets (overrides replace the file's: one at a time).
+    run = budget_config("train.steps=17")
+    run.train.tokens, run.train.tokens_per_param = 100000, 5
+    assert run.total_steps() == 17
 
 
 def test_total_steps_from_tokens():
