@@ -151,3 +151,25 @@ def test_an_empty_lean_file_is_no_document(tmp_path):
     ids = PreparedDataset.open(out).tokens("train").tolist()
     docs = bytes(0 if t == BYTE.eot_id else t for t in ids).split(b"\0")[:-1]  # the fixtures hold no NUL
     assert len(docs) == ids.count(BYTE.eot_id) and all(d.strip() for d in docs)
+
+
+def test_a_lemma_copied_between_files_gives_no_test_example_that_train_has(tmp_path):
+    # Files are held out whole: the same theorem in a train file and a test file put the test
+    # split's proof-completion example, byte for byte, into training.
+    shared = "theorem shared_lemma (n : Nat) : n + 0 = n := by\n  simp\n"
+    tree = tmp_path / "lean"
+    tree.mkdir()
+    for i in range(30):
+        own = f"theorem t{i} (a b : Nat) : a + b = b + a := Nat.add_comm a b\n"
+        (tree / f"f{i}.lean").write_text(f"import Foo\n\n/-- doc {i} -/\n{shared}\n{own}")
+    out = prepare_lean([tree], tmp_path / "out", BYTE, dev_fraction=0.2, test_fraction=0.2, progress=False)
+    ds = PreparedDataset.open(out)
+
+    def documents(split):
+        ids = ds.tokens(split).tolist()
+        return set(bytes(0 if t == BYTE.eot_id else t for t in ids).decode().split("\0")[:-1])
+
+    train, dev, test = documents("train"), documents("dev"), documents("test")
+    assert {s: bool(ds.num_documents(s)) for s in ("dev", "test")} == {"dev": True, "test": True}
+    assert shared.rstrip() in train and not (train & (dev | test)) and not dev & test
+    assert ds.source["splits"]["test"]["examples_seen_in_an_earlier_split"] > 0

@@ -20,7 +20,9 @@ Copies of an example are emitted in separate rounds over the split's files, so t
 sit next to each other in the token stream.
 
 Splits: files, not examples, are held out (by the hash of the file's text, see `sources`), and
-every example goes to the split of the file it was cut from, so no test proof is seen in training.
+every example goes to the split of the file it was cut from; an example whose text a train file's
+examples also give (a lemma copied between files) is left out of dev and test, and one a dev
+file's examples give out of test, so no test proof is seen in training.
 Counting tokens needs a first pass that tokenizes the corpus; the second pass writes it.
 """
 
@@ -191,19 +193,33 @@ def _assign_files(
     return out
 
 
-def plan_lean(files: Sequence[Path], tokenizer: Any, proof_weight: float = 0.5, seed: int = 0) -> dict[str, Any]:
-    """Copies of each example so that examples hold `proof_weight` of the split's tokens.
+def _kept_examples(text: str, path: Path, seen: frozenset[str]) -> list[tuple[int, ProofExample]]:
+    """(index, example) of the file's examples whose text is not in `seen` (an earlier split's)."""
+    return [(ei, e) for ei, e in enumerate(proof_examples(text, str(path))) if e.text not in seen]
+
+
+def example_texts(files: Sequence[Path]) -> frozenset[str]:
+    """The texts of every proof-completion example of `files`."""
+    return frozenset(e.text for path in files for e in proof_examples(read_lean(path), str(path)))
+
+
+def plan_lean(
+    files: Sequence[Path], tokenizer: Any, proof_weight: float = 0.5, seed: int = 0, seen: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Copies of each example so that examples hold `proof_weight` of the split's tokens; examples
+    whose text is in `seen` (a train file's, for dev and test) are left out.
 
     Returns `{"repeats": k, "extra": {(file_index, example_index), ...}, ...token counts}`: every
     example is written k times, those in `extra` once more.
     """
-    source_tokens, examples = 0, []  # (hash, tokens, key)
+    source_tokens, examples, left_out = 0, [], 0  # examples: (hash, tokens, key)
     for fi, path in enumerate(files):
         text = read_lean(path)
-        exs = proof_examples(text, str(path))
-        ids = tokenizer.encode_batch([text] + [e.text for e in exs])
+        kept = _kept_examples(text, path, seen)
+        left_out += len(proof_examples(text, str(path))) - len(kept)
+        ids = tokenizer.encode_batch([text] + [e.text for _, e in kept])
         source_tokens += len(ids[0]) + 1 if text.strip() else 0  # a blank file is not written (lean_documents)
-        for ei, (e, e_ids) in enumerate(zip(exs, ids[1:], strict=True)):
+        for (ei, e), e_ids in zip(kept, ids[1:], strict=True):
             examples.append((_unit(f"{fi}/{ei}/{e.text}", seed), len(e_ids) + 1, (fi, ei)))
     total = sum(n for _, n, _ in examples)
     target = source_tokens * proof_weight / (1 - proof_weight)
@@ -220,21 +236,24 @@ def plan_lean(files: Sequence[Path], tokenizer: Any, proof_weight: float = 0.5, 
         "source_tokens": source_tokens,
         "example_tokens_once": total,
         "examples": len(examples),
+        "examples_seen_in_an_earlier_split": left_out,
         "example_tokens": repeats * total + filled,
         "target_example_tokens": target,
     }
 
 
-def lean_documents(files: Sequence[Path], plan: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def lean_documents(
+    files: Sequence[Path], plan: dict[str, Any], seen: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, str]]:
     """(kind, text) with kind "source" or "proof": round 0 writes each file and its examples' first
-    copies, round r the examples that have more than r copies."""
+    copies, round r the examples that have more than r copies (`seen`: as given to `plan_lean`)."""
     rounds = plan["repeats"] + (1 if plan["extra"] else 0)
     for r in range(max(1, rounds)):
         for fi, path in enumerate(files):
             text = read_lean(path)
             if r == 0 and text.strip():  # an empty file is no document (splits.py skips them everywhere)
                 yield "source", text
-            for ei, e in enumerate(proof_examples(text, str(path))):
+            for ei, e in _kept_examples(text, path, seen):
                 if r < plan["repeats"] + ((fi, ei) in plan["extra"]):
                     yield "proof", e.text
 
@@ -272,9 +291,13 @@ class LeanSource(HeldOutSource):
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         files = _assign_files(self.inputs, self.exts, self.dev_fraction, self.test_fraction, self.seed)
-        self._plans = {s: plan_lean(f, tokenizer, self.proof_weight, self.seed) for s, f in files.items()}
+        texts = {s: example_texts(files[s]) for s in ("train", "dev") if s in files and len(files) > 1}
+        # Whose examples each split leaves out: test train's and dev's, any other split train's.
+        earlier = {"train": (), "test": ("train", "dev")}
+        seen = {s: frozenset().union(*(texts.get(e, ()) for e in earlier.get(s, ("train",)))) for s in files}
+        self._plans = {s: plan_lean(f, tokenizer, self.proof_weight, self.seed, seen[s]) for s, f in files.items()}
         self._files = files
-        return {s: (text for _, text in lean_documents(files[s], self._plans[s])) for s in files}
+        return {s: (text for _, text in lean_documents(files[s], self._plans[s], seen[s])) for s in files}
 
     def fingerprint(self) -> dict[str, Any]:
         return {
