@@ -359,6 +359,9 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
         == 0
     )
     assert len(json.loads(capsys.readouterr().out)["completions"][0].encode()) == 2
+    # --json shows the prompt the model continued (\n a newline), as the plain output does.
+    assert main(["generate", str(run), "--prompt", "a\\nb", "--max-new-tokens", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt"] == "a\nb"
 
 
 def test_generate_draws_only_the_tokenizers_ids(run, capsys, monkeypatch):

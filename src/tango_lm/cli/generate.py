@@ -62,7 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     if args.json:
-        _print_json({"prompt": args.prompt, "completions": texts, "checkpoint": str(ckpt.path)})
+        _print_json({"prompt": prompt_text, "completions": texts, "checkpoint": str(ckpt.path)})
         return
     for i, text in enumerate(texts):
         if i:
