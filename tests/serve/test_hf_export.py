@@ -145,6 +145,14 @@ def test_overwrite_replaces_the_export_and_keeps_other_files(tmp_path, capsys, b
     assert (out / "notes.txt").read_text() == "keep me"
     assert (out / "config.json").read_text() == (first / "config.json").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    # A folder where a file goes: refused before any file moves (README.md, first in order, was replaced).
+    blocked = tmp_path / "blocked"
+    (blocked / "tokenizer.json").mkdir(parents=True)
+    (blocked / "README.md").write_text("mine")
+    before = helpers.snapshot(blocked)
+    assert main(["export", str(ckpt), "--hf", str(blocked), "--overwrite"]) == 2
+    assert "tokenizer.json is a directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert helpers.snapshot(blocked) == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 # -- transformers --------------------------------------------------------------------------------

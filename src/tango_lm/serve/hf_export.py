@@ -247,6 +247,9 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
                 out.rmdir()
             os.rename(tmp, out)
         else:  # --overwrite: replace these files, leave the rest alone
+            blocked = [name for name in files if (out / name).is_dir()]
+            if blocked:  # found before any file moves: a failed export leaves DIR as it was
+                raise UserError(f"{out / blocked[0]} is a directory where the export writes a file; move it away")
             for name in files:
                 os.replace(tmp / name, out / name)
             tmp.rmdir()
