@@ -19,10 +19,10 @@ $(VENV)/.installed: pyproject.toml
 quickstart: setup
 	$(BIN)/tango-lm quickstart
 
-# One pytest-xdist worker per core, at most 4 (each holds torch and a compile cache in memory); a
+# One pytest-xdist worker per logical core, at most 4 (each holds torch and a compile cache in memory); a
 # test file's tests stay in one worker, in order, so module fixtures run once.
 test: setup
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -n logical --maxprocesses 4 --dist loadfile
 
 bench: setup
 	$(BIN)/tango-lm bench

@@ -16,7 +16,8 @@ import pytest  # noqa: E402
 # Under pytest-xdist (`make test` runs one worker per core, up to 4) the workers share the cores:
 # each takes its share of threads rather than every core (tests that need more set their own).
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from tests import helpers  # noqa: E402
 
