@@ -321,7 +321,6 @@ def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_
         ({"grad_accum": 2}, "train.grad_accum=1 (now 2)"),  # the summary's tokens/s doubled with no step run
         ({"eval_windows": 2}, "train.eval_windows=8 (now 2)"),  # best dev compared across window sets
         ({"eval_sample_seed": 5}, "train.eval_sample_seed=None (now 5)"),
-        ({"precision": "bf16"}, "train.precision='fp32' (now 'bf16')"),  # best dev compared across precisions
         # Restored from the optimizer state over the config's: recorded in config.json, never applied.
         ({"weight_decay": 5.0}, "train.weight_decay=0.1 (now 5.0)"),
         ({"beta1": 0.1}, "train.beta1=0.9 (now 0.1)"),
@@ -509,7 +508,7 @@ def test_sigkilled_training_resumes_and_matches(data_dir, tmp_path, capsys):
     )
 
 
-def test_resume_in_another_compute_dtype_under_auto_is_refused(data_dir, tmp_path, monkeypatch):
+def test_resume_in_another_compute_dtype_is_refused_and_in_the_same_accepted(data_dir, tmp_path, monkeypatch):
     # precision "auto" is bf16 on a bf16 GPU and fp32 on a CPU: a run moved between them compared its
     # best dev NLL across precisions though its config (and train.precision) read the same.
     out = tmp_path / "run"
@@ -520,9 +519,15 @@ def test_resume_in_another_compute_dtype_under_auto_is_refused(data_dir, tmp_pat
     with pytest.raises(UserError, match=r"it trained in bfloat16 and train.precision='auto' gives float32 on this"):
         Trainer(helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, precision="auto"), resume=True)
     assert helpers.snapshot(out) == before
-    with monkeypatch.context() as m:  # back on a bf16 device it resumes
+    with monkeypatch.context() as m:  # back on a bf16 device it resumes, "auto" or "bf16" alike (one dtype there)
         m.setattr(trainer_module, "autocast_dtype", lambda precision, device: torch.bfloat16)
-        train(helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, precision="auto"), resume=True)
+        train(helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, precision="bf16"), resume=True)
+    # On a CPU, fp32 ("auto"'s dtype there) to bf16 is another precision; "auto" to "fp32" is not.
+    cpu = tmp_path / "cpu"
+    train(helpers.run_config(data_dir, cpu, steps=2, save_every=2, eval_every=2, precision="auto"))
+    with pytest.raises(UserError, match=r"it trained in float32 and train.precision='bf16' gives bfloat16"):
+        Trainer(helpers.run_config(data_dir, cpu, steps=4, save_every=2, eval_every=2, precision="bf16"), resume=True)
+    train(helpers.run_config(data_dir, cpu, steps=4, save_every=2, eval_every=2, precision="fp32"), resume=True)
 
 
 def test_resume_of_moe_with_another_eval_batch_is_refused(data_dir, tmp_path):

@@ -118,11 +118,12 @@ def check_same_run(
                 "train.reshuffle_each_epoch, or use a new train.out_dir"
             )
     saved_train, train = ckpt.config.get("train"), run.to_dict()["train"]
+    saved_dtype = state.get("compute_dtype") if isinstance(state, dict) else None  # none before it was saved
+    # With the dtype saved, it is what must match (`auto` and the dtype it gives are one precision).
+    kept = [k for k in SAME_ON_RESUME if not (k == "precision" and isinstance(saved_dtype, str))]
     if isinstance(saved_train, dict):
         changed = [
-            f"train.{k}={saved_train[k]!r} (now {train[k]!r})"
-            for k in SAME_ON_RESUME
-            if saved_train.get(k, train[k]) != train[k]
+            f"train.{k}={saved_train[k]!r} (now {train[k]!r})" for k in kept if saved_train.get(k, train[k]) != train[k]
         ]
         if changed:
             raise UserError(
@@ -131,7 +132,6 @@ def check_same_run(
                 "dev NLL was measured in); resume with the original value or use a new train.out_dir"
             )
 
-    saved_dtype = state.get("compute_dtype") if isinstance(state, dict) else None  # none before it was saved
     if isinstance(saved_dtype, str) and saved_dtype != dtype:
         raise UserError(
             f"cannot resume {out}: it trained in {saved_dtype} and train.precision={run.train.precision!r} gives "
