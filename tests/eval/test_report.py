@@ -221,7 +221,30 @@ def test_plain_runs_of_other_configs_are_not_averaged(tmp_path):
     again = write_run(root / "again", labels, 2.5, 2.5, sweep_json=False)  # the small run's config, run again
     (again / "config.json").write_text((small / "config.json").read_text())
     res = write_report(root, plots=False)
-    assert any("are the same setting and seed; both enter the statistics" in w for w in res["warnings"])
+    assert any("are the same setting and seed; their mean is that seed's value" in w for w in res["warnings"])
+
+
+def test_a_seed_run_twice_counts_once_with_its_mean_in_every_table(tmp_path):
+    # The main table averaged both copies as two samples, the margins took the first copy and the
+    # heads table the last: TANGO was bold as the best while every per-seed margin said it lost.
+    root = tmp_path / "runs"
+    labels = {"dataset": "x", "tier": "-", "depth": 2}
+    for seed, tango, loop in ((SEEDS[0], 3.0, 2.9), (SEEDS[1], 3.0, 2.9)):
+        write_run(root / "a", {**labels, "arch": "tango", "seed": seed}, tango, tango)
+        write_run(root / "a", {**labels, "arch": "loop-transformer", "seed": seed}, loop, loop)
+        write_run(root / "a", {**labels, "arch": "tango", "head": "onona", "seed": seed}, 3.1, 3.1)
+    write_run(root / "rerun", {**labels, "arch": "tango", "seed": SEEDS[0]}, 2.0, 2.0)  # seed 17 again
+    report = write_report(root, plots=False)["report"]
+    (row,) = report["main"]
+    tango = row["cells"]["tango"]
+    assert tango["n"] == 2 and tango["seeds"]["17/101"] == pytest.approx(2.5) and tango["mean"] == pytest.approx(2.75)
+    assert row["best"] == ["tango"]
+    (margins,) = report["margins"]
+    assert margins["model"] == "tango" and margins["seeds"]["17/101"]["margin"] == pytest.approx(2.5 - 2.9)
+    (onona,) = report["heads"]
+    assert onona["standard_nll"] == pytest.approx(2.75)
+    (depth,) = [d for d in report["depth"] if d["model"] == "tango"]
+    assert depth["depths"][2]["mean"] == pytest.approx(2.75) and depth["depths"][2]["n"] == 2
 
 
 def test_plots_are_written(tmp_path):

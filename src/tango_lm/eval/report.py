@@ -115,15 +115,11 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
     whose margins Table 13 gives (default: the best mean of each row)."""
     models = sorted({r.model for r in records}, key=model_order)
     seeds = sorted({r.seed for r in records}, key=lambda s: tuple(_natural(p) for p in s.split("/")))
-    cells: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}  # row -> model -> seed -> value
-    values_by_cell: dict[tuple[Any, ...], dict[str, list[float]]] = {}  # all values (duplicates too)
-    for r in records:
-        cells.setdefault(r.row, {}).setdefault(r.model, {}).setdefault(r.seed, r.value)
-        values_by_cell.setdefault(r.row, {}).setdefault(r.model, []).append(r.value)
+    cells = seed_values(records)  # row -> model -> seed -> value
 
     main, margins = [], []
     for key in _row_order(records):
-        row_cells = {m: {**stats(v), "seeds": cells[key][m]} for m, v in values_by_cell[key].items()}
+        row_cells = {m: {**stats(list(v.values())), "seeds": v} for m, v in cells[key].items()}
         best_mean = min(c["mean"] for c in row_cells.values())
         best = [m for m in models if m in row_cells and row_cells[m]["mean"] == best_mean]
         main.append({**_row_dict(key), "cells": row_cells, "best": best})
@@ -131,10 +127,9 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
 
     depth = []
     groups: dict[tuple[Any, ...], dict[str, dict[int, list[float]]]] = {}
-    for r in records:
-        groups.setdefault((r.dataset, r.tier, r.extras), {}).setdefault(r.model, {}).setdefault(r.depth, []).append(
-            r.value
-        )
+    for (dataset, tier, depth_, extras), per_model in cells.items():
+        for m, by_seed in per_model.items():
+            groups.setdefault((dataset, tier, extras), {}).setdefault(m, {})[depth_] = list(by_seed.values())
     datasets = list(dict.fromkeys(r.dataset for r in records))
     for (dataset, tier, extras), per_model in sorted(
         groups.items(),
@@ -191,10 +186,25 @@ def _margins(
     return out
 
 
-def _heads(records: list[RunRecord]) -> list[dict[str, Any]]:
-    backbones: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}
+def seed_values(records: list[RunRecord]) -> dict[tuple[Any, ...], dict[str, dict[str, float]]]:
+    """row -> model -> seed -> value: the mean of a seed's copies (the same setting and seed run
+    twice; collect_runs warns), so every table counts a seed once and gives it one value."""
+    copies: dict[tuple[Any, ...], dict[str, dict[str, list[float]]]] = {}
     for r in records:
-        backbones.setdefault((*r.row, r.arch), {}).setdefault(r.head, {})[r.seed] = r.value
+        copies.setdefault(r.row, {}).setdefault(r.model, {}).setdefault(r.seed, []).append(r.value)
+    return {
+        row: {m: {seed: statistics.fmean(v) for seed, v in by_seed.items()} for m, by_seed in per_model.items()}
+        for row, per_model in copies.items()
+    }
+
+
+def _heads(records: list[RunRecord]) -> list[dict[str, Any]]:
+    arch_of = {(r.row, r.model): (r.arch, r.head) for r in records}
+    backbones: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}
+    for row, per_model in seed_values(records).items():
+        for model, by_seed in per_model.items():
+            arch, head = arch_of[row, model]
+            backbones.setdefault((*row, arch), {})[head] = by_seed
     out = []
     rows = _row_order(records)
     for key in sorted(backbones, key=lambda k: (rows.index(k[:4]), model_order(k[4]))):

@@ -305,7 +305,7 @@ def _separate_other_settings(
         for same in by_setting.values():
             if len(same) > 1:
                 paths = " and ".join(str(r.path) for r in same)
-                warnings.append(f"{paths} are the same setting and seed; both enter the statistics")
+                warnings.append(f"{paths} are the same setting and seed; their mean is that seed's value")
             for r in same if len(by_setting) > 1 else ():
                 relabelled[r.path] = replace(r, extras=(*r.extras, ("run", same[0].path.relative_to(root).as_posix())))
     return [relabelled.get(r.path, r) for r in records]
