@@ -304,7 +304,9 @@ def format_report(report: dict[str, Any]) -> str:
         "state = weights + gradients + AdamW moments (counted from the tensors); other = peak - state "
         "(activations, temporaries, allocator slack); step s = median "
         + (
-            "of the steps after the first (which compiles)" if report["steps"] > 1 else "of one step (compile included)"
+            "of the steps after the first (which allocates AdamW's moments, and compiles a compiled mode)"
+            if report["steps"] > 1
+            else "of one step (AdamW's allocation and any compile included)"
         ),
         f"{'head':<10}{'mode':<9}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
         f"{'peak vs std':>13}{'state vs std':>14}{'other vs std':>14}",
