@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tango_lm.errors import UserError
-from tango_lm.train.checkpoint import complete_steps
+from tango_lm.train.checkpoint import complete_steps, load_checkpoint
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers
 
@@ -111,3 +111,18 @@ def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):
     assert helpers.step_names(out) == ["step-00000002"]
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
     assert all(bool(torch.isfinite(t).all()) for t in helpers.weights(helpers.step_dir(out, 2)).values())
+
+
+def test_a_sharded_save_before_the_first_update_counts_no_adamw_step(data_dir, tmp_path, monkeypatch):
+    # torch's DCP state-dict helpers create a missing optimizer state by stepping at lr 0: a sharded
+    # checkpoint saved while every update so far was skipped made AdamW count a step never taken,
+    # and every later update bias-corrected for it (losses left the full-format run's at step 3).
+    seen = poison(monkeypatch, {1})
+    losses = {}
+    for fmt in ("full", "sharded"):
+        run = helpers.run_config(data_dir, tmp_path / fmt, steps=4, save_every=1, checkpoint_format=fmt)
+        losses[fmt] = train(run).losses
+        assert seen[3]["adam_step"] == 1, fmt  # step 2 was the first update
+    assert {s: v for s, v in losses["sharded"].items() if s > 1} == {s: v for s, v in losses["full"].items() if s > 1}
+    full, sharded = (load_checkpoint(helpers.step_dir(tmp_path / fmt, 4)).model_state() for fmt in ("full", "sharded"))
+    helpers.assert_same_weights(full, sharded)

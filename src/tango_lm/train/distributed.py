@@ -250,6 +250,21 @@ def _full_options(**kw: Any) -> Any:
     return StateDictOptions(full_state_dict=True, **kw)
 
 
+@contextlib.contextmanager
+def _no_phantom_step(optimizer: torch.optim.Optimizer, *states: dict[str, Any]) -> Any:
+    """torch.distributed.checkpoint's state-dict helpers give an optimizer without state (no update
+    applied yet: every step so far skipped as non-finite) one by running a step at lr 0: AdamW then
+    counted a step never taken, and bias-corrected every later one for it. Its step count is set
+    back to 0 here, in the optimizer and in the state dicts yielded into `out`: step 0 with the zero
+    moments that step left is exactly AdamW's fresh state."""
+    empty, out = not optimizer.state, list(states)
+    yield out
+    if empty:
+        for state in [*optimizer.state.values(), *(s for d in out for s in d.values())]:
+            if isinstance(state, dict) and isinstance(state.get("step"), torch.Tensor):
+                state["step"].zero_()
+
+
 def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     """The name of each optimizer parameter, in the order `Optimizer.state_dict()` numbers them."""
     names = {id(p): n for n, p in model.named_parameters()}
@@ -274,7 +289,9 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, env
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    named = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    with _no_phantom_step(optimizer) as out:
+        named = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+        out.append(named.get("state", {}) if named else {})
     if not named:
         return {}
     index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
@@ -313,7 +330,9 @@ def load_full_optimizer_state(
         "state": {names[int(i)]: s for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]],
     }
-    set_optimizer_state_dict(model, optimizer, named, options=_full_options())
+    # A state saved before any update is empty: loading it must not leave the helper's lr-0 step.
+    with _no_phantom_step(optimizer) if not named["state"] else contextlib.nullcontext():
+        set_optimizer_state_dict(model, optimizer, named, options=_full_options())
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], list[dict]]:
@@ -322,7 +341,9 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[d
     hyperparameter groups (plain values, stored in train_state.pt so DCP holds tensors only)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    optim = get_optimizer_state_dict(model, optimizer)
+    with _no_phantom_step(optimizer) as out:
+        optim = get_optimizer_state_dict(model, optimizer)
+        out.append(optim["state"])
     return {"model": get_model_state_dict(model), "optimizer": optim["state"]}, optim["param_groups"]
 
 
