@@ -495,6 +495,22 @@ def test_eval_capacity_default_follows_the_experts_and_an_explicit_value_is_kept
         assert load_run_config(preset, ["model.moe_top_k=1"]).model.capacity_factor_eval == 8.0
 
 
+def test_expert_width_default_follows_the_ffn_width_and_top_k():
+    # The presets wrote moe_expert_width = F/k: a width or moe_top_k override changed nothing in the
+    # model (its parameters, FLOPs) while params and config.json reported the new width.
+    for preset, width in (("moe-142m", 2048), ("moe-330m", 2752)):
+        base = load_run_config(preset, []).model
+        assert base.moe_expert_width is None and base.width == width and base.moe_top_k == 2
+        for override, expert in (("width=4096", 2048), ("moe_top_k=1", width)):
+            cfg = load_run_config(preset, [override]).model
+            grown = cfg.depth * 8 * 3 * cfg.d_model * (expert - width // 2)  # 8 SwiGLU experts a layer
+            assert cfg.num_params()["total"] == base.num_params()["total"] + grown, (preset, override)
+    # A config that writes its derived default (a run's config.yaml) follows too; another value is kept.
+    written = {"arch": "moe", "width": 64, "moe_top_k": 2, "moe_expert_width": 32}
+    assert ModelConfig.overridden(written, {"width": 128}).get("moe_expert_width") is None
+    assert ModelConfig.overridden({**written, "moe_expert_width": 20}, {"width": 128})["moe_expert_width"] == 20
+
+
 # -- AttnRes --------------------------------------------------------------------------------------
 def test_attnres_mix_matches_definition_and_starts_uniform():
     torch.manual_seed(0)

@@ -133,8 +133,9 @@ class ModelConfig:
         `head_dim` or `d_model` without `n_heads` drops the base's `n_heads` (heads keep their
         width unless `head_dim` is given); `n_heads` without `head_dim` drops the base's `head_dim`.
         The base's GQA group (`n_heads / n_kv_heads`) is kept for the new head count, and a
-        `capacity_factor_eval` that was its default E/k follows new `n_experts` or `moe_top_k` (a
-        base may be a run's config.yaml, which writes every derived field). `replace()`, which
+        `capacity_factor_eval` that was its default E/k follows new `n_experts` or `moe_top_k`, and a
+        `moe_expert_width` that was its default F/k new `width` or `moe_top_k` (a base may be a
+        run's config.yaml, which writes every derived field). `replace()`, which
         matching uses on MHA models, resets `n_kv_heads` instead."""
         out = dict(base)
         heads, kv = base.get("n_heads"), base.get("n_kv_heads")
@@ -157,6 +158,10 @@ class ModelConfig:
             e, k = (base.get(f, getattr(ModelConfig, f)) for f in experts)
             if _positive_ints(e, k) and base.get("capacity_factor_eval") == e / k:
                 out.pop("capacity_factor_eval")
+        if changes.keys() & {"width", "moe_top_k"} and "moe_expert_width" not in changes:
+            f, k = (base.get(name, getattr(ModelConfig, name)) for name in ("width", "moe_top_k"))
+            if _positive_ints(f, k) and base.get("moe_expert_width") == f // k:
+                out.pop("moe_expert_width")  # written as its default F / k: it follows the new F or k
         return out
 
     def to_dict(self) -> dict[str, Any]:
