@@ -141,3 +141,22 @@ def test_trains_through_the_cli(toy, data_dir, tmp_path, capsys):
 def test_hugging_face_round_trip(toy, tmp_path: Path):
     transformers = pytest.importorskip("transformers")
     check_round_trip(transformers, tmp_path, toy)
+
+
+class ToyWithoutHeads(ToyTransformer):
+    name = "toy-relu2-headless"
+    uses_heads = False
+
+
+def test_a_generated_preset_of_an_architecture_without_heads_loads(monkeypatch):
+    # The default preset geometry wrote `n_heads: None`, which YAML reads as the string "None":
+    # `tango-lm presets` then failed for every preset.
+    import yaml
+
+    from tango_lm.models.preset_catalog import _model_yaml
+
+    monkeypatch.setitem(ARCHITECTURES, ToyWithoutHeads.name, ToyWithoutHeads)
+    cfg = ModelConfig(arch=ToyWithoutHeads.name, d_model=48, width=40, depth=2, vocab_size=61, context_length=16)
+    text = _model_yaml(cfg)
+    assert "n_heads" not in text
+    assert ModelConfig.from_dict(yaml.safe_load(text)["model"]) == cfg
