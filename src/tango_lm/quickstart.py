@@ -14,10 +14,13 @@ from typing import Any
 
 from tango_lm.data.dmmath import prepare_dmmath
 from tango_lm.data.shards import is_prepared
+from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
+from tango_lm.output_lock import hold_output_lock
 from tango_lm.train.checkpoint import complete_steps
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig
+from tango_lm.train.run_dir import run_files
 from tango_lm.train.trainer import train
 
 D_MODEL, DEPTH, SEQ_LEN, TARGET_PARAMS = 128, 4, 256, 1_000_000
@@ -38,6 +41,8 @@ def quickstart_models() -> list[ModelConfig]:
 def run_quickstart(
     out: str = "runs/quickstart", steps: int | None = None, fresh: bool = False, progress: bool = True
 ) -> list[dict[str, Any]]:
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps must be at least 1 (got {steps})")
     root = Path(out)
     data_dir = root / "dmmath-byte"
     if not is_prepared(data_dir):
@@ -56,13 +61,13 @@ def run_quickstart(
     for i, model in enumerate(quickstart_models()):
         run_dir = root / model.arch
         if fresh and run_dir.exists():
-            shutil.rmtree(run_dir)
+            _remove_run_files(run_dir)
         run = RunConfig(
             model=model,
             data=DataConfig(dir=str(data_dir)),
             train=TrainConfig(
                 out_dir=str(run_dir),
-                steps=steps or DEFAULT_STEPS,
+                steps=DEFAULT_STEPS if steps is None else steps,
                 batch_size=BATCH,
                 lr=3e-3,
                 warmup_steps=15,
@@ -94,6 +99,18 @@ def run_quickstart(
         "re-scores a model."
     )
     return rows
+
+
+def _remove_run_files(run_dir: Path) -> None:
+    """--fresh: the run's own files, under its lock (a run in progress is refused, not deleted); any
+    other file in the folder stays."""
+    with hold_output_lock(run_dir, "tango-lm quickstart", "stop it first, or leave out --fresh"):
+        for name in run_files(run_dir):
+            path = run_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -414,3 +414,55 @@ def test_a_config_file_whose_path_has_an_equals_sign_is_a_config(tmp_path, capsy
     assert main(["params", str(run_dir / "config.yaml"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["arch"], out["width"]) == ("loop-transformer", 40)
+
+
+def _fake_quickstart(monkeypatch, trained: list) -> None:
+    """Quickstart with its data taken as prepared and training recorded, not run."""
+    import tango_lm.quickstart as quickstart
+
+    monkeypatch.setattr(quickstart, "is_prepared", lambda path: True)
+
+    def train(run, resume=False):
+        trained.append(run.train.out_dir)
+        m = run.model
+        summary = {"arch": m.arch, "params_total": 1, "tokens": 1, "best_dev_nll": 1.0, "test_nll": 1.0}
+        return SimpleNamespace(summary={**summary, "tokens_per_s": 1.0, "steps": run.train.steps})
+
+    monkeypatch.setattr(quickstart, "train", train)
+
+
+def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_path, monkeypatch, capsys):
+    # --steps -1 "trained" 0 steps and printed a table, 0 became 150; --fresh deleted the whole
+    # folder (a user's notes too), and a run in progress in it, before taking its lock.
+    trained: list = []
+    _fake_quickstart(monkeypatch, trained)
+    out = tmp_path / "qs"
+    for steps in ("-1", "0"):
+        assert main(["quickstart", "--out", str(out), "--steps", steps]) == 2
+        assert "--steps must be at least 1" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert not out.exists() and not trained
+    run = out / "tango"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "notes.txt").write_text("mine")
+    holder = subprocess.Popen(  # another process holds the run's lock, as a training run does
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(run / ".lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert main(["quickstart", "--out", str(out), "--fresh"]) == 2
+        assert "is in use" in helpers.assert_one_error_line(capsys.readouterr().err)
+        assert (run / "checkpoints").is_dir() and not trained
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["quickstart", "--out", str(out), "--fresh", "--steps", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["arch"] for r in json.loads(captured.out)] == ["tango", "loop-transformer"]  # stdout: the JSON alone
+    assert "training tango" in captured.err
+    assert [p.name for p in run.iterdir() if p.name != ".lock"] == ["notes.txt"] and trained == [
+        str(run),
+        str(out / "loop-transformer"),
+    ]

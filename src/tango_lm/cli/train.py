@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from typing import Any
 
 from tango_lm.cli.config import _config_and_overrides
@@ -126,9 +128,11 @@ def _parse_segment(text: str) -> int | None:
 def cmd_quickstart(args: argparse.Namespace) -> None:
     from tango_lm.quickstart import run_quickstart
 
-    rows = run_quickstart(
-        args.out, steps=args.steps, fresh=args.fresh, progress=not getattr(args, "no_progress", False)
-    )
+    # --json: stdout holds the JSON alone; the steps and the table go to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        rows = run_quickstart(
+            args.out, steps=args.steps, fresh=args.fresh, progress=not getattr(args, "no_progress", False)
+        )
     if args.json:
         _print_json(rows)
 
