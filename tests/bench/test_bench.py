@@ -14,6 +14,7 @@ import torch
 from tango_lm.bench import decode, memory, suite, training
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
+from tests import helpers
 
 TINY = [
     "--d-model",
@@ -358,3 +359,12 @@ def test_a_childs_user_error_is_the_parents_one_line(monkeypatch):
     cfg = memory.memory_config("dense", 32, 1, 64, 8)
     with pytest.raises(UserError, match="^device 'x' is absent$"):
         memory.measure_in_subprocess(cfg, 1, 8)
+
+
+def test_sizes_past_the_machines_memory_are_one_error_line(capsys):
+    # A 42-line allocator traceback and exit 1. A width whose weights pass any address space (10^13
+    # gate columns of 32 rows, ~1.3 PB) fails at allocation even where the kernel overcommits.
+    argv = ["bench", "--d-model", "32", "--seq-len", "16", "--depth", "1", "--batch-size", "1", "--steps", "1"]
+    argv += ["--warmup", "0", "--no-memory", "--peak-size", "64", "--quiet", "--tango-width", str(10**13)]
+    assert main(argv) == 2
+    assert "the benchmark ran out of memory" in helpers.assert_one_error_line(capsys.readouterr().err)
