@@ -83,7 +83,9 @@ class Architecture:
     def preset_geometry(cls, cfg: ModelConfig) -> list[str]:
         """The shape lines of a generated preset's `model:` section, between `d_model` and
         `vocab_size` (models/preset_catalog.py)."""
-        heads = [f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}"] if cfg.n_heads is not None else []
+        heads = (
+            [f"  n_heads: {cfg.n_heads}          # heads of d_h = {cfg.head_dim}"] if cfg.n_heads is not None else []
+        )
         return [
             *heads,  # none for an architecture without heads (YAML would read "None" as a string)
             f"  width: {cfg.width}          # F: {cls.width_name} width",
