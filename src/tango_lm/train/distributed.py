@@ -251,13 +251,13 @@ def _full_options(**kw: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _no_phantom_step(optimizer: torch.optim.Optimizer, *states: dict[str, Any]) -> Any:
+def _no_phantom_step(optimizer: torch.optim.Optimizer) -> Any:
     """torch.distributed.checkpoint's state-dict helpers give an optimizer without state (no update
     applied yet: every step so far skipped as non-finite) one by running a step at lr 0: AdamW then
     counted a step never taken, and bias-corrected every later one for it. Its step count is set
-    back to 0 here, in the optimizer and in the state dicts yielded into `out`: step 0 with the zero
-    moments that step left is exactly AdamW's fresh state."""
-    empty, out = not optimizer.state, list(states)
+    back to 0 here, in the optimizer and in the state dicts appended to the list this yields: step
+    0 with the zero moments that step left is exactly AdamW's fresh state."""
+    empty, out = not optimizer.state, []
     yield out
     if empty:
         for state in [*optimizer.state.values(), *(s for d in out for s in d.values())]:
