@@ -127,8 +127,13 @@ def test_unknown_split_lists_available(prepared):
 
 
 def test_missing_directory(tmp_path):
-    with pytest.raises(UserError, match=r"no prepared dataset at .*nowhere.*tango-lm data prepare"):
+    with pytest.raises(
+        UserError, match=r"no prepared dataset at .*nowhere \(directory missing\).*tango-lm data prepare"
+    ):
         PreparedDataset.open(tmp_path / "nowhere")
+    (tmp_path / "afile").write_text("x")  # said "directory missing" too
+    with pytest.raises(UserError, match=r"no prepared dataset at .*afile \(a file, not a directory\)"):
+        PreparedDataset.open(tmp_path / "afile")
 
 
 def test_missing_manifest(prepared):

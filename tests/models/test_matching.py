@@ -70,3 +70,24 @@ def test_match_json_includes_conventional_row(capsys):
     rows = {r["arch"]: r for r in json.loads(capsys.readouterr().out)["models"]}
     assert rows["untied-transformer"]["width"] == 2912
     assert rows["conventional-untied"]["total"] == 70_104_320
+
+
+def test_a_repeated_arch_is_one_row_per_context_length(capsys):
+    # `--arch gau --arch gau` printed a third GAU row.
+    argv = [
+        "match",
+        "--tier",
+        "70M",
+        "--depth",
+        "4",
+        "--arch",
+        "gau",
+        "--arch",
+        "gau",
+        "--context-length",
+        "512",
+        "8192",
+    ]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["models"]
+    assert [(r["arch"], r["context_length"]) for r in rows] == [("gau", 512), ("gau", 8192)]

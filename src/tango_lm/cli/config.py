@@ -73,7 +73,8 @@ def cmd_match(args: argparse.Namespace) -> None:
     target, d_model = parse_tier(args.tier, args.d_model)
     contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
     fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
-    rows = match_tier(target, d_model, args.depth, args.arch or None, context_length=contexts[0], **fields)
+    archs = list(dict.fromkeys(args.arch)) if args.arch else None  # a repeated --arch is one row
+    rows = match_tier(target, d_model, args.depth, archs, context_length=contexts[0], **fields)
     gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
     if gau:  # one GAU row per context length, together
         more = [match_tier(target, d_model, args.depth, ["gau"], context_length=n, **fields)[0] for n in contexts[1:]]

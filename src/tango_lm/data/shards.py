@@ -330,7 +330,8 @@ class PreparedDataset:
         every shard whatever the verification cache says."""
         p = Path(path)
         if not p.is_dir():
-            raise UserError(f"no prepared dataset at {p} (directory missing); {_PREPARE_HINT}")
+            why = "a file, not a directory" if p.exists() else "directory missing"
+            raise UserError(f"no prepared dataset at {p} ({why}); {_PREPARE_HINT}")
         try:
             with open(p / MANIFEST, encoding="utf-8") as f:
                 manifest = json.load(f)
