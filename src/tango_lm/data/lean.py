@@ -193,9 +193,9 @@ def _assign_files(
     return out
 
 
-def _kept_examples(text: str, path: Path, seen: frozenset[str]) -> list[tuple[int, ProofExample]]:
-    """(index, example) of the file's examples whose text is not in `seen` (an earlier split's)."""
-    return [(ei, e) for ei, e in enumerate(proof_examples(text, str(path))) if e.text not in seen]
+def _kept(examples: list[ProofExample], seen: frozenset[str]) -> list[tuple[int, ProofExample]]:
+    """(index, example) of a file's examples whose text is not in `seen` (an earlier split's)."""
+    return [(ei, e) for ei, e in enumerate(examples) if e.text not in seen]
 
 
 def example_texts(files: Sequence[Path]) -> frozenset[str]:
@@ -215,8 +215,9 @@ def plan_lean(
     source_tokens, examples, left_out = 0, [], 0  # examples: (hash, tokens, key)
     for fi, path in enumerate(files):
         text = read_lean(path)
-        kept = _kept_examples(text, path, seen)
-        left_out += len(proof_examples(text, str(path))) - len(kept)
+        examples_of_file = proof_examples(text, str(path))
+        kept = _kept(examples_of_file, seen)
+        left_out += len(examples_of_file) - len(kept)
         ids = tokenizer.encode_batch([text] + [e.text for _, e in kept])
         source_tokens += len(ids[0]) + 1 if text.strip() else 0  # a blank file is not written (lean_documents)
         for (ei, e), e_ids in zip(kept, ids[1:], strict=True):
@@ -253,7 +254,7 @@ def lean_documents(
             text = read_lean(path)
             if r == 0 and text.strip():  # an empty file is no document (splits.py skips them everywhere)
                 yield "source", text
-            for ei, e in _kept_examples(text, path, seen):
+            for ei, e in _kept(proof_examples(text, str(path)), seen):
                 if r < plan["repeats"] + ((fi, ei) in plan["extra"]):
                     yield "proof", e.text
 

@@ -164,7 +164,7 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
         "reference": reference,  # the model the margins are of (None: each row's best)
         "margins": margins,
         "depth": depth,
-        "heads": _heads(records),
+        "heads": _heads(records, cells),
         "runs": [_run_dict(r) for r in records],
     }
 
@@ -198,10 +198,11 @@ def seed_values(records: list[RunRecord]) -> dict[tuple[Any, ...], dict[str, dic
     }
 
 
-def _heads(records: list[RunRecord]) -> list[dict[str, Any]]:
+def _heads(records: list[RunRecord], cells: dict[tuple[Any, ...], dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    """Each head against the Standard head on its backbone, seed by seed (`cells`: `seed_values`)."""
     arch_of = {(r.row, r.model): (r.arch, r.head) for r in records}
     backbones: dict[tuple[Any, ...], dict[str, dict[str, float]]] = {}
-    for row, per_model in seed_values(records).items():
+    for row, per_model in cells.items():
         for model, by_seed in per_model.items():
             arch, head = arch_of[row, model]
             backbones.setdefault((*row, arch), {})[head] = by_seed

@@ -256,18 +256,16 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _sweep_root(run_dir: Path) -> Path | None:
-    """The sweep directory a run of a sweep lies in (its sweep.json names it relative to that)."""
-    name = _sweep_json(run_dir).get("name")
-    parts = Path(str(name)).parts if isinstance(name, str) else ()
-    return Path(*run_dir.parts[: -len(parts)]) if parts and run_dir.parts[-len(parts) :] == parts else None
-
-
 def _derived_budget(run_dir: Path) -> tuple[Path, float] | None:
     """(sweep directory, tokens_per_param) when the run's train.tokens is its sweep's tokens_per_param
-    budget turned into tokens (sweep/grid.py `_fix_budget`); runs sharing it differ in tokens by design."""
-    root, tokens_per_param = _sweep_root(run_dir), _sweep_json(run_dir).get("tokens_per_param")
-    return (root, tokens_per_param) if root is not None and isinstance(tokens_per_param, (int, float)) else None
+    budget turned into tokens (sweep/grid.py `_fix_budget`); runs sharing it differ in tokens by design.
+    The sweep directory is the one sweep.json's name (the run's path in it) is relative to."""
+    data = _sweep_json(run_dir)
+    name, tokens_per_param = data.get("name"), data.get("tokens_per_param")
+    parts = Path(name).parts if isinstance(name, str) else ()
+    if not parts or run_dir.parts[-len(parts) :] != parts or not isinstance(tokens_per_param, (int, float)):
+        return None
+    return Path(*run_dir.parts[: -len(parts)]), tokens_per_param
 
 
 def _sweep_json(run_dir: Path) -> dict[str, Any]:

@@ -153,15 +153,11 @@ class ModelConfig:
             group, new_heads = old_heads // kv, _head_count(out)
             if new_heads is not None and new_heads % group == 0:
                 out["n_kv_heads"] = new_heads // group
-        experts = ("n_experts", "moe_top_k")
-        if changes.keys() & set(experts) and "capacity_factor_eval" not in changes:
-            e, k = (base.get(f, getattr(ModelConfig, f)) for f in experts)
-            if _positive_ints(e, k) and base.get("capacity_factor_eval") == e / k:
-                out.pop("capacity_factor_eval")
-        if changes.keys() & {"width", "moe_top_k"} and "moe_expert_width" not in changes:
-            f, k = (base.get(name, getattr(ModelConfig, name)) for name in ("width", "moe_top_k"))
-            if _positive_ints(f, k) and base.get("moe_expert_width") == f // k:
-                out.pop("moe_expert_width")  # written as its default F / k: it follows the new F or k
+        for derived, (inputs, default) in DERIVED_DEFAULTS.items():
+            if changes.keys() & set(inputs) and derived not in changes:
+                values = [base.get(name, getattr(ModelConfig, name)) for name in inputs]
+                if _positive_ints(*values) and base.get(derived) == default(*values):
+                    out.pop(derived)  # written as its default: it follows the changed inputs
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +237,14 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
             f"; YAML read it as a {kind}: quote it, {name}: '{value}' in a file or \"{name}='{value}'\" as an override"
         )
     raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__}){hint}")
+
+
+# Fields whose default is computed from others (a run's config.yaml writes them out): the inputs,
+# and the default from them. An override of an input drops a base value equal to that default.
+DERIVED_DEFAULTS = {
+    "capacity_factor_eval": (("n_experts", "moe_top_k"), lambda e, k: e / k),
+    "moe_expert_width": (("width", "moe_top_k"), lambda f, k: f // k),
+}
 
 
 def _positive_ints(*values: Any) -> bool:
