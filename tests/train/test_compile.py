@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 BASE = dict(d_model=32, head_dim=8, width=64, depth=2, vocab_size=61, context_length=16)
 CASES = {
     # Inductor's code generation itself, on TANGO's looped block (two applications) with the twin
-    # head, and on windowed TANGO (one application: its backward does not run under aot_eager).
+    # head, and on windowed TANGO (one application; its looped block runs under aot_eager below).
     "tango-onona": {"arch": "tango", "head": "onona"},
     "tango-windowed": {"arch": "tango-windowed", "window": 3, "depth": 1},
     # The rest through AOTAutograd without inductor's code generation ("aot_eager"): the graph and
@@ -36,6 +36,9 @@ CASES = {
     # (the GDN layer ~90 s). The baseline; paths whose eager GPU form is poor: GAU's and FLASH's
     # relu² attention, MoE's capacity dispatch, AttnRes and the delta rule (one to three layers each).
     "loop-transformer": {"arch": "loop-transformer"},
+    # Windowed TANGO's looped block with both feature maps (ELU's backward once failed here).
+    "tango-windowed-looped": {"arch": "tango-windowed", "window": 3},
+    "tango-windowed-relu": {"arch": "tango-windowed", "window": 3, "feature_map": "relu"},
     "gau": {"arch": "gau", "qk_dim": 8, "depth": 1},
     "flash": {"arch": "flash", "qk_dim": 8, "group_size": 4, "depth": 1},
     "moe": {"arch": "moe", "n_experts": 4, "moe_expert_width": 16, "depth": 1},

@@ -36,7 +36,11 @@ import torch
 import torch.nn.functional as F
 
 FEATURE_MAPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "elu+1": lambda x: F.elu(x) + 1,
+    # ELU on a contiguous copy: torch.compile traces elu_backward through its decomposition, which
+    # lays the gradient out like the input, while the eager kernel run by AOTAutograd lays it out
+    # like the incoming gradient; on a head-transposed input the two disagree and the compiled
+    # backward's views fail. The copy is [B, H, T, d_h], small beside the [B, T, F] gates.
+    "elu+1": lambda x: F.elu(x.contiguous()) + 1,
     "relu": F.relu,
 }
 
