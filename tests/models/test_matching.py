@@ -72,6 +72,14 @@ def test_match_json_includes_conventional_row(capsys):
     assert rows["conventional-untied"]["total"] == 70_104_320
 
 
+def test_conventional_row_only_with_the_papers_vocabulary(capsys):
+    # Table 6's fixed geometry with another vocabulary is no longer a match (30.9M at vocabulary
+    # 1,000 against a 70M target): the row is left out.
+    assert main(["match", "--tier", "70M", "--depth", "4", "--vocab-size", "1000", "--json"]) == 0
+    rows = [r["arch"] for r in json.loads(capsys.readouterr().out)["models"]]
+    assert "conventional-untied" not in rows and "untied-transformer" in rows
+
+
 def test_a_repeated_arch_is_one_row_per_context_length(capsys):
     # `--arch gau --arch gau` printed a third GAU row.
     argv = [

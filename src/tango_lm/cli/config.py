@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.cli.output import _print_json, _table
+from tango_lm.models.matching import PAPER_VOCAB
 
 
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -81,13 +82,15 @@ def cmd_match(args: argparse.Namespace) -> None:
         rows[gau[0] + 1 : gau[0] + 1] = more
         for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
             row["context_length"] = n
+    paper_vocab = args.vocab_size == PAPER_VOCAB
+    # Table 6's fixed geometry matches the tier only with the paper's vocabulary (its embedding).
     conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
-    if conventional is not None and not args.arch:
+    if conventional is not None and not args.arch and paper_vocab:
         rows.append(_row(conventional, target, arch="conventional-untied"))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
     span = non_embedding_range(rows)
-    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and args.vocab_size == 50257
+    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and paper_vocab
     paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
     if span is not None:
         span["paper_millions"] = list(paper) if paper else None
@@ -147,7 +150,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--depth", type=int, required=True)
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
-    s.add_argument("--vocab-size", type=int, default=50257)
+    s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
     s.add_argument(
         "--context-length",
         type=int,

@@ -12,6 +12,7 @@ from tango_lm.models.params import count_params
 
 # Tier name -> (total parameters, d_model) as the TANGO paper defines them.
 TIERS = {"70M": (70_000_000, 512), "160M": (160_000_000, 768)}
+PAPER_VOCAB = 50257  # GPT-2's vocabulary, the papers' (their Tables 3, 6 and 9 count its embedding)
 
 
 def matched_archs() -> list[str]:
@@ -114,7 +115,7 @@ def _row(cfg: ModelConfig, target: int | None, **extra: Any) -> dict[str, Any]:
     }
 
 
-def conventional_untied(tier: str, depth: int, vocab_size: int = 50257) -> ModelConfig | None:
+def conventional_untied(tier: str, depth: int, vocab_size: int = PAPER_VOCAB) -> ModelConfig | None:
     """Table 6's geometry for a paper tier and depth, or None when the paper has none."""
     geometry = CONVENTIONAL_UNTIED.get((tier.strip().upper(), depth))
     if geometry is None:
@@ -125,7 +126,7 @@ def conventional_untied(tier: str, depth: int, vocab_size: int = 50257) -> Model
     )
 
 
-def active_ratio_rows(vocab_size: int = 50257) -> list[dict[str, Any]]:
+def active_ratio_rows(vocab_size: int = PAPER_VOCAB) -> list[dict[str, Any]]:
     """Table 9's geometries with their counts (70M target, depth 4)."""
     from tango_lm.models.registry import ARCHITECTURES
 
