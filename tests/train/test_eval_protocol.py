@@ -7,12 +7,15 @@ validation capacity of 1.25 drops tokens per call)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tango_lm.cli import main
 from tango_lm.data.loader import eval_window_ids
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.eval.evaluate import evaluate_checkpoint
+from tango_lm.train.checkpoint import load_checkpoint, resolve_run_checkpoint
 from tango_lm.train.config import TrainConfig, load_run_config
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers
@@ -125,3 +128,21 @@ def test_the_summary_gives_the_selected_checkpoints_dev_nll(data_dir, tmp_path, 
             helpers.run_config(data_dir, tmp_path / select, steps=6, eval_every=2, save_every=2, select=select)
         )
         assert (result.summary["selected_dev_nll"], result.summary["best_dev_nll"]) == (want, 2.0)
+
+
+def test_eval_of_a_run_dir_follows_settings_a_resume_changed(data_dir, tmp_path):
+    # A resume of a finished run with other test_windows or select writes no checkpoint: `eval RUN`
+    # read both from the selected checkpoint's config.json (the old settings), so it no longer
+    # reproduced the test NLL the run reported, and served the old selection.
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, eval_every=2, save_every=2, keep_last=3, test_windows=2))
+    train(helpers.run_config(data_dir, out, steps=4, eval_every=2, save_every=2, keep_last=3, test_windows=5), True)
+    summary = json.loads((out / "summary.json").read_text())
+    res = evaluate_checkpoint(str(out), "test")
+    assert (res["nll"], res["tokens"]) == (pytest.approx(summary["test_nll"], rel=1e-6), summary["test_tokens"])
+    assert res["tokens"] == 5 * 32
+    kwargs = dict(steps=4, eval_every=2, save_every=2, keep_last=3, test_windows=5, select="final")
+    train(helpers.run_config(data_dir, out, **kwargs), True)
+    (out / "best.json").write_text(json.dumps({"step": 2, "dev_nll": 0.5}))  # a best before the last step
+    assert resolve_run_checkpoint(out) == helpers.step_dir(out, 4)
+    assert load_checkpoint(out).meta["step"] == 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -110,6 +111,22 @@ def test_resume_keeps_the_best_dev_record(data_dir, tmp_path, monkeypatch):
     assert resumed.summary["best_dev_nll"] == 2.0
     assert resumed.summary["test_nll"] == full.summary["test_nll"]
     assert helpers.step_names(cut) == helpers.step_names(tmp_path / "full") == ["step-00000008", "step-00000012"]
+
+
+def test_resume_without_the_best_checkpoint_is_refused_before_training(data_dir, tmp_path, monkeypatch):
+    # With the best-dev checkpoint deleted (to free disk, say), a resume trained to the end and only
+    # then failed to load it, and every later resume did the same.
+    script = {4: 2.0, 8: 3.0, 12: 3.5, 16: 4.0}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=8, keep_last=1))
+    assert helpers.step_names(out) == ["step-00000004", "step-00000008"]
+    shutil.rmtree(helpers.step_dir(out, 4))
+    with pytest.raises(UserError, match="best-dev checkpoint step-00000004.*train.select=final"):
+        train(helpers.run_config(data_dir, out, steps=16, keep_last=1), resume=True)
+    assert helpers.step_names(out) == ["step-00000008"]  # nothing trained
+    resumed = train(helpers.run_config(data_dir, out, steps=16, keep_last=1, select="final"), resume=True)
+    assert resumed.summary["selected_step"] == 16
 
 
 def test_resume_with_manual_steps_and_save(data_dir, tmp_path):

@@ -35,7 +35,9 @@ def evaluate_checkpoint(
     try:  # the run config's parts this reads: a hand-edited or truncated config.json lacks some
         data_path = data_dir or run["data"]["dir"]
         splits = {"dev": run["data"]["dev_split"], "test": run["data"]["test_split"]}
-        train = run["train"]
+        # The run's settings as it ended when opened through its run directory: a --resume may
+        # have changed test_windows or the eval batch since the selected checkpoint was saved.
+        train = {**run["train"], **(ckpt.run_train or {})}
         seq_len = train["seq_len"] or run["model"]["context_length"]
         # the trainer's eval batch: the per-process micro-batch (it matters for MoE's capacity)
         world = ckpt.meta.get("world_size") if isinstance(ckpt.meta.get("world_size"), int) else 1

@@ -45,6 +45,9 @@ class Checkpoint:
     config: dict[str, Any]
     tokenizer: dict[str, Any]
     meta: dict[str, Any]
+    # Opened through its run directory: the run's train settings as it ended (config.json at the
+    # top), which a --resume may have changed (test_windows, select) since this step was saved.
+    run_train: dict[str, Any] | None = None
 
     @property
     def layout(self) -> str:
@@ -271,7 +274,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint {path} does not exist; give a run directory or a checkpoints/step-* directory")
+    run_train = None
     if path.is_dir() and not (path / MARKER).exists() and not path.name.startswith((".tmp-", "step-")):
+        run_train = _run_train(path)
         path = resolve_run_checkpoint(path)
     if not (path / MARKER).exists():
         raise UserError(
@@ -297,7 +302,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(
             f"checkpoint {path} has a config.json without a model section; it is corrupt, use another checkpoint"
         )
-    return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta)
+    return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta, run_train=run_train)
+
+
+def _run_train(run_dir: Path) -> dict[str, Any] | None:
+    """The train section of the run's own config.json (None when missing or unreadable)."""
+    with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
+        train = json.loads((run_dir / "config.json").read_text())["train"]
+        return train if isinstance(train, dict) else None
+    return None
 
 
 def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
@@ -310,9 +323,10 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
         raise UserError(
             f"{run_dir} holds no complete checkpoint; train first or point at a checkpoints/step-* directory"
         )
-    with contextlib.suppress(OSError, ValueError, LookupError, TypeError, AttributeError):  # no such setting
-        if json.loads((steps[-1] / "config.json").read_text())["train"].get("select") == "final":
-            which = "latest"
+    # The run's own setting (a resume may have changed it), else the latest checkpoint's.
+    train = _run_train(run_dir) or _run_train(steps[-1]) or {}
+    if train.get("select") == "final":
+        which = "latest"
     best_file = run_dir / "best.json"
     if which == "best" and best_file.exists():
         try:

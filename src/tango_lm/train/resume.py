@@ -14,7 +14,7 @@ import torch
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
-from tango_lm.train.checkpoint import Checkpoint, load_checkpoint
+from tango_lm.train.checkpoint import MARKER, Checkpoint, load_checkpoint, step_dir_name
 from tango_lm.train.config import RunConfig
 
 # Train settings a resume keeps (the run's config.json, which reports read, must describe the whole
@@ -158,4 +158,16 @@ def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:
         raise UserError(
             f"cannot resume {run.train.out_dir}: its latest checkpoint is at step {step}, past the {total_steps} "
             "steps this config trains; raise train.steps (or tokens) or use a new train.out_dir"
+        )
+
+
+def check_best_kept(best_step: int | None, ckpt_root: Path, run: RunConfig) -> None:
+    """A run that reports its best-dev checkpoint needs it at the end: refuse now, not after
+    training, when it was deleted (say, to free disk) or its save never completed."""
+    if run.train.select != "best" or best_step is None:
+        return
+    if not (ckpt_root / step_dir_name(best_step) / MARKER).exists():
+        raise UserError(
+            f"cannot resume {run.train.out_dir}: its best-dev checkpoint {step_dir_name(best_step)}, which the run "
+            "reports at the end, is missing or incomplete; restore it, or resume with train.select=final"
         )

@@ -52,6 +52,7 @@ from tango_lm.train.loggers import LogContext, MetricLogger, check_available, cl
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
 from tango_lm.train.resume import (
+    check_best_kept,
     check_not_past,
     check_same_eval_batch,
     check_same_run,
@@ -183,6 +184,7 @@ class Trainer:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
+        check_best_kept(self.best["step"], self.ckpt_root, self.run)
         if self.dist.is_main:
             metrics_file.truncate_records(self.out, self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
