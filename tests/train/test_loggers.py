@@ -151,6 +151,17 @@ def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, t
     assert history == logged
 
 
+def test_tensorboard_added_on_a_resume_gets_the_whole_history(data_dir, tmp_path, monkeypatch):
+    # It got the records from the checkpoint's step on only: steps 1-3 were missing from its curves.
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, save_every=4))
+    train(helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,tensorboard"), resume=True)
+    logged = jsonl_scalars(out)
+    assert sorted({step for tag, step in logged if tag == "train/loss"}) == list(range(1, 9))
+    assert tensorboard_scalars(out) == float32(logged)
+
+
 def test_logger_names_are_checked(data_dir, tmp_path, capsys):
     base = {"model": helpers.TINY_MODEL, "data": {"dir": str(data_dir)}}
     assert RunConfig.from_dict({**base, "train": {"loggers": "jsonl, tensorboard"}}).train.loggers == [

@@ -112,9 +112,11 @@ class TensorBoardLogger(MetricLogger):
         self.start_step = ctx.start_step
         purge = ctx.start_step if log_dir.is_dir() and any(log_dir.iterdir()) else None
         self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
+        # No events yet (TensorBoard added on a resume, or its folder removed): it lacks them all.
+        self.lacks_history = purge is None
 
     def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [r for r in kept if r.get("step", 0) == self.start_step]
+        return [r for r in kept if self.lacks_history or r.get("step", 0) == self.start_step]
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
