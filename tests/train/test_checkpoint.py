@@ -159,10 +159,10 @@ def test_a_run_that_selects_its_final_model_resolves_to_its_latest(scripted_run,
     # export of the run directory must load that one, not the best dev one best.json records.
     out, _, _ = scripted_run
     run = _copy(out, tmp_path / "run")
-    for step in run.glob("checkpoints/step-*"):
-        config = json.loads((step / "config.json").read_text())
+    for path in [run / "config.json", *run.glob("checkpoints/step-*/config.json")]:  # as a run writes them
+        config = json.loads(path.read_text())
         config["train"]["select"] = "final"
-        (step / "config.json").write_text(json.dumps(config))
+        path.write_text(json.dumps(config))
     assert json.loads((run / "best.json").read_text())["step"] == 4
     assert load_checkpoint(run).path == helpers.step_dir(run, 8)
 

@@ -17,6 +17,7 @@ from tango_lm.cli import main
 from tango_lm.errors import UserError
 from tango_lm.train.config import RunConfig
 from tango_lm.train.loggers import scalars
+from tango_lm.train.run_dir import run_files
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers
 
@@ -160,6 +161,24 @@ def test_tensorboard_added_on_a_resume_gets_the_whole_history(data_dir, tmp_path
     logged = jsonl_scalars(out)
     assert sorted({step for tag, step in logged if tag == "train/loss"}) == list(range(1, 9))
     assert tensorboard_scalars(out) == float32(logged)
+
+
+def test_a_logger_that_cannot_start_leaves_no_run_files(data_dir, tmp_path, offline_wandb, monkeypatch):
+    # W&B without a key wrote config.json and config.yaml first: the retry its error suggests was
+    # refused as "already holds a run; pass --resume".
+    import wandb
+
+    def no_key(*args, **kwargs):
+        raise RuntimeError("No API key configured")
+
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=2, loggers="jsonl,wandb")
+    with monkeypatch.context() as m:
+        m.setattr(wandb, "init", no_key)
+        with pytest.raises(UserError, match="wandb could not start a run"):
+            train(run)
+    assert run_files(out) == []
+    assert train(run).summary["steps"] == 2  # the same command again, no --resume
 
 
 def test_logger_names_are_checked(data_dir, tmp_path, capsys):

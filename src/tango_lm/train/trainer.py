@@ -349,16 +349,19 @@ class Trainer:
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
-            write_json_atomic(self.out / "config.json", self.run.to_dict())
-            (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
         if self.step == 0 and self.dist.is_main:  # records of an attempt killed before its first checkpoint
             metrics_file.truncate_records(self.out, 0)
         kept = self._kept_records()  # read once: the dashboards get what they lack, the bar the last dev NLL
         if self.dist.is_main:
+            # Loggers first: one that cannot start (W&B without a key) leaves no run file behind, so
+            # the same command runs again once it is fixed, without --resume.
             self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
-            self.peak_flops = matmul_peak(self.device, self.dtype)
-        reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
         try:
+            if self.dist.is_main:
+                write_json_atomic(self.out / "config.json", self.run.to_dict())
+                (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
+                self.peak_flops = matmul_peak(self.device, self.dtype)
+            reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
                 result = self._fit(kept)
         except BaseException:
