@@ -267,6 +267,24 @@ def test_plots_are_written(tmp_path):
         assert (root / "report" / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plots_of_runs_apart_in_many_fields_have_names_the_disk_takes(tmp_path):
+    # Every field two runs differ in went into the curve's file name: with a dozen, the name passed
+    # 255 bytes and `report` failed ("File name too long"), writing no report at all.
+    pytest.importorskip("matplotlib")
+    root, labels = tmp_path / "runs", {"dataset": "x", "tier": "-", "depth": 2, "arch": "tango", "seed": SEEDS[0]}
+    fields = {f"a_rather_long_training_field_{i}": i for i in range(12)}
+    for name, value in (("a", 1), ("b", 2)):
+        run = write_run(root / name, labels, 3.0, 3.0, sweep_json=False)
+        config = json.loads((run / "config.json").read_text())
+        config["train"].update({k: v * value for k, v in fields.items()})
+        (run / "config.json").write_text(json.dumps(config))
+    res = write_report(root)
+    curves = [Path(f) for f in res["files"] if "/curves/" in f]
+    assert len(curves) == 2 and len({p.name for p in curves}) == 2
+    assert all(len(p.name) < 200 and p.read_bytes()[:4] == b"\x89PNG" for p in curves)
+    assert (root / "report" / "report.md").exists()
+
+
 # -- damaged inputs ----------------------------------------------------------------------------
 def _one_run(root: Path) -> Path:
     return write_run(root, {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}, 3.0, 3.0)

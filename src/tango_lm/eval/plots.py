@@ -7,16 +7,22 @@ or needs a display. Without matplotlib the report is still written, with a warni
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 from tango_lm.eval.report import RunRecord, model_name, model_order
 
+MAX_SLUG = 160  # file names stop at 255 bytes; rows told apart by many fields would pass that
+
 
 def _slug(*parts: Any) -> str:
     text = "_".join(str(p) for p in parts if p not in (None, ""))
-    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-") or "all"
+    slug = re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-") or "all"
+    if len(slug) > MAX_SLUG:  # a prefix to read, and a hash of the whole to keep names apart
+        slug = f"{slug[: MAX_SLUG - 13]}--{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+    return slug
 
 
 def _extras_slug(extras: tuple[tuple[str, Any], ...]) -> str:
