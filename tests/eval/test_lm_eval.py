@@ -155,6 +155,16 @@ def test_loglikelihood_sums_continuation_log_probs(lm):
     assert results[5][1] is True  # the model's own greedy continuation
 
 
+def test_a_whitespace_context_scores_as_an_empty_one(lm):
+    # lm-eval moves a context's trailing spaces into the continuation, so " " reached the scorer as
+    # no context at all: a traceback (a gather past the window) that took the batch down with it.
+    requests = [_request("loglikelihood", p, i) for i, p in enumerate([(" ", "abc"), ("", " abc"), ("hello", " x")])]
+    (blank, empty, other) = lm.loglikelihood(requests)
+    assert blank == pytest.approx(empty)
+    want = direct_loglikelihood(lm.model, lm.tok.encode("hello"), lm.tok.encode(" x"), lm.max_length)
+    assert other[0] == pytest.approx(want[0], rel=1e-5, abs=1e-4)
+
+
 def test_the_greedy_flag_ignores_the_tables_padding_rows(lm, monkeypatch):
     # A table padded past the tokenizer (50304 rows for GPT-2's 50257): generate_until never draws
     # a padding row, so the greedy flag is the argmax over the tokenizer's ids, not over every row.

@@ -208,7 +208,9 @@ class TangoLM(TemplateLM):
                     f"a continuation of {len(continuation)} tokens is longer than the scoring window "
                     f"max_length={self._max_length}; raise max_length or shorten the task's targets"
                 )
-            ids = (list(context) + list(continuation))[-(self._max_length + 1) :]
+            # lm-eval conditions an empty context on end-of-text; a whitespace-only one reaches here
+            # empty too (its _encode_pair moves trailing spaces into the continuation).
+            ids = ((list(context) or [self.tok.eot_id]) + list(continuation))[-(self._max_length + 1) :]
             items.append((i, ids, len(continuation)))
         items.sort(key=lambda item: -len(item[1]))
         results: list[tuple[float, bool] | None] = [None] * len(requests)
