@@ -60,6 +60,18 @@ def test_eval_of_a_sampled_run_reproduces_its_logged_dev_nll(data_dir, tmp_path,
     assert "windows sampled with seed 1234" in capsys.readouterr().out
 
 
+def test_eval_with_the_runs_own_data_named_scores_the_runs_windows(data_dir, tmp_path, capsys):
+    # `--data` naming the run's own dataset scored every dev window (a number the log never shows)
+    # while the output said "windows sampled with seed 1234"; every window is no sample.
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, eval_every=4, save_every=4, **SAMPLED))
+    logged = helpers.dev_records(out)[-1]["dev_nll"]
+    res = evaluate_checkpoint(str(out), "dev", data_dir=str(data_dir))
+    assert res["nll"] == pytest.approx(logged, rel=1e-6) and res["sample_seed"] == 1234
+    every = evaluate_checkpoint(str(out), "dev", max_windows="all")
+    assert every["tokens"] == 9 * 32 and "sample_seed" not in every
+
+
 def test_eval_batch_size_sets_what_one_moe_call_sees(data_dir, tmp_path):
     # MoE drops tokens over capacity per forward call, so the dev NLL depends on the batch: the
     # protocol fixes it (batches of 8 in the paper) instead of inheriting the training batch.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tango_lm.data.loader import eval_batches
@@ -59,12 +60,14 @@ def evaluate_checkpoint(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
-    sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] else None
-    own = [k for k, name in splits.items() if name == split_name and data_dir is None]
+    own_data = data_dir is None or Path(data_dir).resolve() == Path(run["data"]["dir"]).resolve()
+    own = [k for k, name in splits.items() if name == split_name and own_data]
     if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
         max_windows = own_windows[own[0]] if own else None
     elif max_windows == "all":
         max_windows = None
+    # A sample only when some windows are left out (every window in any order is the same NLL).
+    sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] and max_windows is not None else None
     batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed, split=repr(split_name))
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
