@@ -152,3 +152,7 @@ def test_triton_takes_only_what_it_supports():
     assert not triton_ops.supported(q.double(), k.double(), a.double(), a.double())  # no float64 kernels
     assert not triton_ops.supported(q, k, a.half(), a)  # one dtype for all inputs
     assert not triton_ops.supported(q, k, torch.zeros(1, 5, 7), torch.zeros(1, 5, 7))  # F a multiple of H
+    # B * H is a CUDA grid axis (at most 65,535): more would fail to launch, so they fall back.
+    big_q, big_a = torch.zeros(1, 1, 5, 4).expand(32768, 2, 5, 4), torch.zeros(1, 5, 6).expand(32768, 5, 6)
+    assert triton_ops.supported(big_q[:32767], big_q[:32767], big_a[:32767], big_a[:32767]) == triton_ops.INTERPRETED
+    assert not triton_ops.supported(big_q, big_q, big_a, big_a)

@@ -111,6 +111,10 @@ def test_triton_windowed_takes_no_shape_its_kernels_would_read_past():
     assert windowed_triton.supported(q, k, ok, ok) == windowed_triton.INTERPRETED
     for bad in (torch.zeros(2, 5, 7), torch.zeros(1, 5, 6), torch.zeros(4, 5, 6), torch.zeros(2, 4, 6)):
         assert not windowed_triton.supported(q, k, bad, bad), bad.shape
+    # B * H is a CUDA grid axis (at most 65,535): more would fail to launch, so they fall back.
+    big_q, big_a = torch.zeros(1, 1, 5, 4).expand(32768, 2, 5, 4), torch.zeros(1, 5, 6).expand(32768, 5, 6)
+    assert windowed_triton.supported(big_q[:1], big_q[:1], big_a[:1], big_a[:1]) == windowed_triton.INTERPRETED
+    assert not windowed_triton.supported(big_q, big_q, big_a, big_a)
 
 
 @pytest.mark.parametrize("device", DEVICES)

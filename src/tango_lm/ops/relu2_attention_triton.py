@@ -40,11 +40,9 @@ import torch
 import triton
 
 from tango_lm.ops.relu2_attention_triton_kernels import dqk_kernel, dv_kernel, forward_kernel
-from tango_lm.ops.triton_common import DTYPES, INTERPRETED, precision
+from tango_lm.ops.triton_common import DTYPES, INTERPRETED, MAX_GRID, precision
 
 __all__ = ["DTYPES", "INTERPRETED", "relu2_attention_triton", "supported"]
-
-MAX_GRID = 65535  # CUDA's limit on a grid's second and third axes (the leading index is the third)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.Tensor) -> bool:

@@ -38,14 +38,14 @@ from tango_lm.ops.tango_mix_triton_kernels import (
     lse_kernel,
     scores_backward_kernel,
 )
-from tango_lm.ops.triton_common import DTYPES, INTERPRETED, LOG2E, column_alignment, precision
+from tango_lm.ops.triton_common import DTYPES, INTERPRETED, LOG2E, MAX_GRID, column_alignment, precision
 
 __all__ = ["DTYPES", "INTERPRETED", "supported", "tango_mix_triton"]
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> bool:
-    """Whether the kernels take these inputs: one dtype of `DTYPES`, head dim <= 256, a device
-    they run on (CUDA, or the CPU when interpreted)."""
+    """Whether the kernels take these inputs: one dtype of `DTYPES`, head dim <= 256, B * H within
+    a grid axis, a device they run on (CUDA, or the CPU when interpreted)."""
     tensors = (q, k, a) if u is None else (q, k, a, u)
     device_ok = q.is_cuda or (INTERPRETED and q.device.type == "cpu")
     return (
@@ -60,6 +60,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
         and a.shape[1] == q.shape[2]
         and a.shape[2] % q.shape[1] == 0
         and (u is None or u.shape == a.shape)
+        and q.shape[0] * q.shape[1] <= MAX_GRID  # B * H is a grid axis: more would not launch
     )
 
 

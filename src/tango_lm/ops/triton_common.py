@@ -13,6 +13,7 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
+MAX_GRID = 65535  # CUDA's limit on a grid's second and third axes (the kernels put B * H there)
 
 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:

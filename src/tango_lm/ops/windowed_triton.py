@@ -31,6 +31,7 @@ import triton.language as tl
 from tango_lm.ops.triton_common import (
     DTYPES,
     INTERPRETED,
+    MAX_GRID,
     PRUNE,
     column_alignment,
     configs,
@@ -90,6 +91,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
         and q.shape[0] == a.shape[0]
         and q.shape[2] == a.shape[1]
         and a.shape[2] % q.shape[1] == 0
+        and q.shape[0] * q.shape[1] <= MAX_GRID  # B * H is a grid axis: more would not launch
     )
 
 
