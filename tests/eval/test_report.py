@@ -224,6 +224,24 @@ def test_plain_runs_of_other_configs_are_not_averaged(tmp_path):
     assert any("are the same setting and seed; their mean is that seed's value" in w for w in res["warnings"])
 
 
+def test_runs_on_two_datasets_in_folders_of_one_name_are_not_averaged(tmp_path):
+    # The row's dataset is the folder's name, and the data section was not compared: runs on two
+    # corpora in folders both named "dset" were "the same setting and seed", one mean of both.
+    root, labels = tmp_path / "runs", {"dataset": "dset", "tier": "-", "depth": 2, "arch": "tango", "seed": SEEDS[0]}
+    for name, nll in (("a", 3.0), ("b", 2.0)):
+        run = write_run(root / name, labels, nll, nll, sweep_json=False)
+        config = json.loads((run / "config.json").read_text())
+        config["data"]["dir"] = f"/corpora/{name}/dset"
+        (run / "config.json").write_text(json.dumps(config))
+    res = write_report(root, plots=False)
+    rows = res["report"]["main"]
+    assert sorted((r["data.dir"], r["cells"]["tango"]["mean"]) for r in rows) == [
+        ("/corpora/a/dset", 3.0),
+        ("/corpora/b/dset", 2.0),
+    ]
+    assert not any("same setting and seed" in w for w in res["warnings"])
+
+
 def test_a_seed_run_twice_counts_once_with_its_mean_in_every_table(tmp_path):
     # The main table averaged both copies as two samples, the margins took the first copy and the
     # heads table the last: TANGO was bold as the best while every per-seed margin said it lost.

@@ -71,6 +71,20 @@ def test_a_preempted_job_is_requeued_and_resumes(data_dir, tmp_path, monkeypatch
     assert submit_sweep(grid, grid.runs, settings, cluster="local", log=lambda _: None)[0]["status"] == "skipped"
 
 
+def test_a_job_records_the_grids_token_budget_as_the_local_launcher_does(data_dir, tmp_path, monkeypatch):
+    # A job's sweep.json lacked tokens_per_param, so a report of a SLURM sweep without a tier gave
+    # each architecture (its own token count by design) a row of its own and ranked nothing.
+    pytest.importorskip("submitit")
+    monkeypatch.setattr(launchers, "_export_torch_distributed_env", lambda: None)
+    grid = load_grid(write_grid(tmp_path, data_dir, steps=None, tokens_per_param=0.01))
+    (run,) = grid.runs
+    assert run.tokens_per_param == 0.01
+    job = launchers.SweepJob.of(run)
+    assert job.checkpoint().function.tokens_per_param == 0.01  # what a requeued job carries too
+    assert job()["status"] == "trained"
+    assert json.loads((run.out_dir / "sweep.json").read_text())["tokens_per_param"] == 0.01
+
+
 def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
     grid = load_grid(
         write_grid(

@@ -4,6 +4,7 @@ also after SIGKILL."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -299,6 +300,36 @@ def test_a_run_directory_of_another_config_is_neither_reused_nor_resumed(data_di
     assert plan_rows(edited, edited.runs)[0]["state"] == "other-config"
     (row,) = run_sweep(edited, progress=False, log=lambda _: None)
     assert row["status"] == "failed" and f"holds a run of another config (train.{key}" in row["error"]
+    assert helpers.snapshot(run_dir) == before
+
+
+def test_a_grid_edited_in_its_data_or_submitted_to_slurm_leaves_another_configs_run_alone(
+    data_dir, tmp_path, monkeypatch
+):
+    # The data section was not compared: a finished run on another test split was shown as the
+    # edited grid's result. And the SLURM launcher submitted a run of another config: its job
+    # wrote failed.json into the finished run, which every later report then left out.
+    path = write_grid(tmp_path, {"arch": ["tango"]}, data_dir)
+    run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    run_dir = load_grid(path).runs[0].out_dir
+    before = helpers.snapshot(run_dir)
+    spec = yaml.safe_load(path.read_text())
+    monkeypatch.chdir(data_dir.parent)
+    spec["base"]["data"] = {"dir": os.path.relpath(data_dir)}  # the same directory, written otherwise
+    path.write_text(yaml.safe_dump(spec))
+    assert plan_rows(load_grid(path), load_grid(path).runs)[0]["state"] == "done"
+    spec["base"]["data"]["test_split"] = "dev"
+    path.write_text(yaml.safe_dump(spec))
+    edited = load_grid(path)
+    assert plan_rows(edited, edited.runs)[0]["state"] == "other-config"
+    (row,) = run_sweep(edited, progress=False, log=lambda _: None)
+    assert "holds a run of another config (data.test_split" in row["error"]
+    if importlib.util.find_spec("submitit") is not None:
+        from tango_lm.sweep.launchers import slurm_settings, submit_sweep
+
+        settings = slurm_settings(edited, {"gpus_per_job": 0})
+        (row,) = submit_sweep(edited, edited.runs, settings, cluster="local", log=lambda _: None)
+        assert row["status"] == "failed" and "another config" in row["error"] and "job_id" not in row
     assert helpers.snapshot(run_dir) == before
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.train import metrics_file
-from tango_lm.train.config import LOGISTICS_FIELDS, TrainConfig
+from tango_lm.train.config import LOGISTICS_FIELDS, DataConfig, TrainConfig
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -201,16 +201,17 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
 NEUTRAL = {
     "train": LOGISTICS_FIELDS | {"seed", "data_seed", "eval_batch_size"},
     "model": {"head", "loss_chunk", "gdn_chunk", "gdn_backend"},
+    "data": set(),
 }
 # A config.json from before a field existed ran with what is now its default (as sweep/runner.py reads it).
 DEFAULTS = {
     section: {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    for section, cls in (("train", TrainConfig), ("model", ModelConfig))
+    for section, cls in (("train", TrainConfig), ("model", ModelConfig), ("data", DataConfig))
 }
 
 
 def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[str, Any]]) -> list[RunRecord]:
-    """In one row, each train field where runs differ, and each model field where runs of one
+    """In one row, each train or data field where runs differ, and each model field where runs of one
     architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
     length (plain run directories carry no labels of what they varied) were paired and ranked as if
     they differed only by head or architecture. Runs of one sweep are compared the same way (a grid
@@ -225,7 +226,7 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
         neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in row) else set())
         if all(settings[r.path]["train"].get("select") == "final" for r in row):
             neutral_train = neutral_train | {"eval_every"}  # it only picks the best-dev checkpoint
-        groups = [("train", row, neutral_train)]
+        groups = [("train", row, neutral_train), ("data", row, NEUTRAL["data"])]
         groups += [("model", [r for r in row if r.arch == arch], NEUTRAL["model"]) for arch in {r.arch for r in row}]
         for section, runs, neutral in groups:
             for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
@@ -246,7 +247,7 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
     n_kv_heads and capacity_factor_eval filled), train fields an older config.json lacks at their
     defaults, and seq_len resolved."""
     setting = _setting(run_dir)
-    out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model")}
+    out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model", "data")}
     try:
         out["model"] = ModelConfig.from_dict(dict(setting["model"] or {})).to_dict()
     except (UserError, TypeError, ValueError):  # a field since removed, say: compared as written
@@ -310,6 +311,11 @@ def _separate_other_settings(
 
 
 def _setting(run_dir: Path) -> dict[str, Any]:
-    """What a run trained: its model and train sections, less where and how it logged."""
+    """What a run trained: its model, train and data sections, less where and how it logged; the
+    data directory as the one it names (two datasets in folders of one name are not one setting)."""
     config, logging = json.loads((run_dir / "config.json").read_text()), ("out_dir", "progress", "loggers", "device")
-    return {"model": config.get("model"), "train": {k: v for k, v in config["train"].items() if k not in logging}}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if isinstance(data.get("dir"), str):
+        data = {**data, "dir": str(Path(data["dir"]).resolve())}
+    train = {k: v for k, v in config["train"].items() if k not in logging}
+    return {"model": config.get("model"), "train": train, "data": data}

@@ -38,7 +38,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.sweep.runner import _row, _train_one, run_state
+from tango_lm.sweep.runner import _row, _train_one, other_config_error, run_state
 from tango_lm.train.checkpoint import write_json_atomic
 
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
@@ -62,8 +62,15 @@ SETTINGS = {
 class SweepJob:
     """One run of a grid as a submitit job (picklable; submitit calls `checkpoint` to requeue it)."""
 
-    def __init__(self, name: str, labels: dict[str, Any], config: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, labels: dict[str, Any], config: dict[str, Any], tokens_per_param: float | None = None
+    ) -> None:
         self.name, self.labels, self.config = name, labels, config
+        self.tokens_per_param = tokens_per_param  # the grid's budget behind train.tokens (sweep.json)
+
+    @classmethod
+    def of(cls, run: SweepRun) -> SweepJob:
+        return cls(run.name, run.labels, run.config.to_dict(), run.tokens_per_param)
 
     def __call__(self) -> dict[str, Any]:
         from tango_lm.train.config import RunConfig
@@ -71,12 +78,17 @@ class SweepJob:
         from tango_lm.train.trainer import train
 
         _export_torch_distributed_env()
-        run = SweepRun(name=self.name, labels=self.labels, config=RunConfig.from_dict(self.config))
+        config = RunConfig.from_dict(self.config)
+        run = SweepRun(name=self.name, labels=self.labels, config=config, tokens_per_param=self.tokens_per_param)
         run.config.train.progress = False
         state = run_state(run)
         if state["state"] == "done":
             print(f"{run.name}: finished before, skipped", flush=True)
             return _row(run, "skipped", state["summary"])
+        if state["state"] == "other-config":  # another config trained there since the submission
+            error = other_config_error(run, state)
+            print(f"{run.name}: not trained: {error}", flush=True)
+            return _row(run, "failed", None, error)
         if launch_env()[0] != 0:  # the other processes of a multi-GPU job write nothing
             return _row(run, "trained", train(run.config, resume=state["state"] == "resume").summary)
         with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
@@ -86,7 +98,7 @@ class SweepJob:
         """Requeue the same run: it resumes from its latest checkpoint."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(SweepJob(self.name, self.labels, self.config))
+        return submitit.helpers.DelayedSubmission(SweepJob(self.name, self.labels, self.config, self.tokens_per_param))
 
 
 def _export_torch_distributed_env() -> None:
@@ -189,6 +201,11 @@ def submit_sweep(
         if state["state"] == "done":
             rows.append(_row(run, "skipped", state["summary"]))
             continue
+        if state["state"] == "other-config":  # as the local launcher: its files stay as they are
+            error = other_config_error(run, state)
+            log(f"{run.name}: not submitted: {error}")
+            rows.append(_row(run, "failed", None, error))
+            continue
         try:
             check_launch(run.config, processes)
         except UserError as exc:
@@ -235,7 +252,7 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
         executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
         executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
         with executor.batch():
-            return [executor.submit(SweepJob(run.name, run.labels, run.config.to_dict())) for run in runs]
+            return [executor.submit(SweepJob.of(run)) for run in runs]
     except Exception as exc:  # noqa: BLE001 - submitit raises its own types and RuntimeError for sbatch's refusals
         for path in sorted(set(folder.rglob("*")) - before, reverse=True):  # files before their folders
             with contextlib.suppress(OSError):

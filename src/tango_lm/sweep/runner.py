@@ -39,20 +39,37 @@ FAILED_FILES = ("failed.json", "failed.log")
 
 
 def _differences(run: SweepRun) -> list[str]:
-    """The model and train fields where the run directory's config.json differs from the grid's
-    run (none when it holds no config yet). Fields one of them lacks are passed over: a run from a
-    version of tango-lm before the field was added ran with what is now its default."""
+    """The data, model and train fields where the run directory's config.json differs from the
+    grid's run (none when it holds no config yet); data.dir compared as the directory it names.
+    Fields one of them lacks are passed over: a run from a version of tango-lm before the field
+    was added ran with what is now its default."""
     saved = _read_json(run.out_dir / "config.json")
     if saved is None:
         return []
     want = run.config.to_dict()
     out = []
-    for section in ("model", "train"):
+    for section in ("data", "model", "train"):
         have, grid = saved.get(section) or {}, want[section]
         for key in sorted(set(have) & set(grid)):
-            if not (section == "train" and key in LOGISTICS_FIELDS) and have.get(key) != grid.get(key):
+            if section == "train" and key in LOGISTICS_FIELDS:
+                continue
+            if section == "data" and key == "dir" and _same_dir(have[key], grid[key]):
+                continue
+            if have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
     return out
+
+
+def _same_dir(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, str) and isinstance(b, str) and Path(a).resolve() == Path(b).resolve())
+
+
+def other_config_error(run: SweepRun, state: dict[str, Any]) -> str:
+    """Why a run whose directory holds another config is not trained (its files stay as they are)."""
+    return (
+        f"{run.out_dir} holds a run of another config ({state['differences'][0]}); give the grid that value to "
+        "keep its results, delete that directory to train the grid's, or give the sweep another out_dir"
+    )
 
 
 def run_state(run: SweepRun) -> dict[str, Any]:
@@ -145,11 +162,7 @@ def run_sweep(
                 rows.append(_row(run, "skipped", state["summary"]))
                 continue
             if state["state"] == "other-config":  # its files stay as they are
-                error = (
-                    f"{run.out_dir} holds a run of another config ({state['differences'][0]}); give the "
-                    "grid that value to keep its results, delete that directory to train the grid's, or give the "
-                    "sweep another out_dir"
-                )
+                error = other_config_error(run, state)
                 log(f"{head}: not trained: {error}")
                 rows.append(_row(run, "failed", None, error))
                 continue
