@@ -119,6 +119,13 @@ def test_expand_inputs_dirs_globs_and_missing(tmp_path):
         expand_inputs([tmp_path], [".jsonl"])
 
 
+def test_one_file_named_two_ways_is_read_once(tmp_path, monkeypatch):
+    # data.jsonl and $PWD/data.jsonl were two inputs: every document went into train twice.
+    (tmp_path / "data.jsonl").write_text('{"text": "one"}\n')
+    monkeypatch.chdir(tmp_path)
+    assert expand_inputs(["data.jsonl", str(tmp_path / "data.jsonl")], [".jsonl"]) == [Path("data.jsonl")]
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "lean"])
 def test_a_file_named_in_two_splits_is_refused(tmp_path, kind):
     # train=x test=x would make the test split the training text; a directory and a file in it too.
@@ -148,6 +155,18 @@ def test_split_inputs_detects_own_splits(tmp_path):
         "train": ["train-00000-of-00002.jsonl", "train-00001-of-00002.jsonl"],
         "dev": ["validation.jsonl"],
         "test": ["test.jsonl"],
+    }
+    # A dataset repository's layout: README.md beside data/ holding the split files (the Hub's).
+    # Its test and validation files were pooled into the training text.
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "README.md").write_text("")
+    for name in ("train-00000-of-00001.jsonl", "validation-00000-of-00001.jsonl", "test-00000-of-00001.jsonl"):
+        (repo / "data" / name).write_text("")
+    assert {k: [Path(p).name for p in v] for k, v in split_inputs([repo], [".jsonl"]).items()} == {
+        "test": ["test-00000-of-00001.jsonl"],
+        "train": ["train-00000-of-00001.jsonl"],
+        "dev": ["validation-00000-of-00001.jsonl"],
     }
     assert split_inputs(["train=a.jsonl", "val=b.jsonl"], [".jsonl"]) == {"train": ["a.jsonl"], "dev": ["b.jsonl"]}
     assert split_inputs([d / "test.jsonl"], [".jsonl"]) == {"train": [str(d / "test.jsonl")]}

@@ -382,6 +382,15 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert read_text_file(marked) == read_text_file(plain)
 
 
+def test_crlf_text_scores_as_the_same_text(tmp_path):
+    # `data prepare` reads with universal newlines; --ppl kept each \r as a token to score.
+    lf, crlf, cr = (tmp_path / f"{name}.txt" for name in ("lf", "crlf", "cr"))
+    lf.write_bytes(b"the cat sat\non the mat\n\nsecond doc\n")
+    crlf.write_bytes(lf.read_bytes().replace(b"\n", b"\r\n"))
+    cr.write_bytes(lf.read_bytes().replace(b"\n", b"\r"))
+    assert read_text_file(crlf) == read_text_file(cr) == read_text_file(lf) == lf.read_text()
+
+
 def test_lambada_jsonl_lone_surrogate_becomes_the_replacement_character(tmp_path):
     # '\ud800' alone crashed tokenization with a UnicodeEncodeError traceback (data prepare already mapped it)
     path = tmp_path / "lambada.jsonl"

@@ -100,14 +100,18 @@ def expand_inputs(
         if not found:
             raise UserError(f"no {'/'.join(exts)} files at {text}; check the path or pass --ext")
         files.extend(found)
-    return list(dict.fromkeys(files))
+    unique: dict[Path, Path] = {}  # one file named twice (data.jsonl and $PWD/data.jsonl) is read once
+    for f in files:
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
 
 
 def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> dict[str, list[str]]:
     """Group inputs by the split they belong to (module docstring); `{"train": inputs}` when unsplit.
 
     `SPLIT=PATH` inputs name their split (validation/valid/val mean dev); otherwise a single input
-    directory whose top-level entries are named after splits provides them.
+    directory whose top-level entries are named after splits provides them, or whose one folder
+    (beside files of other kinds, such as a README) does.
     """
     items = [str(i) for i in inputs]
     explicit = [_SPLIT_ARG.match(i) for i in items]
@@ -120,9 +124,18 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
         return out
     if len(items) == 1 and Path(items[0]).is_dir():
         out, others = {}, []
-        for entry in sorted(Path(items[0]).iterdir()):
-            if entry.name.startswith(".") or not (entry.is_dir() or _has_ext(entry, exts)):
-                continue
+        entries = [
+            e
+            for e in sorted(Path(items[0]).iterdir())
+            if not e.name.startswith(".") and (e.is_dir() or _has_ext(e, exts))
+        ]
+        if len(entries) == 1 and entries[0].is_dir() and not _SPLIT_ENTRY.match(entries[0].name):
+            # A dataset repository's layout (README.md beside data/train-*.jsonl, data/test-*):
+            # the splits one folder down are still splits, not training text.
+            inner = split_inputs([str(entries[0])], exts)
+            if set(inner) != {"train"}:
+                return inner
+        for entry in entries:
             m = _SPLIT_ENTRY.match(entry.name)
             if m:
                 out.setdefault(SPLIT_ALIASES[m.group(1).lower()], []).append(str(entry))

@@ -146,8 +146,9 @@ def document_logprobs(
 # -- files --------------------------------------------------------------------------------------
 def read_text_file(path: str | Path) -> str:
     """The file as UTF-8 text without a leading byte-order mark (Windows editors write one; it is
-    no text to score, and LAMBADA's JSONL test reads the first character); UserError for a
-    missing, binary or undecodable file."""
+    no text to score, and LAMBADA's JSONL test reads the first character) and with universal
+    newlines, as `data prepare` reads text (a CRLF file's \r are no text the model trained on);
+    UserError for a missing, binary or undecodable file."""
     path = Path(path)
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
@@ -156,9 +157,10 @@ def read_text_file(path: str | Path) -> str:
     if b"\x00" in data:
         raise UserError(f"{path} is a binary file (it holds NUL bytes); --ppl takes UTF-8 text")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}); convert it to UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def split_blank_lines(text: str) -> list[str]:
