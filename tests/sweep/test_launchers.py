@@ -111,6 +111,9 @@ def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
             time_minutes(bad)
     with pytest.raises(UserError, match="unknown slurm setting 'gpus'"):
         slurm_settings(grid, {"gpus": 2})
+    for amount in (float("nan"), float("inf"), 0.5):  # NaN passed as "the cluster refused the jobs"
+        with pytest.raises(UserError, match="slurm setting mem_gb must be a finite number, at least 1"):
+            slurm_settings(grid, {"mem_gb": amount})
 
 
 def test_a_multi_gpu_job_needs_a_parallel_run(data_dir, tmp_path):
@@ -121,7 +124,7 @@ def test_a_multi_gpu_job_needs_a_parallel_run(data_dir, tmp_path):
         submit_sweep(grid, grid.runs, settings, cluster="local")
 
 
-def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch):
+def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch, capsys):
     submitit = pytest.importorskip("submitit")
     grid = load_grid(write_grid(tmp_path, data_dir))
     grid.out_dir.mkdir(parents=True)
@@ -137,6 +140,15 @@ def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_pat
     assert launchers.queued_jobs(grid.out_dir, "slurm") == {grid.runs[0].name: "4242_0"}
     rows = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), log=lambda _: None)
     assert [(r["status"], r["job_id"]) for r in rows] == [("queued", "4242_0")]
+    # The dry run said "new" for it (inviting a second launch), and took any slurm settings.
+    path = str(tmp_path / "grid.yaml")
+    assert main(["sweep", path, "--launcher", "slurm", "--dry-run", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["note"]) == ("queued", "job 4242_0")
+    assert main(["sweep", path, "--launcher", "slurm", "--dry-run", "--time", "garbage"]) == 2
+    assert "not a SLURM time" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert main(["sweep", path, "--dry-run", "--partition", "gpu"]) == 2
+    assert "applies to --launcher slurm" in helpers.assert_one_error_line(capsys.readouterr().err)
 
 
 def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_path, capsys, monkeypatch):

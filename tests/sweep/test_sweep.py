@@ -143,6 +143,9 @@ MALFORMED = {
     "width_with_a_tier": ({"tier": ["70M"], "model.width": [128]}, "the matcher sets the width"),
     "seq_len_past_the_context": ({"train.seq_len": [64]}, "train.seq_len=64 is longer than model.context_length=32"),
     "two_budget_axes": ({"train.steps": [2], "train.tokens": [256]}, "both set the budget"),
+    # listed as new by --dry-run, then "File name too long" when the sweep started
+    "name_past_255_bytes": ({"train.wandb_project": ["x" * 300]}, "over the 255 a file system takes"),
+    "no_conventional_geometry": ({"tier": ["50K"], "arch": ["conventional-untied"]}, "has no conventional Untied"),
 }
 
 
@@ -168,6 +171,7 @@ def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkey
     assert main(["sweep", str(path), *args]) == 2
     line = helpers.assert_one_error_line(capsys.readouterr().err)
     assert want in line, line
+    assert line.count("of sweep grid") <= 1, line  # where it is, said once
     assert not (tmp_path / "sweep").exists()
     if case in (
         "dataset_missing",

@@ -19,8 +19,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     runs = grid.select(args.only)
     if not runs:
         raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}")
+    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    if args.launcher != "slurm":
+        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (
+            ["--wait"] if args.wait else []
+        )
+        if given:
+            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
     if args.dry_run:
         rows = plan_rows(grid, runs)
+        if args.launcher == "slurm":  # the settings checked as a submission would, and live jobs shown
+            from tango_lm.sweep.launchers import mark_queued, slurm_settings
+
+            slurm_settings(grid, slurm_flags)
+            mark_queued(grid, rows)
         if args.json:
             _print_json(rows)
             return 0
@@ -41,7 +53,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
         return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
-    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
     if args.launcher == "slurm":
         from tango_lm.sweep.launchers import slurm_settings, submit_sweep
 
@@ -57,11 +68,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 )
             return 0
     else:
-        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (
-            ["--wait"] if args.wait else []
-        )
-        if given:
-            raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
         rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:

@@ -57,6 +57,7 @@ from tango_lm.train.run_dir import enclosing
 
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
 CONVENTIONAL = "conventional-untied"
+MAX_NAME_BYTES = 255  # one path component on common file systems (ext4, XFS, APFS)
 # A value's label in its run's directory name `axis=label` (a leading '-' is safe after `axis=`:
 # a negative number then gets the field's own error, not this one's).
 _SAFE = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9._+-]*$")
@@ -382,6 +383,12 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
         labels[axis] = list(value) if axis == "seed" else (label if axis == "dataset" else value)
     name = "/".join(parts) or "run"
     where = f"run {name} of sweep grid {path}"
+    long = next((part for part in parts if len(part.encode()) > MAX_NAME_BYTES), None)
+    if long is not None:  # a directory name the file system would refuse when the run starts
+        raise UserError(
+            f"sweep grid {path}: the run directory name {long[:60]}... is {len(long.encode())} bytes, over the "
+            f"{MAX_NAME_BYTES} a file system takes; give that axis shorter values"
+        )
 
     target = None
     d_model = values.get("d_model")
@@ -427,7 +434,7 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     try:
         run = RunConfig.from_dict(sections)
         if arch == CONVENTIONAL:
-            run.model = _conventional(run.model, values["tier"], where)
+            run.model = _conventional(run.model, values["tier"])
         elif target is not None:
             run.model = match_width(run.model.replace(head="standard"), target).replace(head=head)
         tokens_per_param = _fix_budget(run, target)
@@ -436,11 +443,11 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     return SweepRun(name=name, labels=labels, config=run, dataset_dir=dataset_dir, tokens_per_param=tokens_per_param)
 
 
-def _conventional(model: ModelConfig, tier: str, where: str) -> ModelConfig:
+def _conventional(model: ModelConfig, tier: str) -> ModelConfig:
     geometry = conventional_untied(tier, model.depth, model.vocab_size)
     if geometry is None:
         raise UserError(
-            f"{where}: seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
+            "seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
             f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16"
         )
     return model.replace(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import re
 import shutil
 import time
@@ -122,10 +123,10 @@ def slurm_settings(grid: Grid, flags: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, kind):
             raise UserError(f"slurm setting {key} has the wrong type ({value!r})")
     for key in ("gpus_per_job", "array_parallelism", "cpus_per_task", "mem_gb", "signal_delay_s"):
-        if key in settings and settings[key] < (0 if key == "gpus_per_job" else 1):
-            raise UserError(
-                f"slurm setting {key} must be at least {0 if key == 'gpus_per_job' else 1} (got {settings[key]})"
-            )
+        least = 0 if key == "gpus_per_job" else 1
+        # `not >=`: a NaN (`mem_gb: .nan`) is no amount either
+        if key in settings and not (math.isfinite(settings[key]) and settings[key] >= least):
+            raise UserError(f"slurm setting {key} must be a finite number, at least {least} (got {settings[key]})")
     settings.setdefault("gpus_per_job", 1)
     settings["timeout_min"] = time_minutes(settings.pop("time", DEFAULT_TIME))
     return settings
@@ -290,6 +291,17 @@ def queued_jobs(out_dir: Path, cluster: str) -> dict[str, str]:
         if state.split()[0] in ACTIVE:
             active[str(entry.get("run"))] = str(entry.get("job_id"))
     return active
+
+
+def mark_queued(grid: Grid, rows: list[dict[str, Any]]) -> None:
+    """`--dry-run --launcher slurm`: a run whose job is still pending or running is `queued` (a
+    submission would skip it), not `new` (which invites training it a second time)."""
+    if importlib.util.find_spec("submitit") is None:
+        return  # nothing was submitted from here, then
+    queued = queued_jobs(grid.out_dir, SLURM_CLUSTER)
+    for row in rows:
+        if row["run"] in queued and row["state"] != "done":
+            row["state"], row["note"] = "queued", f"job {queued[row['run']]}"
 
 
 def _record_jobs(out_dir: Path, cluster: str, jobs: list[tuple[str, str]]) -> None:
