@@ -14,6 +14,7 @@ import pytest
 from tango_lm.cli import main
 from tango_lm.data.loader import eval_window_ids
 from tango_lm.data.shards import PreparedDataset
+from tango_lm.errors import UserError
 from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.train.checkpoint import load_checkpoint, resolve_run_checkpoint
 from tango_lm.train.config import TrainConfig, load_run_config
@@ -70,6 +71,17 @@ def test_eval_with_the_runs_own_data_named_scores_the_runs_windows(data_dir, tmp
     assert res["nll"] == pytest.approx(logged, rel=1e-6) and res["sample_seed"] == 1234
     every = evaluate_checkpoint(str(out), "dev", max_windows="all")
     assert every["tokens"] == 9 * 32 and "sample_seed" not in every
+
+
+def test_another_tokenizer_of_the_same_name_is_told_apart(data_dir, tmp_path):
+    # Two trained BPEs are both 'bpe': "prepared with tokenizer 'bpe', not the checkpoint's 'bpe'".
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=2, eval_every=2, save_every=2))
+    step = helpers.step_dir(out, 2)
+    tokenizer = json.loads((step / "tokenizer.json").read_text())
+    (step / "tokenizer.json").write_text(json.dumps({**tokenizer, "fingerprint": "f" * 64}))
+    with pytest.raises(UserError, match=r"tokenizer 'byte' \(\w{12}, 257 ids\), not the checkpoint's 'byte' \(ffffff"):
+        evaluate_checkpoint(str(step), "dev")
 
 
 def test_eval_batch_size_sets_what_one_moe_call_sees(data_dir, tmp_path):

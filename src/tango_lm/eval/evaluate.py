@@ -52,8 +52,8 @@ def evaluate_checkpoint(
     dataset = PreparedDataset.open(data_path)
     if not same_tokenizer(dataset.tokenizer.to_dict(), ckpt.tokenizer):
         raise UserError(
-            f"dataset {data_path} was prepared with tokenizer {dataset.tokenizer.name!r}, not the checkpoint's "
-            f"{ckpt.tokenizer.get('name')!r}; prepare the data with the checkpoint's tokenizer"
+            f"dataset {data_path} was prepared with tokenizer {_described(dataset.tokenizer.to_dict())}, not the "
+            f"checkpoint's {_described(ckpt.tokenizer)}; prepare the data with the checkpoint's tokenizer"
         )
     split_name = splits.get(split, split)
     dev = pick_device(device)
@@ -74,6 +74,11 @@ def evaluate_checkpoint(
     if sample_seed is not None:
         res["sample_seed"] = sample_seed
     return {**res, **variant}
+
+
+def _described(tokenizer: dict[str, Any]) -> str:
+    """Name and fingerprint: two trained BPEs share the name 'bpe'."""
+    return f"{tokenizer.get('name')!r} ({str(tokenizer.get('fingerprint'))[:12]}, {tokenizer.get('vocab_size')} ids)"
 
 
 def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None) -> dict[str, Any]:
