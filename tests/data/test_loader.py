@@ -34,6 +34,24 @@ def test_windows_cover_tokens_as_specified():
         assert torch.equal(xi, window[:-1]) and torch.equal(yi, window[1:])
 
 
+def test_trading_batch_size_for_grad_accum_trains_on_the_same_windows():
+    # The epoch ended at a micro-batch: with batch 2 x accumulation 2 one step mixed the last
+    # windows of an epoch with the first of the next, which batch 4 x 1 skips; from there on the
+    # two settings trained on other windows.
+    tokens = _tokens()[: 35 * SEQ + 1]  # 35 windows: 8 steps of 4 an epoch, 3 windows skipped
+
+    def steps(batch: int, accum: int, n: int) -> list[list[int]]:
+        loader = WindowLoader(tokens, SEQ, batch_size=batch, data_seed=3, grad_accum=accum)
+        return [sorted(w for _ in range(accum) for w in _window_ids(loader.next_batch()[0])) for _ in range(n)]
+
+    assert steps(2, 2, 20) == steps(4, 1, 20)
+    assert steps(1, 4, 20) == steps(4, 1, 20)
+    loader = WindowLoader(_tokens(), SEQ, batch_size=2, data_seed=3, grad_accum=2)
+    assert loader.batches_per_epoch == 18
+    tiny = WindowLoader(_tokens()[: 3 * SEQ + 1], SEQ, batch_size=2, data_seed=3, grad_accum=2)  # 3 windows
+    assert [len(_window_ids(tiny.next_batch()[0])) for _ in range(4)] == [2, 2, 2, 2]  # a step spans epochs
+
+
 def test_epoch_visits_each_window_once_and_drops_trailing():
     loader = WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=3)
     assert loader.batches_per_epoch == 7  # 37 windows, 2 dropped

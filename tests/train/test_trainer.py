@@ -41,8 +41,9 @@ def _interrupted(monkeypatch, run, stop: int) -> None:
 RESUME_CASES = {
     # 9 batches of 4 per epoch: the resumed part crosses the epoch boundary (step 9 -> 10).
     "wsd": ({}, (0, 32), (1, 12)),
-    # 18 micro-batches per epoch of 9 global batches: checkpoint mid-epoch 1, end in epoch 2.
-    "grad_accum2": ({"grad_accum": 2}, (1, 28), (2, 24)),
+    # Steps of 8 windows, 4 per epoch (an epoch ends at a step, not a micro-batch): the resumed
+    # part is epoch 2.
+    "grad_accum2": ({"grad_accum": 2}, (1, 32), (2, 32)),
     "cosine": ({"schedule": "cosine", "warmup_steps": 3}, (0, 32), (1, 12)),
     # 4 batches of 8 per epoch: the checkpoint sits exactly at the end of an epoch.
     "epoch_end": ({"batch_size": 8}, (1, 32), (2, 32)),

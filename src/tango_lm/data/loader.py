@@ -49,8 +49,10 @@ class WindowLoader:
     """Shuffled non-overlapping training windows, split across ranks, resumable from a state dict.
 
     A global batch is the next `batch_size * world_size` windows of the epoch's order; rank r
-    takes the contiguous slice [r*batch_size, (r+1)*batch_size) of it. Windows left at the end of
-    an epoch that do not fill a global batch are skipped and the next epoch begins.
+    takes the contiguous slice [r*batch_size, (r+1)*batch_size) of it. An optimizer step takes
+    `grad_accum` global batches. Windows left at the end of an epoch that do not fill a step are
+    skipped and the next epoch begins, so trading batch_size for grad_accum trains on the same
+    windows (a step never mixes two epochs); a split shorter than one step fills global batches.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class WindowLoader:
         rank: int = 0,
         world_size: int = 1,
         reshuffle: bool = True,
+        grad_accum: int = 1,
     ) -> None:
         _check_tokens(tokens, seq_len)
         if batch_size < 1:
@@ -84,6 +87,8 @@ class WindowLoader:
                 f"windows of seq_len {self.seq_len} needs at least {need}; "
                 "use more data or a smaller seq_len or batch size"
             )
+        step = self.global_batch * max(1, int(grad_accum))
+        self.step_windows = step if step <= self.num_windows else self.global_batch  # what an epoch is cut into
         self.epoch = 0
         self.position = 0  # windows of this epoch's order already consumed (multiple of global_batch)
         self._order_epoch = -1
@@ -91,12 +96,12 @@ class WindowLoader:
 
     @property
     def batches_per_epoch(self) -> int:
-        """Global batches in one epoch (trailing windows that do not fill one are dropped)."""
-        return self.num_windows // self.global_batch
+        """Global batches in one epoch (trailing windows that do not fill a step are dropped)."""
+        return self.num_windows // self.step_windows * (self.step_windows // self.global_batch)
 
     @property
     def tokens_per_batch(self) -> int:
-        """Target tokens one global batch (one optimizer step over all ranks) consumes."""
+        """Target tokens one global batch (one micro-batch over all ranks) consumes."""
         return self.global_batch * self.seq_len
 
     @property
@@ -115,7 +120,8 @@ class WindowLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next (inputs, targets), each an int64 tensor [batch_size, seq_len]."""
-        if self.position + self.global_batch > self.num_windows:
+        at_step = self.position % self.step_windows == 0  # (not so only in a state saved before steps were)
+        if self.position + (self.step_windows if at_step else self.global_batch) > self.num_windows:
             self.epoch += 1
             self.position = 0
         order = self.epoch_order(self.epoch)

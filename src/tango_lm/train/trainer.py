@@ -126,6 +126,7 @@ class Trainer:
             self.dist.rank,
             self.dist.world_size,
             cfg.reshuffle_each_epoch,
+            cfg.grad_accum,
         )
         # Each eval batch runs on one process: by default the per-process training micro-batch.
         self.eval_batch_size = cfg.eval_batch_size or cfg.batch_size // self.dist.world_size
