@@ -50,6 +50,10 @@ def test_trading_batch_size_for_grad_accum_trains_on_the_same_windows():
     assert loader.batches_per_epoch == 18
     tiny = WindowLoader(_tokens()[: 3 * SEQ + 1], SEQ, batch_size=2, data_seed=3, grad_accum=2)  # 3 windows
     assert [len(_window_ids(tiny.next_batch()[0])) for _ in range(4)] == [2, 2, 2, 2]  # a step spans epochs
+    # A position saved mid-step by the old rule (an epoch ended at a micro-batch) still resumes.
+    old = WindowLoader(tokens, SEQ, batch_size=2, data_seed=3, grad_accum=2)
+    old.load_state_dict({**old.state_dict(), "epoch": 1, "position": 34})
+    assert len(_window_ids(old.next_batch()[0])) == 2 and old.state_dict()["epoch"] == 2
 
 
 def test_epoch_visits_each_window_once_and_drops_trailing():
