@@ -466,3 +466,19 @@ def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_p
         str(run),
         str(out / "loop-transformer"),
     ]
+
+
+def test_every_data_source_takes_no_progress():
+    # `data prepare dmmath --no-progress` was refused while every other source took it.
+    import argparse
+
+    from tango_lm.cli import build_parser
+    from tango_lm.data.sources import SOURCES
+
+    def choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    prepare = choices(choices(choices(build_parser())["data"])["prepare"])
+    assert set(prepare) == set(SOURCES)
+    for name, parser in prepare.items():
+        assert "--no-progress" in parser._option_string_actions, name

@@ -16,7 +16,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
 
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
-        path = source.prepare(args.out, overwrite=args.overwrite, progress=not getattr(args, "no_progress", False))
+        path = source.prepare(args.out, overwrite=args.overwrite, progress=not args.no_progress)
     print_prepared(PreparedDataset.open(path))
 
 
@@ -94,6 +94,7 @@ def add_parsers(sub: Any) -> None:
     for name, source in SOURCES.items():
         t = dsrc.add_parser(name, help=source.help)
         source.add_arguments(t)
+        t.add_argument("--no-progress", action="store_true", help="no progress bar")  # every source alike
         t.set_defaults(func=cmd_data_prepare)
     _add_train_tokenizer_parser(dsub)
     v = dsub.add_parser(

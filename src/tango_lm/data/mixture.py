@@ -201,7 +201,6 @@ class MixtureSource(DataSource):
         )
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--overwrite", action="store_true")
-        parser.add_argument("--no-progress", action="store_true")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> MixtureSource:

@@ -108,7 +108,8 @@ class HeldOutSource(DataSource):
 
     @staticmethod
     def add_common_arguments(p: argparse.ArgumentParser) -> None:
-        """`--out`, the tokenizer and hold-out options, `--overwrite` and `--no-progress`."""
+        """`--out`, the tokenizer and hold-out options and `--overwrite` (the command adds
+        `--no-progress` to every source)."""
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
         p.add_argument(
@@ -120,7 +121,6 @@ class HeldOutSource(DataSource):
         p.add_argument("--test-fraction", type=float, default=0.02, help="the same for test")
         p.add_argument("--seed", type=int, default=0, help="seed of the held-out split hash")
         p.add_argument("--overwrite", action="store_true")
-        p.add_argument("--no-progress", action="store_true")
 
     @staticmethod
     def common_options(args: argparse.Namespace) -> dict[str, Any]:
