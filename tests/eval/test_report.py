@@ -440,8 +440,9 @@ def test_plain_runs_trained_differently_are_not_paired_or_ranked_together(tmp_pa
     (onona / "config.json").write_text(json.dumps(config))
     report = write_report(root, plots=False)["report"]
     assert report["heads"] == []
-    rows = {(r["train.lr"], r["train.steps"]): sorted(r["cells"]) for r in report["main"]}
-    assert rows == {(0.001, None): ["dense"], (1e-5, 2): ["dense+onona"]}  # lr missing: its default
+    rows = {(r["train.lr"], r["train.tokens"]): sorted(r["cells"]) for r in report["main"]}
+    # lr missing: its default; a budget as the tokens it trains (2 steps of 8 windows of 1,024)
+    assert rows == {(0.001, None): ["dense"], (1e-5, 2 * 8 * 1024): ["dense+onona"]}
     assert standard.exists()
 
 
@@ -528,7 +529,14 @@ def test_runs_of_one_sweep_trained_differently_are_not_ranked_together(tmp_path)
         (1, ["loop-transformer"]),
         (3, ["tango"]),
     ]
-    # Token budgets of another kind of difference (not one tokens_per_param turned per architecture) split too.
-    edit(tango, warmup_steps=1, tokens=351)
-    edit(loop, tokens=371)
+    # Token budgets of another kind of difference (not one tokens_per_param turned per architecture)
+    # split too (steps of 8 windows of 1,024 tokens: 3 steps against 5).
+    edit(tango, warmup_steps=1, tokens=3 * 8192)
+    edit(loop, tokens=5 * 8192)
     assert len(write_report(sweep, plots=False)["report"]["main"]) == 2
+    # One budget written in two kinds is one setting: `steps: 3` and the tokens of 3 steps (or any
+    # count that rounds up to them) were labelled apart.
+    edit(loop, tokens=None, steps=3)
+    edit(tango, tokens=3 * 8192 - 100)
+    (row,) = write_report(sweep, plots=False)["report"]["main"]
+    assert sorted(row["cells"]) == ["loop-transformer", "tango"]

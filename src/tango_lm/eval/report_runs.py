@@ -15,7 +15,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.train import metrics_file
-from tango_lm.train.config import LOGISTICS_FIELDS, DataConfig, TrainConfig
+from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, DataConfig, TrainConfig, budget_steps
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -254,7 +254,28 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
         pass
     if out["train"].get("seq_len") is None:  # None: the model's context length
         out["train"]["seq_len"] = out["model"].get("context_length")
+    # One budget whichever kind config.json wrote it in: `steps: 100` and the `tokens` of 100
+    # steps trained alike, so both are compared (and labelled) as the tokens they train.
+    trained = _trained_tokens(out)
+    if trained is not None:
+        out["train"].update({key: None for key in BUDGET_FIELDS}, tokens=trained)
     return out
+
+
+def _trained_tokens(setting: dict[str, dict[str, Any]]) -> int | None:
+    train = setting["train"]
+    try:
+        per_step = int(train["batch_size"]) * int(train["grad_accum"]) * int(train["seq_len"])
+        steps = budget_steps(
+            train.get("steps"),
+            train.get("tokens"),
+            train.get("tokens_per_param"),
+            per_step,
+            lambda: ModelConfig.from_dict(dict(setting["model"])).num_params()["total"],
+        )
+    except (UserError, TypeError, ValueError, KeyError):  # a hand-edited config.json: compared as written
+        return None
+    return None if steps is None else steps * per_step
 
 
 def _derived_budget(run_dir: Path) -> tuple[Path, float] | None:

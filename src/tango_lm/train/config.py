@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,10 @@ class RunConfig:
         """Optimizer steps implied by the budget."""
         t = self.train
         per_step = t.batch_size * t.grad_accum * self.seq_len()
-        if t.steps is not None:
-            return t.steps
-        if t.tokens is not None:
-            return max(1, -(-t.tokens // per_step))
-        if t.tokens_per_param is not None:
-            return max(1, -(-int(t.tokens_per_param * self.model.num_params()["total"]) // per_step))
-        raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
+        steps = budget_steps(t.steps, t.tokens, t.tokens_per_param, per_step, lambda: self.model.num_params()["total"])
+        if steps is None:
+            raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
+        return steps
 
     def seq_len(self) -> int:
         return self.train.seq_len or self.model.context_length
@@ -268,6 +266,26 @@ def read_yaml(source: str) -> dict[str, Any]:
 
 
 BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which one sets the budget
+
+
+def budget_steps(
+    steps: int | None,
+    tokens: int | None,
+    tokens_per_param: float | None,
+    tokens_per_step: int,
+    total_params: Callable[[], int],
+) -> int | None:
+    """Optimizer steps a budget gives (`steps` wins, then `tokens`, then `tokens_per_param` of the
+    model's total count, each rounded up to whole steps); None when no budget is set."""
+    if steps is not None:
+        return steps
+    if tokens is not None:
+        return max(1, -(-tokens // tokens_per_step))
+    if tokens_per_param is not None:
+        return max(1, -(-int(tokens_per_param * total_params()) // tokens_per_step))
+    return None
+
+
 # Train fields that say where and how a run logs, checkpoints, compiles or spreads over processes,
 # not what it computes: a sweep's finished run stays done, and a report compares runs, across them.
 LOGISTICS_FIELDS = frozenset(
