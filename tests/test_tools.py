@@ -193,3 +193,54 @@ def test_gpu_step_profile_refuses_bad_arguments_in_one_line(args, message, capsy
     assert helpers.tool("gpu_step_profile").main([*tiny, *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_serve_bench_counts_generate_s_tokens_as_the_server_does():
+    # generate's rows were counted with their end-of-text, the server's usage without: every row
+    # that ended counted one token more for generate (the server/generate ratio about 5% low).
+    import torch
+
+    from tango_lm.data.tokenizers import get_tokenizer
+    from tango_lm.serve.batcher import RowText
+
+    serve_bench, tok = helpers.tool("serve_bench"), get_tokenizer("byte")
+    rows = [[65, 66, tok.eot_id, tok.eot_id], [67, 68, 69, 70]]  # one ended, one ran to max_tokens
+
+    def generate(model, prompt, max_tokens, **kwargs):
+        return torch.cat([prompt, torch.tensor(rows)], 1)
+
+    served = 0
+    for row in rows:
+        text = RowText(tok, [], 4)
+        for token in row:
+            text.push(token)
+            if text.finish:
+                break
+        served += len(text.ids)
+    old = serve_bench.generate
+    serve_bench.generate = generate
+    try:
+        assert serve_bench.generate_round(None, tok, 2, 4)[1] == served == 6
+    finally:
+        serve_bench.generate = old
+
+
+@pytest.mark.parametrize(
+    ("tool", "args"),
+    [
+        ("gate_average_bench", ["--device", "cpu", "--rounds", "0"]),
+        ("gate_average_bench", ["--device", "cpu", "--width", "0"]),
+        ("relu2_attention_bench", ["--device", "cpu", "--seq-len", "0"]),
+        ("delta_rule_bench", ["--rounds", "0"]),
+        ("step_profile", ["--steps", "0"]),
+        ("step_profile", ["loop-transformer"]),
+    ],
+)
+def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, capsys):
+    # A traceback each (no median of 0 rounds, a division by 0 steps, an unpacking error).
+    monkeypatch.setattr(sys, "argv", [f"{tool}.py", *args])
+    module = helpers.tool(tool)
+    with pytest.raises(SystemExit) as stop:
+        module.main(args) if tool in ("gate_average_bench", "relu2_attention_bench") else module.main()
+    assert stop.value.code == 2
+    assert "error:" in capsys.readouterr().err

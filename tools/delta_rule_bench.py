@@ -1,14 +1,14 @@
 """The gated delta rule alone (gdn-hybrid's token mixing): its implementations side by side in one process.
 
 Usage: PYTHONPATH=src python tools/delta_rule_bench.py [--batch 4 --heads 4 --seq-len 1024
-       --head-dim 64 --chunk 64 --dtype fp32 --device cpu --rounds 9 --threads 1 --no-compile]
+       --head-dim 64 --chunk 64 --dtype fp32 --device cpu --rounds 7 --threads 1 --no-compile]
 
 Forward + backward of all outputs and the final state (`ops/delta_rule.py`), alternating round
 after round (tools/op_timing.py): `chunked` (the chunked PyTorch form, eager), `compiled` (the same
 through `torch.compile`, inductor, as `train.compile=true` runs it on CPUs) and, on CUDA where fla-core is
 installed, `fla` (fla's Triton kernels, what `gdn_backend=auto` runs there) and `fla-comp` (the same
 compiled, fla's kernels as custom ops inside the graph: ops/delta_rule_fla.py). Reports the
-medians (forward + backward, and the forward alone), each as a ratio to `chunked`, and on CUDA the
+medians (forward + backward, and the forward alone), the first as a ratio to `chunked`, and on CUDA the
 memory a step allocates beyond its inputs, after checking every output and gradient against
 `chunked`'s. `--dtype bf16` gives q, k, v in bf16 and β, g and the state in fp32, as autocast hands
 them to the GDN layer's delta rule.
@@ -53,14 +53,14 @@ def flat(fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--batch", type=op_timing.positive_int, default=4)
+    parser.add_argument("--heads", type=op_timing.positive_int, default=4)
+    parser.add_argument("--seq-len", type=op_timing.positive_int, default=1024)
+    parser.add_argument("--head-dim", type=op_timing.positive_int, default=64)
+    parser.add_argument("--chunk", type=op_timing.positive_int, default=64)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=op_timing.positive_int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled row")
     args = parser.parse_args()

@@ -5,6 +5,7 @@ memory a step allocates beyond its inputs on CUDA, and a bf16 matmul peak measur
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import statistics
@@ -254,6 +255,17 @@ def finish(report: dict, text: str, json_path: Path | None) -> int:
     if json_path:
         json_path.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a size or count: an int >= 1 (0 rounds or a 0-long axis has no timing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def refuse(message: str) -> int:

@@ -5,7 +5,8 @@ Each round, the benchmark first decodes `--clients` copies of the prompt with `g
 process (the engine of `tango-lm generate --num-samples N`), then lets `--clients` streaming
 `openai` clients send one request each to the server (a subprocess with the same number of
 threads). Both decode greedily until every row has ended (end-of-text or `--max-tokens`), and both
-count the tokens of each row up to its end. The clients run on this machine too, so their HTTP
+count the tokens of each row before its end (the end-of-text itself is not counted, as the server's
+usage does not count it). The clients run on this machine too, so their HTTP
 and JSON work is counted against the server. Prints the median tokens/s of each and their ratio,
 and (on Linux) tokens per CPU-second of the generating process and of the server process: the
 overhead without the clients and other programs competing for the cores.
@@ -78,7 +79,8 @@ def generate_round(model, tok, clients: int, max_tokens: int) -> tuple[float, in
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = 0
     for row in out[:, len(ids) :].tolist():
-        tokens += row.index(tok.eot_id) + 1 if tok.eot_id in row else len(row)
+        # the server's usage.completion_tokens: the tokens before the end-of-text, not it
+        tokens += row.index(tok.eot_id) if tok.eot_id in row else len(row)
     return seconds, tokens, cpu
 
 

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import torch
+from op_timing import positive_int
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tango_lm import ModelConfig, build_model
@@ -53,15 +54,17 @@ class OpTimer(TorchDispatchMode):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", default=["tango:8192", "loop-transformer:8024"])
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--seq-len", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=4)
+    parser.add_argument("--steps", type=positive_int, default=6)
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     keep_freed_memory()
     configs = {}
     for spec in args.models:
-        arch, width = spec.split(":")
+        arch, _, width = spec.partition(":")
+        if not width.isdigit():
+            parser.error(f"model {spec!r} is not ARCH:WIDTH, e.g. tango:8192")
         configs[spec] = ModelConfig(
             arch=arch, d_model=256, depth=4, width=int(width), vocab_size=257, context_length=args.seq_len
         )
