@@ -307,7 +307,7 @@ EXPECT = {
     "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
     "eval_ppl_directory": "is a directory; give a text file to --ppl",
     "code_max_file_bytes_zero": "--max-file-bytes must be at least 1 (got 0)",
-    "yaml_number_for_a_path": "YAML read it as a number: quote it",
+    "yaml_number_for_a_path": "YAML read it as a number: quote what you wrote",
     "yaml_bool_for_a_string": "YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote",
     "bench_warmup_negative": "--warmup must be 0 or more (got -1)",
     "sweep_inside_a_dataset": "sweep is inside the prepared dataset",

@@ -192,6 +192,35 @@ def test_malformed_yaml_is_user_error(tmp_path, text):
         load_run_config(str(path), [])
 
 
+def test_a_key_written_twice_is_refused_and_a_merge_key_may_be_overridden(tmp_path, capsys):
+    # YAML keeps a repeated key's last value: a second model: section trained a default-sized model.
+    path = tmp_path / "twice.yaml"
+    for text in ("model: {depth: 1}\nmodel: {depth: 2}\n", "train:\n  lr: 0.1\n  lr: 0.002\n"):
+        path.write_text(text)
+        with pytest.raises(UserError, match=r"repeats the key '(model|lr)' at line (2|3) \(YAML would keep"):
+            load_run_config(str(path), [])
+    path.write_text("model: {depth: 2}\ntrain:\n  <<: &b {lr: 0.1, steps: 3}\n  lr: 0.002\n")  # not a repeat
+    assert (load_run_config(str(path), []).train.lr, load_run_config(str(path), []).train.steps) == (0.002, 3)
+
+
+def test_a_run_configs_yaml_reads_back_as_the_config_it_records(tmp_path):
+    # config.yaml was written by YAML 1.1's writer, which leaves 1e3 plain; tango-lm reads 1e3 as
+    # a number: a run in data.dir '1e3' could not be run again from its own config.yaml.
+    from tango_lm.train.config import dump_yaml
+
+    run = load_run_config("tango-70m-d4", ["data.dir='1e3'", "train.out_dir='2e-2'", "train.wandb_project='on'"])
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_yaml(run.to_dict()))
+    assert load_run_config(str(path), []).to_dict() == run.to_dict()
+
+
+def test_n_heads_and_head_dim_that_disagree_with_d_model_are_refused():
+    # head_dim silently followed n_heads: model.n_heads=2 model.head_dim=8 at d_model 32 gave 16.
+    with pytest.raises(UserError, match=r"n_heads=12 heads of head_dim=32 are 384 channels, not d_model=768"):
+        load_run_config("dense-142m", ["model.n_heads=12", "model.head_dim=32"])
+    assert load_run_config("dense-142m", ["model.n_heads=12", "model.head_dim=64"]).model.n_heads == 12
+
+
 def test_non_mapping_yaml_and_missing_sources(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- a\n- b\n")

@@ -169,6 +169,12 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"unknown model field {unknown[0]!r}; known fields are: {', '.join(sorted(known))}")
+        heads, width, d_model = data.get("n_heads"), data.get("head_dim"), data.get("d_model", cls.d_model)
+        if _positive_ints(heads, width, d_model) and heads * width != d_model:  # head_dim would follow n_heads unsaid
+            raise UserError(
+                f"model.n_heads={heads} heads of head_dim={width} are {heads * width} channels, not "
+                f"d_model={d_model}; give two of d_model, n_heads and head_dim (or three that agree)"
+            )
         return cls(**data)
 
     # -- convenience ------------------------------------------------------------------------
@@ -233,9 +239,7 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         )
     elif "str" in options and isinstance(value, (int, float, datetime.date)):  # YAML's reading of a bare 2024
         kind = "date" if isinstance(value, datetime.date) else "number"
-        hint = (
-            f"; YAML read it as a {kind}: quote it, {name}: '{value}' in a file or \"{name}='{value}'\" as an override"
-        )
+        hint = f"; YAML read it as a {kind}: quote what you wrote, {name}: '...' in a file or \"{name}='...'\" as an override"
     raise UserError(f"{name} must be {wanted} (got {value!r} of type {type(value).__name__}){hint}")
 
 

@@ -52,7 +52,15 @@ from tango_lm.data.shards import is_prepared
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import TIERS, conventional_untied, match_width, parse_tier
-from tango_lm.train.config import BUDGET_FIELDS, DataConfig, RunConfig, TrainConfig, parse_yaml, read_yaml
+from tango_lm.train.config import (
+    BUDGET_FIELDS,
+    DataConfig,
+    RunConfig,
+    TrainConfig,
+    parse_yaml,
+    read_yaml,
+    yaml_error_text,
+)
 from tango_lm.train.run_dir import enclosing
 
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
@@ -115,9 +123,7 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     try:
         spec = parse_yaml(path.read_text())
     except Exception as exc:  # noqa: BLE001 - yaml errors and undecodable files alike
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        where = f" at line {line + 1}" if line is not None else ""
-        raise UserError(f"sweep grid {path} is not valid YAML{where}; fix its syntax") from None
+        raise UserError(f"sweep grid {path} {yaml_error_text(exc)}") from None
     if not isinstance(spec, dict):
         raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
     unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description", "slurm"})

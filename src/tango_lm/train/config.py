@@ -18,8 +18,27 @@ from tango_lm.models.config import ModelConfig, check_type
 PRESET_DIR = Path(__file__).resolve().parent.parent / "models" / "presets"
 
 
+class RepeatedKey(yaml.constructor.ConstructorError):
+    """A key written twice in one mapping: YAML keeps the last value and loses the first unsaid
+    (a second `model:` section replaced the first whole)."""
+
+    def __init__(self, key: str, mark: Any) -> None:
+        super().__init__(None, None, f"repeats the key {key!r}", mark)
+        self.key = key
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `3e-4` (no dot) as a string; researchers write learning rates that way."""
+    """YAML 1.1 reads `3e-4` (no dot) as a string; researchers write learning rates that way.
+    A key repeated in one mapping is an error (merge keys `<<` may still be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise RepeatedKey(key_node.value, key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -48,6 +67,36 @@ _Loader.yaml_implicit_resolvers = {
 
 def parse_yaml(text: str):
     return yaml.load(text, Loader=_Loader)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Quotes every string `parse_yaml` would not read back as that string (`1e3` is a number to
+    it, not to YAML 1.1's writer), so a run's config.yaml loads as the config it records."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    try:
+        same = parse_yaml(value) == value
+    except yaml.YAMLError:
+        same = False
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=None if same else "'")
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text that `parse_yaml` reads back as `data` (keys in their order)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def yaml_error_text(exc: Exception) -> str:
+    """What is wrong with a YAML text, for a one-line error that follows its file's name."""
+    line = getattr(getattr(exc, "problem_mark", None), "line", None)
+    where = f" at line {line + 1}" if line is not None else ""
+    if isinstance(exc, RepeatedKey):
+        return f"repeats the key {exc.key!r}{where} (YAML would keep only its last value); keep one"
+    return f"is not valid YAML{where}; fix its syntax"
 
 
 @dataclass(kw_only=True)
@@ -257,9 +306,7 @@ def read_yaml(source: str) -> dict[str, Any]:
     except OSError as exc:
         raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        where = f" at line {line + 1}" if line is not None else ""
-        raise UserError(f"config file {path} is not valid YAML{where}; fix its syntax") from None
+        raise UserError(f"config file {path} {yaml_error_text(exc)}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping with model/data/train sections")
     return data

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from tango_lm import strict_json
@@ -45,7 +44,7 @@ from tango_lm.train.checkpoint import (
     write_json_atomic,
 )
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
-from tango_lm.train.config import RunConfig
+from tango_lm.train.config import RunConfig, dump_yaml
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
@@ -360,7 +359,7 @@ class Trainer:
         try:
             if self.dist.is_main:
                 write_json_atomic(self.out / "config.json", self.run.to_dict())
-                (self.out / "config.yaml").write_text(yaml.safe_dump(self.run.to_dict(), sort_keys=False))
+                (self.out / "config.yaml").write_text(dump_yaml(self.run.to_dict()))
                 self.peak_flops = matmul_peak(self.device, self.dtype)
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
