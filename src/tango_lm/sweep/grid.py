@@ -453,7 +453,7 @@ def _conventional(model: ModelConfig, tier: str) -> ModelConfig:
     geometry = conventional_untied(tier, model.depth, model.vocab_size)
     if geometry is None:
         raise UserError(
-            "seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
+            f"seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
             f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16"
         )
     return model.replace(
