@@ -60,7 +60,8 @@ def evaluate_checkpoint(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
-    own_data = data_dir is None or Path(data_dir).resolve() == Path(run["data"]["dir"]).resolve()
+    run_dir = run["data"].get("dir")
+    own_data = data_dir is None or (isinstance(run_dir, str) and Path(data_dir).resolve() == Path(run_dir).resolve())
     own = [k for k, name in splits.items() if name == split_name and own_data]
     if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
         max_windows = own_windows[own[0]] if own else None
