@@ -56,6 +56,11 @@ def is_prepared(path: str | os.PathLike) -> bool:
         return False
 
 
+def same_dataset_dir(a: Any, b: Any) -> bool:
+    """Whether two data.dir values name one directory (`data/x` and its absolute path)."""
+    return a == b or (isinstance(a, str) and isinstance(b, str) and Path(a).resolve() == Path(b).resolve())
+
+
 def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
     """Raise UserError when writing a dataset to `out_dir` would clobber something it should not.
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from tango_lm.data.loader import eval_batches
-from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.shards import PreparedDataset, same_dataset_dir
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
@@ -60,8 +59,7 @@ def evaluate_checkpoint(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
-    run_dir = run["data"].get("dir")
-    own_data = data_dir is None or (isinstance(run_dir, str) and Path(data_dir).resolve() == Path(run_dir).resolve())
+    own_data = data_dir is None or same_dataset_dir(data_dir, run["data"].get("dir"))
     own = [k for k, name in splits.items() if name == split_name and own_data]
     if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
         max_windows = own_windows[own[0]] if own else None

@@ -39,7 +39,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.sweep.runner import _row, _train_one, other_config_error, run_state
+from tango_lm.sweep.runner import _row, _train_one, other_config_row, run_state
 from tango_lm.train.checkpoint import write_json_atomic
 
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
@@ -87,9 +87,7 @@ class SweepJob:
             print(f"{run.name}: finished before, skipped", flush=True)
             return _row(run, "skipped", state["summary"])
         if state["state"] == "other-config":  # another config trained there since the submission
-            error = other_config_error(run, state)
-            print(f"{run.name}: not trained: {error}", flush=True)
-            return _row(run, "failed", None, error)
+            return other_config_row(run, state, lambda line: print(line, flush=True), f"{run.name}: not trained: ")
         if launch_env()[0] != 0:  # the other processes of a multi-GPU job write nothing
             return _row(run, "trained", train(run.config, resume=state["state"] == "resume").summary)
         with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
@@ -202,10 +200,8 @@ def submit_sweep(
         if state["state"] == "done":
             rows.append(_row(run, "skipped", state["summary"]))
             continue
-        if state["state"] == "other-config":  # as the local launcher: its files stay as they are
-            error = other_config_error(run, state)
-            log(f"{run.name}: not submitted: {error}")
-            rows.append(_row(run, "failed", None, error))
+        if state["state"] == "other-config":  # as the local launcher: never submitted
+            rows.append(other_config_row(run, state, log, f"{run.name}: not submitted: "))
             continue
         try:
             check_launch(run.config, processes)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tango_lm.data.shards import same_dataset_dir
 from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
@@ -53,23 +54,22 @@ def _differences(run: SweepRun) -> list[str]:
         for key in sorted(set(have) & set(grid)):
             if section == "train" and key in LOGISTICS_FIELDS:
                 continue
-            if section == "data" and key == "dir" and _same_dir(have[key], grid[key]):
+            if section == "data" and key == "dir" and same_dataset_dir(have[key], grid[key]):
                 continue
             if have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
     return out
 
 
-def _same_dir(a: Any, b: Any) -> bool:
-    return a == b or (isinstance(a, str) and isinstance(b, str) and Path(a).resolve() == Path(b).resolve())
-
-
-def other_config_error(run: SweepRun, state: dict[str, Any]) -> str:
-    """Why a run whose directory holds another config is not trained (its files stay as they are)."""
-    return (
+def other_config_row(run: SweepRun, state: dict[str, Any], log: Callable[[str], None], prefix: str) -> dict[str, Any]:
+    """The failed row of a run whose directory holds another config (its files stay as they are),
+    after logging why after `prefix`; every launcher leaves such a run alone."""
+    error = (
         f"{run.out_dir} holds a run of another config ({state['differences'][0]}); give the grid that value to "
         "keep its results, delete that directory to train the grid's, or give the sweep another out_dir"
     )
+    log(prefix + error)
+    return _row(run, "failed", None, error)
 
 
 def run_state(run: SweepRun) -> dict[str, Any]:
@@ -161,10 +161,8 @@ def run_sweep(
                 log(f"{head}: finished before, skipped")
                 rows.append(_row(run, "skipped", state["summary"]))
                 continue
-            if state["state"] == "other-config":  # its files stay as they are
-                error = other_config_error(run, state)
-                log(f"{head}: not trained: {error}")
-                rows.append(_row(run, "failed", None, error))
+            if state["state"] == "other-config":
+                rows.append(other_config_row(run, state, log, f"{head}: not trained: "))
                 continue
             if progress is not None:
                 run.config.train.progress = progress

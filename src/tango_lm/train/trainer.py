@@ -358,8 +358,9 @@ class Trainer:
             self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
         try:
             if self.dist.is_main:
-                write_json_atomic(self.out / "config.json", self.run.to_dict())
-                (self.out / "config.yaml").write_text(dump_yaml(self.run.to_dict()))
+                config = self.run.to_dict()
+                write_json_atomic(self.out / "config.json", config)
+                (self.out / "config.yaml").write_text(dump_yaml(config))
                 self.peak_flops = matmul_peak(self.device, self.dtype)
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
