@@ -8,7 +8,6 @@ prints one table. Runs already finished are reused; interrupted ones resume.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from tango_lm.models.matching import match_width
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.train.checkpoint import complete_steps
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig
-from tango_lm.train.run_dir import run_files
+from tango_lm.train.run_dir import remove_run_files
 from tango_lm.train.trainer import train
 
 D_MODEL, DEPTH, SEQ_LEN, TARGET_PARAMS = 128, 4, 256, 1_000_000
@@ -105,12 +104,7 @@ def _remove_run_files(run_dir: Path) -> None:
     """--fresh: the run's own files, under its lock (a run in progress is refused, not deleted); any
     other file in the folder stays."""
     with hold_output_lock(run_dir, "tango-lm quickstart", "stop it first, or leave out --fresh"):
-        for name in run_files(run_dir):
-            path = run_dir / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+        remove_run_files(run_dir)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

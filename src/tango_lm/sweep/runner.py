@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import json
-import shutil
 import time
 import traceback
 from collections.abc import Callable
@@ -34,8 +33,8 @@ from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import complete_steps, write_json_atomic
 from tango_lm.train.config import LOGISTICS_FIELDS
+from tango_lm.train.run_dir import remove_run_files
 
-STALE_FILES = ("metrics.jsonl", "best.json", "summary.json", "config.json", "config.yaml")
 FAILED_FILES = ("failed.json", "failed.log")
 
 
@@ -205,11 +204,8 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
         (out / name).unlink(missing_ok=True)
     if state["state"] == "resume":  # a summary beside a resumable checkpoint is stale: this attempt rewrites it
         (out / "summary.json").unlink(missing_ok=True)
-    if state["state"] in ("new", "retry"):
-        for name in STALE_FILES:  # left by an attempt killed before its first checkpoint
-            (out / name).unlink(missing_ok=True)
-        if (out / "checkpoints").is_dir():  # no complete step in it (else the state is resume)
-            shutil.rmtree(out / "checkpoints")
+    if state["state"] in ("new", "retry"):  # what an attempt killed before its first checkpoint left
+        remove_run_files(out)
     budget = {} if run.tokens_per_param is None else {"tokens_per_param": run.tokens_per_param}
     write_json_atomic(out / "sweep.json", {"name": run.name, "labels": run.labels, **budget})
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,16 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
 
-__all__ = ["RUN_FILES", "run_files", "holds_run", "is_run_dir", "enclosing", "check_out_dir", "claim_run_dir"]
+__all__ = [
+    "RUN_FILES",
+    "run_files",
+    "remove_run_files",
+    "holds_run",
+    "is_run_dir",
+    "enclosing",
+    "check_out_dir",
+    "claim_run_dir",
+]
 
 RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
 _APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
@@ -40,6 +50,18 @@ def run_files(path: str | os.PathLike) -> list[str]:
     if not p.is_dir():
         return []
     return [name for name in RUN_FILES if os.path.lexists(p / name)]
+
+
+def remove_run_files(path: str | os.PathLike) -> None:
+    """Delete the run files in directory `path` (a fresh start: `quickstart --fresh`, a sweep's
+    retry); any other file there stays, and so does a `checkpoints` that is no directory (training
+    refuses it with its own error). The caller holds the run's lock."""
+    for name in run_files(path):
+        p = Path(path) / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif name != "checkpoints":
+            p.unlink()
 
 
 def holds_run(path: str | os.PathLike) -> bool:
