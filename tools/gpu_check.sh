@@ -2,7 +2,8 @@
 # The GPU check: on a machine with a CUDA GPU and no network, from a checkout (nothing installed:
 # the sources run with PYTHONPATH=src), `tools/gpu_check.sh` or `make gpu-check` runs
 #
-#   cuda-tests    every `cuda`-marked test: the Triton kernels against float64, fla's delta rule
+#   cuda-tests    every `cuda`-marked test: the Triton kernels against float64 (each autotune
+#                 configuration alone, and the rest untimed: TANGO_LM_TRITON_AUTOTUNE=0), fla's delta rule
 #                 against the chunked form (where fla-core is installed), every architecture
 #                 and head on the GPU against the CPU float64 model, bf16 loss, cached and static decoding
 #                 (failed, not skipped, when triton is installed and the kernels do not import);
@@ -50,8 +51,11 @@ PARALLEL=$("$PYTHON" -c "import xdist" 2>/dev/null && echo "-n 8 --dist load")
 # The Triton tests skip when the kernels' modules do not import (a triton they do not build with):
 # with triton installed, that is this section's failure, not a pass with the kernels untested.
 KERNELS_IMPORT="import tango_lm.ops.tango_mix_triton, tango_lm.ops.windowed_triton, tango_lm.ops.relu2_attention_triton"
+# TANGO_LM_TRITON_AUTOTUNE=0: each of the tests' ~300 small launch shapes would have its admitted
+# configurations compiled and timed (~0.1 s each, on one GPU shared by the workers); they take the
+# first admitted one instead, and the tests named every_configuration run every configuration alone.
 section cuda-tests "${CUDA_TESTS_LIMIT:-195}" \
-    "{ ! $PYTHON -c 'import triton' 2>/dev/null || $PYTHON -c '$KERNELS_IMPORT'; } && $PYTHON -m pytest -m cuda -p no:cacheprovider -o addopts= -v -rfE --durations=15 $PARALLEL tests"  # each test by name (a time-out still shows which passed), the slowest 15
+    "{ ! $PYTHON -c 'import triton' 2>/dev/null || $PYTHON -c '$KERNELS_IMPORT'; } && TANGO_LM_TRITON_AUTOTUNE=0 $PYTHON -m pytest -m cuda -p no:cacheprovider -o addopts= -v -rfE --durations=15 $PARALLEL tests"  # each test by name (a time-out still shows which passed), the slowest 15
 section train-bench "${TRAIN_BENCH_LIMIT:-175}" \
     "$PYTHON -m tango_lm.cli bench --suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257 --steps 8 --warmup 3 --json >$OUT/train-bench.json"
 section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \

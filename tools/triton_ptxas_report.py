@@ -14,7 +14,7 @@ TRITON_INTERPRET (under the interpreter the kernels have one small configuration
 Each kernel is compiled as triton's JIT would for a launch at the issue's shape (B = H = 16,
 T = 1024, `--width` gate columns per head, contiguous gates): integer arguments equal to 1 become
 constants and multiples of 16 are marked so, pointers are 16-byte aligned, and only the
-configurations the autotuner tries at that head dim and width are shown (`triton_common.for_launch`).
+configurations the autotuner tries at that head dim and width are shown (`triton_common.admitted`).
 """
 
 from __future__ import annotations
@@ -118,12 +118,11 @@ def report_kernel(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from tango_lm.ops.triton_common import admitted
+
     fn = kernel.fn
     rows = []
-    configs = kernel.configs
-    if getattr(kernel, "early_config_prune", None):  # those the autotuner tries at this head dim
-        configs = kernel.early_config_prune(configs, {}, **constexprs)
-    configs = configs[:first]
+    configs = admitted(kernel.hardware_configs, **constexprs)[:first]  # those the autotuner tries here
     for config in configs:
         consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
         signature, attrs = {}, {}

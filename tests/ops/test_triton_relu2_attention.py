@@ -22,9 +22,10 @@ triton_ops = pytest.importorskip(
 )
 
 from tango_lm import build_model  # noqa: E402
-from tango_lm.ops import dispatch  # noqa: E402
+from tango_lm.ops import dispatch, relu2_attention_triton_kernels  # noqa: E402
 from tango_lm.ops import relu2_attention as door  # noqa: E402
 from tango_lm.ops.relu2_attention import relu2_attention, relu2_attention_reference  # noqa: E402
+from tests import triton_configurations  # noqa: E402
 
 INTERPRETED_CPU = pytest.param(
     "cpu", marks=pytest.mark.skipif(not triton_ops.INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")
@@ -81,6 +82,18 @@ def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, le
     xs, dy = inputs(lead, t, s, e, bias_range, dtype, device, seed=t)
     check_against_float64(value_and_grads(triton_ops.relu2_attention_triton, xs, dy), xs, dy)
     assert nan_torch.calls >= 3  # out; dk, dv: every buffer the kernels fill (dq and d rel_bias start at 0)
+
+
+@pytest.mark.parametrize(
+    ("device", "kernel", "index"), triton_configurations.configuration_params(relu2_attention_triton_kernels, DEVICES)
+)
+def test_triton_every_configuration_matches_float64(monkeypatch, device, kernel, index):
+    # Each kernel's every autotune configuration, alone, at a launch its limits admit and past its
+    # blocks (unequal query and key blocks included); the other kernels' first admitted ones.
+    launch = triton_configurations.force(monkeypatch, relu2_attention_triton_kernels, kernel, index)
+    t = launch.seq_len
+    xs, dy = inputs((2,), t, launch.head_dim, launch.width, t, launch.dtype, device, seed=index)
+    check_against_float64(value_and_grads(triton_ops.relu2_attention_triton, xs, dy), xs, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -109,6 +109,25 @@ def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
     assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == choices[:3]  # none marked
 
 
+def test_without_autotuning_a_launch_takes_its_first_admitted_configuration(monkeypatch):
+    # TANGO_LM_TRITON_AUTOTUNE=0 (the GPU check's tests): one configuration left, so triton times none.
+    common = pytest.importorskip("tango_lm.ops.triton_common", exc_type=ImportError)
+    import triton
+
+    from tango_lm.errors import UserError
+
+    small_d, every = triton.Config({"BLOCK_M": 1}), triton.Config({"BLOCK_M": 2})
+    small_d.limits, every.limits = {"max_d": 32}, {}
+    monkeypatch.setenv("TANGO_LM_TRITON_AUTOTUNE", "0")
+    assert common.for_launch([small_d, every], {}, BLOCK_D=64) == [every]
+    assert common.for_launch([small_d, every], {}, BLOCK_D=32) == [small_d]
+    monkeypatch.setenv("TANGO_LM_TRITON_AUTOTUNE", "1")
+    assert common.for_launch([small_d, every], {}, BLOCK_D=32) == [small_d, every]
+    monkeypatch.setenv("TANGO_LM_TRITON_AUTOTUNE", "off")
+    with pytest.raises(UserError, match="TANGO_LM_TRITON_AUTOTUNE must be 0 .* or 1, not 'off'"):
+        common.for_launch([small_d, every], {}, BLOCK_D=32)
+
+
 def test_autotuners_that_prune_by_launch_also_key_their_cache_by_it():
     # A configuration chosen at one ALIGN or PRECISION must not be reused, unpruned, at another.
     pytest.importorskip("triton", reason="triton is not installed")

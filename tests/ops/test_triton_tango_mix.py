@@ -18,7 +18,9 @@ triton_ops = pytest.importorskip(
     reason="triton is not installed (pip install 'tango-lm[triton]')",
 )
 
+from tango_lm.ops import tango_mix_triton_kernels  # noqa: E402
 from tango_lm.ops.tango_mix import tango_mix, tango_mix_reference  # noqa: E402
+from tests import triton_configurations  # noqa: E402
 
 DEVICES = [
     pytest.param(
@@ -74,6 +76,17 @@ def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b,
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
     check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)
     assert nan_torch.calls >= 6  # y, lse, avg; dk, da, du, delta: every buffer the kernels fill
+
+
+@pytest.mark.parametrize(
+    ("device", "kernel", "index"), triton_configurations.configuration_params(tango_mix_triton_kernels, DEVICES)
+)
+def test_triton_every_configuration_matches_float64(monkeypatch, device, kernel, index):
+    # Each kernel's every autotune configuration, alone, at a launch its limits admit and past its
+    # blocks (unequal query and key blocks included); the other kernels as the autotuner picks.
+    launch = triton_configurations.force(monkeypatch, tango_mix_triton_kernels, kernel, index)
+    xs, dy = inputs(1, 2, launch.seq_len, launch.head_dim, launch.width, launch.dtype, device, seed=index)
+    check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -20,6 +20,7 @@ windowed_triton = pytest.importorskip(
 
 from tango_lm.ops.windowed import band_weights  # noqa: E402
 from tango_lm.ops.windowed_mix import windowed_mix, windowed_mix_reference  # noqa: E402
+from tests import triton_configurations  # noqa: E402
 
 DEVICES = [
     pytest.param(
@@ -31,6 +32,19 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
 
 NAMES = ("y", "dq_rot", "dk_rot", "dq_raw", "dk_raw", "da", "du")
+
+
+def check_against_float64(xs, dy, window, chunk):
+    """The kernels' output and every gradient against the float64 composition."""
+    got = windowed_mix(*xs, window, "elu+1", chunk, kernels="triton")
+    got = (got, *torch.autograd.grad(got, xs, dy))
+    xs64 = [x.detach().cpu().double().requires_grad_(True) for x in xs]
+    want = windowed_mix_reference(*xs64, window, "elu+1", chunk)
+    want = (want, *torch.autograd.grad(want, xs64, dy.cpu().double()))
+    for g, ref, name in zip(got, want, NAMES, strict=True):
+        assert g.dtype == xs[0].dtype and torch.isfinite(g).all(), name
+        err = (g.detach().cpu().double() - ref).abs().max() / ref.abs().max().clamp_min(1e-3)
+        assert err <= TOLERANCE[xs[0].dtype], f"{name}: normalized error {err:.2e}"
 
 
 def inputs(b, h, t, d, w, dtype, device, seed=0):
@@ -59,16 +73,19 @@ def test_triton_windowed_forward_and_every_gradient_match_float64(
     nan_torch = helpers.NanEmptyTorch()
     monkeypatch.setattr(windowed_triton, "torch", nan_torch)
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
-    got = windowed_mix(*xs, window, "elu+1", chunk, kernels="triton")
-    got = (got, *torch.autograd.grad(got, xs, dy))
-    xs64 = [x.detach().cpu().double().requires_grad_(True) for x in xs]
-    want = windowed_mix_reference(*xs64, window, "elu+1", chunk)
-    want = (want, *torch.autograd.grad(want, xs64, dy.cpu().double()))
-    for g, ref, name in zip(got, want, NAMES, strict=True):
-        assert g.dtype == dtype and torch.isfinite(g).all(), name
-        err = (g.detach().cpu().double() - ref).abs().max() / ref.abs().max().clamp_min(1e-3)
-        assert err <= TOLERANCE[dtype], f"{name}: normalized error {err:.2e}"
+    check_against_float64(xs, dy, window, chunk)
     assert nan_torch.calls >= 4  # y, avg, da, du
+
+
+@pytest.mark.parametrize(
+    ("device", "kernel", "index"), triton_configurations.configuration_params(windowed_triton, DEVICES)
+)
+def test_triton_windowed_every_configuration_matches_float64(monkeypatch, device, kernel, index):
+    # Each kernel's every autotune configuration, alone, at a launch its limits admit and past its
+    # column block, over 4 chunks of 8 (the last partial); the other kernels' first admitted ones.
+    launch = triton_configurations.force(monkeypatch, windowed_triton, kernel, index)
+    xs, dy = inputs(1, 2, 29, launch.head_dim, launch.width, launch.dtype, device, seed=index)
+    check_against_float64(xs, dy, 5, 8)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import PRUNE, configs, dot
+from tango_lm.ops.triton_common import autotune, configs, dot
 
-# (block sizes..., num_warps, num_stages[, limits]: triton_common.for_launch). The width e of V is
+# (block sizes..., num_warps, num_stages[, limits]: triton_common.admitted). The width e of V is
 # tiled over a grid axis in the forward and in dV's kernel (see relu2_attention_triton.py for why),
 # so BLOCK_E trades the recomputation of S (s / BLOCK_E of the P V work) against registers for the
 # [BLOCK, BLOCK_E] fp32 accumulator. Chosen from ptxas's report for sm_90 (tools/triton_ptxas_report.py;
@@ -73,7 +73,7 @@ def relu_scores(qk, BIAS, t, j, T, HALF, scale):
     return tl.where(valid, tl.maximum(qk * scale + bias, 0.0, propagate_nan=tl.PropagateNan.ALL), 0.0)
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@autotune(_FORWARD_CONFIGS, key=_KEY)
 @triton.jit
 def forward_kernel(
     Q,
@@ -135,7 +135,7 @@ def forward_kernel(
     )
 
 
-@triton.autotune(_DV_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@autotune(_DV_CONFIGS, key=_KEY)
 @triton.jit
 def dv_kernel(
     Q,
@@ -196,7 +196,7 @@ def dv_kernel(
     )
 
 
-@triton.autotune(_DQK_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ", "DBIAS"])
+@autotune(_DQK_CONFIGS, key=_KEY, reset_to_zero=["DQ", "DBIAS"])
 @triton.jit
 def dqk_kernel(
     Q,

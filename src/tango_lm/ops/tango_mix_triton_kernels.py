@@ -6,11 +6,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import PRUNE, configs, dot, silu_f32
+from tango_lm.ops.triton_common import autotune, configs, dot, silu_f32
 
 # (block sizes..., num_warps, num_stages[, limits]). Larger column blocks recompute P less often.
 # Each configuration compiles for sm_90 without spilling registers, in bf16 and fp16 at head dims
-# 32-128, for the launches its limits admit (triton_common.for_launch; ALIGN 1: a width per head
+# 32-128, for the launches its limits admit (triton_common.admitted; ALIGN 1: a width per head
 # that is odd, as 3-set TANGO's 593); fp32 ones too (d_h = 128 has its own: the smaller d_h's
 # spill there, and d_h = 128's spill a few bytes at 64). tools/triton_ptxas_report.py shows them;
 # tests/ops/test_triton_spills.py keeps TANGO's shape so, in bf16 and in fp32.
@@ -79,7 +79,7 @@ _LSE_KEY = [*_KEY, "PRECISION"]
 _PRUNED_KEY = [*_KEY, "PRECISION", "ALIGN"]
 
 
-@triton.autotune(_LSE_CONFIGS, key=_LSE_KEY, prune_configs_by=PRUNE)
+@autotune(_LSE_CONFIGS, key=_LSE_KEY)
 @triton.jit
 def lse_kernel(
     Q,
@@ -130,7 +130,7 @@ def lse_kernel(
     tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE)
+@autotune(_FORWARD_CONFIGS, key=_PRUNED_KEY)
 @triton.jit
 def forward_kernel(
     Q,
@@ -215,7 +215,7 @@ def forward_kernel(
     tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.autotune(_SCORES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE, reset_to_zero=["DQ"])
+@autotune(_SCORES_CONFIGS, key=_PRUNED_KEY, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -318,7 +318,7 @@ def scores_backward_kernel(
     tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
-@triton.autotune(_GATES_CONFIGS, key=_PRUNED_KEY, prune_configs_by=PRUNE, reset_to_zero=["DELTA"])
+@autotune(_GATES_CONFIGS, key=_PRUNED_KEY, reset_to_zero=["DELTA"])
 @triton.jit
 def gates_backward_kernel(
     Q,

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tango_lm.errors import UserError
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
@@ -19,12 +21,10 @@ MAX_GRID = 65535  # CUDA's limit on a grid's second and third axes (the kernels 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
     """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
     {"min_d": l, "max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
-    l <= BLOCK_D <= n and m <= ALIGN <= x (`for_launch`): outside them it spills registers on sm_90, or
+    l <= BLOCK_D <= n and m <= ALIGN <= x (`admitted`): outside them it spills registers on sm_90, or
     (max_align) others serve better (tools/triton_ptxas_report.py). {"ieee": True} marks one for
     fp32 products in full fp32 (PRECISION "ieee": FMAs from registers, not the tensor cores):
     where a kernel has such, those launches take only them and no other launch takes them."""
-    if INTERPRETED:  # one small configuration: several blocks in every direction at the tests' sizes
-        return [triton.Config(dict.fromkeys(names, 16), num_warps=1)]
     out = []
     for c in choices:
         blocks, rest = c[: len(names)], c[len(names) :]
@@ -34,12 +34,42 @@ def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]
     return out
 
 
-def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """The autotuner's `early_config_prune`: the configurations whose limits admit the launch's
-    BLOCK_D and ALIGN (unaligned widths load their columns one by one: fewer fit in registers)."""
-    block_d, align = kwargs.get("BLOCK_D", 16), kwargs.get("ALIGN", 1)
+def autotune(hardware: list[triton.Config], key: list[str], **kwargs):
+    """`triton.autotune` over the `configs` list `hardware`, pruned per launch by `for_launch`. Under
+    the interpreter the tuner gets one small configuration instead (blocks of 16: several blocks in
+    every direction at the tests' sizes); either way it keeps the hardware list as
+    `hardware_configs`, which tests/ops/test_triton_configurations.py runs one by one."""
+    interpreted = [triton.Config(dict.fromkeys(hardware[0].kwargs, 16), num_warps=1)]
+
+    def decorate(fn):
+        tuner = triton.autotune(
+            interpreted if INTERPRETED else hardware,
+            key=key,
+            prune_configs_by={"early_config_prune": for_launch},
+            **kwargs,
+        )(fn)
+        tuner.hardware_configs = hardware
+        return tuner
+
+    return decorate
+
+
+def autotuning() -> bool:
+    """Whether a launch times the configurations its limits admit (the default) or takes the first of
+    them untimed (`TANGO_LM_TRITON_AUTOTUNE=0`: for tests, where many small shapes would each be
+    timed and the choice does not matter; `make gpu-check` sets it for its tests)."""
+    value = os.environ.get("TANGO_LM_TRITON_AUTOTUNE", "1")
+    if value not in ("0", "1"):
+        raise UserError(f"TANGO_LM_TRITON_AUTOTUNE must be 0 (no timing: the first configuration) or 1, not {value!r}")
+    return value == "1"
+
+
+def admitted(configs: list[triton.Config], **launch) -> list[triton.Config]:
+    """The configurations whose limits admit a launch's BLOCK_D, ALIGN and PRECISION (unaligned
+    widths load their columns one by one: fewer fit in registers); the first one if none does."""
+    block_d, align = launch.get("BLOCK_D", 16), launch.get("ALIGN", 1)
     limits = [getattr(c, "limits", {}) for c in configs]
-    ieee = kwargs.get("PRECISION") == "ieee" and any("ieee" in lim for lim in limits)
+    ieee = launch.get("PRECISION") == "ieee" and any("ieee" in lim for lim in limits)
     kept = [
         c
         for c, lim in zip(configs, limits, strict=True)
@@ -50,7 +80,11 @@ def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list
     return kept or configs[:1]
 
 
-PRUNE = {"early_config_prune": for_launch}
+def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """The autotuner's `early_config_prune`: the `admitted` configurations, or only the first of them
+    without `autotuning()` (with one left, triton times nothing)."""
+    kept = admitted(configs, **kwargs)
+    return kept if autotuning() else kept[:1]
 
 
 # The interpreter multiplies bf16 operands as their raw 16-bit patterns (triton 3.9): there the

@@ -32,7 +32,7 @@ from tango_lm.ops.triton_common import (
     DTYPES,
     INTERPRETED,
     MAX_GRID,
-    PRUNE,
+    autotune,
     column_alignment,
     configs,
     dot,
@@ -41,7 +41,7 @@ from tango_lm.ops.triton_common import (
 )
 
 # (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
-# at d_h 32-128 where the limits admit them (triton_common.for_launch; tools/triton_ptxas_report.py).
+# at d_h 32-128 where the limits admit them (triton_common.admitted; tools/triton_ptxas_report.py).
 # fp32 inputs multiply in full fp32 on FMAs, whose operands' whole contraction ([C = 64] or d_h)
 # sits in registers: narrow column blocks of their own, spill-free at d_h 32-64.
 _FP32 = {"ieee": True}
@@ -95,7 +95,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
     )
 
 
-@triton.autotune(_FORWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@autotune(_FORWARD_CONFIGS, key=_KEY)
 @triton.jit
 def _forward_kernel(
     WB,
@@ -179,7 +179,7 @@ def _forward_kernel(
         tl.store(Y + first + tile, (acc * u).to(dt), mask=mask)
 
 
-@triton.autotune(_BAND_CONFIGS, key=_KEY, prune_configs_by=PRUNE)
+@autotune(_BAND_CONFIGS, key=_KEY)
 @triton.jit
 def _band_backward_kernel(
     A,
@@ -227,7 +227,7 @@ def _band_backward_kernel(
     tl.store(out + C, acc_cur, mask=cc)
 
 
-@triton.autotune(_BACKWARD_CONFIGS, key=_KEY, prune_configs_by=PRUNE, reset_to_zero=["DPQ", "DPK"])
+@autotune(_BACKWARD_CONFIGS, key=_KEY, reset_to_zero=["DPQ", "DPK"])
 @triton.jit
 def _backward_kernel(
     WB,
