@@ -377,6 +377,35 @@ def test_console_script_bad_input(data_dir, tmp_path):
     assert proc.stdout == "" and not out.exists()
 
 
+def test_the_console_script_starts_without_torch():
+    # `tango-lm` runs tango_lm.entry:main, which imports the command line (torch, ~1.3 s) inside its
+    # Ctrl-C handler: nothing before it may import torch (the package's names load on first use).
+    code = "import sys, tango_lm.entry; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "[]\n", (proc.stdout, proc.stderr)
+    import tango_lm
+
+    assert tango_lm.build_model is build_model and tango_lm.ModelConfig is ModelConfig
+    assert set(tango_lm.__all__) <= set(dir(tango_lm))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tango_lm.nope  # noqa: B018
+
+
+def test_ctrl_c_while_the_command_line_imports_is_interrupted_not_a_traceback(monkeypatch, capsys):
+    from tango_lm import entry
+
+    class Interrupting:  # a meta path finder: the import of tango_lm.cli meets Ctrl-C
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "tango_lm.cli":
+                raise KeyboardInterrupt
+
+    monkeypatch.delitem(sys.modules, "tango_lm.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting, *sys.meta_path])
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 def test_json_output_is_standard_json(capsys):
     # An infinite word perplexity (a long word on a weak model) printed as Python's `Infinity`,
     # which JSON.parse, Go and Rust refuse.
