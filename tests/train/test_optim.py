@@ -190,6 +190,29 @@ def test_fused_flag_survives_a_state_dict_from_another_setup():
     assert all(g["fused"] for g in opt.param_groups)
 
 
+def test_fused_resume_moves_the_step_counts_to_the_parameters_device():
+    # Loading moves AdamW's step counts to the parameters' device only when the saved groups were
+    # fused; an FSDP run's (never fused) resumed on one GPU kept them on the CPU, which CUDA's fused
+    # kernel refuses at the first step. The meta device stands in for the GPU here.
+    model = _tiny_model()
+    opt = build_optimizer(model, _cfg())
+    set_fused(opt, False)
+    model.nll(torch.randint(0, 19, (2, 8)), torch.randint(0, 19, (2, 8))).backward()
+    opt.step()
+    saved = opt.state_dict()
+    params = [nn.Parameter(torch.empty_like(p, device="meta")) for p in model.parameters()]
+    sizes = [len(g["params"]) for g in opt.param_groups]
+    groups = [{"params": params[: sizes[0]]}, {"params": params[sizes[0] :]}]
+    resumed = torch.optim.AdamW(groups, lr=LR)
+    resumed.load_state_dict(saved)
+    assert {state["step"].device.type for state in resumed.state.values()} == {"cpu"}  # what loading does
+    set_fused(resumed, True)
+    for param, state in resumed.state.items():
+        assert state["step"].device == param.device and state["step"].dtype == torch.float32
+    set_fused(opt, True)  # on its own device already: left as it is
+    assert all(state["step"].device.type == "cpu" for state in opt.state.values())
+
+
 def test_fused_kernel_only_where_it_runs():
     assert use_fused_adamw(nn.Linear(3, 2))
     counted = nn.Linear(3, 2)

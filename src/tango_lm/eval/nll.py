@@ -16,7 +16,7 @@ from itertools import islice
 import torch
 
 from tango_lm.ops.twin_loss import IGNORE_INDEX
-from tango_lm.train.device import autocast
+from tango_lm.train.device import autocast, to_device
 from tango_lm.train.distributed import DistEnv, all_reduce_sum
 
 
@@ -40,11 +40,15 @@ def evaluate_nll(
     total, count = 0.0, 0
     try:
         if env is None or not env.active:
+            # Summed on the device in float64, as Python's floats did, and read once at the end;
+            # targets counted before their copy: no wait for the GPU per batch.
+            summed = torch.zeros((), dtype=torch.float64, device=device)
             for inputs, targets in batches:
-                inputs, targets = inputs.to(device), targets.to(device)
-                with autocast(device, dtype):
-                    total += float(model.nll(inputs, targets, reduction="sum"))
                 count += scored(targets)
+                inputs, targets = to_device(inputs, device), to_device(targets, device)
+                with autocast(device, dtype):
+                    summed += model.nll(inputs, targets, reduction="sum").double()
+            total = float(summed)
         else:
             lockstep = env.parallel == "fsdp"
             for group in _rounds(batches, env.world_size):
@@ -52,7 +56,7 @@ def evaluate_nll(
                 if mine is None and not lockstep:
                     continue
                 inputs, targets = mine if mine is not None else group[0]
-                inputs, targets = inputs.to(device), targets.to(device)
+                inputs, targets = to_device(inputs, device), to_device(targets, device)
                 with autocast(device, dtype):
                     nll = float(model.nll(inputs, targets, reduction="sum"))
                 if mine is not None:

@@ -48,6 +48,14 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch on `device`. To a GPU from pinned memory, without waiting: a copy from pageable
+    memory blocks the host until the GPU has run everything queued before it, once per tensor."""
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()

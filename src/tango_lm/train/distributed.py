@@ -182,13 +182,11 @@ def broadcast_int(env: DistEnv, value: int) -> int:
     return int(t.item())
 
 
-def grad_norm_value(norm: torch.Tensor) -> float:
-    """The clipped-gradient norm as a float (under FSDP2 it is a replicated DTensor)."""
+def grad_norm_tensor(norm: torch.Tensor) -> torch.Tensor:
+    """The clipped-gradient norm as a plain tensor (under FSDP2 it is a replicated DTensor)."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 # -- wrapping ------------------------------------------------------------------------------------
@@ -366,7 +364,7 @@ __all__ = [
     "check_launch",
     "full_model_state",
     "full_optimizer_state",
-    "grad_norm_value",
+    "grad_norm_tensor",
     "grad_sync",
     "is_main_process",
     "launch_env",

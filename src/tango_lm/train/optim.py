@@ -26,11 +26,18 @@ def use_fused_adamw(model: nn.Module) -> bool:
 
 
 def set_fused(optimizer: torch.optim.Optimizer, fused: bool) -> None:
-    """Loading a state dict restores its param groups' flags: keep the ones this run can use."""
+    """Loading a state dict restores its param groups' flags: keep the ones this run can use. The
+    fused kernel also wants each step count on its parameter's device, in fp32, where loading
+    leaves it on the CPU when the saved groups were not fused (an FSDP run's, resumed on one GPU)."""
     for group in optimizer.param_groups:
         group["fused"] = fused or None
         if fused:
             group["foreach"] = None
+    if fused:
+        for param, state in optimizer.state.items():
+            step = state.get("step")
+            if torch.is_tensor(step) and step.device != param.device:
+                state["step"] = step.to(param.device, torch.float32)  # a count: exact in fp32
 
 
 def adamw(params: Iterable[Any], model: nn.Module, **hyper: Any) -> torch.optim.AdamW:

@@ -46,7 +46,7 @@ from tango_lm.train.checkpoint import (
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig, dump_yaml
 from tango_lm.train.cpu_allocator import keep_freed_memory
-from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels
+from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels, to_device
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
 from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
@@ -304,11 +304,13 @@ class Trainer:
         segments = self.model.num_segments
         if segments is not None:
             self.model.set_active_segment(segment_for_step(self.step, segments))
-        total = aux_total = 0.0
+        # The sums stay on the device in float64 (the additions Python's floats made, in the same
+        # order) and are read once with the norm: one wait for the GPU per step, not 2 + A.
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        aux_total = torch.zeros_like(total)
         aux_of = getattr(self.model.backbone, "aux_loss", None)  # MoE: the load-balancing term in the loss
         for micro in range(cfg.grad_accum):
-            inputs, targets = self.loader.next_batch()
-            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            inputs, targets = (to_device(x, self.device) for x in self.loader.next_batch())
 
             def forward_backward(inputs: torch.Tensor = inputs, targets: torch.Tensor = targets) -> torch.Tensor:
                 with autocast(self.device, self.dtype):
@@ -319,10 +321,12 @@ class Trainer:
             # DDP all-reduces (averages) gradients in the last micro-batch's backward only.
             with distributed.grad_sync(self.ddp, micro == cfg.grad_accum - 1):
                 loss = with_eager_fallback(forward_backward, self.step_fn)
-            total += float(loss.detach())
+            total += loss.detach().double()
             aux = aux_of() if aux_of is not None else None
-            aux_total += float(aux.detach()) if aux is not None else 0.0
-        grad_norm = distributed.grad_norm_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+            if aux is not None:
+                aux_total += aux.detach().double()
+        norm = distributed.grad_norm_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        total, aux_total, grad_norm = torch.stack([total, aux_total, norm.detach().double().to(self.device)]).tolist()
         loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
         skip = self.nonfinite.skip(loss, grad_norm)  # both values are global: every rank decides alike
         if not skip:
