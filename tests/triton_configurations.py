@@ -3,7 +3,7 @@ run the configuration the autotuner picks (under the interpreter one small one, 
 every direction), so without these a configuration with unequal query and key blocks, or one the
 GPU's autotuner would pick only at some shape, had its arithmetic checked nowhere.
 
-`configuration_params(module)` gives one pytest parameter per (kernel, configuration): every one
+`configuration_params(module, devices)` gives one pytest parameter per (kernel, configuration): every one
 on CUDA (warps and stages change the compiled code there), one per distinct block sizes and
 launch interpreted (the interpreter ignores warps and stages). `launch_for(config)` picks inputs
 whose launch that configuration's limits admit (triton_common.admitted) and that cross its
@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 from triton.runtime.autotuner import Autotuner
-
-from tango_lm.ops.triton_common import INTERPRETED
 
 # Position blocks (queries, keys, chunks) and column blocks (gate or value widths) by name.
 POSITION_BLOCKS = ("BLOCK_M", "BLOCK_N", "BLOCK")
@@ -93,6 +91,3 @@ def force(monkeypatch, module, kernel: str, index: int) -> Launch:
         )
         monkeypatch.setattr(tuner, "cache", {})
     return launch_for(tuners(module)[kernel].hardware_configs[index])
-
-
-__all__ = ["INTERPRETED", "Launch", "configuration_params", "force", "launch_for", "tuners"]

@@ -83,7 +83,7 @@ def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b,
 )
 def test_triton_every_configuration_matches_float64(monkeypatch, device, kernel, index):
     # Each kernel's every autotune configuration, alone, at a launch its limits admit and past its
-    # blocks (unequal query and key blocks included); the other kernels as the autotuner picks.
+    # blocks (unequal query and key blocks included); the other kernels their first admitted ones.
     launch = triton_configurations.force(monkeypatch, tango_mix_triton_kernels, kernel, index)
     xs, dy = inputs(1, 2, launch.seq_len, launch.head_dim, launch.width, launch.dtype, device, seed=index)
     check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)

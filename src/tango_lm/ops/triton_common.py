@@ -38,7 +38,7 @@ def autotune(hardware: list[triton.Config], key: list[str], **kwargs):
     """`triton.autotune` over the `configs` list `hardware`, pruned per launch by `for_launch`. Under
     the interpreter the tuner gets one small configuration instead (blocks of 16: several blocks in
     every direction at the tests' sizes); either way it keeps the hardware list as
-    `hardware_configs`, which tests/ops/test_triton_configurations.py runs one by one."""
+    `hardware_configs`, which the kernel tests run one by one (tests/triton_configurations.py)."""
     interpreted = [triton.Config(dict.fromkeys(hardware[0].kwargs, 16), num_warps=1)]
 
     def decorate(fn):
