@@ -150,6 +150,39 @@ def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
+_BLOCK_TOKENS = 1 << 22  # int64 ids held at once while writing (32 MiB), however long a document
+
+
+def _flatten(encoded: list[Any], eot_id: int) -> np.ndarray:
+    lengths = np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
+    flat = np.empty(int(lengths.sum()), dtype=np.int64)
+    ends = np.cumsum(lengths)
+    for ids, end, length in zip(encoded, ends, lengths, strict=True):
+        flat[end - length : end - 1] = ids
+    flat[ends - 1] = eot_id
+    return flat
+
+
+def _token_blocks(encoded: list[Any], eot_id: int, limit: int = _BLOCK_TOKENS) -> Iterator[np.ndarray]:
+    """The documents' ids, each followed by `eot_id`, in order, as int64 blocks of about `limit`
+    tokens: the same tokens as one concatenation, never a copy of a whole long document."""
+    group: list[Any] = []
+    size = 0
+    for ids in encoded:
+        if group and size + len(ids) + 1 > limit:
+            yield _flatten(group, eot_id)
+            group, size = [], 0
+        if len(ids) + 1 > limit:
+            for start in range(0, len(ids), limit):
+                yield np.asarray(ids[start : start + limit], dtype=np.int64)
+            yield np.array([eot_id], dtype=np.int64)
+            continue
+        group.append(ids)
+        size += len(ids) + 1
+    if group:
+        yield _flatten(group, eot_id)
+
+
 def _write_split(
     directory: Path,
     split: str,
@@ -171,20 +204,15 @@ def _write_split(
     with tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress, leave=True) as bar:
         for batch in _batched(docs, batch_docs):
             encoded = tokenizer.encode_batch(batch)
-            lengths = np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
-            flat = np.empty(int(lengths.sum()), dtype=np.int64)
-            ends = np.cumsum(lengths)
-            for ids, end, length in zip(encoded, ends, lengths, strict=True):
-                flat[end - length : end - 1] = ids
-            flat[ends - 1] = tokenizer.eot_id
-            if len(flat):
+            for flat in _token_blocks(encoded, tokenizer.eot_id):
                 lo, hi = int(flat.min()), int(flat.max())
                 if lo < 0 or hi >= tokenizer.vocab_size:
                     raise ValueError(f"tokenizer {tokenizer.name} produced id outside [0, vocab_size)")
                 max_id = max(max_id, hi)
-            writer.write(flat)
+                writer.write(flat)
+                n_tokens += len(flat)
+            del encoded  # before the next batch is encoded: not two batches of lists at once
             n_docs += len(batch)
-            n_tokens += len(flat)
             bar.update(len(batch))
             bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / (time.perf_counter() - started):.3g}")
     writer.close()
