@@ -9,6 +9,7 @@ checkpoint). Without torchrun nothing changes: one process trains exactly as it 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -147,7 +148,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.best: dict[str, Any] = {"step": None, "dev_nll": float("inf")}
-        self.step_times: list[float] = []
+        self.step_times: collections.deque[float] = collections.deque(maxlen=THROUGHPUT_WINDOW)  # all it is read for
         self.loggers: list[MetricLogger] | None = None  # opened by fit(), on rank 0
         self.peak_flops: float | None = None  # the MFU denominator, measured by fit() on rank 0
         self.peak_measured_again = False
@@ -177,7 +178,7 @@ class Trainer:
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
-            self.step_times = [float(t) for t in state.get("step_times", [])]  # none before this was saved
+            self.step_times.extend(float(t) for t in state.get("step_times", []))  # none before this was saved
         except UserError as exc:
             raise unresumable(path, exc) from None
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
@@ -204,7 +205,7 @@ class Trainer:
             "best": {"step": self.best["step"], "dev_nll": float(self.best["dev_nll"])},
             "nonfinite": self.nonfinite.state_dict(),
             # the summary's tokens/s is the median of the final steps, some of them before a resume
-            "step_times": self.step_times[-THROUGHPUT_WINDOW:],
+            "step_times": list(self.step_times),
             "data": data_ids(self.dataset, self.run),
             "compute_dtype": compute_dtype(self.dtype),  # what precision "auto" gave on this device
             "eval_batch_size": self.eval_batch_size,  # per process: MoE's dev NLL depends on it
@@ -452,7 +453,7 @@ class Trainer:
             self.dtype,
             env=self.dist,
         )
-        recent = self.step_times[-THROUGHPUT_WINDOW:]
+        recent = list(self.step_times)
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len
         tokens_per_s = tokens_per_step / statistics.median(recent) if recent else None
         params = self.run.model.num_params()
