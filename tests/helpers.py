@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tango_lm.data.shards import PreparedDataset, is_prepared, write_prepared
 from tango_lm.data.tokenizers import get_tokenizer
@@ -230,3 +231,18 @@ class NanEmptyTorch:
     def empty(self, *args, **kwargs):
         self.calls += 1
         return torch.empty(*args, **kwargs).fill_(float("nan"))
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor (in elements) any op produces while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out

@@ -22,6 +22,7 @@ from tango_lm.models.archs.attnres import sources_per_mix
 from tango_lm.models.flops import flops_per_token
 from tango_lm.models.params import count_params
 from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.serve.cache import LayerState
 from tango_lm.train.config import load_run_config
 from tango_lm.train.trainer import Trainer, train
 from tests import arch_cases, helpers
@@ -299,7 +300,8 @@ def test_trains_and_resumes_exactly(arch, tmp_path_factory, tmp_path):
 
 
 # -- Dense: GQA with QK-norm ----------------------------------------------------------------------
-def test_gqa_equals_multi_head_attention_with_shared_kv_heads():
+def gqa_and_its_multi_head_twin() -> tuple[GroupedQueryAttention, GroupedQueryAttention]:
+    """GQA with 4 query heads on 2 KV heads, and 4-head attention whose KV heads repeat its KV heads."""
     torch.manual_seed(0)
     gqa = GroupedQueryAttention(32, 4, 2, 8, 1e-6).double()
     mha = GroupedQueryAttention(32, 4, 4, 8, 1e-6).double()
@@ -311,9 +313,39 @@ def test_gqa_equals_multi_head_attention_with_shared_kv_heads():
         for name in ("k_proj", "v_proj"):  # query head i reads KV head i // 2
             w = getattr(gqa, name).weight.view(2, 8, 32)
             getattr(mha, name).weight.copy_(w.repeat_interleave(2, dim=0).reshape(32, 32))
+    return gqa, mha
+
+
+def test_gqa_equals_multi_head_attention_with_shared_kv_heads():
+    gqa, mha = gqa_and_its_multi_head_twin()
     h = torch.randn(2, 7, 32, dtype=torch.float64)
     rope = rope_tables(7, 8, 10000.0, h.device, dtype=h.dtype)
     torch.testing.assert_close(gqa(h, rope), mha(h, rope))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_gqa_decode_step_reads_the_cache_in_place(static):
+    """Decode steps (eager, and static over a full-capacity buffer) equal multi-head attention over
+    the repeated KV heads, and no op of a step makes a tensor the size of the repeated cache."""
+    gqa, mha = gqa_and_its_multi_head_twin()
+    b, t, prefill, capacity = 2, 40, 33, 48
+    h = torch.randn(b, t, 32, dtype=torch.float64)
+    cos, sin = rope_tables(t, 8, 10000.0, h.device, dtype=h.dtype)
+    want = mha(h, (cos, sin))
+    state = LayerState(capacity)
+    gqa(h[:, :prefill], (cos[:prefill], sin[:prefill]), state)
+    position = torch.tensor([prefill])
+    if static:
+        state.position = position
+    largest = 0
+    for i in range(prefill, t):
+        with helpers.LargestTensor() as step:
+            out = gqa(h[:, i : i + 1], (cos[i : i + 1], sin[i : i + 1]), state)
+        largest = max(largest, step.largest)
+        torch.testing.assert_close(out, want[:, i : i + 1])
+        position += 1
+    repeated_cache = b * 4 * (capacity if static else t) * 8
+    assert largest < repeated_cache
 
 
 def test_qk_norm_makes_attention_invariant_to_query_and_key_scale():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tango_lm.heads.onona import twin_log_probs
 from tango_lm.ops.twin_loss import (
@@ -18,6 +17,7 @@ from tango_lm.ops.twin_loss import (
     twin_log_prior,
     twin_nll,
 )
+from tests import helpers
 
 TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
 
@@ -170,21 +170,6 @@ def test_twin_log_prior_is_log_gate():
     torch.testing.assert_close(prior[:, 0].exp(), torch.sigmoid(z))
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any op produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_fused_holds_one_chunk_of_logits_at_a_time():
     n, v, d, chunk = 90, 120, 8, 32
     h, A, B = (
@@ -194,9 +179,9 @@ def test_fused_holds_one_chunk_of_logits_at_a_time():
     )
     z = leaf(n, dtype=torch.float32, seed=3)
     y = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(4))
-    with LargestTensor() as fused_mode:
+    with helpers.LargestTensor() as fused_mode:
         twin_nll(h, A, B, z, y, chunk=chunk).backward()
-    with LargestTensor() as plain_mode:
+    with helpers.LargestTensor() as plain_mode:
         (-twin_log_probs(h, A, B, z).gather(-1, y[:, None]).sum()).backward()
     assert fused_mode.largest <= chunk * v < n * v <= plain_mode.largest
 

@@ -16,7 +16,7 @@ from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.rope import apply_rope
 from tango_lm.layers.transformer import SwiGLU
-from tango_lm.ops.attention import causal_attention
+from tango_lm.ops.attention import causal_attention, grouped_step_attention
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.serve.cache import LayerState
 
@@ -53,10 +53,12 @@ class GroupedQueryAttention(nn.Module):
         v = split_heads(self.v_proj(h), self.n_kv_heads)
         if state is not None:  # decoding: attend over everything cached for this layer
             k, v = state.append("k", k), state.append("v", v)
+        mask = state.key_mask() if state is not None else None
         group = self.n_heads // self.n_kv_heads
+        if group > 1 and q.shape[-2] == 1:  # a decode step: read the cache in place
+            return self.o_proj(merge_heads(grouped_step_attention(q, k, v, mask)))
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        mask = state.key_mask() if state is not None else None
         return self.o_proj(merge_heads(causal_attention(q, k, v, mask)))
 
 

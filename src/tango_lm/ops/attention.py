@@ -54,6 +54,20 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def grouped_step_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One decode step of grouped-query attention: q [B, H, 1, d_h] against the G = H / KV query
+    heads' shared k, v [B, KV, S, .] -> [B, H, 1, w], every key seen (`mask` [1, S]: the keys a static
+    step allows). A group's queries ride as G rows of their key/value head, so the cache is read in
+    place; repeating it per query head copied the whole cache G times per layer per token."""
+    check_devices("grouped_step_attention", q=q, k=k, v=v)
+    b, h, _, d = q.shape
+    kv = k.shape[1]
+    out = F.scaled_dot_product_attention(q.reshape(b, kv, h // kv, d), k, v, attn_mask=mask)  # never causal
+    return out.reshape(b, h, 1, v.shape[-1])
+
+
 def value_slices(v: torch.Tensor, max_slice: int | None = None) -> torch.Tensor:
     """[B, H, S, w] -> [B, H * n, S, s]: the values as n zero-padded slices of s columns (`slices`),
     slice-major, one copy. A decode cache keeps wide values in this layout, so a step copies none."""
