@@ -201,6 +201,15 @@ def test_cuda_graph_decode_equals_the_eager_decode(arch):
     for _ in range(2):  # the second request replays the recorded graph
         got = generate(model, prompt, 12, temperature=0, static="cuda-graphs")
         assert torch.equal(got, want)
+    # The stop checks read each step's tokens on the host while the next step runs (HostTokens).
+    seen = []
+    streamed = generate(
+        model, prompt, 12, temperature=0, static="cuda-graphs", on_token=lambda t: seen.append(t) and False
+    )
+    assert torch.equal(streamed, want) and torch.equal(torch.stack(seen, 1).to(want.device), want[:, 11:])
+    eos = int(want[0, 14])
+    stopped = generate(model, prompt, 12, temperature=0, static="cuda-graphs", eos_id=eos)
+    assert torch.equal(stopped, generate(model, prompt, 12, temperature=0, static=None, eos_id=eos))
     assert not next(iter(model._static_decoders.values())).compiled_failed
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
 

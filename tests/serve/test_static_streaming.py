@@ -53,8 +53,15 @@ def compiled_on_dynamo(model, rows: int, positions: int) -> StaticDecoder:
     return compiled
 
 
+@pytest.fixture(params=[False, True], ids=["read-at-once", "read-one-step-late"])
+def late(request, monkeypatch):
+    """The host's reads as on CPUs (at once) and as on CUDA (after the next step is queued)."""
+    monkeypatch.setattr(static_decode, "reads_one_step_late", lambda device: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("mode", ["eager", "compile"])
-def test_streamed_tokens_are_the_returned_tokens_and_early_stop_works(mode):
+def test_streamed_tokens_are_the_returned_tokens_and_early_stop_works(mode, late):
     model = tiny_model("tango")
     prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(3))
     if mode == "compile":
@@ -80,6 +87,42 @@ def test_streaming_static_decode_equals_the_eager_decode(arch):
     got = generate(model, prompt, 10, temperature=0, static="eager", on_token=static)
     assert torch.equal(got, want) and torch.equal(static.tokens(), eager.tokens())
     assert [d.length for d in model._static_decoders.values()] == [6 + 9]  # the static steps ran
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_end_of_text_stops_the_static_decode_where_it_stops_the_eager_one(late, rows):
+    # Greedy, the first row draws 16 at its 4th new token, the others at their 1st: all three stop at the 4th.
+    model = tiny_model("loop-transformer")
+    prompt = torch.tensor([[46, 43, 42, 19], [59, 0, 19, 28], [2, 54, 3, 7]])[:rows]
+    want = generate(model, prompt, 12, temperature=0, static=None, eos_id=16)
+    got = generate(model, prompt, 12, temperature=0, static="eager", eos_id=16)
+    assert torch.equal(got, want) and got.shape == (rows, 4 + 4) and (got[:, -1] == 16).all()
+    seeded = {"temperature": 0.9, "seed": 2, "eos_id": 16}
+    once, again = (generate(model, prompt, 12, static="eager", **seeded) for _ in range(2))
+    assert torch.equal(once, again)
+
+
+def test_the_next_step_is_queued_before_the_host_reads_a_step_late(monkeypatch):
+    # On CUDA the stop checks read a step's tokens after the next step is queued, so the GPU runs
+    # it while the host reads and decides (HostTokens); the last step has no next one.
+    monkeypatch.setattr(static_decode, "reads_one_step_late", lambda device: True)
+    model = tiny_model("loop-transformer")
+    prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(9))
+    events = []
+    real_step = StaticDecoder.step
+
+    def step(self, *args, **kwargs):
+        events.append("step")
+        return real_step(self, *args, **kwargs)
+
+    def on_token(tokens):
+        events.append("read")
+        return False
+
+    monkeypatch.setattr(StaticDecoder, "step", step)
+    out = generate(model, prompt, 5, temperature=0, static="eager", on_token=on_token)
+    assert events == ["step", "read"] * 4 + ["read"]
+    assert torch.equal(out, generate(model, prompt, 5, temperature=0, static=None))
 
 
 def test_a_model_keeps_its_most_recent_decoders_and_frees_the_others(monkeypatch):

@@ -14,7 +14,8 @@ cache holds F gate channels per position. A request runs in three parts:
 3. Steps: `_step` embeds one token per row, runs the backbone (attention over the full-capacity
    buffers, masked past the position; every state updated in place), the head and the sampler, and
    the decoder advances the position tensor in place. `decode_static` hands each step's tokens to
-   `on_token` when one streams them (the server), and stops when it returns True.
+   `on_token` when one streams them (the server), and stops when it returns True; on CUDA it reads
+   them one step late (`HostTokens`: the next step is queued first), so the GPU never waits for the host.
 
 Sampling happens inside the step from uniform noise drawn outside it with the caller's generator
 (so a seed reproduces the tokens, with or without compilation): greedy is the argmax, temperature
@@ -193,9 +194,9 @@ def decode_static(
     vocab_size: int | None = None,
 ) -> torch.Tensor:
     """`generate`'s loop on static steps (inside the head's serving context): [B, T + n].
-    `on_token(tokens [B])` sees each step's tokens (a copy the next step does not overwrite) as
-    soon as they are drawn; when it returns True decoding stops there. The loop itself reads
-    nothing back to the host but the eos check; a streaming `on_token` reads the tokens it needs."""
+    `on_token(tokens [B])` sees each step's tokens (a copy the next step does not overwrite; on
+    CUDA a host copy, read while the next step runs: `HostTokens`); when it returns True decoding
+    stops there. The loop reads back to the host only what those stop checks need."""
     decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
     one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
     width = model.config.vocab_size + (1 if one_projection else 0)
@@ -214,16 +215,65 @@ def decode_static(
         log_probs = model.head.log_probs(h, prompt[:, -1:])[:, 0, :vocab_size]
         temp = torch.tensor(float(temperature), device=prompt.device)
         nxt = sample_from_noise(log_probs, noise()[:, :vocab_size], temp, top_k, top_p)
+
+    def step() -> torch.Tensor:
+        return decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection, vocab_size)[0]
+
+    host = HostTokens(rows, prompt.device, on_token, eos_id)
+    host.stage(nxt)
     out = [prompt]
-    done = torch.zeros(rows, dtype=torch.bool, device=prompt.device)
     for i in range(max_new_tokens):
         out.append(nxt[:, None])
-        if stop_after(nxt, on_token, eos_id, done):
-            break
-        if i + 1 == max_new_tokens:
-            break
-        nxt, _ = decoder.step(nxt[:, None], noise(), temperature, top_k, top_p, one_projection, vocab_size)
+        last = i + 1 == max_new_tokens
+        ahead = step() if host.late and not last else None  # queued before the host reads this step's tokens
+        if host.stop() or last:
+            break  # a step run ahead is dropped
+        nxt = ahead if ahead is not None else step()
+        host.stage(nxt)
     return torch.cat(out, dim=1)
+
+
+def reads_one_step_late(device: torch.device) -> bool:
+    """Whether `HostTokens` reads a step's tokens after the next step is queued: on CUDA, where the
+    GPU would otherwise idle while the host reads them and launches the next step."""
+    return device.type == "cuda"
+
+
+class HostTokens:
+    """The host's reads of the decode loop (the stop checks: `on_token`, and every row at `eos_id`)
+    without stalling the GPU. `stage(tokens)` queues their copy to pinned host memory behind the
+    step that drew them; `stop()` waits for that copy alone and runs `stop_after` on it. Where
+    `late` (CUDA) the loop queues the next step between the two, so the GPU runs it while the host
+    reads; a decode that stops there drops that one step. Nothing is read when nothing is checked."""
+
+    def __init__(
+        self, rows: int, device: torch.device, on_token: Callable[[torch.Tensor], bool] | None, eos_id: int | None
+    ) -> None:
+        self.on_token, self.eos_id = on_token, eos_id
+        self.needed = on_token is not None or eos_id is not None
+        self.late = self.needed and reads_one_step_late(device)
+        self.cuda = device.type == "cuda"
+        self.done = torch.zeros(rows, dtype=torch.bool)
+        self.staged: torch.Tensor | None = None
+        self.copied: torch.cuda.Event | None = None
+
+    def stage(self, tokens: torch.Tensor) -> None:
+        if not self.needed:
+            return
+        if not self.cuda:
+            self.staged = tokens
+            return
+        self.staged = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self.staged.copy_(tokens, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def stop(self) -> bool:
+        if not self.needed:
+            return False
+        if self.copied is not None:
+            self.copied.synchronize()
+        return stop_after(self.staged, self.on_token, self.eos_id, self.done)
 
 
 def capacity_bucket(positions: int, context_length: int) -> int:
