@@ -375,6 +375,21 @@ def test_generate_draws_only_the_tokenizers_ids(run, capsys, monkeypatch):
     assert seen == [257]  # the byte tokenizer's
 
 
+def test_generate_eager_skips_the_static_steps(run, capsys, monkeypatch):
+    # --eager: the eager cached forward on CUDA too (no compile wait for a short answer).
+    from tango_lm.serve import generate as generate_module
+
+    seen = []
+    real = generate_module.generate
+    monkeypatch.setattr(generate_module, "generate", lambda *a, **kw: seen.append(kw["static"]) or real(*a, **kw))
+    for flags in ([], ["--eager"]):
+        assert (
+            main(["generate", str(run), "--prompt", "ab", "--max-new-tokens", "2", "--temperature", "0", *flags]) == 0
+        )
+    first, eager = capsys.readouterr().out.splitlines()
+    assert seen == ["auto", None] and first == eager
+
+
 def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypatch):
     from tango_lm.cli import config
 

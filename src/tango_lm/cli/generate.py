@@ -48,6 +48,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         seed=args.seed,
         eos_id=None if args.no_stop else tok.eot_id,
         vocab_size=tok.vocab_size,
+        static=None if args.eager else "auto",
     )
     texts = []
     for row in out.tolist():
@@ -135,6 +136,12 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--num-samples", type=int, default=1)
     s.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
     s.add_argument("--device", default="auto")
+    s.add_argument(
+        "--eager",
+        action="store_true",
+        help="on CUDA too, decode with the eager cached forward instead of compiled static steps (CUDA graphs): "
+        "no compile wait for a short answer; a seed then draws other samples (greedy tokens agree)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_generate)
 
