@@ -234,15 +234,17 @@ class NanEmptyTorch:
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in elements) any op produces while it is active."""
+    """Records the largest tensor (in elements) any op produces while it is active, and the shapes made."""
 
     def __init__(self) -> None:
         super().__init__()
         self.largest = 0
+        self.shapes: set[tuple[int, ...]] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
+                self.shapes.add(tuple(t.shape))
         return out

@@ -8,7 +8,8 @@ fused SDPA backend takes on CUDA (flash attention needs equal widths up to 256, 
 256, the memory-efficient kernel multiples of 8), so one SDPA call there runs PyTorch's math
 backend, which holds the [B, H, T, S] probabilities in fp32. `sliced_attention` cuts the values
 into slices of at most `SDPA_SLICE` columns (a multiple of 8, zero-padded) and runs them as extra
-heads with q and k broadcast to every slice, which the fused backends take. `causal_attention` is
+heads with q and k broadcast to every slice, which the fused backends take (a decode step, one
+query, computes its probabilities once for every slice instead: `step_over_slices`). `causal_attention` is
 the door (`ops/dispatch.py`): on CUDA the sliced SDPA whenever the values' width differs from the
 keys', one SDPA call otherwise and everywhere else ('reference').
 """
@@ -85,9 +86,30 @@ def attention_over_slices(
     with q and k broadcast to every slice: [B, H, T, width]."""
     b, h, t = q.shape[:3]
     n, s = v_slices.shape[1] // h, v_slices.shape[-1]
+    if t == 1:
+        return step_over_slices(q, k, v_slices, width, mask)
     qs, ks = (x.unsqueeze(2).expand(b, h, n, *x.shape[-2:]).reshape(b, h * n, *x.shape[-2:]) for x in (q, k))
     out = sdpa_attention(qs, ks, v_slices, mask)
     return out.view(b, h, n, t, s).transpose(2, 3).reshape(b, h, t, n * s)[..., :width]
+
+
+def step_over_slices(
+    q: torch.Tensor, k: torch.Tensor, v_slices: torch.Tensor, width: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`attention_over_slices` for one query per head (a decode step), every key seen but those
+    `mask` [1, S] hides: the probabilities [B, H, 1, S] once (scores in float32 at least), applied to
+    every slice by one batched product. Run as extra SDPA heads, each slice would recompute them
+    from its own copy of the keys, n copies of the cache's keys per step; with one query there is
+    no [T, S] matrix to keep out of memory."""
+    b, h = q.shape[:2]
+    n, s = v_slices.shape[1] // h, v_slices.shape[-1]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = scores.softmax(-1).to(v_slices.dtype).unsqueeze(2)  # [B, H, 1, 1, S], broadcast over the slices
+    out = torch.matmul(p, v_slices.view(b, h, n, *v_slices.shape[-2:]))  # [B, H, n, 1, s]
+    return out.reshape(b, h, 1, n * s)[..., :width]
 
 
 def sliced_attention(
