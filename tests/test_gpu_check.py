@@ -217,3 +217,17 @@ def test_the_cuda_tests_collect_without_what_the_gpu_machine_lacks(tmp_path):
     proc = subprocess.run([*argv, "tests"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert " collected" in proc.stdout and "error" not in proc.stdout.lower()
+
+
+def test_gpu_check_summary_without_git_on_the_gpu_machine(tmp_path, monkeypatch):
+    # The summary's header names the commit; on a machine without a git binary (the GPU image's
+    # package list does not promise one) it crashed with FileNotFoundError, after every section had
+    # run, so the train and kernel tables were never printed.
+    (tmp_path / "sections.tsv").write_text("relu2-bench\tok\t40\n")
+    (tmp_path / "relu2-bench.log").write_text("done\n")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    lines = gpu_check_summary.summary(tmp_path).splitlines()
+    assert lines[0].startswith("gpu check: ") and "commit" not in lines[0]
+    assert lines[2].split()[:3] == ["relu2-bench", "ok", "40"]

@@ -93,10 +93,16 @@ def _environment() -> str:
         parts.append(f"triton {triton.__version__}")
     except ImportError:
         parts.append("no triton")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
-    )
-    if commit.returncode == 0:
+    try:  # a GPU image may have no git (the copied tree may have no .git either: a non-zero exit)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    except OSError:
+        commit = None
+    if commit is not None and commit.returncode == 0:
         parts.append(f"commit {commit.stdout.strip()}")
     return ", ".join(parts)
 
