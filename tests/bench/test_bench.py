@@ -339,6 +339,26 @@ def test_decode_suite_static_columns(cheap_compile):
     assert "static x eager" in decode.format_report(report)
 
 
+def test_decode_suite_marks_static_rows_whose_compile_failed(monkeypatch):
+    # A static decoder whose compiled step fails decodes eagerly from then on (one log line): its
+    # "static" rows were reported as static (CUDA-graph) steps, the fall-back said nowhere in the table.
+    def broken_compile(fn, **kwargs):
+        def run(*args, **kw):
+            raise RuntimeError("no graph today")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    tiny = dict(archs=("tango",), d_model=32, depth=2, tango_width=64, vocab_size=40, prompt_len=3, new_tokens=2)
+    tiny.update(batches=(1,), repeats=1, head_vocab=50, device="cpu", print_table=False)
+    report = decode.run_decode_bench(**tiny, static=True)
+    assert [r["static_failed"] for r in report["archs"]] == [True, True]
+    assert [r["static_failed"] for r in report["heads"]["variants"]] == [True, True, True]
+    assert decode.format_report(report).count("static steps ran eagerly (compile failed)") == 5
+    eager_only = decode.run_decode_bench(**tiny, heads=False)
+    assert "static_failed" not in eager_only["archs"][0] and "ran eagerly" not in decode.format_report(eager_only)
+
+
 def test_decode_suite_on_presets_keeps_their_sizes():
     triples = decode.preset_configs(["tango", "gau"], "70m", 4, 768)
     assert [a for a, _, _ in triples] == ["tango", "gau", "loop-transformer"]

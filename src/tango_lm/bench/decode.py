@@ -9,7 +9,8 @@ over the timed rounds, after one short warm-up round (long enough that its stati
 timed rounds' capacity, so it compiles the step they replay). Prefill tokens/s times the prompt alone
 through the cached forward (`model.hidden`, what both decodes start with), prompt tokens of every
 row per second. Cache bytes per token are `cache.nbytes() / positions` of one sequence after
-prompt + new tokens (fp32).
+prompt + new tokens (fp32). A model whose static step failed to compile (it then decodes on the
+uncompiled static step, `serve/static_decode.py`) says so in its row's note ("static_failed").
 
 Heads: on one backbone, the Standard head against onóna sampled two ways at temperature 1 without
 truncation: one projection per position (`head.sample`, what `generate` does on its own) and
@@ -75,6 +76,16 @@ def cache_bytes_per_token(model: torch.nn.Module, positions: int, device: torch.
 def _prompts(batches: tuple[int, ...], prompt_len: int, vocab: int, device: torch.device) -> dict[int, torch.Tensor]:
     gen = torch.Generator(device=device).manual_seed(0)
     return {b: torch.randint(0, vocab, (b, prompt_len), generator=gen, device=device) for b in batches}
+
+
+def static_fell_back(model: torch.nn.Module) -> bool:
+    """Whether a static decoder of `model` failed to compile and so decoded eagerly from then on
+    (`serve/static_decode.py` logs one line and carries on): its "static" rows then time the static
+    step uncompiled, not CUDA graphs."""
+    return any(d.compiled_failed for d in model.__dict__.get("_static_decoders", {}).values())
+
+
+FELL_BACK = "; static steps ran eagerly (compile failed)"  # the note of such a row
 
 
 def warmup_tokens(prompt_len: int, new_tokens: int, context_length: int) -> int:
@@ -192,6 +203,8 @@ def run_decode_bench(
                 lambda cfg=cfg: cache_bytes_per_token(models[cfg.arch], positions, dev)
             ),
         }
+        if static:
+            row["static_failed"] = static_fell_back(models[cfg.arch])
         rows.append(row)
     base = next(r for r in rows if r["arch"] == BASELINE)
     for r in rows:
@@ -350,6 +363,8 @@ def run_head_decode(
                 "tokens_per_s": tps,
             }
         )
+        if "static" in decode_paths:
+            rows[-1]["static_failed"] = static_fell_back(models[name])
     for r in rows:
         r["tokens_per_s_vs_standard"] = ratios(r["tokens_per_s"], rows[0]["tokens_per_s"])
     return {
@@ -435,6 +450,7 @@ def format_report(report: dict[str, Any]) -> str:
                 for k in prefill_keys
             )
             + f"  {r['note']}"
+            + (FELL_BACK if r.get("static_failed") else "")
         )
     for r in report.get("skipped", []):
         lines.append(f"{r['arch']:<19}  {r['note']}")
@@ -473,6 +489,7 @@ def format_report(report: dict[str, Any]) -> str:
                 + "".join(_cell(r["tokens_per_s"].get(k), hw, ",.0f") for k in bkeys)
                 + "".join(_cell(r["tokens_per_s_vs_standard"].get(k), hw - 3, ".2f") for k in bkeys)
                 + f"  {r['path']}"
+                + (FELL_BACK if r.get("static_failed") else "")
             )
     if report.get("stopped"):
         stopped = report["stopped"]
