@@ -14,7 +14,7 @@ import torch
 from tango_lm.bench import decode, memory, suite, training
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
-from tests import helpers
+from tests import arch_cases, helpers
 
 TINY = [
     "--d-model",
@@ -264,6 +264,24 @@ def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
     assert "vs eager" in training.format_report(report)
     assert main(["bench", "--suite", "train", *TINY, "--warmup", "0", "--compile", "--no-memory"]) == 2
     assert "warmup" in capsys.readouterr().err
+
+
+def test_train_suite_compiles_every_model_past_dynamos_recompile_limit(monkeypatch):
+    # Every model's `nll` is one code object to Dynamo: at its default limit of 8 entries a ninth
+    # model would run eagerly in the "compiled" rows. The steps run with the limit raised.
+    limits = []
+
+    def recording(fn, **kwargs):
+        return lambda *args: limits.append(torch._dynamo.config.recompile_limit) or fn(*args)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    configs = [arch_cases.tiny_config(a, context_length=16) for a in arch_cases.names()][:9]
+    assert len(configs) == 9
+    training.run_training_bench(
+        seq_len=16, batch_size=1, configs=configs, steps=1, warmup=1, memory=False, compile=True, device="cpu",
+        print_table=False, peak_size=64,
+    )  # fmt: skip
+    assert len(limits) == 2 * 9 and min(limits) >= 10
 
 
 def _broken(graph, example_inputs):
