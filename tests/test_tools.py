@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,28 @@ def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_pat
     out = _gpu_suites(tmp_path / "out2", SUITES="decode-small memory", BUDGET_S="100")  # 55 s left: nothing runs
     assert (out / "memory.rc").read_text().strip() == "skipped" and not (out / "memory.json").exists()
     assert "memory        SKIPPED (budget)" in _run("gpu_suites_table.py", str(out))
+
+
+def test_gpu_session_packs_a_part_into_one_file_and_ends_with_its_table(tmp_path):
+    # A lent machine returns at most 8 files and the output's tail: one archive, the table last.
+    session = [str(TOOLS / "gpu_session.sh")]
+    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory", "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", *session, "suites"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    *_, table, packed = proc.stdout.strip().splitlines()
+    assert table.startswith("tools/gpu_suites_table.py") and packed.startswith("packed 8 files into")
+    assert [p.name for p in tmp_path.iterdir()] == ["suites.tar.gz"]
+    with tarfile.open(tmp_path / "suites.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {"./suites/decode-small.json", "./suites/memory.log", "./suites.out", "./session.txt"} <= names
+    for argv, env_out, message in (
+        (["other"], str(tmp_path), "usage:"),
+        (["suites"], str(tmp_path / "missing"), "error: set OUT"),
+    ):
+        proc = subprocess.run(
+            ["bash", *session, *argv], capture_output=True, text=True, env={**env, "OUT": env_out}, timeout=60
+        )
+        assert proc.returncode == 2 and proc.stderr.startswith(message) and proc.stderr.count("\n") == 1
 
 
 def test_gpu_step_profile_smoke_and_its_categories(tmp_path):

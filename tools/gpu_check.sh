@@ -61,7 +61,7 @@ section train-bench "${TRAIN_BENCH_LIMIT:-175}" \
 section kernel-bench "${KERNEL_BENCH_LIMIT:-60}" \
     "$PYTHON tools/gate_average_bench.py --batch 16 --heads 16 --seq-len 1024 --width 1780 --head-dim 32 --json $OUT/kernel-bench.json"
 section relu2-bench "${RELU2_BENCH_LIMIT:-45}" \
-    "$PYTHON tools/relu2_attention_bench.py --batch 16 --seq-len 1024 --qk-dim 128 --width 1536 --json $OUT/relu2-bench.json"
+    "$PYTHON tools/relu2_attention_bench.py --batch 16 --seq-len 1024 --qk-dim 128 --width 7152 --json $OUT/relu2-bench.json"
 
 "$PYTHON" tools/gpu_check_summary.py "$OUT" || failed=1
 exit "$failed"  # 1 when a section failed or ran out of time (the table says which)

@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-gpu-suites-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BENCH=(env PYTHONPATH=src "$PY" -m tango_lm.cli bench --device cuda --json)
+BENCH=(env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m tango_lm.cli bench --device cuda --json)
 TRAIN70=(--suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257
          --steps 8 --warmup 3 --compile)
 TRAIN160=(--suite train --d-model 768 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 52176 --vocab-size 50257
@@ -67,4 +67,4 @@ run decode-160m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 160m
 run windowed "${TIMEOUT_WINDOWED:-600}" --suite windowed
 run memory "${TIMEOUT_MEMORY:-900}" --suite memory --memory-batch-size 32 --memory-seq-len 1024 --compile
 
-PYTHONPATH=src "$PY" tools/gpu_suites_table.py "$OUT"
+PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PY" tools/gpu_suites_table.py "$OUT"
