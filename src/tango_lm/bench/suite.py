@@ -136,8 +136,10 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
     import torch
 
     from tango_lm.bench.windowed import windowed_time_per_token
+    from tango_lm.train.device import autocast_dtype
 
     stops = StopRecord(args.repeats)
+    dtype = autocast_dtype("auto", _device(args.device))  # bf16 autocast where training uses it (CUDA)
     kwargs = dict(
         seq_lens=args.windowed_lens,
         window=args.window,
@@ -151,6 +153,7 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
         print_table=False,
         progress=progress,
         stops=stops,
+        dtype=dtype,
     )
     if args.clock != "wall":
         kwargs["clock"] = args.clock
@@ -166,6 +169,7 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
         "tokens_per_step": args.windowed_tokens,
         "repeats": args.repeats,
         "clock": args.clock,
+        "precision": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
         "rows": rows,
         "target": WINDOWED_TARGET,
         "longest_vs_first": longest,
@@ -189,7 +193,8 @@ def format_windowed(report: dict[str, Any]) -> str:
         f"windowed: device {report['device']} ({report['threads']} threads), one block, d={report['d_model']}, "
         f"F={report['width']}, W={report['window']}, forward + backward on about {report['tokens_per_step']} "
         f"tokens per step (batch = tokens // T), same weights for both blocks; each time is the best of {report['repeats']} "
-        f"rounds that alternate every T and block ({report['clock']} clock, bench/windowed.py)",
+        f"rounds that alternate every T and block ({report['clock']} clock, {report.get('precision', 'fp32')}, "
+        "bench/windowed.py)",
         f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len'] if rows else '-'):>11}"
         f"{'tango us/tok':>14}"
         f"{'tango/windowed':>16}",

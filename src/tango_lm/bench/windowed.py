@@ -20,15 +20,22 @@ from tango_lm.bench.stopping import STOPS, StopRecord
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
-from tango_lm.train.device import pick_device
+from tango_lm.train.device import autocast, pick_device
 
 
 def _step(
-    block: torch.nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], dy: torch.Tensor, clock
+    block: torch.nn.Module,
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    dy: torch.Tensor,
+    clock,
+    dtype: torch.dtype | None = None,
 ) -> float:
     _sync(x.device)
     t0 = clock()
-    block(x, rope).backward(dy)
+    with autocast(x.device, dtype):
+        y = block(x, rope)
+    y.backward(dy.to(y.dtype))
     _sync(x.device)
     return clock() - t0
 
@@ -49,13 +56,15 @@ def windowed_time_per_token(
     print_table: bool = True,
     progress: str = "none",
     stops: StopRecord | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[dict[str, Any]]:
     """One row per length: microseconds per token (forward + backward) of each block, and the
     windowed block's time per token relative to the first length. clock "cpu" times CPU runs by
     this process's CPU time, which other processes on a shared machine disturb less than "wall".
     `progress`: "bar", "lines" or "none" (`bench/progress.py`). With `stops`, SIGTERM or Ctrl-C
     (`bench/stopping.py`) ends the rounds and is recorded there: rows for the lengths timed so far
-    (a block not timed at a length has no keys in its row); without, it is raised."""
+    (a block not timed at a length has no keys in its row); without, it is raised. `dtype`: the
+    autocast dtype the blocks run under (None: fp32; the suite passes bf16 where training uses it)."""
     dev = pick_device(device)
     if clock not in ("wall", "cpu") or (clock == "cpu" and dev.type != "cpu"):
         raise ValueError(f"clock must be 'wall', or 'cpu' on a CPU device (got {clock!r} on {dev.type})")
@@ -83,7 +92,7 @@ def windowed_time_per_token(
                 for t, _, x, dy, rope in cases:
                     for name, block in blocks.items():
                         bar.run_start(f"{name} T={t}")
-                        elapsed = _step(block, x, rope, dy, timer)
+                        elapsed = _step(block, x, rope, dy, timer, dtype)
                         bar.run_done(i, f"{name} T={t}", elapsed)
                         if i >= warmup:
                             times[t, name].append(elapsed)
