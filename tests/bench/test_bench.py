@@ -425,3 +425,14 @@ def test_sizes_past_the_machines_memory_are_one_error_line(capsys):
     argv += ["--warmup", "0", "--no-memory", "--peak-size", "64", "--quiet", "--tango-width", str(10**13)]
     assert main(argv) == 2
     assert "the benchmark ran out of memory" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_matmul_peak_divides_each_timing_by_its_products(monkeypatch):
+    # Each timing covers `products` back-to-back matmuls (8 on a GPU, where a lone 1.4 ms product
+    # left the launch and the clock read in the number): the FLOP/s are per product.
+    from tango_lm.bench import peak
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(peak.time, "perf_counter", lambda: float(next(ticks)))  # every timing: 1 s
+    assert peak.measure_matmul_peak(torch.device("cpu"), size=16, repeats=2, products=4) == 2 * 16**3 * 4
+    assert peak.measure_matmul_peak(torch.device("cpu"), size=16, repeats=2) == 2 * 16**3  # CPUs: one
