@@ -16,8 +16,9 @@ _PEAKS: dict[tuple[str, str, int], float] = {}
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype | None, again: bool = False) -> float:
-    """FLOP/s of the best of three square matmuls in the dtype the model computes in. On CPUs the
-    matmuls are 1024 wide (2.1 GFLOP each; the benchmark uses 2048), on GPUs bench/peak.py's 8192.
+    """FLOP/s of the best of three timed square matmuls in the dtype the model computes in. On CPUs the
+    matmuls are 1024 wide (2.1 GFLOP each; the benchmark uses 2048), on GPUs bench/peak.py's 8192
+    (8 back to back per timing).
     `again`: measure once more and keep the better of the two (the trainer does when the run beats
     the peak: on a machine busy with other jobs, the start-up measurement came out at half the
     peak, and MFU read 112%)."""
