@@ -166,6 +166,18 @@ def test_sliced_attention_with_offset_equals_one_sdpa_call(t, width):
         )
 
 
+def test_a_decode_steps_scores_stay_float32_under_autocast():
+    # bf16 autocast would round the scores (here tens of units: steps of 1/8) before the softmax,
+    # off by ~10% in the probabilities; only the product with the gates runs in bf16 (~0.4%).
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 3, n, 8, generator=gen) * 4 for n in (1, 40))
+    v = attention.value_slices(torch.randn(2, 3, 40, 21, generator=gen), 8)
+    want = attention.step_over_slices(q, k, v, 21)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attention.step_over_slices(q, k, v, 21)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
 def test_causal_attention_door():
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 12)
     assert not attention.runs_sliced(q, v) and attention.runs_sliced(q, v, kernels="sdpa-sliced")

@@ -104,7 +104,8 @@ def step_over_slices(
     b, h = q.shape[:2]
     n, s = v_slices.shape[1] // h, v_slices.shape[-1]
     acc = torch.promote_types(q.dtype, torch.float32)
-    scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    with torch.autocast(q.device.type, enabled=False):  # autocast would round the scores to bf16
+        scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     p = scores.softmax(-1).to(v_slices.dtype).unsqueeze(2)  # [B, H, 1, 1, S], broadcast over the slices
