@@ -261,7 +261,7 @@ class HostTokens:
         if not self.needed:
             return
         if not self.cuda:
-            self.staged = tokens
+            self.staged = tokens.cpu()  # the same tensor on a CPU; `done` lives on the host
             return
         self.staged = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         self.staged.copy_(tokens, non_blocking=True)
