@@ -175,3 +175,20 @@ def test_a_prepared_datasets_description_of_another_tokenizer_names_it(tmp_path)
     ds = write_prepared(tmp_path / "ds", get_tokenizer("byte"), {"train": TEXTS}, {}, progress=False)
     with pytest.raises(UserError, match=r"describes tango-lm's 'byte' tokenizer, not a BPE; use --tokenizer byte"):
         get_tokenizer(f"bpe:{ds / 'tokenizer.json'}")
+
+
+def test_a_tokenizer_json_that_truncates_or_pads_still_encodes_whole_documents(trained, tmp_path):
+    # A hub tokenizer.json often enables truncation (at 512, say) or padding; data prepare would
+    # then cut every document short, or write padding ids (here the end-of-text id) into shards.
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok, path = trained
+    hf = HFTokenizer.from_file(str(path))
+    hf.enable_truncation(max_length=3)
+    hf.enable_padding(length=64, pad_id=tok.eot_id, pad_token="<|endoftext|>")
+    hf.save(str(tmp_path / "hub.json"))
+    hub = get_tokenizer(f"bpe:{tmp_path / 'hub.json'}")
+    assert [hub.encode(t) for t in TEXTS] == hub.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
+    assert hub.fingerprint() == tok.fingerprint()  # the same ids for every text
+    ds = write_prepared(tmp_path / "ds", hub, {"train": TEXTS}, {}, progress=False)
+    assert PreparedDataset.open(ds, verify=True).num_documents("train") == len(TEXTS)

@@ -182,8 +182,14 @@ BPE_EOT = "<|endoftext|>"
 
 
 def _canonical_json(text: str) -> str:
-    """`text` re-serialized with sorted keys, so equal tokenizers hash equally however they were written."""
-    return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """`text` re-serialized with sorted keys, so equal tokenizers hash equally however they were written,
+    without truncation or padding: a hub tokenizer.json may enable them (truncation at 512, say), and a
+    document is encoded whole, never cut short or padded with ids that are no text."""
+    data = json.loads(text)
+    for setting in ("truncation", "padding"):
+        if isinstance(data, dict) and data.get(setting) is not None:
+            data[setting] = None
+    return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 class BPETokenizer(Tokenizer):
