@@ -294,6 +294,27 @@ def test_auto_tokenizer_matches_a_trained_bpe(transformers, tmp_path):
         assert tok.decode(ids) == ours.decode(ids)
 
 
+def test_auto_tokenizer_of_a_bpe_with_a_post_processor_adds_nothing(transformers, tmp_path):
+    # A hub tokenizer.json may wrap every text in special tokens (a post-processor); tango-lm
+    # encodes without them, so the export's tokenizer must too, or generate() sees other prompts.
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    trained = train_bpe([corpus], 300, tmp_path / "trained.json", progress=False)
+    hf = HFTokenizer.from_str(trained.to_json())
+    eot = ("<|endoftext|>", trained.eot_id)
+    hf.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A <|endoftext|>", special_tokens=[eot])
+    hf.save(str(tmp_path / "hub.json"))
+    ours = get_tokenizer(f"bpe:{tmp_path / 'hub.json'}")
+    out = export(make_checkpoint(tmp_path, tokenizer=ours, d_model=16, head_dim=8, width=16, depth=1), tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True, local_files_only=True)
+    for text in ["The lazy fox.", "a <|endoftext|> b"]:
+        assert tok(text).input_ids == ours.encode(text), text
+
+
 def fresh_process(transformers, script: str, export_dir: Path, tmp_path: Path) -> str:
     """Run `script` (argv[1]: the export) in a new Python with stdin closed; its stdout and stderr
     together. A trust-remote-code prompt shows up as its text (input() then reads EOF), a config

