@@ -108,6 +108,14 @@ def test_export_writes_a_self_describing_directory(byte_export):
     assert tokenizer_from_dict(json.loads((out / "tango_tokenizer.json").read_text())).name == "byte"
 
 
+def test_every_file_of_the_export_has_the_same_mode(byte_export):
+    # safetensors writes 0600 whatever the umask: another user of a shared export could read
+    # everything but the weights.
+    _, out = byte_export
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes
+
+
 def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
     ckpt, _ = byte_export
     assert main(["export", str(tmp_path / "missing"), "--hf", str(tmp_path / "out")]) == 2

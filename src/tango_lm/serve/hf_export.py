@@ -172,7 +172,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     """Write a transformers directory for a checkpoint (run or step directory); returns a summary."""
     from tango_lm import __version__
     from tango_lm.data.tokenizers import tokenizer_from_dict
-    from tango_lm.train.checkpoint import MARKER, load_checkpoint
+    from tango_lm.train.checkpoint import MARKER, _same_mode, load_checkpoint
 
     ckpt = load_checkpoint(checkpoint)
     out = Path(out_dir)
@@ -245,6 +245,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
             ),
             encoding="utf-8",
         )
+        _same_mode(tmp)  # the weights as readable as the rest (safetensors writes 0600)
         files = sorted(p.name for p in tmp.iterdir())
         if not out.exists() or not any(out.iterdir()):
             if out.exists():
