@@ -194,6 +194,12 @@ def test_text_documents(tmp_path):
     bad.write_bytes(b"ok \xff\xfe")
     with pytest.raises(UserError, match="bad.txt is not UTF-8"):
         list(text_documents([bad]))
+    # Read line by line, the decoder's offset counts from the chunk it was given, not the file.
+    late = tmp_path / "late.txt"
+    late.write_bytes(b"hello world\n" * 10_000 + b"bad \xff")
+    for paragraphs in (False, True):
+        with pytest.raises(UserError, match=r"late.txt is not UTF-8 text \(invalid start byte at byte 120004\)"):
+            list(text_documents([late], split_on_blank_lines=paragraphs))
 
 
 def test_text_and_lean_files_are_read_with_universal_newlines(tmp_path):

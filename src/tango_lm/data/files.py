@@ -8,6 +8,7 @@ keeps those splits (splits.py). Readers stream: one file, or one Parquet row bat
 from __future__ import annotations
 
 import argparse
+import codecs
 import glob
 import gzip
 import io
@@ -180,6 +181,25 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8-sig")
 
 
+def _bad_utf8_offset(path: Path) -> int | None:
+    """The file offset of the first byte that is not UTF-8 (of the decompressed stream for `.gz`).
+    A text file read line by line decodes in chunks, and its error counts from the chunk."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    fed = 0
+    with gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:  # e.object: the bytes it held back from before, then chunk
+                return fed - (len(e.object) - len(chunk)) + e.start
+            fed += len(chunk)
+    try:
+        decoder.decode(b"", final=True)  # a character cut off by the end of the file
+    except UnicodeDecodeError as e:
+        return fed - len(e.object) + e.start
+    return None
+
+
 def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) -> Iterator[str]:
     """One document per file, or with `split_on_blank_lines` one per paragraph (lines streamed)."""
     for path in files:
@@ -200,8 +220,10 @@ def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) ->
                 if para:
                     yield "".join(para).rstrip("\n")
         except UnicodeDecodeError as e:
+            at = _bad_utf8_offset(path)
             raise UserError(
-                f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
+                f"{path} is not UTF-8 text ({e.reason} at byte {e.start if at is None else at}); "
+                "convert it or leave it out"
             ) from None
         except READ_ERRORS as e:
             raise UserError(f"cannot read {path} ({getattr(e, 'strerror', None) or e}); check the file") from None
