@@ -672,6 +672,13 @@ def test_prepare_says_how_large_each_split_is_and_warns_of_an_empty_one_that_tra
     assert captured.out.startswith(f"prepared {out}: train {ds.num_documents('train'):,} documents (")
     assert "warning: the test split has no documents" in captured.err and "--test-fraction" in captured.err
     assert "dev split" not in captured.err
+    # A mixture has no --test-fraction to give.
+    assert (
+        main(["data", "prepare", "mixture", "--out", str(tmp_path / "mix"), "--source", f"{out}:1", "--no-progress"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "warning: the test split has no documents" in err and "fraction" not in err, err
     run = helpers.cli_overrides(out, tmp_path / "run", steps=2)
     assert main(["train", *run, "--no-progress"]) == 2
     assert "the test ('test') split" in capsys.readouterr().err

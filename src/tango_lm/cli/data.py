@@ -17,18 +17,19 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
         path = source.prepare(args.out, overwrite=args.overwrite, progress=not args.no_progress)
-    print_prepared(PreparedDataset.open(path))
+    # The fractions' flags are named only where the source has them (a mixture, DM Math: not).
+    print_prepared(PreparedDataset.open(path), fractions=hasattr(args, "dev_fraction"))
 
 
-def print_prepared(ds: Any) -> None:
+def print_prepared(ds: Any, fractions: bool = True) -> None:
     """Each split's size, and a warning for a dev or test split without documents."""
     sizes = ", ".join(f"{s} {ds.num_documents(s):,} documents ({ds.num_tokens(s):,} tokens)" for s in ds.splits)
     print(f"prepared {ds.path}: {sizes}")
     for split in ("dev", "test"):  # what `tango-lm train` scores by default
         if split not in ds.splits or not ds.num_documents(split):
+            hint = f"more documents or a larger --{split}-fraction" if fractions else f"sources with {split} documents"
             print(
-                f"warning: the {split} split has no documents, and training scores {split} windows; give more "
-                f"documents or a larger --{split}-fraction",
+                f"warning: the {split} split has no documents, and training scores {split} windows; give {hint}",
                 file=sys.stderr,
             )
 
