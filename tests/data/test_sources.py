@@ -373,6 +373,24 @@ def test_prepare_jsonl_holds_out_by_hash(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "out"]  # the spill is cleaned up
 
 
+def test_a_killed_prepares_spill_is_removed_by_the_next_prepare_of_that_output(tmp_path, monkeypatch):
+    # The held-out documents wait in a folder beside the output, named after it; a SIGKILL leaves
+    # it (it can hold all of dev and test). The next prepare of that output, under its lock, removes it.
+    from tango_lm.data import splits
+
+    made = []
+    real = splits.tempfile.TemporaryDirectory
+    monkeypatch.setattr(splits.tempfile, "TemporaryDirectory", lambda **kw: made.append(kw["prefix"]) or real(**kw))
+    data = _write_jsonl(tmp_path / "a.jsonl", [{"text": f"document number {i}"} for i in range(50)])
+    for name in (".out.spill-12345-k1ll3d_x", ".other.spill-12345-k1ll3d_x", ".out.spill-notes"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "dev.jsonl").write_text('"a held-out document"\n')
+    prepare_files("jsonl", [data], tmp_path / "out", BYTE, dev_fraction=0.1, test_fraction=0.1, progress=False)
+    assert made and all(p.startswith(".out.spill-") for p in made)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".other.spill-12345-k1ll3d_x", ".out.spill-notes", "a.jsonl", "out"]  # another output's stays
+
+
 def test_prepare_parquet_own_splits_and_max_docs(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

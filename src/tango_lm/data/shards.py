@@ -256,8 +256,9 @@ def hold_dataset_lock(out_dir: str | os.PathLike) -> contextlib.AbstractContextM
 
 
 def _remove_leftovers(out: Path) -> None:
-    """Temporary and replaced copies of `out` that killed writers left beside it (we hold its lock)."""
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-\d+$")
+    """Temporary and replaced copies of `out`, and the held-out documents spilled for it
+    (splits.spill_prefix), that killed writers left beside it (we hold its lock)."""
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.((tmp|old)-\d+|spill-\d+-[a-z0-9_]+)$")
     for p in out.parent.iterdir() if out.parent.is_dir() else []:
         if pattern.match(p.name) and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

@@ -104,7 +104,10 @@ class HeldOutSource(DataSource):
         splits it lacks, held out of train by the hash of each document (or of its `key`)."""
         from tango_lm.data.splits import assemble_splits
 
-        return assemble_splits(own, self.dev_fraction, self.test_fraction, self.seed, _spill_dir(out_dir), key)
+        out = Path(out_dir).absolute()
+        return assemble_splits(
+            own, self.dev_fraction, self.test_fraction, self.seed, _spill_dir(out), key, spill_name=out.name
+        )
 
     @staticmethod
     def add_common_arguments(p: argparse.ArgumentParser) -> None:

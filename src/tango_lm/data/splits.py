@@ -58,6 +58,11 @@ def _check_fractions(dev_fraction: float, test_fraction: float) -> None:
         raise UserError(f"dev_fraction + test_fraction must be below 1, got {dev_fraction + test_fraction}; lower them")
 
 
+def spill_prefix(output_name: str | None) -> str:
+    """The name prefix of a spill folder for the output `output_name` (beside it): `.NAME.spill-PID-`."""
+    return f".{output_name or 'tango-lm'}.spill-{os.getpid()}-"
+
+
 class _SpillSplitter:
     """One pass over `docs`: the split read first streams through, the others spill to temp files."""
 
@@ -67,8 +72,12 @@ class _SpillSplitter:
         names: Sequence[str],
         assign: Callable[[str], str],
         spill_dir: str | os.PathLike | None = None,
+        spill_name: str | None = None,
     ) -> None:
         self.docs, self.names, self.assign, self.spill_dir = docs, list(names), assign, spill_dir
+        # Named after the output it is for (`spill_prefix`), so that a writer killed mid-way leaves
+        # a folder the next writer of that output, holding its lock, knows to remove.
+        self.prefix = spill_prefix(spill_name)
         self._dir: tempfile.TemporaryDirectory | None = None
         self._unread: set[str] = set()
         self._state = "new"  # new -> running -> done
@@ -85,7 +94,7 @@ class _SpillSplitter:
         self._state = "running"
         if self.spill_dir is not None:
             Path(self.spill_dir).mkdir(parents=True, exist_ok=True)
-        self._dir = tempfile.TemporaryDirectory(prefix=".tango-lm-spill-", dir=self.spill_dir)
+        self._dir = tempfile.TemporaryDirectory(prefix=self.prefix, dir=self.spill_dir)
         self._unread = {n for n in self.names if n != name}
         files = {n: open(Path(self._dir.name) / f"{n}.jsonl", "w", encoding="utf-8") for n in self._unread}
         try:
@@ -119,11 +128,13 @@ def hold_out(
     keep: Sequence[str] = (),
     spill_dir: str | os.PathLike | None = None,
     key: Callable[[str], str] | None = None,
+    spill_name: str | None = None,
 ) -> dict[str, Iterator[str]]:
     """Split one document stream into train/dev/test by document hash (module docstring), in one pass.
 
     Splits in `keep` are not held out (the source supplies them); neither are splits with fraction 0.
-    The splits read after the first are spilled to a temporary directory in `spill_dir`. `key`:
+    The splits read after the first are spilled to a temporary directory in `spill_dir`, named
+    after the output `spill_name` it is for (`spill_prefix`). `key`:
     the part of a document that is hashed (default: all of it; a code tree's text without the
     path header it added, so that copies of a file at other paths stay in one split).
     """
@@ -132,7 +143,7 @@ def hold_out(
     dev = dev_fraction if "dev" in names else 0.0
     test = test_fraction if "test" in names else 0.0
     text_of = key or (lambda d: d)
-    splitter = _SpillSplitter(docs, names, lambda d: split_of(text_of(d), dev, test, seed), spill_dir)
+    splitter = _SpillSplitter(docs, names, lambda d: split_of(text_of(d), dev, test, seed), spill_dir, spill_name)
     return {n: splitter.stream(n) for n in names}
 
 
@@ -143,10 +154,12 @@ def assemble_splits(
     seed: int = 0,
     spill_dir: str | os.PathLike | None = None,
     key: Callable[[str], str] | None = None,
+    spill_name: str | None = None,
 ) -> dict[str, Iterable[str]]:
     """Splits for `write_prepared`: the source's own splits, plus dev/test held out of train when missing.
 
-    `own` maps split names to documents; an unsplit source passes `{"train": docs}`. `key`: as `hold_out`'s.
+    `own` maps split names to documents; an unsplit source passes `{"train": docs}`. `key`, `spill_dir`
+    and `spill_name`: as `hold_out`'s.
     """
     _check_fractions(dev_fraction, test_fraction)
     if "train" not in own:
@@ -155,7 +168,9 @@ def assemble_splits(
     if not missing:
         return dict(own)
     keep = [s for s in own if s != "train"]
-    held = hold_out(own["train"], dev_fraction, test_fraction, seed, keep=keep, spill_dir=spill_dir, key=key)
+    held = hold_out(
+        own["train"], dev_fraction, test_fraction, seed, keep=keep, spill_dir=spill_dir, key=key, spill_name=spill_name
+    )
     out: dict[str, Iterable[str]] = {"train": held["train"]}
     for s in ("dev", "test"):
         if s in own:
