@@ -275,6 +275,13 @@ def test_jsonl_documents_and_errors(tmp_path):
     _write_jsonl(tmp_path / "num.jsonl", [{"text": 3}])
     with pytest.raises(UserError, match="non-string 'text'"):
         list(jsonl_documents([tmp_path / "num.jsonl"]))
+    # A null text is no document (as Parquet's nulls); a row without the field after rows with it
+    # is that line's fault, not the field name's.
+    _write_jsonl(tmp_path / "gaps.jsonl", [{"text": "one"}, {"text": None}, {"text": "three"}, {"id": 4}])
+    with pytest.raises(UserError, match=r"gaps.jsonl, line 4: the object has no field 'text'; fix or remove that line"):
+        list(jsonl_documents([tmp_path / "gaps.jsonl"]))
+    _write_jsonl(tmp_path / "nulls.jsonl", [{"text": "one"}, {"text": None}, {"text": "three"}])
+    assert list(jsonl_documents([tmp_path / "nulls.jsonl"])) == ["one", "three"]
     deep = tmp_path / "deep.jsonl"
     deep.write_text("[" * 100_000 + "\n")  # json's parser recurses per level
     with pytest.raises(UserError, match=r"deep.jsonl, line 1: not valid JSON"):

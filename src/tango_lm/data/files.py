@@ -230,7 +230,9 @@ def text_documents(files: Iterable[Path], split_on_blank_lines: bool = False) ->
 
 
 def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]:
-    """The string `field` of every JSON object, one object per line (`.gz` files are decompressed)."""
+    """The string `field` of every JSON object, one object per line (`.gz` files are decompressed);
+    an object whose `field` is null is no document (as a null in Parquet)."""
+    seen_field = False
     for path in files:
         try:
             with _open_text(path) as f:
@@ -244,11 +246,14 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                             f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line"
                         ) from None
                     value = row.get(field, None) if isinstance(row, dict) else None
+                    if value is None and isinstance(row, dict) and field in row:
+                        continue  # a null text, as Parquet's null rows: no document
                     if not isinstance(value, str):
                         what = "has no field" if not isinstance(row, dict) or field not in row else "has a non-string"
-                        raise UserError(
-                            f"{path}, line {lineno}: the object {what} {field!r}; choose the text field with --field"
-                        )
+                        # Rows before it had the field: this line is the fault, not the field's name.
+                        fix = "fix or remove that line" if seen_field else "choose the text field with --field"
+                        raise UserError(f"{path}, line {lineno}: the object {what} {field!r}; {fix}")
+                    seen_field = True
                     if value.strip():
                         yield without_lone_surrogates(value)
         except UnicodeDecodeError as e:
