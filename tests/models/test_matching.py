@@ -57,12 +57,38 @@ def test_parse_tier():
         (["match", "--tier", "25M", "--depth", "4"], "--d-model"),
         (["match", "--tier", "70M", "--depth", "0"], "depth"),
         (["match", "--tier", "70M", "--depth", "4", "--arch", "nope"], "unknown architecture"),
+        (["match", "--tier", "1M", "--depth", "4", "--d-model", "48"], "tango-lm match --head-dim"),
     ],
 )
 def test_match_bad_input(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
+
+
+def test_match_head_dim_takes_a_width_that_is_no_multiple_of_32(capsys):
+    # d = 48 has no heads of 32; the error's advice, --head-dim, is an option of match.
+    assert (
+        main(
+            [
+                "match",
+                "--tier",
+                "1M",
+                "--depth",
+                "4",
+                "--d-model",
+                "48",
+                "--head-dim",
+                "16",
+                "--vocab-size",
+                "1000",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)["models"]
+    assert rows and all(abs(r["total"] - 1_000_000) < 0.05 * 1_000_000 for r in rows if r["arch"] != "gau")
 
 
 def test_match_json_includes_conventional_row(capsys):

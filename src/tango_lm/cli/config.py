@@ -74,6 +74,8 @@ def cmd_match(args: argparse.Namespace) -> None:
     target, d_model = parse_tier(args.tier, args.d_model)
     contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
     fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
+    if args.head_dim is not None:
+        fields["head_dim"] = args.head_dim
     archs = list(dict.fromkeys(args.arch)) if args.arch else None  # a repeated --arch is one row
     rows = match_tier(target, d_model, args.depth, archs, context_length=contexts[0], **fields)
     gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
@@ -151,6 +153,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
+    s.add_argument(
+        "--head-dim", type=int, default=None, help="head width d_h (default: the config's, 32); d_model's multiple"
+    )
     s.add_argument(
         "--context-length",
         type=int,

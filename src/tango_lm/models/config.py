@@ -96,7 +96,7 @@ class ModelConfig:
             if self.d_model % self.head_dim:
                 raise UserError(
                     f"model.d_model={self.d_model} is not a multiple of head_dim={self.head_dim}; "
-                    "set d_model to a multiple of head_dim or give n_heads"
+                    "set d_model to a multiple of head_dim, or choose head_dim (tango-lm match --head-dim) or n_heads"
                 )
             self.n_heads = self.d_model // self.head_dim
         else:
