@@ -375,6 +375,21 @@ def test_generate_draws_only_the_tokenizers_ids(run, capsys, monkeypatch):
     assert seen == [257]  # the byte tokenizer's
 
 
+def test_generate_from_an_empty_prompt_starts_a_document(run, capsys, monkeypatch):
+    # As the server's: the end-of-text token alone (it was an error).
+    from tango_lm.serve import generate as generate_module
+
+    prompts = []
+    real = generate_module.generate
+    monkeypatch.setattr(
+        generate_module, "generate", lambda m, p, *a, **kw: prompts.append(p.tolist()) or real(m, p, *a, **kw)
+    )
+    argv = ["generate", str(run), "--prompt", "", "--max-new-tokens", "3", "--temperature", "0", "--no-stop", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert prompts == [[[256]]] and out["prompt"] == "" and len(out["completions"]) == 1  # the byte tokenizer's EOT
+
+
 def test_generate_eager_skips_the_static_steps(run, capsys, monkeypatch):
     # --eager: the eager cached forward on CUDA too (no compile wait for a short answer).
     from tango_lm.serve import generate as generate_module

@@ -27,9 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     device = pick_device(args.device)
     model = ckpt.build_model(device)
     tok = tokenizer_from_dict(ckpt.tokenizer)
-    ids = tok.encode(prompt_text)
-    if not ids:
-        raise UserError("the prompt is empty; give some text with --prompt")
+    ids = tok.encode(prompt_text) or [tok.eot_id]  # an empty prompt starts a document, as the server's
     room = room_for_new_tokens(len(ids), model.config.context_length)
     if room < 1:
         raise UserError(
