@@ -190,6 +190,21 @@ def test_dev_split_uses_the_selected_checkpoint(tmp_path):
     assert report["runs"][0]["test_nll"] == 3.5
 
 
+def test_a_diverged_dev_nll_of_the_selected_checkpoint_is_not_replaced_by_the_best(tmp_path):
+    # select: final, the final dev NLL logged as null (not finite): that checkpoint has no dev NLL
+    # to report; the best one (3.0, of another checkpoint) is not it.
+    root = tmp_path / "runs"
+    labels = {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}
+    run = write_run(root, labels, 3.5, 0, select="final", dev_curve=[3.0, 3.2])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records[-1]["dev_nll"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_run(root, {**labels, "arch": "gau"}, 3.6, 0, select="final", dev_curve=[3.1, 3.3])
+    res = write_report(root, plots=False, split="dev")
+    assert [r["model"] for r in res["report"]["runs"]] == ["gau"]
+    assert any("dev NLL is None" in w for w in res["warnings"])
+
+
 def test_runs_without_sweep_json_are_labelled_from_their_config(tmp_path):
     root = tmp_path / "runs"
     for seed, v in zip(SEEDS, [1.0, 1.2, 1.1], strict=True):

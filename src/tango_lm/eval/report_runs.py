@@ -119,12 +119,13 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         if _numbers(r, "dev_nll", "tokens") and r.get("event") != "summary"
     ]
     selected = summary.get("selected_step")
-    at_selected = [  # a diverged dev NLL is null in metrics.jsonl
-        r["dev_nll"]
-        for r in metrics
-        if _numbers(r, "dev_nll") and r.get("step") == selected and r.get("event") != "summary"
+    # A diverged dev NLL is null in metrics.jsonl: the selected checkpoint then has no dev NLL (left
+    # out below), not the best one's, which under select: final is another checkpoint's.
+    at_selected = [
+        r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected and r.get("event") != "summary"
     ]
-    dev_nll = float(at_selected[-1]) if at_selected else best_dev
+    dev_nll = at_selected[-1] if at_selected else best_dev
+    dev_nll = float(dev_nll) if _numbers({"dev_nll": dev_nll}, "dev_nll") else None
     value = test_nll if split == "test" else dev_nll
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         warnings.append(f"{run_dir}: its {split} NLL is {value!r}; left out of the report")
