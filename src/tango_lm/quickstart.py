@@ -115,7 +115,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{r['arch']:<18}{r['params_total']:>10,}{r['tokens']:>10,}{_nll(r['best_dev_nll']):>10}"
             f"{_nll(r['test_nll']):>10}{r['tokens_per_s'] or 0:>10,.0f}"
         )
-    lines.append("NLL in nats per byte; test NLL of the best-dev checkpoint (DM Math interpolate split).")
+    lines.append(
+        "NLL in nats per token (a byte, or the end-of-text after each question); test NLL of the best-dev "
+        "checkpoint (DM Math interpolate split)."
+    )
     return "\n".join(lines)
 
 
