@@ -300,6 +300,21 @@ def test_plots_are_written(tmp_path):
         assert (root / "report" / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_throughput_points_count_a_seed_run_twice_once():
+    # Seed A twice (copies 2.0 and 4.0: its value 3.0) and seed B once (5.0): the point is 4.0,
+    # as the tables' seed_values give; a plain mean over runs gave 11 / 3.
+    from tango_lm.eval.plots import throughput_points
+    from tango_lm.eval.report_runs import RunRecord
+
+    def run(seed: str, value: float, tokens_per_s: float) -> RunRecord:
+        return RunRecord(
+            Path(seed), "d", "70M", 4, "tango", "standard", seed, (), value, value, None, tokens_per_s, 1, 1
+        )
+
+    points = throughput_points([run("A", 2.0, 100.0), run("A", 4.0, 300.0), run("B", 5.0, 400.0)])
+    assert points == {"d": {"tango": [(300.0, 4.0, "70M/d4")]}}
+
+
 def test_plots_of_runs_apart_in_many_fields_have_names_the_disk_takes(tmp_path):
     # Every field two runs differ in went into the curve's file name: with a dozen, the name passed
     # 255 bytes and `report` failed ("File name too long"), writing no report at all.

@@ -117,29 +117,40 @@ def _int_formatter() -> Any:
     return FuncFormatter(lambda x, _pos: f"{x:g}")
 
 
-def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Path) -> list[Path]:
-    """NLL against training throughput (tokens/s), one figure per dataset; a point per model,
-    tier and depth (means over seeds), labelled with its tier and depth."""
+def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tuple[float, float, str]]]]:
+    """dataset -> model -> (tokens/s, NLL, "tier/dDEPTH") per tier and depth: means over seeds, a
+    seed run twice counted once (the mean of its copies, as the tables' `seed_values`)."""
     import statistics
 
-    from matplotlib.ticker import NullFormatter
-
-    by_dataset: dict[str, dict[tuple[Any, ...], list[RunRecord]]] = {}
+    copies: dict[str, dict[tuple[Any, ...], dict[str, list[RunRecord]]]] = {}
     for r in records:
         if r.tokens_per_s:
-            by_dataset.setdefault(r.dataset, {}).setdefault((r.model, r.tier, r.depth, r.extras), []).append(r)
+            point = copies.setdefault(r.dataset, {}).setdefault((r.model, r.tier, r.depth, r.extras), {})
+            point.setdefault(r.seed, []).append(r)
+
+    def over_seeds(by_seed: dict[str, list[RunRecord]], value: Any) -> float:
+        return statistics.fmean(statistics.fmean(value(r) for r in runs) for runs in by_seed.values())
+
+    out: dict[str, dict[str, list[tuple[float, float, str]]]] = {}
+    for dataset, points in copies.items():
+        per_model = out.setdefault(dataset, {})
+        for (model, tier, depth, _extras), by_seed in points.items():
+            x = over_seeds(by_seed, lambda r: r.tokens_per_s)
+            per_model.setdefault(model, []).append((x, over_seeds(by_seed, lambda r: r.value), f"{tier}/d{depth}"))
+    return out
+
+
+def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Path) -> list[Path]:
+    """NLL against training throughput (tokens/s), one figure per dataset; a point per model,
+    tier and depth (`throughput_points`), labelled with its tier and depth."""
+    from matplotlib.ticker import NullFormatter
+
     files = []
-    for dataset, points in by_dataset.items():
+    for dataset, per_model in throughput_points(records).items():
         fig = Figure(figsize=(6, 4))
         ax = fig.subplots()
-        models = sorted({k[0] for k in points}, key=model_order)
-        for m in models:
-            xs, ys, tags = [], [], []
-            for (model, tier, depth, _extras), runs in points.items():
-                if model == m:
-                    xs.append(statistics.fmean(r.tokens_per_s for r in runs))
-                    ys.append(statistics.fmean(r.value for r in runs))
-                    tags.append(f"{tier}/d{depth}")
+        for m in sorted(per_model, key=model_order):
+            xs, ys, tags = zip(*per_model[m], strict=True)
             ax.scatter(xs, ys, label=model_name(m))
             for x, y, tag in zip(xs, ys, tags, strict=True):
                 ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
