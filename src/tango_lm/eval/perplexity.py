@@ -23,8 +23,8 @@ Formats and their conventions:
 - `lambada`: one example per line, JSONL with a "text" field or plain lines. The target is the
   text after the last space, the context everything before it; the context and " " + target are
   tokenized separately (lm-evaluation-harness 0.4 encodes the whole text and splits it at the
-  context's length: the same ids for GPT-2 but where a merge crosses the boundary, e.g. two spaces
-  before the last word). The context starts after the end-of-text token,
+  context's length: for GPT-2's pre-tokenizer, which starts a piece at " " + word, the same ids
+  but in edge cases at the boundary). The context starts after the end-of-text token,
   as every document does here (lm-evaluation-harness's `lambada_openai` through the adapter has no
   such token, so its numbers differ slightly). Reports last-word perplexity exp(mean over
   examples of the target's total NLL) and accuracy (greedy decoding reproduces every target
