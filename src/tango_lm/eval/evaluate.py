@@ -65,7 +65,8 @@ def evaluate_checkpoint(
         max_windows = own_windows[own[0]] if own else None
     elif max_windows == "all":
         max_windows = None
-    # A sample only when some windows are left out (every window in any order is the same NLL).
+    # A sample only when some windows are left out: every window, in any order, is the same NLL
+    # (but for an MoE evaluated below its dropless capacity, whose drops depend on batch mates).
     sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] and max_windows is not None else None
     batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed, split=repr(split_name))
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
