@@ -159,6 +159,20 @@ def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
     assert len([r for r in helpers.read_metrics(out) if r.get("event") == "summary"]) == 1
 
 
+def test_a_resume_lowered_to_its_checkpoints_step_scores_that_last_step(data_dir, tmp_path, monkeypatch):
+    # The step-8 checkpoint was saved on save_every, not evaluated: a resume with steps=8 trained
+    # nothing and reported step 6's checkpoint with no dev NLL at the run's last step.
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: {6: 3.0, 8: 2.0, 12: 2.5}[self.step])
+    out = tmp_path / "run"
+    _interrupted(monkeypatch, helpers.run_config(data_dir, out, eval_every=6), stop=8)
+    s = train(helpers.run_config(data_dir, out, eval_every=6, steps=8), resume=True).summary
+    assert (s["selected_step"], s["selected_dev_nll"], s["best_dev_nll"]) == (8, 2.0, 2.0)
+    assert json.loads((out / "best.json").read_text()) == {"step": 8, "dev_nll": 2.0}
+    assert load_checkpoint(helpers.step_dir(out, 8)).meta["dev_nll"] == 2.0
+    train(helpers.run_config(data_dir, out, eval_every=6, steps=8), resume=True)  # scored once
+    assert [(r["step"], r["dev_nll"]) for r in helpers.dev_records(out)] == [(6, 3.0), (8, 2.0)]
+
+
 def test_training_without_resume_refuses_existing_checkpoints(data_dir, tmp_path):
     out = tmp_path / "run"
     train(helpers.run_config(data_dir, out, steps=4))

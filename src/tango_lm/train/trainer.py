@@ -413,17 +413,8 @@ class Trainer:
                         **self._last,
                     }
                 )
-            is_last = self.step == self.total_steps
-            if self.step % cfg.eval_every == 0 or is_last:
-                dev_nll = self.evaluate_dev()
-                improved = dev_nll < self.best["dev_nll"]
-                if improved:
-                    self.best = {"step": self.step, "dev_nll": dev_nll}
-                self._log({"step": self.step, "dev_nll": dev_nll, "tokens": self.tokens_seen, "best": improved})
-                if improved or is_last or self.step % cfg.save_every == 0:
-                    self.save(dev_nll)
-                if improved:
-                    self._write_best()
+            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+                dev_nll = self._evaluate_and_save()
             elif self.step % cfg.save_every == 0:
                 self.save()
             bar.set_postfix(
@@ -436,7 +427,28 @@ class Trainer:
             )
             bar.update(1)
         bar.close()
+        # A resume whose budget was lowered to its checkpoint's step trains nothing; that step is
+        # now the last and gets the last step's dev NLL (and best-dev check) if it had none (rank 0
+        # alone reads the log: every rank follows its answer).
+        unscored = not any("dev_nll" in r and r.get("step") == self.step for r in kept)
+        if not losses and self.step and distributed.broadcast_int(self.dist, int(unscored)):
+            self._evaluate_and_save()
         return TrainResult(self.finish(), losses)
+
+    def _evaluate_and_save(self) -> float:
+        """Dev NLL at this step: logged, the best-dev record updated, and the checkpoint saved when
+        it improved, at the last step or on `save_every`."""
+        cfg = self.run.train
+        dev_nll = self.evaluate_dev()
+        improved = dev_nll < self.best["dev_nll"]
+        if improved:
+            self.best = {"step": self.step, "dev_nll": dev_nll}
+        self._log({"step": self.step, "dev_nll": dev_nll, "tokens": self.tokens_seen, "best": improved})
+        if improved or self.step == self.total_steps or self.step % cfg.save_every == 0:
+            self.save(dev_nll)
+        if improved:
+            self._write_best()
+        return dev_nll
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the selected checkpoint on the test split and write `summary.json`."""
