@@ -205,6 +205,18 @@ def test_a_diverged_dev_nll_of_the_selected_checkpoint_is_not_replaced_by_the_be
     assert any("dev NLL is None" in w for w in res["warnings"])
 
 
+def test_dev_split_without_a_log_takes_the_summarys_selected_dev_nll(tmp_path):
+    # With metrics.jsonl gone, a select: final run's dev value was its best dev NLL (3.0), not
+    # the final checkpoint's (3.2) that summary.json records.
+    labels = {"dataset": "d", "tier": "2M", "depth": 2, "arch": "tango", "seed": [1, 2]}
+    run = write_run(tmp_path / "runs", labels, 3.5, 0, select="final", dev_curve=[3.0, 3.2])
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "selected_dev_nll": 3.2}))
+    (run / "metrics.jsonl").unlink()
+    report = write_report(tmp_path / "runs", plots=False, split="dev")["report"]
+    assert report["main"][0]["cells"]["tango"]["mean"] == pytest.approx(3.2)
+
+
 def test_runs_without_sweep_json_are_labelled_from_their_config(tmp_path):
     root = tmp_path / "runs"
     for seed, v in zip(SEEDS, [1.0, 1.2, 1.1], strict=True):

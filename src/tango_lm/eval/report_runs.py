@@ -124,7 +124,10 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     at_selected = [
         r["dev_nll"] for r in metrics if "dev_nll" in r and r.get("step") == selected and r.get("event") != "summary"
     ]
-    dev_nll = at_selected[-1] if at_selected else best_dev
+    if "selected_dev_nll" in summary:  # the trainer's own record (null: none finite at that step)
+        dev_nll = summary["selected_dev_nll"]
+    else:  # a summary from before it: the log, else the best (what select: best selects)
+        dev_nll = at_selected[-1] if at_selected else best_dev
     dev_nll = float(dev_nll) if _numbers({"dev_nll": dev_nll}, "dev_nll") else None
     value = test_nll if split == "test" else dev_nll
     if not isinstance(value, (int, float)) or not math.isfinite(value):
