@@ -90,7 +90,13 @@ def run_quickstart(
                 print(f"      finished before; reusing {summary_file}")
                 rows.append(summary)
                 continue
-        rows.append(train(run, resume=bool(complete_steps(run_dir / "checkpoints"))).summary)
+        done = complete_steps(run_dir / "checkpoints")
+        if done and done[-1] > run.total_steps():  # resume's own advice (raise train.steps) is no flag here
+            raise UserError(
+                f"{run_dir} has trained {done[-1]} steps, more than the {run.total_steps()} asked for; "
+                "add --fresh to retrain it, or give --steps of at least that"
+            )
+        rows.append(train(run, resume=bool(done)).summary)
     print()
     print(format_table(rows))
     print(

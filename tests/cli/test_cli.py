@@ -511,3 +511,16 @@ def test_every_data_source_takes_no_progress():
     assert set(prepare) == set(SOURCES)
     for name, parser in prepare.items():
         assert "--no-progress" in parser._option_string_actions, name
+
+
+def test_quickstart_with_fewer_steps_than_a_run_trained_names_fresh(tmp_path, monkeypatch, capsys):
+    # Resuming past the steps asked for is refused by resume with "raise train.steps", which
+    # quickstart has no flag for: it names --fresh, before anything trains.
+    trained: list = []
+    _fake_quickstart(monkeypatch, trained)
+    out = tmp_path / "qs"
+    (out / "tango" / "checkpoints" / "step-00000040").mkdir(parents=True)
+    monkeypatch.setattr("tango_lm.quickstart.complete_steps", lambda root: [40] if "tango" in str(root) else [])
+    assert main(["quickstart", "--out", str(out), "--steps", "30"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "trained 40 steps, more than the 30 asked for; add --fresh" in line and not trained
