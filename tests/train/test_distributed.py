@@ -82,7 +82,7 @@ def init(self, *args, **kwargs):  # record the dev windows each rank scores, in 
         forward, trainer = self.step_fn, self
         self.step_fn = lambda x, y: forward(x, y) * (float("nan") if trainer.step + 1 in jobs[name][2] else 1.0)
 Trainer.__init__ = init
-import tango_lm.train.trainer as trainer_module
+import tango_lm.train.trainer_checkpoints as trainer_module  # where save() finds it
 from tango_lm.train.checkpoint import write_failed
 real_finish = trainer_module.finish_checkpoint
 def full_disk(tmp, step, *args):  # rank 0 alone writes the files: as on a full disk

@@ -1,7 +1,7 @@
 """Whether a run may continue from its latest checkpoint (`tango-lm train --resume`): the same model
 config, tokenizer and data tokens, and not past the steps its config trains; and, when that
 checkpoint is damaged, an error that says how to continue from the one before it. The trainer
-(train/trainer.py) loads the state once these hold."""
+(train/trainer_checkpoints.py) restores the state once these hold."""
 
 from __future__ import annotations
 

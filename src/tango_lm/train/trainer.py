@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,19 +28,12 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
-from tango_lm.layers.moe import moe_layers
 from tango_lm.models.model import build_model
 from tango_lm.train import distributed, metrics_file
 from tango_lm.train.checkpoint import (
-    SHARDS,
-    begin_checkpoint,
     complete_steps,
-    finish_checkpoint,
     load_checkpoint,
-    prune_checkpoints,
     remove_incomplete,
-    step_dir_name,
-    tmp_step_dir,
     write_json_atomic,
 )
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
@@ -49,20 +41,10 @@ from tango_lm.train.config import RunConfig, dump_yaml
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels, to_device
 from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
-from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
-from tango_lm.train.optim import build_optimizer, lr_at, set_fused, use_fused_adamw
-from tango_lm.train.resume import (
-    check_best_kept,
-    check_not_past,
-    check_same_eval_batch,
-    check_same_run,
-    compute_dtype,
-    data_ids,
-    open_checkpoint,
-    unresumable,
-)
+from tango_lm.train.nonfinite import NonFiniteGuard
+from tango_lm.train.optim import build_optimizer, lr_at
 from tango_lm.train.run_dir import claim_run_dir
-from tango_lm.train.sharded_checkpoint import load_shards, save_shards
+from tango_lm.train.trainer_checkpoints import TrainerCheckpoints
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
 
 THROUGHPUT_WINDOW = 100  # the papers' throughput: median over the final 100 updates
@@ -76,7 +58,7 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)  # optimizer step (1-based) -> train loss
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     def __init__(self, run: RunConfig, resume: bool = False) -> None:
         self.run = run
         cfg = run.train
@@ -154,109 +136,6 @@ class Trainer:
         self.peak_measured_again = False
         if existing:
             self._resume(existing[-1])
-
-    # -- state --------------------------------------------------------------------------------
-    def _resume(self, path: Path) -> None:
-        ckpt, state = open_checkpoint(path)
-        check_same_run(ckpt, state, self.run, self.dataset, self.loader, compute_dtype(self.dtype))
-        check_same_eval_batch(state, self.run, self.eval_batch_size, bool(moe_layers(self.model)))
-        try:
-            if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
-                tensors, _ = distributed.sharded_state(self.model, self.optimizer)
-                load_shards(ckpt.path, ckpt.meta, tensors, self.dist.active)
-                distributed.load_sharded_state(self.model, self.optimizer, tensors, state["optimizer_param_groups"])
-            else:  # full weights and optimizer state: the same on any number of processes
-                distributed.load_full_model_state(self.model, ckpt.model_state(), self.dist)
-                distributed.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"], self.dist)
-            set_fused(self.optimizer, use_fused_adamw(self.model))  # the checkpoint may come from another setup
-            self.loader.load_state_dict(state["loader"])
-            torch.set_rng_state(state["rng"]["torch"])
-            cuda_rng = state["rng"].get("cuda")  # one state per GPU rank 0 saw; another node may have fewer
-            if self.device.type == "cuda" and cuda_rng is not None and len(cuda_rng) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda_rng)
-            self.step = int(state["step"])
-            self.tokens_seen = int(state["tokens_seen"])
-            self.best = dict(state["best"])
-            self.nonfinite.load_state_dict(state.get("nonfinite", {}))
-            self.step_times.extend(float(t) for t in state.get("step_times", []))  # none before this was saved
-        except UserError as exc:
-            raise unresumable(path, exc) from None
-        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
-        check_not_past(self.step, self.total_steps, self.run)
-        check_best_kept(self.best["step"], self.ckpt_root, self.run)
-        if self.dist.is_main:
-            metrics_file.truncate_records(self.out, self.step)
-        self._write_best()  # a kill between a save and best.json must not leave it stale
-
-    def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Everything but the weights. The loader position is global (the same on every rank) and
-        the RNG state is rank 0's, so the state resumes on any number of processes."""
-        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {
-            "optimizer": self.optimizer.state_dict() if optimizer is None else optimizer,
-            "loader": self.loader.state_dict(),
-            "rng": rng,
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "best": {"step": self.best["step"], "dev_nll": float(self.best["dev_nll"])},
-            "nonfinite": self.nonfinite.state_dict(),
-            # the summary's tokens/s is the median of the final steps, some of them before a resume
-            "step_times": list(self.step_times),
-            "data": data_ids(self.dataset, self.run),
-            "compute_dtype": compute_dtype(self.dtype),  # what precision "auto" gave on this device
-            "eval_batch_size": self.eval_batch_size,  # per process: MoE's dev NLL depends on it
-        }
-
-    def save(self, dev_nll: float | None = None) -> Path:
-        """Write the step directory. Every process calls this; rank 0 writes the files, the
-        COMPLETE marker and the rename once every rank's part is on disk."""
-        all_finite = distributed.mean_over_ranks(self.dist, float(not finite_weights(self.model))) == 0
-        check_weights(all_finite, self.step, self._latest())  # no checkpoint holds a NaN
-        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen}
-        if self.dist.active:
-            meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
-        if self.run.train.checkpoint_format == "sharded":
-            # Every rank writes its shard into rank 0's temporary directory.
-            tag = distributed.broadcast_int(self.dist, os.getpid())
-            tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
-            if self.dist.is_main:
-                begin_checkpoint(self.ckpt_root, self.step, tag)
-            tensors, param_groups = distributed.sharded_state(self.model, self.optimizer)
-            distributed.barrier(self.dist)  # the directory exists before anyone writes into it
-            save_shards(tmp / SHARDS, tensors, self.dist.active)  # returns once every shard and .metadata are written
-            model_state = None
-            train_state = {**self._train_state({}), "optimizer_param_groups": param_groups}
-            del train_state["optimizer"]  # its tensors are in the shards
-        else:  # full state dicts (gathered to rank 0 under FSDP), the single-process format
-            tmp = begin_checkpoint(self.ckpt_root, self.step, os.getpid()) if self.dist.is_main else None
-            model_state = distributed.full_model_state(self.model, self.dist)
-            train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
-        path = self.ckpt_root / step_dir_name(self.step)
-        failure: UserError | None = None
-        if self.dist.is_main:
-            try:
-                path = finish_checkpoint(
-                    tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
-                )
-            except UserError as exc:  # a full disk: every rank stops with one line, not at a barrier's broken pipe
-                failure = exc
-            else:
-                protect = {self.best["step"]} if self.best["step"] is not None else set()
-                prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
-        # no rank moves on (or reads it back) before it is complete; this also tells them whether it is
-        if distributed.broadcast_int(self.dist, int(failure is not None)):
-            raise failure or UserError(
-                f"rank 0 could not write checkpoint {step_dir_name(self.step)} in {self.ckpt_root}; its error says why"
-            )
-        return path
-
-    def _write_best(self) -> None:
-        if self.best["step"] is not None and self.dist.is_main:
-            write_json_atomic(self.out / "best.json", self.best)
 
     # -- logging ------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
@@ -344,10 +223,6 @@ class Trainer:
             self._last["skipped"] = True
             self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
         return loss
-
-    def _latest(self) -> str:
-        steps = complete_steps(self.ckpt_root)
-        return f"checkpoint {steps[-1]}" if steps else "no checkpoint (none was written yet), so nothing"
 
     def fit(self) -> TrainResult:
         cfg = self.run.train
