@@ -185,7 +185,8 @@ class Trainer(TrainerCheckpoints):
         if segments is not None:
             self.model.set_active_segment(segment_for_step(self.step, segments))
         # The sums stay on the device in float64 (the additions Python's floats made, in the same
-        # order) and are read once with the norm: one wait for the GPU per step, not 2 + A.
+        # order), are averaged over processes in one collective and read once with the norm: one
+        # wait for the GPU per step, not 2 + A (and under DDP not one more per all-reduced value).
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         aux_total = torch.zeros_like(total)
         aux_of = getattr(self.model.backbone, "aux_loss", None)  # MoE: the load-balancing term in the loss
@@ -206,8 +207,9 @@ class Trainer(TrainerCheckpoints):
             if aux is not None:
                 aux_total += aux.detach().double()
         norm = distributed.grad_norm_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        total, aux_total, grad_norm = torch.stack([total, aux_total, norm.detach().double().to(self.device)]).tolist()
-        loss = distributed.mean_over_ranks(self.dist, total / cfg.grad_accum)  # the global batch's loss
+        # the global batch's loss and aux loss: with equal tokens per process, the mean of theirs
+        means = distributed.mean_over_ranks_on_device(self.dist, torch.stack([total, aux_total]) / cfg.grad_accum)
+        loss, aux_loss, grad_norm = torch.cat([means, norm.detach().double().to(self.device).reshape(1)]).tolist()
         skip = self.nonfinite.skip(loss, grad_norm)  # both values are global: every rank decides alike
         if not skip:
             with keep_inactive_columns(self.model, self.optimizer):
@@ -218,7 +220,7 @@ class Trainer(TrainerCheckpoints):
         self.tokens_seen += cfg.grad_accum * cfg.batch_size * self.seq_len
         self._last = {"lr": lr, "grad_norm": grad_norm if math.isfinite(grad_norm) else None}
         if aux_of is not None:  # logged apart: loss - aux_loss is the NLL that other models log as loss
-            self._last["aux_loss"] = distributed.mean_over_ranks(self.dist, aux_total / cfg.grad_accum)
+            self._last["aux_loss"] = aux_loss
         if skip:  # a skipped step still counts: its batch is consumed (train/nonfinite.py)
             self._last["skipped"] = True
             self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
