@@ -22,8 +22,6 @@ and no stacked copy of the sources is made (autograd keeps only the sources them
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
@@ -43,19 +41,31 @@ class DepthSources:
     """The sources a mix attends over: the embedding, completed (block) sums and the running
     partial sum, each with its unit-RMS copy. `block` counts sublayers (1 = full AttnRes)."""
 
-    def __init__(self, embedding: torch.Tensor, block: int, eps: float) -> None:
-        self.block, self.eps = block, eps
-        self.values = [embedding]
-        self.normed = [unit_rms(embedding, eps)]
-        self.partial: torch.Tensor | None = None
-        self.partial_normed: torch.Tensor | None = None
-        self.count = 0
+    def __init__(
+        self,
+        values: list[torch.Tensor],
+        normed: list[torch.Tensor],
+        block: int,
+        eps: float,
+        partial: torch.Tensor | None = None,
+        partial_normed: torch.Tensor | None = None,
+        count: int = 0,
+    ) -> None:
+        self.values, self.normed, self.block, self.eps = values, normed, block, eps
+        self.partial, self.partial_normed, self.count = partial, partial_normed, count
+
+    @classmethod
+    def start(cls, embedding: torch.Tensor, block: int, eps: float) -> DepthSources:
+        """The sources before the first sublayer: the embedding alone."""
+        return cls([embedding], [unit_rms(embedding, eps)], block, eps)
 
     def copy(self) -> DepthSources:
-        """A copy that `add` can extend without changing this one (the tensors are shared)."""
-        other = copy.copy(self)
-        other.values, other.normed = list(self.values), list(self.normed)
-        return other
+        """A copy that `add` can extend without changing this one (the tensors are shared). Built
+        by the constructor: under torch 2.11 Dynamo broke the compiled graph at every checkpointed
+        layer on `copy.copy`, and failed to trace `DepthSources.__new__` there."""
+        return DepthSources(
+            list(self.values), list(self.normed), self.block, self.eps, self.partial, self.partial_normed, self.count
+        )
 
     def current(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self.partial is None:

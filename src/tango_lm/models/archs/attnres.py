@@ -54,7 +54,7 @@ class AttnResBackbone(Backbone):
     def forward(self, x: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
         start = cache.position if cache is not None else 0
         rope = rope_tables(x.shape[1], self.head_dim, self.rope_theta, x.device, start=start, dtype=x.dtype)
-        sources = DepthSources(x, self.block, self.eps)
+        sources = DepthSources.start(x, self.block, self.eps)
         recompute = self.recomputes(cache)
         for application, index in enumerate(self.schedule):
             if recompute:  # a layer edits its sources in place: checkpoint it on a copy
