@@ -128,6 +128,27 @@ def test_without_autotuning_a_launch_takes_its_first_admitted_configuration(monk
         common.for_launch([small_d, every], {}, BLOCK_D=32)
 
 
+def test_without_autotuning_no_launch_is_timed_on_any_triton(monkeypatch):
+    # With one configuration left, triton 3.9 times nothing, but 3.6 (torch 2.11's) timed it anyway:
+    # ~0.1 s of launches per launch shape on a GPU, and under the interpreter, which has no driver,
+    # an error ("0 active drivers") in every test that forces a configuration. Every tuner times
+    # through `time_configuration`, which runs nothing without autotuning.
+    common = pytest.importorskip("tango_lm.ops.triton_common", exc_type=ImportError)
+    from tango_lm.ops import relu2_attention_triton_kernels, tango_mix_triton_kernels, windowed_triton
+    from tests.triton_configurations import tuners
+
+    every = [
+        t
+        for m in (relu2_attention_triton_kernels, tango_mix_triton_kernels, windowed_triton)
+        for t in tuners(m).values()
+    ]
+    assert len(every) >= 8 and all(t.do_bench is common.time_configuration for t in every)
+    monkeypatch.setenv("TANGO_LM_TRITON_AUTOTUNE", "0")
+    launches = []
+    assert common.time_configuration(lambda: launches.append(1), (0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
+    assert launches == []
+
+
 def test_autotuners_that_prune_by_launch_also_key_their_cache_by_it():
     # A configuration chosen at one ALIGN or PRECISION must not be reused, unpruned, at another.
     pytest.importorskip("triton", reason="triton is not installed")

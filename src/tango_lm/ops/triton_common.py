@@ -46,6 +46,7 @@ def autotune(hardware: list[triton.Config], key: list[str], **kwargs):
             interpreted if INTERPRETED else hardware,
             key=key,
             prune_configs_by={"early_config_prune": for_launch},
+            do_bench=time_configuration,
             **kwargs,
         )(fn)
         tuner.hardware_configs = hardware
@@ -82,9 +83,21 @@ def admitted(configs: list[triton.Config], **launch) -> list[triton.Config]:
 
 def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """The autotuner's `early_config_prune`: the `admitted` configurations, or only the first of them
-    without `autotuning()` (with one left, triton times nothing)."""
+    without `autotuning()` (which `time_configuration` then does not time)."""
     kept = admitted(configs, **kwargs)
     return kept if autotuning() else kept[:1]
+
+
+def time_configuration(kernel_call, quantiles: tuple[float, ...]) -> list[float]:
+    """The autotuner's timing of one configuration: the GPU driver's benchmarker, or nothing at all
+    without `autotuning()`, where `for_launch` left one configuration. Triton 3.9 times nothing
+    when one is left; 3.6 (torch 2.11's) still timed it, ~0.1 s of launches per launch shape, and
+    under the interpreter, which has no driver, failed ("0 active drivers")."""
+    if not autotuning():
+        return [0.0] * len(quantiles)
+    from triton.runtime import driver
+
+    return driver.active.get_benchmarker()(kernel_call, quantiles=quantiles)
 
 
 # The interpreter multiplies bf16 operands as their raw 16-bit patterns (triton 3.9): there the
