@@ -182,6 +182,16 @@ def test_kernel_benches_read_what_the_autotuner_chose(monkeypatch):
     assert lines[2] == "  forward_kernel: not tuned (one configuration)"
     assert lines[-1] == "  the chosen kernels add up to 0.250 ms of the 2.000 ms forward + backward"
     assert op_timing.autotune_lines({"autotuned": [], "rows": []}) == []
+    # a chosen configuration that was not timed at the last shape tuned: said so, not a crash
+    monkeypatch.setattr(kernels.lse_kernel, "configs_timings", {slow: [0.5, 0.4, 0.6]})
+    lines = op_timing.autotune_lines({"autotuned": op_timing.autotuned(kernels)[:1], "rows": []})
+    assert (
+        lines[1]
+        == "  lse_kernel: not timed at this shape with BLOCK_M=64, BLOCK_N=32, warps 4, stages 2 (tried 0.500 ms)"
+    )
+    # untimed launches (triton 3.6 records zeros for the one configuration left): no timings read
+    monkeypatch.setenv("TANGO_LM_TRITON_AUTOTUNE", "0")
+    assert op_timing.autotuned(kernels)[0]["timings_ms"] == {}
 
 
 # Packages the GPU machine's image lacks (/work/.library/device/KINDS.md): tango-lm extras, and

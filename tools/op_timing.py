@@ -186,14 +186,18 @@ def autotuned(kernels_module: object) -> list[dict]:
     it, in definition order) at the last shape it tuned there (the benches run one): the chosen
     configuration, and each configuration it timed with its median ms (Triton's own do_bench
     timing, fastest first). A kernel with one configuration (the interpreter's) is not tuned: its
-    row has no timings. Shows which kernel takes the step's time and which configurations win."""
+    row has no timings, nor has any under TANGO_LM_TRITON_AUTOTUNE=0 (triton 3.6 records zeros for
+    the one configuration left there). Shows which kernel takes the step's time and which
+    configurations win."""
     from triton.runtime.autotuner import Autotuner
+
+    from tango_lm.ops.triton_common import autotuning
 
     rows = []
     for name, kernel in vars(kernels_module).items():
         if not isinstance(kernel, Autotuner):
             continue
-        timings = getattr(kernel, "configs_timings", None) or {}
+        timings = (getattr(kernel, "configs_timings", None) or {}) if autotuning() else {}
         ms = {_config_text(c): t[0] if isinstance(t, (list, tuple)) else t for c, t in timings.items()}
         chosen = list(kernel.cache.values())[-1] if kernel.cache else None
         rows.append(
@@ -233,7 +237,8 @@ def autotune_lines(report: dict) -> list[str]:
             lines.append(f"  {r['kernel']}: not tuned (one configuration)")
             continue
         tried = ", ".join(f"{t:.3f}" for t in r["timings_ms"].values())
-        lines.append(f"  {r['kernel']}: {r['chosen_ms']:.3f} ms with {r['chosen']} (tried {tried} ms)")
+        chosen = f"{r['chosen_ms']:.3f} ms" if r["chosen_ms"] is not None else "not timed at this shape"
+        lines.append(f"  {r['kernel']}: {chosen} with {r['chosen']} (tried {tried} ms)")
     total = sum(r["chosen_ms"] for r in rows if r["chosen_ms"] is not None)
     if total and step_ms:
         lines.append(f"  the chosen kernels add up to {total:.3f} ms of the {step_ms:.3f} ms forward + backward")
