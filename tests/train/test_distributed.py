@@ -87,6 +87,14 @@ from tango_lm.train.checkpoint import write_failed
 real_finish = trainer_module.finish_checkpoint
 def full_disk(tmp, step, *args):  # rank 0 alone writes the files: as on a full disk
     raise write_failed(tmp.parent, step, OSError(28, "No space left on device"))
+import time
+import tango_lm.train.run_dir as run_dir
+real_check = run_dir._check_contents
+def late_check(out, resume):  # rank 1 checks the FSDP run's directory late: rank 0 must not have written yet
+    if name == "fsdp" and os.environ["RANK"] == "1":
+        time.sleep(1)
+    real_check(out, resume)
+run_dir._check_contents = late_check
 for name, (argv, script, *_) in jobs.items():
     Trainer.evaluate_dev = (lambda self: script[str(self.step)]) if script else real_dev
     trainer_module.finish_checkpoint = full_disk if name == "save_fails" else real_finish

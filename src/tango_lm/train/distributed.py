@@ -140,7 +140,12 @@ def setup(run: Any) -> DistEnv:
             )
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         _owned_group.append(True)
-    return DistEnv(run.train.parallel, rank, local_rank, world_size, device)
+    env = DistEnv(run.train.parallel, rank, local_rank, world_size, device)
+    # Forming a group is a rendezvous; joining the caller's is not. Either way every process has
+    # checked the run directory (train/run_dir.py) before rank 0 writes into it: a process that
+    # checked it later found rank 0's files and stopped alone, leaving the others hung.
+    barrier(env)
+    return env
 
 
 def teardown() -> None:
