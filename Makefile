@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup quickstart test bench lint gpu-check clean
+.PHONY: setup quickstart test test-gpu-versions bench lint gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ quickstart: setup
 test: setup
 	$(BIN)/python -m pytest -n logical --maxprocesses 4 --dist loadfile
 
+# The same tests under the GPU machine's torch 2.11 and triton 3.6, on this CPU, in .venv-gpu-versions
+# (tools/test_gpu_versions.sh; about 3 GB: torch's CUDA build from PyPI).
+test-gpu-versions:
+	tools/test_gpu_versions.sh
+
 bench: setup
 	$(BIN)/tango-lm bench
 
@@ -36,4 +41,4 @@ lint: setup
 	$(BIN)/ruff format --check src tests tools
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-gpu-versions runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -94,6 +95,17 @@ def test_gpu_suites_script_and_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "decode-small  ok" in out and "train-70m     TIMEOUT" in out and "900s" in out
     assert "[decode-small]" in out and "decode: device cpu" in out and "[train-70m]" not in out
+
+
+def test_gpu_versions_script_pins_the_floors_pyproject_promises():
+    # pyproject's floors are the versions the tests ran on; the script runs them at those floors.
+    script = (TOOLS / "test_gpu_versions.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(TOOLS / "test_gpu_versions.sh")]).returncode == 0
+    pyproject = (helpers.ROOT / "pyproject.toml").read_text()
+    floors = dict(re.findall(r'^\s*(?:triton = \[)?"(torch|triton)>=([0-9.]+)', pyproject, flags=re.M))
+    assert set(floors) == {"torch", "triton"}
+    for package, floor in floors.items():
+        assert f"{package}=={floor}.0\\n" in script  # the pins file: an exact release at the floor
 
 
 def test_delta_rule_bench():

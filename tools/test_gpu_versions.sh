@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test suite on this CPU under the GPU machine's versions: torch 2.11 and triton 3.6 (the
+# CUDA build from PyPI, ~3 GB with its CUDA libraries, runs on a CPU too). `make test` runs torch
+# 2.13 and triton 3.9; code that only a GPU runs meets 2.11 and 3.6 first on the GPU machine,
+# whose sessions are short, and they differ: Dynamo traced AttnRes's checkpointed layers with a
+# graph break, and triton timed the launches TANGO_LM_TRITON_AUTOTUNE=0 leaves untimed, only
+# there. `make test-gpu-versions`, or
+#
+#   tools/test_gpu_versions.sh [pytest arguments]   # e.g. -k "triton or compile"
+#
+# builds $VENV (default .venv-gpu-versions) on first use, then runs pytest as `make test` does.
+# numpy < 2.4: triton 3.6's interpreter calls int() on one-element arrays, which numpy 2.4 refuses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv-gpu-versions}
+PYTHON=${PYTHON:-python3}
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+printf 'torch==2.11.0\ntriton==3.6.0\nnumpy<2.4\n' >"$pins"
+if [ ! -f "$VENV/.installed" ]; then
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -c "$pins" torch triton numpy
+    "$VENV/bin/python" -m pip install -c "$pins" -e '.[test,eval,hf,triton,gdn,serve,tensorboard,wandb,cluster]'
+    touch "$VENV/.installed"
+fi
+"$VENV/bin/python" -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}')"
+exec "$VENV/bin/python" -m pytest -n logical --maxprocesses 4 --dist loadfile "$@"
