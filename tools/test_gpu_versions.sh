@@ -14,13 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-gpu-versions}
 PYTHON=${PYTHON:-python3}
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-printf 'torch==2.11.0\ntriton==3.6.0\nnumpy<2.4\n' >"$pins"
 if [ ! -f "$VENV/.installed" ]; then
+    pins=$(mktemp)  # removed here: the `exec` below leaves no shell to run an EXIT trap
+    printf 'torch==2.11.0\ntriton==3.6.0\nnumpy<2.4\n' >"$pins"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -c "$pins" torch triton numpy
     "$VENV/bin/python" -m pip install -c "$pins" -e '.[test,eval,hf,triton,gdn,serve,tensorboard,wandb,cluster]'
+    rm -f "$pins"
     touch "$VENV/.installed"
 fi
 "$VENV/bin/python" -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}')"
