@@ -365,6 +365,11 @@ def test_a_run_configs_head_shape_follows_an_override(tmp_path):
         assert load_run_config("dense-142m", overrides).model.n_kv_heads == shape[1]  # the preset alike
     with pytest.raises(UserError, match="n_kv_heads=6"):
         load_run_config(str(path), ["model.n_heads=3"])  # no group of 2 in 3 heads: the error says so
+    # d_model=64 keeps the 64-wide heads: one head, no group of 2; the error says why and what to set
+    message = r"n_heads=1 \(d_model=64 / head_dim=64\) is not a multiple of n_kv_heads=6; set model.n_kv_heads to one of \[1\]"
+    with pytest.raises(UserError, match=message):
+        load_run_config("dense-142m", ["model.d_model=64"])
+    assert load_run_config("dense-142m", ["model.d_model=64", "model.n_kv_heads=1"]).model.n_heads == 1
 
 
 def test_a_default_eval_capacity_follows_new_experts_and_a_chosen_one_stays(tmp_path):

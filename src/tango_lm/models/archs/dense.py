@@ -26,9 +26,12 @@ from tango_lm.models.config import ModelConfig
 def check_gqa(cfg: ModelConfig) -> None:
     """The key/value heads must divide the query heads."""
     if cfg.n_kv_heads < 1 or cfg.n_heads % cfg.n_kv_heads:
+        # The head count often follows from an override (d_model=64 keeps a preset's 64-wide heads:
+        # one head), so the message says where it came from and which field to set.
+        divisors = [k for k in range(1, cfg.n_heads + 1) if cfg.n_heads % k == 0]
         raise UserError(
-            f"model.n_heads={cfg.n_heads} is not a multiple of n_kv_heads={cfg.n_kv_heads}; "
-            "choose n_kv_heads that divides n_heads"
+            f"model.n_heads={cfg.n_heads} (d_model={cfg.d_model} / head_dim={cfg.head_dim}) is not a multiple "
+            f"of n_kv_heads={cfg.n_kv_heads}; set model.n_kv_heads to one of {divisors}, or change head_dim or n_heads"
         )
 
 
