@@ -15,12 +15,14 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-gpu-versions}
 PYTHON=${PYTHON:-python3}
 if [ ! -f "$VENV/.installed" ]; then
-    pins=$(mktemp)  # removed here: the `exec` below leaves no shell to run an EXIT trap
+    pins=$(mktemp)
+    trap 'rm -f "$pins"' EXIT  # a failed install exits here; the `exec` below runs no EXIT trap
     printf 'torch==2.11.0\ntriton==3.6.0\nnumpy<2.4\n' >"$pins"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -c "$pins" torch triton numpy
     "$VENV/bin/python" -m pip install -c "$pins" -e '.[test,eval,hf,triton,gdn,serve,tensorboard,wandb,cluster]'
     rm -f "$pins"
+    trap - EXIT
     touch "$VENV/.installed"
 fi
 "$VENV/bin/python" -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}')"
