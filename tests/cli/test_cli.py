@@ -154,6 +154,13 @@ def test_params_of_preset(capsys):
     assert res["total"] == expected["total"] != 70002176
 
 
+def test_presets_describe_each_preset_in_a_whole_sentence(capsys):
+    # The listing shows each file's first comment line; one that ended in ':' read as cut off.
+    rows = _run_json(capsys, ["presets", "--json"])
+    assert len(rows) >= 70 and {r["name"] for r in rows} >= {"dense-142m", "tango-70m-d4"}
+    assert [r["name"] for r in rows if not r["about"].endswith(".")] == []
+
+
 def test_params_text_output(capsys):
     assert main(["params", "tango-70m-d4"]) == 0
     text = capsys.readouterr().out
