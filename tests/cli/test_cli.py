@@ -3,6 +3,7 @@ one `error:` line, no traceback, nothing on disk touched)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tango_lm.cli import main
+from tango_lm.cli import build_parser, main
 from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
@@ -152,6 +153,22 @@ def test_params_of_preset(capsys):
     res = _run_json(capsys, ["params", "tango-70m-d4", "model.width=28144", "--json"])
     expected = ModelConfig(arch="tango", d_model=512, width=28144, depth=4, vocab_size=50257).num_params()
     assert res["total"] == expected["total"] != 70002176
+
+
+def _options_without_help(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, f"{command} {name}")
+        elif action.option_strings and not action.help:
+            missing.append(f"{command} {action.option_strings[-1]}")
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does_in_help():
+    # `--help` is where a user looks first; 61 options once showed a bare name there.
+    assert _options_without_help(build_parser(), "tango-lm") == []
 
 
 def test_presets_describe_each_preset_in_a_whole_sentence(capsys):

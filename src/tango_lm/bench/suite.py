@@ -22,6 +22,7 @@ from typing import Any
 
 from tango_lm.bench.stopping import STOPS, StopRecord, signal_name, stopped_line
 from tango_lm.bench.training import default_archs
+from tango_lm.cli.output import DEVICE_HELP
 from tango_lm.errors import UserError
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
@@ -57,15 +58,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="comma-separated architectures for train/decode (default: those registered in the bench suite: "
         f"{', '.join(default_archs())})",
     )
-    s.add_argument("--d-model", type=int, default=256)
-    s.add_argument("--seq-len", type=int, default=256)
-    s.add_argument("--depth", type=int, default=4)
-    s.add_argument("--batch-size", type=int, default=4)
+    s.add_argument("--d-model", type=int, default=256, help="width d of the models (default %(default)s)")
+    s.add_argument("--seq-len", type=int, default=256, help="train suite: tokens per sequence (default %(default)s)")
+    s.add_argument("--depth", type=int, default=4, help="block applications or layers (default %(default)s)")
+    s.add_argument("--batch-size", type=int, default=4, help="train suite: sequences per step (default %(default)s)")
     s.add_argument("--steps", type=int, default=6, help="timed training steps per model")
     s.add_argument("--warmup", type=int, default=2, help="untimed training steps per model")
     s.add_argument("--tango-width", type=int, default=8192, help="TANGO's F; the other widths are matched to it")
     s.add_argument("--vocab-size", type=int, default=257, help="vocabulary of the train and decode suites")
-    s.add_argument("--device", default="auto")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     s.add_argument("--no-memory", action="store_true", help="train suite: skip the per-model memory measurement")
     s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement")
@@ -76,9 +77,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)",
     )
     g = s.add_argument_group("decode suite")
-    g.add_argument("--prompt-len", type=int, default=32)
-    g.add_argument("--new-tokens", type=int, default=128)
-    g.add_argument("--decode-batches", type=_ints, default=(1, 8))
+    g.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence (default %(default)s)")
+    g.add_argument("--new-tokens", type=int, default=128, help="tokens generated after it (default %(default)s)")
+    g.add_argument("--decode-batches", type=_ints, default=(1, 8), help="comma-separated batch sizes (default 1,8)")
     g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
     g.add_argument(
         "--head-backbone",
@@ -94,8 +95,13 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
     g = s.add_argument_group("windowed suite")
-    g.add_argument("--window", type=int, default=64)
-    g.add_argument("--windowed-lens", type=_ints, default=(256, 512, 1024, 2048, 4096))
+    g.add_argument("--window", type=int, default=64, help="windowed TANGO's window W (default %(default)s)")
+    g.add_argument(
+        "--windowed-lens",
+        type=_ints,
+        default=(256, 512, 1024, 2048, 4096),
+        help="comma-separated sequence lengths, increasing (default 256,512,1024,2048,4096)",
+    )
     g.add_argument("--windowed-width", type=int, default=2048, help="TANGO's F in the windowed comparison")
     g.add_argument("--windowed-tokens", type=int, default=16384, help="tokens per step at every T")
     g.add_argument("--no-full-tango", action="store_true", help="windowed suite: time the windowed block only")
@@ -106,8 +112,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         default="dense-142m",
         help="a preset (its model section) or an architecture at --d-model/--depth",
     )
-    g.add_argument("--memory-batch-size", type=int, default=1)
-    g.add_argument("--memory-seq-len", type=int, default=512)
+    g.add_argument("--memory-batch-size", type=int, default=1, help="sequences per measured step (default %(default)s)")
+    g.add_argument("--memory-seq-len", type=int, default=512, help="tokens per sequence (default %(default)s)")
     s.add_argument(
         "--compile",
         action="store_true",

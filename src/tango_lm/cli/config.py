@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tango_lm.cli.output import _print_json, _table
+from tango_lm.cli.output import JSON_HELP, _print_json, _table
 from tango_lm.models.matching import PAPER_VOCAB
 
 
@@ -139,20 +139,20 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("params", help="parameter counts of a model config")
     s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
     s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=tango d_model=512")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_params)
 
     s = sub.add_parser("presets", help="list the named presets")
     s.add_argument("filter", nargs="?", help="only presets whose name contains this")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_presets)
 
     s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
     s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M or 1500000")
-    s.add_argument("--depth", type=int, required=True)
+    s.add_argument("--depth", type=int, required=True, help="block applications (looped) or layers")
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
-    s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB)
+    s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB, help="vocabulary V (default: %(default)s, GPT-2's)")
     s.add_argument(
         "--head-dim", type=int, default=None, help="head width d_h (default: the config's, 32); d_model's multiple"
     )
@@ -170,5 +170,5 @@ def add_parsers(sub: Any) -> None:
         help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)",
     )
     s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_match)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tango_lm.cli.output import _print_json
+from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
@@ -73,14 +73,18 @@ def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
 def _add_train_tokenizer_parser(dsub: Any) -> None:
     t = dsub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on files")
     t.add_argument("--input", nargs="+", required=True, help="files, directories or glob patterns")
-    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument(
+        "--vocab-size", type=int, required=True, help="ids in the tokenizer, end-of-text included (at least 257)"
+    )
     t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
     t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
     t.add_argument("--ext", action="append", help="file extensions read from directories (repeatable)")
-    t.add_argument("--min-frequency", type=int, default=2)
-    t.add_argument("--max-docs", type=int, default=None)
-    t.add_argument("--overwrite", action="store_true")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument(
+        "--min-frequency", type=int, default=2, help="merge only pairs seen this often (default %(default)s)"
+    )
+    t.add_argument("--max-docs", type=int, default=None, help="train on at most N documents (default: all)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    t.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     t.set_defaults(func=cmd_data_train_tokenizer)
 
 
@@ -95,7 +99,7 @@ def add_parsers(sub: Any) -> None:
     for name, source in SOURCES.items():
         t = dsrc.add_parser(name, help=source.help)
         source.add_arguments(t)
-        t.add_argument("--no-progress", action="store_true", help="no progress bar")  # every source alike
+        t.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)  # every source alike
         t.set_defaults(func=cmd_data_prepare)
     _add_train_tokenizer_parser(dsub)
     v = dsub.add_parser(
@@ -103,5 +107,5 @@ def add_parsers(sub: Any) -> None:
         help="check every shard of a prepared dataset against its manifest (sha256, end-of-text ids, token ids)",
     )
     v.add_argument("dir", help="prepared dataset directory")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("--json", action="store_true", help=JSON_HELP)
     v.set_defaults(func=cmd_data_verify)

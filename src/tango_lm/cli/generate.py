@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tango_lm.cli.output import CHECKPOINT_HELP, _print_json
+from tango_lm.cli.output import CHECKPOINT_HELP, DEVICE_HELP, JSON_HELP, _print_json
 from tango_lm.errors import UserError
 
 
@@ -128,24 +128,29 @@ def add_parsers(sub: Any) -> None:
         help="default 64, or as many as the prompt leaves room for in the context",
     )
     s.add_argument("--temperature", type=float, default=1.0, help="0 for greedy decoding")
-    s.add_argument("--top-k", type=int, default=None)
-    s.add_argument("--top-p", type=float, default=None)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--num-samples", type=int, default=1)
+    s.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only")
+    s.add_argument("--top-p", type=float, default=None, help="sample within the smallest set of probability >= p")
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed (default: a fresh one each run); the same seed, the same samples",
+    )
+    s.add_argument("--num-samples", type=int, default=1, help="completions of the prompt, decoded together")
     s.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
-    s.add_argument("--device", default="auto")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument(
         "--eager",
         action="store_true",
         help="on CUDA too, decode with the eager cached forward instead of compiled static steps (CUDA graphs): "
         "no compile wait for a short answer; a seed then draws other samples (greedy tokens agree)",
     )
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("serve", help="serve a checkpoint over HTTP with the OpenAI completions API")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port (the address is printed)")
     s.add_argument("--model-name", default=None, help="the model id clients send (default: the run directory's name)")
     s.add_argument("--max-batch-size", type=int, default=32, help="rows decoded together at most")
@@ -156,12 +161,12 @@ def add_parsers(sub: Any) -> None:
         help="how long the first request of a batch waits for others to arrive",
     )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
-    s.add_argument("--device", default="auto")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--hf", required=True, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)")
     s.add_argument("--overwrite", action="store_true", help="replace the export's files in a non-empty DIR")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_export)

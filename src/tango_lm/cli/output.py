@@ -25,7 +25,15 @@ from typing import Any, NoReturn
 from tango_lm import strict_json
 from tango_lm.errors import UserError
 
-__all__ = ["Parser", "one_line", "held_warnings", "progress_on_terminal_only"]
+__all__ = [
+    "Parser",
+    "one_line",
+    "held_warnings",
+    "progress_on_terminal_only",
+    "JSON_HELP",
+    "NO_PROGRESS_HELP",
+    "DEVICE_HELP",
+]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # The positional argument of eval, generate, serve and export (train/checkpoint.py, resolve_run_checkpoint).
@@ -33,6 +41,11 @@ CHECKPOINT_HELP = (
     "run directory (the checkpoint it selected: best dev, or its last with train.select=final) "
     "or a checkpoints/step-* directory"
 )
+
+# The flags many commands share, said once.
+JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
+NO_PROGRESS_HELP = "no progress bar (none is drawn when stderr is not a terminal either)"
+DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
 class Parser(argparse.ArgumentParser):

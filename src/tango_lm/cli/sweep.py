@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tango_lm.cli.output import _print_json, _table
+from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
 from tango_lm.errors import UserError
 
 SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
@@ -134,8 +134,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
     s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
     s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
-    s.add_argument("--no-progress", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
@@ -148,6 +148,6 @@ def add_parsers(sub: Any) -> None:
         help="test: test NLL of the selected checkpoint; dev: its dev NLL",
     )
     s.add_argument("--reference", default=None, help="model whose per-seed margins to give (default: each row's best)")
-    s.add_argument("--no-plots", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--no-plots", action="store_true", help="tables only, no plots/ (and no matplotlib needed)")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_report)

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.config import _config_and_overrides
-from tango_lm.cli.output import CHECKPOINT_HELP, _print_json, _table
+from tango_lm.cli.output import CHECKPOINT_HELP, DEVICE_HELP, JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
 from tango_lm.errors import UserError
 
 
@@ -143,8 +143,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
     s.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
-    s.add_argument("--no-progress", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("eval", help="NLL of a checkpoint on a split")
@@ -174,16 +174,18 @@ def add_parsers(sub: Any) -> None:
         help="--ppl file format: blank-line documents (text, the default), raw WikiText, or LAMBADA lines/JSONL",
     )
     s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_eval)
 
 
 def add_quickstart_parser(sub: Any) -> None:
     """`quickstart`."""
     s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
-    s.add_argument("--out", default="runs/quickstart")
+    s.add_argument(
+        "--out", default="runs/quickstart", help="directory of the dataset and the two runs (default: %(default)s)"
+    )
     s.add_argument("--steps", type=int, default=None, help="optimizer steps per model")
     s.add_argument("--fresh", action="store_true", help="retrain even if finished runs exist")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_quickstart)

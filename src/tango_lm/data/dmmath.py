@@ -232,13 +232,29 @@ class DMMathSource(DataSource):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="output directory")
         parser.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
-        parser.add_argument("--train-per-module", type=int, default=300)
-        parser.add_argument("--test-per-module", type=int, default=30)
-        parser.add_argument("--dev-fraction", type=float, default=0.05)
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--train-per-module",
+            type=int,
+            default=300,
+            help="examples per train module, split over easy, medium and hard (default %(default)s)",
+        )
+        parser.add_argument(
+            "--test-per-module", type=int, default=30, help="interpolate examples per module (default %(default)s)"
+        )
+        parser.add_argument(
+            "--dev-fraction",
+            type=float,
+            default=0.05,
+            help="share of each module's train examples held out as dev (default %(default)s)",
+        )
+        parser.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
         parser.add_argument("--extrapolate", action="store_true", help="also write the extrapolate split")
-        parser.add_argument("--workers", type=int, default=None)
-        parser.add_argument("--overwrite", action="store_true")
+        parser.add_argument("--workers", type=int, default=None, help="generator processes (default: one per CPU)")
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DMMathSource:

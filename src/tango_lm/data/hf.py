@@ -184,7 +184,7 @@ class HFSource(HeldOutSource):
         cls.add_common_arguments(parser)
         parser.add_argument("--config", default=None, help="dataset configuration, e.g. sample-10BT")
         parser.add_argument("--split-map", default=None, help="OURS=THEIRS pairs, e.g. train=train,dev=validation")
-        parser.add_argument("--field", default="text")
+        parser.add_argument("--field", default="text", help="the column holding the text (default %(default)s)")
         parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
         parser.add_argument(
             "--streaming",
@@ -192,7 +192,7 @@ class HFSource(HeldOutSource):
             default=None,
             help="stream instead of downloading and caching (default: stream when --max-docs is set)",
         )
-        parser.add_argument("--revision", default=None)
+        parser.add_argument("--revision", default=None, help="a Hub branch, tag or commit to pin (default: main)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HFSource:

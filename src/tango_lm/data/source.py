@@ -123,7 +123,11 @@ class HeldOutSource(DataSource):
         )
         p.add_argument("--test-fraction", type=float, default=0.02, help="the same for test")
         p.add_argument("--seed", type=int, default=0, help="seed of the held-out split hash")
-        p.add_argument("--overwrite", action="store_true")
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
+        )
 
     @staticmethod
     def common_options(args: argparse.Namespace) -> dict[str, Any]:
