@@ -118,7 +118,7 @@ def report_kernel(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tango_lm.ops.triton_common import admitted
+    from tango_lm.ops.triton_common import FP_FUSION, admitted
 
     fn = kernel.fn
     rows = []
@@ -150,7 +150,7 @@ def report_kernel(
             compiled = triton.compile(
                 source,
                 target=GPUTarget("cuda", arch, 32),
-                options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+                options={"num_warps": config.num_warps, "num_stages": config.num_stages, "enable_fp_fusion": FP_FUSION},
             )
         except Exception as exc:  # a configuration that does not compile is this report's finding
             rows.append({**row, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"})

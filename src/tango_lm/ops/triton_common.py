@@ -16,6 +16,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
 MAX_GRID = 65535  # CUDA's limit on a grid's second and third axes (the kernels put B * H there)
+# Multiply-adds contracted into FMAs, as every launch asks: what the kernels were written, tested
+# and compiled for (tools/triton_ptxas_report.py). Triton <= 3.9 defaults to it, 3.9 warns that
+# 3.10 will not, and without it a kernel runs more instructions and rounds differently.
+FP_FUSION = True
 
 
 def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]:
@@ -38,7 +42,8 @@ def autotune(hardware: list[triton.Config], key: list[str], **kwargs):
     """`triton.autotune` over the `configs` list `hardware`, pruned per launch by `for_launch`. Under
     the interpreter the tuner gets one small configuration instead (blocks of 16: several blocks in
     every direction at the tests' sizes); either way it keeps the hardware list as
-    `hardware_configs`, which the kernel tests run one by one (tests/triton_configurations.py)."""
+    `hardware_configs`, which the kernel tests run one by one (tests/triton_configurations.py), and
+    every launch compiles with `FP_FUSION` set, whatever triton's default."""
     interpreted = [triton.Config(dict.fromkeys(hardware[0].kwargs, 16), num_warps=1)]
 
     def decorate(fn):
@@ -50,6 +55,13 @@ def autotune(hardware: list[triton.Config], key: list[str], **kwargs):
             **kwargs,
         )(fn)
         tuner.hardware_configs = hardware
+        launch = tuner.run  # `kernel[grid](...)` calls the tuner's `run`: every launch passes by here
+
+        def run(*args, **launch_kwargs):
+            launch_kwargs.setdefault("enable_fp_fusion", FP_FUSION)
+            return launch(*args, **launch_kwargs)
+
+        tuner.run = run
         return tuner
 
     return decorate
