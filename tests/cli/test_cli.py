@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from tango_lm.cli import build_parser, main
@@ -169,6 +171,17 @@ def _options_without_help(parser: argparse.ArgumentParser, command: str) -> list
 def test_every_option_of_every_command_says_what_it_does_in_help():
     # `--help` is where a user looks first; 61 options once showed a bare name there.
     assert _options_without_help(build_parser(), "tango-lm") == []
+
+
+def test_version_names_the_package_and_what_it_runs_on(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    pyproject = (helpers.ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, flags=re.M)[1]
+    assert line.startswith(f"tango-lm {version} (Python ") and f"torch {torch.__version__}" in line
+    assert "triton " in line and ("no CUDA device" in line) != torch.cuda.is_available()
 
 
 def test_presets_describe_each_preset_in_a_whole_sentence(capsys):

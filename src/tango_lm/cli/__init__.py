@@ -19,8 +19,42 @@ from tango_lm.errors import UserError, os_error_text
 from tango_lm.ops import dispatch as kernel_dispatch
 
 
+class _Version(argparse.Action):
+    """`--version`: this package's and what it runs on (for a bug report); torch is imported only here."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    import importlib.util
+    import platform
+
+    import torch
+
+    from tango_lm import __version__
+
+    parts = [f"Python {platform.python_version()}", f"torch {torch.__version__}"]
+    if importlib.util.find_spec("triton") is None:
+        parts.append("triton not installed")
+    else:
+        import triton
+
+        parts.append(f"triton {triton.__version__}")
+    if torch.cuda.is_available():
+        parts.append(f"CUDA {torch.version.cuda}: {torch.cuda.get_device_name()}")
+    else:
+        parts.append("no CUDA device")
+    return f"tango-lm {__version__} ({', '.join(parts)})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="tango-lm", description="Train, compare, evaluate and serve TANGO and onóna LMs.")
+    p.add_argument("--version", action=_Version, help="print the versions of tango-lm, Python, torch and triton")
     sub = p.add_subparsers(dest="command", required=True)
     config.add_parsers(sub)
     train.add_parsers(sub)
