@@ -250,11 +250,7 @@ class DMMathSource(DataSource):
         parser.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
         parser.add_argument("--extrapolate", action="store_true", help="also write the extrapolate split")
         parser.add_argument("--workers", type=int, default=None, help="generator processes (default: one per CPU)")
-        parser.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
-        )
+        cls.add_overwrite_argument(parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DMMathSource:

@@ -200,11 +200,7 @@ class MixtureSource(DataSource):
             "--tokens", type=int, default=None, help="train tokens (default: each document at most once)"
         )
         parser.add_argument("--seed", type=int, default=0, help="seed of the document orders (default %(default)s)")
-        parser.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
-        )
+        cls.add_overwrite_argument(parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> MixtureSource:

@@ -46,6 +46,15 @@ class DataSource:
         """Add this source's arguments, `--out` and `--overwrite` among them."""
         raise NotImplementedError
 
+    @staticmethod
+    def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+        """`--overwrite`, said once for every source."""
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
+        )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataSource:
         """The source the parsed arguments describe."""
@@ -123,11 +132,7 @@ class HeldOutSource(DataSource):
         )
         p.add_argument("--test-fraction", type=float, default=0.02, help="the same for test")
         p.add_argument("--seed", type=int, default=0, help="seed of the held-out split hash")
-        p.add_argument(
-            "--overwrite",
-            action="store_true",
-            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
-        )
+        DataSource.add_overwrite_argument(p)
 
     @staticmethod
     def common_options(args: argparse.Namespace) -> dict[str, Any]:
