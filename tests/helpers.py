@@ -7,6 +7,7 @@ written once per session however many modules ask for it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import importlib
@@ -248,3 +249,15 @@ class LargestTensor(TorchDispatchMode):
                 self.largest = max(self.largest, t.numel())
                 self.shapes.add(tuple(t.shape))
         return out
+
+
+def arguments_without_help(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """Every argument of `parser` and its subcommands that `--help` shows with no line on what it does."""
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += arguments_without_help(sub, f"{command} {name}")
+        elif not action.help:
+            missing.append(f"{command} {(action.option_strings or [action.dest])[-1]}")
+    return missing

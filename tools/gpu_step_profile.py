@@ -156,17 +156,29 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--archs", default="tango,loop-transformer")
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--tango-width", type=int, default=28480)
-    p.add_argument("--vocab-size", type=int, default=50257)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument(
+        "--archs", default="tango,loop-transformer", help="comma-separated architectures (default %(default)s)"
+    )
+    p.add_argument("--d-model", type=int, default=512, help="model width d (default: the 70M tier's %(default)s)")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default %(default)s)")
+    p.add_argument("--depth", type=int, default=4, help="block applications or layers (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step (default %(default)s)")
+    p.add_argument(
+        "--tango-width",
+        type=int,
+        default=28480,
+        help="TANGO's F; the other widths are matched to it (default %(default)s)",
+    )
+    p.add_argument("--vocab-size", type=int, default=50257, help="vocabulary (default: GPT-2's %(default)s)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="timed and then profiled training steps per model, after two warm-up steps (default %(default)s)",
+    )
     p.add_argument("--compile", action="store_true", help="profile torch.compile(model.nll)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per model")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="torch device (default %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cuda", "cpu"):

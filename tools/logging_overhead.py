@@ -48,12 +48,12 @@ def synthetic_data(root: Path, tokens: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps of each trainer (default %(default)s)")
+    parser.add_argument("--d-model", type=int, default=256, help="model width d (default %(default)s)")
+    parser.add_argument("--width", type=int, default=4096, help="TANGO's gate width F (default %(default)s)")
+    parser.add_argument("--depth", type=int, default=4, help="block applications (default %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step (default %(default)s)")
     parser.add_argument("--log-every", type=int, default=1, help="log every N-th step (the trainer's default is 10)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     args = parser.parse_args()

@@ -289,23 +289,38 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="report", required=True)
     gpu = sub.add_parser("gpu-path", help="every architecture on the GPU's kernels, shapes only")
-    gpu.add_argument("--d-model", type=int, default=512)
-    gpu.add_argument("--depth", type=int, default=4)
-    gpu.add_argument("--tango-width", type=int, default=28480)
-    gpu.add_argument("--vocab-size", type=int, default=50257)
-    gpu.add_argument("--seq-len", type=int, default=1024)
-    gpu.add_argument("--batch-size", type=int, default=16)
+    gpu.add_argument("--d-model", type=int, default=512, help="model width d (default: the 70M tier's %(default)s)")
+    gpu.add_argument("--depth", type=int, default=4, help="block applications or layers (default %(default)s)")
+    gpu.add_argument(
+        "--tango-width",
+        type=int,
+        default=28480,
+        help="TANGO's F; the other widths are matched to it (default %(default)s)",
+    )
+    gpu.add_argument("--vocab-size", type=int, default=50257, help="vocabulary (default: GPT-2's %(default)s)")
+    gpu.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default %(default)s)")
+    gpu.add_argument("--batch-size", type=int, default=16, help="sequences per step (default %(default)s)")
     gpu.add_argument("--archs", default=None, help="comma-separated (default: the train suite's)")
     gpu.add_argument("--kernels", default="triton", choices=dispatch.KERNELS, help="dispatch.py's override")
     on_heads = sub.add_parser("heads", help="every head on one backbone (the memory suite's), shapes only")
     on_heads.add_argument("--backbone", default="dense-142m", help="a preset or an architecture")
-    on_heads.add_argument("--heads", default="standard,onona,untied,mos,sigsoftmax,moss")
-    on_heads.add_argument("--vocab-size", type=int, default=50304)
-    on_heads.add_argument("--seq-len", type=int, default=1024)
-    on_heads.add_argument("--batch-size", type=int, default=32)
+    on_heads.add_argument(
+        "--heads",
+        default="standard,onona,untied,mos,sigsoftmax,moss",
+        help="comma-separated heads; Standard, the ratios' base, is added when missing (default %(default)s)",
+    )
+    on_heads.add_argument(
+        "--vocab-size", type=int, default=50304, help="vocabulary (default: the onóna paper's %(default)s)"
+    )
+    on_heads.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default %(default)s)")
+    on_heads.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per step (default: the paper's micro-batch, %(default)s)"
+    )
     on_heads.add_argument("--kernels", default="triton", choices=dispatch.KERNELS, help="dispatch.py's override")
     probs = sub.add_parser("probabilities", help="TANGO's fused CPU op, probabilities kept or recomputed")
-    probs.add_argument("seq_len", type=int, nargs="?", default=2048)
+    probs.add_argument(
+        "seq_len", type=int, nargs="?", default=2048, help="tokens in the sequence (default %(default)s)"
+    )
     args = parser.parse_args(argv)
     {"gpu-path": gpu_path, "heads": heads, "probabilities": probabilities}[args.report](args)
 

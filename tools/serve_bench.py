@@ -114,11 +114,27 @@ async def server_round(url: str, model_name: str, clients: int, max_tokens: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", nargs="?", help="run or step directory (default: a random TANGO)")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--batch-wait-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=8,
+        help="concurrent streaming clients, and generate's batch (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=128, help="new tokens per request at most (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="timed rounds, alternating generate and the server (default %(default)s)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch threads of this process and of the server (default: PyTorch's choice)",
+    )
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=20.0, help="the server's --batch-wait-ms (default %(default)s)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -53,11 +53,21 @@ class OpTimer(TorchDispatchMode):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="*", default=["tango:8192", "loop-transformer:8024"])
-    parser.add_argument("--seq-len", type=positive_int, default=256)
-    parser.add_argument("--batch-size", type=positive_int, default=4)
-    parser.add_argument("--steps", type=positive_int, default=6)
-    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "models",
+        nargs="*",
+        default=["tango:8192", "loop-transformer:8024"],
+        help="ARCH:WIDTH per model (default: the default bench's matched pair)",
+    )
+    parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default %(default)s)")
+    parser.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step (default %(default)s)")
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=6,
+        help="timed steps per model, after two warm-up steps (default %(default)s)",
+    )
+    parser.add_argument("--top", type=int, default=15, help="op groups listed per model (default %(default)s)")
     args = parser.parse_args()
     keep_freed_memory()
     configs = {}

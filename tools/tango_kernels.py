@@ -150,11 +150,13 @@ def steps(t: int, n_steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=["products", "steps"])
-    parser.add_argument("sizes", nargs="+", type=int)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "kind", choices=["products", "steps"], help="products: the three products alone; steps: whole training steps"
+    )
+    parser.add_argument("sizes", nargs="+", type=int, help="products: T F; steps: T")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    parser.add_argument("--rounds", type=int, default=9, help="products: timed rounds (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=12, help="steps: timed steps per path (default %(default)s)")
     args = parser.parse_args()
     if not cpu_kernels.available():
         raise SystemExit("the C kernels did not build here (see the warning above, or TANGO_LM_CPU_KERNELS)")

@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         "--kernels", default="", help="comma-separated kernel names to keep (default: every kernel of --ops)"
     )
     p.add_argument("--first", type=int, default=None, help="only each kernel's first N configurations")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="input dtype (default %(default)s)"
+    )
     p.add_argument(
         "--tf32",
         action="store_true",

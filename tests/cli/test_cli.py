@@ -157,20 +157,9 @@ def test_params_of_preset(capsys):
     assert res["total"] == expected["total"] != 70002176
 
 
-def _options_without_help(parser: argparse.ArgumentParser, command: str) -> list[str]:
-    missing = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                missing += _options_without_help(sub, f"{command} {name}")
-        elif action.option_strings and not action.help:
-            missing.append(f"{command} {action.option_strings[-1]}")
-    return missing
-
-
 def test_every_option_of_every_command_says_what_it_does_in_help():
     # `--help` is where a user looks first; 61 options once showed a bare name there.
-    assert _options_without_help(build_parser(), "tango-lm") == []
+    assert helpers.arguments_without_help(build_parser(), "tango-lm") == []
 
 
 def test_version_names_the_package_and_what_it_runs_on(capsys):

@@ -5,6 +5,8 @@ largest tensor the op creates."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -206,3 +208,16 @@ def test_head_bench_variants_run():
         "variants": rows,
     }
     assert "twin-fused" in format_report(report)
+
+
+def test_head_bench_command_runs_each_variant_in_its_own_process_and_takes_ratios_to_standard(capsys):
+    from tango_lm.bench import heads
+
+    sizes = ["--positions", "9", "--vocab", "13", "--d", "4", "--chunk", "4", "--steps", "1", "--device", "cpu"]
+    heads.main([*sizes, "--variants", "twin-fused,standard", "--threads", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["variant"]: r for r in report["variants"]}
+    assert list(rows) == ["twin-fused", "standard"] and report["threads"] == 1
+    assert rows["standard"]["time_vs_standard"] == rows["standard"]["cpu_vs_standard"] == 1.0
+    twin = rows["twin-fused"]
+    assert twin["time_vs_standard"] == twin["step_s"] / rows["standard"]["step_s"]

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from tango_lm.bench.peak import _sync
+from tango_lm.cli.output import DEVICE_HELP
 from tango_lm.heads.onona import twin_log_probs
 from tango_lm.ops.twin_loss import LOSS_CHUNK, softmax_nll, twin_nll
 from tango_lm.train.device import pick_device
@@ -216,14 +217,22 @@ def format_report(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Output-head speed and memory: Standard vs twin, plain vs fused.")
-    parser.add_argument("--positions", type=int, default=8192)
-    parser.add_argument("--vocab", type=int, default=50304)
-    parser.add_argument("--d", type=int, default=768)
-    parser.add_argument("--chunk", type=int, default=LOSS_CHUNK)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--positions", type=int, default=8192, help="hidden states N scored per step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--vocab", type=int, default=50304, help="vocabulary V (default: the onóna paper's %(default)s)"
+    )
+    parser.add_argument("--d", type=int, default=768, help="hidden width d (default %(default)s)")
+    parser.add_argument(
+        "--chunk", type=int, default=LOSS_CHUNK, help="positions per chunk of the fused losses (default %(default)s)"
+    )
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument(
+        "--steps", type=int, default=3, help="timed steps per variant, after one untimed step (default %(default)s)"
+    )
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: %(default)s")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
