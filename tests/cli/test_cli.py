@@ -180,6 +180,14 @@ def test_presets_describe_each_preset_in_a_whole_sentence(capsys):
     assert [r["name"] for r in rows if not r["about"].endswith(".")] == []
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_presets_filter_that_matches_nothing_is_one_error_line(capsys, json_flag):
+    # It printed an empty table with exit 0, which reads as "there are no presets".
+    rc, out, err, _ = helpers.run_main(capsys, ["presets", "tango-7om", *json_flag])
+    assert rc == 2 and out == ""
+    assert "no preset name contains 'tango-7om'" in helpers.assert_one_error_line(err)
+
+
 def test_params_text_output(capsys):
     assert main(["params", "tango-70m-d4"]) == 0
     text = capsys.readouterr().out

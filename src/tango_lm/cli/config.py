@@ -59,6 +59,10 @@ def cmd_presets(args: argparse.Namespace) -> None:
         model = load_run_config(name, []).model
         first = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
         rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": first})
+    if not rows:  # a typo, not an empty answer: an empty table would read as "no presets"
+        from tango_lm.errors import UserError
+
+        raise UserError(f"no preset name contains {args.filter!r}; `tango-lm presets` lists them all")
     if args.json:
         _print_json(rows)
     else:
@@ -143,7 +147,7 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_params)
 
     s = sub.add_parser("presets", help="list the named presets")
-    s.add_argument("filter", nargs="?", help="only presets whose name contains this")
+    s.add_argument("filter", nargs="?", help="only presets whose name contains this (none: an error)")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_presets)
 
