@@ -10,6 +10,9 @@ All three are checked before anything is written:
   processes under FSDP) fit in the memory of the device that trains them (`check_fits_memory`),
   so a mistyped width stops at once instead of swapping or dying in the allocator;
 - and a dataset's token ids fit the model's table (`check_data_fits_model`).
+
+One more is a warning, not an error: a table mostly of rows the data's tokenizer never produces
+(`unused_table_rows`), as when byte-level data meets the default GPT-2-sized vocabulary.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ __all__ = [
     "check_model_numbers",
     "check_fits_memory",
     "check_data_fits_model",
+    "unused_table_rows",
 ]
+
+# Tables are often padded past the tokenizer to a multiple of 64 or 128 (GPT-2's 50,257 ids to
+# 50,304 rows, bytes' 257 to 320); more unused rows than both of these is a vocab_size left at its
+# default (GPT-2's) or mistyped, not padding.
+UNUSED_ROWS_WARNING = (128, 0.1)  # (rows, share of the table)
 
 # field -> (lowest allowed value, whether the bound itself is allowed)
 MODEL_RANGES: dict[str, tuple[float, bool]] = {
@@ -121,3 +130,18 @@ def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
             f"dataset {dataset.path} uses tokenizer {tok.name!r} with {tok.vocab_size} ids but model.vocab_size is "
             f"{run.model.vocab_size}; set model.vocab_size={tok.vocab_size} or prepare the data with the model's tokenizer"
         )
+
+
+def unused_table_rows(run: RunConfig, dataset: PreparedDataset) -> str | None:
+    """A warning when most of the model's table is rows the data's tokenizer never produces: the
+    run is valid, but those rows count in the parameters and FLOPs a comparison reports, and the
+    softmax spreads probability over them."""
+    vocab, ids = run.model.vocab_size, dataset.tokenizer.vocab_size
+    rows, share = UNUSED_ROWS_WARNING
+    if vocab - ids <= max(rows, share * vocab):
+        return None
+    return (
+        f"model.vocab_size is {vocab:,} but the data's tokenizer {dataset.tokenizer.name!r} has {ids:,} ids: "
+        f"{vocab - ids:,} rows of the vocabulary tables are never a token, yet count in the parameters and FLOPs; "
+        f"set model.vocab_size={ids} unless that is what you want"
+    )

@@ -393,3 +393,33 @@ def test_a_dev_nll_that_is_never_finite_is_null_in_the_files(data_dir, tmp_path,
     records = [strict(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["best_dev_nll"] is None and result.summary["best_dev_nll"] is None
     assert [r["dev_nll"] for r in records if "dev_nll" in r] == [None, None]
+
+
+@pytest.mark.parametrize(("vocab_size", "warned"), [(257, False), (385, False), (50257, True)])
+def test_a_table_mostly_of_rows_the_tokenizer_never_produces_is_warned_at_the_start(
+    data_dir, tmp_path, capsys, vocab_size, warned
+):
+    # Byte-level data under the default GPT-2 vocabulary trained a table of 50,000 unused rows:
+    # 13M parameters counted in the comparison, silently. Padding (257 -> 320, or 128 rows more) is not warned.
+    run = helpers.run_config(data_dir, tmp_path / "run", model={"vocab_size": vocab_size}, steps=1, eval_every=1)
+    capsys.readouterr()
+    train(run)
+    err = capsys.readouterr().err
+    warning = "warning: model.vocab_size is 50,257 but the data's tokenizer 'byte' has 257 ids: 50,000 rows"
+    assert (warning in err) == warned and err.count("warning: model.vocab_size") == warned
+    if warned:
+        assert "set model.vocab_size=257 unless" in err
+
+
+@pytest.mark.parametrize(
+    ("ids", "vocab_size", "warned"),
+    [(257, 385, False), (257, 386, True), (50257, 50304, False), (32000, 32768, False), (32000, 50257, True)],
+)
+def test_unused_rows_beyond_padding_are_what_is_warned(ids, vocab_size, warned):
+    from types import SimpleNamespace
+
+    from tango_lm.config_checks import unused_table_rows
+
+    run = SimpleNamespace(model=SimpleNamespace(vocab_size=vocab_size))
+    dataset = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=ids, name="t"))
+    assert (unused_table_rows(run, dataset) is not None) == warned
