@@ -437,6 +437,39 @@ def test_bad_inputs(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(
+    ("kind", "name", "other"),
+    [
+        ("text", "rows.jsonl", "jsonl"),
+        ("text", "rows.jsonl.gz", "jsonl"),
+        ("jsonl", "t.parquet", "parquet"),
+        ("parquet", "a.txt", "text"),
+    ],
+)
+def test_a_named_file_of_another_kind_is_refused_unless_ext_names_it(tmp_path, kind, name, other):
+    # `data prepare text rows.jsonl` trained the JSON syntax as text, with no word.
+    path = tmp_path / name
+    path.write_bytes(b'{"text": "a"}\n')
+    with pytest.raises(
+        UserError,
+        match=rf"{name} is a {other} file by its name; prepare it with `tango-lm data "
+        rf"prepare {other}` \(or pass --ext \.{name.split('.', 1)[1]} to read it as {kind}\)",
+    ):
+        prepare_files(kind, [path], tmp_path / "x", BYTE, progress=False)
+    assert not (tmp_path / "x").exists()
+    if kind == "text" and not name.endswith(".gz"):
+        out = prepare_files(
+            kind, [path], tmp_path / "y", BYTE, exts=[".jsonl"], progress=False, test_fraction=0, dev_fraction=0
+        )
+        assert _docs(out, "train") == ['{"text": "a"}\n']
+    # a name no kind claims is read as the kind asked for
+    (tmp_path / "corpus").write_text("plain words")
+    out = prepare_files(
+        "text", [tmp_path / "corpus"], tmp_path / "z", BYTE, progress=False, test_fraction=0, dev_fraction=0
+    )
+    assert _docs(out, "train") == ["plain words"]
+
+
 # -- Hugging Face -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_datasets(tmp_path_factory):

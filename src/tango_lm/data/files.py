@@ -340,7 +340,8 @@ class FileSource(HeldOutSource):
         parser.add_argument(
             "--ext",
             action="append",
-            help=f"file extension read from directories (default {', '.join(cls.default_exts)})",
+            help=f"file extension read from directories, and that a named file of this kind may have "
+            f"(default {', '.join(cls.default_exts)})",
         )
         parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
         parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
@@ -366,6 +367,7 @@ class FileSource(HeldOutSource):
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
         self._files = files_per_split(self._groups, exts)  # fail on missing or shared paths now
+        self._refuse_other_kinds(exts)
         own = {
             s: _limit(
                 file_documents(self.kind, f, self.field, self.split_on_blank_lines, self.batch_rows), self.max_docs
@@ -373,6 +375,18 @@ class FileSource(HeldOutSource):
             for s, f in self._files.items()
         }
         return self.held_out_splits(own, out_dir)
+
+    def _refuse_other_kinds(self, exts: Sequence[str]) -> None:
+        """A file named by hand whose name says it is another kind (data.jsonl given to `text`)
+        would be read as this kind: its JSON syntax trained as text, with no word."""
+        for path in (p for files in self._files.values() for p in files if not _has_ext(p, exts)):
+            for other in FILE_SOURCES.values():
+                ext = next((e for e in other.default_exts if path.name.lower().endswith(e)), None)
+                if other.kind != self.kind and ext:
+                    raise UserError(
+                        f"{path} is a {other.kind} file by its name; prepare it with `tango-lm data prepare "
+                        f"{other.kind}` (or pass --ext {ext} to read it as {self.kind})"
+                    )
 
     def fingerprint(self) -> dict[str, Any]:
         kind = self.kind
