@@ -199,7 +199,9 @@ def test_a_shard_edited_in_place_fails_its_checksum(prepared):
 
 
 def test_existing_dataset_needs_overwrite(prepared):
-    with pytest.raises(UserError, match="already holds a prepared dataset"):
+    with pytest.raises(
+        UserError, match=r"already holds a prepared dataset; pass --overwrite \(overwrite=True in Python\)"
+    ):
         _write(prepared)
     write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {"v": 2}, progress=False, overwrite=True)
     ds = PreparedDataset.open(prepared, verify=True)

@@ -79,7 +79,10 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
         return
     if is_prepared(out):
         if not overwrite:
-            raise UserError(f"{out} already holds a prepared dataset; pass overwrite to replace it")
+            raise UserError(
+                f"{out} already holds a prepared dataset; pass --overwrite (overwrite=True in Python) to replace it "
+                "or choose another output directory"
+            )
         return
     # Never delete a directory we did not write, even with overwrite.
     if not out.is_dir() or any(out.iterdir()):
