@@ -174,6 +174,16 @@ def test_runs_and_datasets_stay_out_of_each_other(data_dir, tmp_path, capsys):
     argv = ["data", "prepare", "text", str(tmp_path / "doc.txt"), "--tokenizer", "byte", "--no-progress"]
     line = refused(capsys, [*argv, "--out", str(run / "data")])
     assert f"is inside the run directory {run}" in line
+    # nor a run inside a run, or a sweep in one (it once wrote its runs and status.json there)
+    line = refused(capsys, ["train", *helpers.cli_overrides(data_dir, run / "deeper" / "x", **TRAIN)])
+    assert f"train.out_dir {run / 'deeper' / 'x'} is inside the run directory {run}" in line
+    for out_dir, where in ((run, "is"), (run / "sweep", "is inside")):
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(
+            f"out_dir: {out_dir}\nbase: {{train: {{steps: 1}}}}\naxes: {{arch: [tango], data.dir: [{data_dir}]}}\n"
+        )
+        line = refused(capsys, ["sweep", str(grid)])
+        assert f"out_dir {out_dir} {where} the run directory {run}; choose a directory outside it" in line
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
     (tmp_path / "config.json").write_text("{}")  # a stray config.json does not make a folder a run
     assert main([*argv, "--out", str(tmp_path / "data")]) == 0

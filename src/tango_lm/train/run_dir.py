@@ -7,7 +7,8 @@ directory, whichever of them it holds, so two runs never mix their records.
 Before anything is written, `claim_run_dir` checks, reading only:
 
 - `train.out_dir` is a directory (or does not exist yet), its `checkpoints` too;
-- it is not inside a prepared dataset (a run there would be renamed away or replaced with it);
+- it is not inside a prepared dataset (a run there would be renamed away or replaced with it), nor
+  inside another run (two runs' files in one tree, which `report` and `eval` read as one);
 - the nearest existing directory on its path is writable, and so are the run files a resume appends to;
 
 then takes the run directory's lock (`output_lock.py`; rank 0 alone under torchrun, since only rank
@@ -115,6 +116,11 @@ def _check_place(out: Path) -> None:
     if dataset is not None:
         raise UserError(
             f"train.out_dir {out} is inside the prepared dataset {dataset}; set train.out_dir to a directory outside it"
+        )
+    outer = enclosing(out.absolute().parent, is_run_dir)  # its report, eval and pruning would meet this run
+    if outer is not None:
+        raise UserError(
+            f"train.out_dir {out} is inside the run directory {outer}; set train.out_dir to a directory outside it"
         )
     base = _nearest_existing(out.absolute())
     if not base.is_dir():
