@@ -11,8 +11,9 @@ All three are checked before anything is written:
   so a mistyped width stops at once instead of swapping or dying in the allocator;
 - and a dataset's token ids fit the model's table (`check_data_fits_model`).
 
-One more is a warning, not an error: a table mostly of rows the data's tokenizer never produces
-(`unused_table_rows`), as when byte-level data meets the default GPT-2-sized vocabulary.
+Some are warnings, not errors, said when a run starts (`start_of_run_warnings`): a table mostly of
+rows the data's tokenizer never produces (`unused_table_rows`), as when byte-level data meets the
+default GPT-2-sized vocabulary, and what the architecture itself warns of (`Architecture.warnings`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "check_fits_memory",
     "check_data_fits_model",
     "unused_table_rows",
+    "start_of_run_warnings",
 ]
 
 # Tables are often padded past the tokenizer to a multiple of 64 or 128 (GPT-2's 50,257 ids to
@@ -145,3 +147,10 @@ def unused_table_rows(run: RunConfig, dataset: PreparedDataset) -> str | None:
         f"{vocab - ids:,} rows of the vocabulary tables are never a token, yet count in the parameters and FLOPs; "
         f"set model.vocab_size={ids} unless that is what you want"
     )
+
+
+def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset) -> list[str]:
+    """Every warning a run gets when it starts, one line each."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    return [w for w in (unused_table_rows(run, dataset), *ARCHITECTURES[run.model.arch].warnings(run.model)) if w]

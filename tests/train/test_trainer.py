@@ -423,3 +423,25 @@ def test_unused_rows_beyond_padding_are_what_is_warned(ids, vocab_size, warned):
     run = SimpleNamespace(model=SimpleNamespace(vocab_size=vocab_size))
     dataset = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=ids, name="t"))
     assert (unused_table_rows(run, dataset) is not None) == warned
+
+
+@pytest.mark.parametrize(("window", "warned"), [(31, False), (32, True)])
+def test_a_window_that_covers_the_context_is_warned_at_the_start(data_dir, tmp_path, capsys, window, warned):
+    # windowed TANGO with window >= context is full-prefix TANGO at its quadratic cost (docs/design.md §2.3)
+    model = {"arch": "tango-windowed", "window": window}
+    train(helpers.run_config(data_dir, tmp_path / "run", model=model, steps=1, eval_every=1))
+    err = capsys.readouterr().err
+    line = "warning: model.window=32 is at least model.context_length=32: no source is ever older than the window"
+    assert (line in err) == warned and err.count("warning: model.window") == warned
+
+
+def test_no_architecture_warns_of_its_own_tiny_config_or_of_a_preset():
+    from tango_lm.models.registry import ARCHITECTURES
+    from tango_lm.train.config import list_presets, load_run_config
+    from tests.arch_cases import tiny_config
+
+    assert {name: arch.warnings(tiny_config(name)) for name, arch in ARCHITECTURES.items()} == {
+        name: [] for name in ARCHITECTURES
+    }
+    models = [load_run_config(name, []).model for name in list_presets()]
+    assert len(models) > 70 and [m for m in models if ARCHITECTURES[m.arch].warnings(m)] == []

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tango_lm import strict_json
-from tango_lm.config_checks import check_data_fits_model, check_fits_memory, unused_table_rows
+from tango_lm.config_checks import check_data_fits_model, check_fits_memory, start_of_run_warnings
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError, os_error_text
@@ -245,9 +245,8 @@ class Trainer(TrainerCheckpoints):
                 write_json_atomic(self.out / "config.json", config)
                 (self.out / "config.yaml").write_text(dump_yaml(config))
                 self.peak_flops = matmul_peak(self.device, self.dtype)
-                note = unused_table_rows(self.run, self.dataset)
-                if note:  # said now, when the run starts (the CLI holds warnings until a command ends)
-                    print(f"warning: {note}", file=sys.stderr)
+                for warning in start_of_run_warnings(self.run, self.dataset):
+                    print(f"warning: {warning}", file=sys.stderr)  # now: the CLI holds warnings to a command's end
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
                 result = self._fit(kept)

@@ -74,6 +74,12 @@ class Architecture:
         return int(cfg.n_heads or 1)
 
     @staticmethod
+    def warnings(cfg: ModelConfig) -> list[str]:
+        """What a config this architecture builds is likely not meant to be (a windowed model whose
+        window covers the whole context): said when a run starts, one line each."""
+        return []
+
+    @staticmethod
     def decode_state_grows(cfg: ModelConfig) -> bool:
         """Whether the decode state grows with every position (keys, values, gates) rather than
         staying bounded (a window, prefix sums, a recurrent state)."""

@@ -47,6 +47,16 @@ class TangoWindowed(Tango):
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod
+    def warnings(cfg: ModelConfig) -> list[str]:
+        if cfg.window < cfg.context_length:
+            return []
+        return [
+            f"model.window={cfg.window} is at least model.context_length={cfg.context_length}: no source is ever "
+            "older than the window, so tango-windowed computes exactly full-prefix TANGO, at its quadratic cost; "
+            "lower model.window for the linear-time model"
+        ]
+
+    @staticmethod
     def decode_state_grows(cfg: ModelConfig) -> bool:
         return False
 
