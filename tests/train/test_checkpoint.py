@@ -111,7 +111,9 @@ def test_train_state_loads_with_weights_only(scripted_run):
 
 def test_json_sidecars(scripted_run, data_dir):
     out, run, _ = scripted_run
-    tok = PreparedDataset.open(data_dir).tokenizer.to_dict()
+    dataset = PreparedDataset.open(data_dir)
+    tok = dataset.tokenizer.to_dict()
+    data = {split: dataset.content_id(split) for split in ("dev", "test", "train")}
     for step in (4, 6, 8):
         path = helpers.step_dir(out, step)
         assert json.loads((path / "config.json").read_text()) == run.to_dict()
@@ -124,6 +126,7 @@ def test_json_sidecars(scripted_run, data_dir):
             "step": step,
             "dev_nll": DEV_SCRIPT[step],
             "tokens_seen": step * 128,
+            "data": data,
             "sha256": sums,
         }
         ck = load_checkpoint(path)

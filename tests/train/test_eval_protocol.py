@@ -8,12 +8,14 @@ validation capacity of 1.25 drops tokens per call)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from tango_lm.cli import main
 from tango_lm.data.loader import eval_window_ids
-from tango_lm.data.shards import PreparedDataset
+from tango_lm.data.shards import PreparedDataset, write_prepared
+from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.train.checkpoint import load_checkpoint, resolve_run_checkpoint
@@ -71,6 +73,39 @@ def test_eval_with_the_runs_own_data_named_scores_the_runs_windows(data_dir, tmp
     assert res["nll"] == pytest.approx(logged, rel=1e-6) and res["sample_seed"] == 1234
     every = evaluate_checkpoint(str(out), "dev", max_windows="all")
     assert every["tokens"] == 9 * 32 and "sample_seed" not in every
+
+
+def test_eval_knows_the_runs_data_by_its_tokens_and_says_to_pass_data_when_it_is_not_found(
+    data_dir, tmp_path, monkeypatch
+):
+    # It said only "no prepared dataset at data", not that the path is the run's, relative, or --data.
+    monkeypatch.chdir(data_dir.parent)
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir.name, out, steps=2, eval_every=2, save_every=2))
+    logged = helpers.dev_records(out)[-1]["dev_nll"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        UserError,
+        match=rf"the run's dataset {data_dir.name} \(its data.dir\) is not under {tmp_path}; "
+        "run from the folder it trained in, or pass --data DIR",
+    ):
+        evaluate_checkpoint(str(out), "dev")
+    # --data naming the run's dataset from here, or a copy of it elsewhere, scores the run's own
+    # windows (the logged dev NLL), as the tokens the checkpoint recorded say it is the run's data
+    copy = tmp_path / "moved"
+    shutil.copytree(data_dir, copy)
+    for named in (data_dir, copy):
+        assert evaluate_checkpoint(str(out), "dev", data_dir=str(named))["nll"] == pytest.approx(logged, rel=1e-6)
+    other = tmp_path / "other"  # the same tokenizer and sizes, other dev text: every window is scored
+    docs = {"train": helpers.make_docs(helpers.TRAIN_DOCS, 0), "dev": helpers.make_docs(helpers.EVAL_DOCS, 5)}
+    write_prepared(other, get_tokenizer("byte"), {**docs, "test": docs["dev"]}, {"name": "other"}, progress=False)
+    assert evaluate_checkpoint(str(out), "dev", data_dir=str(other))["tokens"] == 9 * 32
+    config = json.loads((out / "config.json").read_text())
+    config["data"]["dir"] = str(tmp_path / "gone")
+    step = out / "checkpoints" / "step-00000002"
+    (step / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="is gone; prepare it again, or pass --data DIR"):
+        evaluate_checkpoint(str(step), "dev")
 
 
 def test_another_tokenizer_of_the_same_name_is_told_apart(data_dir, tmp_path):

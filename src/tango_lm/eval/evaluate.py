@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tango_lm.data.loader import eval_batches
@@ -48,6 +49,13 @@ def evaluate_checkpoint(
         raise UserError(
             f"checkpoint {ckpt.path} has an incomplete config.json ({what}); it is corrupt, use another checkpoint"
         ) from None
+    if data_dir is None and not Path(data_path).exists():
+        where = (
+            "is gone; prepare it again"
+            if Path(data_path).is_absolute()
+            else f"is not under {Path.cwd()}; run from the folder it trained in"  # data.dir is relative
+        )
+        raise UserError(f"the run's dataset {data_path} (its data.dir) {where}, or pass --data DIR")
     dataset = PreparedDataset.open(data_path)
     if not same_tokenizer(dataset.tokenizer.to_dict(), ckpt.tokenizer):
         raise UserError(
@@ -59,7 +67,11 @@ def evaluate_checkpoint(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
-    own_data = data_dir is None or same_dataset_dir(data_dir, run["data"].get("dir"))
+    own_data = (
+        data_dir is None
+        or same_dataset_dir(data_dir, run["data"].get("dir"))
+        or holds_recorded_tokens(dataset, ckpt.meta.get("data"))  # the run's data, moved or named from elsewhere
+    )
     own = [k for k, name in splits.items() if name == split_name and own_data]
     if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
         max_windows = own_windows[own[0]] if own else None
@@ -100,3 +112,13 @@ def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None
     if model.num_segments is not None:  # trained with active_width: say which columns ran
         labels["segment"] = "all" if segment is None else segment
     return labels
+
+
+def holds_recorded_tokens(dataset: PreparedDataset, recorded: Any) -> bool:
+    """Whether `dataset` holds the tokens a checkpoint recorded for each split the run read
+    (checkpoints from before the record have none: then only the run's own path counts)."""
+    return (
+        isinstance(recorded, dict)
+        and bool(recorded)
+        and all(split in dataset.splits and dataset.content_id(split) == content for split, content in recorded.items())
+    )

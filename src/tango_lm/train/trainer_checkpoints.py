@@ -123,7 +123,10 @@ class TrainerCheckpoints:
         COMPLETE marker and the rename once every rank's part is on disk."""
         all_finite = distributed.mean_over_ranks(self.dist, float(not finite_weights(self.model))) == 0
         check_weights(all_finite, self.step, self._latest())  # no checkpoint holds a NaN
-        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen}
+        # the tokens of each split the run reads: `eval --data` knows the run's data wherever it lies
+        splits = {getattr(self.run.data, f"{s}_split") for s in ("train", "dev", "test")}
+        data = {split: self.dataset.content_id(split) for split in sorted(splits)}
+        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen, "data": data}
         if self.dist.active:
             meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
         if self.run.train.checkpoint_format == "sharded":
