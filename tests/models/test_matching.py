@@ -48,6 +48,8 @@ def test_parse_tier():
     assert parse_tier("70m", None) == (70_000_000, 512)
     assert parse_tier("160M", 1024) == (160_000_000, 1024)
     assert parse_tier("1.5M", 128) == (1_500_000, 128)
+    assert parse_tier("1e9", 2048) == parse_tier("1B", 2048) == (1_000_000_000, 2048)
+    assert parse_tier("2.5e7", 256) == (25_000_000, 256)
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,7 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_presets)
 
     s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
-    s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M or 1500000")
+    s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
     s.add_argument("--depth", type=int, required=True, help="block applications (looped) or layers")
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")

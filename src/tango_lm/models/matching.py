@@ -23,14 +23,14 @@ def matched_archs() -> list[str]:
 
 
 def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
-    """'70M' / '160M' / '25M' / '1.5B' / '1500000' -> (target total, d_model)."""
+    """'70M' / '160M' / '25M' / '1.5B' / '1e9' / '1500000' -> (target total, d_model)."""
     key = tier.strip().upper()
     if key in TIERS:
         target, default_d = TIERS[key]
         return target, d_model if d_model is not None else default_d
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMB]?)", key)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?(?:E\d+)?)([KMB]?)", key)  # 1e9 as YAML and train.tokens take it
     if not m:
-        raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M or 1500000")
+        raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
     target = int(float(m.group(1)) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
     if d_model is None:
         raise UserError(f"tier {tier!r} is not a paper tier; give --d-model for it")
