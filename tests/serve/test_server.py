@@ -188,6 +188,9 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         if code:
             assert reply["error"]["code"] == code
     assert http_post(url, b'{"model": "tiny", "prompt": ')[0] == 400  # malformed JSON
+    # an endpoint this server lacks: a client learns what it has (an OpenAI chat client, say)
+    with pytest.raises(openai.NotFoundError, match="no endpoint /v1/chat/completions; this server has POST /v1/compl"):
+        client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.NotFoundError):
         client(url).completions.create(model="nope", prompt="hi")
     with pytest.raises(openai.BadRequestError, match="context"):

@@ -36,6 +36,7 @@ from tango_lm.serve.batcher import Batcher, Job
 from tango_lm.serve.generate import MIN_TEMPERATURE, SEEDS, room_for_new_tokens
 
 MAX_STOP = 16
+ENDPOINTS = "POST /v1/completions, GET /v1/models and GET /health (a base model: no chat completions)"
 MAX_BATCH_WAIT_MS = 60_000  # a minute; longer (or inf) is no batching policy, and inf kills queue.get
 
 
@@ -107,9 +108,12 @@ def build_app(
         return JSONResponse(_validation_error(exc.errors()).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404:  # a client pointed at another endpoint (chat completions, say) learns what is here
+            message = f"no endpoint {request.url.path}; this server has {ENDPOINTS}"
         error = APIError(
-            exc.status_code, str(exc.detail), code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+            exc.status_code, message, code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         )
         return JSONResponse(error.body(), status_code=exc.status_code)
 
