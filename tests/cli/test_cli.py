@@ -73,6 +73,8 @@ def test_train_text_output(data_dir, tmp_path, capsys):
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert "test NLL" in text and f"{summary['test_nll']:.4f}" in text
+    header, _, row = text.splitlines()[:3]
+    assert header.split()[:3] == ["arch", "head", "params"] and row.split()[:2] == ["tango", "standard"]
     assert f"run directory: {out} (dev and test NLL of the checkpoint of step {summary['selected_step']})" in text
 
 

@@ -33,6 +33,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             [s],
             [
                 ("arch", "arch", ""),
+                ("head", "head", ""),  # the two papers' comparisons differ in one or the other
                 ("params_total", "params", ",d"),
                 ("tokens", "tokens", ",d"),
                 ("selected_dev_nll", "dev NLL", ".4f"),
