@@ -17,3 +17,9 @@ def os_error_text(exc: OSError) -> str:
     """`reason (path)` of an OSError, e.g. `No space left on device (runs/x/metrics.jsonl)`."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     return f"{reason} ({exc.filename})" if exc.filename else reason
+
+
+def option(name: str) -> str:
+    """An option as Python and the command line both spell it, for errors read by users of either:
+    `max_docs` -> `max_docs (--max-docs)`."""
+    return f"{name} (--{name.replace('_', '-')})"

@@ -299,7 +299,7 @@ EXPECT = {
     "config_name_with_newline": "two\\nlines.yaml does not exist",
     "config_name_with_escape": "\\x1b[31mred.yaml",
     "unreadable_shard": "cannot read shard",
-    "max_docs_negative": "max_docs must be at least 1, got -1",
+    "max_docs_negative": "max_docs (--max-docs) must be at least 1, got -1",
     "empty_input": "the input holds no train documents (empty or whitespace-only), so no dataset was written",
     "warning_before_error": "unknown architecture 'nope'",
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
@@ -417,3 +417,9 @@ def test_warnings_of_a_command_that_succeeds_are_still_printed(capsys, monkeypat
         assert main(["presets"]) == 0
     assert capsys.readouterr().out == "done\n"
     assert [str(w.message) for w in shown] == ["something worth knowing"]
+
+
+def test_an_option_is_named_as_python_and_the_command_line_spell_it():
+    from tango_lm.errors import option
+
+    assert option("max_docs") == "max_docs (--max-docs)" and option("tokens") == "tokens (--tokens)"

@@ -119,5 +119,5 @@ def test_its_bad_options_are_one_line_and_write_nothing(toy, tmp_path, capsys):
     assert main(["data", "prepare", toy, "--out", str(tmp_path / "x"), "--count", "0"]) == 2
     assert capsys.readouterr().err == "error: --count must be at least 1, got 0\n"
     assert main(["data", "prepare", toy, "--out", str(tmp_path / "x"), "--dev-fraction", "2"]) == 2
-    assert "dev_fraction must be in [0, 1)" in capsys.readouterr().err
+    assert "dev_fraction (--dev-fraction) must be in [0, 1)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

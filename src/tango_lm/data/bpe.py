@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tango_lm.data.files import expand_inputs, jsonl_documents, parquet_documents, text_documents
 from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = ["TRAIN_EXTS", "training_texts", "train_bpe"]
 
@@ -70,9 +70,11 @@ def train_bpe(
             "training a BPE needs the package `tokenizers`; install it with `pip install tokenizers`"
         ) from None
     if max_docs is not None and max_docs < 1:
-        raise UserError(f"max_docs must be at least 1, got {max_docs}; omit it to read everything")
+        raise UserError(f"{option('max_docs')} must be at least 1, got {max_docs}; omit it to read everything")
     if vocab_size < MIN_VOCAB:
-        raise UserError(f"vocab_size must be at least {MIN_VOCAB} (256 bytes + end-of-text), got {vocab_size}")
+        raise UserError(
+            f"{option('vocab_size')} must be at least {MIN_VOCAB} (256 bytes + end-of-text), got {vocab_size}"
+        )
     if min_frequency < 1:
         raise UserError(f"min_frequency must be at least 1, got {min_frequency}")
     out_path = Path(out)

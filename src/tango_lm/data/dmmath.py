@@ -33,7 +33,7 @@ from typing import Any
 
 from tango_lm.cache_root import cache_root
 from tango_lm.data.source import DataSource
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = ["DMMathSource", "prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
 
@@ -266,11 +266,13 @@ class DMMathSource(DataSource):
 
     def check(self) -> None:
         if self.train_per_module < 1 or self.test_per_module < 1:
-            raise UserError("train_per_module and test_per_module must be at least 1; raise them")
+            raise UserError(
+                f"{option('train_per_module')} and {option('test_per_module')} must be at least 1; raise them"
+            )
         if not 0 <= self.dev_fraction < 1:
-            raise UserError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}; pick e.g. 0.05")
+            raise UserError(f"{option('dev_fraction')} must be in [0, 1), got {self.dev_fraction}; pick e.g. 0.05")
         if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers must be at least 1, got {self.workers}; omit it to use every CPU")
+            raise UserError(f"{option('workers')} must be at least 1, got {self.workers}; omit it to use every CPU")
 
     def open_tokenizer(self) -> Any:
         from tango_lm.data.tokenizers import get_tokenizer

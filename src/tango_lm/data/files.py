@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.data.splits import SPLIT_ALIASES
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = [
     "FileSource",
@@ -361,7 +361,7 @@ class FileSource(HeldOutSource):
     def check(self) -> None:
         super().check()
         if self.max_docs is not None and self.max_docs < 1:
-            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+            raise UserError(f"{option('max_docs')} must be at least 1, got {self.max_docs}; omit it to read everything")
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         exts = tuple(self.exts or self.default_exts)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.data.splits import SPLIT_ALIASES
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = ["HFSource", "load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
 
@@ -210,7 +210,7 @@ class HFSource(HeldOutSource):
     def check(self) -> None:
         super().check()
         if self.max_docs is not None and self.max_docs < 1:
-            raise UserError(f"max_docs must be at least 1, got {self.max_docs}; omit it to read everything")
+            raise UserError(f"{option('max_docs')} must be at least 1, got {self.max_docs}; omit it to read everything")
         split_map = self.split_map
         self._split_map = parse_split_map(split_map) if isinstance(split_map, str) else split_map
         theirs = list((self._split_map or {}).values())

@@ -41,7 +41,7 @@ from typing import Any
 from tango_lm.data.files import INPUTS_HELP, files_per_split, split_inputs
 from tango_lm.data.source import HeldOutSource
 from tango_lm.data.splits import _unit, split_of
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = [
     "LeanSource",
@@ -287,7 +287,9 @@ class LeanSource(HeldOutSource):
 
     def check(self) -> None:
         if not 0 <= self.proof_weight < 1 or math.isnan(self.proof_weight):
-            raise UserError(f"proof_weight must be in [0, 1), got {self.proof_weight}; 0.5 gives equal weight")
+            raise UserError(
+                f"{option('proof_weight')} must be in [0, 1), got {self.proof_weight}; 0.5 gives equal weight"
+            )
         super().check()
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:

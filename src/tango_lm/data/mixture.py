@@ -35,7 +35,7 @@ import numpy as np
 from tango_lm.data.shards import PreparedDataset, check_writable, write_prepared
 from tango_lm.data.source import DataSource
 from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = ["MixtureSource", "parse_component", "prepare_mixture", "mix_documents"]
 
@@ -223,7 +223,9 @@ class MixtureSource(DataSource):
             raise UserError(f"--seed must be 0 or more (got {self.seed})")
         tokens = self.tokens
         if tokens is not None and tokens < 1:
-            raise UserError(f"tokens must be at least 1, got {tokens}; omit it to use each document at most once")
+            raise UserError(
+                f"{option('tokens')} must be at least 1, got {tokens}; omit it to use each document at most once"
+            )
         self._comps = comps
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[np.ndarray]]:

@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, option
 
 __all__ = ["SPLITS", "SPLIT_ALIASES", "split_of", "hold_out", "assemble_splits"]
 
@@ -53,9 +53,11 @@ def split_of(key: str, dev_fraction: float, test_fraction: float, seed: int = 0)
 def _check_fractions(dev_fraction: float, test_fraction: float) -> None:
     for name, f in (("dev_fraction", dev_fraction), ("test_fraction", test_fraction)):
         if not 0 <= f < 1:
-            raise UserError(f"{name} must be in [0, 1), got {f}; pick e.g. 0.02")
+            raise UserError(f"{option(name)} must be in [0, 1), got {f}; pick e.g. 0.02")
     if dev_fraction + test_fraction >= 1:
-        raise UserError(f"dev_fraction + test_fraction must be below 1, got {dev_fraction + test_fraction}; lower them")
+        raise UserError(
+            f"{option('dev_fraction')} + {option('test_fraction')} must be below 1, got {dev_fraction + test_fraction}; lower them"
+        )
 
 
 def spill_prefix(output_name: str | None) -> str:
