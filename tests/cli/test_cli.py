@@ -78,6 +78,25 @@ def test_train_text_output(data_dir, tmp_path, capsys):
     assert f"run directory: {out} (dev and test NLL of the checkpoint of step {summary['selected_step']})" in text
 
 
+def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out, steps=2, eval_every=2, save_every=2)]) == 0
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    # `train RUN --resume` continues RUN itself, also a copy whose config names the old place
+    assert main(["train", str(moved), "--resume", "train.steps=4"]) == 0
+    assert helpers.step_names(moved)[-1] == "step-00000004" and helpers.step_names(out)[-1] == "step-00000002"
+    rc, _, err, _ = helpers.run_main(capsys, ["train", str(out)])
+    assert rc == 2 and "already holds a run" in helpers.assert_one_error_line(err)
+    assert main(["train", str(out), f"train.out_dir={tmp_path / 'twin'}", "train.steps=2"]) == 0  # its twin
+    assert json.loads((tmp_path / "twin" / "summary.json").read_text())["test_nll"] == pytest.approx(
+        json.loads((out / "summary.json").read_text())["test_nll"]
+    )
+    assert main(["params", str(out)]) == 0 and "16,480" in capsys.readouterr().out
+    rc, _, err, _ = helpers.run_main(capsys, ["train", str(data_dir)])
+    assert rc == 2 and "is a directory but not a run directory" in helpers.assert_one_error_line(err)
+
+
 def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(

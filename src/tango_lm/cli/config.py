@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tango_lm.cli.output import JSON_HELP, _print_json, _table
+from tango_lm.cli.output import CONFIG_HELP, JSON_HELP, _print_json, _table
 from tango_lm.models.matching import PAPER_VOCAB
 
 
@@ -141,7 +141,7 @@ def cmd_match(args: argparse.Namespace) -> None:
 def add_parsers(sub: Any) -> None:
     """`params`, `presets`, `match`."""
     s = sub.add_parser("params", help="parameter counts of a model config")
-    s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
+    s.add_argument("config", nargs="?", help=CONFIG_HELP)
     s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=tango d_model=512")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_params)

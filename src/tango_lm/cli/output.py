@@ -32,6 +32,8 @@ __all__ = [
     "progress_on_terminal_only",
     "JSON_HELP",
     "NO_PROGRESS_HELP",
+    "CONFIG_HELP",
+    "CHECKPOINT_HELP",
     "DEVICE_HELP",
 ]
 
@@ -43,6 +45,7 @@ CHECKPOINT_HELP = (
 )
 
 # The flags many commands share, said once.
+CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
 NO_PROGRESS_HELP = "no progress bar (none is drawn when stderr is not a terminal either)"
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"

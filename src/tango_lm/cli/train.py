@@ -8,7 +8,15 @@ import sys
 from typing import Any
 
 from tango_lm.cli.config import _config_and_overrides
-from tango_lm.cli.output import CHECKPOINT_HELP, DEVICE_HELP, JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
+from tango_lm.cli.output import (
+    CHECKPOINT_HELP,
+    CONFIG_HELP,
+    DEVICE_HELP,
+    JSON_HELP,
+    NO_PROGRESS_HELP,
+    _print_json,
+    _table,
+)
 from tango_lm.errors import UserError
 
 
@@ -141,7 +149,7 @@ def cmd_quickstart(args: argparse.Namespace) -> None:
 def add_parsers(sub: Any) -> None:
     """`train`, `eval`."""
     s = sub.add_parser("train", help="train a model from a preset or YAML file")
-    s.add_argument("config", nargs="?", help="preset name or YAML file (optional)")
+    s.add_argument("config", nargs="?", help=CONFIG_HELP)
     s.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)

@@ -287,14 +287,22 @@ def list_presets() -> list[str]:
 
 
 def read_yaml(source: str) -> dict[str, Any]:
-    """A preset name or a YAML file path -> its mapping."""
-    path = Path(source)
+    """A preset name, a YAML file path or a run directory -> its mapping. A run directory gives its
+    resolved `config.yaml` with `train.out_dir` the directory named, wherever the run was moved:
+    `tango-lm train runs/x --resume` continues that run, `... train.out_dir=runs/y` starts its twin."""
+    from tango_lm.train.run_dir import is_run_dir
+
+    path, run_dir = Path(source), None
     if not path.is_file():
         preset = PRESET_DIR / f"{source}.yaml"
         if preset.is_file():
             path = preset
+        elif path.is_dir() and is_run_dir(path) and (path / "config.yaml").is_file():
+            path, run_dir = path / "config.yaml", source
         elif path.is_dir():
-            raise UserError(f"config {source} is a directory; give a YAML file or a preset name")
+            raise UserError(
+                f"config {source} is a directory but not a run directory; give a YAML file, a preset name or a run"
+            )
         elif path.suffix in (".yaml", ".yml") or "/" in source:
             raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
         else:
@@ -309,6 +317,8 @@ def read_yaml(source: str) -> dict[str, Any]:
         raise UserError(f"config file {path} {yaml_error_text(exc)}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping with model/data/train sections")
+    if run_dir is not None and isinstance(data.get("train"), dict):
+        data["train"]["out_dir"] = str(run_dir)
     return data
 
 
