@@ -306,8 +306,8 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
 
 
 FLAGS = {  # --ppl with what only a split takes, or what --ppl takes without it; --ablate goes with both
-    "split_with_ppl": (["--split", "dev"], "--split score a dataset split and --ppl a file"),
-    "windows_and_data_with_ppl": (["--windows", "3", "--data", "d"], "--data, --windows score a dataset split"),
+    "split_with_ppl": (["--split", "dev"], "--split scores a dataset split and --ppl a file"),
+    "windows_and_data_with_ppl": (["--windows", "3", "--data", "d"], "--data and --windows score a dataset split"),
     "ablate_with_ppl_on_one_table": (["--ablate", "A"], "--ablate needs a checkpoint of onóna's twin mixture"),
 }
 
@@ -368,9 +368,16 @@ def test_cli_ppl_scores_one_table_of_a_twin_head(tmp_path, capsys):
 
 
 def test_cli_ppl_flags_without_ppl_exit_2(run_dir, capsys):
-    for args in (["--format", "lambada"], ["--stride", "4"]):
+    for args, said in (
+        (["--format", "lambada"], "--format goes with --ppl FILE (a file's perplexity); add --ppl or leave it out"),
+        (["--stride", "4"], "--stride goes with --ppl FILE"),
+        (
+            ["--format", "text", "--stride", "4"],
+            "--format and --stride go with --ppl FILE (a file's perplexity); add --ppl or leave them out",
+        ),
+    ):
         assert main(["eval", str(run_dir), "--device", "cpu", *args]) == 2
-        assert "go with --ppl FILE" in helpers.assert_one_error_line(capsys.readouterr().err)
+        assert said in helpers.assert_one_error_line(capsys.readouterr().err)
 
 
 def test_a_byte_order_mark_is_not_text(tmp_path):

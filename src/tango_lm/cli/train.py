@@ -65,9 +65,13 @@ def cmd_eval(args: argparse.Namespace) -> None:
     split_only = [f"--{n}" for n in ("split", "data", "windows") if getattr(args, n) is not None]
     ppl_only = [f"--{n}" for n in ("format", "stride") if getattr(args, n) is not None]
     if args.ppl and split_only:
-        raise UserError(f"{', '.join(split_only)} score a dataset split and --ppl a file; give one or the other")
+        verb = "scores" if len(split_only) == 1 else "score"
+        raise UserError(f"{' and '.join(split_only)} {verb} a dataset split and --ppl a file; give one or the other")
     if not args.ppl and ppl_only:
-        raise UserError(f"{', '.join(ppl_only)} go with --ppl FILE (a file's perplexity); add it or leave them out")
+        verb, them = ("goes", "it") if len(ppl_only) == 1 else ("go", "them")
+        raise UserError(
+            f"{' and '.join(ppl_only)} {verb} with --ppl FILE (a file's perplexity); add --ppl or leave {them} out"
+        )
     if args.ppl:
         return _eval_ppl(args)
     res = evaluate_checkpoint(
