@@ -53,28 +53,20 @@ def flat(fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=op_timing.positive_int, default=4, help="sequences (default %(default)s)")
-    parser.add_argument("--heads", type=op_timing.positive_int, default=4, help="heads (default %(default)s)")
-    parser.add_argument(
-        "--seq-len", type=op_timing.positive_int, default=1024, help="tokens per sequence (default %(default)s)"
+    op_timing.add_common_arguments(
+        parser,
+        batch=4,
+        dtype="fp32",
+        rounds=7,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        device_help="torch device (default: cuda when there is one, else cpu)",
     )
+    parser.add_argument("--heads", type=op_timing.positive_int, default=4, help="heads (default %(default)s)")
     parser.add_argument(
         "--head-dim", type=op_timing.positive_int, default=64, help="key and value width per head (default %(default)s)"
     )
     parser.add_argument(
         "--chunk", type=op_timing.positive_int, default=64, help="the chunked form's chunk length (default %(default)s)"
-    )
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="input dtype (default %(default)s)")
-    parser.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="torch device (default: cuda when there is one, else cpu)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=op_timing.positive_int,
-        default=7,
-        help="timed rounds, alternating the implementations (default %(default)s)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled row")

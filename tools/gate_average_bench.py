@@ -105,11 +105,10 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=op_timing.positive_int, default=16, help="sequences (default %(default)s)")
-    p.add_argument("--heads", type=op_timing.positive_int, default=16, help="heads (default %(default)s)")
-    p.add_argument(
-        "--seq-len", type=op_timing.positive_int, default=1024, help="tokens per sequence (default %(default)s)"
+    op_timing.add_common_arguments(
+        p, batch=16, dtype="bf16", rounds=10, device="cuda", device_help="torch device (default %(default)s)"
     )
+    p.add_argument("--heads", type=op_timing.positive_int, default=16, help="heads (default %(default)s)")
     p.add_argument("--width", type=op_timing.positive_int, default=1780, help="gate columns per head (F/H)")
     p.add_argument(
         "--head-dim",
@@ -117,15 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         default=32,
         help="query/key width d_h (default: the TANGO paper's %(default)s)",
     )
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype (default %(default)s)")
-    p.add_argument(
-        "--rounds",
-        type=op_timing.positive_int,
-        default=10,
-        help="timed rounds, alternating the implementations (default %(default)s)",
-    )
     p.add_argument("--no-math", dest="math", action="store_false", help="skip SDPA's math backend")
-    p.add_argument("--device", default="cuda", help="torch device (default %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     error = op_timing.cannot_run(args.device, tango_mix_module.tango_mix_triton is not None)

@@ -273,6 +273,23 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_common_arguments(
+    parser: argparse.ArgumentParser, *, batch: int, dtype: str, rounds: int, device: str, device_help: str
+) -> None:
+    """The arguments every single-op bench takes, with that bench's defaults: the batch and sequence
+    length, the input dtype, the timed rounds and the device."""
+    parser.add_argument("--batch", type=positive_int, default=batch, help="sequences (default %(default)s)")
+    parser.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sequence (default %(default)s)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=dtype, help="input dtype (default %(default)s)")
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=rounds,
+        help="timed rounds, alternating the implementations (default %(default)s)",
+    )
+    parser.add_argument("--device", default=device, help=device_help)
+
+
 def refuse(message: str) -> int:
     print(message, file=sys.stderr)
     return 2

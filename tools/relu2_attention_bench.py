@@ -107,22 +107,13 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=op_timing.positive_int, default=16, help="sequences (default %(default)s)")
-    p.add_argument(
-        "--seq-len", type=op_timing.positive_int, default=1024, help="tokens per sequence (default %(default)s)"
+    op_timing.add_common_arguments(
+        p, batch=16, dtype="bf16", rounds=10, device="cuda", device_help="torch device (default %(default)s)"
     )
     p.add_argument("--qk-dim", type=op_timing.positive_int, default=128, help="s, the query/key width")
     p.add_argument("--width", type=op_timing.positive_int, default=1536, help="e, the value width")
     p.add_argument("--group-size", type=int, default=0, help="FLASH's group size g; 0: GAU's full attention")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="input dtype (default %(default)s)")
-    p.add_argument(
-        "--rounds",
-        type=op_timing.positive_int,
-        default=10,
-        help="timed rounds, alternating the implementations (default %(default)s)",
-    )
     p.add_argument("--compiled", action="store_true", help="also time the reference under torch.compile")
-    p.add_argument("--device", default="cuda", help="torch device (default %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = p.parse_args(argv)
     if args.group_size < 0:
