@@ -6,6 +6,9 @@ as `error: ...` and exits with code 2, without a traceback; library callers can 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """A problem with the user's config, data, checkpoint or arguments (exit code 2)."""
@@ -23,3 +26,9 @@ def option(name: str) -> str:
     """An option as Python and the command line both spell it, for errors read by users of either:
     `max_docs` -> `max_docs (--max-docs)`."""
     return f"{name} (--{name.replace('_', '-')})"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the choice closest to a mistyped `word`, or nothing when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -423,3 +423,23 @@ def test_an_option_is_named_as_python_and_the_command_line_spell_it():
     from tango_lm.errors import option
 
     assert option("max_docs") == "max_docs (--max-docs)" and option("tokens") == "tokens (--tokens)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["params", "tango-70m-d4", "train.warmup_step=3"],
+            "unknown field train.warmup_step (did you mean 'warmup_steps'?)",
+        ),
+        (["params", "tango-70m-d4", "model.widht=3"], "unknown model field 'widht' (did you mean 'width'?)"),
+        (["params", "tango-70m-d4", "model.arch=tnago"], "unknown architecture 'tnago' (did you mean 'tango'?)"),
+        (["params", "tango-70m-d4", "model.head=onnoa"], "unknown head 'onnoa' (did you mean 'onona'?)"),
+        (["params", "tango-160m-d44"], "no preset or file named 'tango-160m-d44' (did you mean 'tango-160m-d4'?)"),
+        (["params", "tango"], "no preset or file named 'tango'; model.arch=tango names the architecture"),
+        (["params", "tango-70m-d4", "model.zzz=1"], "unknown model field 'zzz'; known fields are"),  # nothing close
+    ],
+)
+def test_a_mistyped_name_is_answered_with_the_closest_one(capsys, argv, said):
+    rc, _, err, _ = helpers.run_main(capsys, argv)
+    assert rc == 2 and said in helpers.assert_one_error_line(err)

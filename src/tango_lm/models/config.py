@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tango_lm.config_checks import check_finite, check_model_numbers
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 
 
 @dataclass(kw_only=True)
@@ -78,9 +78,14 @@ class ModelConfig:
         for f in dataclasses.fields(self):
             setattr(self, f.name, check_type(f"model.{f.name}", getattr(self, f.name), f.type))
         if self.arch not in ARCHITECTURES:
-            raise UserError(f"unknown architecture {self.arch!r}; choose one of: {', '.join(sorted(ARCHITECTURES))}")
+            raise UserError(
+                f"unknown architecture {self.arch!r}{did_you_mean(self.arch, ARCHITECTURES)}; "
+                f"choose one of: {', '.join(sorted(ARCHITECTURES))}"
+            )
         if self.head not in HEADS:
-            raise UserError(f"unknown head {self.head!r}; choose one of: {', '.join(sorted(HEADS))}")
+            raise UserError(
+                f"unknown head {self.head!r}{did_you_mean(self.head, HEADS)}; choose one of: {', '.join(sorted(HEADS))}"
+            )
         if self.active_width is not None and not ARCHITECTURES[self.arch].rotating_width:
             raise active_width_unsupported(self.arch)  # here, not at build: params, match and sweeps check configs
         for name in ("d_model", "head_dim", "width", "depth", "vocab_size", "context_length", "window", "loss_chunk"):
@@ -168,7 +173,10 @@ class ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise UserError(f"unknown model field {unknown[0]!r}; known fields are: {', '.join(sorted(known))}")
+            raise UserError(
+                f"unknown model field {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+                f"known fields are: {', '.join(sorted(known))}"
+            )
         heads, width, d_model = data.get("n_heads"), data.get("head_dim"), data.get("d_model", cls.d_model)
         if _positive_ints(heads, width, d_model) and heads * width != d_model:  # head_dim would follow n_heads unsaid
             raise UserError(

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig, check_type
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "models" / "presets"
@@ -226,7 +226,9 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
     values = dict(values)
     for key, value in values.items():
         if key not in known:
-            raise UserError(f"unknown field {name}.{key}; known fields are: {', '.join(sorted(known))}")
+            raise UserError(
+                f"unknown field {name}.{key}{did_you_mean(key, known)}; known fields are: {', '.join(sorted(known))}"
+            )
         if name == "train" and key == "loggers":
             from tango_lm.train.loggers import logger_names
 
@@ -306,7 +308,13 @@ def read_yaml(source: str) -> dict[str, Any]:
         elif path.suffix in (".yaml", ".yml") or "/" in source:
             raise UserError(f"config file {source} does not exist; give a YAML file or a preset name")
         else:
-            raise UserError(f"no preset or file named {source!r}; `tango-lm presets` lists them")
+            from tango_lm.models.registry import ARCHITECTURES
+
+            if source in ARCHITECTURES:  # an architecture's name where a config goes
+                hint = f"; model.arch={source} names the architecture, `tango-lm presets {source}` lists its presets"
+            else:
+                hint = f"{did_you_mean(source, list_presets())}; `tango-lm presets` lists them"
+            raise UserError(f"no preset or file named {source!r}{hint}")
     try:
         data = parse_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:
