@@ -13,7 +13,8 @@ All three are checked before anything is written:
 
 Some are warnings, not errors, said when a run starts (`start_of_run_warnings`): a table mostly of
 rows the data's tokenizer never produces (`unused_table_rows`), as when byte-level data meets the
-default GPT-2-sized vocabulary, and what the architecture itself warns of (`Architecture.warnings`).
+default GPT-2-sized vocabulary, a warmup as long as the run (`warmup_past_the_run`), and what the
+architecture itself warns of (`Architecture.warnings`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "check_fits_memory",
     "check_data_fits_model",
     "unused_table_rows",
+    "warmup_past_the_run",
     "start_of_run_warnings",
 ]
 
@@ -149,8 +151,27 @@ def unused_table_rows(run: RunConfig, dataset: PreparedDataset) -> str | None:
     )
 
 
+def warmup_past_the_run(run: RunConfig) -> str | None:
+    """A warning when warmup is as long as the run: the schedule then warms up over all steps but
+    the last (train/optim.lr_at), and the run never trains at its learning rate (a preset's 200
+    warmup steps under a short smoke-test budget, say)."""
+    steps, warmup = run.total_steps(), run.train.warmup_steps
+    if warmup < steps:
+        return None
+    return (
+        f"train.warmup_steps={warmup} is not below the run's {steps} step{'s' * (steps != 1)}: the learning rate "
+        "warms up over all "
+        f"but the last step and never trains at train.lr={run.train.lr:g}; lower train.warmup_steps or train longer"
+    )
+
+
 def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset) -> list[str]:
     """Every warning a run gets when it starts, one line each."""
     from tango_lm.models.registry import ARCHITECTURES
 
-    return [w for w in (unused_table_rows(run, dataset), *ARCHITECTURES[run.model.arch].warnings(run.model)) if w]
+    warnings = (
+        unused_table_rows(run, dataset),
+        warmup_past_the_run(run),
+        *ARCHITECTURES[run.model.arch].warnings(run.model),
+    )
+    return [w for w in warnings if w]

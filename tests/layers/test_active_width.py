@@ -324,6 +324,7 @@ def test_eval_segment_of_a_plain_run_is_a_user_error(data_dir, tmp_path, capsys)
     out = tmp_path / "run"
     train(helpers.run_config(data_dir, out, steps=1, eval_every=1, save_every=1))
     assert "segment" not in evaluate_checkpoint(str(out), "dev")
+    capsys.readouterr()  # what training said (a one-step run warns of its warmup)
     assert main(["eval", str(out), "--segment", "0"]) == 2
     assert "without model.active_width" in helpers.assert_one_error_line(capsys.readouterr().err)
 

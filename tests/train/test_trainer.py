@@ -445,3 +445,12 @@ def test_no_architecture_warns_of_its_own_tiny_config_or_of_a_preset():
     }
     models = [load_run_config(name, []).model for name in list_presets()]
     assert len(models) > 70 and [m for m in models if ARCHITECTURES[m.arch].warnings(m)] == []
+
+
+@pytest.mark.parametrize(("steps", "warned"), [(3, False), (2, True)])
+def test_a_warmup_as_long_as_the_run_is_warned_at_the_start(data_dir, tmp_path, capsys, steps, warned):
+    # A preset's 200 warmup steps under a short budget warmed up to the last step, never at train.lr.
+    train(helpers.run_config(data_dir, tmp_path / "run", steps=steps, warmup_steps=2, eval_every=steps))
+    err = capsys.readouterr().err
+    line = "warning: train.warmup_steps=2 is not below the run's 2 steps: the learning rate warms up over all but"
+    assert (line in err) == warned and err.count("warning: train.warmup_steps") == warned
