@@ -159,9 +159,9 @@ def warmup_past_the_run(run: RunConfig) -> str | None:
     if warmup < steps:
         return None
     return (
-        f"train.warmup_steps={warmup} is not below the run's {steps} step{'s' * (steps != 1)}: the learning rate "
-        "warms up over all "
-        f"but the last step and never trains at train.lr={run.train.lr:g}; lower train.warmup_steps or train longer"
+        f"train.warmup_steps={warmup} is not below the run's {steps} step{'s' * (steps != 1)}: the learning "
+        f"rate warms up over all but the last step and never trains at train.lr={run.train.lr:g}; lower "
+        "train.warmup_steps or train longer"
     )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.cli.output import CONFIG_HELP, JSON_HELP, _print_json, _table
+from tango_lm.errors import UserError
 from tango_lm.models.matching import PAPER_VOCAB
 
 
@@ -60,8 +61,6 @@ def cmd_presets(args: argparse.Namespace) -> None:
         first = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
         rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": first})
     if not rows:  # a typo, not an empty answer: an empty table would read as "no presets"
-        from tango_lm.errors import UserError
-
         raise UserError(f"no preset name contains {args.filter!r}; `tango-lm presets` lists them all")
     if args.json:
         _print_json(rows)
