@@ -28,7 +28,13 @@ def option(name: str) -> str:
     return f"{name} (--{name.replace('_', '-')})"
 
 
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice closest to a mistyped `word`, or None when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the choice closest to a mistyped `word`, or nothing when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    match = closest(word, choices)
+    return f" (did you mean {match!r}?)" if match else ""

@@ -438,6 +438,8 @@ def test_an_option_is_named_as_python_and_the_command_line_spell_it():
         (["params", "tango-160m-d44"], "no preset or file named 'tango-160m-d44' (did you mean 'tango-160m-d4'?)"),
         (["params", "tango"], "no preset or file named 'tango'; model.arch=tango names the architecture"),
         (["params", "tango-70m-d4", "model.zzz=1"], "unknown model field 'zzz'; known fields are"),  # nothing close
+        (["params", "tango-70m-d4", "trian.lr=3"], "names unknown section 'trian' (did you mean 'train'?)"),
+        (["params", "tango-70m-d4", "widht=3"], "no section has a field 'widht' (did you mean model.width?)"),
     ],
 )
 def test_a_mistyped_name_is_answered_with_the_closest_one(capsys, argv, said):

@@ -120,7 +120,14 @@ def test_overrides_dotted_and_bare_keys():
     assert out["train"] == {"lr": 0.25, "steps": 7, "seed": 3}  # bare keys go to the section owning them
     assert out["data"] == {"dir": "data/x"}
     assert data == {"model": {"width": 64, "depth": 2}, "train": {"lr": 0.1}}  # input left alone
-    assert apply_overrides({}, ["a=b=c"])["model"]["a"] == "b=c"  # split at the first '='
+    assert apply_overrides({}, ["model.a=b=c"])["model"]["a"] == "b=c"  # split at the first '='
+    # a bare key no section has is an error that names the field meant, not an unknown model field
+    with pytest.raises(
+        UserError,
+        match=r"override 'warmup_step=3': no section has a field 'warmup_step' \(did you "
+        r"mean train.warmup_steps\?\); write section.field=value",
+    ):
+        apply_overrides({}, ["warmup_step=3"])
 
 
 def test_a_budget_override_replaces_the_configs_budget_of_any_kind():

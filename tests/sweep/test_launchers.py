@@ -111,6 +111,8 @@ def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
             time_minutes(bad)
     with pytest.raises(UserError, match="unknown slurm setting 'gpus'"):
         slurm_settings(grid, {"gpus": 2})
+    with pytest.raises(UserError, match=r"unknown slurm setting 'partiton' \(did you mean 'partition'\?\)"):
+        slurm_settings(grid, {"partiton": "gpu"})
     for amount in (float("nan"), float("inf"), 0.5):  # NaN passed as "the cluster refused the jobs"
         with pytest.raises(UserError, match="slurm setting mem_gb must be a finite number, at least 1"):
             slurm_settings(grid, {"mem_gb": amount})

@@ -120,6 +120,8 @@ def test_shipped_grids_use_the_papers_seed_pairs():
 
 MALFORMED = {
     "unknown_axis": ({"colour": ["red"]}, "unknown axis 'colour'"),
+    "mistyped_axis": ({"dephts": [2]}, "grid.yaml (did you mean 'depth'?); axes are"),
+    "mistyped_field": ({"train.warmup_step": [2]}, "is not a config field (did you mean 'warmup_steps'?)"),
     "bad_type": ({"depth": ["two"]}, "takes positive integers"),
     "empty_axis": ({"arch": []}, "axis 'arch'"),
     "unknown_arch": ({"arch": ["tango", "nope"]}, "unknown arch 'nope'"),

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import TIERS, parse_tier
 from tango_lm.train.config import DataConfig, TrainConfig
@@ -53,7 +53,10 @@ def parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
     for name, values in raw.items():
         where = f"axis {name!r} of sweep grid {path}"
         if not isinstance(name, str) or (name not in NAMED_AXES and "." not in name):
-            raise UserError(f"unknown {where}; axes are {', '.join(NAMED_AXES)} or a config field such as train.lr")
+            hint = did_you_mean(name, NAMED_AXES) if isinstance(name, str) else ""
+            raise UserError(
+                f"unknown {where}{hint}; axes are {', '.join(NAMED_AXES)} or a config field such as train.lr"
+            )
         if values is None or (isinstance(values, (list, dict)) and not values):
             raise UserError(f"{where} is empty; give at least one value or remove the axis")
         if name == "dataset":
@@ -150,7 +153,8 @@ def _field_value(name: str, v: Any, where: str) -> Any:
     cls = SECTIONS.get(section)
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
     if key not in fields or key == "out_dir":
-        raise UserError(f"unknown {where}: {name!r} is not a config field (write section.field, e.g. train.lr)")
+        hint = did_you_mean(key, [k for k in fields if k != "out_dir"]) if cls else did_you_mean(section, SECTIONS)
+        raise UserError(f"unknown {where}: {name!r} is not a config field{hint} (write section.field, e.g. train.lr)")
     if isinstance(v, (list, dict)):
         raise UserError(f"{where} takes single values, not {type(v).__name__}s")
     return v

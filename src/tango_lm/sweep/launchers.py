@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.sweep.runner import _row, _train_one, other_config_row, run_state
@@ -117,7 +117,9 @@ def slurm_settings(grid: Grid, flags: dict[str, Any]) -> dict[str, Any]:
     for key, value in settings.items():
         kind = SETTINGS.get(key)
         if kind is None:
-            raise UserError(f"unknown slurm setting {key!r}; settings are {', '.join(SETTINGS)}")
+            raise UserError(
+                f"unknown slurm setting {key!r}{did_you_mean(key, SETTINGS)}; settings are {', '.join(SETTINGS)}"
+            )
         if isinstance(value, bool) or not isinstance(value, kind):
             raise UserError(f"slurm setting {key} has the wrong type ({value!r})")
     for key in ("gpus_per_job", "array_parallelism", "cpus_per_task", "mem_gb", "signal_delay_s"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tango_lm.errors import UserError, did_you_mean
+from tango_lm.errors import UserError, closest, did_you_mean
 from tango_lm.models.config import ModelConfig, check_type
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "models" / "presets"
@@ -388,9 +388,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
             section, name = key.split(".", 1)
         else:
             owners = [s for s in ("model", "train", "data") if key in fields[s]]
-            section, name = (owners[0] if owners else (bare_section or "model")), key
+            if not owners and bare_section is None:  # no section has it: say which field was meant
+                owner = {f: s for s in ("data", "train", "model") for f in fields[s]}  # model's name first
+                match = closest(key, owner)
+                hint = f" (did you mean {owner[match]}.{match}?)" if match else ""
+                raise UserError(f"override {item!r}: no section has a field {key!r}{hint}; write section.field=value")
+            section, name = (owners[0] if owners else bare_section), key
         if section not in fields:
-            raise UserError(f"override {item!r} names unknown section {section!r}; use model., data. or train.")
+            raise UserError(
+                f"override {item!r} names unknown section {section!r}{did_you_mean(section, fields)}; "
+                "use model., data. or train."
+            )
         (model_changes if section == "model" else out.setdefault(section, {}))[name] = value
         if section == "train" and name in BUDGET_FIELDS and value is not None:
             budgets[name] = item
