@@ -445,3 +445,27 @@ def test_an_option_is_named_as_python_and_the_command_line_spell_it():
 def test_a_mistyped_name_is_answered_with_the_closest_one(capsys, argv, said):
     rc, _, err, _ = helpers.run_main(capsys, argv)
     assert rc == 2 and said in helpers.assert_one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["trian"], "invalid choice: 'trian' (choose from "),
+        (["data", "prepare", "jsnl", "x"], "invalid choice: 'jsnl' (choose from "),
+        (["eval", "run", "--format", "lambda"], "invalid choice: 'lambda' (choose from "),
+    ],
+)
+def test_a_mistyped_command_or_choice_is_answered_with_the_closest_one(capsys, argv, said):
+    rc, _, err, _ = helpers.run_main(capsys, argv)
+    line = helpers.assert_one_error_line(err)
+    meant = {"trian": "train", "jsnl": "jsonl", "lambda": "lambada"}[said.split("'")[1]]
+    assert rc == 2 and said in line and f"(did you mean '{meant}'?); see `tango-lm" in line
+
+
+def test_the_closest_choice_is_found_in_either_argparse_spelling():
+    from tango_lm.cli.output import Parser
+    from tango_lm.errors import UserError
+
+    for listed in ("'train', 'eval'", "train, eval"):  # Python 3.11 quotes the choices, 3.12 does not
+        with pytest.raises(UserError, match=r"\(did you mean 'train'\?\)"):
+            Parser(prog="p").error(f"argument command: invalid choice: 'trian' (choose from {listed})")

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from tango_lm import strict_json
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 
 __all__ = [
     "Parser",
@@ -55,7 +55,14 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one-line UserErrors (its subparsers inherit this class)."""
 
     def error(self, message: str) -> NoReturn:
+        choice = _INVALID_CHOICE.search(message)  # a mistyped command: name the one meant
+        if choice:
+            # Python 3.11 quotes the choices, 3.12 and later do not
+            message += did_you_mean(choice["word"], [c.strip().strip("'") for c in choice["choices"].split(",")])
         raise UserError(f"{self.prog}: {message}; see `{self.prog} --help`")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
 
 
 def one_line(message: str) -> str:
