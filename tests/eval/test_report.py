@@ -463,6 +463,21 @@ def test_an_out_that_is_a_file_is_a_user_error(runs, tmp_path):
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+def test_an_out_in_a_dataset_or_a_run_is_a_user_error(runs, data_dir, tmp_path):
+    # The report's files went into a prepared dataset (re-preparing it would take them along) or
+    # beside a run's own files.
+    before = helpers.snapshot(data_dir)
+    for out in (data_dir, data_dir / "report"):
+        with pytest.raises(UserError, match=f"--out {out} is inside the prepared dataset {data_dir}; give the report"):
+            write_report(runs, out, plots=False)
+    assert helpers.snapshot(data_dir) == before
+    run = next(p.parent for p in sorted(runs.rglob("summary.json")))
+    with pytest.raises(UserError, match=f"--out {run} holds a run; give the report a directory of its own"):
+        write_report(runs, run, plots=False)
+    assert not (run / "report.md").exists()
+    assert write_report(runs, run / "report", plots=False)["out"] == str(run / "report")  # a folder of its own
+
+
 def test_unknown_reference_is_a_user_error(runs):
     with pytest.raises(UserError, match="--reference 'nope'"):
         write_report(runs, plots=False, reference="nope")

@@ -278,6 +278,13 @@ def write_report(
     report = build_report(records, split, reference)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory for the report (default: {root / 'report'})")
+    from tango_lm.data.shards import is_prepared
+    from tango_lm.train.run_dir import enclosing, holds_run
+
+    dataset = enclosing(out, is_prepared)  # re-preparing it (--overwrite) would take the report with it
+    if dataset is not None or holds_run(out):  # beside a run's own files, under its names
+        where = f"is inside the prepared dataset {dataset}" if dataset is not None else "holds a run"
+        raise UserError(f"--out {out} {where}; give the report a directory of its own (default: {root / 'report'})")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.md", out / "report.json"]
     if plots:
