@@ -97,6 +97,28 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     assert rc == 2 and "is a directory but not a run directory" in helpers.assert_one_error_line(err)
 
 
+@pytest.mark.parametrize(
+    ("stop", "continues"), [(2, "from the start (no checkpoint was saved yet)"), (5, "from its checkpoint of step 4")]
+)
+def test_an_interrupted_train_says_how_to_continue(data_dir, tmp_path, capsys, monkeypatch, stop, continues):
+    from tango_lm.train.trainer import Trainer
+
+    original = Trainer.train_step
+
+    def train_step(self):
+        if self.step == stop:
+            raise KeyboardInterrupt  # Ctrl-C
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    out = tmp_path / "run"
+    rc, _, err, _ = helpers.run_main(capsys, ["train", *helpers.cli_overrides(data_dir, out, steps=8)])
+    assert rc == 130
+    assert err.strip().splitlines()[-1] == f"interrupted; `tango-lm train {out} --resume` continues the run {continues}"
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert main(["train", str(out), "--resume"]) == 0 and helpers.step_names(out)[-1] == "step-00000008"
+
+
 def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(

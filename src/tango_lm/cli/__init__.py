@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"error: {one_line(os_error_text(exc))}; check the disk and the path", file=sys.stderr)
         return UserError.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a command may say how to continue (train: --resume)
+        print(f"interrupted; {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
     return code if isinstance(code, int) else 0

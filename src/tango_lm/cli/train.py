@@ -27,7 +27,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     run = load_run_config(*_config_and_overrides(args))
     if args.no_progress:
         run.train.progress = False
-    result = train(run, resume=args.resume)
+    try:
+        result = train(run, resume=args.resume)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_how_to_continue(run.train.out_dir)) from None
     from tango_lm.train.distributed import is_main_process
 
     if not is_main_process():  # under torchrun, rank 0 alone reports
@@ -51,6 +54,21 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
     )
     print(f"run directory: {s['out_dir']} (dev and test NLL of the checkpoint of step {s['selected_step']})")
+
+
+def _how_to_continue(out_dir: str) -> str:
+    """What the `interrupted` line adds for a run: the command that continues it, and from where."""
+    from pathlib import Path
+
+    from tango_lm.train.checkpoint import complete_steps
+
+    steps = complete_steps(Path(out_dir) / "checkpoints")
+    where = (
+        f"from its checkpoint of step {int(steps[-1].name.removeprefix('step-'))}"
+        if steps
+        else "from the start (no checkpoint was saved yet)"
+    )
+    return f"`tango-lm train {out_dir} --resume` continues the run {where}"
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
