@@ -97,6 +97,22 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     assert rc == 2 and "is a directory but not a run directory" in helpers.assert_one_error_line(err)
 
 
+def test_resuming_from_another_folder_than_a_relative_data_dir_says_to_pass_data_dir(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "run"
+    monkeypatch.chdir(data_dir.parent)
+    assert main(["train", *helpers.cli_overrides(data_dir.name, out, steps=2, eval_every=2, save_every=2)]) == 0
+    monkeypatch.chdir(tmp_path)
+    rc, _, err, _ = helpers.run_main(capsys, ["train", str(out), "--resume", "train.steps=4"])
+    assert rc == 2 and helpers.assert_one_error_line(err) == (
+        f"error: the run's dataset {data_dir.name} (its data.dir, relative) is not under {tmp_path}; resume from the "
+        "folder it trained in, or pass data.dir=DIR (the same tokens anywhere resume)"
+    )
+    assert main(["train", str(out), "--resume", "train.steps=4", f"data.dir={data_dir}"]) == 0
+    assert helpers.step_names(out)[-1] == "step-00000004"
+
+
 @pytest.mark.parametrize(
     ("stop", "continues"), [(2, "from the start (no checkpoint was saved yet)"), (5, "from its checkpoint of step 4")]
 )

@@ -72,6 +72,11 @@ class Trainer(TrainerCheckpoints):
             raise UserError(
                 f"{self.out} already holds checkpoints; pass --resume to continue that run or set train.out_dir to a new directory"
             )
+        if resume and not Path(run.data.dir).is_absolute() and not Path(run.data.dir).exists():
+            raise UserError(  # a run continued from another folder than the one it trained in
+                f"the run's dataset {run.data.dir} (its data.dir, relative) is not under {Path.cwd()}; resume from "
+                "the folder it trained in, or pass data.dir=DIR (the same tokens anywhere resume)"
+            )
         self.dataset = PreparedDataset.open(run.data.dir)
         check_data_fits_model(run, self.dataset)
         self.seq_len = run.seq_len()
