@@ -126,6 +126,15 @@ def test_a_multi_gpu_job_needs_a_parallel_run(data_dir, tmp_path):
         submit_sweep(grid, grid.runs, settings, cluster="local")
 
 
+def test_runs_their_data_refuses_are_never_submitted(data_dir, tmp_path):
+    pytest.importorskip("submitit")
+    grid = load_grid(write_grid(tmp_path, data_dir))
+    grid.runs[0].config.model.vocab_size = 100  # the byte dataset has 257 ids
+    with pytest.raises(UserError, match=r"^run seed=17-101: dataset .* nothing was submitted$"):
+        submit_sweep(grid, grid.runs, slurm_settings(grid, {}), cluster="local")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch, capsys):
     submitit = pytest.importorskip("submitit")
     grid = load_grid(write_grid(tmp_path, data_dir))

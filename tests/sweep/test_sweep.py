@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tango_lm import config_checks
 from tango_lm.cli import main, parse_args
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
+from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.sweep import load_grid, run_sweep, runner
 from tango_lm.sweep.runner import plan_rows
 from tango_lm.train.trainer import Trainer
@@ -199,6 +201,48 @@ def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_runs_their_data_refuses_stop_the_sweep_before_anything_trains(data_dir, tmp_path, capsys):
+    """A vocabulary too small for the dataset fails every run when it starts: the sweep (and its
+    dry run, in the note) says so up front, and trains nothing."""
+    path = write_grid(
+        tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "gau"], "model.vocab_size": [257, 100]}
+    )
+    assert main(["sweep", str(path), "--dry-run", "--json"]) == 0
+    notes = {r["run"]: r["note"] for r in json.loads(capsys.readouterr().out)}
+    assert notes["dataset=syn/arch=tango/model.vocab_size=257"] is None
+    assert notes["dataset=syn/arch=gau/model.vocab_size=100"].startswith("refused: dataset ")
+    assert "model.vocab_size is 100" in notes["dataset=syn/arch=tango/model.vocab_size=100"]
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: run dataset=syn/arch=tango/model.vocab_size=100 (and 1 more): dataset ")
+    assert "set model.vocab_size=" in err and err.endswith("nothing was trained\n")
+    assert not (tmp_path / "sweep").exists()
+    # --only the runs it fits trains them
+    assert main(["sweep", str(path), "--no-progress", "--only", "*=257"]) == 0
+
+
+def test_a_warning_shared_by_runs_is_said_once_before_they_train(data_dir, tmp_path, capsys):
+    """The runs' start-of-run warnings are said by the sweep (and its dry run) once each, with the
+    runs they concern, and not again by each run."""
+    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "tango-windowed"], "seed": [[1, 2], [3, 4]]}
+    path = write_grid(tmp_path, axes, steps=2, warmup_steps=5)
+    grid = yaml.safe_load(path.read_text())
+    grid["base"]["model"]["window"] = helpers.TINY_MODEL["context_length"]
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    runs = load_grid(path).runs
+    windowed = [r.config.model for r in runs if r.config.model.arch == "tango-windowed"]
+    expected = [
+        f"warning: {config_checks.warmup_past_the_run(runs[0].config)} (every run)",
+        f"warning: {ARCHITECTURES['tango-windowed'].warnings(windowed[0])[0]} (2 of 4 runs, {runs[2].name} first)",
+    ]
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    assert capsys.readouterr().err.splitlines() == expected
+    assert main(["sweep", str(path), "--no-progress"]) == 0
+    assert capsys.readouterr().err.splitlines() == expected  # said once, not again by each run
+    assert main(["sweep", str(path), "--no-progress"]) == 0  # every run done: nothing to warn of
+    assert capsys.readouterr().err == ""
+
+
 # -- running ----------------------------------------------------------------------------------
 def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeypatch, capsys):
     import tango_lm.train.trainer as trainer_module
@@ -211,10 +255,10 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
     original = trainer_module.train
 
-    def flaky(run, resume=False):
+    def flaky(run, resume=False, warnings=True):
         if run.model.arch == "loop-transformer":
             raise RuntimeError("boom\nsecond line")
-        return original(run, resume=resume)
+        return original(run, resume=resume, warnings=warnings)
 
     monkeypatch.setattr(trainer_module, "train", flaky)
     assert main(["sweep", str(path), "--no-progress"]) == 1

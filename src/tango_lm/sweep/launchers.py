@@ -39,7 +39,7 @@ from typing import Any
 from tango_lm.errors import UserError, did_you_mean
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.sweep.runner import _row, _train_one, other_config_row, run_state
+from tango_lm.sweep.runner import _row, _train_one, check_runs_to_train, other_config_row, run_state
 from tango_lm.train.checkpoint import write_json_atomic
 
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
@@ -210,6 +210,7 @@ def submit_sweep(
         except UserError as exc:
             raise UserError(f"run {run.name} cannot train as a job of {processes} processes: {exc}") from None
         todo.append(run)
+    check_runs_to_train(grid, todo).raise_refused("submitted")
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         queued = queued_jobs(grid.out_dir, cluster)
         for run in [r for r in todo if r.name in queued]:

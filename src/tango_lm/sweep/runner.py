@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from typing import Any
 from tango_lm.data.shards import same_dataset_dir
 from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
+from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import complete_steps, write_json_atomic
 from tango_lm.train.config import LOGISTICS_FIELDS
@@ -104,8 +106,22 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
     return _read_json(path)
 
 
+TRAINS = ("new", "resume", "retry")  # the states of runs a sweep trains or submits
+
+
+def check_runs_to_train(grid: Grid, runs: list[SweepRun]) -> RunChecks:
+    """The data checks (sweep/checks.py) of the runs that would train, their warnings said on
+    stderr once each."""
+    checks = check_runs(grid, [run for run in runs if run_state(run)["state"] in TRAINS])
+    for line in checks.warning_lines(len(runs)):
+        print(f"warning: {line}", file=sys.stderr)
+    return checks
+
+
 def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
-    """One row per run for `--dry-run`: its state, size and budget."""
+    """One row per run for `--dry-run`: its state, size and budget; a run its data refuses has
+    the reason as its note."""
+    refused = check_runs_to_train(grid, runs).refused
     rows = []
     for run in runs:
         state = run_state(run)
@@ -118,6 +134,8 @@ def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
         }.get(state["state"])
         if run.config.data.dir in grid.missing_data.values():
             note = f"data missing: {run.config.data.dir}"
+        if run.name in refused:
+            note = f"refused: {refused[run.name]}"
         rows.append(
             {
                 "run": run.name,
@@ -151,6 +169,7 @@ def run_sweep(
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
+    check_runs_to_train(grid, runs).raise_refused("trained")
     rows: list[dict[str, Any]] = []
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         for i, run in enumerate(runs, 1):
@@ -187,7 +206,8 @@ def _train_one(run: SweepRun, head: str, log: Callable[[str], None]) -> dict[str
     log(f"{head}: {how.get(state['state'], 'training')} ({state['steps']} steps)")
     t0 = time.time()
     try:
-        summary = train(run.config, resume=state["state"] == "resume").summary
+        # warnings=False: the sweep said them once for all its runs (check_runs_to_train)
+        summary = train(run.config, resume=state["state"] == "resume", warnings=False).summary
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - record every failure and go on with the sweep

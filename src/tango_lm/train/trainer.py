@@ -60,8 +60,9 @@ class TrainResult:
 
 
 class Trainer(TrainerCheckpoints):
-    def __init__(self, run: RunConfig, resume: bool = False) -> None:
+    def __init__(self, run: RunConfig, resume: bool = False, warnings: bool = True) -> None:
         self.run = run
+        self.say_warnings = warnings  # start_of_run_warnings on stderr (a sweep says them once for all its runs)
         cfg = run.train
         distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
         check_available(cfg.loggers)
@@ -250,7 +251,7 @@ class Trainer(TrainerCheckpoints):
                 write_json_atomic(self.out / "config.json", config)
                 (self.out / "config.yaml").write_text(dump_yaml(config))
                 self.peak_flops = matmul_peak(self.device, self.dtype)
-                for warning in start_of_run_warnings(self.run, self.dataset):
+                for warning in start_of_run_warnings(self.run, self.dataset) if self.say_warnings else ():
                     print(f"warning: {warning}", file=sys.stderr)  # now: the CLI holds warnings to a command's end
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
@@ -380,13 +381,14 @@ class Trainer(TrainerCheckpoints):
         return summary
 
 
-def train(run: RunConfig, resume: bool = False) -> TrainResult:
-    """Train a run to its budget (resuming from its latest checkpoint when asked). Under torchrun
+def train(run: RunConfig, resume: bool = False, warnings: bool = True) -> TrainResult:
+    """Train a run to its budget (resuming from its latest checkpoint when asked); `warnings=False`
+    leaves the start-of-run warnings unsaid (a sweep says them once for all its runs). Under torchrun
     every process calls this; it joins the process group and leaves it at the end. The run
     directory is checked and locked first (train/run_dir.py): one writer per run."""
     try:
         with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
-            return Trainer(run, resume=resume).fit()
+            return Trainer(run, resume=resume, warnings=warnings).fit()
     except OSError as exc:  # a disk that filled up or a folder made read-only while training
         raise UserError(
             f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "

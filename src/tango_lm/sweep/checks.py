@@ -1,0 +1,70 @@
+"""What a sweep checks of its runs against their data before it trains or submits any of them.
+
+A grid's configs are validated when it is read (sweep/grid.py), but two things need the prepared
+data as well: whether the dataset's token ids fit each run's table (`check_data_fits_model`), and
+the warnings a run gets when it starts (`start_of_run_warnings`: a table mostly of unused rows, a
+warmup as long as the run, an architecture's own). Checked here, up front, a vocabulary too small
+for the data stops the sweep before the first run instead of failing every run (or every queued
+SLURM job) one after another, and a warning shared by many runs is said once, in the dry run too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tango_lm.config_checks import check_data_fits_model, start_of_run_warnings
+from tango_lm.data.shards import PreparedDataset
+from tango_lm.errors import UserError
+from tango_lm.sweep.grid import Grid, SweepRun
+
+
+@dataclass
+class RunChecks:
+    """The runs' data checks: the refused runs with their one-line errors, and each distinct
+    warning with the runs that get it (in the grid's order)."""
+
+    refused: dict[str, str] = field(default_factory=dict)  # run name -> error
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # warning -> run names
+
+    def raise_refused(self, doing: str) -> None:
+        """UserError naming the first refused run (and how many more) before `doing` anything."""
+        if not self.refused:
+            return
+        name, error = next(iter(self.refused.items()))
+        more = f" (and {len(self.refused) - 1} more)" if len(self.refused) > 1 else ""
+        raise UserError(f"run {name}{more}: {error}; nothing was {doing}")
+
+    def warning_lines(self, total: int) -> list[str]:
+        """One line per distinct warning, saying which of the `total` runs it concerns."""
+        lines = []
+        for text, names in self.warnings.items():
+            if len(names) == total:
+                which = "every run" if total > 1 else "the run"
+            elif len(names) == 1:
+                which = f"run {names[0]}"
+            else:
+                which = f"{len(names)} of {total} runs, {names[0]} first"
+            lines.append(f"{text} ({which})")
+        return lines
+
+
+def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
+    """Check each run against its dataset; datasets the grid lacks (a dry run's `missing_data`)
+    are passed over. Each dataset is opened once."""
+    checks = RunChecks()
+    missing = set(grid.missing_data.values())
+    datasets: dict[str, PreparedDataset] = {}
+    for run in runs:
+        directory = run.config.data.dir
+        if directory in missing:
+            continue
+        if directory not in datasets:
+            datasets[directory] = PreparedDataset.open(directory)
+        try:
+            check_data_fits_model(run.config, datasets[directory])
+        except UserError as exc:
+            checks.refused[run.name] = str(exc)
+            continue
+        for text in start_of_run_warnings(run.config, datasets[directory]):
+            checks.warnings.setdefault(text, []).append(run.name)
+    return checks
