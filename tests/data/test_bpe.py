@@ -171,6 +171,21 @@ def test_train_tokenizer_out_must_name_a_file_not_a_directory(corpus, tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+def test_train_tokenizer_out_inside_a_dataset_or_a_run_is_refused(corpus, tmp_path):
+    """Re-preparing the dataset (or replacing the run) would take the tokenizer with it."""
+    ds = write_prepared(tmp_path / "ds", get_tokenizer("byte"), {"train": TEXTS}, {}, progress=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}))
+    for holder, what in ((ds, "prepared dataset"), (run, "run directory")):
+        out = holder / "sub" / "bpe.json"
+        with pytest.raises(
+            UserError, match=f"^--out {out} is inside the {what} {holder}; save the tokenizer outside it$"
+        ):
+            train_bpe([str(corpus / "doc0.txt")], 300, out, progress=False)
+        assert not out.parent.exists()
+
+
 def test_a_prepared_datasets_description_of_another_tokenizer_names_it(tmp_path):
     ds = write_prepared(tmp_path / "ds", get_tokenizer("byte"), {"train": TEXTS}, {}, progress=False)
     with pytest.raises(UserError, match=r"describes tango-lm's 'byte' tokenizer, not a BPE; use --tokenizer byte"):

@@ -210,6 +210,19 @@ def test_existing_dataset_needs_overwrite(prepared):
     assert _leftovers(prepared) == []
 
 
+def test_overwrite_refuses_a_dataset_directory_holding_other_files(prepared):
+    """--overwrite replaces the dataset's directory whole: files the user put there stop it."""
+    before = _snapshot(prepared)
+    (prepared / "NOTES.md").write_text("mine")
+    with pytest.raises(UserError, match=r"holds NOTES\.md beside the prepared dataset; .* move it out first"):
+        write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {}, progress=False, overwrite=True)
+    for name in ("a", "b", "c"):
+        (prepared / f"{name}.json").write_text("{}")
+    with pytest.raises(UserError, match=r"holds NOTES\.md, a\.json, b\.json and 1 more beside .* move them out"):
+        write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {}, progress=False, overwrite=True)
+    assert {k: v for k, v in _snapshot(prepared).items() if k in before} == before
+
+
 def test_refuses_foreign_directory(tmp_path):
     other = tmp_path / "mine"
     other.mkdir()

@@ -83,10 +83,25 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
                 f"{out} already holds a prepared dataset; pass --overwrite (overwrite=True in Python) to replace it "
                 "or choose another output directory"
             )
+        others = sorted(p.name for p in out.iterdir() if p.name not in _dataset_files(out))
+        if others:  # replacing the directory would take them with it
+            named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise UserError(
+                f"{out} holds {named} beside the prepared dataset; --overwrite replaces the whole directory, "
+                f"so move {'it' if len(others) == 1 else 'them'} out first or choose another output directory"
+            )
         return
     # Never delete a directory we did not write, even with overwrite.
     if not out.is_dir() or any(out.iterdir()):
         raise UserError(f"{out} exists and is not a prepared dataset; choose another path or remove it")
+
+
+def _dataset_files(out: Path) -> set[str]:
+    """The names a prepared dataset's directory holds: its manifest, tokenizer and shards."""
+    with open(out / MANIFEST, encoding="utf-8") as f:
+        manifest = json.load(f)
+    shards = [sh.get("file") for entry in (manifest.get("splits") or {}).values() for sh in entry.get("shards") or []]
+    return {MANIFEST, TOKENIZER_FILE, *(str(name) for name in shards)}
 
 
 class _ShardWriter:

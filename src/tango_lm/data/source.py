@@ -52,7 +52,7 @@ class DataSource:
         p.add_argument(
             "--overwrite",
             action="store_true",
-            help="replace a prepared dataset already in --out (a directory of other files is never touched)",
+            help="replace a prepared dataset already in --out (one holding other files, or a folder that is not a dataset, is never touched)",
         )
 
     @classmethod
