@@ -145,12 +145,26 @@ def test_run_directory_resolves_to_best_then_latest(scripted_run, tmp_path):
     assert load_checkpoint(out).path == helpers.step_dir(out, 4)
     assert resolve_run_checkpoint(out, "latest") == helpers.step_dir(out, 8)
     run = _copy(out, tmp_path / "run")
-    (run / "best.json").unlink()
+    (run / "best.json").unlink()  # no dev NLL yet: the latest is all there is
     assert load_checkpoint(run).path == helpers.step_dir(run, 8)
-    (run / "best.json").write_text(json.dumps({"step": 2, "dev_nll": 3.0}))  # pruned step
-    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+    # A best-dev checkpoint that is gone, or a best.json that cannot be read, is said, never
+    # replaced by another checkpoint whose numbers would pass for the run's.
+    latest = f"point at one of its checkpoints/step-\\* directories \\(the latest is {helpers.step_dir(run, 8)}\\)$"
+    (run / "best.json").write_text(json.dumps({"step": 2, "dev_nll": 3.0}))  # deleted to free disk
+    with pytest.raises(
+        UserError,
+        match=f"best-dev checkpoint {helpers.step_dir(run, 2)} .* is missing or incomplete; restore it, or {latest}",
+    ):
+        load_checkpoint(run)
     (run / "best.json").write_text("{not json")
-    assert load_checkpoint(run).path == helpers.step_dir(run, 8)
+    with pytest.raises(
+        UserError, match=f"best.json cannot be read, so the run's best-dev checkpoint is unknown; {latest}"
+    ):
+        load_checkpoint(run)
+    with pytest.raises(
+        UserError, match=f"^{run / 'checkpoints'} is a run's checkpoints folder; give the run directory {run} "
+    ):
+        load_checkpoint(run / "checkpoints")
     (run / "best.json").write_text(json.dumps({"step": 6, "dev_nll": 2.0}))
     assert load_checkpoint(run).path == helpers.step_dir(run, 6)
     # A step directory itself is used as given.

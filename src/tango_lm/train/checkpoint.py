@@ -270,7 +270,7 @@ def complete_steps(ckpt_root: Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Open a step directory, or a run directory (its best-dev checkpoint, else its latest)."""
+    """Open a step directory, or a run directory (the checkpoint it selected: resolve_run_checkpoint)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint {path} does not exist; give a run directory or a checkpoints/step-* directory")
@@ -314,11 +314,16 @@ def _run_train(run_dir: Path) -> dict[str, Any] | None:
 
 
 def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
-    """The checkpoint a run selected (`which` "best"): its best-dev one when recorded, or its latest
-    for a run with train.select=final (the onóna protocol, which reports the final model);
-    `which` "latest": its latest."""
+    """The checkpoint a run selected (`which` "best"): its best-dev one when recorded (the latest
+    before the first dev NLL; a recorded one that is gone is an error), or its latest for a run with
+    train.select=final (the onóna protocol, which reports the final model); `which` "latest": its latest."""
     ckpt_root = run_dir / "checkpoints"
     steps = complete_steps(ckpt_root)
+    if not steps and complete_steps(run_dir):  # RUN/checkpoints itself
+        raise UserError(
+            f"{run_dir} is a run's checkpoints folder; give the run directory {run_dir.parent} (the checkpoint "
+            f"it selected) or one step directory, such as {complete_steps(run_dir)[-1]}"
+        )
     if not steps:
         raise UserError(
             f"{run_dir} holds no complete checkpoint; train first or point at a checkpoints/step-* directory"
@@ -328,14 +333,22 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
     if train.get("select") == "final":
         which = "latest"
     best_file = run_dir / "best.json"
-    if which == "best" and best_file.exists():
+    if which == "best" and best_file.exists():  # (none before the first dev NLL: the latest is all there is)
+        # Never another checkpoint in its place: its numbers would be reported as the run's.
+        instead = f"point at one of its checkpoints/step-* directories (the latest is {steps[-1]})"
         try:
-            best = json.loads(best_file.read_text())
-            candidate = ckpt_root / step_dir_name(int(best["step"]))
-            if (candidate / MARKER).exists():
-                return candidate
+            step = int(json.loads(best_file.read_text())["step"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            raise UserError(
+                f"{best_file} cannot be read, so the run's best-dev checkpoint is unknown; {instead}"
+            ) from None
+        candidate = ckpt_root / step_dir_name(step)
+        if not (candidate / MARKER).exists():
+            raise UserError(
+                f"the run's best-dev checkpoint {candidate} (named by {best_file}) is missing or incomplete; "
+                f"restore it, or {instead}"
+            )
+        return candidate
     return steps[-1]
 
 
