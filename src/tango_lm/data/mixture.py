@@ -128,13 +128,14 @@ def mix_documents(
     while tokens is None or total < tokens:
         i = int(np.argmin(emitted / w))
         if orders[i] is None or cursors[i] == len(orders[i]):
-            if stats[i]["epochs"] and tokens is None:
-                return  # the default mixture never repeats a document
-            if stats[i]["epochs"] and not stats[i]["documents"]:  # it would be chosen forever
+            # (first: the default mixture would end at once, nearly empty; one with --tokens would choose it forever)
+            if stats[i]["epochs"] and not stats[i]["documents"]:
                 raise UserError(
                     f"every document of mixture component {stats[i].get('component', i) + 1} is held out (another "
                     "component's dev or test split holds it); leave that component out"
                 )
+            if stats[i]["epochs"] and tokens is None:
+                return  # the default mixture never repeats a document
             orders[i] = np.random.default_rng([seed, i, stats[i]["epochs"]]).permutation(len(docs[i]))
             cursors[i] = 0
             stats[i]["epochs"] += 1
