@@ -201,6 +201,8 @@ BAD = {
     "eval_negative_windows": lambda c: ["eval", str(c.run), "--windows", "-1"],
     "eval_zero_stride": lambda c: ["eval", str(c.run), "--ppl", str(_file(c, "p.txt", b"some text")), "--stride", "0"],
     "eval_ppl_directory": lambda c: ["eval", str(c.run), "--ppl", str(c.tmp)],
+    "eval_ppl_device_file": lambda c: ["eval", str(c.run), "--ppl", os.devnull],
+    "eval_empty_split": lambda c: ["eval", str(c.run), "--split", ""],
     "code_max_file_bytes_zero": lambda c: [
         *("data", "prepare", "code", str(_file(c, "m.py", b"x = 1\n"))),
         *("--out", str(c.tmp / "new-data"), "--tokenizer", "byte", "--max-file-bytes", "0"),
@@ -306,6 +308,8 @@ EXPECT = {
     "eval_negative_windows": "--windows takes a positive number or 'all' (got '-1')",
     "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
     "eval_ppl_directory": "is a directory; give a text file to --ppl",
+    "eval_ppl_device_file": f"{os.devnull} is not a regular file; give a text file to --ppl",
+    "eval_empty_split": "split '' is not in",
     "code_max_file_bytes_zero": "--max-file-bytes must be at least 1 (got 0)",
     "yaml_number_for_a_path": "YAML read it as a number: quote what you wrote",
     "yaml_bool_for_a_string": "YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote",

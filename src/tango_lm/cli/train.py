@@ -94,7 +94,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         return _eval_ppl(args)
     res = evaluate_checkpoint(
         args.checkpoint,
-        args.split or "test",
+        "test" if args.split is None else args.split,  # --split "" is the dataset's error, not the test split
         data_dir=args.data,
         max_windows=args.windows if args.windows in (None, "all") else int(args.windows),
         device=args.device,

@@ -152,8 +152,8 @@ def read_text_file(path: str | Path) -> str:
     newlines, as `data prepare` reads text (a CRLF file's \r are no text the model trained on);
     UserError for a missing, binary or undecodable file."""
     path = Path(path)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
+    if not path.is_file():  # (/dev/null and pipes exist, but are no file to read twice)
+        what = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
         raise UserError(f"{path} {what}; give a text file to --ppl")
     data = path.read_bytes()
     if b"\x00" in data:
