@@ -356,6 +356,15 @@ def test_prepare_code(code_tree, tmp_path):
     assert ds.source["stats"]["skipped_binary"] == 1  # filled in while streaming
     with pytest.raises(UserError, match="no .rs files"):
         prepare_code([code_tree], tmp_path / "rs", BYTE, exts=[".rs"], progress=False)
+    # Every file skipped: the error says why, not that the input holds no documents.
+    skipped = [code_tree / name for name in ("big.py", "blob.py", "latin.py")]
+    with pytest.raises(
+        UserError,
+        match=r"^every file of the input was skipped \(1 binary, 1 not UTF-8 or unreadable, 1 over --max-file-bytes "
+        r"1,000\), so no dataset was written to .*none; check the inputs$",
+    ):
+        prepare_code(skipped, tmp_path / "none", BYTE, max_bytes=1000, progress=False)
+    assert not (tmp_path / "none").exists()
 
 
 def test_stdlib_is_the_default_tree():

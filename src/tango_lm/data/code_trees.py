@@ -147,6 +147,21 @@ class CodeSource(HeldOutSource):
         if self.max_bytes < 1:
             raise UserError(f"--max-file-bytes must be at least 1 (got {self.max_bytes})")
 
+    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
+        self._stats = {}
+        try:
+            return super().prepare(out_dir, overwrite=overwrite, progress=progress)
+        except UserError:
+            skipped = {k: self._stats.get(k, 0) for k in ("skipped_binary", "skipped_undecodable", "skipped_large")}
+            if self._stats.get("files", 0) or not any(skipped.values()):
+                raise
+        # Nothing was read because every file was skipped: say that, not "the input holds no documents".
+        raise UserError(
+            f"every file of the input was skipped ({skipped['skipped_binary']} binary, "
+            f"{skipped['skipped_undecodable']} not UTF-8 or unreadable, {skipped['skipped_large']} over "
+            f"--max-file-bytes {self.max_bytes:,}), so no dataset was written to {out_dir}; check the inputs"
+        ) from None
+
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
         exts, exclude_dirs = self.exts, self.skipped_dirs
         for r in self.roots:
@@ -155,7 +170,7 @@ class CodeSource(HeldOutSource):
                 raise UserError(f"input {r} does not exist; check the path")
             if root.is_dir() and next(_walk(root, exts, exclude_dirs), None) is None:
                 raise UserError(f"no {'/'.join(exts)} files under {r}; check the path or --ext")
-        self._stats: dict[str, int] = {}
+        self._stats: dict[str, int] = {}  # (filled as the documents stream; the manifest records it)
         docs = code_documents(self.roots, exts, exclude_dirs, self.max_bytes, self.path_header, self._stats)
         # hashed without the path line: copies of one file at other paths stay in one split
         key = (lambda doc: doc.split("\n", 1)[1]) if self.path_header else None
