@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data.bpe import train_bpe
+from tango_lm.data.bpe import train_bpe, training_texts
 from tango_lm.data.files import prepare_files
 from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import BPETokenizer, get_tokenizer, same_tokenizer, tokenizer_from_dict
 from tango_lm.errors import UserError
+from tests import helpers
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -169,6 +170,25 @@ def test_train_tokenizer_out_must_name_a_file_not_a_directory(corpus, tmp_path):
         ):
             train_bpe([str(corpus / "doc0.txt")], 300, out, progress=False)
     assert not (tmp_path / "new").exists()
+
+
+def test_train_tokenizer_leaves_installed_packages_and_excluded_directories_out(tmp_path, capsys):
+    """A source tree is walked as `data prepare code` walks it: an installed package's undecodable
+    file stops nothing, and --exclude-dir leaves out what else the user names."""
+    tree = tmp_path / "tree"
+    for rel, data in {
+        "a.py": b"x = 1\n",
+        "lib/site-packages/pkg/bad.py": b"s = '\xe9'\n",
+        "test/bad.py": b"s = '\xe9'\n",
+    }.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(data)
+    assert list(training_texts([tree], exts=[".py"], exclude_dirs=("test", "site-packages"))) == ["x = 1\n"]
+    argv = ["data", "train-tokenizer", "--input", str(tree), "--ext", ".py", "--vocab-size", "300", "--no-progress"]
+    rc, _, err, _ = helpers.run_main(capsys, [*argv, "--out", str(tmp_path / "a.json")])
+    assert rc == 2 and f"{tree / 'test' / 'bad.py'} is not UTF-8 text" in err  # only the one not excluded
+    rc, _, err, _ = helpers.run_main(capsys, [*argv, "--out", str(tmp_path / "b.json"), "--exclude-dir", "test"])
+    assert rc == 0, err
 
 
 def test_train_tokenizer_out_inside_a_dataset_or_a_run_is_refused(corpus, tmp_path):

@@ -52,6 +52,7 @@ def cmd_data_verify(args: argparse.Namespace) -> None:
 
 def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
     from tango_lm.data.bpe import TRAIN_EXTS, train_bpe
+    from tango_lm.data.code_trees import CODE_ALWAYS_EXCLUDED
 
     tok = train_bpe(
         args.input,
@@ -61,6 +62,7 @@ def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
         exts=args.ext or TRAIN_EXTS,
         min_frequency=args.min_frequency,
         max_docs=args.max_docs,
+        exclude_dirs=(*CODE_ALWAYS_EXCLUDED, *args.exclude_dir),
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
@@ -79,6 +81,12 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
     t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
     t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
     t.add_argument("--ext", action="append", help="file extensions read from directories (repeatable)")
+    t.add_argument(
+        "--exclude-dir",
+        action="append",
+        default=[],
+        help="directory name not to walk (repeatable; site-packages, dist-packages, __pycache__ and node_modules never are)",
+    )
     t.add_argument(
         "--min-frequency", type=int, default=2, help="merge only pairs seen this often (default %(default)s)"
     )

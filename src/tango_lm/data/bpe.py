@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tango_lm.data.code_trees import CODE_ALWAYS_EXCLUDED
 from tango_lm.data.files import expand_inputs, jsonl_documents, parquet_documents, text_documents
 from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
 from tango_lm.errors import UserError, option
@@ -29,10 +30,13 @@ def training_texts(
     field: str = "text",
     exts: Sequence[str] = TRAIN_EXTS,
     max_docs: int | None = None,
+    exclude_dirs: Sequence[str] = CODE_ALWAYS_EXCLUDED,
 ) -> Iterator[str]:
-    """Documents of the input files, read by extension (`.jsonl[.gz]`, `.parquet` by `field`; else text)."""
+    """Documents of the input files, read by extension (`.jsonl[.gz]`, `.parquet` by `field`; else
+    text); directories named in `exclude_dirs` are not walked (installed packages and caches, by
+    default, as `data prepare code` leaves them out)."""
     n = 0
-    for path in expand_inputs(inputs, exts):
+    for path in expand_inputs(inputs, exts, exclude_dirs):
         name = path.name.lower()
         if name.endswith((".jsonl", ".jsonl.gz")):
             docs = jsonl_documents([path], field)
@@ -56,6 +60,7 @@ def train_bpe(
     exts: Sequence[str] = TRAIN_EXTS,
     min_frequency: int = 2,
     max_docs: int | None = None,
+    exclude_dirs: Sequence[str] = CODE_ALWAYS_EXCLUDED,
     overwrite: bool = False,
     progress: bool = True,
 ) -> BPETokenizer:
@@ -93,7 +98,7 @@ def train_bpe(
             raise UserError(f"--out {out} is inside the {what} {holder}; save the tokenizer outside it")
     if out_path.exists() and not overwrite:
         raise UserError(f"{out_path} already exists; pass --overwrite to replace it or choose another path")
-    texts = training_texts(inputs, field, exts, max_docs)
+    texts = training_texts(inputs, field, exts, max_docs, exclude_dirs)
     first = next(texts, None)  # fail on bad inputs before starting the trainer
     if first is None:
         raise UserError("the inputs hold no text to train on; check the paths, --ext or --field")
