@@ -90,6 +90,21 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
+def check_key_names(data: dict[Any, Any], where: str) -> None:
+    """UserError for a section or field key that YAML read as something other than a name (a bare
+    `1:`, `null:`, or `on:`, which YAML 1.1 reads as true), before anything looks it up."""
+    for section, fields in [(None, data), *((k, v) for k, v in data.items() if isinstance(v, dict))]:
+        for key in fields:
+            if not isinstance(key, str):
+                inside = f" in section {section!r}" if section is not None else ""
+                kind = "a boolean" if isinstance(key, bool) else "null" if key is None else f"a {type(key).__name__}"
+                kind = "a number" if isinstance(key, (int, float)) and not isinstance(key, bool) else kind
+                raise UserError(
+                    f"{where} has the key {key!r}{inside}, which YAML read as {kind}, not a name; "
+                    "write the field's name (quoted if it is on/off/yes/no/null or a number) or remove it"
+                )
+
+
 def yaml_error_text(exc: Exception) -> str:
     """What is wrong with a YAML text, for a one-line error that follows its file's name."""
     line = getattr(getattr(exc, "problem_mark", None), "line", None)
@@ -187,6 +202,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        check_key_names(data, "the config")
         unknown = sorted(set(data) - {"model", "data", "train"})
         if unknown:
             raise UserError(f"unknown config section {unknown[0]!r}; sections are model, data and train")
@@ -325,6 +341,7 @@ def read_yaml(source: str) -> dict[str, Any]:
         raise UserError(f"config file {path} {yaml_error_text(exc)}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping with model/data/train sections")
+    check_key_names(data, f"config file {path}")
     if run_dir is not None and isinstance(data.get("train"), dict):
         data["train"]["out_dir"] = str(run_dir)
     return data
