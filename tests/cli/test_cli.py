@@ -95,6 +95,15 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     assert main(["params", str(out)]) == 0 and "16,480" in capsys.readouterr().out
     rc, _, err, _ = helpers.run_main(capsys, ["train", str(data_dir)])
     assert rc == 2 and "is a directory but not a run directory" in helpers.assert_one_error_line(err)
+    # A config.yaml cut short (a full disk) is said, never read as the defaults; the fix it names works.
+    (moved / "config.yaml").write_text("")
+    rc, _, err, _ = helpers.run_main(capsys, ["params", str(moved)])
+    fix = f"cp {moved}/config.json {moved / 'config.yaml'}"
+    assert rc == 2 and helpers.assert_one_error_line(err).endswith(
+        f"is empty (cut short, say by a full disk); the config.json beside it holds the same config, and JSON is YAML: {fix}"
+    )
+    shutil.copy(moved / "config.json", moved / "config.yaml")
+    assert main(["params", str(moved)]) == 0 and "16,480" in capsys.readouterr().out
 
 
 def test_resuming_from_another_folder_than_a_relative_data_dir_says_to_pass_data_dir(

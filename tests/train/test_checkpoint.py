@@ -33,6 +33,8 @@ from tango_lm.train.checkpoint import (
     prune_checkpoints,
     resolve_run_checkpoint,
     save_checkpoint,
+    write_json_atomic,
+    write_text_atomic,
 )
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers
@@ -586,3 +588,19 @@ def test_moe_logs_its_load_balancing_term_apart_and_the_report_curve_is_the_nll(
         assert all(0.0099 < r["aux_loss"] < 0.05 for r in steps), steps
         curve = read_run(out, "test", [])
         assert curve.train_curve == [(r["tokens"], r["loss"] - r["aux_loss"]) for r in steps]
+
+
+def test_an_atomic_write_that_fails_leaves_the_file_as_it_was_and_nothing_beside_it(tmp_path, monkeypatch):
+    """config.yaml, config.json, best.json, summary.json: a disk that fills up mid-write leaves the
+    previous file whole (a resume reads it back) and no temporary sibling."""
+    path = tmp_path / "config.yaml"
+    write_text_atomic(path, "model: {}\n")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    for write in (lambda: write_text_atomic(path, "train: {}\n"), lambda: write_json_atomic(path, {"a": 1})):
+        with pytest.raises(OSError, match="No space left"):
+            write()
+        assert path.read_text() == "model: {}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]

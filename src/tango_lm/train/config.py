@@ -339,6 +339,11 @@ def read_yaml(source: str) -> dict[str, Any]:
         raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
         raise UserError(f"config file {path} {yaml_error_text(exc)}") from None
+    if run_dir is not None and not data:  # never the defaults in place of the run's config
+        raise UserError(
+            f"the run's config {path} is empty (cut short, say by a full disk); the config.json beside it holds the "
+            f"same config, and JSON is YAML: cp {run_dir}/config.json {path}"
+        )
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping with model/data/train sections")
     check_key_names(data, f"config file {path}")

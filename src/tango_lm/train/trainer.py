@@ -36,6 +36,7 @@ from tango_lm.train.checkpoint import (
     load_checkpoint,
     remove_incomplete,
     write_json_atomic,
+    write_text_atomic,
 )
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig, dump_yaml
@@ -249,7 +250,7 @@ class Trainer(TrainerCheckpoints):
             if self.dist.is_main:
                 config = self.run.to_dict()
                 write_json_atomic(self.out / "config.json", config)
-                (self.out / "config.yaml").write_text(dump_yaml(config))
+                write_text_atomic(self.out / "config.yaml", dump_yaml(config))  # read back by `train RUN --resume`
                 self.peak_flops = matmul_peak(self.device, self.dtype)
                 for warning in start_of_run_warnings(self.run, self.dataset) if self.say_warnings else ():
                     print(f"warning: {warning}", file=sys.stderr)  # now: the CLI holds warnings to a command's end
