@@ -21,7 +21,7 @@ from tests import helpers
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _interrupted(monkeypatch, run, stop: int) -> None:
+def _interrupted(monkeypatch, run, stop: int, resume: bool = False) -> None:
     """Train `run` but stop (as on Ctrl-C) before the optimizer step after `stop`."""
     original = Trainer.train_step
 
@@ -33,7 +33,7 @@ def _interrupted(monkeypatch, run, stop: int) -> None:
     with monkeypatch.context() as m:
         m.setattr(Trainer, "train_step", train_step)
         with pytest.raises(KeyboardInterrupt):
-            train(run)
+            train(run, resume=resume)
 
 
 # -- exact resume ------------------------------------------------------------------------------
@@ -128,6 +128,18 @@ def test_resume_without_the_best_checkpoint_is_refused_before_training(data_dir,
     assert helpers.step_names(out) == ["step-00000008"]  # nothing trained
     resumed = train(helpers.run_config(data_dir, out, steps=16, keep_last=1, select="final"), resume=True)
     assert resumed.summary["selected_step"] == 16
+
+
+def test_a_run_resumed_past_its_end_has_no_summary_until_it_ends_again(data_dir, tmp_path, monkeypatch):
+    """A finished run trained on with a larger budget is unfinished again: its old summary.json,
+    which `report` would show as the run's result, goes when the resume starts."""
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4))
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    _interrupted(monkeypatch, helpers.run_config(data_dir, out, steps=12), stop=8, resume=True)
+    assert helpers.step_names(out)[-1] == "step-00000008" and not (out / "summary.json").exists()
+    assert train(helpers.run_config(data_dir, out, steps=12), resume=True).summary["steps"] == 12
+    assert json.loads((out / "summary.json").read_text())["steps"] == 12
 
 
 def test_resume_with_manual_steps_and_save(data_dir, tmp_path):

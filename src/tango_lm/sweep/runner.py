@@ -222,8 +222,6 @@ def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in FAILED_FILES:
         (out / name).unlink(missing_ok=True)
-    if state["state"] == "resume":  # a summary beside a resumable checkpoint is stale: this attempt rewrites it
-        (out / "summary.json").unlink(missing_ok=True)
     if state["state"] in ("new", "retry"):  # what an attempt killed before its first checkpoint left
         remove_run_files(out)
     budget = {} if run.tokens_per_param is None else {"tokens_per_param": run.tokens_per_param}

@@ -95,6 +95,9 @@ class TrainerCheckpoints:
         check_best_kept(self.best["step"], self.ckpt_root, self.run)
         if self.dist.is_main:
             metrics_file.truncate_records(self.out, self.step)
+            # The summary of an earlier end (a budget since raised) is stale once the run trains on:
+            # `report` would show the run as finished, with that end's numbers.
+            (self.out / "summary.json").unlink(missing_ok=True)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
