@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -136,12 +137,35 @@ def test_an_interrupted_train_says_how_to_continue(data_dir, tmp_path, capsys, m
         return original(self)
 
     monkeypatch.setattr(Trainer, "train_step", train_step)
-    out = tmp_path / "run"
+    out = tmp_path / "my run"  # the command is quoted for a shell
     rc, _, err, _ = helpers.run_main(capsys, ["train", *helpers.cli_overrides(data_dir, out, steps=8)])
     assert rc == 130
-    assert err.strip().splitlines()[-1] == f"interrupted; `tango-lm train {out} --resume` continues the run {continues}"
+    command = f"tango-lm train '{out}' --resume"
+    assert err.strip().splitlines()[-1] == f"interrupted; `{command}` continues the run {continues}"
     monkeypatch.setattr(Trainer, "train_step", original)
-    assert main(["train", str(out), "--resume"]) == 0 and helpers.step_names(out)[-1] == "step-00000008"
+    assert main(shlex.split(command)[1:]) == 0 and helpers.step_names(out)[-1] == "step-00000008"
+
+
+def test_an_interrupted_torchrun_says_to_relaunch_it_and_only_rank_0_says_it(data_dir, tmp_path, capsys, monkeypatch):
+    from tango_lm.train.trainer import Trainer
+
+    def ctrl_c(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "__init__", ctrl_c)  # before any process group forms
+    argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", steps=8)]
+    for rank, line in (
+        (
+            0,
+            f"interrupted; `tango-lm train {tmp_path / 'run'} --resume`, launched by torchrun as this run "
+            "was (2 processes), continues the run from the start (no checkpoint was saved yet)",
+        ),
+        (1, "interrupted"),
+    ):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        rc, _, err, _ = helpers.run_main(capsys, argv)
+        assert rc == 130 and err.strip().splitlines()[-1] == line
 
 
 def test_train_from_yaml_file_with_overrides(data_dir, tmp_path, capsys):

@@ -22,6 +22,7 @@ from tango_lm.errors import UserError
 
 def cmd_train(args: argparse.Namespace) -> None:
     from tango_lm.train.config import load_run_config
+    from tango_lm.train.distributed import is_main_process, launch_env
     from tango_lm.train.trainer import train
 
     run = load_run_config(*_config_and_overrides(args))
@@ -30,9 +31,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     try:
         result = train(run, resume=args.resume)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_how_to_continue(run.train.out_dir)) from None
-    from tango_lm.train.distributed import is_main_process
-
+        _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
+        raise KeyboardInterrupt(_how_to_continue(run.train.out_dir, processes) if is_main_process() else "") from None
     if not is_main_process():  # under torchrun, rank 0 alone reports
         return
     s = result.summary
@@ -56,8 +56,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"run directory: {s['out_dir']} (dev and test NLL of the checkpoint of step {s['selected_step']})")
 
 
-def _how_to_continue(out_dir: str) -> str:
-    """What the `interrupted` line adds for a run: the command that continues it, and from where."""
+def _how_to_continue(out_dir: str, processes: int = 1) -> str:
+    """What the `interrupted` line adds for a run: the command that continues it (to paste into a
+    shell; under torchrun, in the same launch), and from where."""
+    import shlex
     from pathlib import Path
 
     from tango_lm.train.checkpoint import complete_steps
@@ -68,7 +70,10 @@ def _how_to_continue(out_dir: str) -> str:
         if steps
         else "from the start (no checkpoint was saved yet)"
     )
-    return f"`tango-lm train {out_dir} --resume` continues the run {where}"
+    command = f"`tango-lm train {shlex.quote(str(out_dir))} --resume`"
+    if processes > 1:
+        command += f", launched by torchrun as this run was ({processes} processes),"
+    return f"{command} continues the run {where}"
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
