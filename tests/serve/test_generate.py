@@ -141,6 +141,19 @@ def test_top_p_of_one_draws_as_no_top_p(static):
     assert torch.equal(generate(model, prompt, 6, seed=11, top_p=1.0, static=static), without)
 
 
+@pytest.mark.parametrize("static", [None, "eager"])
+def test_a_top_p_below_float32s_range_samples_the_top_token(static):
+    """top_p = 1e-300 is in (0, 1] but is 0 in float32: the nucleus still holds the top token (it
+    raised in multinomial, and the static step drew token 0 from all -inf)."""
+    logits = torch.log(torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.1, 0.3]]))
+    assert torch.isfinite(filter_logits(logits, top_p=1e-300)).tolist() == [[False, True, False], [True, False, False]]
+    cfg = ModelConfig(arch="tango", d_model=32, head_dim=16, width=48, depth=2, vocab_size=30, context_length=16)
+    model = model_for(cfg)
+    prompt = torch.randint(0, 30, (2, 3), generator=torch.Generator().manual_seed(3))
+    greedy = generate(model, prompt, 6, temperature=0, static=static)
+    assert torch.equal(generate(model, prompt, 6, top_p=1e-300, seed=1, static=static), greedy)
+
+
 def test_filter_logits_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     k2 = filter_logits(logits, top_k=2)

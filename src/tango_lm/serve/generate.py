@@ -22,8 +22,10 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        # Drop a token when the tokens before it already reach top_p. The first always stays, also
+        # when top_p is below float32's smallest number (1e-300 compares as 0 >= 0).
         drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
