@@ -45,6 +45,16 @@ def test_a_stop_string_ending_in_a_multibyte_character_is_never_sent(stop, want)
     assert "".join(deltas) == want and row.text == want and row.finish == "stop"
 
 
+def test_a_stop_string_of_a_replacement_character_is_matched_only_where_the_text_has_one():
+    """A stop "\ufffd" matched the half-decoded character of an incomplete UTF-8 sequence: 'é' was
+    cut off as the stop, and the completion ended early."""
+    row = RowText(BYTES, ["\ufffd"], max_tokens=10)
+    deltas = pushes(row, [0x41, 0xC3, 0xA9, 0xFF, 0x42])
+    assert "".join(deltas) == "Aé" and row.text == "Aé" and row.finish == "stop"  # 0xff stays U+FFFD
+    row = RowText(BYTES, ["\ufffd"], max_tokens=2)  # the text ends on an incomplete sequence: that is U+FFFD
+    assert "".join(pushes(row, [0x41, 0xC3])) == "A" and row.finish == "stop"
+
+
 def test_row_text_ends_at_end_of_text_and_at_max_tokens():
     row = RowText(BYTES, [], max_tokens=50)
     assert pushes(row, [104, 105, BYTES.eot_id]) == ["h", "i", ""] and (row.finish, row.ids) == ("stop", [104, 105])

@@ -282,3 +282,19 @@ def test_a_waiting_request_whose_client_left_stops_waiting():
     assert asyncio.run(server_module._collect_while_connected(Client(gone=True), forever())) is None
     assert time.monotonic() - started < 5
     assert asyncio.run(server_module._collect_while_connected(Client(gone=False), answer())) == 7
+
+
+def test_the_printed_url_brackets_an_ipv6_address():
+    import socket
+
+    from tango_lm.serve.server import base_url
+
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        assert base_url(sock) == f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    if socket.has_ipv6:
+        try:
+            sock = socket.create_server(("::1", 0), family=socket.AF_INET6)
+        except OSError:  # no IPv6 loopback in this container
+            return
+        with sock:
+            assert base_url(sock) == f"http://[::1]:{sock.getsockname()[1]}/v1"

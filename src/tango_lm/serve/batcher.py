@@ -74,15 +74,19 @@ class RowText:
         if self.finish is not None:
             return ""
         if token == self.tokenizer.eot_id:
-            self.finish = "stop"
+            ends = "stop"
         else:
             self.ids.append(token)
             self.text = self.tokenizer.decode(self.ids)
-            cuts = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-            if cuts:
-                self.text, self.finish = self.text[: min(cuts)], "stop"
-            elif len(self.ids) >= self.max_tokens:
-                self.finish = "length"
+            ends = "length" if len(self.ids) >= self.max_tokens else None
+        # A stop string is matched in settled text only: a trailing U+FFFD of an incomplete UTF-8
+        # sequence becomes another character with the next token (unless the text ends here).
+        settled = len(self.text) if ends else len(self.text.rstrip("\ufffd"))
+        cuts = [i for s in self.stop if 0 <= (i := self.text.find(s)) and i + len(s) <= settled]
+        if cuts:
+            self.text, self.finish = self.text[: min(cuts)], "stop"
+        else:
+            self.finish = ends
         safe = len(self.text) if self.finish is not None else len(self.text) - self._held_back()
         delta = self.text[self.sent : max(safe, self.sent)]
         self.sent = max(safe, self.sent)

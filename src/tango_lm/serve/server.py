@@ -432,9 +432,14 @@ def serve(
         ) from None
     app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
-    bound = sock.getsockname()
-    print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at http://{bound[0]}:{bound[1]}/v1", flush=True)
+    print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at {base_url(sock)}", flush=True)
     server.run(sockets=[sock])
+
+
+def base_url(sock: socket.socket) -> str:
+    """The API's URL on the socket it listens on; an IPv6 address in brackets, as URLs write it."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 def _default_name(path: Any) -> str:
