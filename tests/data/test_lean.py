@@ -55,6 +55,22 @@ def test_statement_boundaries_skip_brackets_comments_and_strings():
         assert "theorem" not in e.proof and "/-" not in e.proof
 
 
+def test_a_statements_own_let_and_have_bindings_are_not_where_the_proof_starts():
+    text = (
+        "theorem s11 : let x := 1; x = 1 := rfl\n"
+        "theorem s12 : have h : 1 = 1 := rfl; letI n : Nat := 2; n = 2 :=\n  by simp\n"
+        "theorem s13 (f : Nat → Nat := fun x => (let y := x; y)) : f 0 = 0 := rfl\n"  # inside brackets: as before
+        "theorem haveless : 2 = 2 := by\n  have h : 1 = 1 := rfl\n  rfl\n"  # a `have` in the proof is the proof's
+    )
+    got = {e.name: (e.statement, e.proof) for e in proof_examples(text)}
+    assert got == {
+        "s11": ("theorem s11 : let x := 1; x = 1 :=", " rfl"),
+        "s12": ("theorem s12 : have h : 1 = 1 := rfl; letI n : Nat := 2; n = 2 :=", "\n  by simp"),
+        "s13": ("theorem s13 (f : Nat → Nat := fun x => (let y := x; y)) : f 0 = 0 :=", " rfl"),
+        "haveless": ("theorem haveless : 2 = 2 :=", " by\n  have h : 1 = 1 := rfl\n  rfl"),
+    }
+
+
 def test_term_proofs_examples_and_pattern_matching():
     ex = _examples("Logic.lean")
     assert list(ex) == ["and_swap'", "or_swap'", "imp_self'"]  # `example` and `count_down` (no :=) are not cut

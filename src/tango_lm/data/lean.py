@@ -3,7 +3,8 @@
 Proof-completion examples. Every top-level `theorem` or `lemma` (a line at column 0 outside
 comments and strings, optionally with attributes and modifiers such as `@[simp] private theorem`)
 gives one example: the *statement* runs from the keyword through the first `:=` outside brackets,
-comments and strings, and the *proof* is everything after it up to the next top-level line (a
+comments and strings that no `let`/`have` of the statement itself (`: let x := 1; x = 1 :=`)
+binds, and the *proof* is everything after it up to the next top-level line (a
 declaration, command, attribute or comment at column 0; `|`, `where`, `termination_by`,
 `decreasing_by` and `deriving` lines continue the proof), with trailing whitespace removed. The
 example's document is statement + proof, i.e. valid Lean with the statement as context and the
@@ -61,7 +62,8 @@ _DECL = re.compile(
     r"(theorem|lemma)\s+([^\s:({\[⦃⟨]+)"
 )
 _OPEN, _CLOSE = "([{⟨⦃⟦", ")]}⟩⦄⟧"
-_LEXEME = re.compile(r":=|[()\[\]{}⟨⟩⦃⦄⟦⟧]")
+_LEXEME = re.compile(r":=|[()\[\]{}⟨⟩⦃⦄⟦⟧]|\b(?:let|have|letI|haveI)\b")
+_BINDERS = ("let", "have", "letI", "haveI")  # a statement's own `let x := v; ...` is not where its proof starts
 _OPENER = re.compile(r"--|/-|\"|'")
 _BLOCK = re.compile(r"/-|-/")
 _CHAR = re.compile(r"'(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|.)|[^\\'\n])'")
@@ -144,7 +146,7 @@ def proof_examples(text: str, path: str = "<string>") -> list[ProofExample]:
             continue
         k = bisect.bisect_right(ends, ls)
         end = ends[k] if k < len(ends) else len(text)
-        depth, assign = 0, None
+        depth, binders, assign = 0, 0, None
         for lex in _LEXEME.finditer(text, m.end(), end):
             if in_span(lex.start()):
                 continue
@@ -153,6 +155,10 @@ def proof_examples(text: str, path: str = "<string>") -> list[ProofExample]:
                 depth += 1
             elif t in _CLOSE:
                 depth = max(0, depth - 1)
+            elif t in _BINDERS and depth == 0:
+                binders += 1
+            elif t == ":=" and depth == 0 and binders:
+                binders -= 1  # that binding's value, not the proof
             elif t == ":=" and depth == 0:
                 assign = lex.end()
                 break
