@@ -105,6 +105,12 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     )
     shutil.copy(moved / "config.json", moved / "config.yaml")
     assert main(["params", str(moved)]) == 0 and "16,480" in capsys.readouterr().out
+    # A sweep's run directories have '=' in their names: still a run, not an override.
+    swept = tmp_path / "sweep" / "arch=tango" / "seed=1-2"
+    shutil.copytree(moved, swept)
+    assert main(["params", str(swept)]) == 0 and "16,480" in capsys.readouterr().out
+    assert main(["train", str(swept), "--resume", "train.steps=6"]) == 0
+    assert helpers.step_names(swept)[-1] == "step-00000006"
 
 
 def test_resuming_from_another_folder_than_a_relative_data_dir_says_to_pass_data_dir(

@@ -12,9 +12,9 @@ from tango_lm.models.matching import PAPER_VOCAB
 
 
 def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """The optional CONFIG positional may be the first override when no preset is given (a file
-    that exists is a config even with '=' in its path: a sweep's run directories have them)."""
-    if args.config and "=" in args.config and not Path(args.config).is_file():
+    """The optional CONFIG positional may be the first override when no preset is given (a file or
+    directory that exists is a config even with '=' in its path: a sweep's run directories have them)."""
+    if args.config and "=" in args.config and not Path(args.config).exists():
         return None, [args.config, *args.overrides]
     return args.config, list(args.overrides)
 
