@@ -431,12 +431,57 @@ def test_report_of_a_live_sweep_passes_over_checkpoints_that_vanish(tmp_path, mo
     assert any("live" in w and "no summary.json" in w for w in res["warnings"])
 
 
-@pytest.mark.parametrize("case", ["truncated_summary", "corrupt_middle_metrics", "corrupt_config", "no_runs"])
+def test_a_plain_seed_is_labelled_with_the_data_seed_it_trained_with(tmp_path):
+    """A grid's `seed: 1` trains with the base's data_seed (101): the run is seed 1/101, one seed with
+    a `seed: [1, 101]` run of the same setting, not a second one."""
+    root = tmp_path / "runs"
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "arch": "tango"}
+    plain = write_run(root / "a", {**labels, "seed": [1, 101]}, 3.0, 3.0)
+    sweep = json.loads((plain / "sweep.json").read_text())
+    (plain / "sweep.json").write_text(json.dumps({**sweep, "labels": {**labels, "seed": [1, None]}}))
+    write_run(root / "b", {**labels, "seed": [1, 101]}, 2.0, 2.0)
+    res = write_report(root, plots=False)
+    (row,) = res["report"]["main"]
+    assert row["cells"]["tango"]["seeds"] == {"1/101": pytest.approx(2.5)}
+    assert any("are the same setting and seed" in w for w in res["warnings"]), res["warnings"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated_summary",
+        "corrupt_middle_metrics",
+        "corrupt_config",
+        "no_runs",
+        "labels_a_list",
+        "depth_a_word",
+        "model_a_number",
+        "throughput_a_word",
+    ],
+)
 def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys, case):
     root = tmp_path / "runs"
     if case == "no_runs":
         root.mkdir()
         want = "no finished runs"
+    elif case in ("labels_a_list", "depth_a_word", "model_a_number", "throughput_a_word"):
+        run = _one_run(root)
+        sweep, config = json.loads((run / "sweep.json").read_text()), json.loads((run / "config.json").read_text())
+        if case == "labels_a_list":
+            (run / "sweep.json").write_text(json.dumps({**sweep, "labels": []}))
+            want = f"{run / 'sweep.json'} is corrupt (its labels are not a mapping)"
+        elif case == "depth_a_word":
+            (run / "sweep.json").write_text(json.dumps({**sweep, "labels": {**sweep["labels"], "depth": "two"}}))
+            want = "records depth 'two', not a number"
+        elif case == "model_a_number":
+            (run / "config.json").write_text(json.dumps({**config, "model": 1}))
+            want = f"{run / 'config.json'} is corrupt (a section is not a mapping)"
+        else:  # not a number: no point on the throughput plot, the rest of the report as before
+            summary = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**summary, "tokens_per_s": "fast"}))
+            assert main(["report", str(root)]) == 0
+            assert json.loads((root / "report" / "report.json").read_text())["runs"][0]["tokens_per_s"] is None
+            return
     else:
         run = _one_run(root)
         if case == "truncated_summary":

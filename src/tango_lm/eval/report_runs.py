@@ -62,6 +62,9 @@ def _load_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+CORRUPT_RUN = "rerun it (or its sweep) or delete the run directory"
+
+
 def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     """Records of a `metrics.jsonl`; a partial last line is skipped with a warning."""
     if not path.exists():
@@ -98,12 +101,19 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
     sweep_path = run_dir / "sweep.json"
     labels = _load_json(sweep_path, "rerun the sweep to rewrite it").get("labels", {}) if sweep_path.exists() else {}
+    if not isinstance(labels, dict):
+        raise UserError(f"{sweep_path} is corrupt (its labels are not a mapping); rerun the sweep to rewrite it")
     try:
         model, train, data = config["model"], config["train"], config["data"]
         test_nll = summary["test_nll"]
         best_dev = summary["best_dev_nll"]
     except (KeyError, TypeError) as exc:
         raise UserError(f"{run_dir} has a config.json or summary.json without field {exc}; it is corrupt") from None
+    if not all(isinstance(section, dict) for section in (model, train, data)):
+        raise UserError(f"{run_dir / 'config.json'} is corrupt (a section is not a mapping); {CORRUPT_RUN}")
+    depth = labels.get("depth", model.get("depth", 0))
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        raise UserError(f"{run_dir} records depth {depth!r}, not a number; {CORRUPT_RUN}")
 
     metrics = read_metrics(run_dir / "metrics.jsonl", warnings)
     # A skipped step (non-finite loss) logs "loss": null; it has no point on the curve.
@@ -141,19 +151,16 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         path=run_dir,
         dataset=str(labels.get("dataset", Path(str(data.get("dir", "-"))).name)),
         tier=str(tier),
-        depth=int(labels.get("depth", model.get("depth", 0))),
+        depth=depth,
         arch=str(labels.get("arch", model.get("arch"))),
         head=str(labels.get("head", model.get("head", "standard"))),
-        seed=_seed_label(labels["seed"])
-        if "seed" in labels
-        else _seed_label(train.get("seed"), train.get("data_seed")),
+        # what the run trained with (a grid's plain seed 1 is its base's data_seed too: 1/101)
+        seed=_seed_label(train.get("seed"), train.get("data_seed")),
         extras=extras,
         value=float(value),
         test_nll=test_nll,
         dev_nll=dev_nll,
-        tokens_per_s=summary.get("tokens_per_s"),
-        params_total=summary.get("params_total"),
-        tokens=summary.get("tokens"),
+        **{k: summary[k] if _numbers(summary, k) else None for k in ("tokens_per_s", "params_total", "tokens")},
         train_curve=train_curve,
         dev_curve=dev_curve,
     )
