@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -312,6 +313,27 @@ def test_plots_are_written(tmp_path):
         assert (root / "report" / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_rewritten_report_removes_the_plots_it_no_longer_draws_and_nothing_else(tmp_path):
+    pytest.importorskip("matplotlib")
+    root = tmp_path / "runs"
+    labels = {"dataset": "dmmath", "tier": "70M", "depth": 4, "arch": "tango"}
+    for seed in SEEDS[:2]:
+        write_run(root, {**labels, "seed": seed}, 3.0, 3.0)
+    plots = root / "report" / "plots"
+    write_report(root)
+    assert (plots / "curves/dmmath_tier-70M_depth-4_seed-23-103.png").exists()
+    (plots / "mine.png").write_bytes(b"the user's")
+    shutil.rmtree(root / "dataset=dmmath/tier=70M/depth=4/arch=tango/seed=23-103")
+    res = write_report(root)
+    assert not (plots / "curves/dmmath_tier-70M_depth-4_seed-23-103.png").exists()  # a seed no longer there
+    assert res["report"]["plots"] == [
+        "plots/curves/dmmath_tier-70M_depth-4_seed-17-101.png",
+        "plots/throughput_dmmath.png",
+    ]
+    write_report(root, plots=False)  # plots that no longer match the tables go too
+    assert sorted(p.name for p in plots.rglob("*") if p.is_file()) == ["mine.png"]
+
+
 def test_throughput_points_count_a_seed_run_twice_once():
     # Seed A twice (copies 2.0 and 4.0: its value 3.0) and seed B once (5.0): the point is 4.0,
     # as the tables' seed_values give; a plain mean over runs gave 11 / 3.
@@ -506,6 +528,14 @@ def test_an_out_that_is_a_file_is_a_user_error(runs, tmp_path):
     with pytest.raises(UserError, match="--out .*afile is a file; give a directory for the report"):
         write_report(runs, tmp_path / "afile", plots=False)
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_an_out_that_holds_the_runs_is_a_user_error(runs, tmp_path):
+    """Its runs were skipped as the report's own: 'no finished runs', though they are all there."""
+    for out in (runs, runs.parent):
+        with pytest.raises(UserError, match=f"^--out {out} holds the runs of {runs} it would report; "):
+            write_report(runs, out, plots=False)
+    assert not (runs / "report").exists()
 
 
 def test_an_out_in_a_dataset_or_a_run_is_a_user_error(runs, data_dir, tmp_path):

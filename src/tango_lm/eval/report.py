@@ -255,6 +255,18 @@ def _run_dict(r: RunRecord) -> dict[str, Any]:
 
 
 # -- writing ----------------------------------------------------------------------------------
+def _plots_written_before(out: Path) -> set[str]:
+    """The plot files (relative to `out`) the report last written to `out` lists in its report.json;
+    only those are ever removed, so a folder of the user's own in `out` is never touched."""
+    try:
+        listed = json.loads((out / "report.json").read_text()).get("plots")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(listed, list):
+        return set()
+    return {p for p in listed if isinstance(p, str) and p.startswith("plots/") and ".." not in Path(p).parts}
+
+
 def write_report(
     root: str | Path,
     out: str | Path | None = None,
@@ -269,6 +281,11 @@ def write_report(
 
     root = Path(root)
     out = Path(out) if out is not None else root / "report"
+    if root.is_dir() and root.resolve().is_relative_to(out.resolve()):  # its runs would be skipped as the report's
+        raise UserError(
+            f"--out {out} holds the runs of {root} it would report; give the report a directory of its own "
+            f"(default: {root / 'report'})"
+        )
     records, warnings = collect_runs(root, split, skip=out)
     if reference is not None and reference not in {r.model for r in records}:
         raise UserError(
@@ -287,12 +304,17 @@ def write_report(
         raise UserError(f"--out {out} {where}; give the report a directory of its own (default: {root / 'report'})")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.md", out / "report.json"]
+    earlier_plots = _plots_written_before(out)
+    made: list[Path] = []
     if plots:
         from tango_lm.eval.plots import write_plots
 
         made, plot_warnings = write_plots(report, records, out / "plots")
         warnings += plot_warnings
     report["warnings"] = warnings
+    report["plots"] = [p.relative_to(out).as_posix() for p in made]
+    for stale in earlier_plots - set(report["plots"]):  # of runs or rows no longer there: not this report's
+        (out / stale).unlink(missing_ok=True)
     files[0].write_text(to_markdown(report, digits))
     files[1].write_text(json.dumps(report, indent=2, default=str))
     for name, rows in csv_tables(report).items():
