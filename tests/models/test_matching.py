@@ -60,6 +60,10 @@ def test_parse_tier():
         (["match", "--tier", "70M", "--depth", "0"], "depth"),
         (["match", "--tier", "70M", "--depth", "4", "--arch", "nope"], "unknown architecture"),
         (["match", "--tier", "1M", "--depth", "4", "--d-model", "48"], "tango-lm match --head-dim"),
+        # Table 9's fixed rows, counted against 70M: printed under another tier as its own numbers
+        (["match", "--tier", "160M", "--depth", "8", "--ratios"], "--ratios gives Table 9's fixed geometries"),
+        (["match", "--tier", "70M", "--depth", "8", "--ratios"], "of the 70M tier at depth 4"),
+        (["match", "--tier", "70M", "--depth", "4", "--vocab-size", "257", "--ratios"], "without --vocab-size"),
     ],
 )
 def test_match_bad_input(argv, needle, capsys):

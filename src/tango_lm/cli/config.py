@@ -75,6 +75,11 @@ def cmd_match(args: argparse.Namespace) -> None:
     from tango_lm.models.table3_range import non_embedding_range, paper_range
 
     target, d_model = parse_tier(args.tier, args.d_model)
+    if args.ratios and (target, args.depth, args.vocab_size) != (70_000_000, 4, PAPER_VOCAB):
+        raise UserError(  # its rows are fixed geometries, counted against 70M: under another tier they mean nothing
+            f"--ratios gives Table 9's fixed geometries, of the 70M tier at depth 4 with the paper's vocabulary "
+            f"({PAPER_VOCAB:,}); use --tier 70M --depth 4 without --vocab-size, or leave --ratios out"
+        )
     contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
     fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
     if args.head_dim is not None:
@@ -172,6 +177,8 @@ def add_parsers(sub: Any) -> None:
         default="rmsnorm",
         help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)",
     )
-    s.add_argument("--ratios", action="store_true", help="also print the active-ratio geometries (Table 9)")
+    s.add_argument(
+        "--ratios", action="store_true", help="also print the active-ratio geometries (Table 9: --tier 70M --depth 4)"
+    )
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_match)
