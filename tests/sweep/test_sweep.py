@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import yaml
 
 from tango_lm import config_checks
 from tango_lm.cli import main, parse_args
+from tango_lm.data.shards import write_prepared
+from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
 from tango_lm.models.registry import ARCHITECTURES
@@ -351,6 +354,35 @@ def test_a_run_directory_of_another_config_is_neither_reused_nor_resumed(data_di
     (row,) = run_sweep(edited, progress=False, log=lambda _: None)
     assert row["status"] == "failed" and f"holds a run of another config (train.{key}" in row["error"]
     assert helpers.snapshot(run_dir) == before
+
+
+def test_a_run_whose_dataset_was_prepared_again_since_is_neither_reused_nor_resumed(data_dir, tmp_path):
+    """The same data.dir, other tokens: the finished run was shown as done, and a report averaged it
+    with the runs on the new data."""
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    path = write_grid(tmp_path, {"arch": ["tango"]}, data)
+    assert [r["status"] for r in run_sweep(load_grid(path), progress=False, log=lambda _: None)] == ["trained"]
+    grid = load_grid(path)
+    assert plan_rows(grid, grid.runs)[0]["state"] == "done"
+    before = helpers.snapshot(grid.runs[0].out_dir)
+    docs = helpers.make_docs(helpers.TRAIN_DOCS, 7)  # other documents, prepared at the same path
+    write_prepared(
+        data,
+        get_tokenizer("byte"),
+        {"train": docs, "dev": docs[:8], "test": docs[8:16]},
+        {},
+        progress=False,
+        overwrite=True,
+    )
+    (row,) = plan_rows(grid, grid.runs)
+    assert (
+        row["state"] == "other-config"
+        and row["note"] == f"data.dir {data} holds other tokens than the run trained on (prepared again since)"
+    )
+    (row,) = run_sweep(grid, progress=False, log=lambda _: None)
+    assert row["status"] == "failed" and "(prepared again since)); delete that directory" in row["error"]
+    assert helpers.snapshot(grid.runs[0].out_dir) == before
 
 
 def test_a_grid_edited_in_its_data_or_submitted_to_slurm_leaves_another_configs_run_alone(

@@ -38,6 +38,7 @@ from tango_lm.train.config import LOGISTICS_FIELDS
 from tango_lm.train.run_dir import remove_run_files
 
 FAILED_FILES = ("failed.json", "failed.log")
+OTHER_TOKENS = "holds other tokens than the run trained on (prepared again since)"
 
 
 def _differences(run: SweepRun) -> list[str]:
@@ -59,15 +60,32 @@ def _differences(run: SweepRun) -> list[str]:
                 continue
             if have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
-    return out
+    return out or _other_tokens(run)
+
+
+def _other_tokens(run: SweepRun) -> list[str]:
+    """The difference when the run's dataset directory was prepared again since the run trained
+    on it (its latest checkpoint records the tokens of each split it read): the same path, other
+    data. None for a checkpoint from before the record, or a dataset not there (yet)."""
+    from tango_lm.data.shards import PreparedDataset, is_prepared
+    from tango_lm.eval.evaluate import holds_recorded_tokens
+
+    steps = complete_steps(run.out_dir / "checkpoints")
+    recorded = (_read_json(steps[-1] / "meta.json") or {}).get("data") if steps else None
+    directory = run.config.data.dir
+    if not recorded or not is_prepared(directory) or holds_recorded_tokens(PreparedDataset.open(directory), recorded):
+        return []
+    return [f"data.dir {directory} {OTHER_TOKENS}"]
 
 
 def other_config_row(run: SweepRun, state: dict[str, Any], log: Callable[[str], None], prefix: str) -> dict[str, Any]:
     """The failed row of a run whose directory holds another config (its files stay as they are),
     after logging why after `prefix`; every launcher leaves such a run alone."""
+    first = state["differences"][0]
+    keep = "" if first.endswith(OTHER_TOKENS) else "give the grid that value to keep its results, "
     error = (
-        f"{run.out_dir} holds a run of another config ({state['differences'][0]}); give the grid that value to "
-        "keep its results, delete that directory to train the grid's, or give the sweep another out_dir"
+        f"{run.out_dir} holds a run of another config ({first}); {keep}delete that directory to train the "
+        "grid's, or give the sweep another out_dir"
     )
     log(prefix + error)
     return _row(run, "failed", None, error)
