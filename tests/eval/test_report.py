@@ -578,6 +578,27 @@ def test_plain_runs_trained_differently_are_not_paired_or_ranked_together(tmp_pa
     assert standard.exists()
 
 
+def test_the_depth_table_never_joins_depths_trained_differently(tmp_path):
+    """A grid edited to lr 3e-3 and depth 4 beside its depth-2 runs at 1e-3: each depth's row held
+    one lr, so nothing labelled them, and the depth table read the lr's effect as depth's."""
+    root = tmp_path / "runs"
+    for depth, lr, nll in ((2, 1e-3, 4.7), (4, 3e-3, 3.6)):
+        run = write_run(
+            root, {"dataset": "x", "tier": "-", "depth": depth, "arch": "tango", "seed": SEEDS[0]}, nll, nll
+        )
+        config = json.loads((run / "config.json").read_text())
+        config["train"]["lr"] = lr
+        (run / "config.json").write_text(json.dumps(config))
+    report = write_report(root, plots=False)["report"]
+    assert sorted((r["train.lr"], sorted(r["depths"])) for r in report["depth"]) == [(1e-3, [2]), (3e-3, [4])]
+    for run in root.rglob("config.json"):  # one lr: one line of the depth table, as before
+        config = json.loads(run.read_text())
+        config["train"]["lr"] = 1e-3
+        run.write_text(json.dumps(config))
+    ((row,),) = [write_report(root, plots=False)["report"]["depth"]]
+    assert sorted(row["depths"]) == [2, 4] and "train.lr" not in row
+
+
 def test_training_labels_cover_sweep_runs_and_ignore_what_computes_nothing(tmp_path):
     root = tmp_path / "runs"
     labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}

@@ -222,7 +222,8 @@ DEFAULTS = {
 
 
 def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[str, Any]]) -> list[RunRecord]:
-    """In one row, each train or data field where runs differ, and each model field where runs of one
+    """In one row (and, for train and data fields, across its depths: the depth table compares
+    them), each train or data field where runs differ, and each model field where runs of one
     architecture differ, becomes a label of its own (a column). Without this, runs of another lr or
     length (plain run directories carry no labels of what they varied) were paired and ranked as if
     they differed only by head or architecture. Runs of one sweep are compared the same way (a grid
@@ -231,25 +232,29 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
     derived = {r.path: _derived_budget(r.path) for r in records}
     labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
+    depths: dict[tuple[Any, ...], list[RunRecord]] = {}  # a row's runs at every depth: the depth table's
     for r in records:
         rows.setdefault(r.row, []).append(r)
-    for row in rows.values():
-        neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in row) else set())
-        if all(settings[r.path]["train"].get("select") == "final" for r in row):
+        depths.setdefault((r.dataset, r.tier, r.extras), []).append(r)
+    groups: list[tuple[str, list[RunRecord], set[str]]] = []
+    for runs in depths.values():  # training and data compared across depths too (the model differs by design)
+        neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in runs) else set())
+        if all(settings[r.path]["train"].get("select") == "final" for r in runs):
             neutral_train = neutral_train | {"eval_every"}  # it only picks the best-dev checkpoint
-        groups = [("train", row, neutral_train), ("data", row, NEUTRAL["data"])]
+        groups += [("train", runs, neutral_train), ("data", runs, NEUTRAL["data"])]
+    for row in rows.values():
         groups += [("model", [r for r in row if r.arch == arch], NEUTRAL["model"]) for arch in {r.arch for r in row}]
-        for section, runs, neutral in groups:
-            for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
-                known = [(r, settings[r.path][section][key]) for r in runs if key in settings[r.path][section]]
-                name = f"{section}.{key}"
-                budgets = {derived[r.path] for r, _ in known}
-                by_design = name == "train.tokens" and len(budgets) == 1 and None not in budgets
-                if by_design or all(v == w for _, v in known for _, w in known):
-                    continue
-                for r, v in known:  # not twice where a sweep's axis (model.d_model's is d_model) labels it
-                    if name not in dict(r.extras) and not (name == "model.d_model" and "d_model" in dict(r.extras)):
-                        labels[r.path].append((name, v if _hashable(v) else json.dumps(v)))
+    for section, runs, neutral in groups:
+        for key in sorted({k for r in runs for k in settings[r.path][section]} - neutral):
+            known = [(r, settings[r.path][section][key]) for r in runs if key in settings[r.path][section]]
+            name = f"{section}.{key}"
+            budgets = {derived[r.path] for r, _ in known}
+            by_design = name == "train.tokens" and len(budgets) == 1 and None not in budgets
+            if by_design or all(v == w for _, v in known for _, w in known):
+                continue
+            for r, v in known:  # not twice where a sweep's axis (model.d_model's is d_model) labels it
+                if name not in dict(r.extras) and not (name == "model.d_model" and "d_model" in dict(r.extras)):
+                    labels[r.path].append((name, v if _hashable(v) else json.dumps(v)))
     return [replace(r, extras=(*r.extras, *labels[r.path])) if labels[r.path] else r for r in records]
 
 
