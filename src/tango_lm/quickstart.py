@@ -74,7 +74,6 @@ def run_quickstart(
                 eval_windows=64,
                 save_every=25,
                 log_every=5,
-                progress=progress,
             ),
         )
         print(
@@ -96,7 +95,7 @@ def run_quickstart(
                 f"{run_dir} has trained {done[-1]} steps, more than the {run.total_steps()} asked for; "
                 "add --fresh to retrain it, or give --steps of at least that"
             )
-        rows.append(train(run, resume=bool(done)).summary)
+        rows.append(train(run, resume=bool(done), progress=progress).summary)
     print()
     print(format_table(rows))
     print(

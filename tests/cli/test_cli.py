@@ -113,6 +113,17 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     assert helpers.step_names(swept)[-1] == "step-00000006"
 
 
+def test_a_run_trained_without_a_terminal_keeps_its_own_progress_setting(data_dir, tmp_path, capsys):
+    """No terminal (or --no-progress) turns this command's bar off; it was written into the run's
+    config as train.progress=false, so the run resumed on a terminal never drew a bar again."""
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out, steps=2, progress=True), "--no-progress"]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["progress"] is True
+    assert "progress: true" in (out / "config.yaml").read_text()
+    assert main(["train", *helpers.cli_overrides(data_dir, tmp_path / "quiet", steps=2, progress=False)]) == 0
+    assert json.loads((tmp_path / "quiet" / "config.json").read_text())["train"]["progress"] is False  # the user's
+
+
 def test_resuming_from_another_folder_than_a_relative_data_dir_says_to_pass_data_dir(
     data_dir, tmp_path, capsys, monkeypatch
 ):
@@ -583,7 +594,7 @@ def _fake_quickstart(monkeypatch, trained: list) -> None:
 
     monkeypatch.setattr(quickstart, "is_prepared", lambda path: True)
 
-    def train(run, resume=False):
+    def train(run, resume=False, progress=None):
         trained.append(run.train.out_dir)
         m = run.model
         summary = {"arch": m.arch, "params_total": 1, "tokens": 1, "best_dev_nll": 1.0, "test_nll": 1.0}

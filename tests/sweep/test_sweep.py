@@ -258,10 +258,10 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
     original = trainer_module.train
 
-    def flaky(run, resume=False, warnings=True):
+    def flaky(run, resume=False, **kwargs):
         if run.model.arch == "loop-transformer":
             raise RuntimeError("boom\nsecond line")
-        return original(run, resume=resume, warnings=warnings)
+        return original(run, resume=resume, **kwargs)
 
     monkeypatch.setattr(trainer_module, "train", flaky)
     assert main(["sweep", str(path), "--no-progress"]) == 1

@@ -26,10 +26,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from tango_lm.train.trainer import train
 
     run = load_run_config(*_config_and_overrides(args))
-    if args.no_progress:
-        run.train.progress = False
-    try:
-        result = train(run, resume=args.resume)
+    try:  # no bar without a terminal or with --no-progress: this command's, not the run's config
+        result = train(run, resume=args.resume, progress=False if args.no_progress else None)
     except KeyboardInterrupt:
         _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
         raise KeyboardInterrupt(_how_to_continue(run.train.out_dir, processes) if is_main_process() else "") from None

@@ -81,7 +81,6 @@ class SweepJob:
         _export_torch_distributed_env()
         config = RunConfig.from_dict(self.config)
         run = SweepRun(name=self.name, labels=self.labels, config=config, tokens_per_param=self.tokens_per_param)
-        run.config.train.progress = False
         state = run_state(run)
         if state["state"] == "done":
             print(f"{run.name}: finished before, skipped", flush=True)
@@ -89,9 +88,9 @@ class SweepJob:
         if state["state"] == "other-config":  # another config trained there since the submission
             return other_config_row(run, state, lambda line: print(line, flush=True), f"{run.name}: not trained: ")
         if launch_env()[0] != 0:  # the other processes of a multi-GPU job write nothing
-            return _row(run, "trained", train(run.config, resume=state["state"] == "resume").summary)
+            return _row(run, "trained", train(run.config, resume=state["state"] == "resume", progress=False).summary)
         with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
-            return _train_one(run, run.name, lambda msg: print(msg, flush=True))
+            return _train_one(run, run.name, lambda msg: print(msg, flush=True), progress=False)  # a job's log
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Requeue the same run: it resumes from its latest checkpoint."""

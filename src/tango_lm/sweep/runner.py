@@ -200,11 +200,9 @@ def run_sweep(
             if state["state"] == "other-config":
                 rows.append(other_config_row(run, state, log, f"{head}: not trained: "))
                 continue
-            if progress is not None:
-                run.config.train.progress = progress
             try:
                 with hold_output_lock(run.out_dir, "tango-lm sweep", "stop it first"):
-                    rows.append(_train_one(run, head, log))
+                    rows.append(_train_one(run, head, log, progress))
             except (OutputLocked, UserError) as exc:  # another process trains it, or its directory is a file:
                 log(f"{head}: not trained: {exc}")  # record nothing there, and go on with the others
                 rows.append(_row(run, "failed", None, str(exc)))
@@ -214,7 +212,7 @@ def run_sweep(
     return rows
 
 
-def _train_one(run: SweepRun, head: str, log: Callable[[str], None]) -> dict[str, Any]:
+def _train_one(run: SweepRun, head: str, log: Callable[[str], None], progress: bool | None = None) -> dict[str, Any]:
     """Train (or resume, or retry) one run whose directory this process holds locked."""
     from tango_lm.train.trainer import train
 
@@ -225,7 +223,7 @@ def _train_one(run: SweepRun, head: str, log: Callable[[str], None]) -> dict[str
     t0 = time.time()
     try:
         # warnings=False: the sweep said them once for all its runs (check_runs_to_train)
-        summary = train(run.config, resume=state["state"] == "resume", warnings=False).summary
+        summary = train(run.config, resume=state["state"] == "resume", warnings=False, progress=progress).summary
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - record every failure and go on with the sweep

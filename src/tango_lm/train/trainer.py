@@ -61,9 +61,14 @@ class TrainResult:
 
 
 class Trainer(TrainerCheckpoints):
-    def __init__(self, run: RunConfig, resume: bool = False, warnings: bool = True) -> None:
+    def __init__(
+        self, run: RunConfig, resume: bool = False, warnings: bool = True, progress: bool | None = None
+    ) -> None:
         self.run = run
         self.say_warnings = warnings  # start_of_run_warnings on stderr (a sweep says them once for all its runs)
+        # The command's display (no terminal, --no-progress) over train.progress, never written into
+        # the run's config: a run resumed on a terminal draws its bar again.
+        self.show_progress = run.train.progress if progress is None else progress
         cfg = run.train
         distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
         check_available(cfg.loggers)
@@ -273,7 +278,7 @@ class Trainer(TrainerCheckpoints):
         bar = tqdm(
             total=self.total_steps,
             initial=self.step,
-            disable=not (cfg.progress and self.dist.is_main),
+            disable=not (self.show_progress and self.dist.is_main),
             unit="step",
             desc=f"train {self.run.model.arch}",
             dynamic_ncols=True,
@@ -382,14 +387,15 @@ class Trainer(TrainerCheckpoints):
         return summary
 
 
-def train(run: RunConfig, resume: bool = False, warnings: bool = True) -> TrainResult:
+def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress: bool | None = None) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked); `warnings=False`
-    leaves the start-of-run warnings unsaid (a sweep says them once for all its runs). Under torchrun
+    leaves the start-of-run warnings unsaid (a sweep says them once for all its runs), and
+    `progress` overrides train.progress for this command only. Under torchrun
     every process calls this; it joins the process group and leaves it at the end. The run
     directory is checked and locked first (train/run_dir.py): one writer per run."""
     try:
         with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
-            return Trainer(run, resume=resume, warnings=warnings).fit()
+            return Trainer(run, resume=resume, warnings=warnings, progress=progress).fit()
     except OSError as exc:  # a disk that filled up or a folder made read-only while training
         raise UserError(
             f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
