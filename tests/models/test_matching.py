@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -131,3 +132,20 @@ def test_a_repeated_arch_is_one_row_per_context_length(capsys):
     assert main([*argv, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["models"]
     assert [(r["arch"], r["context_length"]) for r in rows] == [("gau", 512), ("gau", 8192)]
+
+
+def test_moe_is_matched_in_widths_whose_experts_are_whole():
+    """F_e = F / k: at one head the width step was 1, a width top-2 MoE cannot build (expert width 0),
+    so matching failed however reachable the target."""
+    from tango_lm.models.config import ModelConfig
+    from tango_lm.models.matching import match_width
+    from tango_lm.models.params import count_params
+
+    for heads, top_k in ((1, 2), (3, 2), (2, 3)):
+        cfg = ModelConfig(arch="moe", d_model=32 * heads, head_dim=32, n_kv_heads=1, moe_top_k=top_k, n_experts=4)
+        cfg = cfg.replace(depth=1, vocab_size=257)
+        matched = match_width(cfg, 800_000)
+        assert matched.width % top_k == 0 and matched.width % heads == 0
+        step = math.lcm(heads, top_k)
+        per_step = count_params(matched.replace(width=matched.width + step))["total"] - count_params(matched)["total"]
+        assert abs(count_params(matched)["total"] - 800_000) <= per_step / 2  # the nearest whole-expert width

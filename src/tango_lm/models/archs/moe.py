@@ -16,6 +16,8 @@ which `LanguageModel.nll` adds in training mode.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -100,6 +102,12 @@ class MoE(Architecture):
             for _ in range(cfg.depth)
         ]
         return MoEBackbone(layers, list(range(cfg.depth)), cfg.head_dim, cfg.rope_theta)
+
+    @staticmethod
+    def width_multiple(cfg: ModelConfig) -> int:
+        # F_e = F / k: a multiple of k keeps every expert whole (width 1 at one head built none)
+        heads = int(cfg.n_heads or 1)
+        return math.lcm(heads, cfg.moe_top_k) if cfg.moe_expert_width is None else heads
 
     @staticmethod
     def layer_params(cfg: ModelConfig, experts: int) -> int:
