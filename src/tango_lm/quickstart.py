@@ -43,6 +43,8 @@ def run_quickstart(
     if steps is not None and steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps})")
     root = Path(out)
+    if root.exists() and not root.is_dir():  # before any progress line: the one line is the error
+        raise UserError(f"--out {out} is a file; give a directory for the quickstart's data and runs")
     data_dir = root / "dmmath-byte"
     if not is_prepared(data_dir):
         print(f"[1/3] generating DeepMind Mathematics into {data_dir} ...", flush=True)

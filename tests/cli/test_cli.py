@@ -613,6 +613,9 @@ def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_p
         assert main(["quickstart", "--out", str(out), "--steps", steps]) == 2
         assert "--steps must be at least 1" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert not out.exists() and not trained
+    (tmp_path / "afile").write_text("mine")  # nothing printed before the error line
+    rc, stdout, err, _ = helpers.run_main(capsys, ["quickstart", "--out", str(tmp_path / "afile")])
+    assert (rc, stdout) == (2, "") and "afile is a file; give a directory" in helpers.assert_one_error_line(err)
     run = out / "tango"
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")

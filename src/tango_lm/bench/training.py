@@ -361,7 +361,8 @@ def format_report(report: dict[str, Any]) -> str:
             if compiled
             else ""
         ),
-        f"{'arch':<19}{mode_head}{'width':>6}{'params':>11}{'tok/s':>8}{'MFLOP/tok':>10}{'GFLOP/s':>8}{'MFU':>7}"
+        # wide enough for a GPU's numbers (1,600,000 tok/s, 200000.0 GFLOP/s) to keep their columns apart
+        f"{'arch':<19}{mode_head}{'width':>6}{'params':>12}{'tok/s':>11}{'MFLOP/tok':>10}{'GFLOP/s':>10}{'MFU':>8}"
         f"{'peak MiB':>9}{'tok/s x':>8}{'tok/cpu-s x':>12}{'MFU x':>7}{'mem x':>7}{vs_eager_head}  note",
     ]
     for r in report["models"]:
@@ -369,8 +370,8 @@ def format_report(report: dict[str, Any]) -> str:
         mode = f"{r.get('mode', 'eager'):<9}" if compiled else ""
         vs_eager = _ratio(r["tokens_per_s_vs_eager"], 9) if compiled else ""
         lines.append(
-            f"{r['arch']:<19}{mode}{r['width']:>6}{r['params_total']:>11,}{r['tokens_per_s']:>8,.0f}"
-            f"{r['flops_per_token'] / 1e6:>10.1f}{r['flop_per_s'] / 1e9:>8.1f}{r['mfu']:>7.1%}{mem}"
+            f"{r['arch']:<19}{mode}{r['width']:>6}{r['params_total']:>12,}{r['tokens_per_s']:>11,.0f}"
+            f"{r['flops_per_token'] / 1e6:>10.1f}{r['flop_per_s'] / 1e9:>10.1f}{r['mfu']:>8.1%}{mem}"
             f"{_ratio(r['tokens_per_s_vs_loop'], 8)}{_ratio(r['tokens_per_cpu_s_vs_loop'], 12)}"
             f"{_ratio(r['mfu_vs_loop'], 7)}{_ratio(r['memory_vs_loop'], 7)}{vs_eager}  {r['note']}"
         )
