@@ -33,14 +33,20 @@ WINDOWED_HEAD_DIM = 32  # the windowed suite's blocks: d_model / 32 heads
 
 
 def _ints(text: str) -> tuple[int, ...]:
+    items = text.split(",") if text.strip() else []  # none at all: check_arguments says what the list needs
     try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
+        if any(not v.strip() for v in items):  # 1,,2: a value left out, not a list of two
+            raise ValueError
+        return tuple(int(v) for v in items)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+    names = tuple(v.strip() for v in text.split(","))
+    if not all(names):  # '' or 'tango,': not the default list, which an empty value read as before
+        raise argparse.ArgumentTypeError(f"expected comma-separated architecture names, got {text!r}")
+    return names
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
