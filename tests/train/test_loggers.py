@@ -175,7 +175,11 @@ def test_a_logger_that_cannot_start_leaves_no_run_files(data_dir, tmp_path, offl
     run = helpers.run_config(data_dir, out, steps=2, loggers="jsonl,wandb")
     with monkeypatch.context() as m:
         m.setattr(wandb, "init", no_key)
-        with pytest.raises(UserError, match="wandb could not start a run"):
+        m.setenv("WANDB_MODE", "online")
+        with pytest.raises(UserError, match=r"a run \(No API key configured\); run `wandb login`, or set WANDB_MODE="):
+            train(run)
+        m.setenv("WANDB_MODE", "offline")  # then no login is missing: the error itself says what to fix
+        with pytest.raises(UserError, match=r"configured\); fix what it names, or drop wandb from train.loggers$"):
             train(run)
     assert run_files(out) == []
     assert train(run).summary["steps"] == 2  # the same command again, no --resume

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import queue
 import secrets
 import threading
@@ -150,10 +151,13 @@ class WandbLogger(MetricLogger):
             )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own error types for login and network problems
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(
-                f"wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
-                "to log without a network, or drop wandb from train.loggers"
-            ) from None
+            offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+            fix = (  # offline, a login is not what is missing: the error (a bad project name, say) is the fix
+                "fix what it names"
+                if offline
+                else "run `wandb login`, or set WANDB_MODE=offline to log without a network"
+            )
+            raise UserError(f"wandb could not start a run ({first}); {fix}, or drop wandb from train.loggers") from None
         id_file.write_text(json.dumps({"run_id": run_id, "project": ctx.wandb_project}) + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
