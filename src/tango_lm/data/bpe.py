@@ -87,15 +87,11 @@ def train_bpe(
         raise UserError(
             f"--out {out} is a directory; name the tokenizer's JSON file, e.g. {out_path / 'tokenizer.json'}"
         )
-    from tango_lm.data.shards import is_prepared
-    from tango_lm.train.run_dir import enclosing, is_run_dir
+    from tango_lm.train.run_dir import enclosing_dataset_or_run
 
-    for holder, what in (
-        (enclosing(out_path.parent, is_prepared), "prepared dataset"),  # re-preparing it would take the tokenizer
-        (enclosing(out_path.parent, is_run_dir), "run directory"),
-    ):
-        if holder is not None:
-            raise UserError(f"--out {out} is inside the {what} {holder}; save the tokenizer outside it")
+    inside = enclosing_dataset_or_run(out_path.parent)
+    if inside is not None:
+        raise UserError(f"--out {out} is inside the {inside[1]} {inside[0]}; save the tokenizer outside it")
     if out_path.exists() and not overwrite:
         raise UserError(f"{out_path} already exists; pass --overwrite to replace it or choose another path")
     texts = training_texts(inputs, field, exts, max_docs, exclude_dirs)

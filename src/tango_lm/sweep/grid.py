@@ -59,7 +59,7 @@ from tango_lm.train.config import (
     read_yaml,
     yaml_error_text,
 )
-from tango_lm.train.run_dir import enclosing, is_run_dir
+from tango_lm.train.run_dir import enclosing_dataset_or_run
 
 MAX_NAME_BYTES = 255  # one path component on common file systems (ext4, XFS, APFS)
 
@@ -127,15 +127,13 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     if not isinstance(out_dir, str) or not out_dir:
         raise UserError(f"out_dir in sweep grid {path} must be a directory path (got {out_dir!r})")
     # before the sweep writes its status and locks there
-    for holder, what in (
-        (enclosing(out_dir, is_prepared), "the prepared dataset"),
-        (enclosing(out_dir, is_run_dir), "the run directory"),
-    ):
-        if holder is not None:
-            where = "is" if holder == Path(out_dir).absolute() else "is inside"
-            raise UserError(
-                f"sweep grid {path}: out_dir {out_dir} {where} {what} {holder}; choose a directory outside it"
-            )
+    inside = enclosing_dataset_or_run(out_dir)
+    if inside is not None:
+        holder, what = inside
+        where = "is" if holder == Path(out_dir).absolute() else "is inside"
+        raise UserError(
+            f"sweep grid {path}: out_dir {out_dir} {where} the {what} {holder}; choose a directory outside it"
+        )
     base = _base_sections(spec.get("base"), path)
     axes = parse_axes(spec.get("axes") or {}, path)
     grid = Grid(path=path, out_dir=Path(out_dir), axes=axes, slurm=spec.get("slurm") or {})

@@ -93,6 +93,19 @@ def enclosing(path: str | os.PathLike, predicate: Callable[[Path], bool]) -> Pat
     return None
 
 
+def enclosing_dataset_or_run(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """(the prepared dataset or run directory that `path` is or lies in, "prepared dataset" or "run
+    directory"), or None: an output put there would go when the dataset is prepared again, or lie
+    among the run's own files."""
+    from tango_lm.data.shards import is_prepared
+
+    for predicate, what in ((is_prepared, "prepared dataset"), (is_run_dir, "run directory")):
+        holder = enclosing(path, predicate)
+        if holder is not None:
+            return holder, what
+    return None
+
+
 def _nearest_existing(path: Path) -> Path:
     for candidate in (path, *path.parents):
         if candidate.exists():
