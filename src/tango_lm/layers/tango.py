@@ -46,15 +46,34 @@ def cache_and_attend(
     return sdpa_attention(q, k_all, v_all, state.key_mask())
 
 
-class TangoBlock(nn.Module):
-    """Full-prefix TANGO. Parameters: 2d^2 + 3dF + d (plus the final norm, counted by the model)."""
+class TangoQueryKey(nn.Module):
+    """What every TANGO block shares: the block norm and the q, k projections ([B, H, T, d_h])."""
 
-    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
+    def __init__(self, d_model: int, n_heads: int, eps: float) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.norm = RMSNorm(d_model, eps)
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def raw_queries_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k before RoPE (the windowed block's feature map reads these)."""
+        return split_heads(self.q_proj(h), self.n_heads), split_heads(self.k_proj(h), self.n_heads)
+
+    def queries_keys(
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k with RoPE."""
+        cos, sin = rope
+        q_raw, k_raw = self.raw_queries_keys(h)
+        return apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
+
+
+class TangoBlock(TangoQueryKey):
+    """Full-prefix TANGO. Parameters: 2d^2 + 3dF + d (plus the final norm, counted by the model)."""
+
+    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
+        super().__init__(d_model, n_heads, eps)
         self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
         self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
         self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
@@ -98,10 +117,8 @@ class TangoBlock(nn.Module):
         application: int = 0,
         state: LayerState | None = None,
     ) -> torch.Tensor:
-        cos, sin = rope
         h = self.norm(x)
-        q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
-        k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
+        q, k = self.queries_keys(h, rope)
         w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
         a, u = F.linear(h, w_g), F.linear(h, w_u)
         mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)

@@ -39,31 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.active_width import ActiveColumns
-from tango_lm.layers.norm import RMSNorm
-from tango_lm.layers.rope import apply_rope
-from tango_lm.layers.tango import TangoBlock, cache_and_attend, prefill_through_door
+from tango_lm.layers.tango import TangoBlock, TangoQueryKey, cache_and_attend, prefill_through_door
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
-
-
-class _SharedQueryKey(nn.Module):
-    """The part every TANGO variant shares: the block norm and RoPE'd q, k ([B, H, T, d_h])."""
-
-    def __init__(self, d_model: int, n_heads: int, eps: float) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-        self.norm = RMSNorm(d_model, eps)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-
-    def queries_keys(
-        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = rope
-        q = apply_rope(split_heads(self.q_proj(h), self.n_heads), cos, sin)
-        k = apply_rope(split_heads(self.k_proj(h), self.n_heads), cos, sin)
-        return q, k
 
 
 # -- three gated-projection sets (docs/design.md §2.4) -------------------------------------------------------
@@ -98,7 +77,7 @@ def set_for_application(application: int, depth: int) -> int:
     return 2 if application == depth - 1 else 1
 
 
-class ThreeSetTangoBlock(_SharedQueryKey):
+class ThreeSetTangoBlock(TangoQueryKey):
     """TANGO with three gated-projection sets. Parameters: 2d^2 + 9dF + d."""
 
     def __init__(
@@ -130,7 +109,7 @@ class ThreeSetTangoBlock(_SharedQueryKey):
 
 
 # -- compact controller (docs/design.md §2.5) ----------------------------------------------------------------
-class CompactTangoBlock(_SharedQueryKey):
+class CompactTangoBlock(TangoQueryKey):
     """Compact-controller TANGO (the project's reading, see the module docstring).
     Parameters: 2d^2 + dr + rF + 2dF + d."""
 

@@ -147,8 +147,7 @@ class WindowedTangoBlock(TangoBlock):
     ) -> torch.Tensor:
         cos, sin = rope
         h = self.norm(x)
-        q_raw = split_heads(self.q_proj(h), self.n_heads)
-        k_raw = split_heads(self.k_proj(h), self.n_heads)
+        q_raw, k_raw = self.raw_queries_keys(h)
         q, k = apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
         w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
         a, u = F.linear(h, w_g), F.linear(h, w_u)
