@@ -224,13 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.head_dim < 1:
         print("error: --head-dim must be >= 1", file=sys.stderr)
         return 2
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("error: TRITON_INTERPRET=1 leaves the kernels one interpreter configuration: unset it", file=sys.stderr)
-        return 2
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         print("error: triton is not installed: pip install 'tango-lm[triton]'", file=sys.stderr)
+        return 2
+    if triton.knobs.runtime.interpret:
+        print("error: TRITON_INTERPRET leaves the kernels one interpreter configuration: unset it", file=sys.stderr)
         return 2
     ptxas = ptxas_path(args.arch)
     if ptxas is None or not ptxas.is_file():

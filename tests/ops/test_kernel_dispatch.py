@@ -4,6 +4,9 @@ cache root (cache_root.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +211,14 @@ def test_empty_inputs_give_empty_outputs_and_gradients(kernels, b, t, w):
         assert y.shape == (b, t, 2 * w)
         grads = torch.autograd.grad(y.sum(), xs)
         assert [g.shape for g in grads] == [x.shape for x in xs]
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "1"])
+def test_the_interpreter_is_on_whenever_triton_reads_triton_interpret_as_on(value):
+    # Triton interprets under any of its true spellings; the kernels must then take CPU tensors and
+    # upcast their bf16 dots (the interpreter multiplies bf16 operands as raw bit patterns).
+    pytest.importorskip("triton")
+    code = "from tango_lm.ops import triton_common; print(triton_common.INTERPRETED)"
+    env = {**os.environ, "TRITON_INTERPRET": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

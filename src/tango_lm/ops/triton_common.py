@@ -12,7 +12,9 @@ import triton.language as tl
 
 from tango_lm.errors import UserError
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's own reading of TRITON_INTERPRET (1, true, on, yes...): the kernels run interpreted exactly when
+# it says so, and under the interpreter they must upcast their dots (_UPCAST_DOTS).
+INTERPRETED = bool(triton.knobs.runtime.interpret)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
 MAX_GRID = 65535  # CUDA's limit on a grid's second and third axes (the kernels put B * H there)
