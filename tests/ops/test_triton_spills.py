@@ -61,6 +61,12 @@ def test_triton_fp32_kernels_compile_for_sm90_without_register_spills():
     _assert_first_configurations_do_not_spill("windowed", windowed, "fp32", 64)
 
 
+def test_windowed_fp16_kernels_compile_for_sm90_without_register_spills():
+    # fp16 gates multiply the growing prefix sums in fp32 (a branch of their own in the kernels).
+    windowed = ("_forward_kernel", "_band_backward_kernel", "_backward_kernel")
+    _assert_first_configurations_do_not_spill("windowed", windowed, "fp16", 64)
+
+
 def test_relu2_kernels_compile_for_sm90_without_register_spills():
     # GAU's and FLASH's kernels at the presets' s = 128: bf16 (their gradient kernel sums the
     # bias's gradient per tile diagonal with tl.gather) and fp32 (narrow tiles of their own).

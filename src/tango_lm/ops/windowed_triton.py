@@ -18,7 +18,8 @@ the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, 
   two gradients contracted over the width are accumulated atomically across column blocks.
 
 The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
-when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise. Tested against
+when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise, except that with fp16
+gates the products with S, R, pq and pk take fp32 operands: S grows with T past fp16's range. Tested against
 `windowed_mix_reference` in float64 under the interpreter (tests/ops/test_triton_windowed.py).
 """
 
@@ -121,6 +122,12 @@ def _forward_kernel(
     pid_w, bh = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
+    # The running sums S = sum phi(k) g grow with T past fp16's 65504 (gates ~20, phi ~3: from T ~ 1,100),
+    # and R's pq are small: with fp16 gates, the products with S, R, pq and pk take fp32 operands
+    # (TF32 on the tensor cores where fp32 inputs would); bf16 has fp32's range.
+    sdt = dt
+    if dt == tl.float16:
+        sdt = tl.float32
     W = W // ALIGN * ALIGN  # as in tango_mix's kernels: vectorized gate columns
     F = H * W
     BH = tl.num_programs(1)
@@ -152,12 +159,12 @@ def _forward_kernel(
             acc += dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
             if i >= 2:
                 pq = tl.load(PQ + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
-                acc += dot(pq.to(dt), s.to(dt), PRECISION)
+                acc += dot(pq.to(sdt), s.to(sdt), PRECISION)
                 if SPLIT_D:
                     pq = tl.load(
                         PQ + small * D + offs_c[:, None] * D + BLOCK_DP + offs_d[None, :], mask=cd_hi, other=0.0
                     )
-                    acc += dot(pq.to(dt), s_hi.to(dt), PRECISION)
+                    acc += dot(pq.to(sdt), s_hi.to(sdt), PRECISION)
             # S_{i-1} = S_{i-2} + pk_{i-1}^T g_{i-1}, read by chunk i + 1
             prev = small - BH * C
             pkt = tl.load(
@@ -256,6 +263,9 @@ def _backward_kernel(
     pid_w, bh = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), bh % H
     dt = A.dtype.element_ty
+    sdt = dt  # as in the forward: fp32 products with S, R, pq and pk for fp16 gates
+    if dt == tl.float16:
+        sdt = tl.float32
     W = W // ALIGN * ALIGN
     F = H * W
     BH = tl.num_programs(1)
@@ -277,7 +287,7 @@ def _backward_kernel(
         if i >= 2:
             dg = tl.load(DY + first + tile, mask=mask, other=0.0).to(tl.float32)
             dg = dg * tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)
-            dpq = dot(dg.to(dt), tl.trans(s.to(dt)), PRECISION)
+            dpq = dot(dg.to(sdt), tl.trans(s.to(sdt)), PRECISION)
             tl.atomic_add(DPQ + small * D + offs_c[:, None] * D + offs_d[None, :], dpq, mask=cd, sem="relaxed")
         if i >= 1:  # the previous chunk's gates read again rather than carried
             g_prev = silu_f32(tl.load(A + first - C * F + tile, mask=cw, other=0.0)).to(dt)
@@ -297,9 +307,9 @@ def _backward_kernel(
         a = tl.load(A + first + tile, mask=mask, other=0.0).to(tl.float32)
         if c + 2 < N:
             pk = tl.load(PK + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
-            grad += dot(pk.to(dt), r.to(dt), PRECISION)
+            grad += dot(pk.to(sdt), r.to(sdt), PRECISION)
             g = (a / (1.0 + tl.exp(-a))).to(dt)
-            dpk = dot(g, tl.trans(r.to(dt)), PRECISION)
+            dpk = dot(g.to(sdt), tl.trans(r.to(sdt)), PRECISION)
             tl.atomic_add(DPK + small * D + offs_c[:, None] * D + offs_d[None, :], dpk, mask=cd, sem="relaxed")
         if c + 1 < N:  # dgbar_{c+1} read again rather than carried
             nmask = cw & ((c + 1) * C + offs_c[:, None] < T)
@@ -308,7 +318,7 @@ def _backward_kernel(
             grad += dot(tl.load(wbt + BH * C * 2 * C, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
             if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}, once chunk c has used R_c
                 pqt = tl.load(PQ + (small + BH * C) * D + offs_c[None, :] * D + offs_d[:, None], mask=dc, other=0.0)
-                r += dot(pqt.to(dt), dg_next, PRECISION)
+                r += dot(pqt.to(sdt), dg_next.to(sdt), PRECISION)
         sig = 1.0 / (1.0 + tl.exp(-a))
         tl.store(DA + first + tile, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
         avg = tl.load(AVG + first + tile, mask=mask, other=0.0).to(tl.float32)
