@@ -51,12 +51,13 @@ def test_tango_keeps_no_more_than_the_loop_transformer(configs):
 
 
 def test_a_training_steps_predicted_peak_is_within_the_issues_target(configs):
-    # Issue 12: TANGO's peak training memory <= 1.2x Loop's. Predicted 1.04x (windowed 1.05x); the
-    # composition 2.17x for windowed TANGO, as the H200 measured it before the kernels existed.
+    # Issue 12: TANGO's peak training memory <= 1.2x Loop's. Predicted 0.99x (1.04x while its op
+    # also saved y, which its backward does not read) and windowed 1.05x; the composition 2.17x for
+    # windowed TANGO, as the H200 measured it before the kernels existed.
     loop = tool.kernel_path_peak(configs["loop-transformer"], B, T, "triton")
-    for arch in ("tango", "tango-windowed"):
+    for arch, bound in (("tango", 1.0), ("tango-windowed", 1.07)):
         peak = tool.kernel_path_peak(configs[arch], B, T, "triton")
-        assert peak <= 1.07 * loop, (arch, peak / loop)
+        assert peak <= bound * loop, (arch, peak / loop)
     assert tool.kernel_path_peak(configs["tango-windowed"], B, T, "reference") > 2 * loop
 
 

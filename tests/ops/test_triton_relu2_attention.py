@@ -117,6 +117,18 @@ def test_triton_takes_strided_inputs_and_a_bias_of_another_dtype(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_triton_output_may_be_changed_in_place(device):
+    # A custom op's output that is a view of its own buffer may not be changed in place.
+    xs, dy = inputs((2,), 9, 4, 5, 9, torch.float32, device, seed=8)
+    out = triton_ops.relu2_attention_triton(*xs, 0.7)
+    out.mul_(2.0)
+    got = torch.autograd.grad(out, xs, dy)
+    want = torch.autograd.grad(relu2_attention_reference(*xs, 0.7) * 2.0, xs, dy)
+    for g, w, name in zip(got, want, NAMES[1:], strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_custom_op_registration(device):
     # Fake (meta) implementations, the autograd formula and schema, as torch.compile relies on them.
     (q, k, v, bias), dy = inputs((2,), 9, 4, 5, 12, torch.float32, device, seed=3)

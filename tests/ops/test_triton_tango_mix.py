@@ -139,6 +139,18 @@ def test_triton_op_without_the_stored_average_still_differentiates(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_triton_output_may_be_changed_in_place_before_the_backward(device):
+    # As with any other implementation: with u the backward reads the stored average, not y.
+    xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=7)
+    y = triton_ops.tango_mix_triton(*xs)
+    y.mul_(2.0)
+    got = torch.autograd.grad(y, xs, dy)
+    want = torch.autograd.grad(tango_mix_reference(*xs) * 2.0, xs, dy)
+    for g, w, name in zip(got, want, NAMES[1:], strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_inside_a_compiled_graph(device):
     # The custom op keeps the graph whole (fullgraph) and gives the eager kernels' values and gradients.
     xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=4)

@@ -86,7 +86,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.
     if n * t * e == 0:
         return torch.zeros(*q.shape[:-1], e, dtype=v.dtype, device=v.device)
     q3, k3, v3 = _rows(q), _rows(k), _rows(v)
-    out = torch.empty(n, t, e, dtype=v.dtype, device=v.device)
+    # Allocated in the output's shape (the kernel writes a [n, T, e] view of it): a custom op's
+    # output that is a view of its own buffer may not be changed in place by the caller.
+    result = torch.empty(*q.shape[:-1], e, dtype=v.dtype, device=v.device)
+    out = result.view(n, t, e)
     forward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), triton.cdiv(e, m["BLOCK_E"]), n)](
         q3,
         k3,
@@ -104,7 +107,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_bias: torch.
         PRECISION=precision(q.dtype),
         BLOCK_D=block_d,
     )
-    return out.view(*q.shape[:-1], e)
+    return result
 
 
 @_forward.register_fake

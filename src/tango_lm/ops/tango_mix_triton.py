@@ -138,7 +138,7 @@ def _backward(
     avg: torch.Tensor,
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, da, du; du empty without u)."""
+    """(dq, dk, da, du; du empty without u). y: the output without u; with u its kernels read avg only."""
     a = a.contiguous()
     bsz, h, t, w, d, scale_log2, block_d = _common(q, a)
     dq = torch.zeros(bsz, h, t, d, dtype=torch.float32, device=q.device)  # accumulated atomically
@@ -203,7 +203,8 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, a, u, _ = inputs
     y, lse, avg = output
     ctx.has_u = u is not None
-    ctx.save_for_backward(q, k, a, u, y, avg, lse)
+    # With u the backward reads the average, not y: y is not saved, so the caller may change it in place.
+    ctx.save_for_backward(q, k, a, u, None if ctx.has_u else y, avg, lse)
     # lse and the average are outputs only to be saved: no gradient reaches them, and autograd
     # would otherwise fill one of the average's [B, T, F] with zeros at every backward.
     ctx.set_materialize_grads(False)
@@ -213,7 +214,7 @@ def _autograd_backward(ctx, dy, _dlse, _davg):
     q, k, a, u, y, avg, lse = ctx.saved_tensors
     if ctx.has_u and avg.numel() != a.numel():  # the op was called with store_avg=False: recompute it
         avg = _forward(q, k, a, None, False)[0]
-    dq, dk, da, du = _backward(dy, q, k, a, u, y, avg, lse)
+    dq, dk, da, du = _backward(dy, q, k, a, u, avg if ctx.has_u else y, avg, lse)
     return dq, dk, da, du if ctx.has_u else None, None
 
 
