@@ -151,6 +151,27 @@ def test_triton_windowed_takes_no_shape_its_kernels_would_read_past():
     assert not windowed_triton.supported(big_q, big_q, big_a, big_a)
 
 
+def test_triton_windowed_takes_no_chunk_longer_than_its_tiles_allow(monkeypatch):
+    # Chunks of 256 (window 256) need 576 KiB of shared memory on sm_90 (227 there): windows whose
+    # chunks pass MAX_CHUNK run the composition instead of failing to launch.
+    (q, k, *_), _ = inputs(1, 1, 5, 4, 3, torch.float32, "cpu")
+    a = torch.zeros(1, 5, 3)
+    assert windowed_triton.supported(q, k, a, a, windowed_triton.MAX_CHUNK) == windowed_triton.INTERPRETED
+    assert not windowed_triton.supported(q, k, a, a, windowed_triton.MAX_CHUNK + 1)
+    if not windowed_triton.INTERPRETED:
+        return
+    ran = []
+    real = windowed_triton.windowed_band_mix_triton
+    monkeypatch.setattr(windowed_triton, "windowed_band_mix_triton", lambda *xs: ran.append(1) or real(*xs))
+    t, window = windowed_triton.MAX_CHUNK + 3, windowed_triton.MAX_CHUNK + 1
+    xs, _ = inputs(1, 1, t, 4, 2, torch.float32, "cpu")
+    want = windowed_mix_reference(*xs, window, "elu+1")
+    torch.testing.assert_close(windowed_mix(*xs, window, "elu+1", kernels="triton"), want)
+    assert not ran
+    windowed_mix(*xs, windowed_triton.MAX_CHUNK, "elu+1", kernels="triton")
+    assert ran  # the longest chunk the kernels take still runs on them
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_windowed_inside_a_compiled_graph(device):
     # One graph (fullgraph) through the band weights' recomputation (a checkpoint) and the custom

@@ -47,6 +47,11 @@ FEATURE_MAPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 MIN_CHUNK = 64  # chunks shorter than this make the band matmuls too small to run efficiently
 
 
+def chunk_length(window: int, chunk_size: int | None, t: int) -> int:
+    """Positions per chunk: `chunk_size`, by default max(window, MIN_CHUNK), capped at T."""
+    return min(chunk_size or max(window, MIN_CHUNK), t)
+
+
 def apply_feature_map(x: torch.Tensor, name: str) -> torch.Tensor:
     """phi(x) for a name in `FEATURE_MAPS`."""
     if name not in FEATURE_MAPS:
@@ -164,7 +169,7 @@ def band_weights(
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     t, d_h = q_rot.shape[-2], q_rot.shape[-1]
-    c = min(chunk_size or max(window, MIN_CHUNK), t)
+    c = chunk_length(window, chunk_size, t)
     if c < min(window, t):
         raise ValueError(f"chunk_size {c} is shorter than the window {window}")
     n = -(-t // c)

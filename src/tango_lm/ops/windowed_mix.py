@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from tango_lm.ops.causal_matmul import scratch_view
 from tango_lm.ops.dispatch import check_devices, check_installed, choose, eager
 from tango_lm.ops.gate_average import split_heads
-from tango_lm.ops.windowed import band_weights, windowed_gate_average_chunks
+from tango_lm.ops.windowed import band_weights, chunk_length, windowed_gate_average_chunks
 
 try:  # registers the Triton custom ops (before any torch.compile trace reaches `windowed_mix`)
     from tango_lm.ops import windowed_triton
@@ -199,7 +199,8 @@ def windowed_mix(
         return a * u * 0 + nothing
     wide = a.dtype in (torch.float32, torch.float64) and a.dtype == u.dtype == q_rot.dtype
     fused = a.device.type == "cpu" and wide and eager() and not torch.is_autocast_enabled("cpu")
-    triton = windowed_triton is not None and windowed_triton.supported(q_rot, k_rot, a, u)
+    chunk = chunk_length(window, chunk_size, a.shape[1])
+    triton = windowed_triton is not None and windowed_triton.supported(q_rot, k_rot, a, u, chunk)
     auto = "blocked" if fused else "triton" if a.is_cuda and triton else "reference"
     name = choose({"reference": True, "blocked": fused, "triton": triton}, auto, kernels)
     if name == "blocked":

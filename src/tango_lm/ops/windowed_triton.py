@@ -40,6 +40,7 @@ from tango_lm.ops.triton_common import (
     precision,
     silu_f32,
 )
+from tango_lm.ops.windowed import MIN_CHUNK
 
 # (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
 # at d_h 32-128 where the limits admit them (triton_common.admitted; tools/triton_ptxas_report.py).
@@ -74,13 +75,20 @@ _BACKWARD_CONFIGS = configs(
 _KEY = ["T", "W", "C", "D", "PRECISION", "ALIGN"]  # what `for_launch` prunes by, too (as tango_mix's)
 
 
-def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> bool:
+# The longest chunk (window) the kernels take: their [C, 2C] band tiles at C = 256 need 576 KiB of
+# shared memory (sm_90 has 227) and spill 17 KB per thread; at 128 they fit (tools/triton_ptxas_report.py
+# with BLOCK_C = 128, 2026-12-05). Longer windows run the composition.
+MAX_CHUNK = 128
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor, chunk: int = MIN_CHUNK) -> bool:
     """CUDA tensors (or CPU ones when interpreted); gates a, u of one dtype of `DTYPES`; q, k that
     `band_weights` turns into fp32 weights (no float64); d_h <= 256; q [B, H, T, d_h] and a, u
-    [B, T, F] with F a multiple of H."""
+    [B, T, F] with F a multiple of H; chunks (`chunk_length`) of at most MAX_CHUNK positions."""
     device_ok = a.is_cuda or (INTERPRETED and a.device.type == "cpu")
     return (
         device_ok
+        and chunk <= MAX_CHUNK
         and a.dtype in DTYPES
         and u.dtype == a.dtype
         and torch.float64 not in (q.dtype, k.dtype)
