@@ -172,6 +172,10 @@ def test_split_inputs_detects_own_splits(tmp_path):
     assert split_inputs([d / "test.jsonl"], [".jsonl"]) == {"train": [str(d / "test.jsonl")]}
     with pytest.raises(UserError, match="has no split"):
         split_inputs(["train=a.jsonl", str(d)], [".jsonl"])
+    # A mistyped split wrote a split no command reads, and its held-out text was trained on.
+    with pytest.raises(UserError, match=r"tst=b.jsonl names the split 'tst'; the splits are train, dev"):
+        split_inputs(["train=a.jsonl", "tst=b.jsonl"], [".jsonl"])
+    assert split_inputs(["TRAIN=a.jsonl", "Test=b.jsonl"], [".jsonl"]) == {"train": ["a.jsonl"], "test": ["b.jsonl"]}
     (d / "extra.jsonl").write_text("")
     with pytest.raises(UserError, match="and also extra.jsonl"):
         split_inputs([d], [".jsonl"])
@@ -268,8 +272,13 @@ def test_jsonl_documents_and_errors(tmp_path):
     assert list(jsonl_documents([g], field="body")) == ["zipped"]
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "fine"}\n{"text": oops}\n')
-    with pytest.raises(UserError, match=r"broken.jsonl, line 2: not valid JSON"):
+    # The line and column of the file (json's own "line 2 column 1" counted the line's newline).
+    with pytest.raises(UserError, match=r"broken.jsonl, line 2, column 10: not valid JSON \(Expecting value\); fix"):
         list(jsonl_documents([broken]))
+    unclosed = tmp_path / "unclosed.jsonl"
+    unclosed.write_text('{"text": "a"}\n{"text": "b"\n{"text": "c"}\n')
+    with pytest.raises(UserError, match=r"line 2, column 13: not valid JSON \(Expecting ',' delimiter\); fix"):
+        list(jsonl_documents([unclosed]))
     with pytest.raises(UserError, match=r"a.jsonl, line 1: the object has no field 'content'.*--field"):
         list(jsonl_documents([f], field="content"))
     _write_jsonl(tmp_path / "num.jsonl", [{"text": 3}])
@@ -545,6 +554,40 @@ def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
     with pytest.raises(UserError, match="two of our splits to the dataset's split 'train'"):
         prepare_hf(str(saved), tmp_path / "o4", BYTE, split_map="train=train,test=train", progress=False)
     assert not (tmp_path / "o4").exists()
+
+
+def test_hf_save_to_disk_refuses_what_it_cannot_apply_and_names_its_splits(hf_datasets, tmp_path):
+    # load_from_disk has no configuration or revision: the manifest recorded ones never applied.
+    saved = tmp_path / "saved"
+    hf_datasets.DatasetDict(
+        {
+            "foo": hf_datasets.Dataset.from_dict({"text": ["a", "b"]}),
+            "bar": hf_datasets.Dataset.from_dict({"text": ["c"]}),
+        }
+    ).save_to_disk(str(saved))
+    for kwargs, flag in (({"config": "x"}, "--config x"), ({"revision": "v9"}, "--revision v9")):
+        with pytest.raises(UserError, match=f"{flag} does not apply to .*save_to_disk directory.*drop"):
+            prepare_hf(str(saved), tmp_path / "out", BYTE, split_map="train=foo", progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match=r"has splits foo, bar .* e\.g\. train=foo$"):
+        prepare_hf(str(saved), tmp_path / "out", BYTE, progress=False)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_hf_local_dataset_with_a_bad_file_is_one_line_naming_it(hf_datasets, tmp_path, capfd, streaming):
+    # A corrupt Parquet file: streamed, ArrowInvalid escaped as a traceback; loaded, the error
+    # line said "An error occurred while generating the dataset" after datasets' own log line.
+    local = tmp_path / "corpus" / "data"
+    local.mkdir(parents=True)
+    hf_datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(20)]}).to_parquet(str(local / "train-0.parquet"))
+    (local / "train-1.parquet").write_text("not parquet\n")
+    argv = ["data", "prepare", "hf", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), "--tokenizer", "byte"]
+    flag = ["--streaming" if streaming else "--no-streaming"]
+    capfd.readouterr()
+    assert main([*argv, *flag, "--no-progress"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "train-1.parquet" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_hf_loading_draws_no_bars_off_a_terminal_and_logs_nothing(hf_datasets, tmp_path, capfd):

@@ -121,7 +121,13 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
         for m, i in zip(explicit, items, strict=True):
             if m is None or Path(i).exists():
                 raise UserError(f"input {i} has no split; when one input is SPLIT=PATH, write all of them so")
-            out.setdefault(SPLIT_ALIASES.get(m.group(1).lower(), m.group(1)), []).append(m.group(2))
+            split = SPLIT_ALIASES.get(m.group(1).lower())
+            if split is None:
+                raise UserError(
+                    f"input {i} names the split {m.group(1)!r}; the splits are train, dev "
+                    "(or validation, valid, val) and test"
+                )
+            out.setdefault(split, []).append(m.group(2))
         return out
     if len(items) == 1 and Path(items[0]).is_dir():
         out, others = {}, []
@@ -240,10 +246,13 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                     if not line.strip():
                         continue
                     try:
-                        row = json.loads(line)
+                        row = json.loads(line.rstrip("\r\n"))
                     except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
+                        # the file's line and the column in it (json would count the newline as a line)
+                        where = f", column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                        why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
                         raise UserError(
-                            f"{path}, line {lineno}: not valid JSON ({e}); fix or remove that line"
+                            f"{path}, line {lineno}{where}: not valid JSON ({why}); fix or remove that line"
                         ) from None
                     value = row.get(field, None) if isinstance(row, dict) else None
                     if value is None and isinstance(row, dict) and field in row:

@@ -41,8 +41,22 @@ def parse_split_map(text: str | None) -> dict[str, str] | None:
     return out
 
 
-def _hf_error(name: str, e: Exception) -> UserError:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """The innermost exception `e` was raised from (datasets wraps a bad file's ArrowInvalid in
+    "An error occurred while generating the dataset")."""
+    seen = {id(e)}
+    while (inner := e.__cause__ or e.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        e = inner
+    return e
+
+
+def _hf_error(name: str, e: Exception, logged: list[str] | None = None) -> UserError:
+    first = _first_line(e)
     if isinstance(e, ConnectionError) or type(e).__name__ in ("OfflineModeIsEnabled", "LocalEntryNotFoundError"):
         return UserError(
             f"cannot reach the Hugging Face Hub for dataset {name!r} ({first}); check the network, "
@@ -50,7 +64,34 @@ def _hf_error(name: str, e: Exception) -> UserError:
         )
     if type(e).__name__ in ("DatasetNotFoundError", "FileNotFoundError", "DataFilesNotFoundError"):
         return UserError(f"dataset {name!r} was not found on the Hub or on disk ({first}); check the name")
-    return UserError(f"cannot load dataset {name!r}: {first}")
+    return UserError(f"cannot load dataset {name!r}: {_detail(e, logged)}")
+
+
+def _detail(e: BaseException, logged: list[str] | None) -> str:
+    """What went wrong, in one line: the error `datasets` logged (only it names a bad file), else
+    the innermost cause's first line."""
+    return logged[-1] if logged else _first_line(_root_cause(e))
+
+
+@contextlib.contextmanager
+def _logged_errors() -> Iterator[list[str]]:
+    """The first lines of the errors `datasets` logs meanwhile (a bad file's name is only there),
+    kept off stderr: the one error line says them."""
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage().strip()
+            lines.append(text.splitlines()[0] if text else record.levelname)
+
+    lines: list[str] = []
+    logger = logging.getLogger("datasets")
+    handlers, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Keep(logging.ERROR)], False
+    try:
+        yield lines
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
 
 
 @contextlib.contextmanager
@@ -93,8 +134,8 @@ def load_hf_splits(
     """Our split name -> a `datasets` split of `name` (a Hub name, a local data directory, or a
     `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
     datasets = _import_datasets()
-    with _quiet_hub(datasets, progress):
-        loaded = _load(datasets, name, config, streaming, revision)
+    with _quiet_hub(datasets, progress), _logged_errors() as logged:
+        loaded = _load(datasets, name, config, streaming, revision, logged)
     available = dict(loaded.items()) if hasattr(loaded, "keys") else {"train": loaded}
     if split_map:
         for theirs in split_map.values():
@@ -111,16 +152,24 @@ def load_hf_splits(
     if not out:
         raise UserError(
             f"dataset {name!r} has splits {', '.join(available)} and none is train/validation/test; "
-            "map them with --split-map, e.g. train={next(iter(available))}"
+            f"map them with --split-map, e.g. train={next(iter(available))}"
         )
     return out
 
 
-def _load(datasets: Any, name: str, config: str | None, streaming: bool, revision: str | None) -> Any:
+def _load(
+    datasets: Any, name: str, config: str | None, streaming: bool, revision: str | None, logged: list[str]
+) -> Any:
     """`datasets`' dataset (dict) for `name`: a `save_to_disk` directory, else `load_dataset`."""
     local = Path(name).expanduser()
     try:
         if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
+            for flag, value in (("--config", config), ("--revision", revision)):
+                if value is not None:  # load_from_disk has neither: the manifest would record one not applied
+                    raise UserError(
+                        f"{flag} {value} does not apply to {name}, a save_to_disk directory (it holds one "
+                        f"configuration and no revisions); drop {flag}"
+                    )
             loaded = datasets.load_from_disk(str(local))
             if streaming:
                 loaded = (
@@ -133,13 +182,27 @@ def _load(datasets: Any, name: str, config: str | None, streaming: bool, revisio
     except UserError:
         raise
     except Exception as e:  # datasets raises many types (ValueError for configs, ConnectionError, ...)
-        raise _hf_error(name, e) from None
+        raise _hf_error(name, e, logged) from None
 
 
-def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterator[str]:
-    """The string `field` of each row of a `datasets` split; network failures become UserError."""
-    try:
-        for i, row in enumerate(ds):
+def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str, local: bool = False) -> Iterator[str]:
+    """The string `field` of each row of a `datasets` split. What fails while `datasets` reads (a
+    dropped connection, a bad file of a local or streamed dataset) becomes one UserError."""
+    rows = iter(ds)
+    i = -1
+    with _logged_errors() as logged:  # held while suspended too: datasets logs a bad file as it reads it
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except (ConnectionError, OSError) as e:
+                if isinstance(e, ConnectionError) or not local:
+                    raise UserError(f"lost the connection while reading {where} ({e}); run the command again") from None
+                raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
+            except Exception as e:  # datasets' readers raise many types (ArrowInvalid, ValueError, ...)
+                raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
+            i += 1
             value = row.get(field) if isinstance(row, dict) else None
             if not isinstance(value, str):
                 if isinstance(row, dict) and field not in row:
@@ -151,8 +214,6 @@ def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str) -> Iterat
                 raise UserError(f"{where}, row {i}: field {field!r} is not text; choose a text field with --field")
             if value.strip():
                 yield value
-    except (ConnectionError, OSError) as e:
-        raise UserError(f"lost the connection while reading {where} ({e}); run the command again") from None
 
 
 @dataclass(kw_only=True)
@@ -229,8 +290,9 @@ class HFSource(HeldOutSource):
         self._loaded = load_hf_splits(
             name, self.config, self._split_map, streaming=self.streams, revision=self.revision, progress=progress
         )
+        local = Path(name).expanduser().exists()
         own = {
-            s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}"), self.max_docs)
+            s: _limit(hf_documents(ds, self.field, f"split {s!r} of dataset {name!r}", local), self.max_docs)
             for s, ds in self._loaded.items()
         }
         return self.held_out_splits(own, out_dir)
