@@ -699,6 +699,17 @@ def test_cli_prepare_jsonl_and_errors(tmp_path, capsys):
     assert rc == 2 and "does not exist" in capsys.readouterr().err
 
 
+def test_code_reads_a_file_under_two_roots_once(code_tree):
+    # Overlapping roots (a tree and a file in it, the tree twice by two paths) repeated files in
+    # train and in the counts; the first root's path names it.
+    stats: dict[str, int] = {}
+    once = list(code_documents([code_tree], stats=stats))
+    stats_again: dict[str, int] = {}
+    roots = [code_tree, next(code_tree.glob("*.py")), Path(os.path.relpath(code_tree))]
+    assert list(code_documents(roots, stats=stats_again)) == once
+    assert stats_again == stats
+
+
 def test_cli_prepare_code(code_tree, tmp_path, capsys):
     rc = main(
         [

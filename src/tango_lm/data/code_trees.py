@@ -59,12 +59,16 @@ def code_documents(
     stats = stats if stats is not None else {}
     for key in ("files", "skipped_large", "skipped_binary", "skipped_undecodable"):
         stats.setdefault(key, 0)
+    seen: set[Path] = set()  # a file under two roots (src and src/pkg, a file named again) is read once
     for root in roots:
         root_path = Path(root).expanduser()
         if not root_path.exists():
             raise UserError(f"input {root} does not exist; check the path")
         files = [root_path] if root_path.is_file() else _walk(root_path, exts, exclude_dirs)
         for path in files:
+            if (resolved := path.resolve()) in seen:
+                continue
+            seen.add(resolved)
             try:
                 if path.stat().st_size > max_bytes:
                     stats["skipped_large"] += 1
