@@ -177,3 +177,13 @@ def test_a_document_held_out_in_any_component_is_left_out_of_the_mixtures_traini
         with pytest.raises(UserError, match="every document of mixture component 2 is held out"):
             prepare_mixture(tmp_path / "n", [f"{b}:1", f"{c}:1"], tokens=tokens, progress=False)
         assert not (tmp_path / "n").exists()
+
+
+def test_a_mixture_written_over_one_of_its_components_is_refused(tmp_path):
+    # --overwrite replaced the component as it was read, and the manifest named itself as one.
+    a = _component(tmp_path / "a", "a", 40, 1)
+    b = _component(tmp_path / "b", "b", 30, 2)
+    before = {p.name: p.read_bytes() for p in a.iterdir() if p.is_file()}
+    with pytest.raises(UserError, match=r"--out .* is the component .*; write the mixture to another folder"):
+        prepare_mixture(a, [f"{a}:1", f"{b}:1"], overwrite=True, progress=False)
+    assert {p.name: p.read_bytes() for p in a.iterdir() if p.is_file()} == before

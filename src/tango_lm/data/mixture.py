@@ -297,6 +297,9 @@ class MixtureSource(DataSource):
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
         self.check()
+        for path, _ in self._comps:
+            if Path(path).resolve() == Path(out_dir).resolve():  # --overwrite would replace it as it is read
+                raise UserError(f"--out {out_dir} is the component {path}; write the mixture to another folder")
         check_writable(out_dir, overwrite)
         splits = self.read(None, Path(out_dir), progress)
         return write_prepared(
