@@ -803,3 +803,20 @@ def test_prepare_says_how_large_each_split_is_and_warns_of_an_empty_one_that_tra
     run = helpers.cli_overrides(out, tmp_path / "run", steps=2)
     assert main(["train", *run, "--no-progress"]) == 2
     assert "the test ('test') split" in capsys.readouterr().err
+
+
+def test_each_file_kind_takes_only_the_options_it_reads(tmp_path, capsys):
+    # text --field and jsonl --split-on-blank-lines were shown in --help and silently ignored.
+    (tmp_path / "a.txt").write_text("one\n\ntwo\n")
+    _write_jsonl(tmp_path / "a.jsonl", [{"text": "one"}])
+    for kind, path, flag in (("text", "a.txt", ["--field", "body"]), ("jsonl", "a.jsonl", ["--split-on-blank-lines"])):
+        argv = ["data", "prepare", kind, str(tmp_path / path), "--out", str(tmp_path / "out"), *flag]
+        assert main(argv) == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+    with pytest.raises(UserError, match="text files have no fields"):
+        prepare_source("text", tmp_path / "out", inputs=[tmp_path / "a.txt"], tokenizer=BYTE, field="body")
+    with pytest.raises(UserError, match="split_on_blank_lines reads text files, not jsonl"):
+        prepare_source(
+            "jsonl", tmp_path / "out", inputs=[tmp_path / "a.jsonl"], tokenizer=BYTE, split_on_blank_lines=True
+        )
+    assert not (tmp_path / "out").exists()

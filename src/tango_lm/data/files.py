@@ -352,23 +352,29 @@ class FileSource(HeldOutSource):
             help=f"file extension read from directories, and that a named file of this kind may have "
             f"(default {', '.join(cls.default_exts)})",
         )
-        parser.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
-        parser.add_argument("--split-on-blank-lines", action="store_true", help="text: one document per paragraph")
+        if cls.kind == "text":  # each kind offers only the options it reads
+            parser.add_argument("--split-on-blank-lines", action="store_true", help="one document per paragraph")
+        else:
+            parser.add_argument("--field", default="text", help="the field holding the text (default %(default)s)")
         parser.add_argument("--max-docs", type=int, default=None, help="read at most N documents per split")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FileSource:
         return cls(
             inputs=args.inputs,
-            field=args.field,
+            field=getattr(args, "field", "text"),
             exts=args.ext,
-            split_on_blank_lines=args.split_on_blank_lines,
+            split_on_blank_lines=getattr(args, "split_on_blank_lines", False),
             max_docs=args.max_docs,
             **cls.common_options(args),
         )
 
     def check(self) -> None:
         super().check()
+        if self.kind == "text" and self.field != "text":
+            raise UserError(f"text files have no fields (field={self.field!r}); read JSONL or Parquet for that")
+        if self.kind != "text" and self.split_on_blank_lines:
+            raise UserError(f"split_on_blank_lines reads text files, not {self.kind}; drop it")
         if self.max_docs is not None and self.max_docs < 1:
             raise UserError(f"{option('max_docs')} must be at least 1, got {self.max_docs}; omit it to read everything")
 
