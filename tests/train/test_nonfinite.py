@@ -89,14 +89,27 @@ def test_a_resumed_run_skips_and_stops_where_the_uninterrupted_one_does(data_dir
 
     message = str(full.value).replace(str(tmp_path / "full"), "RUN")
     assert message == str(resumed.value).replace(str(tmp_path / "cut"), "RUN")
-    assert message.startswith("training stopped at step 9: 3 updates in a row had a non-finite loss")
-    assert "checkpoint RUN/checkpoints/step-00000008 stays the latest checkpoint" in message
+    assert message.startswith("training stopped at step 9: the 3 updates of steps 7-9 had a non-finite loss")
+    # Step 8's checkpoint holds the weights that kept failing, and the streak's count: resuming
+    # from it stopped again at once, whatever the new lr. The advice resumes from step 4.
+    assert message.endswith(
+        "move step-00000008 (written during them) out of RUN/checkpoints, then lower train.lr, raise "
+        "train.warmup_steps or lower train.grad_clip and continue with --resume from RUN/checkpoints/step-00000004 "
+        "(should it stop again at once, its weights are past training too: move it out as well)"
+    ), message
     for run in ("full", "cut"):
         assert [p.name for p in complete_steps(tmp_path / run / "checkpoints")] == ["step-00000004", "step-00000008"]
+        # the step that stops the run is skipped too, and says so as every skipped step does
+        assert [r["step"] for r in helpers.loss_records(tmp_path / run) if r.get("skipped")] == [3, 7, 8, 9]
     assert helpers.loss_records(tmp_path / "full") == helpers.loss_records(tmp_path / "cut")
     helpers.assert_same_weights(
         helpers.weights(helpers.step_dir(tmp_path / "full", 8)), helpers.weights(helpers.step_dir(tmp_path / "cut", 8))
     )
+    # Following the advice: step 8 moved away, a resume from step 4 trains on past the streak.
+    (tmp_path / "full" / "checkpoints" / "step-00000008").rename(tmp_path / "step-00000008")
+    monkeypatch.undo()
+    result = train(helpers.run_config(data_dir, tmp_path / "full", **settings), resume=True)
+    assert result.summary["skipped_steps"] == 1  # step 3's, restored from step 4's checkpoint
 
 
 def test_non_finite_weights_are_never_saved(data_dir, tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.train.checkpoint import complete_steps, write_json_atomic
+from tango_lm.train.checkpoint import complete_steps, step_of, write_json_atomic
 from tango_lm.train.config import LOGISTICS_FIELDS
 from tango_lm.train.run_dir import remove_run_files
 
@@ -105,7 +105,7 @@ def run_state(run: SweepRun) -> dict[str, Any]:
         return {"state": "done", "steps": total, "summary": summary}
     steps = complete_steps(out / "checkpoints")
     if steps:
-        return {"state": "resume", "from_step": int(steps[-1].name.split("-")[1]), "steps": total}
+        return {"state": "resume", "from_step": step_of(steps[-1]), "steps": total}
     failed = _read_json(out / "failed.json")
     if failed is not None:
         return {"state": "retry", "error": failed.get("error"), "steps": total}

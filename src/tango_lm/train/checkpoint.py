@@ -123,6 +123,11 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def step_of(step_dir: Path) -> int:
+    """The step of a step directory (`step_dir_name`'s inverse)."""
+    return int(step_dir.name.split("-")[1])
+
+
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
@@ -370,7 +375,7 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int, protect: set[int]) -> Non
     deleted, so a kill mid-deletion never leaves a half-deleted `step-*` that looks complete."""
     steps = complete_steps(ckpt_root)
     for p in steps[: max(0, len(steps) - keep_last)]:
-        if int(p.name.split("-")[1]) not in protect:
+        if step_of(p) not in protect:
             old = ckpt_root / f".old-{p.name}-{os.getpid()}"
             os.rename(p, old)
             shutil.rmtree(old, ignore_errors=True)

@@ -13,7 +13,8 @@ gradients, or over every shard) and the loss is the all-reduced mean, so a NaN o
 every rank skip.
 
 More than `train.max_nonfinite_steps` skips in a row (default 5; 0 stops at the first) stop the
-run with an error, and the latest checkpoint stays the latest. Before a checkpoint is written the
+run with an error (after the last one's record): it names the newest checkpoint from before the
+streak to resume from, and those written during it, which hold the weights that kept failing. Before a checkpoint is written the
 weights are checked (every rank's shard); non-finite weights stop the run instead of being saved.
 """
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tango_lm.errors import UserError
+from tango_lm.train.checkpoint import complete_steps, step_of
 
 __all__ = ["NonFiniteGuard", "finite_weights", "check_weights"]
 
@@ -47,18 +50,20 @@ class NonFiniteGuard:
         self.skipped += bad
         return bad
 
-    def report(self, step: int, loss: float, grad_norm: float, latest: str, warn: bool) -> None:
-        """After a skipped `step`: warn (rank 0), or raise when the streak is too long."""
+    def report(self, step: int, loss: float, grad_norm: float, ckpt_root: Path, warn: bool) -> UserError | None:
+        """After a skipped `step`: warn (rank 0), or return the error that stops a streak too long
+        (raised once the step's record is logged)."""
         what = " and the ".join(
             f"{name} is {value}"
             for name, value in (("loss", loss), ("gradient norm", grad_norm))
             if not math.isfinite(value)
         )
         if self.in_a_row > self.max_in_a_row:
-            raise UserError(
-                f"training stopped at step {step}: {self.in_a_row} updates in a row had a non-finite loss "
-                f"or gradient norm (train.max_nonfinite_steps={self.max_in_a_row}; this time the {what}); "
-                f"{latest} stays the latest checkpoint: {_ADVICE}"
+            first = step - self.in_a_row + 1
+            return UserError(
+                f"training stopped at step {step}: the {self.in_a_row} updates of steps {first}-{step} had a "
+                f"non-finite loss or gradient norm (train.max_nonfinite_steps={self.max_in_a_row}; this time the "
+                f"{what}); {_streak_advice(ckpt_root, first)}"
             )
         if warn:
             from tqdm.auto import tqdm
@@ -68,6 +73,7 @@ class NonFiniteGuard:
                 f"stops after {self.max_in_a_row})",
                 file=sys.stderr,
             )
+        return None
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row, "skipped": self.skipped}
@@ -75,6 +81,22 @@ class NonFiniteGuard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Checkpoints from before the guard have no state: nothing was skipped."""
         self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))
+
+
+def _streak_advice(ckpt_root: Path, first: int) -> str:
+    """How to go on after a streak from step `first`: a checkpoint written during it holds the
+    weights every update of the streak failed from (and the streak's count, so a resume from it
+    stops again at once), so the advice resumes from the newest one before it."""
+    steps = complete_steps(ckpt_root)
+    during = [p for p in steps if step_of(p) >= first]
+    before = [p for p in steps if step_of(p) < first]
+    move = f"move {', '.join(p.name for p in during)} (written during them) out of {ckpt_root}, then " if during else ""
+    if not before:
+        return f"{move}train again without --resume, with a lower train.lr, a higher train.warmup_steps or a lower train.grad_clip"
+    return (
+        f"{move}lower train.lr, raise train.warmup_steps or lower train.grad_clip and continue with --resume from "
+        f"{before[-1]} (should it stop again at once, its weights are past training too: move it out as well)"
+    )
 
 
 def finite_weights(model: torch.nn.Module) -> bool:

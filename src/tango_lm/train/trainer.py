@@ -100,6 +100,7 @@ class Trainer(TrainerCheckpoints):
 
         check_fits_memory(run.model, self.device, self.dist.world_size if self.dist.parallel == "fsdp" else 1)
         self.nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps)
+        self._stop: UserError | None = None  # set by a step that ends a streak of skips too long
         torch.manual_seed(cfg.seed)  # every process builds the same initial model
         self.model = build_model(run.model).to(self.device)
         self.model.set_activation_checkpointing(cfg.activation_checkpointing)
@@ -236,7 +237,7 @@ class Trainer(TrainerCheckpoints):
             self._last["aux_loss"] = aux_loss
         if skip:  # a skipped step still counts: its batch is consumed (train/nonfinite.py)
             self._last["skipped"] = True
-            self.nonfinite.report(self.step, loss, grad_norm, self._latest(), warn=self.dist.is_main)
+            self._stop = self.nonfinite.report(self.step, loss, grad_norm, self.ckpt_root, warn=self.dist.is_main)
         return loss
 
     def fit(self) -> TrainResult:
@@ -305,6 +306,8 @@ class Trainer(TrainerCheckpoints):
                         **self._last,
                     }
                 )
+            if self._stop is not None:  # after the step's "skipped" record; every rank has the same error
+                raise self._stop
             if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
                 dev_nll = self._evaluate_and_save()
             elif self.step % cfg.save_every == 0:
