@@ -103,6 +103,11 @@ def test_a_run_directory_is_a_config_whose_out_dir_is_that_directory(data_dir, t
     assert rc == 2 and helpers.assert_one_error_line(err).endswith(
         f"is empty (cut short, say by a full disk); the config.json beside it holds the same config, and JSON is YAML: {fix}"
     )
+    # Damaged (bytes that are not text, or YAML that does not parse): the same fix, not "give a YAML file".
+    for damage in (bytes(range(128, 256)), b"model: {arch: tango\n"):
+        (moved / "config.yaml").write_bytes(damage)
+        rc, _, err, _ = helpers.run_main(capsys, ["params", str(moved)])
+        assert rc == 2 and helpers.assert_one_error_line(err).endswith(f"and JSON is YAML: {fix}"), err
     shutil.copy(moved / "config.json", moved / "config.yaml")
     assert main(["params", str(moved)]) == 0 and "16,480" in capsys.readouterr().out
     # A sweep's run directories have '=' in their names: still a run, not an override.

@@ -331,19 +331,22 @@ def read_yaml(source: str) -> dict[str, Any]:
             else:
                 hint = f"{did_you_mean(source, list_presets())}; `tango-lm presets` lists them"
             raise UserError(f"no preset or file named {source!r}{hint}")
+    # A run's config.yaml that is damaged has a copy: the config.json the trainer writes beside it.
+    restore = f"; the config.json beside it holds the same config, and JSON is YAML: cp {run_dir}/config.json {path}"
     try:
         data = parse_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:
+        if run_dir is not None:
+            raise UserError(f"the run's config {path} is not text (damaged){restore}") from None
         raise UserError(f"config file {path} is not text (not UTF-8); give a YAML file") from None
     except OSError as exc:
         raise UserError(f"cannot read config file {path} ({exc.strerror or exc}); check its permissions") from None
     except yaml.YAMLError as exc:
+        if run_dir is not None:
+            raise UserError(f"the run's config {path} {yaml_error_text(exc)} (damaged?){restore}") from None
         raise UserError(f"config file {path} {yaml_error_text(exc)}") from None
     if run_dir is not None and not data:  # never the defaults in place of the run's config
-        raise UserError(
-            f"the run's config {path} is empty (cut short, say by a full disk); the config.json beside it holds the "
-            f"same config, and JSON is YAML: cp {run_dir}/config.json {path}"
-        )
+        raise UserError(f"the run's config {path} is empty (cut short, say by a full disk){restore}")
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping with model/data/train sections")
     check_key_names(data, f"config file {path}")
