@@ -601,6 +601,8 @@ def _fake_quickstart(monkeypatch, trained: list) -> None:
 
     def train(run, resume=False, progress=None):
         trained.append(run.train.out_dir)
+        # warmup below the steps (the run would warn to lower train.warmup_steps: no quickstart flag)
+        assert run.train.warmup_steps < run.train.steps
         m = run.model
         summary = {"arch": m.arch, "params_total": 1, "tokens": 1, "best_dev_nll": 1.0, "test_nll": 1.0}
         return SimpleNamespace(summary={**summary, "tokens_per_s": 1.0, "steps": run.train.steps})
