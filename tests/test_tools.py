@@ -283,6 +283,53 @@ def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, caps
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("op_speed.py", [], "error: usage: python tools/op_speed.py causal N T E"),
+        ("op_speed.py", ["causal", "x", "64", "32"], "causal takes 3 sizes of 1 or more"),
+        ("op_speed.py", ["tango", "1", "64", "250"], "give a multiple of 8 (got 250)"),
+        ("tango_kernels.py", ["products", "64"], "error: products takes T F (got 1 sizes)"),
+        ("step_profile.py", ["nope:12"], "error: unknown architecture 'nope'"),
+        ("saved_for_backward.py", ["heads", "--heads", "nope"], "error: unknown head 'nope'"),
+        ("triton_ptxas_report.py", ["--ops", "relu2", "--kernels", "nope"], "error: unknown --kernels nope"),
+        ("triton_ptxas_report.py", ["--arch", "5"], "error: --arch 5: triton compiles for compute capability 7.5"),
+    ],
+)
+def test_tools_refuse_bad_arguments_in_one_line_as_scripts(script, args, message):
+    # Each was a traceback (exit 1) or, for unknown kernels, an empty table with exit 0.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / script), *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith("error: ") and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_head_bench_refuses_unknown_variants_and_empty_sizes():
+    from tango_lm.bench import heads
+    from tango_lm.errors import UserError
+
+    with pytest.raises(UserError, match="unknown --variants 'nope'; choose from standard"):
+        heads.main(["--variants", "nope"])
+    with pytest.raises(UserError, match="--positions must be at least 1"):
+        heads.main(["--positions", "0"])
+
+
+def test_gpu_op_benches_on_a_cpu_run_small_sizes_unless_given(monkeypatch):
+    # `--device cpu` is documented as a smoke test, but ran the GPU's sizes (killed at ~23 GB).
+    for script, sizes in (
+        ("gate_average_bench", {"batch": 1, "heads": 2, "seq_len": 64, "width": 20, "head_dim": 8, "rounds": 2}),
+        ("relu2_attention_bench", {"batch": 1, "seq_len": 64, "qk_dim": 16, "width": 24, "rounds": 2}),
+    ):
+        module = helpers.tool(script)
+        seen = {}
+        monkeypatch.setattr(module, "run", lambda args, _seen=seen: _seen.update(vars(args)) or {})
+        monkeypatch.setattr(module, "format_report", lambda report: "")
+        module.main(["--device", "cpu", "--seq-len=32"])
+        assert {k: seen[k] for k in sizes} == {**sizes, "seq_len": 32}, script  # what is given stays
+
+
 class _Parsed(Exception):
     """Raised in place of parsing, carrying the parser a tool built."""
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import op_timing  # noqa: E402
 
+from tango_lm.errors import UserError, run_script  # noqa: E402
 from tango_lm.ops import delta_rule, delta_rule_fla  # noqa: E402
 
 DTYPES = op_timing.DTYPES
@@ -73,6 +74,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("no CUDA device: run this on a GPU machine, or pass --device cpu")
     device = torch.device(args.device)
     xs = make_inputs(args, device)
 
@@ -107,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 import torch
+from op_timing import positive_int
 
 from tango_lm.data.shards import write_prepared
 from tango_lm.data.tokenizers import get_tokenizer
+from tango_lm.errors import run_script
 from tango_lm.train.config import RunConfig
 from tango_lm.train.loggers import LogContext, close_loggers, open_loggers
 from tango_lm.train.trainer import Trainer
@@ -48,7 +50,9 @@ def synthetic_data(root: Path, tokens: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=40, help="timed steps of each trainer (default %(default)s)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=40, help="timed steps of each trainer (default %(default)s)"
+    )
     parser.add_argument("--d-model", type=int, default=256, help="model width d (default %(default)s)")
     parser.add_argument("--width", type=int, default=4096, help="TANGO's gate width F (default %(default)s)")
     parser.add_argument("--depth", type=int, default=4, help="block applications (default %(default)s)")
@@ -141,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 import tango_lm.ops.tango_mix as tango_mix
+from tango_lm.errors import UserError, run_script
 from tango_lm.ops import cpu_kernels
 from tango_lm.ops.causal_matmul import causal_matmul_fused, causal_matmul_reference
 from tango_lm.ops.windowed_mix import windowed_mix_fused, windowed_mix_reference
@@ -122,19 +123,41 @@ def time_pieces(t: int, f: int, rounds: int = 9, n_heads: int = 8) -> None:
         )
 
 
+# The sizes each kind takes (the module docstring's usage): (required, optional).
+_SIZES = {"causal": (3, 0), "tango": (3, 1), "windowed": (3, 0), "pieces": (2, 0), "adamw": (0, 0)}
+
+
+def parse(argv: list[str]) -> tuple[str, list[int]]:
+    """The kind and its sizes; a UserError naming the usage for anything else."""
+    usage = "usage: python tools/op_speed.py causal N T E | tango B T F [BLOCK] | windowed B T F | pieces T F | adamw"
+    if not argv or argv[0] not in _SIZES:
+        raise UserError(f"{usage} (got {' '.join(argv) or 'nothing'}); --help says what each does")
+    kind, words = argv[0], argv[1:]
+    need, optional = _SIZES[kind]
+    if not need <= len(words) <= need + optional or not all(w.isdigit() and int(w) > 0 for w in words):
+        raise UserError(f"{usage}: {kind} takes {need}{f'-{need + optional}' if optional else ''} sizes of 1 or more")
+    sizes = [int(w) for w in words]
+    if kind in ("tango", "windowed") and sizes[2] % 8:
+        raise UserError(f"{kind}'s F is split into 8 heads: give a multiple of 8 (got {sizes[2]})")
+    return kind, sizes
+
+
 def main() -> None:
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
+    kind, sizes = parse(sys.argv[1:])
     keep_freed_memory()
-    kind, *sizes = sys.argv[1:]
     gen = torch.Generator().manual_seed(0)
 
     def leaf(*shape):
         return torch.randn(*shape, generator=gen).requires_grad_(True)
 
     if kind == "causal":
-        n, t, e = (int(s) for s in sizes)
+        n, t, e = sizes
         time_variants(lambda: (leaf(n, t, t), leaf(n, t, e)), paths(causal_matmul_fused, causal_matmul_reference))
     elif kind == "tango":
-        b, t, f, *block = (int(s) for s in sizes)
+        b, t, f, *block = sizes
         if block:
             tango_mix._block_size = lambda t: block[0]
         time_variants(
@@ -142,7 +165,7 @@ def main() -> None:
             paths(tango_mix.tango_mix_fused, tango_mix.tango_mix_reference),
         )
     elif kind == "windowed":
-        b, t, f = (int(s) for s in sizes)
+        b, t, f = sizes
         qk = [leaf(b, 8, t, 32) for _ in range(4)]
         time_pair(
             lambda: (*qk, leaf(b, t, f), leaf(b, t, f), 64),
@@ -150,13 +173,11 @@ def main() -> None:
             lambda *x: windowed_mix_reference(*x),
         )
     elif kind == "pieces":
-        t, f = (int(s) for s in sizes)
+        t, f = sizes
         time_pieces(t, f)
-    elif kind == "adamw":
-        time_adamw()
     else:
-        raise SystemExit(__doc__)
+        time_adamw()
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

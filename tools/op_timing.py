@@ -290,6 +290,21 @@ def add_common_arguments(
     parser.add_argument("--device", default=device, help=device_help)
 
 
+def smoke_sizes_on_cpu(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None, **sizes
+) -> None:
+    """`--device cpu` is a smoke test: each size in `sizes` (dest=value) the command line does not
+    give takes that small value instead of the GPU's default (the GPU sizes took ~23 GB of host
+    memory and were killed)."""
+    if not str(args.device).startswith("cpu"):
+        return
+    words = sys.argv[1:] if argv is None else argv
+    for dest, value in sizes.items():
+        flags = next(a.option_strings for a in parser._actions if a.dest == dest)
+        if not any(w == f or w.startswith(f + "=") for w in words for f in flags):
+            setattr(args, dest, value)
+
+
 def refuse(message: str) -> int:
     print(message, file=sys.stderr)
     return 2

@@ -53,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
+from tango_lm.errors import run_script  # noqa: E402
 from tango_lm.layers import moe as moe_layer  # noqa: E402
 from tango_lm.ops import dispatch  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
@@ -249,6 +250,7 @@ def heads(args: argparse.Namespace) -> None:
     names = args.heads.split(",")
     if "standard" not in names:
         names.insert(0, "standard")
+    configs = {name: base.replace(head=name) for name in names}  # an unknown head fails before the table starts
     print(
         f"GPU ops, shapes only (FakeTensorMode on a CPU): {args.backbone} ({base.arch}, d={base.d_model}, depth "
         f"{base.depth}), V={args.vocab_size}, batch {args.batch_size} x T={args.seq_len}, bf16 autocast, default "
@@ -256,8 +258,7 @@ def heads(args: argparse.Namespace) -> None:
     )
     print(f"{'head':<12}{'params':>13}{'peak GiB':>10}{'x standard':>12}")
     peaks = {}
-    for name in names:
-        cfg = base.replace(head=name)
+    for name, cfg in configs.items():
         peaks[name] = (cfg, kernel_path_peak(cfg, args.batch_size, args.seq_len, args.kernels))
     for name, (cfg, peak) in peaks.items():
         total = cfg.num_params()["total"]
@@ -326,4 +327,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

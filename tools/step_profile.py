@@ -24,6 +24,7 @@ from op_timing import positive_int
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tango_lm import ModelConfig, build_model
+from tango_lm.errors import run_script
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.optim import adamw
 
@@ -102,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

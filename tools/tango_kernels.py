@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tango_lm import ModelConfig, build_model
+from tango_lm.errors import UserError, run_script
 from tango_lm.ops import cpu_kernels
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.optim import adamw
@@ -158,6 +159,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="products: timed rounds (default %(default)s)")
     parser.add_argument("--steps", type=int, default=12, help="steps: timed steps per path (default %(default)s)")
     args = parser.parse_args()
+    if len(args.sizes) != (2 if args.kind == "products" else 1):
+        raise UserError(f"{args.kind} takes {'T F' if args.kind == 'products' else 'T'} (got {len(args.sizes)} sizes)")
     if not cpu_kernels.available():
         raise SystemExit("the C kernels did not build here (see the warning above, or TANGO_LM_CPU_KERNELS)")
     if args.threads:
@@ -170,4 +173,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

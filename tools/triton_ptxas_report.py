@@ -224,6 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.head_dim < 1:
         print("error: --head-dim must be >= 1", file=sys.stderr)
         return 2
+    if args.arch < 75:  # triton's NVIDIA backend starts at Turing: older ones abort inside LLVM
+        print(f"error: --arch {args.arch}: triton compiles for compute capability 7.5 (75) and newer", file=sys.stderr)
+        return 2
+    known = {k for op in ops for k in OPS[op][1]}
+    unknown = [k for k in (args.kernels or "").split(",") if k and k not in known]
+    if unknown:
+        print(
+            f"error: unknown --kernels {', '.join(unknown)}; --ops {args.ops} has: {', '.join(sorted(known))}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         import triton
     except ImportError:

@@ -7,7 +7,9 @@ as `error: ...` and exits with code 2, without a traceback; library callers can 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -38,3 +40,14 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the choice closest to a mistyped `word`, or nothing when none is close."""
     match = closest(word, choices)
     return f" (did you mean {match!r}?)" if match else ""
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """A script's entry point (tools/*.py): exits with `main`'s code, and a UserError it raises is
+    one line `error: ...` and exit code 2, as the CLI prints it, not a traceback."""
+    try:
+        code = main()
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        code = exc.exit_code
+    sys.exit(code or 0)

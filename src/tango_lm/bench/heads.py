@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from tango_lm.bench.peak import _sync
 from tango_lm.cli.output import DEVICE_HELP
+from tango_lm.errors import UserError, run_script
 from tango_lm.heads.onona import twin_log_probs
 from tango_lm.ops.twin_loss import LOSS_CHUNK, softmax_nll, twin_nll
 from tango_lm.train.device import pick_device
@@ -240,6 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     if ns.child:
         print(json.dumps(measure_variant(**json.loads(ns.child))))
         return
+    small = [f"--{k}" for k in ("positions", "vocab", "d", "chunk", "steps") if getattr(ns, k) < 1]
+    if small:
+        raise UserError(f"{', '.join(small)} must be at least 1")
+    unknown = [v for v in ns.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        raise UserError(f"unknown --variants {', '.join(map(repr, unknown))}; choose from {', '.join(VARIANTS)}")
     report = run_head_bench(
         ns.positions,
         ns.vocab,
@@ -257,4 +264,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
