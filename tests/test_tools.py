@@ -362,3 +362,19 @@ def test_every_argument_of_the_head_bench_says_what_it_does_in_help(monkeypatch)
     from tango_lm.bench import heads
 
     assert helpers.arguments_without_help(_parser_of(heads.main, monkeypatch), "bench.heads") == []
+
+
+def test_saved_for_backward_gpu_path_says_what_it_skips_and_refuses_a_t_it_cannot_tell_apart(capsys):
+    # T = d read every [B, T, d] tensor as a [T, T] one ("yes" in every row); a model it could not
+    # build at these sizes left the table without a word.
+    tool = helpers.tool("saved_for_backward")
+    tiny = ["gpu-path", "--d-model", "64", "--depth", "2", "--tango-width", "512", "--vocab-size", "300"]
+    tiny += ["--batch-size", "2", "--archs", "loop-transformer,tango-3set"]
+    from tango_lm.errors import UserError
+
+    with pytest.raises(UserError, match="--seq-len 64 is loop-transformer's d too"):
+        tool.main([*tiny, "--seq-len", "64"])
+    tool.main([*tiny, "--seq-len", "48"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1].startswith("skipped: a 3-set model needs depth >= 3")
+    assert rows[-2].startswith("loop-transformer") and " no " in rows[-2]

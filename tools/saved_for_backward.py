@@ -53,7 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
-from tango_lm.errors import run_script  # noqa: E402
+from tango_lm.errors import UserError, run_script  # noqa: E402
 from tango_lm.layers import moe as moe_layer  # noqa: E402
 from tango_lm.ops import dispatch  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
@@ -214,6 +214,14 @@ def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
 def gpu_path(args: argparse.Namespace) -> None:
     archs = args.archs.split(",") if args.archs else default_archs()
     rows = matched_configs(archs, args.d_model, args.depth, args.tango_width, args.vocab_size, args.seq_len)
+    for arch, cfg, _ in rows:
+        sizes = {} if cfg is None else {"d": cfg.d_model, "width": cfg.width, "head dim": cfg.d_model // cfg.n_heads}
+        same = [name for name, size in sizes.items() if size == args.seq_len]
+        if same:  # a [B, T, d] tensor would then read as a [T, T] one
+            raise UserError(
+                f"--seq-len {args.seq_len} is {arch}'s {same[0]} too, so the [T, T] column cannot tell them "
+                "apart; choose another --seq-len"
+            )
     print(
         f"GPU ops, shapes only (FakeTensorMode on a CPU): TANGO_LM_KERNELS={args.kernels} where an op has it "
         f"(attention: SDPA flash), bf16 autocast, d={args.d_model}, depth {args.depth}, V={args.vocab_size}, "
@@ -223,9 +231,10 @@ def gpu_path(args: argparse.Namespace) -> None:
         f"{'arch':<20}{'width':>7}{'peak GiB':>10}{'x loop':>8}{'saved GiB':>11}{'x loop':>8}  "
         f"{'[T, T] saved':<14}largest saved (where)"
     )
-    results = {}
-    for arch, cfg, _ in rows:
+    results, skipped = {}, []
+    for arch, cfg, note in rows:
         if cfg is None:
+            skipped.append(note)
             continue
         saved = kernel_path_saved(cfg, args.batch_size, args.seq_len, args.kernels)
         peak = kernel_path_peak(cfg, args.batch_size, args.seq_len, args.kernels)
@@ -240,6 +249,8 @@ def gpu_path(args: argparse.Namespace) -> None:
             f"{total / base_saved:>8.2f}  {square:<14}{count} x {list(top['shape'])} "
             f"{str(top['dtype']).removeprefix('torch.')} ({top['where']})"
         )
+    for note in skipped:  # "skipped: ...", as the train bench says it
+        print(note)
 
 
 def heads(args: argparse.Namespace) -> None:
