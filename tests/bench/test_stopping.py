@@ -329,6 +329,16 @@ def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypa
     assert captured.err.splitlines()[-1] == "stopped by SIGTERM before anything was measured"
 
 
+def test_a_suite_stopped_before_anything_was_measured_says_so(monkeypatch, capsys):
+    # With --suite, a stop in the first suite's matmul peak printed no table but said "the report
+    # has what was measured before".
+    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stopping.Stopped(signal.SIGTERM))
+    argv = ["bench", "--suite", "train", "--archs", "tango", "--d-model", "32", "--depth", "1", "--seq-len", "16"]
+    assert main([*argv, "--batch-size", "2", "--tango-width", "64", "--vocab-size", "40", "--device", "cpu"]) == 143
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == "stopped by SIGTERM in the train suite before anything was measured"
+
+
 def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch, tmp_path, capsys):
     _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
     partial = decode.run_decode_bench(**DECODE, repeats=2)

@@ -41,6 +41,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not stopped:
         return 0
     where = f" in the {stopped['suite']} suite" if "suite" in stopped else ""
+    if "suites" in report and not any(suite in report for suite in report["suites"]):  # stopped in the first
+        print(f"stopped by {stopped['signal']}{where} before anything was measured", file=sys.stderr)
+        return exit_code(stopped["signal"])
     print(f"stopped by {stopped['signal']}{where}: the report has what was measured before", file=sys.stderr)
     return exit_code(stopped["signal"])
 
