@@ -96,12 +96,14 @@ def test_train_state_loads_with_weights_only(scripted_run):
             "best",
             "nonfinite",
             "step_times",
+            "step_times_on",
             "data",
             "compute_dtype",
             "eval_batch_size",
         }
         assert state["compute_dtype"] == "float32" and state["eval_batch_size"] == run.train.batch_size
         assert len(state["step_times"]) == step and set(state["data"]) == {"train", "dev"}
+        assert state["step_times_on"] == {"world_size": 1, "device": "cpu"}
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
@@ -261,6 +263,18 @@ def test_resume_keeps_the_step_times_of_the_throughput(scripted_run, data_dir, t
     again = train(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, keep_last=2), resume=True)
     assert again.summary["steps"] == 8 and again.summary["tokens_per_s"] == result.summary["tokens_per_s"]
     assert again.summary["mfu"] == result.summary["mfu"]
+
+
+def test_resume_on_another_setup_drops_the_step_times_it_did_not_time(scripted_run, data_dir, tmp_path, monkeypatch):
+    # Times of steps on 2 processes made a 1-process resume's tokens/s theirs, and its MFU (per
+    # process) twice theirs. Resumed on another setup, only its own steps count.
+    from tango_lm.train.trainer_checkpoints import TrainerCheckpoints
+
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    monkeypatch.setattr(TrainerCheckpoints, "_timing_setup", lambda self: {"world_size": 2, "device": "cpu"})
+    again = train(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, keep_last=2), resume=True)
+    assert again.summary["tokens_per_s"] is None and again.summary["mfu"] is None  # no step of its own
 
 
 def test_resume_refuses_other_data_and_takes_the_same_data_anywhere(scripted_run, data_dir, tmp_path):

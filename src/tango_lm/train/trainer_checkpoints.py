@@ -85,7 +85,10 @@ class TrainerCheckpoints:
             self.tokens_seen = int(state["tokens_seen"])
             self.best = dict(state["best"])
             self.nonfinite.load_state_dict(state.get("nonfinite", {}))
-            self.step_times.extend(float(t) for t in state.get("step_times", []))  # none before this was saved
+            # The summary's tokens/s (and MFU, per process) is the median of the final steps' times: those
+            # timed on another number of processes or another device would be another setup's numbers.
+            if state.get("step_times_on", self._timing_setup()) == self._timing_setup():
+                self.step_times.extend(float(t) for t in state.get("step_times", []))  # none before this was saved
         except UserError as exc:
             raise unresumable(path, exc) from None
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
@@ -116,6 +119,7 @@ class TrainerCheckpoints:
             "nonfinite": self.nonfinite.state_dict(),
             # the summary's tokens/s is the median of the final steps, some of them before a resume
             "step_times": list(self.step_times),
+            "step_times_on": self._timing_setup(),
             "data": data_ids(self.dataset, self.run),
             "compute_dtype": compute_dtype(self.dtype),  # what precision "auto" gave on this device
             "eval_batch_size": self.eval_batch_size,  # per process: MoE's dev NLL depends on it
@@ -166,6 +170,10 @@ class TrainerCheckpoints:
                 f"rank 0 could not write checkpoint {step_dir_name(self.step)} in {self.ckpt_root}; its error says why"
             )
         return path
+
+    def _timing_setup(self) -> dict[str, Any]:
+        """What a step's time depends on besides the config: the processes and the device type."""
+        return {"world_size": self.dist.world_size, "device": self.device.type}
 
     def _write_best(self) -> None:
         if self.best["step"] is not None and self.dist.is_main:
