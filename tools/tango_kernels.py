@@ -9,7 +9,7 @@ Usage: python tools/tango_kernels.py products T F [--threads N] | steps T [--ste
               (the blocked path's pieces); GFLOP/s per counted FLOP (the causal half), medians
               of rounds that alternate the variants
     steps     training steps (forward, backward, AdamW) of the default bench's matched pair at
-              d = 256, depth 4 (batch 4 at T = 256, else 1): the Loop Transformer++ and TANGO on
+              d = 256, depth 4 (batch 4 up to T = 256, else 1): the Loop Transformer++ and TANGO on
               each path, alternating step by step; medians and FLOP/s as a fraction of Loop's
 """
 

@@ -189,7 +189,11 @@ def test_windowed_suite_runs_under_the_autocast_training_uses(monkeypatch, capsy
     )  # fmt: skip
     report = suite.run_windowed(args, print_table=True)
     assert report["precision"] == "bf16 autocast" and set(seen) == {torch.bfloat16}
-    assert "bf16 autocast, bench/windowed.py" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bf16 autocast, bench/windowed.py" in out
+    # --no-full-tango: no full-TANGO columns; one length compares nothing, so no target is "met".
+    assert "the windowed block alone" in out and "tango us/tok" not in out and "target" not in out
+    assert report["target_met"] is None and report["longest_vs_first"] is None
 
 
 def test_training_step_memory_in_process():

@@ -170,8 +170,10 @@ def run_windowed(args: argparse.Namespace, print_table: bool, progress: str = "n
     if args.clock != "wall":
         kwargs["clock"] = args.clock
     rows = windowed_time_per_token(**kwargs)
-    # The target is read at the longest length: not measured when a stop came before it.
-    longest = rows[-1]["windowed_vs_first"] if rows and rows[-1]["seq_len"] == args.windowed_lens[-1] else None
+    # The target is read at the longest length against the first: not measured when a stop came before
+    # it, nor with one length (which compares nothing).
+    reached = rows and rows[-1]["seq_len"] == args.windowed_lens[-1] and len(args.windowed_lens) > 1
+    longest = rows[-1]["windowed_vs_first"] if reached else None
     report = {
         "device": str(_device(args.device)),
         "threads": torch.get_num_threads(),
@@ -201,15 +203,16 @@ def _device(name: str) -> Any:
 
 def format_windowed(report: dict[str, Any]) -> str:
     rows = report["rows"]
+    full = any("tango_us_per_token" in r for r in rows) or not rows  # --no-full-tango times windowed alone
+    blocks = "same weights for both blocks" if full else "the windowed block alone (--no-full-tango)"
     lines = [
         f"windowed: device {report['device']} ({report['threads']} threads), one block, d={report['d_model']}, "
         f"F={report['width']}, W={report['window']}, forward + backward on about {report['tokens_per_step']} "
-        f"tokens per step (batch = tokens // T), same weights for both blocks; each time is the best of {report['repeats']} "
+        f"tokens per step (batch = max(tokens // T, 1)), {blocks}; each time is the best of {report['repeats']} "
         f"rounds that alternate every T and block ({report['clock']} clock, {report.get('precision', 'fp32')}, "
         "bench/windowed.py)",
         f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len'] if rows else '-'):>11}"
-        f"{'tango us/tok':>14}"
-        f"{'tango/windowed':>16}",
+        + (f"{'tango us/tok':>14}{'tango/windowed':>16}" if full else ""),
     ]
     for r in rows:
         tango = f"{r['tango_us_per_token']:>14.2f}{r['tango_vs_windowed']:>16.2f}" if "tango_us_per_token" in r else ""

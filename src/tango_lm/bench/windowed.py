@@ -1,7 +1,7 @@
 """Time per token of the windowed TANGO block against the full TANGO block as T grows.
 
 At each length both blocks (same weights) run forward + backward on the same batch of
-`tokens // T` sequences, so the tokens per step stay fixed. Every timed round runs every length
+`max(tokens // T, 1)` sequences, so the tokens per step stay fixed (while T <= tokens). Every timed round runs every length
 and both blocks, so a change in machine load hits all of them alike, and each time is the best
 of `repeats` rounds (the least disturbed one, as in `peak.py`). Windowed TANGO's
 time per token should stay flat in T (linear cost); full TANGO's grows with T.
