@@ -81,13 +81,26 @@ def check_model_numbers(cfg: Any) -> None:
             raise UserError(f"model.{name} must be {bound} (got {value!r})")
 
 
-def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1) -> None:
+def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1, tokens: int = 0) -> None:
     """UserError when the model's training state cannot fit in `device`'s memory (`shards`
-    processes share it under FSDP); devices whose size is unknown are not checked."""
+    processes share it under FSDP), or the least its backward keeps for a micro-batch of `tokens`
+    per process cannot; devices whose size is unknown are not checked."""
     params = model_cfg.num_params()["total"]
     need = params * TRAIN_BYTES_PER_PARAM / max(1, shards)
     have, where = _device_memory(device)
-    if have is None or need <= have:
+    if have is None:
+        return
+    # Every block application keeps at least its input (the residual stream) for the backward, even
+    # with activation checkpointing, in 2 bytes at the least: a looped model's depth costs no
+    # parameters, so a mistyped depth (1e9) got past the parameters' check and filled the memory.
+    kept = model_cfg.depth * tokens * model_cfg.d_model * 2
+    if kept > have:
+        raise UserError(
+            f"model.depth={model_cfg.depth:,} applications each keep their input for the backward, {tokens:,} tokens "
+            f"x d_model={model_cfg.d_model} per process: at least {kept / 2**30:,.1f} GiB, more than the "
+            f"{have / 2**30:,.1f} GiB of {where}; lower model.depth, train.batch_size or the context length"
+        )
+    if need <= have:
         return
     per = f" per process of {shards}" if shards > 1 else ""
     raise UserError(

@@ -173,6 +173,10 @@ BAD = {
     "rope_theta_zero": lambda c: c.train("model.rope_theta=0"),
     "lr_overflows_float": lambda c: c.train("train.lr=" + "9" * 400),
     "width_beyond_memory": lambda c: c.train("model.width=100000000000"),
+    # a looped model's depth costs no parameters: 1e9 filled the memory, 1e20 overflowed in a forward
+    "depth_beyond_memory": lambda c: c.train("model.depth=1000000000"),
+    "depth_past_64_bits": lambda c: c.train("model.depth=1e20"),
+    "window_past_64_bits": lambda c: c.train("model.arch=tango-windowed", "model.window=1e20"),
     "max_nonfinite_steps_negative": lambda c: c.train("train.max_nonfinite_steps=-1"),
     # config files
     "binary_yaml": lambda c: ["train", str(_file(c, "weights.yaml", bytes(range(256)) * 4))],
@@ -296,6 +300,9 @@ EXPECT = {
     "checkpoint_config_only_model": "has an incomplete config.json (no 'data'); it is corrupt",
     "checkpoint_meta_without_step": "has a meta.json without its step; it is corrupt",
     "lr_inf": "train.lr must be a finite number (got inf)",
+    "depth_beyond_memory": "model.depth=1,000,000,000 applications each keep their input for the backward",
+    "depth_past_64_bits": "model.depth=100000000000000000000 does not fit in 64 bits",
+    "window_past_64_bits": "model.window=100000000000000000000 does not fit in 64 bits",
     "lr_nan": "train.lr must be a finite number (got nan)",
     "init_std_nan": "model.init_std must be a finite number (got nan)",
     "norm_eps_negative": "model.norm_eps must be above 0 (got -1.0)",

@@ -217,6 +217,14 @@ def active_width_unsupported(arch: str) -> UserError:
     )
 
 
+def _int64(name: str, value: int) -> int:
+    """`value` if torch's sizes and indices (64-bit) can hold it: a wider one overflowed deep in a
+    forward (window=1e20) with a traceback."""
+    if not -(2**63) <= value < 2**63:
+        raise UserError(f"{name}={value} does not fit in 64 bits; a typo? give a smaller value")
+    return value
+
+
 def check_type(name: str, value: Any, annotation: Any) -> Any:
     """The value, coerced where lossless (an int for a float field, `1e9` for an int field), or
     UserError when it does not fit a simple annotation like `int` or `int | None`."""
@@ -233,9 +241,9 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         if typ is float and isinstance(value, numbers.Real):  # numpy's scalars
             return check_finite(name, float(value))
         if typ is int and isinstance(value, numbers.Integral):  # numpy's integers too
-            return int(value)
+            return _int64(name, int(value))
         if typ is int and isinstance(value, float) and value.is_integer():
-            return int(value)
+            return _int64(name, int(value))
         if isinstance(value, typ):
             return value
     wanted = " or ".join(o for o in options)

@@ -98,7 +98,12 @@ class Trainer(TrainerCheckpoints):
         self.dtype = autocast_dtype(cfg.precision, self.device)
         self.total_steps = run.total_steps()
 
-        check_fits_memory(run.model, self.device, self.dist.world_size if self.dist.parallel == "fsdp" else 1)
+        check_fits_memory(
+            run.model,
+            self.device,
+            self.dist.world_size if self.dist.parallel == "fsdp" else 1,
+            tokens=cfg.batch_size // self.dist.world_size * run.seq_len(),
+        )
         self.nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps)
         self._stop: UserError | None = None  # set by a step that ends a streak of skips too long
         torch.manual_seed(cfg.seed)  # every process builds the same initial model
