@@ -19,6 +19,7 @@ architecture itself warns of (`Architecture.warnings`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import TYPE_CHECKING, Any
@@ -178,13 +179,43 @@ def warmup_past_the_run(run: RunConfig) -> str | None:
     )
 
 
-def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset) -> list[str]:
-    """Every warning a run gets when it starts, one line each."""
+def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, unread_fields: bool = True) -> list[str]:
+    """Every warning a run gets when it starts, one line each; `unread_fields=False` leaves out
+    `unread_model_fields` (a sweep's base sets each of its architectures' fields for every run)."""
     from tango_lm.models.registry import ARCHITECTURES
 
     warnings = (
         unused_table_rows(run, dataset),
         warmup_past_the_run(run),
+        *(unread_model_fields(run.model) if unread_fields else ()),
         *ARCHITECTURES[run.model.arch].warnings(run.model),
     )
     return [w for w in warnings if w]
+
+
+def unread_model_fields(cfg: Any) -> list[str]:
+    """A warning per field only other architectures read (`Architecture.reads`) that `cfg` sets away
+    from its default: nothing would use it (n_kv_heads=2 on a Transformer++ trains full attention)."""
+    from tango_lm.models.config import DERIVED_DEFAULTS, ModelConfig
+    from tango_lm.models.registry import ARCHITECTURES
+
+    arch = ARCHITECTURES[cfg.arch]
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    out = []
+    for name in dict.fromkeys(f for a in ARCHITECTURES.values() for f in a.reads):
+        if name in arch.reads:
+            continue
+        unset = [defaults[name]]
+        if name in DERIVED_DEFAULTS:  # filled from other fields when not given
+            inputs, derive = DERIVED_DEFAULTS[name]
+            unset.append(derive(*(getattr(cfg, i) for i in inputs)))
+        if name == "n_kv_heads":  # filled with n_heads (plain multi-head attention)
+            unset.append(cfg.n_heads)
+        value = getattr(cfg, name)
+        if value in unset:
+            continue
+        readers = ", ".join(a for a, c in ARCHITECTURES.items() if name in c.reads)
+        out.append(f"model.{name}={value!r} is read only by {readers}: {cfg.arch} does not use it")
+    if not arch.uses_heads and cfg.n_heads is not None:
+        out.append(f"model.n_heads={cfg.n_heads} is not used by {cfg.arch} (one head of qk_dim, no multi-head split)")
+    return out

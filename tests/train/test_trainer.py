@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from tango_lm.config_checks import unread_model_fields
 from tango_lm.errors import UserError
 from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.train.checkpoint import complete_steps, load_checkpoint
@@ -457,6 +458,29 @@ def test_no_architecture_warns_of_its_own_tiny_config_or_of_a_preset():
     }
     models = [load_run_config(name, []).model for name in list_presets()]
     assert len(models) > 70 and [m for m in models if ARCHITECTURES[m.arch].warnings(m)] == []
+    assert [m for m in models if unread_model_fields(m)] == []
+    assert {name: unread_model_fields(tiny_config(name)) for name in ARCHITECTURES} == {
+        name: [] for name in ARCHITECTURES
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        # GQA asked of a Transformer++ silently trained full multi-head attention
+        ({"arch": "loop-transformer", "n_kv_heads": 1}, "model.n_kv_heads=1 is read only by dense, gdn-hybrid"),
+        ({"arch": "tango", "window": 8}, "model.window=8 is read only by tango-windowed: tango does not use it"),
+        ({"arch": "dense", "n_experts": 4}, "model.n_experts=4 is read only by moe: dense does not use it"),
+        ({"arch": "gau", "n_heads": 2, "qk_dim": 8}, "model.n_heads=2 is not used by gau"),
+        ({"arch": "dense", "n_kv_heads": 1}, None),  # it reads it
+        ({"arch": "moe", "n_experts": 4, "moe_top_k": 2}, None),  # capacity_factor_eval derived from them
+    ],
+)
+def test_a_field_the_architecture_does_not_read_is_warned_at_the_start(data_dir, tmp_path, capsys, model, said):
+    train(helpers.run_config(data_dir, tmp_path / "run", model=model, steps=1, eval_every=1))
+    err = capsys.readouterr().err
+    unread = [line for line in err.splitlines() if "does not use it" in line or "is not used by" in line]
+    assert unread == ([] if said is None else [next(line for line in unread if said in line)]), err
 
 
 @pytest.mark.parametrize(("steps", "warned"), [(3, False), (2, True)])

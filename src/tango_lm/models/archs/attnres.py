@@ -75,6 +75,7 @@ def _apply_layer(layer: AttnResLayer, sources: DepthSources, rope: tuple[torch.T
 
 class AttnResArch(Architecture):
     name = "attnres"
+    reads = ("n_kv_heads", "attnres_block")
     display_name = "AttnRes"
     family = "onona"
     decode_state = "keys and values of the n_kv_heads heads, every position"

@@ -40,6 +40,10 @@ class Architecture:
     # hook on its output tensors. A layer that returns none (it writes into a shared structure, as
     # AttnRes's depth sources) stays in the root unit instead.
     layers_return_tensors: bool = True
+    # The model fields only some architectures read (window, qk_dim, n_experts, ...) that this one
+    # reads: a run that sets another one away from its default is warned that nothing uses it
+    # (n_kv_heads=2 on a Transformer++ silently trained full multi-head attention).
+    reads: tuple[str, ...] = ()
     # The fields that make a tiny model of it on top of tests/arch_cases.py's base (d = 32, heads
     # of 8): the generic tests build every registered architecture from this.
     tiny: dict = {}

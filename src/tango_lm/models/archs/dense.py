@@ -55,6 +55,7 @@ def dense_layer(cfg: ModelConfig) -> PreNormBlock:
 
 class Dense(Architecture):
     name = "dense"
+    reads = ("n_kv_heads",)
     display_name = "Dense"
     family = "onona"
     decode_state = "keys and values of the n_kv_heads heads, every position"

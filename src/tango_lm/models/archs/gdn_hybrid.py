@@ -60,6 +60,16 @@ def gdn_layer_params(cfg: ModelConfig) -> int:
 
 class GdnHybrid(Architecture):
     name = "gdn-hybrid"
+    reads = (
+        "n_kv_heads",
+        "attention_every",
+        "gdn_head_dim",
+        "gdn_n_heads",
+        "gdn_expand_v",
+        "conv_size",
+        "gdn_chunk",
+        "gdn_backend",
+    )
     display_name = "GDN hybrid"
     family = "onona"
     decode_state = (

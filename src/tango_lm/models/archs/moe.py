@@ -53,6 +53,16 @@ class MoEBackbone(Backbone):
 
 class MoE(Architecture):
     name = "moe"
+    reads = (
+        "n_kv_heads",
+        "n_experts",
+        "moe_top_k",
+        "moe_expert_width",
+        "moe_renormalize",
+        "capacity_factor_train",
+        "capacity_factor_eval",
+        "aux_loss_weight",
+    )
     display_name = "MoE"
     family = "onona"
     decode_state = "keys and values of the n_kv_heads heads, every position"
