@@ -448,6 +448,17 @@ def test_a_window_that_covers_the_context_is_warned_at_the_start(data_dir, tmp_p
     assert (line in err) == warned and err.count("warning: model.window") == warned
 
 
+def test_a_flash_group_that_holds_the_whole_context_is_warned():
+    # Its linear part never runs and bias entries past the context never train, with no word.
+    from tango_lm.models.registry import ARCHITECTURES
+    from tests.arch_cases import tiny_config
+
+    flash = tiny_config("flash")
+    assert ARCHITECTURES["flash"].warnings(flash.replace(group_size=flash.context_length - 1)) == []
+    (line,) = ARCHITECTURES["flash"].warnings(flash.replace(group_size=flash.context_length))
+    assert line.startswith(f"model.group_size={flash.context_length} is at least model.context_length=")
+
+
 def test_no_architecture_warns_of_its_own_tiny_config_or_of_a_preset():
     from tango_lm.models.registry import ARCHITECTURES
     from tango_lm.train.config import list_presets, load_run_config

@@ -37,6 +37,16 @@ class Flash(Architecture):
             raise UserError(f"model.group_size={cfg.group_size} must be at least 1; use 256 (the paper's g)")
 
     @staticmethod
+    def warnings(cfg: ModelConfig) -> list[str]:
+        if cfg.group_size < cfg.context_length:
+            return []
+        return [
+            f"model.group_size={cfg.group_size} is at least model.context_length={cfg.context_length}: one group "
+            "holds the whole context, so FLASH's linear (across-group) part never runs and computes GAU-like "
+            "quadratic attention, and relative-bias entries past the context never train; lower model.group_size"
+        ]
+
+    @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
         layers = [
             FlashLayer(
