@@ -8,7 +8,16 @@ import math
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.models.matching import CONVENTIONAL_UNTIED, active_ratio_rows, conventional_untied, parse_tier
+from tango_lm.errors import UserError
+from tango_lm.models.config import ModelConfig
+from tango_lm.models.matching import (
+    CONVENTIONAL_UNTIED,
+    active_ratio_rows,
+    conventional_untied,
+    match_width,
+    parse_tier,
+)
+from tango_lm.models.params import count_params
 
 # Seed 000 Table 6: (tier, depth) -> (non-embedding, total).
 TABLE6 = {
@@ -51,6 +60,18 @@ def test_parse_tier():
     assert parse_tier("1.5M", 128) == (1_500_000, 128)
     assert parse_tier("1e9", 2048) == parse_tier("1B", 2048) == (1_000_000_000, 2048)
     assert parse_tier("2.5e7", 256) == (25_000_000, 256)
+    # Exact past float's 2**53: 1e30 was 1,000,000,000,000,000,019,884,624,838,656, and the widths
+    # matched to it were not the nearest.
+    assert parse_tier("1e30", 512) == (10**30, 512)
+    assert parse_tier("1.000000000000000001e18", 512) == (10**18 + 1, 512)
+    with pytest.raises(UserError, match="is no parameter count"):
+        parse_tier("0", 512)
+    cfg = ModelConfig(arch="tango", d_model=512, depth=4, vocab_size=50257, context_length=1024)
+    step = 16  # TANGO's width steps by its heads
+    for target in (10**15, 10**15 + 7 * 4096):
+        best = match_width(cfg, target).width
+        gaps = {w: abs(count_params(cfg.replace(width=w))["total"] - target) for w in (best - step, best, best + step)}
+        assert gaps[best] == min(gaps.values()), gaps
 
 
 @pytest.mark.parametrize(

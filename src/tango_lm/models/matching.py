@@ -3,6 +3,7 @@ count is nearest a target. Reproduces seed 000 Table 3 at the 70M and 160M tiers
 
 from __future__ import annotations
 
+import decimal
 import re
 from typing import Any
 
@@ -31,7 +32,10 @@ def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+(?:\.\d+)?(?:E\d+)?)([KMB]?)", key)  # 1e9 as YAML and train.tokens take it
     if not m:
         raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
-    target = int(float(m.group(1)) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
+    # Exact decimal arithmetic: a float multiplied 1e30 into 1,000,000,000,000,000,019,884,624,838,656.
+    target = int(decimal.Decimal(m.group(1)) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
+    if target < 1:
+        raise UserError(f"tier {tier!r} is no parameter count; give one of at least 1, such as 25M")
     if d_model is None:
         raise UserError(f"tier {tier!r} is not a paper tier; give --d-model for it")
     return target, d_model
@@ -48,7 +52,7 @@ def match_width(cfg: ModelConfig, target_total: int) -> ModelConfig:
     if per_step <= 0:
         raise UserError(f"architecture {cfg.arch!r} has no free width to match; set its width directly")
     # Counts are affine in width, so the nearest multiple is found in closed form, then checked.
-    k = max(1, round((target_total - base) / per_step) + 1)
+    k = max(1, (2 * (target_total - base) + per_step) // (2 * per_step) + 1)  # integers: exact at any size
     candidates = [c for c in (k - 1, k, k + 1) if c >= 1]
     best = min(candidates, key=lambda c: (abs(count_params(cfg.replace(width=c * step))["total"] - target_total), c))
     if count_params(cfg.replace(width=step))["total"] > target_total and best == 1:
