@@ -160,3 +160,18 @@ def test_a_generated_preset_of_an_architecture_without_heads_loads(monkeypatch):
     text = _model_yaml(cfg)
     assert "n_heads" not in text
     assert ModelConfig.from_dict(yaml.safe_load(text)["model"]) == cfg
+
+
+def test_every_model_field_is_shared_or_read_by_an_architecture():
+    # A field only some architectures use must be named in their `reads`, or a run that sets it for
+    # another architecture is not warned that nothing reads it (config_checks.unread_model_fields).
+    import dataclasses
+
+    from tango_lm.models.config import ModelConfig
+    from tango_lm.models.registry import ARCHITECTURES
+
+    shared = {"arch", "head", "d_model", "n_heads", "head_dim", "width", "depth", "vocab_size", "context_length"}
+    shared |= {"active_width", "rope_theta", "norm_eps", "init_std", "loss_chunk"}
+    read = {f for arch in ARCHITECTURES.values() for f in arch.reads}
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert fields - shared - read == set() and read <= fields and not read & shared
