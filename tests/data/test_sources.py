@@ -590,6 +590,23 @@ def test_hf_local_dataset_with_a_bad_file_is_one_line_naming_it(hf_datasets, tmp
     assert not (tmp_path / "out").exists()
 
 
+def test_hf_documents_leave_datasets_logging_as_they_found_it():
+    # The handlers were swapped while a generator was suspended: two closed out of order left
+    # datasets' errors swallowed for the rest of the process.
+    import logging
+
+    from tango_lm.data.hf import hf_documents
+
+    logger = logging.getLogger("datasets")
+    before = (list(logger.handlers), logger.propagate)
+    a = hf_documents([{"text": "x"}] * 3, "text", "A")
+    b = hf_documents([{"text": "y"}] * 3, "text", "B")
+    assert (next(a), next(b)) == ("x", "y")
+    a.close()
+    b.close()
+    assert (list(logger.handlers), logger.propagate) == before
+
+
 def test_hf_loading_draws_no_bars_off_a_terminal_and_logs_nothing(hf_datasets, tmp_path, capfd):
     # A local JSONL directory goes through load_dataset, whose "Generating train split" bar ignored
     # --no-progress; the README promises bars only on a terminal and nothing but the error line.

@@ -93,7 +93,7 @@ def test_a_resumed_run_skips_and_stops_where_the_uninterrupted_one_does(data_dir
     # Step 8's checkpoint holds the weights that kept failing, and the streak's count: resuming
     # from it stopped again at once, whatever the new lr. The advice resumes from step 4.
     assert message.endswith(
-        "move step-00000008 (written during them) out of RUN/checkpoints, then lower train.lr, raise "
+        "move step-00000008 (their weights failed) out of RUN/checkpoints, then lower train.lr, raise "
         "train.warmup_steps or lower train.grad_clip and continue with --resume from RUN/checkpoints/step-00000004 "
         "(should it stop again at once, its weights are past training too: move it out as well)"
     ), message
@@ -139,3 +139,15 @@ def test_a_sharded_save_before_the_first_update_counts_no_adamw_step(data_dir, t
     assert {s: v for s, v in losses["sharded"].items() if s > 1} == {s: v for s, v in losses["full"].items() if s > 1}
     full, sharded = (load_checkpoint(helpers.step_dir(tmp_path / fmt, 4)).model_state() for fmt in ("full", "sharded"))
     helpers.assert_same_weights(full, sharded)
+
+
+def test_the_checkpoint_just_before_a_streak_is_not_the_one_to_resume_from(data_dir, tmp_path, monkeypatch):
+    # A skipped step changes no weight: step 4's checkpoint holds the weights steps 5-7 failed from,
+    # so a resume from it replays the streak (same weights, same batches). Resume from step 2.
+    poison(monkeypatch, {5, 6, 7})
+    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2, keep_last=5)
+    with pytest.raises(UserError) as stopped:
+        train(run)
+    message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
+    assert "move step-00000004, step-00000006 (their weights failed) out of RUN/checkpoints" in message
+    assert "continue with --resume from RUN/checkpoints/step-00000002" in message

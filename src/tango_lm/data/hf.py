@@ -190,8 +190,10 @@ def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str, local: bo
     dropped connection, a bad file of a local or streamed dataset) becomes one UserError."""
     rows = iter(ds)
     i = -1
-    with _logged_errors() as logged:  # held while suspended too: datasets logs a bad file as it reads it
-        while True:
+    while True:
+        # datasets logs a bad file as it reads it: caught around each read only, never held while
+        # this generator is suspended (two of them closed out of order would leave it swapped)
+        with _logged_errors() as logged:
             try:
                 row = next(rows)
             except StopIteration:
@@ -202,18 +204,16 @@ def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str, local: bo
                 raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
             except Exception as e:  # datasets' readers raise many types (ArrowInvalid, ValueError, ...)
                 raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
-            i += 1
-            value = row.get(field) if isinstance(row, dict) else None
-            if not isinstance(value, str):
-                if isinstance(row, dict) and field not in row:
-                    raise UserError(
-                        f"{where} has no field {field!r} (fields: {', '.join(row)}); choose one with --field"
-                    )
-                if value is None:
-                    continue
-                raise UserError(f"{where}, row {i}: field {field!r} is not text; choose a text field with --field")
-            if value.strip():
-                yield value
+        i += 1
+        value = row.get(field) if isinstance(row, dict) else None
+        if not isinstance(value, str):
+            if isinstance(row, dict) and field not in row:
+                raise UserError(f"{where} has no field {field!r} (fields: {', '.join(row)}); choose one with --field")
+            if value is None:
+                continue
+            raise UserError(f"{where}, row {i}: field {field!r} is not text; choose a text field with --field")
+        if value.strip():
+            yield value
 
 
 @dataclass(kw_only=True)

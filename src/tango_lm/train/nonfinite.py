@@ -84,13 +84,16 @@ class NonFiniteGuard:
 
 
 def _streak_advice(ckpt_root: Path, first: int) -> str:
-    """How to go on after a streak from step `first`: a checkpoint written during it holds the
-    weights every update of the streak failed from (and the streak's count, so a resume from it
-    stops again at once), so the advice resumes from the newest one before it."""
+    """How to go on after a streak from step `first`: a skipped step changes no weight, so the
+    checkpoints of step `first` - 1 on all hold the weights every update of the streak failed from
+    (a resume from them replays it: same weights, same batches), and the advice resumes from the
+    newest one before them."""
     steps = complete_steps(ckpt_root)
-    during = [p for p in steps if step_of(p) >= first]
-    before = [p for p in steps if step_of(p) < first]
-    move = f"move {', '.join(p.name for p in during)} (written during them) out of {ckpt_root}, then " if during else ""
+    during = [p for p in steps if step_of(p) >= first - 1]
+    before = [p for p in steps if step_of(p) < first - 1]
+    move = (
+        f"move {', '.join(p.name for p in during)} (their weights failed) out of {ckpt_root}, then " if during else ""
+    )
     if not before:
         return f"{move}train again without --resume, with a lower train.lr, a higher train.warmup_steps or a lower train.grad_clip"
     return (
