@@ -103,7 +103,13 @@ def test_train_state_loads_with_weights_only(scripted_run):
         }
         assert state["compute_dtype"] == "float32" and state["eval_batch_size"] == run.train.batch_size
         assert len(state["step_times"]) == step and set(state["data"]) == {"train", "dev"}
-        assert state["step_times_on"] == {"world_size": 1, "device": "cpu"}
+        assert state["step_times_on"] == {
+            "world_size": 1,
+            "device": "cpu",
+            "parallel": "none",
+            "compile": False,
+            "activation_checkpointing": False,
+        }
         assert state["nonfinite"] == {"in_a_row": 0, "skipped": 0}
         assert state["step"] == step and state["tokens_seen"] == step * 4 * 32
         assert state["best"] == {"step": 4, "dev_nll": 1.0}
@@ -272,7 +278,8 @@ def test_resume_on_another_setup_drops_the_step_times_it_did_not_time(scripted_r
 
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")
-    monkeypatch.setattr(TrainerCheckpoints, "_timing_setup", lambda self: {"world_size": 2, "device": "cpu"})
+    real = TrainerCheckpoints._timing_setup
+    monkeypatch.setattr(TrainerCheckpoints, "_timing_setup", lambda self: {**real(self), "world_size": 2})
     again = train(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2, keep_last=2), resume=True)
     assert again.summary["tokens_per_s"] is None and again.summary["mfu"] is None  # no step of its own
 

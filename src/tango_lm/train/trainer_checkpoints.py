@@ -172,8 +172,17 @@ class TrainerCheckpoints:
         return path
 
     def _timing_setup(self) -> dict[str, Any]:
-        """What a step's time depends on besides the config: the processes and the device type."""
-        return {"world_size": self.dist.world_size, "device": self.device.type}
+        """What a step's time depends on that a resume may change: the processes, the device (the
+        GPU's model) and the logistics fields that change the work (compile, recomputation, FSDP)."""
+        cfg = self.run.train
+        device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        return {
+            "world_size": self.dist.world_size,
+            "device": device,
+            "parallel": self.dist.parallel,
+            "compile": cfg.compile,
+            "activation_checkpointing": cfg.activation_checkpointing,
+        }
 
     def _write_best(self) -> None:
         if self.best["step"] is not None and self.dist.is_main:
