@@ -289,6 +289,7 @@ def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, caps
         ("op_speed.py", [], "error: usage: python tools/op_speed.py causal N T E"),
         ("op_speed.py", ["causal", "x", "64", "32"], "causal takes 3 sizes of 1 or more"),
         ("op_speed.py", ["tango", "1", "64", "250"], "give a multiple of 8 (got 250)"),
+        ("op_speed.py", ["pieces", "64", "12"], "give a multiple of 8 (got 12)"),
         ("tango_kernels.py", ["products", "64"], "error: products takes T F (got 1 sizes)"),
         ("step_profile.py", ["nope:12"], "error: unknown architecture 'nope'"),
         ("saved_for_backward.py", ["heads", "--heads", "nope"], "error: unknown head 'nope'"),
@@ -326,8 +327,9 @@ def test_gpu_op_benches_on_a_cpu_run_small_sizes_unless_given(monkeypatch):
         seen = {}
         monkeypatch.setattr(module, "run", lambda args, _seen=seen: _seen.update(vars(args)) or {})
         monkeypatch.setattr(module, "format_report", lambda report: "")
-        module.main(["--device", "cpu", "--seq-len=32"])
-        assert {k: seen[k] for k in sizes} == {**sizes, "seq_len": 32}, script  # what is given stays
+        for given in (["--seq-len=32"], ["--seq", "32"]):  # argparse takes abbreviations too
+            module.main(["--device", "cpu", *given])
+            assert {k: seen[k] for k in sizes} == {**sizes, "seq_len": 32}, script  # what is given stays
 
 
 class _Parsed(Exception):
@@ -374,6 +376,8 @@ def test_saved_for_backward_gpu_path_says_what_it_skips_and_refuses_a_t_it_canno
 
     with pytest.raises(UserError, match="--seq-len 64 is loop-transformer's d too"):
         tool.main([*tiny, "--seq-len", "64"])
+    with pytest.raises(UserError, match="--seq-len 128 is gau's qk_dim too"):  # GAU's [B, T, s], s = 128
+        tool.main([*tiny[:-1], "gau", "--seq-len", "128"])
     tool.main([*tiny, "--seq-len", "48"])
     rows = capsys.readouterr().out.splitlines()
     assert rows[-1].startswith("skipped: a 3-set model needs depth >= 3")

@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-math", dest="math", action="store_false", help="skip SDPA's math backend")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = p.parse_args(argv)
-    op_timing.smoke_sizes_on_cpu(p, args, argv, batch=1, heads=2, seq_len=64, width=20, head_dim=8, rounds=2)
+    args = op_timing.parse_with_cpu_sizes(p, argv, batch=1, heads=2, seq_len=64, width=20, head_dim=8, rounds=2)
     error = op_timing.cannot_run(args.device, tango_mix_module.tango_mix_triton is not None)
     if error:
         return op_timing.refuse(error)

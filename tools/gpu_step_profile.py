@@ -180,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=12, help="kernels listed per model")
     p.add_argument("--device", default="cuda", help="torch device (default %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = p.parse_args(argv)
-    op_timing.smoke_sizes_on_cpu(
-        p, args, argv, d_model=64, seq_len=64, batch_size=2, tango_width=512, vocab_size=257, steps=1
+    args = op_timing.parse_with_cpu_sizes(
+        p, argv, d_model=64, seq_len=64, batch_size=2, tango_width=512, vocab_size=257, steps=1
     )
     if args.device.split(":")[0] not in ("cuda", "cpu"):
         return op_timing.refuse(f"error: --device {args.device!r}: cuda (cuda:N) or cpu")

@@ -137,8 +137,9 @@ def parse(argv: list[str]) -> tuple[str, list[int]]:
     if not need <= len(words) <= need + optional or not all(w.isdigit() and int(w) > 0 for w in words):
         raise UserError(f"{usage}: {kind} takes {need}{f'-{need + optional}' if optional else ''} sizes of 1 or more")
     sizes = [int(w) for w in words]
-    if kind in ("tango", "windowed") and sizes[2] % 8:
-        raise UserError(f"{kind}'s F is split into 8 heads: give a multiple of 8 (got {sizes[2]})")
+    width = {"tango": 2, "windowed": 2, "pieces": 1}.get(kind)  # the F each splits into 8 heads
+    if width is not None and sizes[width] % 8:
+        raise UserError(f"{kind}'s F is split into 8 heads: give a multiple of 8 (got {sizes[width]})")
     return kind, sizes
 
 

@@ -290,19 +290,14 @@ def add_common_arguments(
     parser.add_argument("--device", default=device, help=device_help)
 
 
-def smoke_sizes_on_cpu(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None, **sizes
-) -> None:
-    """`--device cpu` is a smoke test: each size in `sizes` (dest=value) the command line does not
-    give takes that small value instead of the GPU's default (the GPU sizes took ~23 GB of host
-    memory and were killed)."""
-    if not str(args.device).startswith("cpu"):
-        return
-    words = sys.argv[1:] if argv is None else argv
-    for dest, value in sizes.items():
-        flags = next(a.option_strings for a in parser._actions if a.dest == dest)
-        if not any(w == f or w.startswith(f + "=") for w in words for f in flags):
-            setattr(args, dest, value)
+def parse_with_cpu_sizes(parser: argparse.ArgumentParser, argv: list[str] | None, **sizes) -> argparse.Namespace:
+    """The arguments, where `--device cpu` (a smoke test) makes each size in `sizes` (dest=value)
+    default to that small value instead of the GPU's (whose sizes took ~23 GB of host memory and
+    were killed); a size given in any spelling argparse takes (--seq-len 64, --seq-len=64, --seq 64)
+    stays."""
+    if str(parser.parse_known_args(argv)[0].device).startswith("cpu"):
+        parser.set_defaults(**sizes)
+    return parser.parse_args(argv)
 
 
 def refuse(message: str) -> int:

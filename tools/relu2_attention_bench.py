@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=0, help="FLASH's group size g; 0: GAU's full attention")
     p.add_argument("--compiled", action="store_true", help="also time the reference under torch.compile")
     p.add_argument("--json", type=Path, default=None, help="also write the report here")
-    args = p.parse_args(argv)
-    op_timing.smoke_sizes_on_cpu(p, args, argv, batch=1, seq_len=64, qk_dim=16, width=24, rounds=2)
+    args = op_timing.parse_with_cpu_sizes(p, argv, batch=1, seq_len=64, qk_dim=16, width=24, rounds=2)
     if args.group_size < 0:
         return op_timing.refuse(f"error: --group-size must be >= 0 (got {args.group_size})")
     error = op_timing.cannot_run(args.device, relu2_module.relu2_attention_triton is not None)

@@ -55,6 +55,7 @@ from tango_lm import ModelConfig, build_model  # noqa: E402
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs  # noqa: E402
 from tango_lm.errors import UserError, run_script  # noqa: E402
 from tango_lm.layers import moe as moe_layer  # noqa: E402
+from tango_lm.models.registry import ARCHITECTURES  # noqa: E402
 from tango_lm.ops import dispatch  # noqa: E402
 from tango_lm.train.optim import adamw  # noqa: E402
 
@@ -211,12 +212,25 @@ def quadratic(saved: list[dict], seq_len: int) -> list[dict]:
     return [s for s in saved if sum(d == seq_len for d in s["shape"]) >= 2]
 
 
+def model_sizes(cfg: ModelConfig | None) -> dict[str, int]:
+    """The widths a model's [B, T, n] tensors have: a T equal to one would read them as [T, T]."""
+    if cfg is None:
+        return {}
+    sizes = {"d": cfg.d_model, "width": cfg.width, "2 x width": 2 * cfg.width}
+    if ARCHITECTURES[cfg.arch].uses_heads:
+        sizes["head dim"] = cfg.head_dim
+    else:  # GAU, FLASH: one head of qk_dim
+        sizes["qk_dim"] = cfg.qk_dim
+    if cfg.arch == "tango-compact":
+        sizes["controller width"] = cfg.controller_width or cfg.d_model
+    return sizes
+
+
 def gpu_path(args: argparse.Namespace) -> None:
     archs = args.archs.split(",") if args.archs else default_archs()
     rows = matched_configs(archs, args.d_model, args.depth, args.tango_width, args.vocab_size, args.seq_len)
     for arch, cfg, _ in rows:
-        sizes = {} if cfg is None else {"d": cfg.d_model, "width": cfg.width, "head dim": cfg.d_model // cfg.n_heads}
-        same = [name for name, size in sizes.items() if size == args.seq_len]
+        same = [name for name, size in model_sizes(cfg).items() if size == args.seq_len]
         if same:  # a [B, T, d] tensor would then read as a [T, T] one
             raise UserError(
                 f"--seq-len {args.seq_len} is {arch}'s {same[0]} too, so the [T, T] column cannot tell them "

@@ -62,10 +62,11 @@ def test_parse_tier():
     assert parse_tier("2.5e7", 256) == (25_000_000, 256)
     # Exact past float's 2**53: 1e30 was 1,000,000,000,000,000,019,884,624,838,656, and the widths
     # matched to it were not the nearest.
-    assert parse_tier("1e30", 512) == (10**30, 512)
+    assert parse_tier("9e18", 512) == (9 * 10**18, 512)
     assert parse_tier("1.000000000000000001e18", 512) == (10**18 + 1, 512)
-    with pytest.raises(UserError, match="is no parameter count"):
-        parse_tier("0", 512)
+    for tier in ("0", "1e19", "1e30", "1e5000", "1E1000000"):  # 1e5000 raised ValueError, 1E1000000 Overflow
+        with pytest.raises(UserError, match="parameter count"):
+            parse_tier(tier, 512)
     cfg = ModelConfig(arch="tango", d_model=512, depth=4, vocab_size=50257, context_length=1024)
     step = 16  # TANGO's width steps by its heads
     for target in (10**15, 10**15 + 7 * 4096):

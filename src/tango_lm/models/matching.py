@@ -33,9 +33,14 @@ def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
     if not m:
         raise UserError(f"unknown tier {tier!r}; use 70M, 160M or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
     # Exact decimal arithmetic: a float multiplied 1e30 into 1,000,000,000,000,000,019,884,624,838,656.
-    target = int(decimal.Decimal(m.group(1)) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
-    if target < 1:
-        raise UserError(f"tier {tier!r} is no parameter count; give one of at least 1, such as 25M")
+    number = decimal.Decimal(m.group(1))
+    if number.adjusted() > 30:  # 1e5000 would be 5,000 digits to multiply and print
+        raise UserError(f"tier {tier!r} is past any model's parameter count; give one below 2**63, such as 1.5B")
+    target = int(number * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)])
+    if not 1 <= target < 2**63:
+        raise UserError(
+            f"tier {tier!r} is no parameter count a model can have; give one from 1 to 2**63 - 1, such as 25M"
+        )
     if d_model is None:
         raise UserError(f"tier {tier!r} is not a paper tier; give --d-model for it")
     return target, d_model
