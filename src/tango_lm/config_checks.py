@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tango_lm.errors import UserError
@@ -179,31 +180,33 @@ def warmup_past_the_run(run: RunConfig) -> str | None:
     )
 
 
-def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, unread_fields: bool = True) -> list[str]:
-    """Every warning a run gets when it starts, one line each; `unread_fields=False` leaves out
-    `unread_model_fields` (a sweep's base sets each of its architectures' fields for every run)."""
+def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, sweep_archs: Iterable[str] = ()) -> list[str]:
+    """Every warning a run gets when it starts, one line each. A sweep names its architectures: its
+    base sets each one's fields for every run, so only fields none of them reads are warned."""
     from tango_lm.models.registry import ARCHITECTURES
 
     warnings = (
         unused_table_rows(run, dataset),
         warmup_past_the_run(run),
-        *(unread_model_fields(run.model) if unread_fields else ()),
+        *unread_model_fields(run.model, also_read_by=sweep_archs),
         *ARCHITECTURES[run.model.arch].warnings(run.model),
     )
     return [w for w in warnings if w]
 
 
-def unread_model_fields(cfg: Any) -> list[str]:
+def unread_model_fields(cfg: Any, also_read_by: Iterable[str] = ()) -> list[str]:
     """A warning per field only other architectures read (`Architecture.reads`) that `cfg` sets away
-    from its default: nothing would use it (n_kv_heads=2 on a Transformer++ trains full attention)."""
+    from its default: nothing would use it (n_kv_heads=2 on a Transformer++ trains full attention).
+    Fields one of `also_read_by` (a sweep's other architectures) reads are not warned."""
     from tango_lm.models.config import DERIVED_DEFAULTS, ModelConfig
     from tango_lm.models.registry import ARCHITECTURES
 
     arch = ARCHITECTURES[cfg.arch]
+    read_here = {f for name in {cfg.arch, *also_read_by} if name in ARCHITECTURES for f in ARCHITECTURES[name].reads}
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     out = []
     for name in dict.fromkeys(f for a in ARCHITECTURES.values() for f in a.reads):
-        if name in arch.reads:
+        if name in read_here:
             continue
         unset = [defaults[name]]
         if name in DERIVED_DEFAULTS:  # filled from other fields when not given
@@ -216,6 +219,7 @@ def unread_model_fields(cfg: Any) -> list[str]:
             continue
         readers = ", ".join(a for a, c in ARCHITECTURES.items() if name in c.reads)
         out.append(f"model.{name}={value!r} is read only by {readers}: {cfg.arch} does not use it")
-    if not arch.uses_heads and cfg.n_heads is not None:
+    heads_read = any(ARCHITECTURES[a].uses_heads for a in also_read_by if a in ARCHITECTURES)
+    if not arch.uses_heads and cfg.n_heads is not None and not heads_read:
         out.append(f"model.n_heads={cfg.n_heads} is not used by {cfg.arch} (one head of qk_dim, no multi-head split)")
     return out

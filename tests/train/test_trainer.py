@@ -501,3 +501,14 @@ def test_a_warmup_as_long_as_the_run_is_warned_at_the_start(data_dir, tmp_path, 
     err = capsys.readouterr().err
     line = "warning: train.warmup_steps=2 is not below the run's 2 steps: the learning rate warms up over all but"
     assert (line in err) == warned and err.count("warning: train.warmup_steps") == warned
+
+
+def test_a_sweeps_architectures_fields_are_not_warned_for_its_other_runs():
+    # A sweep's base sets window (windowed TANGO) for its tango runs too; n_kv_heads, which no
+    # architecture of this sweep reads, is still said.
+    from tests.arch_cases import tiny_config
+
+    tango = tiny_config("tango").replace(window=8, n_kv_heads=1)
+    assert len(unread_model_fields(tango)) == 2
+    (line,) = unread_model_fields(tango, also_read_by={"tango", "tango-windowed"})
+    assert line.startswith("model.n_kv_heads=1 is read only by dense")

@@ -54,6 +54,7 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     checks = RunChecks()
     missing = set(grid.missing_data.values())
     datasets: dict[str, PreparedDataset] = {}
+    archs = {run.config.model.arch for run in runs}
     for run in runs:
         directory = run.config.data.dir
         if directory in missing:
@@ -66,7 +67,7 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
             checks.refused[run.name] = str(exc)
             continue
         # By design a sweep's base sets the fields of each architecture it compares (window for
-        # windowed TANGO, qk_dim for GAU) for every run: no warning that the others do not read them.
-        for text in start_of_run_warnings(run.config, datasets[directory], unread_fields=False):
+        # windowed TANGO, qk_dim for GAU) for every run: only fields none of them reads are warned.
+        for text in start_of_run_warnings(run.config, datasets[directory], sweep_archs=archs):
             checks.warnings.setdefault(text, []).append(run.name)
     return checks
