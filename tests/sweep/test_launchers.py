@@ -148,7 +148,7 @@ def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_pat
             self.state = {"4242_0": "RUNNING"}.get(job_id, "COMPLETED")
 
     monkeypatch.setattr(submitit, "SlurmJob", FakeSlurmJob)
-    assert launchers.queued_jobs(grid.out_dir, "slurm") == {grid.runs[0].name: "4242_0"}
+    assert launchers.queued_jobs(grid.out_dir, "slurm") == ({grid.runs[0].name: "4242_0"}, {})
     rows = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), log=lambda _: None)
     assert [(r["status"], r["job_id"]) for r in rows] == [("queued", "4242_0")]
     # The dry run said "new" for it (inviting a second launch), and took any slurm settings.
@@ -160,6 +160,30 @@ def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_pat
     assert "not a SLURM time" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert main(["sweep", path, "--dry-run", "--partition", "gpu"]) == 2
     assert "applies to --launcher slurm" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
+def test_a_job_sacct_cannot_place_is_not_submitted_again(data_dir, tmp_path, monkeypatch, capsys):
+    # sacct lists a job only a while after sbatch, and may fail: submitit then says UNKNOWN, which
+    # counted as gone, so a rerun submitted every pending or running run a second time.
+    submitit = pytest.importorskip("submitit")
+    grid = load_grid(write_grid(tmp_path, data_dir))
+    grid.out_dir.mkdir(parents=True)
+    (grid.out_dir / "jobs.json").write_text(
+        json.dumps({"jobs": [{"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]})
+    )
+
+    class UnknownSlurmJob:
+        def __init__(self, folder: str, job_id: str) -> None:
+            self.state = "UNKNOWN"
+
+    monkeypatch.setattr(submitit, "SlurmJob", UnknownSlurmJob)
+    before = (grid.out_dir / "jobs.json").read_text()
+    with pytest.raises(UserError, match=r"sacct cannot say whether job 4242_0 of run .* is still queued"):
+        submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), log=lambda _: None)
+    assert (grid.out_dir / "jobs.json").read_text() == before
+    assert main(["sweep", str(tmp_path / "grid.yaml"), "--launcher", "slurm", "--dry-run", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["note"]) == ("queued", "job 4242_0: sacct cannot say its state")
 
 
 def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_path, capsys, monkeypatch):

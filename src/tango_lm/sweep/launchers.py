@@ -211,7 +211,8 @@ def submit_sweep(
         todo.append(run)
     check_runs_to_train(grid, todo).raise_refused("submitted")
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
-        queued = queued_jobs(grid.out_dir, cluster)
+        queued, unknown = queued_jobs(grid.out_dir, cluster)
+        refuse_unknown_jobs(grid.out_dir, {r.name: unknown[r.name] for r in todo if r.name in unknown})
         for run in [r for r in todo if r.name in queued]:
             log(f"{run.name}: already queued as job {queued[run.name]}, not submitted again")
             rows.append({**_row(run, "queued", None), "job_id": queued[run.name]})
@@ -266,40 +267,62 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
         ) from None
 
 
-def queued_jobs(out_dir: Path, cluster: str) -> dict[str, str]:
+def queued_jobs(out_dir: Path, cluster: str) -> tuple[dict[str, str], dict[str, str]]:
     """Runs of `OUT/jobs.json` whose SLURM job is still pending or running (asked through
-    submitit, i.e. sacct). Jobs of other executors cannot be asked about and count as gone."""
+    submitit, i.e. sacct), and those whose job's state sacct cannot give (a job it does not list yet,
+    right after sbatch, or sacct failing): run -> job id each. Jobs of other executors cannot be
+    asked about and count as gone."""
     try:
         recorded = json.loads((out_dir / "jobs.json").read_text()).get("jobs", [])
     except (OSError, ValueError, AttributeError):
-        return {}
+        return {}, {}
     if cluster != "slurm":
-        return {}
+        return {}, {}
     import submitit
 
-    active = {}
+    active, unknown = {}, {}
     for entry in recorded:
         if not isinstance(entry, dict) or entry.get("cluster") != "slurm":
             continue
-        job = submitit.SlurmJob(folder=str(out_dir / ".submitit"), job_id=str(entry.get("job_id")))
+        run, job_id = str(entry.get("run")), str(entry.get("job_id"))
+        job = submitit.SlurmJob(folder=str(out_dir / ".submitit"), job_id=job_id)
         try:
-            state = job.state
-        except Exception:  # noqa: BLE001 - sacct unavailable or the job forgotten: it is not running
-            continue
-        if state.split()[0] in ACTIVE:
-            active[str(entry.get("run"))] = str(entry.get("job_id"))
-    return active
+            state = job.state.split()[0] if job.state.strip() else "UNKNOWN"
+        except Exception:  # noqa: BLE001 - submitit's sacct call failing in a way it does not bypass
+            state = "UNKNOWN"
+        if state in ACTIVE:
+            active[run] = job_id
+        elif state == "UNKNOWN":  # not "gone": submitting it again would train it twice
+            unknown[run] = job_id
+    return active, unknown
+
+
+def refuse_unknown_jobs(out_dir: Path, unknown: dict[str, str]) -> None:
+    """UserError naming the jobs sacct cannot say are gone, for runs about to be submitted."""
+    if unknown:
+        run, job_id = next(iter(unknown.items()))
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise UserError(
+            f"sacct cannot say whether job {job_id} of run {run}{more} is still queued (it lists a job only "
+            f"a while after sbatch, or it failed); run the command again in a minute, or, if those jobs are "
+            f"gone, remove their entries from {out_dir / 'jobs.json'}"
+        )
 
 
 def mark_queued(grid: Grid, rows: list[dict[str, Any]]) -> None:
     """`--dry-run --launcher slurm`: a run whose job is still pending or running is `queued` (a
-    submission would skip it), not `new` (which invites training it a second time)."""
+    submission would skip it), not `new` (which invites training it a second time); one whose job's
+    state sacct cannot give is `queued` too, with that said."""
     if importlib.util.find_spec("submitit") is None:
         return  # nothing was submitted from here, then
-    queued = queued_jobs(grid.out_dir, SLURM_CLUSTER)
+    queued, unknown = queued_jobs(grid.out_dir, SLURM_CLUSTER)
     for row in rows:
-        if row["run"] in queued and row["state"] != "done":
+        if row["state"] == "done":
+            continue
+        if row["run"] in queued:
             row["state"], row["note"] = "queued", f"job {queued[row['run']]}"
+        elif row["run"] in unknown:
+            row["state"], row["note"] = "queued", f"job {unknown[row['run']]}: sacct cannot say its state"
 
 
 def _record_jobs(out_dir: Path, cluster: str, jobs: list[tuple[str, str]]) -> None:
