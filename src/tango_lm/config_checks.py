@@ -151,6 +151,21 @@ def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
         )
 
 
+def check_splits_fit_run(run: RunConfig, dataset: PreparedDataset) -> None:
+    """What a run checks of its splits when it starts, without starting it (a sweep checks every run
+    before training or submitting any): the training split holds a global batch of windows, and the
+    dev and test splits a window each (UserError otherwise, the run's own message)."""
+    from tango_lm.data.loader import WindowLoader, eval_batches
+
+    cfg, seq_len = run.train, run.seq_len()
+    WindowLoader(dataset.tokens(run.data.train_split), seq_len, cfg.batch_size, cfg.data_seed)
+    for split, windows in ((run.data.dev_split, cfg.eval_windows), (run.data.test_split, cfg.test_windows)):
+        kind = "dev" if split == run.data.dev_split else "test"
+        eval_batches(
+            dataset.tokens(split), seq_len, cfg.eval_batch_size or cfg.batch_size, windows, split=f"{kind} ({split!r})"
+        )
+
+
 def unused_table_rows(run: RunConfig, dataset: PreparedDataset) -> str | None:
     """A warning when most of the model's table is rows the data's tokenizer never produces: the
     run is valid, but those rows count in the parameters and FLOPs a comparison reports, and the

@@ -224,6 +224,25 @@ def test_runs_their_data_refuses_stop_the_sweep_before_anything_trains(data_dir,
     assert main(["sweep", str(path), "--no-progress", "--only", "*=257"]) == 0
 
 
+@pytest.mark.parametrize(
+    ("axis", "said"),
+    [
+        ({"model.context_length": [32, 100000]}, "the training split has"),  # trained, then failed.json
+        ({"data.test_split": ["test", "nope"]}, "split 'nope' is not in"),
+    ],
+)
+def test_runs_their_splits_cannot_serve_stop_the_sweep_before_anything_trains(data_dir, tmp_path, capsys, axis, said):
+    # As a vocabulary too small: a split too short for a run's window, or one the data lacks, fails
+    # the run as it starts; the sweep said nothing until then (and a cluster job was submitted).
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], **axis})
+    assert main(["sweep", str(path), "--dry-run", "--json"]) == 0
+    notes = [r["note"] for r in json.loads(capsys.readouterr().out)]
+    assert notes[0] is None and notes[1].startswith("refused: ") and said in notes[1]
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1 and said in err and err.endswith("nothing was trained\n")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_warning_shared_by_runs_is_said_once_before_they_train(data_dir, tmp_path, capsys):
     """The runs' start-of-run warnings are said by the sweep (and its dry run) once each, with the
     runs they concern, and not again by each run."""
@@ -253,15 +272,20 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     axes = {
         "dataset": {"syn": str(data_dir)},
         "arch": ["tango", "loop-transformer", "untied-transformer"],
-        "data.test_split": ["test", "nope"],
-    }  # no split "nope" in the dataset: a UserError when the run starts
+        "data.test_split": ["test", "dev"],
+    }  # a run on test_split "dev" stands for one refused as it starts (a UserError no check before foresaw)
     path = write_grid(tmp_path, axes, steps=4, save_every=2, eval_every=2)
     original = trainer_module.train
+
+    def refusing(run, resume=False, **kwargs):
+        if run.data.test_split == "dev":
+            raise UserError("the run refuses to start\nsecond line")
+        return original(run, resume=resume, **kwargs)
 
     def flaky(run, resume=False, **kwargs):
         if run.model.arch == "loop-transformer":
             raise RuntimeError("boom\nsecond line")
-        return original(run, resume=resume, **kwargs)
+        return refusing(run, resume=resume, **kwargs)
 
     monkeypatch.setattr(trainer_module, "train", flaky)
     assert main(["sweep", str(path), "--no-progress"]) == 1
@@ -274,11 +298,11 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     assert boom["error"] == "RuntimeError: boom" and boom["type"] == "RuntimeError"
     log = (root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.log").read_text()
     assert "Traceback" in log and "boom" in log
-    user = json.loads((root / "dataset=syn/arch=tango/data.test_split=nope/failed.json").read_text())
-    assert "split 'nope' is not in" in user["error"] and "\n" not in user["error"]
+    user = json.loads((root / "dataset=syn/arch=tango/data.test_split=dev/failed.json").read_text())
+    assert "the run refuses to start" in user["error"] and "\n" not in user["error"]
 
     # Rerun with the fault gone: finished runs are not touched, the failed ones are retried.
-    monkeypatch.setattr(trainer_module, "train", original)
+    monkeypatch.setattr(trainer_module, "train", refusing)
     done = [
         root / "dataset=syn/arch=tango/data.test_split=test",
         root / "dataset=syn/arch=untied-transformer/data.test_split=test",
