@@ -217,3 +217,45 @@ def test_requests_draw_only_the_tokenizers_ids():
 
 def test_batch_buckets_are_the_next_power_of_two():
     assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 31, 32)] == [1, 2, 4, 4, 8, 8, 16, 32, 32]
+
+
+def test_a_server_shutting_down_answers_the_jobs_in_flight_with_a_503_and_stops_their_rows():
+    # SIGTERM left a running request to be cancelled when uvicorn's grace period ran out (a plain
+    # 500, a traceback) and the worker decoding its rows for up to 30 s more.
+    import asyncio
+
+    from tango_lm.serve.server import APIError, _collect
+
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(arch="tango", d_model=16, head_dim=8, width=16, depth=1, vocab_size=257, context_length=32)
+    )
+    batcher = Batcher(model, BYTES, torch.device("cpu"))
+    events: list = []
+
+    def emit(event):  # the worker's thread: the first text of the job shuts the server down
+        events.append(event)
+        if event[0] == "text" and sum(e[0] == "text" for e in events) == 1:
+            batcher.shut_down()
+
+    job = Job(prompt=[97, 98], n=1, max_tokens=29, temperature=0, top_p=None, stop=[], seed=None, emit=emit)
+    batcher.start()
+    try:
+        batcher.submit(job)
+        for _ in range(600):
+            if any(e[0] == "error" for e in events) and batcher.worker.is_alive():
+                break
+            threading.Event().wait(0.05)
+    finally:
+        batcher.stop()
+    assert ("error", batcher_module.SHUTTING_DOWN, 503) in events and not batcher.worker.is_alive()
+    assert sum(e[0] == "text" for e in events) <= 2  # its rows stopped, not decoded to max_tokens
+    late: list = []
+    batcher.submit(Job(prompt=[97], n=1, max_tokens=3, temperature=0, top_p=None, stop=[], seed=None, emit=late.append))
+    assert late == [("error", batcher_module.SHUTTING_DOWN, 503)]  # answered, not queued for nobody
+
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait((0, "error", batcher_module.SHUTTING_DOWN, 503))
+    with pytest.raises(APIError) as answered:
+        asyncio.run(_collect(queue, [job], 1))
+    assert answered.value.status == 503

@@ -128,6 +128,9 @@ class Batcher:
             default_mode(torch.device(device)) is not None if pad_to_buckets is None else pad_to_buckets
         )
         self.queue: queue.Queue[Job | None] = queue.Queue()
+        self.in_flight: dict[int, Job] = {}  # by id: submitted and not finished (any thread; under the lock)
+        self._lock = threading.Lock()
+        self.closing = False  # set by `shut_down`: no job is taken any more
         self.waiting: list[Job] = []  # taken from the queue, not yet decoded (worker thread only)
         self.batches = 0  # batches started (tests and /health read it)
         self.worker = threading.Thread(target=self._run, name="tango-lm-batcher", daemon=True)
@@ -136,11 +139,32 @@ class Batcher:
         self.worker.start()
 
     def stop(self) -> None:
+        self.shut_down()
         self.queue.put(None)
         self.worker.join(timeout=30)
 
     def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.closing:
+                job.emit(("error", SHUTTING_DOWN, 503))
+                return
+            self.in_flight[job.id] = job
         self.queue.put(job)
+
+    def shut_down(self) -> None:
+        """A server stopping (SIGTERM, Ctrl-C): every job in flight is answered at once with a 503
+        and its rows stop decoding, instead of a request cut off with a 500 when the grace period
+        ends, and a worker decoding abandoned rows for up to its join's 30 s."""
+        with self._lock:
+            self.closing = True
+            jobs, self.in_flight = list(self.in_flight.values()), {}
+        for job in jobs:
+            job.cancelled.set()
+            job.emit(("error", SHUTTING_DOWN, 503))
+
+    def _finished(self, job: Job) -> None:
+        with self._lock:
+            self.in_flight.pop(job.id, None)
 
     # -- worker thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -169,9 +193,16 @@ class Batcher:
                 self.waiting.append(job)
             batch = self._take_batch()
             if batch:
-                self._decode(batch)
+                try:
+                    self._decode(batch)
+                finally:
+                    for job in batch:
+                        self._finished(job)
 
     def _take_batch(self) -> list[Job]:
+        for job in self.waiting:
+            if job.cancelled.is_set():
+                self._finished(job)
         self.waiting = [j for j in self.waiting if not j.cancelled.is_set()]
         if not self.waiting:
             return []
@@ -229,7 +260,10 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - a failed batch answers its requests; the server stays up
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             for job in batch:
-                job.emit(("error", f"decoding failed: {first_line}"))
+                job.emit(("error", f"decoding failed: {first_line}", 500))
+
+
+SHUTTING_DOWN = "the server is shutting down; send the request again to a running server"
 
 
 def batch_bucket(rows: int) -> int:

@@ -339,8 +339,8 @@ async def _collect(events: asyncio.Queue, jobs: list[Any], n: int) -> tuple[list
     left = rows
     while left:
         p, kind, *rest = await events.get()
-        if kind == "error":
-            raise APIError(500, rest[0], kind="server_error")
+        if kind == "error":  # (message, status): a failed batch 500, a server shutting down 503
+            raise APIError(rest[1], rest[0], kind="server_error")
         k = p * n + rest[0]
         if kind == "text":
             texts[k] += rest[1]
@@ -364,7 +364,7 @@ async def _stream(
         while left:
             p, kind, *rest = await events.get()
             if kind == "error":
-                yield f"data: {json.dumps(APIError(500, rest[0], kind='server_error').body())}\n\n"
+                yield f"data: {json.dumps(APIError(rest[1], rest[0], kind='server_error').body())}\n\n"
                 break
             k = p * n + rest[0]
             if kind == "text":
@@ -431,7 +431,16 @@ def serve(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port or --host"
         ) from None
     app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
+
+    class Server(uvicorn.Server):
+        """Whose exit signal first answers the requests in flight (a 503 each, their rows no longer
+        decoded): they then end within the grace period instead of being cancelled with a 500."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            app.state.batcher.shut_down()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
     print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at {base_url(sock)}", flush=True)
     server.run(sockets=[sock])
 
