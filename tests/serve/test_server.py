@@ -179,6 +179,10 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         ({**body, "n": 2.0}, 400, None),
         ({"prompt": "hi"}, 400, None),
         ([1, 2], 400, None),
+        # stream_options: a truthy "no" sent the usage chunk, an unknown key or no stream passed silently
+        ({**body, "stream": True, "stream_options": {"include_usage": "no"}}, 400, None),
+        ({**body, "stream": True, "stream_options": {"foo": 1}}, 400, None),
+        ({**body, "stream_options": {"include_usage": True}}, 400, None),
     ]
     for request, status, code in cases:
         got_status, reply = http_post(url, json.dumps(request))
@@ -188,6 +192,15 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         if code:
             assert reply["error"]["code"] == code
     assert http_post(url, b'{"model": "tiny", "prompt": ')[0] == 400  # malformed JSON
+    # A JSON body without its content type (curl -d's default) and an empty body say what to fix.
+    for payload, headers, said in (
+        (json.dumps(body), {"Content-Type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),
+        (b"", {"Content-Type": "application/json"}, "the request body is empty"),
+    ):
+        conn = http.client.HTTPConnection(*url.split("//")[1].split("/")[0].split(":"), timeout=60)
+        conn.request("POST", "/v1/completions", body=payload, headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == 400 and said in json.loads(resp.read())["error"]["message"]
     # an endpoint this server lacks: a client learns what it has (an OpenAI chat client, say)
     with pytest.raises(openai.NotFoundError, match="no endpoint /v1/chat/completions; this server has POST /v1/compl"):
         client(url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])

@@ -56,6 +56,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options` (its one field; a string "no" was truthy, an unknown key ignored)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+
+
 class CompletionRequest(BaseModel):
     """OpenAI's completion parameters (unknown ones are refused)."""
 
@@ -69,7 +77,7 @@ class CompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     n: int | None = 1
     stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     seed: int | None = None
     user: str | None = None
     # OpenAI parameters this server refuses unless they ask for nothing.
@@ -104,8 +112,9 @@ def build_app(
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(_validation_error(exc.errors()).body(), status_code=400)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        json_body = "json" in request.headers.get("content-type", "").lower()
+        return JSONResponse(_validation_error(exc.errors(), json_body).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -159,7 +168,7 @@ def build_app(
         }
         n = settings["n"]
         if req.stream:
-            usage = bool((req.stream_options or {}).get("include_usage"))
+            usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
                 _stream(events, jobs, n, reply, usage, sum(map(len, prompts))),
                 media_type="text/event-stream",
@@ -190,12 +199,16 @@ def build_app(
     return app
 
 
-def _validation_error(errors: list[dict[str, Any]]) -> APIError:
-    """The first pydantic error as OpenAI's 400."""
+def _validation_error(errors: list[dict[str, Any]], json_body: bool = True) -> APIError:
+    """The first pydantic error as OpenAI's 400 (`json_body`: the request said its body is JSON)."""
     if not errors:
         return APIError(400, "invalid request")
     err = errors[0]
     loc = [str(x) for x in err.get("loc", []) if x != "body"]
+    if not loc and not json_body:  # curl -d sends a form's content type: the JSON in it is not read as JSON
+        return APIError(400, "send the request body as JSON, with the header Content-Type: application/json")
+    if not loc and err.get("type") == "missing":
+        return APIError(400, "the request body is empty; send a JSON object of completion parameters")
     if err.get("type") == "json_invalid":
         return APIError(400, "the request body is not valid JSON; send a JSON object", code="invalid_json")
     if err.get("type") == "extra_forbidden":
@@ -222,6 +235,8 @@ def _check(
             param="model",
             code="model_not_found",
         )
+    if req.stream_options is not None and not req.stream:  # as OpenAI answers it
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     refused = {
         "logprobs": req.logprobs is not None,
         "echo": bool(req.echo),
