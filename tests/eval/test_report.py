@@ -693,3 +693,18 @@ def test_runs_of_one_sweep_trained_differently_are_not_ranked_together(tmp_path)
     edit(tango, tokens=3 * 8192 - 100)
     (row,) = write_report(sweep, plots=False)["report"]["main"]
     assert sorted(row["cells"]) == ["loop-transformer", "tango"]
+
+
+def test_a_throughput_axis_within_one_decade_still_has_numbers():
+    # 3,000 to 6,200 tokens/s: no power of 10 between them, so the log axis showed only its
+    # unlabelled minor ticks, and the plot no values at all.
+    from matplotlib.figure import Figure
+
+    from tango_lm.eval.plots import _label_within_a_decade
+
+    ax = Figure().subplots()
+    ax.scatter([3000, 6200], [1.0, 1.1])
+    ax.set_xscale("log")
+    _label_within_a_decade(ax, [3000, 6200])
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels and all(labels) and all(3000 * 0.8 <= t <= 6200 * 1.25 for t in ax.get_xticks())

@@ -140,6 +140,20 @@ def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tupl
     return out
 
 
+def _label_within_a_decade(ax: Any, xs: list[float]) -> None:
+    """Throughputs within one decade (the usual case) have no power of 10 between them, so a log
+    axis draws only its unlabelled minor ticks: give it a few plain ticks across the points."""
+    import math
+
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = min(xs), max(xs)
+    if lo <= 0 or math.floor(math.log10(lo)) != math.floor(math.log10(hi)):
+        return  # a decade boundary lies between them: its labelled major tick shows
+    ticks = [t for t in MaxNLocator(nbins=4).tick_values(lo, hi) if lo * 0.8 <= t <= hi * 1.25 and t > 0]
+    ax.set_xticks(ticks or [lo], [f"{t:,.4g}" for t in ticks or [lo]])
+
+
 def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Path) -> list[Path]:
     """NLL against training throughput (tokens/s), one figure per dataset; a point per model,
     tier and depth (`throughput_points`), labelled with its tier and depth."""
@@ -156,6 +170,7 @@ def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Pa
                 ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap when the runs lie within 10x
+        _label_within_a_decade(ax, [x for points in per_model.values() for x, _, _ in points])
         ax.set_xlabel("training throughput (tokens/s)")
         ax.set_ylabel(f"{split} NLL (nats/token)")
         ax.set_title(dataset)
