@@ -247,7 +247,8 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
             "the cluster, or train on this machine with --launcher local"
         )
     folder = grid.out_dir / ".submitit"
-    before = set(folder.rglob("*")) if folder.exists() else set()
+    existed = folder.exists()
+    before = set(folder.rglob("*")) if existed else set()
     try:
         executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
         executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
@@ -260,6 +261,9 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
                     path.unlink()
                 else:
                     path.rmdir()
+        if not existed:  # made for this submission: no folder of job files is left of it either
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         text = str(exc).strip()
         first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
         raise UserError(
