@@ -13,9 +13,10 @@ gradients, or over every shard) and the loss is the all-reduced mean, so a NaN o
 every rank skip.
 
 More than `train.max_nonfinite_steps` skips in a row (default 5; 0 stops at the first) stop the
-run with an error (after the last one's record): it names the newest checkpoint from before the
-streak to resume from, and those written during it, which hold the weights that kept failing. Before a checkpoint is written the
-weights are checked (every rank's shard); non-finite weights stop the run instead of being saved.
+run with an error (after the last one's record). It names the checkpoints that hold the weights
+the streak kept failing from (those of the step before it on: a skipped step changes no weight)
+and the newest one before them, to resume from. Before a checkpoint is written the weights are
+checked (every rank's shard); non-finite weights stop the run instead of being saved.
 """
 
 from __future__ import annotations
