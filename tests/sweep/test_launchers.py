@@ -243,3 +243,20 @@ def test_signal_delay_is_passed_under_submitits_current_name(data_dir, tmp_path)
     grid = load_grid(write_grid(tmp_path, data_dir, slurm={"signal_delay_s": 120}))
     params = executor_parameters(slurm_settings(grid, {}), "x")
     assert params["slurm_signal_delay_s"] == 120 and "signal_delay_s" not in params  # no deprecation warning
+
+
+def test_a_job_that_ended_without_a_result_says_why_in_its_row(data_dir, tmp_path, monkeypatch):
+    # submitit puts the reason on its message's second line, which the row cut off.
+    pytest.importorskip("submitit")
+    grid = load_grid(write_grid(tmp_path, data_dir))
+
+    class CancelledJob:
+        job_id = "1005_1"
+
+        def result(self):
+            raise RuntimeError("Job 1005_1 (task: 0) with path /x/1005_1_0_result.pkl\nhas not produced any output "
+                               "(state: CANCELLED by 0)")  # fmt: skip
+
+    monkeypatch.setattr(launchers, "_submit", lambda submitit, grid, runs, *a: [CancelledJob() for _ in runs])
+    rows = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), wait=True, log=lambda _: None)
+    assert rows[0]["status"] == "failed" and "has not produced any output (state: CANCELLED by 0)" in rows[0]["error"]

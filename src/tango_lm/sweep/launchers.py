@@ -231,8 +231,10 @@ def submit_sweep(
         try:
             row = job.result()
         except Exception as exc:  # noqa: BLE001 - a job that died (cancelled, out of memory, ...) is one failed row
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            row = _row(run, "failed", None, f"job {job.job_id}: {first}")
+            # submitit says why on its second line ("has not produced any output (state: CANCELLED ...)"):
+            # the whole message in one line, cut at 300 characters
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            row = _row(run, "failed", None, f"job {job.job_id}: {text[:300]}")
         rows.append({**row, "job_id": job.job_id})
         log(f"{run.name}: job {job.job_id} {row['status']}")
     return rows
