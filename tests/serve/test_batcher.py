@@ -259,3 +259,18 @@ def test_a_server_shutting_down_answers_the_jobs_in_flight_with_a_503_and_stops_
     with pytest.raises(APIError) as answered:
         asyncio.run(_collect(queue, [job], 1))
     assert answered.value.status == 503
+
+
+def test_the_servers_exit_signal_shuts_the_batcher_down_first():
+    # uvicorn's own exit left the requests in flight to its grace period's end (then a 500).
+    import signal
+    from types import SimpleNamespace
+
+    pytest.importorskip("uvicorn")
+    from tango_lm.serve.server import uvicorn_server
+
+    calls = []
+    app = SimpleNamespace(state=SimpleNamespace(batcher=SimpleNamespace(shut_down=lambda: calls.append("shut_down"))))
+    server = uvicorn_server(app)
+    server.handle_exit(signal.SIGTERM, None)
+    assert calls == ["shut_down"] and server.should_exit

@@ -416,7 +416,6 @@ def serve(
 ) -> None:
     """Load a checkpoint and serve it until interrupted. Port 0 picks a free port; the address is
     printed once the socket listens."""
-    import uvicorn
 
     from tango_lm.data.tokenizers import tokenizer_from_dict
     from tango_lm.train.checkpoint import load_checkpoint
@@ -447,17 +446,23 @@ def serve(
         ) from None
     app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
 
-    class Server(uvicorn.Server):
-        """Whose exit signal first answers the requests in flight (a 503 each, their rows no longer
-        decoded): they then end within the grace period instead of being cancelled with a 500."""
+    server = uvicorn_server(app, log_level)
+    print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at {base_url(sock)}", flush=True)
+    server.run(sockets=[sock])
 
+
+def uvicorn_server(app: Any, log_level: str = "info") -> Any:
+    """uvicorn's server for `app`, whose exit signal first answers the requests in flight (a 503
+    each, their rows no longer decoded): they then end within its 5 s grace period instead of being
+    cancelled with a plain-text 500 when it ends."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             app.state.batcher.shut_down()
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
-    print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at {base_url(sock)}", flush=True)
-    server.run(sockets=[sock])
+    return Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
 
 
 def base_url(sock: socket.socket) -> str:
