@@ -227,6 +227,21 @@ def test_generate_never_picks_the_tables_padding_rows(transformers, tmp_path):
     assert got.tolist() == want.tolist() and got.max() < 257
 
 
+def test_generate_past_the_context_is_refused_before_it_starts(transformers, byte_export):
+    # It failed only once the sequence reached the context, after generating up to it.
+    hf = load_hf(transformers, byte_export[1])  # context 48
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = hf.forward
+    hf.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    with pytest.raises(
+        ValueError, match="generating to 109 tokens .* context of 48; give max_new_tokens of at most 39"
+    ):
+        hf.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None)
+    assert calls == []
+    assert hf.generate(prompt, max_new_tokens=39, do_sample=False, eos_token_id=None).shape[1] == 48
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_generate_equals_tango_generate_with_and_without_cache(transformers, tmp_path, case):
     arch, changes = CASES[case]

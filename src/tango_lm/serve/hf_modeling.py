@@ -194,6 +194,22 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             state.static_position += 1
         return torch.stack(steps, 1)
 
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: Any = None, **kwargs: Any) -> Any:
+        """transformers' generate(), refusing up front a length past the model's context (the
+        forward refused it only once the sequence had grown there, after that many steps)."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        context = self.config.max_position_embeddings
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and context:
+            config = generation_config if generation_config is not None else self.generation_config
+            new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+            length = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
+            if length is not None and length > context:
+                raise ValueError(
+                    f"generating to {length} tokens (a prompt of {ids.shape[1]}) passes the model's context of "
+                    f"{context}; give max_new_tokens of at most {max(context - ids.shape[1], 0)}"
+                )
+        return super().generate(inputs, generation_config, **kwargs)
+
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,
