@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -73,23 +74,29 @@ def _detail(e: BaseException, logged: list[str] | None) -> str:
     return logged[-1] if logged else _first_line(_root_cause(e))
 
 
+class _KeptErrors(logging.Handler):
+    """The first lines of the error records it is handed (`_logged_errors`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().strip()
+        self.lines.append(text.splitlines()[0] if text else record.levelname)
+
+
 @contextlib.contextmanager
-def _logged_errors() -> Iterator[list[str]]:
+def _logged_errors(kept: _KeptErrors | None = None) -> Iterator[list[str]]:
     """The first lines of the errors `datasets` logs meanwhile (a bad file's name is only there),
-    kept off stderr: the one error line says them."""
-    import logging
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            text = record.getMessage().strip()
-            lines.append(text.splitlines()[0] if text else record.levelname)
-
-    lines: list[str] = []
+    kept off stderr: the one error line says them. `kept`: a handler to reuse (one per reader: a
+    read swaps it in and out, which costs no handler's creation per row)."""
+    kept = kept if kept is not None else _KeptErrors()
     logger = logging.getLogger("datasets")
     handlers, propagate = logger.handlers[:], logger.propagate
-    logger.handlers, logger.propagate = [Keep(logging.ERROR)], False
+    logger.handlers, logger.propagate = [kept], False
     try:
-        yield lines
+        yield kept.lines
     finally:
         logger.handlers, logger.propagate = handlers, propagate
 
@@ -188,21 +195,19 @@ def _load(
 def hf_documents(ds: Iterable[dict[str, Any]], field: str, where: str, local: bool = False) -> Iterator[str]:
     """The string `field` of each row of a `datasets` split. What fails while `datasets` reads (a
     dropped connection, a bad file of a local or streamed dataset) becomes one UserError."""
-    rows = iter(ds)
+    rows, kept = iter(ds), _KeptErrors()
     i = -1
     while True:
         # datasets logs a bad file as it reads it: caught around each read only, never held while
         # this generator is suspended (two of them closed out of order would leave it swapped)
-        with _logged_errors() as logged:
+        with _logged_errors(kept) as logged:
             try:
                 row = next(rows)
             except StopIteration:
                 return
-            except (ConnectionError, OSError) as e:
-                if isinstance(e, ConnectionError) or not local:
+            except Exception as e:  # datasets' readers raise many types (ArrowInvalid, ValueError, OSError, ...)
+                if isinstance(e, ConnectionError) or (isinstance(e, OSError) and not local):
                     raise UserError(f"lost the connection while reading {where} ({e}); run the command again") from None
-                raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
-            except Exception as e:  # datasets' readers raise many types (ArrowInvalid, ValueError, ...)
                 raise UserError(f"cannot read {where}: {_detail(e, logged)}") from None
         i += 1
         value = row.get(field) if isinstance(row, dict) else None
