@@ -159,10 +159,12 @@ def check_splits_fit_run(run: RunConfig, dataset: PreparedDataset) -> None:
 
     cfg, seq_len = run.train, run.seq_len()
     WindowLoader(dataset.tokens(run.data.train_split), seq_len, cfg.batch_size, cfg.data_seed)
-    for split, windows in ((run.data.dev_split, cfg.eval_windows), (run.data.test_split, cfg.test_windows)):
-        kind = "dev" if split == run.data.dev_split else "test"
+    for role, split, windows in (
+        ("dev", run.data.dev_split, cfg.eval_windows),
+        ("test", run.data.test_split, cfg.test_windows),
+    ):
         eval_batches(
-            dataset.tokens(split), seq_len, cfg.eval_batch_size or cfg.batch_size, windows, split=f"{kind} ({split!r})"
+            dataset.tokens(split), seq_len, cfg.eval_batch_size or cfg.batch_size, windows, split=f"{role} ({split!r})"
         )
 
 

@@ -221,7 +221,7 @@ def _int64(name: str, value: int) -> int:
     """`value` if torch's sizes and indices (64-bit) can hold it: a wider one overflowed deep in a
     forward (window=1e20) with a traceback."""
     if not -(2**63) <= value < 2**63:
-        shown = value if abs(value) < 10**30 else f"{float(value):.3g}" if abs(value).bit_length() < 1024 else "(huge)"
+        shown = value if value.bit_length() <= 100 else f"a {value.bit_length()}-bit number"  # no 4,000 digits
         raise UserError(f"{name}={shown} does not fit in 64 bits; a typo? give a smaller value")
     return value
 
