@@ -48,6 +48,8 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     try:
         code = main()
     except UserError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        from tango_lm.cli.output import one_line  # the CLI's own rendering of the one line
+
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         code = exc.exit_code
     sys.exit(code or 0)

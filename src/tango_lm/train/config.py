@@ -97,8 +97,8 @@ def check_key_names(data: dict[Any, Any], where: str) -> None:
         for key in fields:
             if not isinstance(key, str):
                 inside = f" in section {section!r}" if section is not None else ""
-                kind = "a boolean" if isinstance(key, bool) else "null" if key is None else f"a {type(key).__name__}"
-                kind = "a number" if isinstance(key, (int, float)) and not isinstance(key, bool) else kind
+                kinds = ((bool, "a boolean"), (type(None), "null"), ((int, float), "a number"))
+                kind = next((name for types, name in kinds if isinstance(key, types)), f"a {type(key).__name__}")
                 raise UserError(
                     f"{where} has the key {key!r}{inside}, which YAML read as {kind}, not a name; "
                     "write the field's name (quoted if it is on/off/yes/no/null or a number) or remove it"
