@@ -405,3 +405,18 @@ def test_lambada_jsonl_lone_surrogate_becomes_the_replacement_character(tmp_path
     ((context, target),) = read_lambada(path)
     assert (context, target) == ("alpha beta \ufffd gamma", "delta")
     assert TOK.encode(context)
+
+
+def test_ablate_refusal_names_every_registered_head_that_takes_it(monkeypatch):
+    """The heads named are the registry's, not a list kept by hand: a new twin head joins them."""
+    from types import SimpleNamespace
+
+    from tango_lm.eval.evaluate import model_variant
+    from tango_lm.heads.onona import OnonaHead
+    from tango_lm.heads.registry import HEADS
+
+    monkeypatch.setitem(HEADS, "my-twin", type("MyTwin", (OnonaHead,), {}))
+    standard = SimpleNamespace(head=object(), set_active_segment=lambda segment: None, num_segments=None)
+    ckpt = SimpleNamespace(path="runs/x", config={"model": {"head": "standard"}})
+    with pytest.raises(UserError, match=r"\(head onona or factorial-m-mix or my-twin\); runs/x has head 'standard'"):
+        model_variant(standard, ckpt, None, "A")

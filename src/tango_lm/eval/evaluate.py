@@ -103,8 +103,11 @@ def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None
         if ablate.upper() not in ("A", "B"):
             raise UserError(f"--ablate takes A or B (got {ablate!r})")
         if not hasattr(model.head, "ablation"):
+            from tango_lm.heads.registry import HEADS
+
+            twins = " or ".join(name for name, head in HEADS.items() if hasattr(head, "ablation"))
             raise UserError(
-                f"--ablate needs a checkpoint of onóna's twin mixture (head onona or factorial-m-mix); "
+                f"--ablate needs a checkpoint of onóna's twin mixture (head {twins}); "
                 f"{ckpt.path} has head {ckpt.config['model'].get('head')!r}"
             )
         model.head.ablation = ablate.lower()
