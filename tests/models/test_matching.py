@@ -9,14 +9,9 @@ import pytest
 
 from tango_lm.cli import main
 from tango_lm.errors import UserError
+from tango_lm.models.archs.transformer import CONVENTIONAL_UNTIED
 from tango_lm.models.config import ModelConfig
-from tango_lm.models.matching import (
-    CONVENTIONAL_UNTIED,
-    active_ratio_rows,
-    conventional_untied,
-    match_width,
-    parse_tier,
-)
+from tango_lm.models.matching import PAPER_VOCAB, active_ratio_rows, match_width, parse_tier
 from tango_lm.models.params import count_params
 
 # Seed 000 Table 6: (tier, depth) -> (non-embedding, total).
@@ -33,9 +28,9 @@ TABLE6 = {
 TABLE9_TANGO = {0.5: 70.066, 1: 70.219, 2: 70.327, 4: 70.255, 8: 69.677}
 
 
-@pytest.mark.parametrize("key", sorted(CONVENTIONAL_UNTIED))
+@pytest.mark.parametrize("key", sorted(CONVENTIONAL_UNTIED.shapes))
 def test_conventional_geometries_reproduce_table6(key):
-    counts = conventional_untied(*key).num_params()
+    counts = CONVENTIONAL_UNTIED.config("untied-transformer", *key, PAPER_VOCAB).num_params()
     assert (counts["non_embedding"], counts["total"]) == TABLE6[key]
 
 

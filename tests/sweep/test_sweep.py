@@ -152,7 +152,10 @@ MALFORMED = {
     "two_budget_axes": ({"train.steps": [2], "train.tokens": [256]}, "both set the budget"),
     # listed as new by --dry-run, then "File name too long" when the sweep started
     "name_past_255_bytes": ({"train.wandb_project": ["x" * 300]}, "over the 255 a file system takes"),
-    "no_conventional_geometry": ({"tier": ["50K"], "arch": ["conventional-untied"]}, "Untied geometry for tier 50K at"),
+    "no_conventional_geometry": (
+        {"tier": ["50K"], "arch": ["conventional-untied"]},
+        "no conventional-untied geometry for tier 50K at",
+    ),
 }
 
 

@@ -71,7 +71,8 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def cmd_match(args: argparse.Namespace) -> None:
-    from tango_lm.models.matching import TIERS, _row, active_ratio_rows, conventional_untied, match_tier, parse_tier
+    from tango_lm.models.matching import TIERS, _row, active_ratio_rows, match_tier, parse_tier
+    from tango_lm.models.registry import fixed_geometries
     from tango_lm.models.table3_range import non_embedding_range, paper_range
 
     target, d_model = parse_tier(args.tier, args.d_model)
@@ -93,10 +94,11 @@ def cmd_match(args: argparse.Namespace) -> None:
         for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
             row["context_length"] = n
     paper_vocab = args.vocab_size == PAPER_VOCAB
-    # Table 6's fixed geometry matches the tier only with the paper's vocabulary (its embedding).
-    conventional = conventional_untied(args.tier, args.depth, args.vocab_size)
-    if conventional is not None and not args.arch and paper_vocab:
-        rows.append(_row(conventional, target, arch="conventional-untied"))
+    # A paper's fixed geometry (Table 6's) matches the tier only with the paper's vocabulary (its embedding).
+    for label, (arch, geometry) in fixed_geometries().items():
+        fixed = geometry.config(arch, args.tier, args.depth, args.vocab_size)
+        if fixed is not None and not args.arch and paper_vocab:
+            rows.append(_row(fixed, target, arch=label))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
     span = non_embedding_range(rows)

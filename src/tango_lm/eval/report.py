@@ -64,7 +64,7 @@ def arch_labels() -> dict[str, str]:
     labels: dict[str, str] = {}
     for name, arch in ARCHITECTURES.items():
         labels[name] = arch.display_name or name
-        labels.update(arch.variants)
+        labels.update({geometry.label: geometry.display_name for geometry in arch.fixed_geometries})
     return labels
 
 

@@ -85,17 +85,6 @@ def match_tier(
     return rows
 
 
-# Seed 000 Table 6: the conventionally proportioned Untied baselines (d, heads, F), head width 32.
-# The paper gives these geometries rather than a rule, so they are data here.
-CONVENTIONAL_UNTIED = {
-    ("70M", 4): (800, 25, 2064),
-    ("70M", 8): (640, 20, 1616),
-    ("70M", 16): (480, 15, 1344),
-    ("160M", 4): (1376, 43, 3664),
-    ("160M", 8): (1056, 33, 2816),
-    ("160M", 16): (800, 25, 2080),
-}
-
 # Seed 000 Table 9: the active-ratio comparison at 70M, depth 4: target F/d -> (d, heads, F).
 ACTIVE_RATIO = {
     "tango": {0.5: (1280, 40, 640), 1: (1248, 39, 1170), 2: (1184, 37, 2257), 4: (1088, 34, 4046), 8: (928, 29, 7656)},
@@ -122,17 +111,6 @@ def _row(cfg: ModelConfig, target: int | None, **extra: Any) -> dict[str, Any]:
         "gap": gap,
         **extra,
     }
-
-
-def conventional_untied(tier: str, depth: int, vocab_size: int = PAPER_VOCAB) -> ModelConfig | None:
-    """Table 6's geometry for a paper tier and depth, or None when the paper has none."""
-    geometry = CONVENTIONAL_UNTIED.get((tier.strip().upper(), depth))
-    if geometry is None:
-        return None
-    d, heads, width = geometry
-    return ModelConfig(
-        arch="untied-transformer", d_model=d, n_heads=heads, width=width, depth=depth, vocab_size=vocab_size
-    )
 
 
 def active_ratio_rows(vocab_size: int = PAPER_VOCAB) -> list[dict[str, Any]]:

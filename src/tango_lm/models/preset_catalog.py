@@ -8,16 +8,9 @@ The onóna-paper presets (dense, gdn-hybrid, moe, attnres) are written by hand.
 from __future__ import annotations
 
 from tango_lm.models.config import ModelConfig
-from tango_lm.models.matching import (
-    ACTIVE_RATIO,
-    CONVENTIONAL_UNTIED,
-    TIERS,
-    conventional_untied,
-    match_width,
-    matched_archs,
-)
+from tango_lm.models.matching import ACTIVE_RATIO, PAPER_VOCAB, TIERS, match_width, matched_archs
 from tango_lm.models.params import count_params
-from tango_lm.models.registry import ARCHITECTURES
+from tango_lm.models.registry import ARCHITECTURES, fixed_geometries
 from tango_lm.models.table3_range import TABLE3_ARCHS
 
 DEPTHS = (4, 8, 16)
@@ -95,15 +88,13 @@ def tango_presets() -> dict[str, str]:
                     f"`tango-lm match --tier {tier} --depth {depth}` ({_table3_source(arch, depth)}).",
                     tier,
                 )
-            conventional = conventional_untied(tier, depth)
-            if conventional is not None and (tier, depth) in CONVENTIONAL_UNTIED:
-                name = f"conventional-untied-{tier.lower()}-d{depth}"
-                out[name] = _preset(
-                    name,
-                    conventional,
-                    f"Conventional Untied Transformer++, {tier}, depth {depth} (seed 000 Table 6).",
-                    tier,
-                )
+            for label, (arch, geometry) in fixed_geometries().items():
+                fixed = geometry.config(arch, tier, depth, PAPER_VOCAB)
+                if fixed is not None:
+                    name = f"{label}-{tier.lower()}-d{depth}"
+                    out[name] = _preset(
+                        name, fixed, f"{geometry.title}, {tier}, depth {depth} ({geometry.source}).", tier
+                    )
     for arch, table in ACTIVE_RATIO.items():
         for ratio, (d, heads, width) in table.items():
             cfg = ModelConfig(arch=arch, d_model=d, n_heads=heads, width=width, depth=4)

@@ -17,6 +17,7 @@ from tango_lm.models.archs.tango_3set import Tango3Set
 from tango_lm.models.archs.tango_compact import TangoCompact
 from tango_lm.models.archs.tango_windowed import TangoWindowed
 from tango_lm.models.archs.transformer import LoopTransformer, UntiedTransformer
+from tango_lm.models.fixed_geometry import FixedGeometry
 
 ARCHITECTURES = {
     "tango": Tango,
@@ -32,3 +33,9 @@ ARCHITECTURES = {
     "moe": MoE,
     "attnres": AttnResArch,
 }
+
+
+def fixed_geometries() -> dict[str, tuple[str, FixedGeometry]]:
+    """Every registered fixed geometry's label -> (its architecture's name, the geometry), in
+    registry order."""
+    return {g.label: (name, g) for name, arch in ARCHITECTURES.items() for g in arch.fixed_geometries}

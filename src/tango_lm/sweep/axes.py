@@ -15,7 +15,6 @@ from tango_lm.models.matching import TIERS, parse_tier
 from tango_lm.train.config import DataConfig, TrainConfig
 
 NAMED_AXES = ("dataset", "tier", "target_params", "d_model", "depth", "arch", "head", "seed")
-CONVENTIONAL = "conventional-untied"
 # A value's label in its run's directory name `axis=label` (a leading '-' is safe after `axis=`:
 # a negative number then gets the field's own error, not this one's).
 SAFE_LABEL = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9._+-]*$")
@@ -81,12 +80,19 @@ def parse_axes(raw: Any, path: Path) -> dict[str, list[Any]]:
         if len(same) != len(parsed):
             raise UserError(f"{where} repeats a value; list each value once")
         axes[name] = parsed
+    from tango_lm.models.registry import fixed_geometries
+
     if "tier" in axes and "target_params" in axes:
         raise UserError(f"sweep grid {path} has both tier and target_params axes; use one of them")
     _check_field_axes(axes, path)
-    if CONVENTIONAL in axes.get("arch", []) and "tier" not in axes:
+    fixed = fixed_geometries()
+    needs_tier = [fixed[a][1] for a in axes.get("arch", []) if a in fixed]
+    if needs_tier and "tier" not in axes:
+        geometry = needs_tier[0]
+        tiers = " or ".join(dict.fromkeys(tier for tier, _ in geometry.shapes))
         raise UserError(
-            f"arch {CONVENTIONAL!r} in sweep grid {path} needs a tier axis (70M or 160M) to take its geometry"
+            f"arch {geometry.label!r} in sweep grid {path} needs a tier axis ({tiers}) to take its geometry "
+            f"({geometry.source})"
         )
     return axes
 
@@ -140,9 +146,9 @@ def _tier(v: Any, where: str) -> str:
 
 def _choice(v: Any, name: str, where: str) -> str:
     from tango_lm.heads.registry import HEADS
-    from tango_lm.models.registry import ARCHITECTURES
+    from tango_lm.models.registry import ARCHITECTURES, fixed_geometries
 
-    known = [*ARCHITECTURES, CONVENTIONAL] if name == "arch" else list(HEADS)
+    known = [*ARCHITECTURES, *fixed_geometries()] if name == "arch" else list(HEADS)
     if v not in known:
         raise UserError(f"{where}: unknown {name} {v!r}; choose from {', '.join(sorted(known))}")
     return v

@@ -24,7 +24,8 @@ Axes and what they set (each value is checked in sweep/axes.py):
   base's. Each architecture's `width` is matched to the target (docs/design.md §2.8) with the `standard`
   head, then the run's head is put on, so head-vs-Standard pairs share their backbone exactly
   (the onóna paper's protocol). `target_params` is the same with explicit counts.
-  `arch: conventional-untied` takes seed 000 Table 6's geometry for a paper tier and depth.
+  `arch` also takes the label of a paper's fixed geometry of an architecture (`conventional-untied`:
+  seed 000 Table 6, models/fixed_geometry.py), built for the run's paper tier and depth.
 - `d_model`, `depth`, `arch`, `head`: the model fields of those names.
 - `seed`: `[model_seed, data_seed]` pairs, or plain model seeds (data seed from the base).
 
@@ -49,8 +50,10 @@ from typing import Any
 from tango_lm.data.shards import is_prepared
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
-from tango_lm.models.matching import TIERS, conventional_untied, match_width, parse_tier
-from tango_lm.sweep.axes import CONVENTIONAL, NAMED_AXES, SAFE_LABEL, SECTIONS, label_of, parse_axes
+from tango_lm.models.fixed_geometry import FixedGeometry
+from tango_lm.models.matching import TIERS, match_width, parse_tier
+from tango_lm.models.registry import fixed_geometries
+from tango_lm.sweep.axes import NAMED_AXES, SAFE_LABEL, SECTIONS, label_of, parse_axes
 from tango_lm.train.config import (
     BUDGET_FIELDS,
     DataConfig,
@@ -265,8 +268,9 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     if "depth" in values:
         model["depth"] = values["depth"]
     arch = values.get("arch")
+    fixed = fixed_geometries().get(arch)  # a paper's geometry of an architecture: set below, from the tier
     if arch is not None:
-        model["arch"] = "untied-transformer" if arch == CONVENTIONAL else arch
+        model["arch"] = fixed[0] if fixed else arch
     head = values.get("head", model.get("head", "standard"))
     model["head"] = head
     if target is not None:
@@ -289,8 +293,8 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     train["out_dir"] = str(grid.out_dir / name)
     try:
         run = RunConfig.from_dict(sections)
-        if arch == CONVENTIONAL:
-            run.model = _conventional(run.model, values["tier"])
+        if fixed:
+            run.model = _fixed_geometry(run.model, *fixed, values["tier"])
         elif target is not None:
             run.model = match_width(run.model.replace(head="standard"), target).replace(head=head)
         tokens_per_param = _fix_budget(run, target)
@@ -299,16 +303,14 @@ def _make_run(base: dict[str, dict[str, Any]], values: dict[str, Any], grid: Gri
     return SweepRun(name=name, labels=labels, config=run, dataset_dir=dataset_dir, tokens_per_param=tokens_per_param)
 
 
-def _conventional(model: ModelConfig, tier: str) -> ModelConfig:
-    geometry = conventional_untied(tier, model.depth, model.vocab_size)
-    if geometry is None:
+def _fixed_geometry(model: ModelConfig, arch: str, geometry: FixedGeometry, tier: str) -> ModelConfig:
+    shape = geometry.config(arch, tier, model.depth, model.vocab_size)
+    if shape is None:
         raise UserError(
-            f"seed 000 Table 6 has no conventional Untied geometry for tier {tier} at depth "
-            f"{model.depth}; use tier 70M or 160M with depth 4, 8 or 16"
+            f"{geometry.source} has no {geometry.label} geometry for tier {tier} at depth {model.depth}; "
+            f"use {geometry.where()}"
         )
-    return model.replace(
-        arch="untied-transformer", d_model=geometry.d_model, n_heads=geometry.n_heads, width=geometry.width
-    )
+    return model.replace(arch=arch, d_model=shape.d_model, n_heads=shape.n_heads, width=shape.width)
 
 
 def _fix_budget(run: RunConfig, target: int | None) -> float | None:

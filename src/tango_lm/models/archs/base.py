@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from tango_lm.models.config import ModelConfig
+from tango_lm.models.fixed_geometry import FixedGeometry
 
 
 class Architecture:
@@ -28,10 +29,9 @@ class Architecture:
     min_depth: int = 1  # fewer applications cannot build it (three sets need three)
     rotating_width: bool = False  # trains with `active_width` (rotating narrow width, docs/design.md §2.6)
     width_name: str = "gate"  # what `width` is, for generated presets: "gate" (TANGO's F) or "FFN"
-    # Labels of the paper's fixed geometries of this architecture (label -> display name), for
-    # reports, right after it. A sweep's `arch` axis takes one only where sweep/grid.py builds its
-    # geometry (today `conventional-untied`, from the tier).
-    variants: dict[str, str] = {}
+    # Geometries of it a paper gives as data (models/fixed_geometry.py), each under its own label:
+    # sweeps, `tango-lm match`, the presets and the reports take them from here.
+    fixed_geometries: tuple[FixedGeometry, ...] = ()
     decode_state: str = ""  # for readers: what one application's decode state holds (serve/cache.py)
     # A forward may leave a parameter without a gradient (an MoE expert no token chose): DDP has to
     # look for such parameters after every backward, and FSDP cannot train the model.

@@ -10,6 +10,24 @@ from tango_lm.layers.transformer import transformer_block
 from tango_lm.models.archs.base import Architecture, causal_pairs_per_token
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
+from tango_lm.models.fixed_geometry import FixedGeometry
+
+# Seed 000 Table 6: the conventionally proportioned Untied baselines (d, heads, F), head width 32.
+# The paper gives these geometries rather than a rule, so they are data.
+CONVENTIONAL_UNTIED = FixedGeometry(
+    label="conventional-untied",
+    display_name="Conventional Untied",
+    title="Conventional Untied Transformer++",
+    source="seed 000 Table 6",
+    shapes={
+        ("70M", 4): (800, 25, 2064),
+        ("70M", 8): (640, 20, 1616),
+        ("70M", 16): (480, 15, 1344),
+        ("160M", 4): (1376, 43, 3664),
+        ("160M", 8): (1056, 33, 2816),
+        ("160M", 16): (800, 25, 2080),
+    },
+)
 
 
 def block_params(cfg: ModelConfig) -> int:
@@ -60,7 +78,7 @@ class UntiedTransformer(_TransformerPP):
     name = "untied-transformer"
     display_name = "Untied Transformer++"
     description = "Untied Transformer++"
-    variants = {"conventional-untied": "Conventional Untied"}  # seed 000 Table 6's geometries
+    fixed_geometries = (CONVENTIONAL_UNTIED,)
 
 
 class LoopTransformer(_TransformerPP):
