@@ -627,6 +627,24 @@ def test_training_labels_cover_sweep_runs_and_ignore_what_computes_nothing(tmp_p
     assert main_rows() == [(["train.lr"], ["loop-transformer"]), (["train.lr"], ["tango"])]
 
 
+@pytest.mark.parametrize("batch_dependent", [False, True])
+def test_eval_batch_size_splits_rows_of_an_architecture_whose_scores_depend_on_it(
+    tmp_path, monkeypatch, batch_dependent
+):
+    """Read from the architecture (`scores_depend_on_batch`: MoE's), not its name: a new one that
+    declares it has runs scored at other eval batch sizes kept apart too."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    monkeypatch.setattr(ARCHITECTURES["dense"], "scores_depend_on_batch", batch_dependent)
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "arch": "dense"}
+    runs = [write_run(tmp_path / "runs", {**labels, "seed": seed}, 3.0, 3.0) for seed in SEEDS[:2]]
+    config = json.loads((runs[0] / "config.json").read_text())
+    config["train"]["eval_batch_size"] = 2
+    (runs[0] / "config.json").write_text(json.dumps(config))
+    rows = write_report(tmp_path / "runs", plots=False)["report"]["main"]
+    assert len(rows) == (2 if batch_dependent else 1)
+
+
 def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
     def edit(run, section, **fields):
         config = json.loads((run / "config.json").read_text())

@@ -9,6 +9,7 @@ import torch
 
 from tango_lm import ModelConfig, UserError, build_model
 from tango_lm.layers.rope import rope_tables
+from tango_lm.models.registry import ARCHITECTURES
 from tests import arch_cases
 
 ARCHS = ("tango", "loop-transformer", "untied-transformer")
@@ -90,6 +91,16 @@ def check_causal(cfg: ModelConfig) -> torch.nn.Module:
         x2[:, 0] = (x2[:, 0] + 1) % v
         assert (model(x2)[:, -1] - base[:, -1]).abs().max() > 1e-6
     return model
+
+
+@pytest.mark.parametrize("arch", arch_cases.names())
+def test_an_architecture_with_routed_experts_says_its_scores_depend_on_the_batch(arch):
+    """Expert capacity is per forward: reports and resumes keep eval batch sizes apart only for
+    architectures that declare it (models/archs/base.py)."""
+    from tango_lm.layers.moe import moe_layers
+
+    routed = bool(moe_layers(build_model(arch_cases.tiny_config(arch))))
+    assert not routed or ARCHITECTURES[arch].scores_depend_on_batch
 
 
 @pytest.mark.parametrize("arch", arch_cases.names())

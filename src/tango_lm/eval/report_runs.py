@@ -229,6 +229,8 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
     they differed only by head or architecture. Runs of one sweep are compared the same way (a grid
     edited since some of its runs trained leaves those beside the new ones), except in the token
     budgets the grid derived from one tokens_per_param (each architecture's own count, by design)."""
+    from tango_lm.models.registry import architecture_of
+
     derived = {r.path: _derived_budget(r.path) for r in records}
     labels: dict[Path, list[tuple[str, Any]]] = {r.path: [] for r in records}
     rows: dict[tuple[Any, ...], list[RunRecord]] = {}
@@ -238,7 +240,8 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
         depths.setdefault((r.dataset, r.tier, r.extras), []).append(r)
     groups: list[tuple[str, list[RunRecord], set[str]]] = []
     for runs in depths.values():  # training and data compared across depths too (the model differs by design)
-        neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if any(r.arch == "moe" for r in runs) else set())
+        batch_dependent = any(getattr(architecture_of(r.arch), "scores_depend_on_batch", False) for r in runs)  # MoE
+        neutral_train = NEUTRAL["train"] - ({"eval_batch_size"} if batch_dependent else set())
         if all(settings[r.path]["train"].get("select") == "final" for r in runs):
             neutral_train = neutral_train | {"eval_every"}  # it only picks the best-dev checkpoint
         groups += [("train", runs, neutral_train), ("data", runs, NEUTRAL["data"])]

@@ -7,6 +7,7 @@ the generated presets, the benchmark suite and the reports list architectures in
 from __future__ import annotations
 
 from tango_lm.models.archs.attnres import AttnResArch
+from tango_lm.models.archs.base import Architecture
 from tango_lm.models.archs.dense import Dense
 from tango_lm.models.archs.flash import Flash
 from tango_lm.models.archs.gau import Gau
@@ -39,3 +40,10 @@ def fixed_geometries() -> dict[str, tuple[str, FixedGeometry]]:
     """Every registered fixed geometry's label -> (its architecture's name, the geometry), in
     registry order."""
     return {g.label: (name, g) for name, arch in ARCHITECTURES.items() for g in arch.fixed_geometries}
+
+
+def architecture_of(label: str) -> type[Architecture] | None:
+    """The architecture a run's `arch` label builds (a fixed geometry's label builds its
+    architecture's), or None for a name this version does not register."""
+    fixed = fixed_geometries().get(label)
+    return ARCHITECTURES.get(fixed[0] if fixed else label)

@@ -15,8 +15,8 @@ import torch
 from tango_lm.data.loader import WindowLoader
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
-from tango_lm.layers.moe import moe_layers
 from tango_lm.models.model import LanguageModel
+from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.train import distributed, metrics_file
 from tango_lm.train.checkpoint import (
     SHARDS,
@@ -66,7 +66,8 @@ class TrainerCheckpoints:
     def _resume(self, path: Path) -> None:
         ckpt, state = open_checkpoint(path)
         check_same_run(ckpt, state, self.run, self.dataset, self.loader, compute_dtype(self.dtype))
-        check_same_eval_batch(state, self.run, self.eval_batch_size, bool(moe_layers(self.model)))
+        batch_dependent = ARCHITECTURES[self.run.model.arch].scores_depend_on_batch
+        check_same_eval_batch(state, self.run, self.eval_batch_size, batch_dependent)
         try:
             if ckpt.layout == "sharded":  # DCP reshards to this run's number of processes
                 tensors, _ = distributed.sharded_state(self.model, self.optimizer)

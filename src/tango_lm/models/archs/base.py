@@ -36,6 +36,9 @@ class Architecture:
     # A forward may leave a parameter without a gradient (an MoE expert no token chose): DDP has to
     # look for such parameters after every backward, and FSDP cannot train the model.
     skips_parameters: bool = False
+    # A token's score depends on the other windows in its forward (MoE: expert capacity is per
+    # forward), so runs evaluated in batches of other sizes measure different numbers.
+    scores_depend_on_batch: bool = False
     # Under FSDP each layer applied once is a unit of its own, re-gathered for the backward by a
     # hook on its output tensors. A layer that returns none (it writes into a shared structure, as
     # AttnRes's depth sources) stays in the root unit instead.

@@ -67,6 +67,7 @@ class MoE(Architecture):
     family = "onona"
     decode_state = "keys and values of the n_kv_heads heads, every position"
     skips_parameters = True
+    scores_depend_on_batch = True
     # Capacity E / k drops no token, so a decoded position equals the full forward's.
     tiny = {"n_kv_heads": 2, "n_experts": 4, "moe_top_k": 2, "moe_expert_width": None, "capacity_factor_train": 2.0}
 
