@@ -223,6 +223,19 @@ def test_overwrite_refuses_a_dataset_directory_holding_other_files(prepared):
     assert {k: v for k, v in _snapshot(prepared).items() if k in before} == before
 
 
+@pytest.mark.parametrize(
+    "splits", [["train"], {"train": ["train-00000.bin"]}, {"train": {"shards": "train-00000.bin"}}, {"train": 3}]
+)
+def test_overwrite_replaces_a_dataset_whose_manifest_is_damaged(prepared, splits):
+    """`data verify` answers a damaged manifest by sending its user to --overwrite, which met the
+    damage with an AttributeError: the shards it wrote are known by their names too."""
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    manifest["splits"] = splits
+    (prepared / "manifest.json").write_text(json.dumps(manifest))
+    write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {"v": 2}, progress=False, overwrite=True)
+    assert PreparedDataset.open(prepared, verify=True).source == {"v": 2}
+
+
 def test_refuses_foreign_directory(tmp_path):
     other = tmp_path / "mine"
     other.mkdir()

@@ -39,6 +39,7 @@ FORMAT = "tango-lm-shards/1"
 MANIFEST = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*-\d{5}\.bin")  # _ShardWriter's: split-00000.bin
 _PREPARE_HINT = "run `tango-lm data prepare ...` to (re)create it"
 
 
@@ -97,11 +98,15 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
 
 
 def _dataset_files(out: Path) -> set[str]:
-    """The names a prepared dataset's directory holds: its manifest, tokenizer and shards."""
+    """The names a prepared dataset's directory holds: its manifest, tokenizer and shards (those its
+    manifest lists, and any named as _ShardWriter names them: a damaged manifest may list none, and
+    `data verify` sends its user to --overwrite)."""
     with open(out / MANIFEST, encoding="utf-8") as f:
-        manifest = json.load(f)
-    shards = [sh.get("file") for entry in (manifest.get("splits") or {}).values() for sh in entry.get("shards") or []]
-    return {MANIFEST, TOKENIZER_FILE, *(str(name) for name in shards)}
+        splits = json.load(f).get("splits")
+    entries = [e for e in splits.values() if isinstance(e, dict)] if isinstance(splits, dict) else []
+    listed = [sh.get("file") for e in entries if isinstance(e.get("shards"), list) for sh in e["shards"]]
+    named = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name)]
+    return {MANIFEST, TOKENIZER_FILE, *named, *(name for name in listed if isinstance(name, str))}
 
 
 class _ShardWriter:
