@@ -216,6 +216,17 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
         assert out == direct_generation(model, tok, context, kwargs["max_gen_toks"], until, 32)
 
 
+def test_generate_until_keeps_half_the_window_for_the_prompt(lm, caplog):
+    """lm-eval's default max_gen_toks (256) on a model of a shorter window left it one token of its
+    prompt: the answer's budget is capped at half the window (32 here), with a warning."""
+    tok, model = lm.tok, lm.model
+    context = "abcdefghijkl " * 4
+    with caplog.at_level("WARNING", logger="tango_lm.eval.lm_eval_adapter"):
+        (out,) = lm.generate_until([_request("generate_until", (context, {"max_gen_toks": 256}))])
+    assert out == direct_generation(model, tok, context, 16, [], 32)
+    assert "max_gen_toks=256 is over half the 32-token window; generating at most 16 tokens" in caplog.text
+
+
 def test_generate_until_on_static_steps_is_the_same(lm, monkeypatch):
     # What runs on CUDA (CUDA graphs there): the static decode steps, here run eagerly.
     import tango_lm.serve.static_decode as static_decode

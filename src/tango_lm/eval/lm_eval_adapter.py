@@ -32,7 +32,9 @@ with their external-evaluation capacity (`capacity_factor_eval`, by default n_ex
 which drops nothing: 4.0 for the presets).
 `generate_until` decodes one request at a time with the model's decode cache (greedy unless
 `do_sample` with a temperature > 0), stopping at the end-of-text token, a stop string or
-`max_gen_toks`; on CUDA its steps are static steps replayed as CUDA graphs (serve/static_decode.py).
+`max_gen_toks`. The prompt is cut from the left to leave `max_gen_toks` positions of the window,
+as lm-eval's Hugging Face model cuts it, with `max_gen_toks` capped at half the window (with a
+warning) so the prompt keeps the other half; on CUDA its steps are static steps replayed as CUDA graphs (serve/static_decode.py).
 """
 
 from __future__ import annotations
@@ -284,7 +286,19 @@ class TangoLM(TemplateLM):
             if key not in warned:
                 warned.add(key)
                 logger.warning("tango-lm: ignoring generation argument %s=%r", key, kwargs[key])
-        max_new = max(0, min(max_new, self._max_length - 1))
+        # The prompt leaves max_gen_toks positions of the window for the answer, as lm-eval's Hugging
+        # Face model cuts it, but keeps at least half: lm-eval's default 256 left a model of a 256-token
+        # (or shorter) context one token of its prompt.
+        if max_new > self._max_length // 2 and "max_gen_toks" not in warned:
+            warned.add("max_gen_toks")
+            logger.warning(
+                "tango-lm: max_gen_toks=%d is over half the %d-token window; generating at most %d tokens "
+                "so the prompt keeps the other half",
+                max_new,
+                self._max_length,
+                self._max_length // 2,
+            )
+        max_new = max(0, min(max_new, self._max_length // 2))
         ids = self.tok.encode(context) or [self.tok.eot_id]
         ids = ids[-(self._max_length - max_new) :]
         if max_new == 0:
