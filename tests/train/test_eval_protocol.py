@@ -63,6 +63,27 @@ def test_eval_of_a_sampled_run_reproduces_its_logged_dev_nll(data_dir, tmp_path,
     assert "windows sampled with seed 1234" in capsys.readouterr().out
 
 
+def test_eval_of_a_run_that_tests_on_its_dev_split_reproduces_its_test_nll(data_dir, tmp_path, capsys):
+    # With data.test_split: dev, `--split test` matched the split by name, took the dev role's
+    # sampled eval windows and printed another number than the summary's test NLL.
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=4, eval_every=4, save_every=4, test_windows=7, **SAMPLED)
+    run.data.test_split = "dev"
+    train(run)
+    summary = json.loads((out / "summary.json").read_text())
+    res = evaluate_checkpoint(str(out), "test")
+    assert res["tokens"] == summary["test_tokens"] == 7 * 32 and "sample_seed" not in res
+    assert res["nll"] == pytest.approx(summary["test_nll"], rel=1e-6) and res["role"] == "test"
+    assert main(["eval", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"test ('dev') NLL {summary['test_nll']:.4f} nats/token over 224 tokens")
+    dev = evaluate_checkpoint(str(out), "dev")
+    assert (
+        "role" not in dev
+        and dev["sample_seed"] == 1234
+        and dev["nll"] == pytest.approx(helpers.dev_records(out)[-1]["dev_nll"], rel=1e-6)
+    )
+
+
 def test_eval_with_the_runs_own_data_named_scores_the_runs_windows(data_dir, tmp_path, capsys):
     # `--data` naming the run's own dataset scored every dev window (a number the log never shows)
     # while the output said "windows sampled with seed 1234"; every window is no sample.

@@ -108,8 +108,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         _print_json(res)
     else:
         sampled = f", windows sampled with seed {res['sample_seed']}" if "sample_seed" in res else ""
+        split = f"{res['role']} ({res['split']!r})" if "role" in res else res["split"]  # as the trainer says it
         print(
-            f"{res['split']} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
+            f"{split} NLL {res['nll']:.4f} nats/token over {res['tokens']:,} tokens "
             f"({res['checkpoint']}, step {res['step']}{_variant(res)}{sampled})"
         )
 

@@ -72,17 +72,21 @@ def evaluate_checkpoint(
         or same_dataset_dir(data_dir, run["data"].get("dir"))
         or holds_recorded_tokens(dataset, ckpt.meta.get("data"))  # the run's data, moved or named from elsewhere
     )
-    own = [k for k, name in splits.items() if name == split_name and own_data]
+    # The split's role in the run: "dev" or "test" as asked, else by name. A run may test on its dev
+    # split (test_split: dev), and `--split test` then takes the test windows, as its summary did.
+    role = split if split in splits else next((k for k, name in splits.items() if name == split_name), None)
     if max_windows is None:  # the run's own windows on its own data (every window elsewhere)
-        max_windows = own_windows[own[0]] if own else None
+        max_windows = own_windows[role] if role and own_data else None
     elif max_windows == "all":
         max_windows = None
     # A sample only when some windows are left out: every window, in any order, is the same NLL
     # (but for an MoE evaluated below its dropless capacity, whose drops depend on batch mates).
-    sample_seed = train.get("eval_sample_seed") if split_name == splits["dev"] and max_windows is not None else None
+    sample_seed = train.get("eval_sample_seed") if role == "dev" and max_windows is not None else None
     batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed, split=repr(split_name))
     nll, tokens = evaluate_nll(model, batches, dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    if role is not None and role != split_name:  # the run's test split named otherwise ("dev", "validation")
+        res["role"] = role
     if sample_seed is not None:
         res["sample_seed"] = sample_seed
     return {**res, **variant}
