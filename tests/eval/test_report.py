@@ -645,6 +645,21 @@ def test_eval_batch_size_splits_rows_of_an_architecture_whose_scores_depend_on_i
     assert len(rows) == (2 if batch_dependent else 1)
 
 
+def test_linked_run_directories_are_read_once_each(tmp_path):
+    """A folder of links to runs is how one gathers a comparison: it read as "no finished runs"."""
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0]}
+    tango = write_run(tmp_path / "runs", {**labels, "arch": "tango"}, 3.0, 3.0)
+    loop = write_run(tmp_path / "runs", {**labels, "arch": "loop-transformer"}, 4.0, 4.0)
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "a").symlink_to(tango, target_is_directory=True)
+    (picked / "b").symlink_to(loop, target_is_directory=True)
+    (picked / "again").symlink_to(tango, target_is_directory=True)  # the same run twice: one run
+    (picked / "up").symlink_to(picked, target_is_directory=True)  # a loop: walked once
+    (row,) = write_report(picked, plots=False)["report"]["main"]
+    assert {arch: cell["n"] for arch, cell in row["cells"].items()} == {"tango": 1, "loop-transformer": 1}
+
+
 def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
     def edit(run, section, **fields):
         config = json.loads((run / "config.json").read_text())

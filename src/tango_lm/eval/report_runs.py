@@ -169,9 +169,17 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
 def _run_files(root: Path) -> tuple[list[Path], list[Path]]:
     """Every config.json and failed.json below `root`, outside checkpoint directories, sorted.
     os.walk and not rglob: a live sweep renames and removes its old checkpoints while a report
-    reads, and os.walk passes over a directory gone mid-walk where rglob raises."""
+    reads, and os.walk passes over a directory gone mid-walk where rglob raises. Linked directories
+    are followed (a folder of links to runs is a comparison), each real directory once: a run linked
+    twice would count twice, and a link to a parent would never end."""
     configs, failures = [], []
-    for dirpath, dirnames, filenames in os.walk(root):
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = [d for d in dirnames if d != "checkpoints"]  # a checkpoint's config.json is no run
         configs += [Path(dirpath, "config.json")] if "config.json" in filenames else []
         failures += [Path(dirpath, "failed.json")] if "failed.json" in filenames else []
