@@ -420,3 +420,54 @@ def test_ablate_refusal_names_every_registered_head_that_takes_it(monkeypatch):
     ckpt = SimpleNamespace(path="runs/x", config={"model": {"head": "standard"}})
     with pytest.raises(UserError, match=r"\(head onona or factorial-m-mix or my-twin\); runs/x has head 'standard'"):
         model_variant(standard, ckpt, None, "A")
+
+
+class RecordedBar:
+    """Stands in for tqdm: what a bar was told."""
+
+    made: list[RecordedBar] = []
+
+    def __init__(self, total, desc, disable, **kwargs):
+        self.total, self.desc, self.disable, self.n, self.closed = total, desc, disable, 0, False
+        RecordedBar.made.append(self)
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.mark.parametrize("what", ["split", "text", "lambada"])
+def test_eval_draws_a_token_bar_that_ends_at_its_total(run_dir, tmp_path, monkeypatch, what):
+    """`tango-lm eval` was silent for however long a split or a --ppl file took."""
+    from tango_lm.eval import progress
+    from tango_lm.eval.evaluate import evaluate_checkpoint
+    from tango_lm.eval.perplexity import evaluate_checkpoint_file
+
+    monkeypatch.setattr(progress, "tqdm", RecordedBar)
+    RecordedBar.made = []
+    path = tmp_path / "f.txt"
+    path.write_text("abc def ghi " * 9 + "\n\nkl jk\n" if what == "text" else "a b c\nd e f\n")
+    score = {
+        "split": lambda progress: evaluate_checkpoint(str(run_dir), "dev", progress=progress),
+        "text": lambda progress: evaluate_checkpoint_file(str(run_dir), path, "text", stride=5, progress=progress),
+        "lambada": lambda progress: evaluate_checkpoint_file(str(run_dir), path, "lambada", progress=progress),
+    }[what]
+    assert score(True) == score(False)  # the bar changes no number
+    drawn, hidden = RecordedBar.made
+    assert not drawn.disable and hidden.disable and drawn.closed
+    assert drawn.n == drawn.total > 0
+    if what == "split":
+        assert drawn.desc == "eval dev" and drawn.total == score(False)["tokens"]
+
+
+def test_eval_takes_no_progress(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["split"] == "test"

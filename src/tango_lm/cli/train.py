@@ -103,6 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         device=args.device,
         segment=_parse_segment(args.segment),
         ablate=args.ablate,
+        progress=not args.no_progress,
     )
     if args.json:
         _print_json(res)
@@ -133,6 +134,7 @@ def _eval_ppl(args: argparse.Namespace) -> None:
         device=args.device,
         segment=_parse_segment(args.segment),
         ablate=args.ablate,
+        progress=not args.no_progress,
     )
     if args.json:
         _print_json(res)
@@ -211,6 +213,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
+    s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     s.set_defaults(func=cmd_eval)
 
 

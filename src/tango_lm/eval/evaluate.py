@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.loader import eval_batches
+import torch
+
+from tango_lm.data.loader import count_eval_windows, eval_batches
 from tango_lm.data.shards import PreparedDataset, same_dataset_dir
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
+from tango_lm.eval.progress import token_bar
 from tango_lm.train.checkpoint import load_checkpoint
 from tango_lm.train.device import autocast_dtype, pick_device
 
@@ -23,6 +27,7 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     segment: int | None = None,
     ablate: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`, in windows of the run's sequence length. By default
     (`max_windows` None) the run's own windows on its own dataset, so the result reproduces what the
@@ -82,14 +87,25 @@ def evaluate_checkpoint(
     # A sample only when some windows are left out: every window, in any order, is the same NLL
     # (but for an MoE evaluated below its dropless capacity, whose drops depend on batch mates).
     sample_seed = train.get("eval_sample_seed") if role == "dev" and max_windows is not None else None
-    batches = eval_batches(dataset.tokens(split_name), seq_len, bs, max_windows, sample_seed, split=repr(split_name))
-    nll, tokens = evaluate_nll(model, batches, dev, dtype)
-    res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": tokens}
+    tokens = dataset.tokens(split_name)
+    batches = eval_batches(tokens, seq_len, bs, max_windows, sample_seed, split=repr(split_name))
+    with token_bar(count_eval_windows(tokens, seq_len, max_windows) * seq_len, f"eval {split_name}", progress) as bar:
+        nll, scored = evaluate_nll(model, _counted(batches, bar), dev, dtype)
+    res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": scored}
     if role is not None and role != split_name:  # the run's test split named otherwise ("dev", "validation")
         res["role"] = role
     if sample_seed is not None:
         res["sample_seed"] = sample_seed
     return {**res, **variant}
+
+
+def _counted(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], bar: Any
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches, each counted on the bar once the model has scored it."""
+    for inputs, targets in batches:
+        yield inputs, targets
+        bar.update(inputs.numel())
 
 
 def _described(tokenizer: dict[str, Any]) -> str:

@@ -249,7 +249,16 @@ class TangoLM(TemplateLM):
         docs = [self.tok.encode(req.args[0]) for req in requests]
         with self._scoring():
             logps = document_logprobs(
-                self.model, docs, self.tok.eot_id, self._max_length, None, self._batch_size, self._device, self.dtype
+                self.model,
+                docs,
+                self.tok.eot_id,
+                self._max_length,
+                None,
+                self._batch_size,
+                self._device,
+                self.dtype,
+                progress=not disable_tqdm and self.rank == 0,
+                desc="tango-lm loglikelihood_rolling",
             )
         out = []
         for req, lp in zip(requests, logps, strict=True):

@@ -68,9 +68,12 @@ def _score(
     device: torch.device,
     dtype: torch.dtype | None,
     vocab: int | None = None,
+    progress: bool = False,
+    desc: str = "eval",
 ) -> list[tuple[list[float], bool]]:
     """Per item: the log-probs of its scored targets and whether each target is the argmax over the
     tokenizer's `vocab` ids (greedy decoding never picks the table's padding rows, design.md §8.17)."""
+    from tango_lm.eval.progress import token_bar
     from tango_lm.layers.moe import capacity_factor, moe_layers
     from tango_lm.train.device import autocast
 
@@ -80,6 +83,7 @@ def _score(
         by_length.setdefault(len(item.ids), []).append(i)
     was_training = model.training
     model.eval()
+    bar = token_bar(sum(len(item.ids) - 1 for item in items), desc, progress)
     try:
         # MoE layers serve with their inference capacity: no dropped tokens at the default E / k (the
         # paper's 4.0 for its 8 experts, top-2); a lower capacity_factor_eval makes scores batch-dependent.
@@ -99,7 +103,9 @@ def _score(
                             picked[row, length - 1 - k :].double().tolist(),
                             bool(greedy[row, length - 1 - k :].all()),
                         )
+                    bar.update(len(chunk) * (length - 1))
     finally:
+        bar.close()
         model.train(was_training)
     return results  # type: ignore[return-value]
 
@@ -129,6 +135,8 @@ def document_logprobs(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    progress: bool = False,
+    desc: str = "eval",
 ) -> list[list[float]]:
     """Log-prob of every token of every document (rolling windows, see the module docstring)."""
     stride = context if stride is None else stride
@@ -138,7 +146,7 @@ def document_logprobs(
         for a, e, k in rolling_windows(len(ids), context, stride):
             items.append(_Item(s[a : e + 1], k))
             owners.append(d)
-    scores = _score(model, items, batch_size, torch.device(device), dtype)
+    scores = _score(model, items, batch_size, torch.device(device), dtype, progress=progress, desc=desc)
     out: list[list[float]] = [[] for _ in docs]
     for d, (logps, _) in zip(owners, scores, strict=True):
         out[d].extend(logps)
@@ -288,13 +296,14 @@ def document_perplexity(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Rolling NLL of documents: per-token NLL, token/word/byte perplexity and bits per byte.
     Words and bytes are counted in `originals` (the texts before any detokenization; default docs)."""
     if not docs:
         raise UserError("the file holds no documents; give non-empty text")
     ids = [tokenizer.encode(d) for d in docs]
-    logps = document_logprobs(model, ids, tokenizer.eot_id, context, stride, batch_size, device, dtype)
+    logps = document_logprobs(model, ids, tokenizer.eot_id, context, stride, batch_size, device, dtype, progress)
     originals = list(originals) if originals is not None else list(docs)
     nll = -sum(sum(lp) for lp in logps)
     tokens = sum(len(lp) for lp in logps)
@@ -326,6 +335,7 @@ def lambada_metrics(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Last-word perplexity and accuracy; the passage is cut from the left to fit the context."""
     items = []
@@ -335,7 +345,7 @@ def lambada_metrics(
             raise UserError(f"the target word {target!r} has {len(word)} tokens, more than the context of {context}")
         s = [tokenizer.eot_id, *ctx, *word][-(context + 1) :]
         items.append(_Item(s, len(word)))
-    scores = _score(model, items, batch_size, torch.device(device), dtype, tokenizer.vocab_size)
+    scores = _score(model, items, batch_size, torch.device(device), dtype, tokenizer.vocab_size, progress)
     nlls = [-sum(lp) for lp, _ in scores]
     correct = sum(ok for _, ok in scores)
     mean = sum(nlls) / len(nlls)
@@ -361,6 +371,7 @@ def evaluate_file(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     detokenize: bool = True,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Perplexity of a model on a local file in one of FORMATS."""
     if fmt not in FORMATS:
@@ -368,14 +379,16 @@ def evaluate_file(
     if fmt == "lambada":
         if stride is not None:
             raise UserError("--stride applies to text and wikitext files; LAMBADA examples are scored whole")
-        res = lambada_metrics(model, tokenizer, read_lambada(path), context, batch_size, device, dtype)
+        res = lambada_metrics(model, tokenizer, read_lambada(path), context, batch_size, device, dtype, progress)
     else:
         text = read_text_file(path)
         originals = split_wikitext(text) if fmt == "wikitext" else split_blank_lines(text)
         if not originals:
             raise UserError(f"{path} holds no text; give a non-empty {fmt} file")
         docs = [wikitext_detokenize(d) for d in originals] if fmt == "wikitext" and detokenize else originals
-        res = document_perplexity(model, tokenizer, docs, context, stride, originals, batch_size, device, dtype)
+        res = document_perplexity(
+            model, tokenizer, docs, context, stride, originals, batch_size, device, dtype, progress
+        )
     return {"file": str(path), "format": fmt, **res}
 
 
@@ -388,6 +401,7 @@ def evaluate_checkpoint_file(
     batch_size: int | None = None,
     segment: int | None = None,
     ablate: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """`tango-lm eval CHECKPOINT --ppl FILE --format F`: the checkpoint's model and tokenizer,
     windows of the run's training sequence length; `segment` and `ablate` as in `eval --split`
@@ -410,5 +424,5 @@ def evaluate_checkpoint_file(
     dtype = autocast_dtype(run["train"].get("precision", "auto"), dev)
     # Each window materializes [batch, context, vocab] fp32 log-probs, so batches stay small.
     bs = batch_size or min(8, run["train"].get("eval_batch_size") or run["train"].get("batch_size") or 8)
-    res = evaluate_file(model, tokenizer, path, fmt, context, stride, bs, dev, dtype)
+    res = evaluate_file(model, tokenizer, path, fmt, context, stride, bs, dev, dtype, progress=progress)
     return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), **res, **variant}
