@@ -349,6 +349,19 @@ def test_throughput_points_count_a_seed_run_twice_once():
     assert points == {"d": {"tango": [(300.0, 4.0, "70M/d4")]}}
 
 
+def test_throughput_points_of_rows_apart_in_a_setting_say_it():
+    # Two points of one model, tier and depth that the tables keep apart (train.lr) had one tag.
+    from tango_lm.eval.plots import throughput_points
+    from tango_lm.eval.report_runs import RunRecord
+
+    def run(lr: float, value: float) -> RunRecord:
+        extras = (("train.lr", lr),)
+        return RunRecord(Path(str(lr)), "d", "-", 2, "tango", "standard", "A", extras, value, value, None, 9.0, 1, 1)
+
+    points = throughput_points([run(0.001, 3.0), run(0.01, 4.0)])
+    assert points == {"d": {"tango": [(9.0, 3.0, "-/d2 train.lr=0.001"), (9.0, 4.0, "-/d2 train.lr=0.01")]}}
+
+
 def test_plots_of_runs_apart_in_many_fields_have_names_the_disk_takes(tmp_path):
     # Every field two runs differ in went into the curve's file name: with a dozen, the name passed
     # 255 bytes and `report` failed ("File name too long"), writing no report at all.

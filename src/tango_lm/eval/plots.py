@@ -118,8 +118,9 @@ def _int_formatter() -> Any:
 
 
 def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tuple[float, float, str]]]]:
-    """dataset -> model -> (tokens/s, NLL, "tier/dDEPTH") per tier and depth: means over seeds, a
-    seed run twice counted once (the mean of its copies, as the tables' `seed_values`)."""
+    """dataset -> model -> (tokens/s, NLL, "tier/dDEPTH") per tier, depth and the other settings
+    that split the tables' rows (tagged `name=value` after it, or two points share one tag): means
+    over seeds, a seed run twice counted once (the mean of its copies, as the tables' `seed_values`)."""
     import statistics
 
     copies: dict[str, dict[tuple[Any, ...], dict[str, list[RunRecord]]]] = {}
@@ -134,9 +135,10 @@ def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tupl
     out: dict[str, dict[str, list[tuple[float, float, str]]]] = {}
     for dataset, points in copies.items():
         per_model = out.setdefault(dataset, {})
-        for (model, tier, depth, _extras), by_seed in points.items():
+        for (model, tier, depth, extras), by_seed in points.items():
             x = over_seeds(by_seed, lambda r: r.tokens_per_s)
-            per_model.setdefault(model, []).append((x, over_seeds(by_seed, lambda r: r.value), f"{tier}/d{depth}"))
+            tag = " ".join([f"{tier}/d{depth}", *(f"{name}={value}" for name, value in extras)])
+            per_model.setdefault(model, []).append((x, over_seeds(by_seed, lambda r: r.value), tag))
     return out
 
 
