@@ -63,6 +63,16 @@ def test_dev_is_held_out_from_train(generated):
     assert ds.num_documents("dev") == 56
 
 
+@pytest.mark.parametrize(
+    ("n", "fraction", "dev"), [(300, 0.05, 15), (3, 0.05, 1), (40, 0.05, 2), (2, 0.9, 1), (3, 0.0, 0), (1, 0.5, 0)]
+)
+def test_dev_takes_the_rounded_share_of_a_module_but_at_least_one_and_never_all(n, fraction, dev):
+    import random
+
+    train, held = dmmath._hold_out([f"q{i}" for i in range(n)], fraction, random.Random(0))
+    assert len(held) == dev and len(train) == n - dev and not set(train) & set(held)
+
+
 def test_test_split_is_interpolate_with_56_modules(generated):
     path, root, _ = generated
     ds = PreparedDataset.open(path)

@@ -11,7 +11,8 @@ generation parameters and the generator's pinned versions, so a second prepare r
 
 Splits: train = train-easy/medium/hard modules (the per-module count split equally over the
 three difficulties) minus the held-out dev documents; dev = `dev_fraction` of each module's
-generated train documents (same distribution, disjoint from train); test = the official
+generated train documents, rounded and at least one per module so dev covers every module (a larger
+share at small `train_per_module`: 1 of 3), same distribution, disjoint from train; test = the official
 *interpolate* split (56 modules); optionally extrapolate. A document is question + "\\n" + answer.
 """
 
@@ -200,7 +201,8 @@ def _read_jsonl(directory: Path, split: str) -> dict[str, list[str]]:
 
 
 def _hold_out(docs: list[str], fraction: float, rng: random.Random) -> tuple[list[str], list[str]]:
-    """Split one module's documents into (train, dev) with no document text in both."""
+    """Split one module's documents into (train, dev) with no document text in both: dev takes the
+    rounded fraction, but at least one (every module in dev) and never all of them."""
     unique = list(dict.fromkeys(docs))
     n_dev = 0 if fraction <= 0 else min(len(unique) - 1, max(1, round(fraction * len(docs))))
     rng.shuffle(unique)
@@ -245,7 +247,8 @@ class DMMathSource(DataSource):
             "--dev-fraction",
             type=float,
             default=0.05,
-            help="share of each module's train examples held out as dev (default %(default)s)",
+            help="share of each module's train examples held out as dev, rounded, at least one per module so dev "
+            "covers every module (default %(default)s: 15 of the default 300)",
         )
         parser.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
         parser.add_argument("--extrapolate", action="store_true", help="also write the extrapolate split")
