@@ -17,8 +17,9 @@ means equal *tokens*: in every split, the proof-completion examples contribute a
 deterministic subset chosen by hash fills the remainder (or, when the examples alone outweigh the
 sources, is all that is kept), so the two parts differ by less than one example's tokens.
 `proof_weight` generalizes this: the examples' share of a split's tokens (0.5 = equal weight).
-Copies of an example are emitted in separate rounds over the split's files, so two copies never
-sit next to each other in the token stream.
+Copies of an example are emitted in separate rounds over the split's files, so they are spread
+over the token stream: two copies touch only where a round holds a single example (a split that
+keeps one example, or one copy past the others' whole repeats that also ended the round before).
 
 Splits: files, not examples, are held out (by the hash of the file's text, see `sources`), and
 every example goes to the split of the file it was cut from; an example whose text a train file's
