@@ -189,3 +189,28 @@ def test_a_lemma_copied_between_files_gives_no_test_example_that_train_has(tmp_p
     assert {s: bool(ds.num_documents(s)) for s in ("dev", "test")} == {"dev": True, "test": True}
     assert shared.rstrip() in train and not (train & (dev | test)) and not dev & test
     assert ds.source["splits"]["test"]["examples_seen_in_an_earlier_split"] > 0
+
+
+def test_a_plan_counts_the_documents_its_split_writes_and_the_bar_knows_them(tmp_path, monkeypatch):
+    """The tokenize bar of a Lean split had no total (no ETA) and the passes before it no bar."""
+    import tqdm.auto
+
+    for weight in (0.0, 0.2, 0.5, 0.75):
+        plan = plan_lean(FILES, BYTE, proof_weight=weight)
+        assert plan["documents"] == len(list(lean_documents(FILES, plan)))
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    out = prepare_lean([FIXTURES], tmp_path / "lean", BYTE, dev_fraction=0.3, test_fraction=0.3, seed=1, progress=True)
+    ds = PreparedDataset.open(out)
+    tokenize = {b.desc: b for b in bars if b.desc.startswith("tokenize ")}
+    assert {f"tokenize {s}": ds.manifest["splits"][s]["documents"] for s in ds.splits} == {
+        d: b.total for d, b in tokenize.items()
+    }
+    assert all(b.n == b.total for b in tokenize.values())
+    assert {b.desc for b in bars if b.desc.startswith("lean: ")} >= {"lean: split files", "lean: count train tokens"}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.data.files import INPUTS_HELP, files_per_split, split_inputs
-from tango_lm.data.source import HeldOutSource
+from tango_lm.data.source import HeldOutSource, KnownCount
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError, option
 
@@ -182,9 +182,15 @@ def read_lean(path: Path) -> str:
 
 
 def _assign_files(
-    inputs: Sequence[str | os.PathLike], exts: Sequence[str], dev_fraction: float, test_fraction: float, seed: int
+    inputs: Sequence[str | os.PathLike],
+    exts: Sequence[str],
+    dev_fraction: float,
+    test_fraction: float,
+    seed: int,
+    read_bar: Any = lambda files, what: files,
 ) -> dict[str, list[Path]]:
-    """Files of each split: the inputs' own splits, dev/test held out of train by file-text hash."""
+    """Files of each split: the inputs' own splits, dev/test held out of train by file-text hash
+    (`read_bar` wraps the files read for it in a progress bar)."""
     groups = files_per_split(split_inputs(inputs, exts), exts)
     if "train" not in groups:
         raise UserError(f"the inputs have splits {', '.join(groups)} but no train split; give one (train=PATH)")
@@ -192,7 +198,7 @@ def _assign_files(
     test = 0.0 if "test" in groups else test_fraction
     out: dict[str, list[Path]] = {"train": []}
     out.update({s: [] for s in ("dev", "test") if (s in groups) or (dev if s == "dev" else test) > 0})
-    for path in groups["train"]:
+    for path in read_bar(groups["train"], "split files"):
         out[split_of(read_lean(path), dev, test, seed)].append(path)
     for s, files in groups.items():
         if s != "train":
@@ -219,14 +225,16 @@ def plan_lean(
     Returns `{"repeats": k, "extra": {(file_index, example_index), ...}, ...token counts}`: every
     example is written k times, those in `extra` once more.
     """
-    source_tokens, examples, left_out = 0, [], 0  # examples: (hash, tokens, key)
+    source_tokens, source_documents, examples, left_out = 0, 0, [], 0  # examples: (hash, tokens, key)
     for fi, path in enumerate(files):
         text = read_lean(path)
         examples_of_file = proof_examples(text, str(path))
         kept = _kept(examples_of_file, seen)
         left_out += len(examples_of_file) - len(kept)
         ids = tokenizer.encode_batch([text] + [e.text for _, e in kept])
-        source_tokens += len(ids[0]) + 1 if text.strip() else 0  # a blank file is not written (lean_documents)
+        if text.strip():  # a blank file is not written (lean_documents)
+            source_tokens += len(ids[0]) + 1
+            source_documents += 1
         for (ei, e), e_ids in zip(kept, ids[1:], strict=True):
             examples.append((_unit(f"{fi}/{ei}/{e.text}", seed), len(e_ids) + 1, (fi, ei)))
     total = sum(n for _, n, _ in examples)
@@ -247,6 +255,7 @@ def plan_lean(
         "examples_seen_in_an_earlier_split": left_out,
         "example_tokens": repeats * total + filled,
         "target_example_tokens": target,
+        "documents": source_documents + repeats * len(examples) + len(extra),  # what lean_documents yields
     }
 
 
@@ -300,14 +309,30 @@ class LeanSource(HeldOutSource):
         super().check()
 
     def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
-        files = _assign_files(self.inputs, self.exts, self.dev_fraction, self.test_fraction, self.seed)
-        texts = {s: example_texts(files[s]) for s in ("train", "dev") if s in files and len(files) > 1}
+        from tqdm.auto import tqdm
+
+        def read_bar(files: Sequence[Path], what: str) -> Sequence[Path]:
+            # The passes before tokenizing read every file (a first pass counts tokens): a bar each.
+            return tqdm(files, desc=f"lean: {what}", unit="file", disable=not progress, leave=False)
+
+        files = _assign_files(self.inputs, self.exts, self.dev_fraction, self.test_fraction, self.seed, read_bar)
+        texts = {
+            s: example_texts(read_bar(files[s], f"examples of {s}"))
+            for s in ("train", "dev")
+            if s in files and len(files) > 1
+        }
         # Whose examples each split leaves out: test train's and dev's, any other split train's.
         earlier = {"train": (), "test": ("train", "dev")}
         seen = {s: frozenset().union(*(texts.get(e, ()) for e in earlier.get(s, ("train",)))) for s in files}
-        self._plans = {s: plan_lean(f, tokenizer, self.proof_weight, self.seed, seen[s]) for s, f in files.items()}
+        self._plans = {
+            s: plan_lean(read_bar(f, f"count {s} tokens"), tokenizer, self.proof_weight, self.seed, seen[s])
+            for s, f in files.items()
+        }
         self._files = files
-        return {s: (text for _, text in lean_documents(files[s], self._plans[s], seen[s])) for s in files}
+        return {
+            s: KnownCount((text for _, text in lean_documents(files[s], self._plans[s], seen[s])), plan["documents"])
+            for s, plan in self._plans.items()
+        }
 
     def fingerprint(self) -> dict[str, Any]:
         return {
@@ -321,7 +346,7 @@ class LeanSource(HeldOutSource):
             "splits": {
                 s: {
                     "files": len(self._files[s]),
-                    **{k: v for k, v in p.items() if k != "extra"},
+                    **{k: v for k, v in p.items() if k not in ("extra", "documents")},
                     "extra_copies": len(p["extra"]),
                 }
                 for s, p in self._plans.items()

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +224,8 @@ def _write_split(
     n_docs = n_tokens = 0
     max_id = -1
     started = time.perf_counter()
-    with tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress, leave=True) as bar:
+    total = len(docs) if isinstance(docs, Sized) else None  # a known count gives the bar an ETA
+    with tqdm(desc=f"tokenize {split}", total=total, unit="doc", disable=not progress, leave=True) as bar:
         for batch in _batched(docs, batch_docs):
             encoded = tokenizer.encode_batch(batch)
             for flat in _token_blocks(encoded, tokenizer.eot_id):

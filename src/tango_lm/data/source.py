@@ -18,8 +18,8 @@ dataclass of its options, that provides
 A new source is one file with its subclass plus one line in `data/sources.py`'s `SOURCES`; the
 command line is generated from that registry.
 
-Every source is a stream of documents (strings) that `write_prepared` tokenizes into shards;
-nothing here holds a corpus in memory (one file, one Parquet row batch, or one spilled line at a
+Every source is a stream of documents (strings) that `write_prepared` tokenizes into shards (one
+of a known number, a list or a `KnownCount`, gets a bar with an ETA); nothing here holds a corpus in memory (one file, one Parquet row batch, or one spilled line at a
 time).
 """
 
@@ -32,7 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-__all__ = ["DataSource", "HeldOutSource"]
+__all__ = ["DataSource", "HeldOutSource", "KnownCount"]
+
+
+class KnownCount:
+    """A stream of documents whose number is known before it is read: `write_prepared`'s bar then
+    shows an ETA (a list has a length already)."""
+
+    def __init__(self, documents: Iterable[Any], count: int) -> None:
+        self.documents, self.count = documents, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.documents)
 
 
 class DataSource:
