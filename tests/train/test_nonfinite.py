@@ -151,3 +151,23 @@ def test_the_checkpoint_just_before_a_streak_is_not_the_one_to_resume_from(data_
     message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
     assert "move step-00000004, step-00000006 (their weights failed) out of RUN/checkpoints" in message
     assert "continue with --resume from RUN/checkpoints/step-00000002" in message
+
+
+def test_the_advice_of_a_streak_before_any_checkpoint_works(data_dir, tmp_path, monkeypatch):
+    # It said "train again without --resume", which the run's config and records always refuse.
+    poison(monkeypatch, {1, 2, 3})
+    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2)
+    with pytest.raises(UserError) as stopped:
+        train(run)
+    message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
+    assert message.endswith(
+        "move step-00000002 (their weights failed) out of RUN/checkpoints, then lower train.lr, raise "
+        "train.warmup_steps or lower train.grad_clip and train again with --resume (no checkpoint is left, so it "
+        "starts from step 0)"
+    ), message
+    (tmp_path / "run" / "checkpoints" / "step-00000002").rename(tmp_path / "moved")
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="already holds a run"):
+        train(run)  # what it used to advise
+    result = train(run, resume=True)
+    assert result.summary["skipped_steps"] == 0 and min(result.losses) == 1

@@ -96,7 +96,10 @@ def _streak_advice(ckpt_root: Path, first: int) -> str:
         f"move {', '.join(p.name for p in during)} (their weights failed) out of {ckpt_root}, then " if during else ""
     )
     if not before:
-        return f"{move}train again without --resume, with a lower train.lr, a higher train.warmup_steps or a lower train.grad_clip"
+        return (  # --resume, not a fresh command: the run's config and records are there, and refuse one
+            f"{move}lower train.lr, raise train.warmup_steps or lower train.grad_clip and train again with --resume "
+            "(no checkpoint is left, so it starts from step 0)"
+        )
     return (
         f"{move}lower train.lr, raise train.warmup_steps or lower train.grad_clip and continue with --resume from "
         f"{before[-1]} (should it stop again at once, its weights are past training too: move it out as well)"
