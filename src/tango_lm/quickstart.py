@@ -101,6 +101,8 @@ def run_quickstart(
                 f"{run_dir} has trained {done[-1]} steps, more than the {run.total_steps()} asked for; "
                 "add --fresh to retrain it, or give --steps of at least that"
             )
+        if not done and run_dir.exists():  # an attempt stopped before its first checkpoint: start it again
+            _remove_run_files(run_dir)
         rows.append(train(run, resume=bool(done), progress=progress).summary)
     print()
     print(format_table(rows))

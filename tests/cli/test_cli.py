@@ -666,6 +666,28 @@ def test_every_data_source_takes_no_progress():
         assert "--no-progress" in parser._option_string_actions, name
 
 
+def test_quickstart_starts_again_a_run_stopped_before_its_first_checkpoint(tmp_path, monkeypatch):
+    # Its config and records stayed, so the rerun trained without --resume and was refused
+    # ("already holds a run; pass --resume"), a flag quickstart lacks: only --fresh got out.
+    trained: list = []
+    _fake_quickstart(monkeypatch, trained)
+    import tango_lm.quickstart as quickstart
+
+    fake_train, found = quickstart.train, {}
+
+    def train(run, resume=False, progress=None):
+        found[run.train.out_dir] = (resume, sorted(p.name for p in Path(run.train.out_dir).glob("*")))
+        return fake_train(run, resume, progress)
+
+    monkeypatch.setattr(quickstart, "train", train)
+    run = tmp_path / "qs" / "tango"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("config.json", "config.yaml", "metrics.jsonl", "notes.txt"):
+        (run / name).write_text("{}\n")
+    assert main(["quickstart", "--out", str(tmp_path / "qs"), "--steps", "3"]) == 0
+    assert found[str(run)] == (False, ["notes.txt"])  # the attempt's files gone, the user's kept
+
+
 def test_quickstart_with_fewer_steps_than_a_run_trained_names_fresh(tmp_path, monkeypatch, capsys):
     # Resuming past the steps asked for is refused by resume with "raise train.steps", which
     # quickstart has no flag for: it names --fresh, before anything trains.
