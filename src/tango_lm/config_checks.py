@@ -61,14 +61,17 @@ MODEL_RANGES: dict[str, tuple[float, bool]] = {
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weights + gradients + AdamW exp_avg + exp_avg_sq
 
 
-def check_finite(name: str, value: float | int) -> float:
-    """`value` as a finite float, or UserError naming the field."""
+def check_finite(name: str, value: float | int, default: Any = None) -> float:
+    """`value` as a finite float, or UserError naming the field (and its `default`, when it is a
+    number, as the value to give: one example for every field offered rope_theta 1e-3)."""
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise UserError(f"{name} must be a finite number (got {value!r}); give a value such as 1e-3")
+        usual = isinstance(default, (int, float)) and not isinstance(default, bool) and math.isfinite(default)
+        hint = f"give a number such as its default, {default!r}" if usual else "give a finite number"
+        raise UserError(f"{name} must be a finite number (got {value!r}); {hint}")
     return number
 
 

@@ -113,6 +113,21 @@ def test_numpy_scalars_fill_int_and_float_fields():
         ModelConfig(rope_theta=np.float64("inf"))
 
 
+def test_a_non_finite_number_is_answered_with_the_fields_own_default():
+    # Every field was offered "a value such as 1e-3": a RoPE base of 1e-3, a grad_clip of 1e-3.
+    from tango_lm.train.config import RunConfig
+
+    with pytest.raises(
+        UserError,
+        match=r"model.rope_theta must be a finite number \(got nan\); give a number such as its default, 10000.0$",
+    ):
+        ModelConfig(rope_theta=float("nan"))
+    with pytest.raises(
+        UserError, match=r"train.grad_clip must be a finite number \(got inf\); give a number such as its default, 1.0$"
+    ):
+        RunConfig.from_dict({"model": {}, "data": {"dir": "d"}, "train": {"grad_clip": float("inf")}})
+
+
 def test_overrides_dotted_and_bare_keys():
     data = {"model": {"width": 64, "depth": 2}, "train": {"lr": 0.1}}
     out = apply_overrides(data, ["model.width=96", "depth=5", "steps=7", "dir=data/x", "seed=3", "train.lr=0.25"])

@@ -76,7 +76,7 @@ class ModelConfig:
         from tango_lm.models.registry import ARCHITECTURES
 
         for f in dataclasses.fields(self):
-            setattr(self, f.name, check_type(f"model.{f.name}", getattr(self, f.name), f.type))
+            setattr(self, f.name, check_type(f"model.{f.name}", getattr(self, f.name), f.type, f.default))
         if self.arch not in ARCHITECTURES:
             raise UserError(
                 f"unknown architecture {self.arch!r}{did_you_mean(self.arch, ARCHITECTURES)}; "
@@ -226,9 +226,10 @@ def _int64(name: str, value: int) -> int:
     return value
 
 
-def check_type(name: str, value: Any, annotation: Any) -> Any:
+def check_type(name: str, value: Any, annotation: Any, default: Any = None) -> Any:
     """The value, coerced where lossless (an int for a float field, `1e9` for an int field), or
-    UserError when it does not fit a simple annotation like `int` or `int | None`."""
+    UserError when it does not fit a simple annotation like `int` or `int | None` (a non-finite
+    float's names the field's `default`)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     options = [part.strip() for part in text.split("|")]
     if value is None and "None" in options:
@@ -238,9 +239,9 @@ def check_type(name: str, value: Any, annotation: Any) -> Any:
         if typ is None or (typ in (int, float) and isinstance(value, bool)):
             continue
         if typ is float and isinstance(value, (int, float)):
-            return check_finite(name, value)
+            return check_finite(name, value, default)
         if typ is float and isinstance(value, numbers.Real):  # numpy's scalars
-            return check_finite(name, float(value))
+            return check_finite(name, float(value), default)
         if typ is int and isinstance(value, numbers.Integral):  # numpy's integers too
             return _int64(name, int(value))
         if typ is int and isinstance(value, float) and value.is_integer():

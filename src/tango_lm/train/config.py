@@ -250,7 +250,7 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
 
             values[key] = logger_names(f"{name}.{key}", value)
             continue
-        values[key] = value = check_type(f"{name}.{key}", value, known[key].type)
+        values[key] = value = check_type(f"{name}.{key}", value, known[key].type, known[key].default)
         choices = _CHOICES.get(f"{name}.{key}")
         if choices and value not in choices:
             raise UserError(f"{name}.{key} must be one of {', '.join(choices)} (got {value!r})")
