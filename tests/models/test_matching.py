@@ -82,6 +82,11 @@ def test_parse_tier():
         (["match", "--tier", "160M", "--depth", "8", "--ratios"], "--ratios gives Table 9's fixed geometries"),
         (["match", "--tier", "70M", "--depth", "8", "--ratios"], "of the 70M tier at depth 4"),
         (["match", "--tier", "70M", "--depth", "4", "--vocab-size", "257", "--ratios"], "without --vocab-size"),
+        (["match", "--tier", "70M", "--depth", "4", "qk_dimm=64"], "unknown model field 'qk_dimm' (did you mean"),
+        (["match", "--tier", "70M", "--depth", "4", "train.lr=1"], "match takes model fields only (got train.*)"),
+        (["match", "--tier", "70M", "--depth", "4", "width=64"], "model.width is set by the matcher"),
+        (["match", "--tier", "70M", "--depth", "4", "model.depth=8"], "model.depth is set by --depth"),
+        (["match", "--tier", "70M", "--depth", "4", "--arch", "flash", "qk_dim=3"], "model.qk_dim=3 must be"),
     ],
 )
 def test_match_bad_input(argv, needle, capsys):
@@ -166,3 +171,30 @@ def test_moe_is_matched_in_widths_whose_experts_are_whole():
         step = math.lcm(heads, top_k)
         per_step = count_params(matched.replace(width=matched.width + step))["total"] - count_params(matched)["total"]
         assert abs(count_params(matched)["total"] - 800_000) <= per_step / 2  # the nearest whole-expert width
+
+
+def test_match_builds_every_architecture_with_the_overrides(capsys):
+    # An architecture's own setting changes its count: FLASH's qk_dim could not be matched from the CLI.
+    assert (
+        main(["match", "--tier", "70M", "--depth", "4", "--arch", "flash", "--arch", "tango", "qk_dim=64", "--json"])
+        == 0
+    )
+    rows = {r["arch"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    base = ModelConfig(arch="flash", d_model=512, depth=4, width=512, qk_dim=64)
+    assert rows["flash"]["width"] == match_width(base, 70_000_000).width != 7152  # 7152 at the default qk_dim
+    assert rows["tango"]["width"] == 28480  # a field TANGO does not read leaves it as it was
+
+
+def test_only_an_architecture_whose_count_depends_on_the_context_gets_a_row_per_context(capsys, monkeypatch):
+    # Which one was decided by the name "gau"; now by the counts themselves.
+    argv = ["match", "--tier", "70M", "--depth", "4", "--context-length", "512", "8192", "--json"]
+    assert main(argv) == 0
+    rows = [(r["arch"], r.get("context_length")) for r in json.loads(capsys.readouterr().out)["models"]]
+    assert ("gau", 512) in rows and ("gau", 8192) in rows and ("flash", None) in rows and ("tango", None) in rows
+    from tango_lm.models.archs.flash import Flash
+    from tango_lm.models.archs.gau import Gau
+
+    monkeypatch.setattr(Gau, "non_embedding_params", Flash.non_embedding_params)  # a GAU without a relative bias
+    assert main(argv) == 0
+    rows = [(r["arch"], r.get("context_length")) for r in json.loads(capsys.readouterr().out)["models"]]
+    assert ("gau", None) in rows and not [n for _, n in rows if n is not None]

@@ -70,6 +70,42 @@ def cmd_presets(args: argparse.Namespace) -> None:
         )
 
 
+# Set by match's own options (or by the matcher: width), not by an override.
+_MATCH_OPTIONS = {
+    "arch": "--arch",
+    "width": "the matcher",
+    "d_model": "--d-model",
+    "depth": "--depth",
+    "vocab_size": "--vocab-size",
+    "head_dim": "--head-dim",
+    "context_length": "--context-length",
+    "gau_norm": "--gau-norm",
+}
+
+
+def _match_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`key=value` (or `model.key=value`) model fields every matched architecture is built with: an
+    architecture's own setting (FLASH's qk_dim, a window, MoE's experts) changes its count."""
+    import dataclasses
+
+    from tango_lm.errors import did_you_mean
+    from tango_lm.models.config import ModelConfig
+    from tango_lm.train.config import apply_overrides
+
+    sections = apply_overrides({}, overrides, bare_section="model")
+    other = [s for s in sections if s != "model"]
+    if other:
+        raise UserError(f"match takes model fields only (got {other[0]}.*); write e.g. qk_dim=64 or model.window=256")
+    fields = sections.get("model", {})
+    known = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in fields:
+        if key not in known:
+            raise UserError(f"unknown model field {key!r}{did_you_mean(key, known)} in match's overrides")
+        if key in _MATCH_OPTIONS:
+            raise UserError(f"model.{key} is set by {_MATCH_OPTIONS[key]} in match, not by an override")
+    return fields
+
+
 def cmd_match(args: argparse.Namespace) -> None:
     from tango_lm.models.matching import TIERS, _row, active_ratio_rows, match_tier, parse_tier
     from tango_lm.models.registry import fixed_geometries
@@ -82,17 +118,21 @@ def cmd_match(args: argparse.Namespace) -> None:
             f"({PAPER_VOCAB:,}); use --tier 70M --depth 4 without --vocab-size, or leave --ratios out"
         )
     contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
-    fields = {"vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
+    fields = {**_match_overrides(args.overrides), "vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
     if args.head_dim is not None:
         fields["head_dim"] = args.head_dim
     archs = list(dict.fromkeys(args.arch)) if args.arch else None  # a repeated --arch is one row
-    rows = match_tier(target, d_model, args.depth, archs, context_length=contexts[0], **fields)
-    gau = [i for i, row in enumerate(rows) if row["arch"] == "gau"]
-    if gau:  # one GAU row per context length, together
-        more = [match_tier(target, d_model, args.depth, ["gau"], context_length=n, **fields)[0] for n in contexts[1:]]
-        rows[gau[0] + 1 : gau[0] + 1] = more
-        for row, n in zip([rows[gau[0]], *more], contexts, strict=True):
-            row["context_length"] = n
+    rows = []
+    for row in match_tier(target, d_model, args.depth, archs, context_length=contexts[0], **fields):
+        more = [
+            match_tier(target, d_model, args.depth, [row["arch"]], context_length=n, **fields)[0] for n in contexts[1:]
+        ]
+        if any(other != row for other in more):  # its count depends on the context (GAU's relative bias): a row each
+            for each, n in zip([row, *more], contexts, strict=True):
+                each["context_length"] = n
+            rows += [row, *more]
+        else:
+            rows.append(row)
     paper_vocab = args.vocab_size == PAPER_VOCAB
     # A paper's fixed geometry (Table 6's) matches the tier only with the paper's vocabulary (its embedding).
     for label, (arch, geometry) in fixed_geometries().items():
@@ -127,7 +167,7 @@ def cmd_match(args: argparse.Namespace) -> None:
         ("total", "total", ",d"),
         ("gap", "gap to target", "+,d"),
     ]
-    if len(contexts) > 1:
+    if any("context_length" in row for row in rows):
         columns.insert(4, ("context_length", "n", "d"))
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
@@ -160,6 +200,9 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
     s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
     s.add_argument("--depth", type=int, required=True, help="block applications (looped) or layers")
+    s.add_argument(
+        "overrides", nargs="*", help="model fields every architecture is matched with, e.g. qk_dim=64 model.window=256"
+    )
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB, help="vocabulary V (default: %(default)s, GPT-2's)")
@@ -171,7 +214,7 @@ def add_parsers(sub: Any) -> None:
         type=int,
         nargs="+",
         default=[1024],
-        help="GAU's context length(s): its relative bias, so its width, depends on it (one row each)",
+        help="context length(s): an architecture whose count depends on it (GAU's relative bias) gets a row each",
     )
     s.add_argument(
         "--gau-norm",
