@@ -246,6 +246,18 @@ def test_memory_suite_in_subprocesses(capsys):
     assert "(which allocates AdamW's moments, and compiles a compiled mode)" in text  # not "(which compiles)"
 
 
+def test_memory_suite_measures_the_heads_it_is_given(monkeypatch, capsys):
+    # It measured Standard and onóna only: a new head could not be measured from the command line.
+    seen = {}
+    monkeypatch.setattr(memory, "run_memory_bench", lambda **kw: seen.update(kw) or {"heads": []})
+    monkeypatch.setattr(memory, "format_report", lambda report: "")
+    assert main(["bench", "--suite", "memory", "--memory-backbone", "dense", "--memory-heads", "mos,onona"]) == 0
+    assert seen["heads"] == ("standard", "mos", "onona")  # Standard first: the ratios are to it
+    for bad, said in (("mss", "unknown head 'mss' (did you mean 'moss'?)"), ("mos,mos", "a head is listed twice")):
+        assert main(["bench", "--suite", "memory", "--memory-heads", bad]) == 2
+        assert said in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
 @pytest.fixture
 def cheap_compile(monkeypatch):
     """torch.compile with Dynamo's "eager" backend: the bench's compiled paths run, without inductor."""

@@ -20,10 +20,11 @@ import argparse
 import platform
 from typing import Any
 
+from tango_lm.bench.memory import HEADS_COMPARED
 from tango_lm.bench.stopping import STOPS, StopRecord, signal_name, stopped_line
 from tango_lm.bench.training import default_archs
 from tango_lm.cli.output import DEVICE_HELP
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
 
@@ -47,6 +48,21 @@ def _names(text: str) -> tuple[str, ...]:
     if not all(names):  # '' or 'tango,': not the default list, which an empty value read as before
         raise argparse.ArgumentTypeError(f"expected comma-separated architecture names, got {text!r}")
     return names
+
+
+def _head_names(text: str) -> tuple[str, ...]:
+    """--memory-heads: registered heads, with Standard (what the ratios are to) first."""
+    from tango_lm.heads.registry import HEADS
+
+    names = tuple(v.strip() for v in text.split(","))
+    for name in names:
+        if name not in HEADS:
+            raise argparse.ArgumentTypeError(
+                f"unknown head {name!r}{did_you_mean(name, HEADS)}; choose from {', '.join(HEADS)}"
+            )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a head is listed twice (got {text!r})")
+    return ("standard", *(n for n in names if n != "standard"))
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -120,6 +136,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--memory-batch-size", type=int, default=1, help="sequences per measured step (default %(default)s)")
     g.add_argument("--memory-seq-len", type=int, default=512, help="tokens per sequence (default %(default)s)")
+    g.add_argument(
+        "--memory-heads",
+        type=_head_names,
+        default=HEADS_COMPARED,
+        help=f"comma-separated heads, Standard first as the ratios' reference (default {','.join(HEADS_COMPARED)})",
+    )
     s.add_argument(
         "--compile",
         action="store_true",
@@ -363,6 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print_table=show,
             compile=args.compile,
             progress=progress,
+            heads=args.memory_heads,
         ),
     }
     out: dict[str, Any] = {"suites": list(suites), "environment": environment(), "stopped": None}
