@@ -263,6 +263,33 @@ def test_one_projection_sampling_matches_the_mixture():
     assert g.shape == (6,) and ((g > 0) & (g < 1)).all()
 
 
+def test_sampling_below_a_padded_vocabulary_is_the_renormalized_mixture_at_a_bounded_cost(monkeypatch):
+    # Rows that drew a padding id redrew until none did: a round per rejection, so a model that gives
+    # the padding 99% of its mass (untrained, or trained on a smaller vocabulary) took 100 rounds a token.
+    import tango_lm.heads.onona as onona
+
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(vocab_size=6, d_model=4, init_std=0.6, norm_eps=1e-6)
+    head = OnonaHead(cfg)
+    n, tokenizer_ids = 40_000, 3
+    h = torch.randn(1, 4, generator=torch.Generator().manual_seed(5)).expand(n, 4)
+    with torch.no_grad():  # the padding rows (3, 4, 5) take about 90% of both components
+        for table in (head.table_a.weight, head.table_b.weight):
+            table[tokenizer_ids:] = h[0] / h[0].norm() * 4
+    x = torch.full((n,), 2)
+    p = twin_log_probs(h[:1], head.table_a.weight, head.table_b.weight, head.gate_logit(x[:1])).exp()[0].double()
+    assert p[tokenizer_ids:].sum() > 0.85
+    p = p[:tokenizer_ids] / p[:tokenizer_ids].sum()
+    projections = []
+    real = onona.float_logits
+    monkeypatch.setattr(onona, "float_logits", lambda h, w: projections.append(h.shape[0]) or real(h, w))
+    samples = head.sample(h, x, generator=torch.Generator().manual_seed(1), vocab_size=tokenizer_ids)
+    assert len(projections) == 4  # A's rows and B's rows, then both tables for the rows that drew padding
+    freq = torch.bincount(samples, minlength=6).double() / n
+    assert (freq[tokenizer_ids:] == 0).all()
+    assert ((freq[:tokenizer_ids] - p).abs() < 5 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+
+
 @pytest.mark.parametrize("table", ["a", "b"])
 def test_one_projection_sampling_under_a_one_table_ablation_draws_from_that_table(table):
     # The ablation is that table at input and output, without the gate: its samples too.

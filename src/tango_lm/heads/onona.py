@@ -185,21 +185,26 @@ class OnonaHead(Head):
     ) -> torch.Tensor:
         """Exact temperature-1 samples [...] from the mixture with one projection per position:
         c ~ Bernoulli(g[x_t]), then a draw from softmax(h Aᵀ) or softmax(h Bᵀ) as c says. With
-        `vocab_size` (the tokenizer's ids, below the table's padded rows), a row that drew a padding
-        id draws again, component too: what is accepted is the mixture renormalized over those ids
-        (renormalizing each component instead weighs them by their mass below `vocab_size`)."""
+        `vocab_size` (the tokenizer's ids, below the table's padded rows), what is drawn is the
+        mixture renormalized over those ids (renormalizing each component instead weighs them by
+        their mass below `vocab_size`): a row that drew a padding id draws again from it, with both
+        projections. That keeps the cost bounded (rows redrawn one projection at a time until none
+        drew padding took a round per rejection: a hundred a token where the padding holds 99% of
+        the mass, as in an untrained model or one trained on a smaller vocabulary)."""
         g = self._chance_of_a(input_ids).reshape(-1)
         flat = h.reshape(-1, h.shape[-1])
         out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
-        todo = torch.arange(flat.shape[0], device=flat.device)
-        while todo.numel():  # rounds: 1 + the padding's share of the draws (about 1e-4 trained)
-            use_a = torch.rand(todo.shape, generator=generator, device=g.device, dtype=g.dtype) < g[todo]
-            for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
-                rows = todo[mask]
-                if rows.numel():
-                    probs = F.softmax(float_logits(flat[rows], table), dim=-1)
-                    out[rows] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-            todo = todo[out[todo] >= vocab_size] if vocab_size is not None else todo[:0]
+        use_a = torch.rand(g.shape, generator=generator, device=g.device, dtype=g.dtype) < g
+        for mask, table in ((use_a, self.table_a.weight), (~use_a, self.table_b.weight)):
+            if mask.any():
+                probs = F.softmax(float_logits(flat[mask], table), dim=-1)
+                out[mask] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        redo = (out >= vocab_size).nonzero().squeeze(1) if vocab_size is not None else out[:0]
+        if redo.numel():  # rare once trained (about 1e-4 of the draws): g pA + (1 - g) pB over the ids
+            pa = F.softmax(float_logits(flat[redo], self.table_a.weight), dim=-1)[:, :vocab_size]
+            pb = F.softmax(float_logits(flat[redo], self.table_b.weight), dim=-1)[:, :vocab_size]
+            chance = g[redo, None].to(pa.dtype)
+            out[redo] = torch.multinomial(chance * pa + (1 - chance) * pb, 1, generator=generator).squeeze(1)
         return out.view(h.shape[:-1])
 
     @torch.no_grad()
