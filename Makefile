@@ -1,6 +1,6 @@
 # Set-up and the two everyday commands. `make quickstart` and `make test` create .venv on first use:
 # a virtual environment that reuses an installed torch (GPU users keep theirs) and otherwise
-# installs the CPU build of torch 2.13.0, then installs tango-lm with its test, eval, hf, triton, gdn, serve,
+# installs torch 2.13.0 (the build pip picks: on Linux x86-64 from PyPI, the CUDA one), then installs tango-lm with its test, eval, hf, triton, gdn, serve,
 # tensorboard, wandb and cluster extras (so every optional feature's tests run).
 VENV ?= .venv
 PYTHON ?= python3

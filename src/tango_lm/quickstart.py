@@ -1,4 +1,4 @@
-"""`tango-lm quickstart`: the whole pipeline on a laptop CPU in about ten minutes.
+"""`tango-lm quickstart`: the whole pipeline on a laptop CPU in about five minutes.
 
 It generates a small DeepMind Mathematics set with DeepMind's generator (byte-level tokens, so
 the vocabulary projection does not dominate a tiny model), trains TANGO and a Loop
