@@ -202,6 +202,22 @@ def test_run_directory_without_checkpoints_is_a_user_error(tmp_path):
         load_checkpoint(tmp_path / "missing")
 
 
+def test_what_is_no_checkpoint_is_not_called_an_interrupted_save(scripted_run, tmp_path):
+    # A config.yaml or an empty step-* folder was "incomplete (no COMPLETE marker; the save was
+    # interrupted); use an earlier one", which sent its user looking for a save that never was.
+    (tmp_path / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(UserError, match=r"config.yaml is a file, not a checkpoint; give a run directory or a"):
+        load_checkpoint(tmp_path / "config.yaml")
+    (tmp_path / "step-xyz").mkdir()
+    with pytest.raises(UserError, match=r"step-xyz holds no checkpoint; give a run directory"):
+        load_checkpoint(tmp_path / "step-xyz")
+    out, _, _ = scripted_run
+    path = _copy(helpers.step_dir(out, 8), tmp_path / "step-00000008")
+    (path / "COMPLETE").unlink()
+    with pytest.raises(UserError, match="incomplete .no COMPLETE marker; the save was interrupted"):
+        load_checkpoint(path)
+
+
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

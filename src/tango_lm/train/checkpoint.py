@@ -291,11 +291,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint {path} does not exist; give a run directory or a checkpoints/step-* directory")
+    if not path.is_dir():  # a config.yaml given where its run was meant: no save was interrupted
+        raise UserError(f"{path} is a file, not a checkpoint; give a run directory or a checkpoints/step-* directory")
     run_train = None
-    if path.is_dir() and not (path / MARKER).exists() and not path.name.startswith((".tmp-", "step-")):
+    if not (path / MARKER).exists() and not path.name.startswith((".tmp-", "step-")):
         run_train = _run_train(path)
         path = resolve_run_checkpoint(path)
     if not (path / MARKER).exists():
+        if not any((path / name).exists() for name in ("meta.json", "config.json", "tokenizer.json")):
+            raise UserError(f"{path} holds no checkpoint; give a run directory or a checkpoints/step-* directory")
         raise UserError(
             f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one"
         )
