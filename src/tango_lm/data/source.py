@@ -19,8 +19,8 @@ A new source is one file with its subclass plus one line in `data/sources.py`'s 
 command line is generated from that registry.
 
 Every source is a stream of documents (strings) that `write_prepared` tokenizes into shards (one
-of a known number, a list or a `KnownCount`, gets a bar with an ETA); nothing here holds a corpus in memory (one file, one Parquet row batch, or one spilled line at a
-time).
+of a known number, a list or a `KnownCount`, gets a bar with an ETA); nothing here holds a corpus
+in memory (one file, one Parquet row batch, or one spilled line at a time).
 """
 
 from __future__ import annotations
