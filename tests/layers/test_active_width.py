@@ -149,6 +149,13 @@ def test_architectures_say_whether_they_rotate(arch):
             arch_cases.tiny_config(arch, active_width=2)
 
 
+def test_every_rotating_architecture_has_its_segment_cases():
+    """The segment, gradient and training tests below need each rotating architecture's cut of the
+    width (ARCHS, TRAIN_ARCHS): a newly registered one fails here, not silently untested."""
+    rotating = {name for name, arch in ARCHITECTURES.items() if arch.rotating_width}
+    assert rotating == set(ARCHS) and set(TRAIN_ARCHS) <= rotating
+
+
 # Seed 000 Table 8: the packed active width of each rotating preset (per head for the TANGO
 # variants, of the whole FFN for Transformer++) and the segments it cuts the matched width into.
 TABLE8 = {"tango": (368, 5), "tango-windowed": (368, 5), "loop-transformer": (5632, 5), "untied-transformer": (640, 5)}
