@@ -213,6 +213,10 @@ def test_existing_dataset_needs_overwrite(prepared):
 def test_overwrite_refuses_a_dataset_directory_holding_other_files(prepared):
     """--overwrite replaces the dataset's directory whole: files the user put there stop it."""
     before = _snapshot(prepared)
+    (prepared / "results-00001.bin").write_bytes(b"mine")  # named like a shard, but none the manifest lists
+    with pytest.raises(UserError, match=r"holds results-00001\.bin beside the prepared dataset"):
+        write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {}, progress=False, overwrite=True)
+    (prepared / "results-00001.bin").unlink()
     (prepared / "NOTES.md").write_text("mine")
     with pytest.raises(UserError, match=r"holds NOTES\.md beside the prepared dataset; .* move it out first"):
         write_prepared(prepared, ByteTokenizer(), {"train": ["new"]}, {}, progress=False, overwrite=True)
@@ -224,7 +228,15 @@ def test_overwrite_refuses_a_dataset_directory_holding_other_files(prepared):
 
 
 @pytest.mark.parametrize(
-    "splits", [["train"], {"train": ["train-00000.bin"]}, {"train": {"shards": "train-00000.bin"}}, {"train": 3}]
+    "splits",
+    [
+        ["train"],
+        {"train": ["train-00000.bin"]},
+        {"train": {"shards": "train-00000.bin"}},
+        {"train": 3},
+        {"train": {"shards": ["train-00000.bin"]}},
+        {"train": {"shards": [None]}},
+    ],
 )
 def test_overwrite_replaces_a_dataset_whose_manifest_is_damaged(prepared, splits):
     """`data verify` answers a damaged manifest by sending its user to --overwrite, which met the

@@ -98,15 +98,31 @@ def check_writable(out_dir: str | os.PathLike, overwrite: bool) -> None:
 
 
 def _dataset_files(out: Path) -> set[str]:
-    """The names a prepared dataset's directory holds: its manifest, tokenizer and shards (those its
-    manifest lists, and any named as _ShardWriter names them: a damaged manifest may list none, and
-    `data verify` sends its user to --overwrite)."""
+    """The names a prepared dataset's directory holds: its manifest, tokenizer and the shards its
+    manifest lists. A manifest too damaged to list them (`data verify` sends its user to --overwrite)
+    leaves the names _ShardWriter writes; an intact one, only its own (a user's results-00001.bin
+    beside it stays a reason to refuse)."""
     with open(out / MANIFEST, encoding="utf-8") as f:
-        splits = json.load(f).get("splits")
-    entries = [e for e in splits.values() if isinstance(e, dict)] if isinstance(splits, dict) else []
-    listed = [sh.get("file") for e in entries if isinstance(e.get("shards"), list) for sh in e["shards"]]
-    named = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name)]
-    return {MANIFEST, TOKENIZER_FILE, *named, *(name for name in listed if isinstance(name, str))}
+        listed = _listed_shards(json.load(f).get("splits"))
+    if listed is None:
+        listed = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name)]
+    return {MANIFEST, TOKENIZER_FILE, *listed}
+
+
+def _listed_shards(splits: Any) -> list[str] | None:
+    """The shard files a manifest's splits list, or None when any entry is malformed."""
+    if not isinstance(splits, dict):
+        return None
+    names = []
+    for entry in splits.values():
+        shards = entry.get("shards") if isinstance(entry, dict) else None
+        if not isinstance(shards, list):
+            return None
+        for shard in shards:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+                return None
+            names.append(shard["file"])
+    return names
 
 
 class _ShardWriter:
