@@ -91,6 +91,8 @@ def test_parse_tier():
         (["match", "--tier", "70M", "--depth", "4", "width=64"], "model.width is set by the matcher"),
         (["match", "--tier", "70M", "--depth", "4", "model.depth=8"], "model.depth is set by --depth"),
         (["match", "--tier", "70M", "--depth", "4", "--arch", "flash", "qk_dim=3"], "model.qk_dim=3 must be"),
+        (["match", "--tier", "70M", "--depth", "4", "head=onona"], "match counts every architecture with the Standard"),
+        (["match", "--tier", "70M", "--depth", "4", "--ratios", "qk_dim=64"], "without --vocab-size or overrides"),
     ],
 )
 def test_match_bad_input(argv, needle, capsys):
@@ -180,7 +182,7 @@ def test_moe_is_matched_in_widths_whose_experts_are_whole():
 def test_match_builds_every_architecture_with_the_overrides(capsys):
     # An architecture's own setting changes its count: FLASH's qk_dim could not be matched from the CLI.
     assert (
-        main(["match", "--tier", "70M", "--depth", "4", "--arch", "flash", "--arch", "tango", "qk_dim=64", "--json"])
+        main(["match", "--tier", "70M", "qk_dim=64", "--depth", "4", "--arch", "flash", "--arch", "tango", "--json"])
         == 0
     )
     rows = {r["arch"]: r for r in json.loads(capsys.readouterr().out)["models"]}
@@ -202,3 +204,12 @@ def test_only_an_architecture_whose_count_depends_on_the_context_gets_a_row_per_
     assert main(argv) == 0
     rows = [(r["arch"], r.get("context_length")) for r in json.loads(capsys.readouterr().out)["models"]]
     assert ("gau", None) in rows and not [n for _, n in rows if n is not None]
+
+
+def test_the_papers_geometries_and_range_are_left_out_under_overrides(capsys):
+    # Table 6's row kept the paper's settings beside rows built with the overrides, and the paper's
+    # range was printed beside theirs.
+    assert main(["match", "--tier", "70M", "--depth", "4", "qk_dim=64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "conventional-untied" not in [r["arch"] for r in out["models"]]
+    assert out["non_embedding_range"]["paper_millions"] is None

@@ -103,6 +103,11 @@ def _match_overrides(overrides: list[str]) -> dict[str, Any]:
             raise UserError(f"unknown model field {key!r}{did_you_mean(key, known)} in match's overrides")
         if key in _MATCH_OPTIONS:
             raise UserError(f"model.{key} is set by {_MATCH_OPTIONS[key]} in match, not by an override")
+        if key == "head":  # a head-vs-Standard pair shares one backbone: a sweep matches it with Standard too
+            raise UserError(
+                "match counts every architecture with the Standard head, as a sweep matches each head's "
+                "backbone; leave head out (`tango-lm params` counts a config with its own head)"
+            )
     return fields
 
 
@@ -112,10 +117,11 @@ def cmd_match(args: argparse.Namespace) -> None:
     from tango_lm.models.table3_range import non_embedding_range, paper_range
 
     target, d_model = parse_tier(args.tier, args.d_model)
-    if args.ratios and (target, args.depth, args.vocab_size) != (70_000_000, 4, PAPER_VOCAB):
+    if args.ratios and ((target, args.depth, args.vocab_size) != (70_000_000, 4, PAPER_VOCAB) or args.overrides):
         raise UserError(  # its rows are fixed geometries, counted against 70M: under another tier they mean nothing
             f"--ratios gives Table 9's fixed geometries, of the 70M tier at depth 4 with the paper's vocabulary "
-            f"({PAPER_VOCAB:,}); use --tier 70M --depth 4 without --vocab-size, or leave --ratios out"
+            f"({PAPER_VOCAB:,}) and settings; use --tier 70M --depth 4 without --vocab-size or overrides, or leave "
+            "--ratios out"
         )
     contexts = list(dict.fromkeys(args.context_length))  # GAU's count (and so its width) depends on it
     fields = {**_match_overrides(args.overrides), "vocab_size": args.vocab_size, "gau_norm": args.gau_norm}
@@ -133,8 +139,9 @@ def cmd_match(args: argparse.Namespace) -> None:
             rows += [row, *more]
         else:
             rows.append(row)
-    paper_vocab = args.vocab_size == PAPER_VOCAB
-    # A paper's fixed geometry (Table 6's) matches the tier only with the paper's vocabulary (its embedding).
+    # The paper's own settings: its vocabulary (Table 6's fixed geometries match the tier only with its
+    # embedding) and no override (they are the paper's shapes, not the overrides').
+    paper_vocab = args.vocab_size == PAPER_VOCAB and not args.overrides
     for label, (arch, geometry) in fixed_geometries().items():
         fixed = geometry.config(arch, args.tier, args.depth, args.vocab_size)
         if fixed is not None and not args.arch and paper_vocab:
