@@ -66,7 +66,7 @@ def run_quickstart(
     for i, model in enumerate(quickstart_models()):
         run_dir = root / model.arch
         if fresh and run_dir.exists():
-            _remove_run_files(run_dir)
+            _remove_run_files(run_dir, fresh)
         run = RunConfig(
             model=model,
             data=DataConfig(dir=str(data_dir)),
@@ -102,7 +102,7 @@ def run_quickstart(
                 "add --fresh to retrain it, or give --steps of at least that"
             )
         if not done and run_dir.exists():  # an attempt stopped before its first checkpoint: start it again
-            _remove_run_files(run_dir)
+            _remove_run_files(run_dir, fresh)
         rows.append(train(run, resume=bool(done), progress=progress).summary)
     print()
     print(format_table(rows))
@@ -113,10 +113,11 @@ def run_quickstart(
     return rows
 
 
-def _remove_run_files(run_dir: Path) -> None:
-    """--fresh: the run's own files, under its lock (a run in progress is refused, not deleted); any
-    other file in the folder stays."""
-    with hold_output_lock(run_dir, "tango-lm quickstart", "stop it first, or leave out --fresh"):
+def _remove_run_files(run_dir: Path, fresh: bool) -> None:
+    """The run's own files (--fresh, or an attempt stopped before its first checkpoint), under its
+    lock (a run in progress is refused, not deleted); any other file in the folder stays."""
+    hint = "stop it first, or leave out --fresh" if fresh else "wait for it to finish or stop it first"
+    with hold_output_lock(run_dir, "tango-lm quickstart", hint):
         remove_run_files(run_dir)
 
 

@@ -218,7 +218,7 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
 
 def test_generate_until_keeps_half_the_window_for_the_prompt(lm, caplog):
     """lm-eval's default max_gen_toks (256) on a model of a shorter window left it one token of its
-    prompt: the answer's budget is capped at half the window (32 here), with a warning."""
+    prompt: the answer's budget is capped at half the window (16 of 32 here), with a warning."""
     tok, model = lm.tok, lm.model
     context = "abcdefghijkl " * 4
     with caplog.at_level("WARNING", logger="tango_lm.eval.lm_eval_adapter"):

@@ -241,7 +241,7 @@ def run_memory_bench(
     compile: bool = False,
     progress: str = "none",
 ) -> dict[str, Any]:
-    """onóna against Standard on the same backbone and batch, each model in a fresh subprocess,
+    """The `heads` (onóna against Standard by default) on the same backbone and batch, each model in a fresh subprocess,
     both on the default (chunked) loss path; ratios are to the Standard head in the same mode.
     `compile`: every head also through torch.compile (the first step compiles; the peak covers it).
     `progress`: "bar", "lines" or "none" (`bench/progress.py`), a line per subprocess. The heads of
@@ -294,6 +294,7 @@ def run_memory_bench(
 
 def format_report(report: dict[str, Any]) -> str:
     mib = 2**20
+    width = max([10, *(len(r["head"]) + 2 for r in report["heads"])])  # factorial-m-mix is 15 wide
     lines = [
         f"memory: whole training step (forward + backward + AdamW), {report['backbone']} backbone "
         f"({report['arch']}, d={report['d_model']}, depth {report['depth']}, width {report['width']}), "
@@ -308,12 +309,12 @@ def format_report(report: dict[str, Any]) -> str:
             if report["steps"] > 1
             else "of one step (AdamW's allocation and any compile included)"
         ),
-        f"{'head':<10}{'mode':<9}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
+        f"{'head':<{width}}{'mode':<9}{'params':>13}{'peak MiB':>10}{'state MiB':>11}{'other MiB':>11}{'step s':>8}"
         f"{'peak vs std':>13}{'state vs std':>14}{'other vs std':>14}",
     ]
     for r in report["heads"]:
         lines.append(
-            f"{r['head']:<10}{r.get('mode', 'eager'):<9}{r['params_total']:>13,}{r['peak_bytes'] / mib:>10.0f}{r['state_bytes'] / mib:>11.0f}"
+            f"{r['head']:<{width}}{r.get('mode', 'eager'):<9}{r['params_total']:>13,}{r['peak_bytes'] / mib:>10.0f}{r['state_bytes'] / mib:>11.0f}"
             f"{r['other_bytes'] / mib:>11.0f}{r['step_s_median']:>8.1f}{r['peak_vs_standard']:>13.2f}"
             f"{r['state_vs_standard']:>14.2f}{r['other_vs_standard']:>14.2f}"
         )

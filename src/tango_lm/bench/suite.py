@@ -6,7 +6,7 @@
 - `decode` (`bench/decode.py`): decoding tokens/s and decode-cache bytes per token per
   architecture; onóna's one-projection sampling against both projections and the Standard head.
 - `windowed` (`bench/windowed.py`): windowed against full TANGO time per token as T grows.
-- `memory` (`bench/memory.py`): peak memory of a whole training step, onóna against Standard.
+- `memory` (`bench/memory.py`): peak memory of a whole training step, each head against Standard (onóna by default).
 - `all`: every suite, in that order.
 
 Without `--suite`, `tango-lm bench` is the original comparison: TANGO against a matched Loop

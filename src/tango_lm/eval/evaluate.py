@@ -92,7 +92,7 @@ def evaluate_checkpoint(
     with token_bar(count_eval_windows(tokens, seq_len, max_windows) * seq_len, f"eval {split_name}", progress) as bar:
         nll, scored = evaluate_nll(model, _counted(batches, bar), dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": scored}
-    if role is not None and role != split_name:  # the run's test split named otherwise ("dev", "validation")
+    if role is not None and role != split_name:  # a role's split of another name: test ('dev'), dev ('validation')
         res["role"] = role
     if sample_seed is not None:
         res["sample_seed"] = sample_seed

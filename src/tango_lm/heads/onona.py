@@ -93,7 +93,6 @@ class OnonaHead(Head):
         self.table_a = vocab_table(cfg)
         self.table_b = vocab_table(cfg)
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
-        self.ablation: str | None = None
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
         self._fold_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
