@@ -666,7 +666,7 @@ def test_every_data_source_takes_no_progress():
         assert "--no-progress" in parser._option_string_actions, name
 
 
-def test_quickstart_starts_again_a_run_stopped_before_its_first_checkpoint(tmp_path, monkeypatch):
+def test_quickstart_starts_again_a_run_stopped_before_its_first_checkpoint(tmp_path, monkeypatch, capsys):
     # Its config and records stayed, so the rerun trained without --resume and was refused
     # ("already holds a run; pass --resume"), a flag quickstart lacks: only --fresh got out.
     trained: list = []
@@ -684,6 +684,19 @@ def test_quickstart_starts_again_a_run_stopped_before_its_first_checkpoint(tmp_p
     (run / "checkpoints").mkdir(parents=True)
     for name in ("config.json", "config.yaml", "metrics.jsonl", "notes.txt"):
         (run / name).write_text("{}\n")
+    holder = subprocess.Popen(  # a run in progress holds its lock: it is not restarted under it
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(run / ".lock")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert main(["quickstart", "--out", str(tmp_path / "qs"), "--steps", "3"]) == 2
+        line = helpers.assert_one_error_line(capsys.readouterr().err)
+        assert "is in use" in line and "--fresh" not in line and (run / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
     assert main(["quickstart", "--out", str(tmp_path / "qs"), "--steps", "3"]) == 0
     assert found[str(run)] == (False, ["notes.txt"])  # the attempt's files gone, the user's kept
 
