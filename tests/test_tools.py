@@ -382,3 +382,15 @@ def test_saved_for_backward_gpu_path_says_what_it_skips_and_refuses_a_t_it_canno
     rows = capsys.readouterr().out.splitlines()
     assert rows[-1].startswith("skipped: a 3-set model needs depth >= 3")
     assert rows[-2].startswith("loop-transformer") and " no " in rows[-2]
+
+
+def test_make_presets_check_writes_nothing_and_names_what_is_out_of_date(monkeypatch, capsys):
+    # `--check` was ignored: the tool rewrote every preset.
+    tool = helpers.tool("make_presets")
+    assert tool.main(["--check"]) == 0 and "up to date" in capsys.readouterr().out
+    real = tool.tango_presets()
+    monkeypatch.setattr(tool, "tango_presets", lambda: {**real, "tango-70m-d4": "# changed\n", "new-one": "# new\n"})
+    before = {p.name: p.stat().st_mtime_ns for p in tool.PRESET_DIR.glob("*.yaml")}
+    assert tool.main(["--check"]) == 1
+    assert "2 presets out of date (new-one, tango-70m-d4); run python tools/make_presets.py" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in tool.PRESET_DIR.glob("*.yaml")} == before
