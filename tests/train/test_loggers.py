@@ -256,3 +256,67 @@ def test_a_killed_attempts_lost_wandb_history_is_sent_again(data_dir, tmp_path, 
             path.unlink()
     train(run, resume=True)
     assert wandb_history(out)[1] == jsonl_scalars(out)
+
+
+def test_tensorboard_left_out_of_a_resume_gets_the_steps_it_missed(data_dir, tmp_path):
+    # Its events existed, so it was sent only the checkpoint's step again: steps 5-7, trained
+    # while tensorboard was not in train.loggers, were missing from its curves.
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    for steps, loggers in ((4, "jsonl,tensorboard"), (8, "jsonl"), (10, "jsonl,tensorboard")):
+        train(helpers.run_config(data_dir, out, steps=steps, save_every=4, eval_every=2, loggers=loggers), resume=True)
+    logged = jsonl_scalars(out)
+    assert sorted({step for tag, step in logged if tag == "train/loss"}) == list(range(1, 11))
+    assert tensorboard_scalars(out) == float32(logged)
+
+
+def test_a_resume_whose_logger_cannot_start_leaves_the_finished_run_whole(
+    data_dir, tmp_path, offline_wandb, monkeypatch
+):
+    # The resume truncated metrics.jsonl and removed summary.json before the loggers opened: a typo
+    # in the W&B project took a finished run out of `tango-lm report`.
+    pytest.importorskip("tensorboard")
+    import wandb
+
+    def bad_project(*args, project=None, **kwargs):
+        raise RuntimeError(f"Invalid project name {project!r}: cannot contain '/'")
+
+    monkeypatch.setattr(wandb, "init", bad_project)
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, save_every=2))
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
+    bad = helpers.run_config(
+        data_dir, out, steps=4, save_every=2, loggers="jsonl,tensorboard,wandb", wandb_project="a/b"
+    )
+    with pytest.raises(UserError, match=r"wandb could not start a run \(.*project.*\); fix what it names"):
+        train(bad, resume=True)
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert not (out / "tensorboard").exists()  # W&B opens first: its refusal leaves no event file
+
+
+def test_a_tensorboard_path_that_is_a_file_is_said_so(data_dir, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("x")
+    with pytest.raises(UserError, match=r"tensorboard is a file, not TensorBoard's folder; move it away or drop"):
+        train(helpers.run_config(data_dir, out, steps=2, loggers="jsonl,tensorboard"))
+
+
+def test_a_bad_wandb_setting_is_named_in_full_without_login_advice(data_dir, tmp_path, offline_wandb, monkeypatch):
+    # Only "1 validation error for Settings" was shown, with `wandb login` as the fix. (W&B keeps
+    # settings of an earlier run in the process, so the refusal is its message, raised here.)
+    import wandb
+
+    def bad_mode(*args, **kwargs):
+        raise ValueError(
+            "1 validation error for Settings\nmode\n  Input should be 'online' or 'offline' [input_value='bogus']"
+        )
+
+    monkeypatch.setattr(wandb, "init", bad_mode)
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    with pytest.raises(UserError) as info:
+        train(helpers.run_config(data_dir, tmp_path / "run", steps=2, loggers="jsonl,wandb"))
+    assert str(info.value) == (
+        "wandb could not start a run (1 validation error for Settings mode Input should be 'online' or 'offline' "
+        "[input_value='bogus']); fix what it names, or drop wandb from train.loggers"
+    )

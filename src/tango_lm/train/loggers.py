@@ -21,9 +21,10 @@ CPU, calling them inline took milliseconds per record: each hands work to anothe
 waits for it to be scheduled). Closing drains the queue. A logger that fails stops the run at its
 next record with a one-line error.
 
-Resuming: TensorBoard writes to the same directory and hides the events from the checkpoint's
-step on (`purge_step`: a killed attempt's, or a finished run's summary), then gets that step's
-kept records again; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
+Resuming: TensorBoard writes to the same directory, hides every event it holds (`purge_step` 0:
+a killed attempt's past the checkpoint, a finished run's summary, and the steps an attempt trained
+without TensorBoard in its list) and gets all the kept records again, so its curves are
+metrics.jsonl's; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
 kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
 offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
@@ -48,11 +49,9 @@ from tango_lm.errors import UserError
 
 @dataclass
 class LogContext:
-    """What a logger needs to open: the run directory, the step the run starts after (0, or the
-    checkpoint it resumes from) and the resolved run config."""
+    """What a logger needs to open: the run directory, the resolved run config and W&B's project."""
 
     out_dir: Path
-    start_step: int
     config: dict[str, Any]
     wandb_project: str
 
@@ -63,6 +62,9 @@ class MetricLogger:
     name = ""
     requires: tuple[str, str] | None = None  # (module, tango-lm extra that installs it)
     background = False  # run on a thread of its own (InBackground)
+    # May refuse to start on its settings, login or network (W&B): opened before the loggers that
+    # write files at once, so a refusal leaves none behind.
+    may_refuse = False
 
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -108,16 +110,18 @@ class TensorBoardLogger(MetricLogger):
         from torch.utils.tensorboard import SummaryWriter
 
         log_dir = ctx.out_dir / "tensorboard"
-        # Events from the step we resume from on belong to a killed attempt, or to the summary a
-        # finished run wrote at its last step: hide them (the step's own records are replayed).
-        self.start_step = ctx.start_step
-        purge = ctx.start_step if log_dir.is_dir() and any(log_dir.iterdir()) else None
+        if log_dir.exists() and not log_dir.is_dir():
+            raise UserError(
+                f"{log_dir} is a file, not TensorBoard's folder; move it away or drop tensorboard from train.loggers"
+            )
+        # Events it holds may be a killed attempt's past the checkpoint, a finished run's summary, or
+        # miss the steps an attempt trained without TensorBoard: hide them all, and take every kept
+        # record again (a resume's metrics.jsonl is cheap to replay).
+        purge = 0 if log_dir.is_dir() and any(log_dir.iterdir()) else None
         self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
-        # No events yet (TensorBoard added on a resume, or its folder removed): it lacks them all.
-        self.lacks_history = purge is None
 
     def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [r for r in kept if self.lacks_history or r.get("step", 0) == self.start_step]
+        return list(kept)
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
@@ -132,6 +136,7 @@ class WandbLogger(MetricLogger):
     name = "wandb"
     requires = ("wandb", "wandb")
     background = True
+    may_refuse = True
     ID_FILE = "wandb.json"
 
     def __init__(self, ctx: LogContext) -> None:
@@ -150,14 +155,17 @@ class WandbLogger(MetricLogger):
                 settings=wandb.Settings(console="off"),
             )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own error types for login and network problems
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
-            fix = (  # offline, a login is not what is missing: the error (a bad project name, say) is the fix
-                "fix what it names"
-                if offline
-                else "run `wandb login`, or set WANDB_MODE=offline to log without a network"
+            # All of it, on one line: a settings error's first line ("1 validation error for Settings")
+            # does not say which setting.
+            said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+            said = said if len(said) <= 300 else said[:297] + "..."
+            online = os.environ.get("WANDB_MODE", "").lower() in ("", "online")
+            fix = (  # not online, a login is not what is missing: the error (a bad project name, say) is the fix
+                "run `wandb login`, or set WANDB_MODE=offline to log without a network"
+                if online
+                else "fix what it names"
             )
-            raise UserError(f"wandb could not start a run ({first}); {fix}, or drop wandb from train.loggers") from None
+            raise UserError(f"wandb could not start a run ({said}); {fix}, or drop wandb from train.loggers") from None
         id_file.write_text(json.dumps({"run_id": run_id, "project": ctx.wandb_project}) + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
@@ -259,7 +267,7 @@ def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] =
     """The loggers `names`, each sent again what it lacks of `kept` (a resume's metrics.jsonl)."""
     opened: list[MetricLogger] = []
     try:
-        for name in names:
+        for name in sorted(names, key=lambda name: not LOGGERS[name].may_refuse):  # stable: W&B first
             logger = LOGGERS[name](ctx)
             opened.append(InBackground(logger) if logger.background else logger)
             for record in opened[-1].to_replay(list(kept)):

@@ -166,7 +166,7 @@ class Trainer(TrainerCheckpoints):
             logger.log(record)
 
     def _log_context(self) -> LogContext:
-        return LogContext(self.out, self.step, self.run.to_dict(), self.run.train.wandb_project)
+        return LogContext(self.out, self.run.to_dict(), self.run.train.wandb_project)
 
     def _mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs per second per process over the start-up matmul peak (bench/peak.py). A run
@@ -183,8 +183,11 @@ class Trainer(TrainerCheckpoints):
         return metrics_file.read_records(self.out) if self.dist.is_main else []
 
     def _kept_records(self) -> list[dict[str, Any]]:
-        """The records metrics.jsonl holds when training (re)starts: those up to the checkpoint."""
-        return self._records() if self.step else []
+        """The records metrics.jsonl keeps when training (re)starts: those up to the checkpoint, but
+        for a finished run's summary (the next end writes it again)."""
+        if not self.step:
+            return []
+        return [r for r in self._records() if r.get("step", 0) <= self.step and r.get("event") != "summary"]
 
     # -- loop ---------------------------------------------------------------------------------
     def evaluate_dev(self) -> float:
@@ -250,13 +253,16 @@ class Trainer(TrainerCheckpoints):
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
-        if self.step == 0 and self.dist.is_main:  # records of an attempt killed before its first checkpoint
-            metrics_file.truncate_records(self.out, 0)
         kept = self._kept_records()  # read once: the dashboards get what they lack, the bar the last dev NLL
         if self.dist.is_main:
             # Loggers first: one that cannot start (W&B without a key) leaves no run file behind, so
-            # the same command runs again once it is fixed, without --resume.
+            # the same command runs again once it is fixed, without --resume; and a resume it stops
+            # leaves the run as it was (a finished run kept its summary, which `report` reads).
             self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
+            # What a killed attempt logged past the checkpoint (all of it, before the first one), and
+            # the summary of an earlier end (a budget since raised), stale once the run trains on.
+            metrics_file.truncate_records(self.out, self.step)
+            (self.out / "summary.json").unlink(missing_ok=True)
         try:
             if self.dist.is_main:
                 config = self.run.to_dict()

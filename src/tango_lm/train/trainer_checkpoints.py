@@ -17,7 +17,7 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
 from tango_lm.models.model import LanguageModel
 from tango_lm.models.registry import ARCHITECTURES
-from tango_lm.train import distributed, metrics_file
+from tango_lm.train import distributed
 from tango_lm.train.checkpoint import (
     SHARDS,
     begin_checkpoint,
@@ -97,11 +97,6 @@ class TrainerCheckpoints:
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
         check_best_kept(self.best["step"], self.ckpt_root, self.run)
-        if self.dist.is_main:
-            metrics_file.truncate_records(self.out, self.step)
-            # The summary of an earlier end (a budget since raised) is stale once the run trains on:
-            # `report` would show the run as finished, with that end's numbers.
-            (self.out / "summary.json").unlink(missing_ok=True)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
