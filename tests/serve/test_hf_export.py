@@ -235,11 +235,14 @@ def test_generate_past_the_context_is_refused_before_it_starts(transformers, byt
     real = hf.forward
     hf.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
     with pytest.raises(
-        ValueError, match="generating to 109 tokens .* context of 48; give max_new_tokens of at most 39"
+        ValueError, match="generating to 109 tokens .* context of 48; give max_new_tokens of at most 40"
     ):
         hf.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None)
     assert calls == []
-    assert hf.generate(prompt, max_new_tokens=39, do_sample=False, eos_token_id=None).shape[1] == 48
+    # the last new token is never fed back: 49 tokens fit a context of 48, as in `tango-lm generate`
+    got = hf.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
+    ref = load_checkpoint(byte_export[0]).build_model()
+    assert got.tolist() == generate(ref, prompt, 40, temperature=0, vocab_size=257).tolist()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -260,6 +263,54 @@ def test_generate_on_static_steps_is_the_same(transformers, byte_export, monkeyp
     monkeypatch.setattr(static_decode, "default_mode", lambda device: "eager")
     assert [hf.generate(prompt, **greedy).tolist(), hf.generate(prompt, **beams).tolist()] == want
     assert hf.model._static_decoders  # the static decoder ran
+
+
+def test_a_kept_cache_outlives_another_request_on_its_static_decoder(transformers, byte_export, monkeypatch):
+    # The static decoder is kept on the model per batch size: a later generate() of that size
+    # prefilled it over the tensors a kept cache read, and continuing the kept one went wrong.
+    import tango_lm.serve.static_decode as static_decode
+
+    hf = load_hf(transformers, byte_export[1])
+    monkeypatch.setattr(static_decode, "default_mode", lambda device: "eager")  # CUDA's path, run eagerly
+    prompt, other = (torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    greedy = {"do_sample": False, "eos_token_id": None}
+    first = hf.generate(prompt, max_new_tokens=5, return_dict_in_generate=True, **greedy)
+    hf.generate(other, max_new_tokens=3, **greedy)  # the same batch size: the same decoder
+    cache = first.past_key_values
+    assert cache.lost_static()
+    with pytest.raises(ValueError, match="static decoder served another request since"):
+        hf(first.sequences[:, -1:], past_key_values=cache)
+    from tango_lm.serve.hf_modeling import CACHE_NAME
+
+    went_on = hf.generate(first.sequences, max_new_tokens=6, **{CACHE_NAME: cache}, **greedy)
+    assert went_on.tolist() == hf.generate(first.sequences, max_new_tokens=6, **greedy).tolist()
+
+
+def test_forward_with_use_cache_returns_a_cache_to_continue_with(transformers, byte_export):
+    # use_cache=True returned none, and passing that None on read the rest without its prefix.
+    hf = load_hf(transformers, byte_export[1])
+    ids = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = hf(ids).logits
+        assert hf(ids).past_key_values is None  # a plain forward keeps no cache
+        head = hf(ids[:, :10], use_cache=True)
+        rest = hf(ids[:, 10:], past_key_values=head.past_key_values).logits
+    torch.testing.assert_close(torch.cat([head.logits, rest], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_sampling_draws_from_the_whole_distribution(transformers, byte_export):
+    # transformers fills in top_k=50 where the generation config says nothing: do_sample=True drew
+    # from the 50 likeliest tokens only, unlike `tango-lm generate`.
+    hf = load_hf(transformers, byte_export[1])
+    config = hf.generation_config
+    assert (config.do_sample, config.top_k, config.top_p, config.temperature) == (False, 0, 1.0, 1.0)
+    prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3)).repeat(4000, 1)
+    torch.manual_seed(0)
+    drawn = hf.generate(prompt, max_new_tokens=1, do_sample=True, eos_token_id=None)[:, -1]
+    with torch.no_grad():
+        p = hf(prompt[:1]).logits[0, -1].exp()
+    assert p.topk(50).values.sum() < 0.95  # a byte model's next byte: much of its mass past the top 50
+    assert len(set(drawn.tolist())) > 50
 
 
 def test_cached_forward_steps_reproduce_the_full_forward(transformers, byte_export):

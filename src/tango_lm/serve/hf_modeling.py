@@ -19,7 +19,12 @@ that loading needs `pip install tango-lm` (of a version that knows the exported 
   greedy `generate()` gives the tokens of `tango-lm generate --temperature 0`. `use_cache=False`
   recomputes the whole prefix every step (same tokens, slower). Beam search reorders the cache.
   On CUDA the steps after the prompt are tango-lm's static decode steps replayed as CUDA graphs
-  (`tango_lm.serve.static_decode`; the same log-probs as the eager cache).
+  (`tango_lm.serve.static_decode`; the same log-probs as the eager cache). Their decoder is kept on
+  the model, one per batch size: a cache kept past a later request of that size is read again
+  from the start when `generate()` continues it.
+- `forward(ids, use_cache=True)` returns a new cache as `past_key_values` to continue with; left
+  unset, a plain forward keeps none. The exported generation config samples (`do_sample=True`) the
+  whole distribution (top_k 0, top_p 1, temperature 1), not transformers' default top 50.
 - MoE models run at `capacity_factor_eval` (tango-lm's external-evaluation capacity) outside
   training, so the cached and uncached paths agree (at its default, E / k, which drops nothing).
 - Padding is not supported (the model takes no attention mask): batch prompts of equal length or
@@ -78,6 +83,15 @@ class TangoLMCache:
     @property
     def position(self) -> int:
         return self.static_position if self.static is not None else self.decode.position
+
+    def lost_static(self) -> bool:
+        """Whether this cache's static decoder (kept on the model, one per batch size) was prefilled
+        since by another request, which overwrote the tensors this cache reads."""
+        return self.static is not None and getattr(self.static, "hf_owner", None) is not self
+
+    def restart(self, decode: Any) -> None:
+        """Empty again, on `decode` (a fresh eager cache): the next call prefills the whole sequence."""
+        self.decode, self.static, self.static_position = decode, None, 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.position
@@ -145,6 +159,15 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
                 f"tango-lm models use their own decode cache (TangoLMCache from model.new_cache()), "
                 f"not {type(state).__name__}"
             )
+        if state is None and use_cache is True and not self.training:
+            # Asked for one (as transformers' models are): a cache to pass back with the next tokens.
+            # Left None (the config's use_cache), a plain forward keeps none: scoring stays cache-free.
+            state = self.new_cache()
+        if state is not None and state.lost_static():
+            raise ValueError(
+                "this cache's static decoder served another request since (its tensors are that request's "
+                f"now); continue with generate(..., {CACHE_NAME}=cache), which recomputes it, or a new cache"
+            )
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError(
                 "tango-lm models do not support padding: give prompts of equal length, one batch "
@@ -185,6 +208,7 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         if state.static is None:
             decoder = static_decoder(self.model, input_ids.shape[0], self._static_mode(input_ids, state))
             h = decoder.prefill(input_ids)
+            decoder.hf_owner = state  # a later prefill by another cache takes it over (lost_static)
             state.static, state.decode, state.static_position = decoder, decoder.cache, input_ids.shape[1]
             return self.model.head.log_probs(h, input_ids)
         idle = torch.full((input_ids.shape[0], self.model.config.vocab_size), 0.5, device=input_ids.device)
@@ -203,10 +227,11 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             config = generation_config if generation_config is not None else self.generation_config
             new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
             length = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
-            if length is not None and length > context:
+            # The last new token is never fed back: context + 1 tokens fit, as in `tango-lm generate`.
+            if length is not None and length - 1 > context:
                 raise ValueError(
                     f"generating to {length} tokens (a prompt of {ids.shape[1]}) passes the model's context of "
-                    f"{context}; give max_new_tokens of at most {max(context - ids.shape[1], 0)}"
+                    f"{context}; give max_new_tokens of at most {max(context - ids.shape[1] + 1, 0)}"
                 )
         return super().generate(inputs, generation_config, **kwargs)
 
@@ -231,6 +256,8 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
                 f"tango-lm models use their own decode cache, not {type(state).__name__}; "
                 "call generate() without one (or with model.new_cache())"
             )
+        elif state.lost_static():  # another request's prefill took its decoder: read the whole sequence again
+            state.restart(self.model.new_cache())
         return {**inputs, "input_ids": input_ids[:, state.position :], CACHE_NAME: state, "use_cache": True}
 
 
