@@ -62,7 +62,11 @@ def test_parse_tier():
     for tier in ("0", "1e19", "1e30", "1e5000", "1E1000000"):  # 1e5000 raised ValueError, 1E1000000 Overflow
         with pytest.raises(UserError, match="parameter count"):
             parse_tier(tier, 512)
-    for tier, said in (("1.5", "1.5 parameters"), ("1.0005K", "1000.5 parameters")):  # matched as 1 and 1,000
+    for tier, said in (
+        ("1.5", "1.5 parameters"),  # matched as 1
+        ("1.0005K", "1000.5 parameters"),  # as 1,000
+        ("1.0000000000000000000000000001K", "1000.0000000000000000000000001 parameters"),  # past 28 digits
+    ):
         with pytest.raises(UserError, match=f"is {said}, not a whole number"):
             parse_tier(tier, 512)
     assert parse_tier("1.5K", 512) == (1500, 512) and parse_tier("2.50M", 64) == (2_500_000, 64)

@@ -153,7 +153,9 @@ def _label_within_a_decade(ax: Any, xs: list[float]) -> None:
     if lo <= 0 or math.floor(math.log10(lo)) != math.floor(math.log10(hi)):
         return  # a decade boundary lies between them: its labelled major tick shows
     ticks = [t for t in MaxNLocator(nbins=4).tick_values(lo, hi) if lo * 0.8 <= t <= hi * 1.25 and t > 0]
-    ax.set_xticks(ticks or [lo], [f"{t:,.0f}" if t >= 10 else f"{t:.3g}" for t in ticks or [lo]])  # not 1e+04
+    ax.set_xticks(
+        ticks or [lo], [f"{t:,.0f}" if float(t).is_integer() else f"{t:,.4g}" for t in ticks or [lo]]
+    )  # not 1e+04
 
 
 def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Path) -> list[Path]:

@@ -36,9 +36,11 @@ def parse_tier(tier: str, d_model: int | None) -> tuple[int, int]:
     number = decimal.Decimal(m.group(1))
     if number.adjusted() > 30:  # 1e5000 would be 5,000 digits to multiply and print
         raise UserError(f"tier {tier!r} is past any model's parameter count; give one below 2**63, such as 1.5B")
-    exact = number * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[m.group(2)]
-    if exact != exact.to_integral_value():  # 1.5 was matched as 1 parameter, 1.0005K as 1,000
+    with decimal.localcontext() as ctx:  # exact: the default 28 digits rounded 1.0000000000000000000000000001K
+        ctx.prec = len(m.group(1)) + 40
+        exact = number.scaleb({"": 0, "K": 3, "M": 6, "B": 9}[m.group(2)])
         shown = exact.normalize()  # 1000.5, not 1000.5000
+    if exact != exact.to_integral_value():  # 1.5 was matched as 1 parameter, 1.0005K as 1,000
         raise UserError(f"tier {tier!r} is {shown:f} parameters, not a whole number; give a count such as 1500 or 1.5K")
     target = int(exact)
     if not 1 <= target < 2**63:

@@ -75,6 +75,7 @@ class TangoLMCache:
         self.decode = decode
         self.static: Any = None  # a tango_lm StaticDecoder once a CUDA request has been prefilled
         self.static_position = 0
+        self.static_prefill = 0  # which of its prefills was this cache's
 
     @property
     def is_linear(self) -> list[bool]:
@@ -87,7 +88,7 @@ class TangoLMCache:
     def lost_static(self) -> bool:
         """Whether this cache's static decoder (kept on the model, one per batch size) was prefilled
         since by another request, which overwrote the tensors this cache reads."""
-        return self.static is not None and getattr(self.static, "hf_owner", None) is not self
+        return self.static is not None and self.static.prefills != self.static_prefill
 
     def restart(self, decode: Any) -> None:
         """Empty again, on `decode` (a fresh eager cache): the next call prefills the whole sequence."""
@@ -208,7 +209,7 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         if state.static is None:
             decoder = static_decoder(self.model, input_ids.shape[0], self._static_mode(input_ids, state))
             h = decoder.prefill(input_ids)
-            decoder.hf_owner = state  # a later prefill by another cache takes it over (lost_static)
+            state.static_prefill = decoder.prefills  # a later prefill, by any caller, takes it over (lost_static)
             state.static, state.decode, state.static_position = decoder, decoder.cache, input_ids.shape[1]
             return self.model.head.log_probs(h, input_ids)
         idle = torch.full((input_ids.shape[0], self.model.config.vocab_size), 0.5, device=input_ids.device)

@@ -87,6 +87,9 @@ class StaticDecoder:
         self.device = next(model.parameters()).device
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         self.length = 0  # the position on the host (the tensor is never read back)
+        # Prefills so far: a caller that keeps this decoder's cache past its request (the Hugging Face
+        # export's TangoLMCache) compares it to tell whether another request has prefilled it since.
+        self.prefills = 0
         self._compiled = None
         self.compiled_failed = False
         if mode != "eager":
@@ -99,6 +102,7 @@ class StaticDecoder:
         Returns the prompt's final-normed hidden states [B, T, d]."""
         if prompt.shape[0] != self.batch:
             raise ValueError(f"this decoder serves batches of {self.batch}, got {prompt.shape[0]}")
+        self.prefills += 1
         self.cache.reset()
         h = self.model.hidden(prompt, self.cache)
         backbone = self.model.backbone

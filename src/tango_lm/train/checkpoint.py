@@ -298,7 +298,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         run_train = _run_train(path)
         path = resolve_run_checkpoint(path)
     if not (path / MARKER).exists():
-        if not any((path / name).exists() for name in ("meta.json", "config.json", "tokenizer.json")):
+        written = ("meta.json", "config.json", "tokenizer.json", *SUMMED, SHARDS)  # a save killed midway leaves some
+        if not any((path / name).exists() for name in written):
             raise UserError(f"{path} holds no checkpoint; give a run directory or a checkpoints/step-* directory")
         raise UserError(
             f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one"

@@ -21,9 +21,10 @@ CPU, calling them inline took milliseconds per record: each hands work to anothe
 waits for it to be scheduled). Closing drains the queue. A logger that fails stops the run at its
 next record with a one-line error.
 
-Resuming: TensorBoard writes to the same directory, hides every event it holds (`purge_step` 0:
-a killed attempt's past the checkpoint, a finished run's summary, and the steps an attempt trained
-without TensorBoard in its list) and gets all the kept records again, so its curves are
+Resuming: TensorBoard's event files in `RUN/tensorboard` are written again from the kept records
+(the old ones, written by this logger, go: they may hold a killed attempt's steps past the
+checkpoint, a finished run's summary, or lack the steps an attempt trained without TensorBoard in
+its list; TensorBoard's fast reader does not honour a `purge_step`), so its curves are
 metrics.jsonl's; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
 kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
@@ -114,11 +115,11 @@ class TensorBoardLogger(MetricLogger):
             raise UserError(
                 f"{log_dir} is a file, not TensorBoard's folder; move it away or drop tensorboard from train.loggers"
             )
-        # Events it holds may be a killed attempt's past the checkpoint, a finished run's summary, or
-        # miss the steps an attempt trained without TensorBoard: hide them all, and take every kept
-        # record again (a resume's metrics.jsonl is cheap to replay).
-        purge = 0 if log_dir.is_dir() and any(log_dir.iterdir()) else None
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
+        # Its earlier event files are replaced by the kept records (module docstring): removed, not
+        # hidden with purge_step, which TensorBoard's Rust reader ignores (and the copies would grow).
+        for old in log_dir.glob("events.out.tfevents.*") if log_dir.is_dir() else ():
+            old.unlink()
+        self.writer = SummaryWriter(str(log_dir), flush_secs=30)
 
     def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(kept)
