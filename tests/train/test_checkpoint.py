@@ -216,6 +216,11 @@ def test_what_is_no_checkpoint_is_not_called_an_interrupted_save(scripted_run, t
     (path / "COMPLETE").unlink()
     with pytest.raises(UserError, match="incomplete .no COMPLETE marker; the save was interrupted"):
         load_checkpoint(path)
+    killed = _copy(helpers.step_dir(out, 8), tmp_path / ".tmp-step-00000009-123")  # killed before its JSON files
+    for name in ("COMPLETE", "meta.json", "config.json", "tokenizer.json"):
+        (killed / name).unlink()
+    with pytest.raises(UserError, match="incomplete .no COMPLETE marker; the save was interrupted"):
+        load_checkpoint(killed)
 
 
 def _truncate(path: Path) -> None:

@@ -210,11 +210,6 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
                 "eos_token_id": tokenizer.eot_id,
                 "pad_token_id": tokenizer.eot_id,
                 "do_sample": False,
-                # Sampling (do_sample=True) draws from the model's whole distribution, as `tango-lm
-                # generate` does: without these transformers fills in its own top_k of 50.
-                "temperature": 1.0,
-                "top_k": 0,
-                "top_p": 1.0,
                 # The table's padding rows past the tokenizer (50304 for GPT-2's 50257 ids) are no
                 # tokens: generate() never picks them, as `tango-lm generate` does not.
                 **({"suppress_tokens": padding} if (padding := _padding_ids(model_config, tokenizer)) else {}),

@@ -23,8 +23,8 @@ that loading needs `pip install tango-lm` (of a version that knows the exported 
   the model, one per batch size: a cache kept past a later request of that size is read again
   from the start when `generate()` continues it.
 - `forward(ids, use_cache=True)` returns a new cache as `past_key_values` to continue with; left
-  unset, a plain forward keeps none. The exported generation config samples (`do_sample=True`) the
-  whole distribution (top_k 0, top_p 1, temperature 1), not transformers' default top 50.
+  unset, a plain forward keeps none. `generate(do_sample=True)` samples the whole distribution
+  (top_k 0 unless one is given), not transformers' default top 50.
 - MoE models run at `capacity_factor_eval` (tango-lm's external-evaluation capacity) outside
   training, so the cached and uncached paths agree (at its default, E / k, which drops nothing).
 - Padding is not supported (the model takes no attention mask): batch prompts of equal length or
@@ -223,9 +223,18 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         """transformers' generate(), refusing up front a length past the model's context (the
         forward refused it only once the sequence had grown there, after that many steps)."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
+        config = generation_config if generation_config is not None else self.generation_config
+        if (
+            kwargs.get("do_sample", config.do_sample)
+            and "top_k" not in kwargs
+            and getattr(config, "top_k", None) is None
+        ):
+            # Sampling draws from the whole distribution, as `tango-lm generate` does: left unset,
+            # transformers fills in a top_k of 50. (Not in the generation config: there, with
+            # do_sample false, transformers warns of it, and 4.x refuses to save it.)
+            kwargs["top_k"] = 0
         context = self.config.max_position_embeddings
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and context:
-            config = generation_config if generation_config is not None else self.generation_config
             new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
             length = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
             # The last new token is never fed back: context + 1 tokens fit, as in `tango-lm generate`.
