@@ -26,7 +26,8 @@ import torch
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tango_lm.data.shards import PreparedDataset, is_prepared, write_prepared
+from tango_lm.data.dataset_dir import is_prepared
+from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import get_tokenizer
 from tango_lm.train.config import RunConfig
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tango_lm.data.dataset_dir import is_prepared
 from tango_lm.data.dmmath import prepare_dmmath
-from tango_lm.data.shards import is_prepared
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width

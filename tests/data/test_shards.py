@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tango_lm.data import shards
+from tango_lm.data.dataset_dir import FORMAT
 from tango_lm.data.loader import eval_batches
 from tango_lm.data.sharded_tokens import ShardedTokens
-from tango_lm.data.shards import FORMAT, PreparedDataset, write_prepared
+from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer
 from tango_lm.errors import UserError
 

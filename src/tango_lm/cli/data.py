@@ -11,7 +11,8 @@ from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
     """`data prepare SOURCE ...`: the registered source (data/sources.py) the arguments describe."""
-    from tango_lm.data.shards import PreparedDataset, hold_dataset_lock
+    from tango_lm.data.dataset_dir import hold_dataset_lock
+    from tango_lm.data.shards import PreparedDataset
     from tango_lm.data.sources import SOURCES
 
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated

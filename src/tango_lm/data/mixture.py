@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from tango_lm.data.shards import PreparedDataset, check_writable, write_prepared
+from tango_lm.data.dataset_dir import check_writable
+from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.source import DataSource
 from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
 from tango_lm.errors import UserError, option

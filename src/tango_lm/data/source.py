@@ -93,7 +93,8 @@ class DataSource:
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
         """Write the prepared dataset to `out_dir` and return its path."""
-        from tango_lm.data.shards import check_writable, write_prepared
+        from tango_lm.data.dataset_dir import check_writable
+        from tango_lm.data.shards import write_prepared
 
         self.check()
         tok = self.open_tokenizer()

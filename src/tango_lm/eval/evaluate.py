@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.data.loader import count_eval_windows, eval_batches
-from tango_lm.data.shards import PreparedDataset, same_dataset_dir
+from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll

@@ -295,7 +295,7 @@ def write_report(
     report = build_report(records, split, reference)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory for the report (default: {root / 'report'})")
-    from tango_lm.data.shards import is_prepared
+    from tango_lm.data.dataset_dir import is_prepared
     from tango_lm.train.run_dir import enclosing, holds_run
 
     dataset = enclosing(out, is_prepared)  # re-preparing it (--overwrite) would take the report with it

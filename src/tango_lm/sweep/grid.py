@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.shards import is_prepared
+from tango_lm.data.dataset_dir import is_prepared
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry

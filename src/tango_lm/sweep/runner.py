@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.shards import same_dataset_dir
+from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
@@ -67,7 +67,8 @@ def _other_tokens(run: SweepRun) -> list[str]:
     """The difference when the run's dataset directory was prepared again since the run trained
     on it (its latest checkpoint records the tokens of each split it read): the same path, other
     data. None for a checkpoint from before the record, or a dataset not there (yet)."""
-    from tango_lm.data.shards import PreparedDataset, is_prepared
+    from tango_lm.data.dataset_dir import is_prepared
+    from tango_lm.data.shards import PreparedDataset
     from tango_lm.eval.evaluate import holds_recorded_tokens
 
     steps = complete_steps(run.out_dir / "checkpoints")

@@ -97,7 +97,7 @@ def enclosing_dataset_or_run(path: str | os.PathLike) -> tuple[Path, str] | None
     """(the prepared dataset or run directory that `path` is or lies in, "prepared dataset" or "run
     directory"), or None: an output put there would go when the dataset is prepared again, or lie
     among the run's own files."""
-    from tango_lm.data.shards import is_prepared
+    from tango_lm.data.dataset_dir import is_prepared
 
     for predicate, what in ((is_prepared, "prepared dataset"), (is_run_dir, "run directory")):
         holder = enclosing(path, predicate)
@@ -121,7 +121,7 @@ def check_out_dir(run: Any, resume: bool) -> None:
 
 
 def _check_place(out: Path) -> None:
-    from tango_lm.data.shards import is_prepared
+    from tango_lm.data.dataset_dir import is_prepared
 
     if out.exists() and not out.is_dir():
         raise UserError(f"train.out_dir {out} is a file, not a directory; set train.out_dir to a directory")
