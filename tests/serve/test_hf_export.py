@@ -303,7 +303,7 @@ def test_forward_with_use_cache_returns_a_cache_to_continue_with(transformers, b
     torch.testing.assert_close(torch.cat([head.logits, rest], 1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_sampling_draws_from_the_whole_distribution(transformers, byte_export):
+def test_sampling_draws_from_the_whole_distribution(transformers, byte_export, monkeypatch):
     # transformers fills in top_k=50 where the generation config says nothing: do_sample=True drew
     # from the 50 likeliest tokens only, unlike `tango-lm generate`.
     import logging
@@ -318,6 +318,25 @@ def test_sampling_draws_from_the_whole_distribution(transformers, byte_export):
         logging.getLogger("transformers").removeHandler(handler)
     assert not [r for r in records if "top_k" in r.getMessage()]
     assert hf.generation_config.top_k is None
+
+    class Transformers4Config(type(hf.generation_config)):  # 4.x's default top_k is 50, not None
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.top_k = kwargs.get("top_k", 50)
+
+    calls = []
+    real = transformers.GenerationMixin.generate  # transformers' own, below the export's
+    monkeypatch.setattr(
+        transformers.GenerationMixin,
+        "generate",
+        lambda self, *a, **k: calls.append(k.get("top_k")) or real(self, *a, **k),
+    )
+    prompt1 = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
+    hf.generate(prompt1, generation_config=Transformers4Config(do_sample=True, max_new_tokens=1))
+    hf.generate(prompt1, generation_config=Transformers4Config(do_sample=True, max_new_tokens=1, top_k=7))
+    hf.generate(prompt1, max_new_tokens=1, do_sample=True, top_k=5)
+    monkeypatch.undo()
+    assert calls == [0, None, 5]  # a top_k the caller chose is kept
     prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3)).repeat(4000, 1)
     torch.manual_seed(0)
     drawn = hf.generate(prompt, max_new_tokens=1, do_sample=True, eos_token_id=None)[:, -1]

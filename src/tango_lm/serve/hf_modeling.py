@@ -224,14 +224,12 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
         forward refused it only once the sequence had grown there, after that many steps)."""
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         config = generation_config if generation_config is not None else self.generation_config
-        if (
-            kwargs.get("do_sample", config.do_sample)
-            and "top_k" not in kwargs
-            and getattr(config, "top_k", None) is None
-        ):
-            # Sampling draws from the whole distribution, as `tango-lm generate` does: left unset,
-            # transformers fills in a top_k of 50. (Not in the generation config: there, with
-            # do_sample false, transformers warns of it, and 4.x refuses to save it.)
+        # Sampling draws from the whole distribution, as `tango-lm generate` does, where the caller
+        # left top_k at the library's default (None in transformers 5, which then samples the top 50;
+        # 50 itself in 4.x). Not in the generation config: there, with do_sample false,
+        # transformers warns of it, and 4.x refuses to save it.
+        unset = getattr(config, "top_k", None) == getattr(type(config)(), "top_k", None)
+        if kwargs.get("do_sample", config.do_sample) and "top_k" not in kwargs and unset:
             kwargs["top_k"] = 0
         context = self.config.max_position_embeddings
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and context:
