@@ -337,3 +337,23 @@ def test_a_bad_wandb_setting_is_named_in_full_without_login_advice(data_dir, tmp
         "wandb could not start a run (1 validation error for Settings mode Input should be 'online' or 'offline' "
         "[input_value='bogus']); fix what it names, or drop wandb from train.loggers"
     )
+
+
+def test_tensorboard_removes_only_the_event_files_it_wrote(data_dir, tmp_path):
+    # It removed every events.out.tfevents.* file in RUN/tensorboard: a user's own, or another
+    # run's where the folder is a link to a shared one.
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    shared = tmp_path / "shared"
+    with SummaryWriter(str(shared), filename_suffix=".theirs") as other:
+        other.add_scalar("theirs/x", 1.0, 1)
+    theirs = sorted(p.name for p in shared.iterdir())
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").symlink_to(shared, target_is_directory=True)
+    run = helpers.run_config(data_dir, out, steps=4, save_every=2, loggers="jsonl,tensorboard")
+    train(run)
+    train(helpers.run_config(data_dir, out, steps=6, save_every=2, loggers="jsonl,tensorboard"), resume=True)
+    events = sorted(p.name for p in shared.glob("events.out.tfevents.*"))
+    assert set(theirs) < set(events) and len(events) == len(theirs) + 1  # theirs, and this run's one file

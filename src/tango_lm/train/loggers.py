@@ -21,11 +21,12 @@ CPU, calling them inline took milliseconds per record: each hands work to anothe
 waits for it to be scheduled). Closing drains the queue. A logger that fails stops the run at its
 next record with a one-line error.
 
-Resuming: TensorBoard's event files in `RUN/tensorboard` are written again from the kept records
-(the old ones, written by this logger, go: they may hold a killed attempt's steps past the
-checkpoint, a finished run's summary, or lack the steps an attempt trained without TensorBoard in
-its list; TensorBoard's fast reader does not honour a `purge_step`), so its curves are
-metrics.jsonl's; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
+Resuming: TensorBoard's event file in `RUN/tensorboard` is written again from the kept records,
+and the ones this logger wrote before (named in `RUN/tensorboard/.tango-lm.json`) go: they may
+hold a killed attempt's steps past the checkpoint or a finished run's summary, or lack the steps
+an attempt trained without TensorBoard in its list, and TensorBoard's fast (Rust) reader does not
+honour a `purge_step`. Event files it did not write stay (those of an older tango-lm are hidden
+with `purge_step` 0 for TensorBoard's Python reader). So its curves are metrics.jsonl's; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
 kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
 offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
@@ -106,6 +107,7 @@ class TensorBoardLogger(MetricLogger):
     name = "tensorboard"
     requires = ("tensorboard", "tensorboard")
     background = True
+    RECORD = ".tango-lm.json"  # the event files this logger wrote in RUN/tensorboard
 
     def __init__(self, ctx: LogContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -115,11 +117,15 @@ class TensorBoardLogger(MetricLogger):
             raise UserError(
                 f"{log_dir} is a file, not TensorBoard's folder; move it away or drop tensorboard from train.loggers"
             )
-        # Its earlier event files are replaced by the kept records (module docstring): removed, not
-        # hidden with purge_step, which TensorBoard's Rust reader ignores (and the copies would grow).
-        for old in log_dir.glob("events.out.tfevents.*") if log_dir.is_dir() else ():
-            old.unlink()
-        self.writer = SummaryWriter(str(log_dir), flush_secs=30)
+        # The event files it wrote before are replaced by the kept records (module docstring): removed,
+        # not hidden with purge_step, which TensorBoard's Rust reader ignores (the copies would grow).
+        record = log_dir / self.RECORD
+        for name in _read_names(record):
+            (log_dir / Path(name).name).unlink(missing_ok=True)  # a bare name: never outside the folder
+        before = set(log_dir.glob("events.out.tfevents.*")) if log_dir.is_dir() else set()
+        self.writer = SummaryWriter(str(log_dir), purge_step=0 if before else None, flush_secs=30)
+        mine = sorted(p.name for p in set(log_dir.glob("events.out.tfevents.*")) - before)
+        record.write_text(json.dumps({"event_files": mine}) + "\n")
 
     def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(kept)
@@ -221,6 +227,19 @@ class InBackground(MetricLogger):
                 f"the {self.name} logger failed ({first}); fix that and continue with --resume, or drop "
                 f"{self.name} from train.loggers"
             )
+
+
+def _read_names(path: Path) -> list[str]:
+    """The event files a TensorBoard record names ([] without a readable one)."""
+    try:
+        names = json.loads(path.read_text()).get("event_files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return (
+        [n for n in names if isinstance(n, str) and n.startswith("events.out.tfevents.")]
+        if isinstance(names, list)
+        else []
+    )
 
 
 def _read_run_id(path: Path) -> str | None:
