@@ -610,6 +610,22 @@ def _fake_quickstart(monkeypatch, trained: list) -> None:
     monkeypatch.setattr(quickstart, "train", train)
 
 
+@contextlib.contextmanager
+def _lock_held_by_another_process(lock: Path):
+    """Another process holds `lock` (flock) while the block runs."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)", str(lock)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_path, monkeypatch, capsys):
     # --steps -1 "trained" 0 steps and printed a table, 0 became 150; --fresh deleted the whole
     # folder (a user's notes too), and a run in progress in it, before taking its lock.
@@ -627,19 +643,10 @@ def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_p
     (run / "checkpoints").mkdir(parents=True)
     (run / "metrics.jsonl").write_text("{}\n")
     (run / "notes.txt").write_text("mine")
-    holder = subprocess.Popen(  # another process holds the run's lock, as a training run does
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(60)", str(run / ".lock")],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with _lock_held_by_another_process(run / ".lock"):  # as a training run holds it
         assert main(["quickstart", "--out", str(out), "--fresh"]) == 2
         assert "is in use" in helpers.assert_one_error_line(capsys.readouterr().err)
         assert (run / "checkpoints").is_dir() and not trained
-    finally:
-        holder.kill()
-        holder.wait()
     assert main(["quickstart", "--out", str(out), "--fresh", "--steps", "3", "--json"]) == 0
     captured = capsys.readouterr()
     assert [r["arch"] for r in json.loads(captured.out)] == ["tango", "loop-transformer"]  # stdout: the JSON alone
@@ -684,19 +691,10 @@ def test_quickstart_starts_again_a_run_stopped_before_its_first_checkpoint(tmp_p
     (run / "checkpoints").mkdir(parents=True)
     for name in ("config.json", "config.yaml", "metrics.jsonl", "notes.txt"):
         (run / name).write_text("{}\n")
-    holder = subprocess.Popen(  # a run in progress holds its lock: it is not restarted under it
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(60)", str(run / ".lock")],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with _lock_held_by_another_process(run / ".lock"):  # a run in progress: it is not restarted under it
         assert main(["quickstart", "--out", str(tmp_path / "qs"), "--steps", "3"]) == 2
         line = helpers.assert_one_error_line(capsys.readouterr().err)
         assert "is in use" in line and "--fresh" not in line and (run / "config.json").exists()
-    finally:
-        holder.kill()
-        holder.wait()
     assert main(["quickstart", "--out", str(tmp_path / "qs"), "--steps", "3"]) == 0
     assert found[str(run)] == (False, ["notes.txt"])  # the attempt's files gone, the user's kept
 
