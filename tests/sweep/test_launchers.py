@@ -135,13 +135,19 @@ def test_runs_their_data_refuses_are_never_submitted(data_dir, tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
-def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch, capsys):
-    submitit = pytest.importorskip("submitit")
+def _grid_with_a_recorded_slurm_job(tmp_path, data_dir):
+    """The test grid whose first run jobs.json records as SLURM job 4242_0."""
     grid = load_grid(write_grid(tmp_path, data_dir))
     grid.out_dir.mkdir(parents=True)
     (grid.out_dir / "jobs.json").write_text(
         json.dumps({"jobs": [{"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]})
     )
+    return grid
+
+
+def test_only_unfinished_runs_without_a_live_job_are_submitted(data_dir, tmp_path, monkeypatch, capsys):
+    submitit = pytest.importorskip("submitit")
+    grid = _grid_with_a_recorded_slurm_job(tmp_path, data_dir)
 
     class FakeSlurmJob:
         def __init__(self, folder: str, job_id: str) -> None:
@@ -166,11 +172,7 @@ def test_a_job_sacct_cannot_place_is_not_submitted_again(data_dir, tmp_path, mon
     # sacct lists a job only a while after sbatch, and may fail: submitit then says UNKNOWN, which
     # counted as gone, so a rerun submitted every pending or running run a second time.
     submitit = pytest.importorskip("submitit")
-    grid = load_grid(write_grid(tmp_path, data_dir))
-    grid.out_dir.mkdir(parents=True)
-    (grid.out_dir / "jobs.json").write_text(
-        json.dumps({"jobs": [{"run": grid.runs[0].name, "job_id": "4242_0", "cluster": "slurm"}]})
-    )
+    grid = _grid_with_a_recorded_slurm_job(tmp_path, data_dir)
 
     class UnknownSlurmJob:
         def __init__(self, folder: str, job_id: str) -> None:
