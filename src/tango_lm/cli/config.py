@@ -141,15 +141,15 @@ def cmd_match(args: argparse.Namespace) -> None:
             rows.append(row)
     # The paper's own settings: its vocabulary (Table 6's fixed geometries match the tier only with its
     # embedding) and no override (they are the paper's shapes, not the overrides').
-    paper_vocab = args.vocab_size == PAPER_VOCAB and not args.overrides
+    paper_settings = args.vocab_size == PAPER_VOCAB and not args.overrides
     for label, (arch, geometry) in fixed_geometries().items():
         fixed = geometry.config(arch, args.tier, args.depth, args.vocab_size)
-        if fixed is not None and not args.arch and paper_vocab:
+        if fixed is not None and not args.arch and paper_settings:
             rows.append(_row(fixed, target, arch=label))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
     span = non_embedding_range(rows)
-    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and paper_vocab
+    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and paper_settings
     paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
     if span is not None:
         span["paper_millions"] = list(paper) if paper else None
