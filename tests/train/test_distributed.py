@@ -95,9 +95,18 @@ def late_check(out, resume):  # rank 1 checks the FSDP run's directory late: ran
         time.sleep(1)
     real_check(out, resume)
 run_dir._check_contents = late_check
+import tango_lm.train.trainer as trainer_py  # where Trainer finds them
+from tango_lm.errors import UserError
+real_open, real_steps = trainer_py.open_loggers, trainer_py.complete_steps
+def loggers_fail(*args):  # rank 0 alone opens the loggers: as W&B without an API key
+    raise UserError("W&B could not start: no API key")
+def steps_elsewhere(root):  # rank 1's out_dir is not on the disk rank 0 saved to
+    return [] if os.environ["RANK"] == "1" else real_steps(root)
 for name, (argv, script, *_) in jobs.items():
     Trainer.evaluate_dev = (lambda self: script[str(self.step)]) if script else real_dev
     trainer_module.finish_checkpoint = full_disk if name == "save_fails" else real_finish
+    trainer_py.open_loggers = loggers_fail if name == "loggers_fail" else real_open
+    trainer_py.complete_steps = steps_elsewhere if name == "resume_elsewhere" else real_steps
     codes[name] = main(argv)
 open(sys.argv[2] + f".rank{os.environ['RANK']}", "w").write(json.dumps(codes))
 dist.destroy_process_group()
@@ -163,6 +172,17 @@ def runs(data_dir, tmp_path_factory):
         m.setattr(Trainer, "train_step", nan_loss)
         refs["nan"] = train(helpers.run_config(data_dir, root / "nan-ref", model))
     jobs["nan"] = [["train", *_overrides(data_dir, root / "nan", model, train_kw), "--no-progress"], None, nan_steps]
+    # Rank 0 cannot open its loggers: both ranks stop with one line (rank 1 would wait at a collective).
+    jobs["loggers_fail"] = [
+        ["train", *_overrides(data_dir, root / "loggers_fail", {}, {"parallel": "ddp"}), "--no-progress"],
+        None,
+    ]
+    # Rank 1 finds no checkpoint where rank 0 resumes from step 8: both refuse before training.
+    elsewhere = _cut_at_8(root / "ddp_aw-ref", root / "resume_elsewhere")
+    jobs["resume_elsewhere"] = [
+        ["train", *_overrides(data_dir, elsewhere, AW, {"parallel": "ddp"}), "--resume", "--no-progress"],
+        None,
+    ]
     # Last: rank 0's checkpoint write fails; both ranks stop with one line (rank 1 broke at a barrier).
     jobs["save_fails"] = [
         ["train", *_overrides(data_dir, root / "save_fails", {}, {"parallel": "ddp"}), "--no-progress"],
@@ -196,7 +216,8 @@ def runs(data_dir, tmp_path_factory):
         _, err = proc.communicate(timeout=30)
         pytest.fail(f"torchrun timed out: {err[-4000:]}")
     assert proc.returncode == 0, err[-4000:]
-    want = {**dict.fromkeys(jobs, 0), "save_fails": 2}
+    (root / "torchrun.err").write_text(err)
+    want = {**dict.fromkeys(jobs, 0), "save_fails": 2, "loggers_fail": 2, "resume_elsewhere": 2}
     for rank in (0, 1):
         assert json.loads((root / f"codes.json.rank{rank}").read_text()) == want, rank
     assert "error: rank 0 could not write checkpoint step-00000004" in err and "Connection closed" not in err
@@ -277,6 +298,93 @@ def test_rank_zero_alone_logs_and_writes(runs):
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert [e.step for e in accumulator.Scalars("train/loss")] == list(range(1, 13))
+
+
+def test_rank_zero_failing_to_start_stops_every_rank_in_one_line(runs):
+    """Rank 0 alone opens the loggers and writes the run's files; its failure reaches rank 1, which
+    would otherwise wait at the first collective and die there with gloo's traceback."""
+    root, _ = runs
+    err = (root / "torchrun.err").read_text()
+    assert "error: W&B could not start: no API key" in err
+    assert "error: rank 0 could not start the run; its error says why" in err
+    assert not (root / "loggers_fail" / "metrics.jsonl").exists()
+
+
+def test_processes_resuming_from_different_checkpoints_are_refused(runs):
+    root, _ = runs
+    err = (root / "torchrun.err").read_text()
+    want = "(process 0: step 8, process 1: step 0); put train.out_dir on a disk every process shares"
+    assert err.count(want) == 2  # each rank says it, before either trains
+    # untouched: the killed run's records past its checkpoint are still there for the real resume
+    assert (root / "resume_elsewhere" / "metrics.jsonl").read_text() == (
+        root / "ddp_aw-ref" / "metrics.jsonl"
+    ).read_text()
+    assert helpers.step_names(root / "resume_elsewhere") == ["step-00000008"]
+
+
+# Rank 1 leaves the group; rank 0's next collective fails as when a process dies mid-run.
+PEER_GONE = """
+import os, torch, torch.distributed as dist
+from tango_lm.train.distributed import lost_contact
+dist.init_process_group("gloo")
+dist.barrier()
+if os.environ["RANK"] == "1":
+    os._exit(0)
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError as exc:
+    print("lost contact" if lost_contact(exc) else f"not recognised: {exc}")
+"""
+
+
+def test_a_collective_whose_peer_died_is_recognised(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "peer_gone.py").write_text(PEER_GONE)
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "peer_gone.py")],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    out, err = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=30)
+    assert out.strip() == "lost contact", err[-2000:]
+
+
+def test_a_rank_that_lost_its_peers_says_so_in_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:42178"
+
+    def peer_died(self):
+        raise RuntimeError(gloo)
+
+    monkeypatch.setattr(Trainer, "fit", peer_died)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "error: process 1 lost contact with the others: one of them stopped (its own error, or torchrun's "
+        "report, says why); fix that and continue with --resume"
+    ]
+    monkeypatch.setattr(Trainer, "fit", lambda self: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # any other RuntimeError keeps its traceback
+        main(argv)
 
 
 def test_checkpoint_formats(runs):

@@ -188,6 +188,28 @@ def mean_over_ranks_on_device(env: DistEnv, values: torch.Tensor) -> torch.Tenso
     return summed / env.world_size
 
 
+def lost_contact(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because another process is gone: it stopped on
+    its own error, or was killed. NCCL raises `DistError`s; gloo a plain RuntimeError from its
+    transport ("Connection closed by peer")."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
+
+
+def check_same_step(env: DistEnv, step: int, ckpt_root: Any) -> None:
+    """Every process resumed from the same step: one that found another checkpoint (or none, its
+    out_dir not on the disk the others share) would train on another data position and learning
+    rate and average wrong gradients into the run."""
+    if not env.active:
+        return
+    steps = [int(s) for s in all_reduce_sum(env, [step if r == env.rank else 0 for r in range(env.world_size)])]
+    if len(set(steps)) > 1:
+        found = ", ".join(f"process {r}: step {s}" for r, s in enumerate(steps))
+        raise UserError(
+            f"the processes found different latest checkpoints in {ckpt_root} ({found}); put "
+            "train.out_dir on a disk every process shares"
+        )
+
+
 def broadcast_int(env: DistEnv, value: int) -> int:
     """Rank 0's `value` on every process."""
     if not env.active:

@@ -35,6 +35,7 @@ from tango_lm.train.checkpoint import (
     complete_steps,
     load_checkpoint,
     remove_incomplete,
+    step_of,
     write_json_atomic,
     write_text_atomic,
 )
@@ -153,6 +154,7 @@ class Trainer(TrainerCheckpoints):
         self.loggers: list[MetricLogger] | None = None  # opened by fit(), on rank 0
         self.peak_flops: float | None = None  # the MFU denominator, measured by fit() on rank 0
         self.peak_measured_again = False
+        distributed.check_same_step(self.dist, step_of(existing[-1]) if existing else 0, self.ckpt_root)
         if existing:
             self._resume(existing[-1])
 
@@ -250,27 +252,8 @@ class Trainer(TrainerCheckpoints):
 
     def fit(self) -> TrainResult:
         cfg = self.run.train
-        if self.dist.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
-        kept = self._kept_records()  # read once: the dashboards get what they lack, the bar the last dev NLL
-        if self.dist.is_main:
-            # Loggers first: one that cannot start (W&B without a key) leaves no run file behind, so
-            # the same command runs again once it is fixed, without --resume; and a resume it stops
-            # leaves the run as it was (a finished run kept its summary, which `report` reads).
-            self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
-            # What a killed attempt logged past the checkpoint (all of it, before the first one), and
-            # the summary of an earlier end (a budget since raised), stale once the run trains on.
-            metrics_file.truncate_records(self.out, self.step)
-            (self.out / "summary.json").unlink(missing_ok=True)
         try:
-            if self.dist.is_main:
-                config = self.run.to_dict()
-                write_json_atomic(self.out / "config.json", config)
-                write_text_atomic(self.out / "config.yaml", dump_yaml(config))  # read back by `train RUN --resume`
-                self.peak_flops = matmul_peak(self.device, self.dtype)
-                for warning in start_of_run_warnings(self.run, self.dataset) if self.say_warnings else ():
-                    print(f"warning: {warning}", file=sys.stderr)  # now: the CLI holds warnings to a command's end
+            kept = self._begin_run()  # read once: the dashboards get what they lack, the bar the last dev NLL
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
                 result = self._fit(kept)
@@ -282,6 +265,42 @@ class Trainer(TrainerCheckpoints):
         loggers, self.loggers = self.loggers or [], None
         close_loggers(loggers)
         return result
+
+    def _begin_run(self) -> list[dict[str, Any]]:
+        """Rank 0 readies the run's files and loggers and tells every process whether it could: a
+        failure there (W&B without a key, a full disk) stops each process with one line, not the
+        others at a collective's broken pipe. Returns the metrics records the run keeps."""
+        failure: BaseException | None = None
+        kept: list[dict[str, Any]] = []
+        if self.dist.is_main:
+            try:
+                kept = self._ready_run_files()
+            except (UserError, OSError) as exc:
+                failure = exc
+        if distributed.broadcast_int(self.dist, int(failure is not None)):
+            raise failure or UserError("rank 0 could not start the run; its error says why")
+        return kept
+
+    def _ready_run_files(self) -> list[dict[str, Any]]:
+        cfg = self.run.train
+        self.out.mkdir(parents=True, exist_ok=True)
+        remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning
+        kept = self._kept_records()
+        # Loggers first: one that cannot start (W&B without a key) leaves no run file behind, so
+        # the same command runs again once it is fixed, without --resume; and a resume it stops
+        # leaves the run as it was (a finished run kept its summary, which `report` reads).
+        self.loggers = open_loggers(cfg.loggers, self._log_context(), kept)
+        # What a killed attempt logged past the checkpoint (all of it, before the first one), and
+        # the summary of an earlier end (a budget since raised), stale once the run trains on.
+        metrics_file.truncate_records(self.out, self.step)
+        (self.out / "summary.json").unlink(missing_ok=True)
+        config = self.run.to_dict()
+        write_json_atomic(self.out / "config.json", config)
+        write_text_atomic(self.out / "config.yaml", dump_yaml(config))  # read back by `train RUN --resume`
+        self.peak_flops = matmul_peak(self.device, self.dtype)
+        for warning in start_of_run_warnings(self.run, self.dataset) if self.say_warnings else ():
+            print(f"warning: {warning}", file=sys.stderr)  # now: the CLI holds warnings to a command's end
+        return kept
 
     def _fit(self, kept: list[dict[str, Any]]) -> TrainResult:
         cfg = self.run.train
@@ -414,6 +433,13 @@ def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress:
         raise UserError(
             f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "
             "intact: fix that and continue with --resume"
+        ) from None
+    except RuntimeError as exc:
+        if not distributed.lost_contact(exc):
+            raise
+        raise UserError(  # the process that stopped first says why; this one need not add a traceback
+            f"process {distributed.launch_env()[0]} lost contact with the others: one of them stopped "
+            "(its own error, or torchrun's report, says why); fix that and continue with --resume"
         ) from None
     finally:
         distributed.teardown()
