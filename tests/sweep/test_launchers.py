@@ -188,6 +188,21 @@ def test_a_job_sacct_cannot_place_is_not_submitted_again(data_dir, tmp_path, mon
     assert (row["state"], row["note"]) == ("queued", "job 4242_0: sacct cannot say its state")
 
 
+@pytest.mark.parametrize("text", ['{"jobs": [{"run": "x", "job_id": "4242_0"},]}', "[]", '{"jobs": 1}'])
+def test_a_jobs_file_that_cannot_be_read_is_refused_not_taken_for_none(data_dir, tmp_path, monkeypatch, capsys, text):
+    # A hand-edit's trailing comma read as "no jobs": every queued run was submitted a second time
+    # and the file rewritten without their records.
+    submitit = pytest.importorskip("submitit")
+    grid = _grid_with_a_recorded_slurm_job(tmp_path, data_dir)
+    (grid.out_dir / "jobs.json").write_text(text)
+    monkeypatch.setattr(submitit, "SlurmJob", lambda folder, job_id: pytest.fail("asked sacct"))
+    with pytest.raises(UserError, match=r"jobs.json cannot be read \(.*\); fix it, .* or remove it if none of its"):
+        submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), log=lambda _: None)
+    assert (grid.out_dir / "jobs.json").read_text() == text
+    assert main(["sweep", str(tmp_path / "grid.yaml"), "--launcher", "slurm", "--dry-run"]) == 2
+    assert "jobs.json cannot be read" in helpers.assert_one_error_line(capsys.readouterr().err)
+
+
 def test_sweep_flags_and_a_missing_submitit_are_one_line_errors(data_dir, tmp_path, capsys, monkeypatch):
     grid = write_grid(tmp_path, data_dir)
     assert main(["sweep", str(grid), "--partition", "gpu"]) == 2

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tango_lm.errors import UserError, did_you_mean
+from tango_lm.errors import UserError, did_you_mean, os_error_text
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.sweep.runner import _row, _train_one, check_runs_to_train, other_config_row, run_state
@@ -278,12 +278,9 @@ def queued_jobs(out_dir: Path, cluster: str) -> tuple[dict[str, str], dict[str, 
     submitit, i.e. sacct), and those whose job's state sacct cannot give (a job it does not list yet,
     right after sbatch, or sacct failing): run -> job id each. Jobs of other executors cannot be
     asked about and count as gone."""
-    try:
-        recorded = json.loads((out_dir / "jobs.json").read_text()).get("jobs", [])
-    except (OSError, ValueError, AttributeError):
-        return {}, {}
     if cluster != "slurm":
         return {}, {}
+    recorded = read_jobs(out_dir)
     import submitit
 
     active, unknown = {}, {}
@@ -301,6 +298,26 @@ def queued_jobs(out_dir: Path, cluster: str) -> tuple[dict[str, str], dict[str, 
         elif state == "UNKNOWN":  # not "gone": submitting it again would train it twice
             unknown[run] = job_id
     return active, unknown
+
+
+def read_jobs(out_dir: Path) -> list[dict[str, Any]]:
+    """`OUT/jobs.json`'s entries ([] when there is none). One it cannot read is refused, not taken
+    for "no jobs": that would submit queued runs a second time and drop their records."""
+    path = out_dir / "jobs.json"
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        jobs = data.get("jobs") if isinstance(data, dict) else None
+        if not isinstance(jobs, list):
+            raise ValueError('it holds no "jobs" list')
+    except (OSError, ValueError) as exc:
+        why = os_error_text(exc) if isinstance(exc, OSError) else str(exc).splitlines()[0]
+        raise UserError(
+            f'{path} cannot be read ({why}); fix it, a JSON object {{"jobs": [{{"run": ..., "job_id": '
+            f"...}}, ...]}}, or remove it if none of its jobs is still queued"
+        ) from None
+    return [e for e in jobs if isinstance(e, dict)]
 
 
 def refuse_unknown_jobs(out_dir: Path, unknown: dict[str, str]) -> None:
@@ -333,10 +350,7 @@ def mark_queued(grid: Grid, rows: list[dict[str, Any]]) -> None:
 
 def _record_jobs(out_dir: Path, cluster: str, jobs: list[tuple[str, str]]) -> None:
     path = out_dir / "jobs.json"
-    try:
-        old = [e for e in json.loads(path.read_text()).get("jobs", []) if isinstance(e, dict)]
-    except (OSError, ValueError, AttributeError):
-        old = []
+    old = read_jobs(out_dir)
     names = {name for name, _ in jobs}
     when = time.strftime("%Y-%m-%dT%H:%M:%S")
     entries = [e for e in old if e.get("run") not in names]
