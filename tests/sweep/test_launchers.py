@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
 import time
@@ -243,9 +244,37 @@ def test_no_sbatch_or_a_refused_submission_is_one_line(data_dir, tmp_path, capsy
 
     _fake_slurm(tmp_path, monkeypatch, sbatch_rc=1)
     assert main(["sweep", str(grid), "--launcher", "slurm", "--partition", "nope"]) == 2
-    line = capsys.readouterr().err.splitlines()[-1]  # after sbatch's own message (its stderr is the terminal's)
+    line = helpers.assert_one_error_line(capsys.readouterr().err)  # sbatch's own message only in it
     assert line.startswith("error: the cluster refused the jobs") and "invalid partition" in line
     assert not (tmp_path / "sweep" / ".submitit").exists()  # the job files written for the refused array are gone
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / ".submitit").write_text("")  # where the job files go: this machine's disk refuses
+    assert main(["sweep", str(grid), "--launcher", "slurm"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "could not write the job files under" in line and "check the disk and the path" in line
+
+
+def test_the_dry_run_checks_the_job_processes_a_submission_checks(data_dir, tmp_path, capsys):
+    # The dry run passed --gpus-per-job 2 for runs with train.parallel=none; the submission refused them.
+    grid = write_grid(tmp_path, data_dir)
+    assert main(["sweep", str(grid), "--launcher", "slurm", "--dry-run", "--gpus-per-job", "2"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "cannot train as a job of 2 processes: 2 processes were launched but train.parallel=none" in line
+
+
+def test_the_hint_after_a_submission_shows_the_queued_runs_when_pasted(data_dir, tmp_path, capsys, monkeypatch):
+    # It said `sweep GRID --dry-run`, which shows queued runs as new (only --launcher slurm asks
+    # sacct), and left a path with a space unquoted.
+    (tmp_path / "my grids").mkdir()
+    grid = write_grid(tmp_path / "my grids", data_dir)
+    monkeypatch.setattr(
+        launchers, "submit_sweep", lambda grid, runs, *a, **k: [{"run": "r", "status": "submitted", "job_id": "7_0"}]
+    )
+    assert main(["sweep", str(grid), "--launcher", "slurm"]) == 0
+    hint = capsys.readouterr().out.splitlines()[-1]
+    sweep_cmd, report_cmd = (part.split("`")[1] for part in hint.split(";"))
+    assert shlex.split(sweep_cmd) == ["tango-lm", "sweep", str(grid), "--launcher", "slurm", "--dry-run"]
+    assert shlex.split(report_cmd) == ["tango-lm", "report", str(tmp_path / "my grids" / "sweep")]
 
 
 def test_an_unquoted_slurm_time_is_hours_not_base_60(data_dir, tmp_path):

@@ -227,6 +227,16 @@ def test_runs_their_data_refuses_stop_the_sweep_before_anything_trains(data_dir,
     assert main(["sweep", str(path), "--no-progress", "--only", "*=257"]) == 0
 
 
+def test_a_refused_run_is_said_alone_not_after_the_other_runs_warnings(data_dir, tmp_path, capsys):
+    path = write_grid(
+        tmp_path, {"dataset": {"syn": str(data_dir)}, "model.vocab_size": [257, 100], "train.warmup_steps": [10**6]}
+    )
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: run ") and "nothing was trained" in err
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--dry-run"])  # a plan: the warning said
+    assert rc == 0 and "warning: train.warmup_steps=1000000 is not below" in err
+
+
 @pytest.mark.parametrize(
     ("axis", "said"),
     [

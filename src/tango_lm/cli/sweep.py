@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -27,11 +28,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if given:
             raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
     if args.dry_run:
-        rows = plan_rows(grid, runs)
-        if args.launcher == "slurm":  # the settings checked as a submission would, and live jobs shown
-            from tango_lm.sweep.launchers import mark_queued, slurm_settings
+        if args.launcher == "slurm":  # the settings checked as a submission would, before any warning
+            from tango_lm.sweep.launchers import check_job_processes, mark_queued, slurm_settings
+            from tango_lm.sweep.runner import run_state
 
-            slurm_settings(grid, slurm_flags)
+            settings = slurm_settings(grid, slurm_flags)
+            check_job_processes([r for r in runs if run_state(r)["state"] not in ("done", "other-config")], settings)
+        rows = plan_rows(grid, runs)
+        if args.launcher == "slurm":  # and the runs whose jobs are live shown as queued
             mark_queued(grid, rows)
         if args.json:
             _print_json(rows)
@@ -63,8 +67,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             else:
                 print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
                 print(
-                    f"`tango-lm sweep {args.grid} --dry-run` shows their state; `tango-lm report {grid.out_dir}` "
-                    "summarizes finished runs"
+                    f"`tango-lm sweep {shlex.quote(args.grid)} --launcher slurm --dry-run` shows their state; "
+                    f"`tango-lm report {shlex.quote(str(grid.out_dir))}` summarizes finished runs"
                 )
             return 0
     else:
@@ -89,7 +93,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         print(
             f"{len(rows) - len(failed)} of {len(rows)} runs finished under {grid.out_dir}; "
-            f"`tango-lm report {grid.out_dir}` summarizes them"
+            f"`tango-lm report {shlex.quote(str(grid.out_dir))}` summarizes them"
         )
     return 1 if failed else 0
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import math
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -187,13 +189,10 @@ def submit_sweep(
         raise UserError("--launcher slurm submits through submitit; pip install 'tango-lm[cluster]'")
     import submitit
 
-    from tango_lm.train.distributed import check_launch
-
     cluster = cluster or SLURM_CLUSTER
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before submitting the sweep")
-    processes = max(settings["gpus_per_job"], 1)
     rows: list[dict[str, Any]] = []
     todo = []
     for run in runs:
@@ -204,12 +203,9 @@ def submit_sweep(
         if state["state"] == "other-config":  # as the local launcher: never submitted
             rows.append(other_config_row(run, state, log, f"{run.name}: not submitted: "))
             continue
-        try:
-            check_launch(run.config, processes)
-        except UserError as exc:
-            raise UserError(f"run {run.name} cannot train as a job of {processes} processes: {exc}") from None
         todo.append(run)
-    check_runs_to_train(grid, todo).raise_refused("submitted")
+    check_job_processes(todo, settings)
+    check_runs_to_train(grid, todo, "submitted")
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         queued, unknown = queued_jobs(grid.out_dir, cluster)
         refuse_unknown_jobs(grid.out_dir, {r.name: unknown[r.name] for r in todo if r.name in unknown})
@@ -240,6 +236,19 @@ def submit_sweep(
     return rows
 
 
+def check_job_processes(runs: list[SweepRun], settings: dict[str, Any]) -> None:
+    """UserError for the first of `runs` that cannot train as a job of `--gpus-per-job` processes
+    (a submission and its dry run say it before anything is queued)."""
+    from tango_lm.train.distributed import check_launch
+
+    processes = max(settings["gpus_per_job"], 1)
+    for run in runs:
+        try:
+            check_launch(run.config, processes)
+        except UserError as exc:
+            raise UserError(f"run {run.name} cannot train as a job of {processes} processes: {exc}") from None
+
+
 def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str, Any], cluster: str) -> list[Any]:
     """One job array of `runs`; a refused submission (sbatch's own error: a partition that does not
     exist, a time over the limit) is a UserError, and the job files written for it are removed."""
@@ -251,11 +260,13 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
     folder = grid.out_dir / ".submitit"
     existed = folder.exists()
     before = set(folder.rglob("*")) if existed else set()
+    said, complained = io.StringIO(), io.StringIO()  # sbatch's words: in the one error line, not before it
     try:
-        executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
-        executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
-        with executor.batch():
-            return [executor.submit(SweepJob.of(run)) for run in runs]
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(complained):
+            executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
+            executor.update_parameters(**executor_parameters(settings, f"tango-lm:{grid.path.stem}"))
+            with executor.batch():
+                jobs = [executor.submit(SweepJob.of(run)) for run in runs]
     except Exception as exc:  # noqa: BLE001 - submitit raises its own types and RuntimeError for sbatch's refusals
         for path in sorted(set(folder.rglob("*")) - before, reverse=True):  # files before their folders
             with contextlib.suppress(OSError):
@@ -266,11 +277,18 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
         if not existed:  # made for this submission: no folder of job files is left of it either
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        text = str(exc).strip()
+        if isinstance(exc, OSError):  # this machine's disk, not the cluster
+            raise UserError(
+                f"could not write the job files under {folder} ({os_error_text(exc)}); check the disk and the path"
+            ) from None
+        text = str(exc).strip() or complained.getvalue().strip()
         first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
         raise UserError(
             f"the cluster refused the jobs ({first[:300]}); fix the slurm settings and submit again"
         ) from None
+    sys.stdout.write(said.getvalue())
+    sys.stderr.write(complained.getvalue())
+    return jobs
 
 
 def queued_jobs(out_dir: Path, cluster: str) -> tuple[dict[str, str], dict[str, str]]:

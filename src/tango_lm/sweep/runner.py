@@ -128,10 +128,12 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
 TRAINS = ("new", "resume", "retry")  # the states of runs a sweep trains or submits
 
 
-def check_runs_to_train(grid: Grid, runs: list[SweepRun]) -> RunChecks:
+def check_runs_to_train(grid: Grid, runs: list[SweepRun], doing: str | None = None) -> RunChecks:
     """The data checks (sweep/checks.py) of the runs that would train, their warnings said on
-    stderr once each."""
+    stderr once each; with `doing` ("trained"), a refused run is a UserError first, said alone."""
     checks = check_runs(grid, [run for run in runs if run_state(run)["state"] in TRAINS])
+    if doing is not None:
+        checks.raise_refused(doing)
     for line in checks.warning_lines(len(runs)):
         print(f"warning: {line}", file=sys.stderr)
     return checks
@@ -188,7 +190,7 @@ def run_sweep(
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
-    check_runs_to_train(grid, runs).raise_refused("trained")
+    check_runs_to_train(grid, runs, "trained")
     rows: list[dict[str, Any]] = []
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         for i, run in enumerate(runs, 1):

@@ -89,7 +89,7 @@ def check_launch(run: Any, world_size: int) -> None:
         raise UserError("train.parallel=fsdp needs torchrun with 2 or more processes; use train.parallel=none")
     if cfg.parallel == "none" and world_size > 1:
         raise UserError(
-            f"torchrun started {world_size} processes but train.parallel=none would train {world_size} copies "
+            f"{world_size} processes were launched but train.parallel=none would train {world_size} copies "
             "into one out_dir; set train.parallel=ddp or train.parallel=fsdp"
         )
     if cfg.batch_size % world_size:
