@@ -138,6 +138,11 @@ MALFORMED = {
     "bad_combination": ({"model.d_model": [33]}, "run model.d_model=33"),
     "repeated_value": ({"depth": [2, 2]}, "repeats a value"),
     "repeated_value_spelled_twice": ({"train.lr": [1, 1.0]}, "repeats a value"),  # labels 1 and 1.0
+    # values written two ways that resolve alike: one setting trained twice, its copies a "mean of seeds"
+    "one_tier_written_twice": ({"tier": ["20K", 20000]}, "are one setting (the same config once"),
+    "one_seed_written_twice": ({"seed": [17, [17, 101]]}, "are one setting (the same config once"),
+    "tier_not_whole": ({"tier": [1.5]}, "axis 'tier' of sweep grid"),
+    "target_named_as_its_axis": ({"target_params": ["1e4x"]}, "axis 'target_params' of sweep grid"),
     "negative_value": ({"train.lr": [-1]}, "train.lr must be positive (got -1.0)"),  # not "cannot name a directory"
     "not_a_list": ({"depth": 2}, "must be a list"),
     # a field axis beside the named axis that sets it: overwritten, or mislabelling the runs
@@ -190,6 +195,16 @@ def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkey
     ):  # a dry run lists the plan, saying what is missing
         assert main(["sweep", str(path), "--dry-run"]) == 0
         assert "data missing: " in capsys.readouterr().out
+
+
+def test_a_count_yaml_reads_as_a_float_is_a_tier_and_a_target(data_dir, tmp_path):
+    # `tier: [1e9]` was refused ("got 1000000000.0") although the tier error offers 1e9 as an example.
+    for axis in ("tier", "target_params"):
+        path = tmp_path / axis / "grid.yaml"
+        path.parent.mkdir()
+        path.write_text(write_grid(tmp_path / axis, {axis: [1]}, data_dir).read_text().replace("- 1\n", "- 2e4\n"))
+        (run,) = load_grid(path).runs
+        assert f"{axis}=20000" in run.name.split("/")
 
 
 def test_dry_run_lists_runs_and_trains_nothing(data_dir, tmp_path, capsys):

@@ -122,10 +122,28 @@ def _positive_int(v: Any, where: str) -> int:
     return v
 
 
-def _target(v: Any, where: str) -> int:
+def _count_text(v: Any) -> str | None:
+    """A tier or parameter count as parse_tier reads it: YAML gives `1e9` (and `1.5e9`) as a
+    float, whole ones of which are counts; None for what is no count at all."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
     if isinstance(v, bool) or not isinstance(v, (str, int)):
+        return None
+    return str(v).strip()
+
+
+def _parsed_count(text: str, where: str) -> int:
+    try:
+        return parse_tier(text, 1)[0]
+    except UserError as exc:  # its words, under this axis's name
+        raise UserError(f"{where}: {exc}") from None
+
+
+def _target(v: Any, where: str) -> int:
+    text = _count_text(v)
+    if text is None:
         raise UserError(f"{where} takes parameter counts such as 2000000 or 2M (got {v!r})")
-    return _positive_int(parse_tier(str(v), 1)[0], where)
+    return _positive_int(_parsed_count(text, where), where)
 
 
 def _seed(v: Any, where: str) -> tuple[int, int | None]:
@@ -137,10 +155,10 @@ def _seed(v: Any, where: str) -> tuple[int, int | None]:
 
 
 def _tier(v: Any, where: str) -> str:
-    if isinstance(v, bool) or not isinstance(v, (str, int)):
+    text = _count_text(v)
+    if text is None:
         raise UserError(f"{where} takes tiers such as 70M, 160M or 2M (got {v!r})")
-    text = str(v).strip()
-    parse_tier(text, 1)  # raises for malformed tiers
+    _parsed_count(text, where)  # raises for malformed tiers
     return text.upper() if text.upper() in TIERS else text
 
 

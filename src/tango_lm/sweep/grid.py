@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,7 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     order += sorted(a for a in axes if "." in a)
     order += ["seed"] if "seed" in axes else []
     names: dict[str, dict[str, Any]] = {}
+    settings: dict[str, str] = {}  # each run's config but its out_dir -> its name
     for combo in itertools.product(*(axes[a] for a in order)):
         values = dict(zip(order, combo, strict=True))
         run = _make_run(base, values, grid, path)
@@ -168,6 +170,17 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
                 f"sweep grid {path} gives two runs the same directory {run.name}; make axis values distinct"
             )
         names[run.name] = values
+        # values written two ways (tier 20K and 20000, seed 17 and [17, 101] with data seed 101)
+        # would train one setting twice and report its seeds as a mean of copies
+        config = run.config.to_dict()
+        config["train"].pop("out_dir")
+        key = json.dumps(config, sort_keys=True)
+        if key in settings:
+            raise UserError(
+                f"sweep grid {path}: runs {settings[key]} and {run.name} are one setting (the same config "
+                "once their values are resolved); list each value once"
+            )
+        settings[key] = run.name
         grid.runs.append(run)
     return grid
 
