@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data.bpe import train_bpe, training_texts
+from tango_lm.data.bpe import LONGEST_TRAINING_WORD, train_bpe, training_pieces, training_texts
 from tango_lm.data.files import prepare_files
 from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import BPETokenizer, get_tokenizer, same_tokenizer, tokenizer_from_dict
@@ -84,6 +84,37 @@ def test_training_is_deterministic(corpus, trained, tmp_path):
     assert again.fingerprint() == trained[0].fingerprint()
     smaller = train_bpe([corpus], 300, tmp_path / "s.json", progress=False)
     assert smaller.fingerprint() != again.fingerprint() and smaller.vocab_size == 300
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "plain words only",
+        "x" * 257,
+        "ab " + "x" * 600 + "  " + " " * 300 + "end",
+        "é" * 1000 + "\n" * 513,
+        "y" * 512,
+    ],
+)
+def test_training_pieces_join_back_and_hold_no_run_longer_than_the_limit(text):
+    import re
+
+    pieces = list(training_pieces(text))
+    assert "".join(pieces) == text
+    longest = max((len(m.group()) for p in pieces for m in re.finditer(r"\S+|\s+", p)), default=0)
+    assert longest <= LONGEST_TRAINING_WORD
+    assert len(pieces) == 1 + sum(
+        -(-len(m.group()) // LONGEST_TRAINING_WORD) - 1 for m in re.finditer(r"\S+|\s+", text)
+    )
+
+
+def test_a_line_without_spaces_trains_as_pieces(tmp_path):
+    # One 200 kB word took the trainer 27 s (the square of its length); its pieces take a second.
+    (tmp_path / "min.txt").write_text("abcdefghij" * 20_000 + "\n" + "the end of it\n")
+    tok = train_bpe([tmp_path / "min.txt"], 300, tmp_path / "tok.json", progress=False)
+    assert tok.decode(tok.encode("abcdefghij" * 3)) == "abcdefghij" * 3
+    assert len(tok.encode("abcdefghij" * 30)) < 30  # it learned the repeat's merges
 
 
 def test_prepared_dataset_carries_the_tokenizer(corpus, trained, tmp_path):

@@ -77,7 +77,10 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
     t = dsub.add_parser("train-tokenizer", help="train a byte-level BPE tokenizer on files")
     t.add_argument("--input", nargs="+", required=True, help="files, directories or glob patterns")
     t.add_argument(
-        "--vocab-size", type=int, required=True, help="ids in the tokenizer, end-of-text included (at least 257)"
+        "--vocab-size",
+        type=int,
+        required=True,
+        help="ids in the tokenizer, end-of-text included (at least 257); fewer when the corpus has too few distinct merges",
     )
     t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
     t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
