@@ -161,6 +161,7 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         ({**body, "prompt": "x" * (CONTEXT + 1), "max_tokens": 0}, 400, "context_length_exceeded"),
         ({**body, "prompt": "ab\ud800cd"}, 400, None),  # a lone surrogate: no UTF-8 for it
         ({**body, "prompt": ["ok", "\udfff"]}, 400, None),
+        ({**body, "stop": "\ud800"}, 400, None),  # accepted, it could never stop a row
         ({**body, "seed": 2**64}, 400, None),  # past what torch's generators take
         ({**body, "seed": -(2**63) - 1}, 400, None),
         ({**body, "max_tokens": CONTEXT}, 400, "context_length_exceeded"),  # "hi" leaves CONTEXT - 1
@@ -192,6 +193,11 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         if code:
             assert reply["error"]["code"] == code
     assert http_post(url, b'{"model": "tiny", "prompt": ')[0] == 400  # malformed JSON
+    # FastAPI said only "There was an error parsing the body" for a Latin-1 byte or deep nesting
+    for payload in (b'{"model": "tiny", "prompt": "caf\xe9"}', b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        got_status, reply = http_post(url, payload)
+        assert got_status == 400 and reply["error"]["code"] == "invalid_json", reply
+        assert "not UTF-8, or nesting too deep" in reply["error"]["message"]
     # A JSON body without its content type (curl -d's default) and an empty body say what to fix.
     for payload, headers, said in (
         (json.dumps(body), {"Content-Type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),

@@ -119,11 +119,14 @@ def build_app(
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message = str(exc.detail)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         if exc.status_code == 404:  # a client pointed at another endpoint (chat completions, say) learns what is here
             message = f"no endpoint {request.url.path}; this server has {ENDPOINTS}"
-        error = APIError(
-            exc.status_code, message, code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        )
+        elif exc.status_code == 400 and message == "There was an error parsing the body":
+            # FastAPI's words for a body json.loads raised on other than a syntax error
+            message = "the request body cannot be read as JSON (bytes that are not UTF-8, or nesting too deep); send a JSON object in UTF-8"
+            code = "invalid_json"
+        error = APIError(exc.status_code, message, code=code)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     @app.get("/health")
@@ -199,6 +202,15 @@ def build_app(
     return app
 
 
+def _check_unicode(text: str, param: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON) is no text
+        raise APIError(
+            400, f"the {param} is not valid Unicode (a lone surrogate at character {exc.start})", param=param
+        ) from None
+
+
 def _validation_error(errors: list[dict[str, Any]], json_body: bool = True) -> APIError:
     """The first pydantic error as OpenAI's 400 (`json_body`: the request said its body is JSON)."""
     if not errors:
@@ -268,6 +280,8 @@ def _check(
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP or any(not s for s in stop):
         raise APIError(400, f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
+    for text in stop:
+        _check_unicode(text, "stop")  # one no text can contain, accepted, would never stop a row
     prompts = _prompts(req.prompt, tokenizer)
     if n < 1 or n * len(prompts) > max_batch_size:
         raise APIError(
@@ -318,12 +332,7 @@ def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
     out = []
     for item in items:
         if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON) is no text
-                raise APIError(
-                    400, f"the prompt is not valid Unicode (a lone surrogate at character {exc.start})", param="prompt"
-                ) from None
+            _check_unicode(item, "prompt")
         ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
         if any(not 0 <= i < tokenizer.vocab_size for i in ids):
             raise APIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
