@@ -401,11 +401,25 @@ def test_a_run_directory_of_another_config_is_neither_reused_nor_resumed(data_di
     run_dir = load_grid(path).runs[0].out_dir
     before = helpers.snapshot(run_dir)
     edited = load_grid(write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, **change))
-    key = next(iter(change))
+    said = "train.lr" if "lr" in change else f"a budget of 12 steps there, {change['steps']} in the grid"
     assert plan_rows(edited, edited.runs)[0]["state"] == "other-config"
     (row,) = run_sweep(edited, progress=False, log=lambda _: None)
-    assert row["status"] == "failed" and f"holds a run of another config (train.{key}" in row["error"]
+    assert row["status"] == "failed" and f"holds a run of another config ({said}" in row["error"]
     assert helpers.snapshot(run_dir) == before
+
+
+def test_the_same_budget_written_as_tokens_is_the_same_run(data_dir, tmp_path):
+    # `steps: 12` edited to the tokens of those 12 steps marked every finished run other-config.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+    grid = load_grid(path)
+    run_sweep(grid, progress=False, log=lambda _: None)
+    cfg = grid.runs[0].config
+    tokens = 12 * cfg.train.batch_size * cfg.train.grad_accum * cfg.seq_len()
+    edited = load_grid(
+        write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=None, tokens=tokens)
+    )
+    assert edited.runs[0].config.total_steps() == 12 and edited.runs[0].config.train.steps is None
+    assert plan_rows(edited, edited.runs)[0]["state"] == "done"
 
 
 def test_a_run_whose_dataset_was_prepared_again_since_is_neither_reused_nor_resumed(data_dir, tmp_path):

@@ -34,7 +34,7 @@ from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import complete_steps, step_of, write_json_atomic
-from tango_lm.train.config import LOGISTICS_FIELDS
+from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
 from tango_lm.train.run_dir import remove_run_files
 
 FAILED_FILES = ("failed.json", "failed.log")
@@ -50,17 +50,33 @@ def _differences(run: SweepRun) -> list[str]:
     if saved is None:
         return []
     want = run.config.to_dict()
-    out = []
+    out = _budget_difference(saved, run)
     for section in ("data", "model", "train"):
         have, grid = saved.get(section) or {}, want[section]
         for key in sorted(set(have) & set(grid)):
-            if section == "train" and key in LOGISTICS_FIELDS:
+            if section == "train" and (key in LOGISTICS_FIELDS or key in BUDGET_FIELDS):
                 continue
             if section == "data" and key == "dir" and same_dataset_dir(have[key], grid[key]):
                 continue
             if have.get(key) != grid.get(key):
                 out.append(f"{section}.{key} {have.get(key)!r} there, {grid.get(key)!r} in the grid")
     return out or _other_tokens(run)
+
+
+def _budget_difference(saved: dict[str, Any], run: SweepRun) -> list[str]:
+    """The budget compared as the steps it trains: `steps: 12` and `tokens: 1536` (12 steps of 128
+    tokens) are one budget, written two ways."""
+    want = run.config.total_steps()
+    try:
+        have = RunConfig.from_dict(saved).total_steps()
+    except (UserError, TypeError, ValueError, AttributeError):  # a config.json this version cannot read:
+        have_fields, grid = saved.get("train") or {}, run.config.to_dict()["train"]  # its budget fields, then
+        return [
+            f"train.{key} {have_fields[key]!r} there, {grid[key]!r} in the grid"
+            for key in BUDGET_FIELDS
+            if key in have_fields and have_fields[key] != grid[key]
+        ]
+    return [] if have == want else [f"a budget of {have:,} steps there, {want:,} in the grid"]
 
 
 def _other_tokens(run: SweepRun) -> list[str]:
