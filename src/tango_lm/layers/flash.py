@@ -89,8 +89,8 @@ class FlashLayer(GatedUnit):
             if cached:
                 group = {name: torch.cat([extra.pop(name), x], dim=-2) for name, x in group.items()}
             out = relu2_attention(quad_q[:, start:stop], group["quad_k"], group["v"], self.rel_bias, self.quad_scale)
-            if "kv" in extra:
-                out = out + (lin_q[:, start:stop] @ extra["kv"]) * self.lin_scale
+            if "kv" in extra:  # its dtype is the prefill's: a bf16 prefill may precede fp32 steps
+                out = out + (lin_q[:, start:stop] @ extra["kv"].to(lin_q.dtype)) * self.lin_scale
             pieces.append(out)
             if group["quad_k"].shape[-2] == g:  # the group is complete: fold it into the running sum
                 kv = group["lin_k"].transpose(-1, -2) @ group["v"]
