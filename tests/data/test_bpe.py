@@ -95,18 +95,21 @@ def test_training_is_deterministic(corpus, trained, tmp_path):
         "ab " + "x" * 600 + "  " + " " * 300 + "end",
         "é" * 1000 + "\n" * 513,
         "y" * 512,
+        "https://example.com/" + "/".join(["path", "to", "some", "file"] * 30),  # long, but short words
+        ",".join(str(i) for i in range(200)),
     ],
 )
-def test_training_pieces_join_back_and_hold_no_run_longer_than_the_limit(text):
-    import re
+def test_training_pieces_join_back_and_cut_only_words_past_the_limit(text):
+    from tokenizers import pre_tokenizers
 
-    pieces = list(training_pieces(text))
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    pieces = list(training_pieces(text, pre))
     assert "".join(pieces) == text
-    longest = max((len(m.group()) for p in pieces for m in re.finditer(r"\S+|\s+", p)), default=0)
-    assert longest <= LONGEST_TRAINING_WORD
-    assert len(pieces) == 1 + sum(
-        -(-len(m.group()) // LONGEST_TRAINING_WORD) - 1 for m in re.finditer(r"\S+|\s+", text)
-    )
+    words = [b - a for _, (a, b) in pre.pre_tokenize_str(text)]
+    assert max((b - a for p in pieces for _, (a, b) in pre.pre_tokenize_str(p)), default=0) <= LONGEST_TRAINING_WORD
+    assert len(pieces) == 1 + sum(-(-n // LONGEST_TRAINING_WORD) - 1 for n in words)
+    if max(words, default=0) <= LONGEST_TRAINING_WORD:  # the trainer reads exactly the words it read before
+        assert pieces == [text]
 
 
 def test_a_line_without_spaces_trains_as_pieces(tmp_path):

@@ -6,10 +6,10 @@ merges are learned up to `vocab_size`, and `<|endoftext|>` is a special token (i
 result with `get_tokenizer("bpe:PATH")` (or `--tokenizer bpe:PATH` on `data prepare`); prepared
 datasets and checkpoints then carry it inside their tokenizer description.
 
-The trainer reads a text cut inside every run of more than `LONGEST_TRAINING_WORD` characters of
-one kind (non-space or space): GPT-2's regex makes such a run one word, and the trainer's time grows
-with the square of a word's length (a 400 kB line of letters took 96 s, a 2 MB minified line would
-take most of an hour). Words that long teach no merges worth a vocabulary slot; encoding is unaffected.
+The trainer reads a text cut inside every pre-tokenized word of more than `LONGEST_TRAINING_WORD`
+characters (a 2 MB line of letters, base64, is one word to GPT-2's regex): its time grows with the
+square of a word's length (a 400 kB word took 96 s, 2 MB would take most of an hour). Words that long
+teach no merges worth a vocabulary slot; every other word is read whole, and encoding is unaffected.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tango_lm.data.code_trees import CODE_ALWAYS_EXCLUDED
 from tango_lm.data.files import expand_inputs, jsonl_documents, parquet_documents, text_documents
@@ -31,15 +32,19 @@ __all__ = ["LONGEST_TRAINING_WORD", "TRAIN_EXTS", "training_pieces", "training_t
 TRAIN_EXTS = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet", ".lean", ".py")
 MIN_VOCAB = 257  # 256 bytes + end-of-text
 LONGEST_TRAINING_WORD = 256
+# a word that long lies inside such a run: texts without one (nearly all) are not pre-tokenized here
 _LONG_RUN = re.compile(rf"\S{{{LONGEST_TRAINING_WORD + 1},}}|\s{{{LONGEST_TRAINING_WORD + 1},}}")
 
 
-def training_pieces(text: str) -> Iterator[str]:
-    """`text` in pieces that join back to it, cut every `LONGEST_TRAINING_WORD` characters inside a
-    longer run of non-space (or space) characters; a text without one is its own single piece."""
+def training_pieces(text: str, pre_tokenizer: Any) -> Iterator[str]:
+    """`text` in pieces that join back to it, cut every `LONGEST_TRAINING_WORD` characters inside
+    each longer word of `pre_tokenizer` (the trainer's); a text without one is its own single piece."""
+    if _LONG_RUN.search(text) is None:
+        yield text
+        return
     start = 0
-    for run in _LONG_RUN.finditer(text):
-        for cut in range(run.start() + LONGEST_TRAINING_WORD, run.end(), LONGEST_TRAINING_WORD):
+    for _, (begin, end) in pre_tokenizer.pre_tokenize_str(text):
+        for cut in range(begin + LONGEST_TRAINING_WORD, end, LONGEST_TRAINING_WORD):
             yield text[start:cut]
             start = cut
     yield text[start:]
@@ -119,12 +124,15 @@ def train_bpe(
     if first is None:
         raise UserError("the inputs hold no text to train on; check the paths, --ext or --field")
 
-    def stream() -> Iterator[str]:
-        for text in itertools.chain([first], texts):
-            yield from training_pieces(text)
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # its own copy: the trainer holds `tok` while it reads the stream (tok.pre_tokenizer would deadlock)
+    words = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+    def stream() -> Iterator[str]:
+        for text in itertools.chain([first], texts):
+            yield from training_pieces(text, words)
+
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
