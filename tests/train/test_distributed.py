@@ -379,12 +379,14 @@ def test_a_rank_that_lost_its_peers_says_so_in_one_line(data_dir, tmp_path, monk
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "error: process 1 lost contact with the others: one of them stopped (its own error, or torchrun's "
-        "report, says why); fix that and continue with --resume"
+        f"error: process 1 lost contact with the others ({gloo}): one of them stopped (its own error, or "
+        "torchrun's report, says why); fix that and continue with --resume"
     ]
-    monkeypatch.setattr(Trainer, "fit", lambda self: (_ for _ in ()).throw(RuntimeError("a bug")))
-    with pytest.raises(RuntimeError, match="a bug"):  # any other RuntimeError keeps its traceback
-        main(argv)
+    # any other error keeps its traceback: a bug, or NCCL failing on this process (out of memory)
+    for own in (RuntimeError("a bug"), torch.distributed.DistBackendError("NCCL error: out of memory")):
+        monkeypatch.setattr(Trainer, "fit", lambda self, own=own: (_ for _ in ()).throw(own))
+        with pytest.raises(type(own), match=str(own)):
+            main(argv)
 
 
 def test_checkpoint_formats(runs):

@@ -188,11 +188,15 @@ def mean_over_ranks_on_device(env: DistEnv, values: torch.Tensor) -> torch.Tenso
     return summed / env.world_size
 
 
+# What a collective says when the process at the other end is gone (gloo's transport; NCCL's
+# remote errors). Not every DistError: NCCL out of memory or a port in use are this process's own.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "ncclRemoteError", "remote process exited")
+
+
 def lost_contact(exc: BaseException) -> bool:
-    """Whether `exc` is a collective that failed because another process is gone: it stopped on
-    its own error, or was killed. NCCL raises `DistError`s; gloo a plain RuntimeError from its
-    transport ("Connection closed by peer")."""
-    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
+    """Whether `exc` is a collective that failed because another process stopped (on its own error,
+    or killed)."""
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in PEER_GONE)
 
 
 def check_same_step(env: DistEnv, step: int, ckpt_root: Any) -> None:

@@ -437,8 +437,9 @@ def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress:
     except RuntimeError as exc:
         if not distributed.lost_contact(exc):
             raise
+        said = " ".join(str(exc).split())[:200]
         raise UserError(  # the process that stopped first says why; this one need not add a traceback
-            f"process {distributed.launch_env()[0]} lost contact with the others: one of them stopped "
+            f"process {distributed.launch_env()[0]} lost contact with the others ({said}): one of them stopped "
             "(its own error, or torchrun's report, says why); fix that and continue with --resume"
         ) from None
     finally:
