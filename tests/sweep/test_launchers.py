@@ -226,7 +226,7 @@ def _fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sbatch_rc: int)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in {
-        "sbatch": f"echo 'sbatch: error: invalid partition specified: nope' >&2; exit {sbatch_rc}",
+        "sbatch": f"echo 'sbatch: error: =====' >&2; echo 'sbatch: error: invalid partition specified: nope' >&2; exit {sbatch_rc}",
         "srun": "exit 0",
     }.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -270,10 +270,11 @@ def test_the_hint_after_a_submission_shows_the_queued_runs_when_pasted(data_dir,
     monkeypatch.setattr(
         launchers, "submit_sweep", lambda grid, runs, *a, **k: [{"run": "r", "status": "submitted", "job_id": "7_0"}]
     )
-    assert main(["sweep", str(grid), "--launcher", "slurm"]) == 0
+    assert main(["sweep", str(grid), "--launcher", "slurm", "--gpus-per-job", "2", "--partition", "a b"]) == 0
     hint = capsys.readouterr().out.splitlines()[-1]
     sweep_cmd, report_cmd = (part.split("`")[1] for part in hint.split(";"))
-    assert shlex.split(sweep_cmd) == ["tango-lm", "sweep", str(grid), "--launcher", "slurm", "--dry-run"]
+    flags = ["--partition", "a b", "--gpus-per-job", "2"]  # the dry run checks them as the submission did
+    assert shlex.split(sweep_cmd) == ["tango-lm", "sweep", str(grid), "--launcher", "slurm", *flags, "--dry-run"]
     assert shlex.split(report_cmd) == ["tango-lm", "report", str(tmp_path / "my grids" / "sweep")]
 
 

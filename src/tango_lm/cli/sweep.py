@@ -66,8 +66,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 _print_json(rows)
             else:
                 print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
+                given = "".join(  # the dry run checks the jobs' processes: with the same flags
+                    f" --{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in slurm_flags.items() if v is not None
+                )
                 print(
-                    f"`tango-lm sweep {shlex.quote(args.grid)} --launcher slurm --dry-run` shows their state; "
+                    f"`tango-lm sweep {shlex.quote(args.grid)} --launcher slurm{given} --dry-run` shows their state; "
                     f"`tango-lm report {shlex.quote(str(grid.out_dir))}` summarizes finished runs"
                 )
             return 0

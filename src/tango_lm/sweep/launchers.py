@@ -281,10 +281,9 @@ def _submit(submitit: Any, grid: Grid, runs: list[SweepRun], settings: dict[str,
             raise UserError(
                 f"could not write the job files under {folder} ({os_error_text(exc)}); check the disk and the path"
             ) from None
-        text = str(exc).strip() or complained.getvalue().strip()
-        first = next((line for line in text.splitlines() if line.strip()), type(exc).__name__)
-        raise UserError(
-            f"the cluster refused the jobs ({first[:300]}); fix the slurm settings and submit again"
+        said = " ".join((str(exc).strip() or complained.getvalue()).split()) or type(exc).__name__
+        raise UserError(  # all of it: a site's submit plugin may put the reason on its second line
+            f"the cluster refused the jobs ({said[:600]}); fix the slurm settings and submit again"
         ) from None
     sys.stdout.write(said.getvalue())
     sys.stderr.write(complained.getvalue())
