@@ -194,10 +194,14 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
             assert reply["error"]["code"] == code
     assert http_post(url, b'{"model": "tiny", "prompt": ')[0] == 400  # malformed JSON
     # FastAPI said only "There was an error parsing the body" for a Latin-1 byte or deep nesting
-    for payload in (b'{"model": "tiny", "prompt": "caf\xe9"}', b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+    for payload, said in (
+        (b'{"model": "tiny", "prompt": "caf\xe9"}', "is not UTF-8 (byte 32)"),
+        (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests arrays or objects too deep"),
+        (b'{"seed": ' + b"9" * 5000 + b"}", "Exceeds the limit"),  # Python's cap on an integer's digits
+    ):
         got_status, reply = http_post(url, payload)
         assert got_status == 400 and reply["error"]["code"] == "invalid_json", reply
-        assert "not UTF-8, or nesting too deep" in reply["error"]["message"]
+        assert said in reply["error"]["message"], reply
     # A JSON body without its content type (curl -d's default) and an empty body say what to fix.
     for payload, headers, said in (
         (json.dumps(body), {"Content-Type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),

@@ -123,9 +123,7 @@ def build_app(
         if exc.status_code == 404:  # a client pointed at another endpoint (chat completions, say) learns what is here
             message = f"no endpoint {request.url.path}; this server has {ENDPOINTS}"
         elif exc.status_code == 400 and message == "There was an error parsing the body":
-            # FastAPI's words for a body json.loads raised on other than a syntax error
-            message = "the request body cannot be read as JSON (bytes that are not UTF-8, or nesting too deep); send a JSON object in UTF-8"
-            code = "invalid_json"
+            message, code = _unreadable_body(exc.__cause__), "invalid_json"  # FastAPI's words for any such failure
         error = APIError(exc.status_code, message, code=code)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
@@ -200,6 +198,16 @@ def build_app(
         }
 
     return app
+
+
+def _unreadable_body(cause: BaseException | None) -> str:
+    """What was wrong with a body json.loads raised on for other than its syntax."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not UTF-8 (byte {cause.start}); send JSON in UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body nests arrays or objects too deep to read; send a flatter JSON object"
+    said = " ".join(str(cause).split())[:200] if cause is not None else ""
+    return f"the request body cannot be read as JSON ({said or 'no reason given'}); send a JSON object"
 
 
 def _check_unicode(text: str, param: str) -> None:
