@@ -13,15 +13,9 @@ import pytest
 
 from tango_lm.cli import main
 from tango_lm.data.code_trees import code_documents, prepare_code, stdlib_path
-from tango_lm.data.files import (
-    expand_inputs,
-    jsonl_documents,
-    parquet_documents,
-    prepare_files,
-    split_inputs,
-    text_documents,
-)
+from tango_lm.data.files import jsonl_documents, parquet_documents, prepare_files, text_documents
 from tango_lm.data.hf import prepare_hf
+from tango_lm.data.inputs import expand_inputs, split_inputs
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.sources import prepare_source
 from tango_lm.data.splits import assemble_splits, hold_out, split_of
@@ -186,6 +180,36 @@ def test_split_inputs_detects_own_splits(tmp_path):
         UserError, match=r"named after the test and dev split \(test.jsonl, validation.jsonl\) but none"
     ):
         split_inputs([d], [".jsonl"])
+
+
+def test_folders_laid_out_in_splits_merge_and_split_named_files_are_never_trained_on(tmp_path, capsys):
+    # corpus/en and corpus/de each with train.jsonl and test.jsonl: every test document was trained
+    # on, and the test split drawn from the training text (and so for corpus, and for test2.jsonl).
+    for lang in ("en", "de"):
+        (tmp_path / "corpus" / lang).mkdir(parents=True)
+        for split in ("train", "test"):
+            rows = "".join(json.dumps({"text": f"{lang} {split} {i}"}) + "\n" for i in range(6))
+            (tmp_path / "corpus" / lang / f"{split}.jsonl").write_text(rows)
+    langs = [tmp_path / "corpus" / "en", tmp_path / "corpus" / "de"]
+    out = prepare_files("jsonl", langs, tmp_path / "both", BYTE, dev_fraction=0.0, progress=False)
+    assert sorted(_docs(out, "test")) == sorted(f"{lang} test {i}" for lang in ("en", "de") for i in range(6))
+    assert not [d for d in _docs(out, "train") if " test " in d]
+    with pytest.raises(UserError, match=r"test.jsonl is named like a test file but would be trained on"):
+        prepare_files("jsonl", [tmp_path / "corpus"], tmp_path / "parent", BYTE, progress=False)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "docs.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(UserError, match=r"en has train\*/test\* entries but .*plain does not; give every input"):
+        split_inputs([langs[0], tmp_path / "plain"], [".jsonl"])
+    (tmp_path / "plain" / "test2.jsonl").write_text(json.dumps({"text": "y"}) + "\n")
+    assert (
+        main(["data", "prepare", "jsonl", "--out", str(tmp_path / "p"), str(tmp_path / "plain"), "--tokenizer", "byte"])
+        == 2
+    )
+    assert "test2.jsonl is named like a test file" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+    assert split_inputs([tmp_path / "plain" / "docs.jsonl"], [".jsonl"]) == {
+        "train": [str(tmp_path / "plain" / "docs.jsonl")]
+    }
 
 
 def test_text_documents(tmp_path):

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.data.code_trees import CODE_ALWAYS_EXCLUDED
-from tango_lm.data.files import expand_inputs, jsonl_documents, parquet_documents, text_documents
+from tango_lm.data.files import jsonl_documents, parquet_documents, text_documents
+from tango_lm.data.inputs import expand_inputs
 from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
 from tango_lm.errors import UserError, option
 

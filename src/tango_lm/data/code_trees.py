@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.files import _walk
+from tango_lm.data.inputs import _walk
 from tango_lm.data.source import HeldOutSource
 from tango_lm.errors import UserError
 

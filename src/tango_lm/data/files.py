@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import glob
 import gzip
 import io
 import json
@@ -21,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tango_lm.data.inputs import INPUTS_HELP, _has_ext, files_per_split, refuse_split_named_training, split_inputs
 from tango_lm.data.source import HeldOutSource, _limit
-from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError, option
 
 __all__ = [
@@ -30,8 +29,6 @@ __all__ = [
     "TextSource",
     "JsonlSource",
     "ParquetSource",
-    "expand_inputs",
-    "split_inputs",
     "text_documents",
     "jsonl_documents",
     "parquet_documents",
@@ -39,13 +36,6 @@ __all__ = [
     "prepare_files",
 ]
 
-INPUTS_HELP = (
-    "files, directories, glob patterns, or SPLIT=PATH (train=a dev=b); a directory with "
-    "train*/validation*/test* entries keeps its splits"
-)
-_GLOB_CHARS = re.compile(r"[*?\[]")
-_SPLIT_ENTRY = re.compile(r"^(train|dev|validation|valid|val|test)(?:[-_.].*)?$", re.IGNORECASE)
-_SPLIT_ARG = re.compile(r"^([A-Za-z][A-Za-z0-9_.-]*)=(.+)$")
 # A JSON escape such as "\ud800" without its pair (scraped web text has them) decodes to a lone
 # surrogate, which no UTF-8 encoder takes; json.loads has already joined every valid pair.
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -56,127 +46,6 @@ READ_ERRORS = (OSError, EOFError, zlib.error)  # gzip adds a truncated file and 
 def without_lone_surrogates(text: str) -> str:
     """A string from JSON with each unpaired surrogate as U+FFFD, a UTF-8 decoder's replacement."""
     return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-# -- inputs -----------------------------------------------------------------------------------
-def _has_ext(path: Path, exts: Sequence[str]) -> bool:
-    name = path.name.lower()
-    return any(name.endswith(e.lower()) for e in exts)
-
-
-def _walk(root: Path, exts: Sequence[str], exclude_dirs: Sequence[str] = ()) -> Iterator[Path]:
-    """Files under `root` with one of `exts`, in sorted order; hidden entries and `exclude_dirs` skipped."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in exclude_dirs)
-        for f in sorted(filenames):
-            p = Path(dirpath) / f
-            if not f.startswith(".") and _has_ext(p, exts) and p.is_file():
-                yield p
-
-
-def expand_inputs(
-    inputs: Sequence[str | os.PathLike], exts: Sequence[str], exclude_dirs: Sequence[str] = ()
-) -> list[Path]:
-    """Files named by `inputs` (files, directories walked recursively for `exts`, glob patterns), in order.
-
-    Raises UserError for an input that does not exist, or when nothing matches.
-    """
-    if not inputs:
-        raise UserError("no input files given; name files, directories or glob patterns")
-    files: list[Path] = []
-    for item in inputs:
-        text = str(item)
-        p = Path(text).expanduser()
-        if p.is_dir():
-            found = list(_walk(p, exts, exclude_dirs))
-        elif p.is_file():
-            found = [p]
-        elif _GLOB_CHARS.search(text):
-            found = []
-            for m in sorted(glob.glob(str(p), recursive=True)):
-                mp = Path(m)
-                found.extend(_walk(mp, exts, exclude_dirs) if mp.is_dir() else [mp] if mp.is_file() else [])
-        else:
-            raise UserError(f"input {text} does not exist; check the path")
-        if not found:
-            raise UserError(f"no {'/'.join(exts)} files at {text}; check the path or pass --ext")
-        files.extend(found)
-    unique: dict[Path, Path] = {}  # one file named twice (data.jsonl and $PWD/data.jsonl) is read once
-    for f in files:
-        unique.setdefault(f.resolve(), f)
-    return list(unique.values())
-
-
-def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> dict[str, list[str]]:
-    """Group inputs by the split they belong to (module docstring); `{"train": inputs}` when unsplit.
-
-    `SPLIT=PATH` inputs name their split (validation/valid/val mean dev); otherwise a single input
-    directory whose top-level entries are named after splits provides them, or whose one folder
-    (beside files of other kinds, such as a README) does.
-    """
-    items = [str(i) for i in inputs]
-    explicit = [_SPLIT_ARG.match(i) for i in items]
-    if any(m and not Path(i).exists() for m, i in zip(explicit, items, strict=True)):
-        out: dict[str, list[str]] = {}
-        for m, i in zip(explicit, items, strict=True):
-            if m is None or Path(i).exists():
-                raise UserError(f"input {i} has no split; when one input is SPLIT=PATH, write all of them so")
-            split = SPLIT_ALIASES.get(m.group(1).lower())
-            if split is None:
-                raise UserError(
-                    f"input {i} names the split {m.group(1)!r}; the splits are train, dev "
-                    "(or validation, valid, val) and test"
-                )
-            out.setdefault(split, []).append(m.group(2))
-        return out
-    if len(items) == 1 and Path(items[0]).is_dir():
-        out, others = {}, []
-        entries = [
-            e
-            for e in sorted(Path(items[0]).iterdir())
-            if not e.name.startswith(".") and (e.is_dir() or _has_ext(e, exts))
-        ]
-        if len(entries) == 1 and entries[0].is_dir() and not _SPLIT_ENTRY.match(entries[0].name):
-            # A dataset repository's layout (README.md beside data/train-*.jsonl, data/test-*):
-            # the splits one folder down are still splits, not training text.
-            inner = split_inputs([str(entries[0])], exts)
-            if set(inner) != {"train"}:
-                return inner
-        for entry in entries:
-            m = _SPLIT_ENTRY.match(entry.name)
-            if m:
-                out.setdefault(SPLIT_ALIASES[m.group(1).lower()], []).append(str(entry))
-            else:
-                others.append(entry.name)
-        if "train" in out and len(out) > 1:
-            if others:
-                raise UserError(
-                    f"{items[0]} has split entries ({', '.join(out)}) and also {', '.join(others)}; "
-                    "move those away or name each input as SPLIT=PATH"
-                )
-            return out
-        if out and "train" not in out:  # the user's dev or test files would be trained on
-            named = ", ".join(Path(p).name for paths in out.values() for p in paths)
-            raise UserError(
-                f"{items[0]} has entries named after the {' and '.join(out)} split ({named}) but none named "
-                "train*; name the training files train* to keep those splits, or give every input as SPLIT=PATH"
-            )
-    return {"train": items}
-
-
-def files_per_split(groups: dict[str, list[str]], exts: Sequence[str]) -> dict[str, list[Path]]:
-    """`expand_inputs` of each split's inputs; a file named in two splits is refused (a test split
-    that is the train split would report the NLL of training text)."""
-    files = {s: expand_inputs(paths, exts) for s, paths in groups.items()}
-    owner: dict[Path, str] = {}
-    for split, paths in files.items():
-        for path in paths:
-            other = owner.setdefault(path.resolve(), split)
-            if other != split:
-                raise UserError(
-                    f"{path} is an input of both the {other} and the {split} split; give each split its own files"
-                )
-    return files
 
 
 # -- readers ----------------------------------------------------------------------------------
@@ -382,6 +251,7 @@ class FileSource(HeldOutSource):
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
         self._files = files_per_split(self._groups, exts)  # fail on missing or shared paths now
+        refuse_split_named_training(self._files)
         self._refuse_other_kinds(exts)
         own = {
             s: _limit(

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.files import INPUTS_HELP, files_per_split, split_inputs
+from tango_lm.data.inputs import INPUTS_HELP, files_per_split, split_inputs
 from tango_lm.data.source import HeldOutSource, KnownCount
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError, option
