@@ -586,7 +586,8 @@ def test_resume_in_another_compute_dtype_is_refused_and_in_the_same_accepted(dat
     # On a CPU, fp32 ("auto"'s dtype there) to bf16 is another precision; "auto" to "fp32" is not.
     cpu = tmp_path / "cpu"
     train(helpers.run_config(data_dir, cpu, steps=2, save_every=2, eval_every=2, precision="auto"))
-    with pytest.raises(UserError, match=r"it trained in float32 and train.precision='bf16' gives bfloat16"):
+    with pytest.raises(UserError, match=r"it trained in float32 and train.precision='bf16' gives bfloat16.*; resume "
+                       r"with train.precision=fp32 or use"):  # fmt: skip
         Trainer(helpers.run_config(data_dir, cpu, steps=4, save_every=2, eval_every=2, precision="bf16"), resume=True)
     train(helpers.run_config(data_dir, cpu, steps=4, save_every=2, eval_every=2, precision="fp32"), resume=True)
 

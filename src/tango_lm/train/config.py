@@ -228,6 +228,11 @@ class RunConfig:
         steps = budget_steps(t.steps, t.tokens, t.tokens_per_param, per_step, lambda: self.model.num_params()["total"])
         if steps is None:
             raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
+        if steps >= 2**63:  # as train.steps and train.tokens are refused past 64 bits: a typo, not a run
+            raise UserError(
+                f"train.tokens_per_param={t.tokens_per_param:g} gives {steps:.3g} steps, which does not fit in 64 "
+                "bits; a typo? give a smaller value"
+            )
         return steps
 
     def seq_len(self) -> int:

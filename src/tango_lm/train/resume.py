@@ -133,10 +133,12 @@ def check_same_run(
             )
 
     if isinstance(saved_dtype, str) and saved_dtype != dtype:
+        same = {"float32": "fp32", "bfloat16": "bf16"}.get(saved_dtype)  # the setting that gives it on any device
+        fix = f"resume with train.precision={same}" if same else f"resume on a device that gives {saved_dtype}"
         raise UserError(
             f"cannot resume {out}: it trained in {saved_dtype} and train.precision={run.train.precision!r} gives "
-            f"{dtype} on this device (its best dev NLL was measured in {saved_dtype}); resume on a device that "
-            f"gives {saved_dtype} or use a new train.out_dir"
+            f"{dtype} on this device (its best dev NLL was measured in {saved_dtype}); {fix} or use a new "
+            "train.out_dir"
         )
 
 
