@@ -127,7 +127,8 @@ def test_a_shard_edited_in_place_is_refused_everywhere(data_dir, tmp_path, capsy
     ids.tofile(shard)
     expect = "train-00000.bin fails its sha256 checksum"
     assert expect in refused(capsys, train_argv(data, tmp_path))
-    assert expect in refused(capsys, ["data", "verify", str(data)])
+    said = refused(capsys, ["data", "verify", str(data)])
+    assert expect in said and said.endswith("prepare it again with `tango-lm data prepare ... --overwrite`")
     assert expect in refused(
         capsys, ["data", "prepare", "mixture", "--out", str(tmp_path / "mix"), "--source", f"{data}:1", "--no-progress"]
     )

@@ -140,6 +140,13 @@ def test_cli_mixture(parts, tmp_path, capsys):
     assert rc == 2 and "DIR:WEIGHT" in capsys.readouterr().err
 
 
+def test_weights_whose_sum_overflows_are_refused(parts, tmp_path):
+    # Each finite, their sum inf: shares of 0.0 each, and a 99.9% / 0.1% mixture asked as 50/50.
+    with pytest.raises(UserError, match="the mixture weights sum past what a float holds"):
+        prepare_mixture(tmp_path / "m", [f"{parts['a']}:9e307", f"{parts['b']}:9e307"], progress=False)
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_dataset_named_twice_is_refused(parts, tmp_path, monkeypatch):
     # Its documents would be mixed twice, which the default mixture promises never to do.
     with pytest.raises(UserError, match="names dataset .* twice; give it once, with the sum of the weights"):

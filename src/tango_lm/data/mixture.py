@@ -221,6 +221,8 @@ class MixtureSource(DataSource):
                 also = "" if seen[resolved] == path else f" (also as {seen[resolved]})"
                 raise UserError(f"mixture names dataset {path} twice{also}; give it once, with the sum of the weights")
             seen[resolved] = path
+        if not math.isfinite(sum(w for _, w in comps)):  # each one finite, their sum not: shares of inf
+            raise UserError("the mixture weights sum past what a float holds; give them as shares such as 0.7 and 0.3")
         if self.seed < 0:
             raise UserError(f"--seed must be 0 or more (got {self.seed})")
         tokens = self.tokens

@@ -43,7 +43,8 @@ from tango_lm.errors import UserError, os_error_text
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared"]
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_PREPARE_HINT = "run `tango-lm data prepare ...` to (re)create it"
+_CREATE_HINT = "run `tango-lm data prepare ...` to create it"
+_PREPARE_HINT = "prepare it again with `tango-lm data prepare ... --overwrite`"  # a damaged one is still there
 
 
 def _dtype_for(vocab_size: int) -> np.dtype:
@@ -317,12 +318,12 @@ class PreparedDataset:
         p = Path(path)
         if not p.is_dir():
             why = "a file, not a directory" if p.exists() else "directory missing"
-            raise UserError(f"no prepared dataset at {p} ({why}); {_PREPARE_HINT}")
+            raise UserError(f"no prepared dataset at {p} ({why}); {_CREATE_HINT}")
         try:
             with open(p / MANIFEST, encoding="utf-8") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_PREPARE_HINT}") from None
+            raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_CREATE_HINT}") from None
         except (OSError, ValueError) as e:
             raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_PREPARE_HINT}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
