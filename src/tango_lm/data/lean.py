@@ -24,7 +24,8 @@ keeps one example, or one copy past the others' whole repeats that also ended th
 Splits: files, not examples, are held out (by the hash of the file's text, see `sources`), and
 every example goes to the split of the file it was cut from; an example whose text a train file's
 examples also give (a lemma copied between files) is left out of dev and test, and one a dev
-file's examples give out of test, so no test proof is seen in training.
+file's examples give out of test, so no test example is one seen in training (a lemma copied
+between files still appears in each file's source text, whatever split the file went to).
 Counting tokens needs a first pass that tokenizes the corpus; the second pass writes it.
 """
 
