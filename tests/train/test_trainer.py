@@ -512,3 +512,18 @@ def test_a_sweeps_architectures_fields_are_not_warned_for_its_other_runs():
     assert len(unread_model_fields(tango)) == 2
     (line,) = unread_model_fields(tango, also_read_by={"tango", "tango-windowed"})
     assert line.startswith("model.n_kv_heads=1 is read only by dense")
+
+
+def test_raising_steps_before_the_decay_is_the_longer_run_and_after_it_restarts_at_the_peak(
+    data_dir, tmp_path, monkeypatch
+):
+    """What the README says a raised budget does to WSD: exact before the decay began (step 10 of
+    12), a jump back to the peak lr after it."""
+    longer = train(helpers.run_config(data_dir, tmp_path / "longer", steps=16))
+    _interrupted(monkeypatch, helpers.run_config(data_dir, tmp_path / "cut", steps=12), stop=8)
+    resumed = train(helpers.run_config(data_dir, tmp_path / "cut", steps=16), resume=True)
+    assert resumed.losses == {step: longer.losses[step] for step in range(9, 17)}
+    train(helpers.run_config(data_dir, tmp_path / "done", steps=12))
+    train(helpers.run_config(data_dir, tmp_path / "done", steps=16), resume=True)
+    lr = {r["step"]: r["lr"] for r in helpers.loss_records(tmp_path / "done")}
+    assert lr[12] < lr[11] < lr[13] == max(lr.values()) and lr[16] < lr[13]
