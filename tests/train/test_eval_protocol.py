@@ -129,6 +129,22 @@ def test_eval_knows_the_runs_data_by_its_tokens_and_says_to_pass_data_when_it_is
         evaluate_checkpoint(str(step), "dev")
 
 
+def test_eval_of_a_run_whose_dataset_was_prepared_again_is_refused(data_dir, tmp_path, capsys):
+    # It scored the new tokens as the run's own windows and called them its dev or test NLL.
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    out = tmp_path / "run"
+    train(helpers.run_config(data, out, steps=2, eval_every=2, save_every=2))
+    docs = {"train": helpers.make_docs(helpers.TRAIN_DOCS, 3), "dev": helpers.make_docs(helpers.EVAL_DOCS, 4)}
+    write_prepared(data, get_tokenizer("byte"), {**docs, "test": docs["dev"]}, {}, progress=False, overwrite=True)
+    capsys.readouterr()
+    assert main(["eval", str(out), "--split", "test"]) == 2
+    said = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "holds other tokens than the run trained on (prepared again since); prepare it as it was" in said
+    res = evaluate_checkpoint(str(out), "dev", data_dir=str(data))  # named: that data, every window
+    assert res["tokens"] == (PreparedDataset.open(data).num_tokens("dev") - 1) // 32 * 32 and "sample_seed" not in res
+
+
 def test_another_tokenizer_of_the_same_name_is_told_apart(data_dir, tmp_path):
     # Two trained BPEs are both 'bpe': "prepared with tokenizer 'bpe', not the checkpoint's 'bpe'".
     out = tmp_path / "run"

@@ -73,10 +73,17 @@ def evaluate_checkpoint(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     dtype = autocast_dtype(precision, dev)
-    own_data = (
+    recorded = ckpt.meta.get("data")  # the tokens of each split the run read (none before the record)
+    prepared_again = bool(recorded) and not holds_recorded_tokens(dataset, recorded)
+    if data_dir is None and prepared_again:  # its own windows of other tokens: neither its dev nor its test NLL
+        raise UserError(
+            f"the run's dataset {data_path} holds other tokens than the run trained on (prepared again since); "
+            "prepare it as it was to reproduce the run's numbers, or pass --data DIR to score that data"
+        )
+    own_data = not prepared_again and (
         data_dir is None
         or same_dataset_dir(data_dir, run["data"].get("dir"))
-        or holds_recorded_tokens(dataset, ckpt.meta.get("data"))  # the run's data, moved or named from elsewhere
+        or holds_recorded_tokens(dataset, recorded)  # the run's data, moved or named from elsewhere
     )
     # The split's role in the run: "dev" or "test" as asked, else by name. A run may test on its dev
     # split (test_split: dev), and `--split test` then takes the test windows, as its summary did.
