@@ -131,6 +131,26 @@ def test_resume_without_the_best_checkpoint_is_refused_before_training(data_dir,
     assert resumed.summary["selected_step"] == 16
 
 
+def test_resume_with_a_damaged_best_checkpoint_is_refused_before_training(data_dir, tmp_path, monkeypatch):
+    # A flipped bit in its weights was found only at the end, after the remaining steps, and then
+    # every later resume failed with advice ("use another checkpoint") train cannot follow.
+    script = {4: 2.0, 8: 3.0, 12: 3.5, 16: 4.0}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=8, keep_last=1))
+    weights = helpers.step_dir(out, 4) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 1
+    weights.write_bytes(bytes(data))
+    before = helpers.snapshot(out)
+    with pytest.raises(UserError, match=r"best-dev checkpoint step-00000004, .* does not match the sha256 .*"
+                       r"restore it, or resume with train.select=final"):  # fmt: skip
+        train(helpers.run_config(data_dir, out, steps=16, keep_last=1), resume=True)
+    assert helpers.snapshot(out) == before
+    resumed = train(helpers.run_config(data_dir, out, steps=16, keep_last=1, select="final"), resume=True)
+    assert resumed.summary["selected_step"] == 16
+
+
 def test_a_run_resumed_past_its_end_has_no_summary_until_it_ends_again(data_dir, tmp_path, monkeypatch):
     """A finished run trained on with a larger budget is unfinished again: its old summary.json,
     which `report` would show as the run's result, goes when the resume starts."""

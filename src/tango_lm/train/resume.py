@@ -14,7 +14,7 @@ import torch
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
-from tango_lm.train.checkpoint import MARKER, Checkpoint, load_checkpoint, step_dir_name
+from tango_lm.train.checkpoint import MARKER, SHARDS, Checkpoint, check_sum, load_checkpoint, step_dir_name
 from tango_lm.train.config import RunConfig
 
 # Train settings a resume keeps (the run's config.json, which reports read, must describe the whole
@@ -168,8 +168,22 @@ def check_best_kept(best_step: int | None, ckpt_root: Path, run: RunConfig) -> N
     training, when it was deleted (say, to free disk) or its save never completed."""
     if run.train.select != "best" or best_step is None:
         return
-    if not (ckpt_root / step_dir_name(best_step) / MARKER).exists():
+    path = ckpt_root / step_dir_name(best_step)
+    why = "is missing or incomplete" if not (path / MARKER).exists() else _damaged_weights(path)
+    if why:  # its weights are read at the end (a flipped bit was found only after the remaining steps)
         raise UserError(
             f"cannot resume {run.train.out_dir}: its best-dev checkpoint {step_dir_name(best_step)}, which the run "
-            "reports at the end, is missing or incomplete; restore it, or resume with train.select=final"
+            f"reports at the end, {why}; restore it, or resume with train.select=final"
         )
+
+
+def _damaged_weights(path: Path) -> str | None:
+    """Why the model weights of complete step directory `path` cannot be read as saved, or None."""
+    try:
+        meta = load_checkpoint(path).meta
+        for name in meta.get("sha256") or {}:
+            if name == "model.safetensors" or name.startswith(f"{SHARDS}/"):  # what test scoring loads
+                check_sum(path, meta, name)
+    except UserError:
+        return "does not match the sha256 its meta.json recorded (damaged or changed on disk)"
+    return None
