@@ -168,6 +168,31 @@ def test_an_interrupted_train_says_how_to_continue(data_dir, tmp_path, capsys, m
     assert main(shlex.split(command)[1:]) == 0 and helpers.step_names(out)[-1] == "step-00000008"
 
 
+def test_a_train_interrupted_before_its_config_is_written_says_the_command_as_given(
+    data_dir, tmp_path, capsys, monkeypatch
+):
+    # It said `train RUN --resume`: no such run yet (stopped while the model was built), or the
+    # run's old config without this command's train.steps=12 (a resume stopped as early).
+    from tango_lm.train.trainer import Trainer
+
+    original = Trainer.__init__
+
+    def ctrl_c(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    argv = ["train", *helpers.cli_overrides(data_dir, out, steps=4)]
+    for first in (argv, ["train", str(out), "--resume", "train.steps=12"]):
+        monkeypatch.setattr(Trainer, "__init__", ctrl_c)
+        rc, _, err, _ = helpers.run_main(capsys, first)
+        assert rc == 130
+        command = err.strip().splitlines()[-1].split("`")[1]
+        assert command == "tango-lm " + shlex.join([*(a for a in first if a != "--resume"), "--resume"])
+        monkeypatch.setattr(Trainer, "__init__", original)
+        assert main(shlex.split(command)[1:]) == 0
+    assert helpers.step_names(out)[-1] == "step-00000012"
+
+
 def test_an_interrupted_torchrun_says_to_relaunch_it_and_only_rank_0_says_it(data_dir, tmp_path, capsys, monkeypatch):
     from tango_lm.train.trainer import Trainer
 
@@ -178,8 +203,8 @@ def test_an_interrupted_torchrun_says_to_relaunch_it_and_only_rank_0_says_it(dat
     argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", steps=8)]
     for rank, line in (
         (
-            0,
-            f"interrupted; `tango-lm train {tmp_path / 'run'} --resume`, launched by torchrun as this run "
+            0,  # the run directory holds no config yet: the command as given
+            f"interrupted; `tango-lm {shlex.join([*argv, '--resume'])}`, launched by torchrun as this run "
             "was (2 processes), continues the run from the start (no checkpoint was saved yet)",
         ),
         (1, "interrupted"),

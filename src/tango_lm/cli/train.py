@@ -25,12 +25,15 @@ def cmd_train(args: argparse.Namespace) -> None:
     from tango_lm.train.distributed import is_main_process, launch_env
     from tango_lm.train.trainer import train
 
-    run = load_run_config(*_config_and_overrides(args))
+    source, overrides = _config_and_overrides(args)
+    run = load_run_config(source, overrides)
     try:  # no bar without a terminal or with --no-progress: this command's, not the run's config
         result = train(run, resume=args.resume, progress=False if args.no_progress else None)
     except KeyboardInterrupt:
         _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
-        raise KeyboardInterrupt(_how_to_continue(run.train.out_dir, processes) if is_main_process() else "") from None
+        given = [*([source] if source else []), *overrides]
+        said = _how_to_continue(run, given, processes) if is_main_process() else ""
+        raise KeyboardInterrupt(said) from None
     if not is_main_process():  # under torchrun, rank 0 alone reports
         return
     s = result.summary
@@ -54,21 +57,32 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"run directory: {s['out_dir']} (dev and test NLL of the checkpoint of step {s['selected_step']})")
 
 
-def _how_to_continue(out_dir: str, processes: int = 1) -> str:
+def _how_to_continue(run: Any, given: list[str], processes: int = 1) -> str:
     """What the `interrupted` line adds for a run: the command that continues it (to paste into a
-    shell; under torchrun, in the same launch), and from where."""
+    shell; under torchrun, in the same launch), and from where. The run directory's own config
+    continues it once that holds this run's config; before (stopped while the model was built, or
+    with overrides not yet written), the command as given, with --resume."""
+    import json
     import shlex
     from pathlib import Path
 
     from tango_lm.train.checkpoint import complete_steps
 
-    steps = complete_steps(Path(out_dir) / "checkpoints")
+    out_dir = Path(run.train.out_dir)
+    steps = complete_steps(out_dir / "checkpoints")
     where = (
         f"from its checkpoint of step {int(steps[-1].name.removeprefix('step-'))}"
         if steps
         else "from the start (no checkpoint was saved yet)"
     )
-    command = f"`tango-lm train {shlex.quote(str(out_dir))} --resume`"
+    try:
+        saved = json.loads((out_dir / "config.json").read_text()) if (out_dir / "config.yaml").is_file() else None
+    except (OSError, ValueError):
+        saved = None
+    if saved == json.loads(json.dumps(run.to_dict())):
+        command = f"`tango-lm train {shlex.quote(str(out_dir))} --resume`"
+    else:
+        command = f"`tango-lm train {shlex.join([*given, '--resume'])}`"
     if processes > 1:
         command += f", launched by torchrun as this run was ({processes} processes),"
     return f"{command} continues the run {where}"
