@@ -194,22 +194,27 @@ def test_folders_laid_out_in_splits_merge_and_split_named_files_are_never_traine
     out = prepare_files("jsonl", langs, tmp_path / "both", BYTE, dev_fraction=0.0, progress=False)
     assert sorted(_docs(out, "test")) == sorted(f"{lang} test {i}" for lang in ("en", "de") for i in range(6))
     assert not [d for d in _docs(out, "train") if " test " in d]
-    with pytest.raises(UserError, match=r"test.jsonl is named like a test file but would be trained on"):
-        prepare_files("jsonl", [tmp_path / "corpus"], tmp_path / "parent", BYTE, progress=False)
+    argv = ["data", "prepare", "jsonl", "--out", str(tmp_path / "p"), str(tmp_path / "corpus"), "--tokenizer", "byte"]
+    assert main(argv) == 2
+    assert "test.jsonl is the test file of a folder laid out in splits" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "docs.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(UserError, match=r"en has train\*/test\* entries but .*plain does not; give every input"):
         split_inputs([langs[0], tmp_path / "plain"], [".jsonl"])
+    # read as given: a split-named file without a train file beside it, one named on purpose, train=
     (tmp_path / "plain" / "test2.jsonl").write_text(json.dumps({"text": "y"}) + "\n")
-    assert (
-        main(["data", "prepare", "jsonl", "--out", str(tmp_path / "p"), str(tmp_path / "plain"), "--tokenizer", "byte"])
-        == 2
-    )
-    assert "test2.jsonl is named like a test file" in capsys.readouterr().err
-    assert not (tmp_path / "p").exists()
-    assert split_inputs([tmp_path / "plain" / "docs.jsonl"], [".jsonl"]) == {
-        "train": [str(tmp_path / "plain" / "docs.jsonl")]
-    }
+    lone = tmp_path / "corpus" / "en" / "test.jsonl"
+    for inputs in ([tmp_path / "plain"], [lone], [f"train={lone}"]):
+        out = prepare_files("jsonl", inputs, tmp_path / "ok", BYTE, progress=False, overwrite=True)
+        assert PreparedDataset.open(out).num_documents("train") > 0
+    # several folders, one with a test/ entry and no train ones (a Lean project): training text, as before
+    (tmp_path / "proj" / "test").mkdir(parents=True)
+    (tmp_path / "proj" / "test" / "t.jsonl").write_text(json.dumps({"text": "z"}) + "\n")
+    both = [str(tmp_path / "proj"), str(tmp_path / "plain")]
+    assert split_inputs(both, [".jsonl"]) == {"train": both}
+    with pytest.raises(UserError, match="but none named train, train-"):  # alone: refused, as before
+        split_inputs([tmp_path / "proj"], [".jsonl"])
 
 
 def test_text_documents(tmp_path):

@@ -251,7 +251,7 @@ class FileSource(HeldOutSource):
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
         self._files = files_per_split(self._groups, exts)  # fail on missing or shared paths now
-        refuse_split_named_training(self._files)
+        refuse_split_named_training(self.inputs, self._files)
         self._refuse_other_kinds(exts)
         own = {
             s: _limit(

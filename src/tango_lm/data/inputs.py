@@ -1,7 +1,7 @@
 """The inputs of a file source: files, directories (walked recursively for the source's
 extensions), glob patterns or `SPLIT=PATH` items, and the split each belongs to. A directory whose
-top-level entries are named after splits keeps those splits (several such directories merge); a
-split-named file that would otherwise be trained on (`test.jsonl` in a folder of inputs) is refused.
+top-level entries are named after splits keeps those splits (several such directories merge); the
+test file of such a folder below an input, which would be trained on, is refused.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
             out.setdefault(split, []).append(m.group(2))
         return out
     if items and all(Path(i).is_dir() for i in items):
-        layouts = [_directory_splits(i, exts) for i in items]
+        # one folder: split entries without train ones are refused; among several (Lean projects
+        # with a test/ folder, say) such a folder is training text, as it always was
+        layouts = [_directory_splits(i, exts, strict=len(items) == 1) for i in items]
         split = [i for i, layout in zip(items, layouts, strict=True) if set(layout) != {"train"}]
         if split and len(split) < len(items):  # some inputs' own train files would be mixed with the others'
             plain = next(i for i in items if i not in split)
@@ -115,16 +117,17 @@ def split_inputs(inputs: Sequence[str | os.PathLike], exts: Sequence[str]) -> di
     return {"train": items}
 
 
-def _directory_splits(directory: str, exts: Sequence[str]) -> dict[str, list[str]]:
+def _directory_splits(directory: str, exts: Sequence[str], strict: bool = True) -> dict[str, list[str]]:
     """A directory's splits: its top-level entries named after splits, or those of its one folder
-    (a dataset repository's README.md beside data/); `{"train": [directory]}` when it has none."""
+    (a dataset repository's README.md beside data/); `{"train": [directory]}` when it has none
+    (or, not `strict`, when they are not a whole layout)."""
     out: dict[str, list[str]] = {}
     others = []
     entries = [
         e for e in sorted(Path(directory).iterdir()) if not e.name.startswith(".") and (e.is_dir() or _has_ext(e, exts))
     ]
     if len(entries) == 1 and entries[0].is_dir() and not _SPLIT_ENTRY.match(entries[0].name):
-        inner = _directory_splits(str(entries[0]), exts)
+        inner = _directory_splits(str(entries[0]), exts, strict)
         if set(inner) != {"train"}:
             return inner
     for entry in entries:
@@ -133,6 +136,8 @@ def _directory_splits(directory: str, exts: Sequence[str]) -> dict[str, list[str
             out.setdefault(SPLIT_ALIASES[m.group(1).lower()], []).append(str(entry))
         else:
             others.append(entry.name)
+    if not strict and ("train" not in out or len(out) == 1 or others):
+        return {"train": [directory]}
     if "train" in out and len(out) > 1:
         if others:
             raise UserError(
@@ -150,19 +155,24 @@ def _directory_splits(directory: str, exts: Sequence[str]) -> dict[str, list[str
     return {"train": [directory]}
 
 
-def refuse_split_named_training(files: dict[str, list[Path]]) -> None:
-    """A file named like a dev or test file (`test.jsonl`, `valid-2.parquet`) among unsplit inputs
-    would be trained on, and the held-out splits drawn from training text: refused, not guessed."""
-    if set(files) != {"train"}:
+def refuse_split_named_training(inputs: Sequence[str | os.PathLike], files: dict[str, list[Path]]) -> None:
+    """A dev or test file of a folder laid out in splits (`corpus/en/test.jsonl` beside
+    `train.jsonl`) that inputs naming a folder above it would train on, the held-out splits then
+    drawn from training text: refused, not guessed. Files named on purpose, `SPLIT=PATH` inputs and
+    a lone `Test_cricket.txt` (no train file beside it) are read as given."""
+    named = [str(i) for i in inputs]
+    if set(files) != {"train"} or any(_SPLIT_ARG.match(i) and not Path(i).exists() for i in named):
         return
+    given = {Path(i).resolve() for i in named if Path(i).is_file()}
     for path in files["train"]:
         m = _SPLIT_NAMED_FILE.match(path.name)
-        if m:
+        if m is None or path.resolve() in given:
+            continue
+        if any(_SPLIT_ENTRY.match(e.name) and e.name.lower().startswith("train") for e in path.parent.iterdir()):
             split = SPLIT_ALIASES[m.group(1).lower()]
             raise UserError(
-                f"{path} is named like a {split} file but would be trained on (its folder is not laid out in "
-                f"train*/{m.group(1).lower()}* entries); give the inputs as SPLIT=PATH (train=... {split}=...) or "
-                "name each folder laid out in splits as an input"
+                f"{path} is the {split} file of a folder laid out in splits ({path.parent}), which these inputs "
+                "would train on; give that folder as an input (its splits are kept) or every input as SPLIT=PATH"
             )
 
 
