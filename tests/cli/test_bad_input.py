@@ -177,6 +177,7 @@ BAD = {
     "depth_beyond_memory": lambda c: c.train("model.depth=1000000000"),
     "depth_past_64_bits": lambda c: c.train("model.depth=1e20"),
     "tokens_per_param_past_64_bits": lambda c: c.train("train.steps=null", "train.tokens_per_param=1e30"),  # endless
+    "tokens_per_param_past_a_float": lambda c: c.train("train.steps=null", "train.tokens_per_param=1e308"),
     "window_past_64_bits": lambda c: c.train("model.arch=tango-windowed", "model.window=1e20"),
     "max_nonfinite_steps_negative": lambda c: c.train("train.max_nonfinite_steps=-1"),
     # config files
@@ -304,6 +305,7 @@ EXPECT = {
     "depth_beyond_memory": "model.depth=1,000,000,000 applications each keep their input for the backward",
     "depth_past_64_bits": "model.depth=100000000000000000000 does not fit in 64 bits",
     "tokens_per_param_past_64_bits": "train.tokens_per_param=1e+30 gives 1.29e+32 steps, which does not fit in 64",
+    "tokens_per_param_past_a_float": "train.tokens_per_param=1e+308 gives inf steps, which does not fit in 64",
     "window_past_64_bits": "model.window=100000000000000000000 does not fit in 64 bits",
     "lr_nan": "train.lr must be a finite number (got nan)",
     "init_std_nan": "model.init_std must be a finite number (got nan)",

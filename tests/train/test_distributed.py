@@ -369,13 +369,17 @@ def test_a_collective_whose_peer_died_is_recognised(tmp_path):
 def test_a_rank_that_lost_its_peers_says_so_in_one_line(data_dir, tmp_path, monkeypatch, capsys):
     gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:42178"
 
-    def peer_died(self):
-        raise RuntimeError(gloo)
+    def fails(error):
+        def init(self, *args, **kwargs):  # where a collective of the process group would fail
+            raise error
 
-    monkeypatch.setattr(Trainer, "fit", peer_died)
+        return init
+
+    monkeypatch.setattr(Trainer, "__init__", fails(RuntimeError(gloo)))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run"), "--no-progress"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", parallel="ddp"), "--no-progress"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
@@ -384,9 +388,14 @@ def test_a_rank_that_lost_its_peers_says_so_in_one_line(data_dir, tmp_path, monk
     ]
     # any other error keeps its traceback: a bug, or NCCL failing on this process (out of memory)
     for own in (RuntimeError("a bug"), torch.distributed.DistBackendError("NCCL error: out of memory")):
-        monkeypatch.setattr(Trainer, "fit", lambda self, own=own: (_ for _ in ()).throw(own))
+        monkeypatch.setattr(Trainer, "__init__", fails(own))
         with pytest.raises(type(own), match=str(own)):
             main(argv)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process has no peers to lose, whatever an error says
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(Trainer, "__init__", fails(RuntimeError("Connection reset by peer")))
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        main(["train", *helpers.cli_overrides(data_dir, tmp_path / "one"), "--no-progress"])
 
 
 def test_checkpoint_formats(runs):

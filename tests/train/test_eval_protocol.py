@@ -143,6 +143,14 @@ def test_eval_of_a_run_whose_dataset_was_prepared_again_is_refused(data_dir, tmp
     assert "holds other tokens than the run trained on (prepared again since); prepare it as it was" in said
     res = evaluate_checkpoint(str(out), "dev", data_dir=str(data))  # named: that data, every window
     assert res["tokens"] == (PreparedDataset.open(data).num_tokens("dev") - 1) // 32 * 32 and "sample_seed" not in res
+    # only the split scored counts: more training text, the same test split, is still the run's test NLL
+    kept = {
+        "dev": helpers.make_docs(helpers.EVAL_DOCS, 1),
+        "test": helpers.make_docs(helpers.EVAL_DOCS, 2),
+    }  # data_dir's
+    logged = json.loads((out / "summary.json").read_text())["test_nll"]
+    write_prepared(data, get_tokenizer("byte"), {"train": docs["train"], **kept}, {}, progress=False, overwrite=True)
+    assert evaluate_checkpoint(str(out), "test")["nll"] == pytest.approx(logged, rel=1e-6)
 
 
 def test_another_tokenizer_of_the_same_name_is_told_apart(data_dir, tmp_path):

@@ -40,14 +40,13 @@ _LONG_RUN = re.compile(rf"\S{{{LONGEST_TRAINING_WORD + 1},}}|\s{{{LONGEST_TRAINI
 def training_pieces(text: str, pre_tokenizer: Any) -> Iterator[str]:
     """`text` in pieces that join back to it, cut every `LONGEST_TRAINING_WORD` characters inside
     each longer word of `pre_tokenizer` (the trainer's); a text without one is its own single piece."""
-    if _LONG_RUN.search(text) is None:
-        yield text
-        return
     start = 0
-    for _, (begin, end) in pre_tokenizer.pre_tokenize_str(text):
-        for cut in range(begin + LONGEST_TRAINING_WORD, end, LONGEST_TRAINING_WORD):
-            yield text[start:cut]
-            start = cut
+    for run in _LONG_RUN.finditer(text):  # only the run is pre-tokenized: a 500 MB file is one text
+        at = max(start, run.start() - 1)  # with the space a word may take before it
+        for _, (begin, end) in pre_tokenizer.pre_tokenize_str(text[at : run.end()]):
+            for cut in range(at + begin + LONGEST_TRAINING_WORD, at + end, LONGEST_TRAINING_WORD):
+                yield text[start:cut]
+                start = cut
     yield text[start:]
 
 

@@ -44,6 +44,9 @@ __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared"]
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _CREATE_HINT = "run `tango-lm data prepare ...` to create it"
+_REMOVE_HINT = (
+    "remove the directory (or choose another --out) and run `tango-lm data prepare ...` again"  # unrecognised
+)
 _PREPARE_HINT = "prepare it again with `tango-lm data prepare ... --overwrite`"  # a damaged one is still there
 
 
@@ -325,10 +328,10 @@ class PreparedDataset:
         except FileNotFoundError:
             raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_CREATE_HINT}") from None
         except (OSError, ValueError) as e:
-            raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_PREPARE_HINT}") from None
+            raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_REMOVE_HINT}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             found = manifest.get("format") if isinstance(manifest, dict) else None
-            raise UserError(f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_PREPARE_HINT}")
+            raise UserError(f"{p / MANIFEST} has format {found!r}, expected {FORMAT!r}; {_REMOVE_HINT}")
         tok_dict = manifest.get("tokenizer")
         try:
             tokenizer = tokenizer_from_dict(tok_dict)

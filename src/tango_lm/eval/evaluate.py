@@ -69,17 +69,20 @@ def evaluate_checkpoint(
             f"checkpoint's {_described(ckpt.tokenizer)}; prepare the data with the checkpoint's tokenizer"
         )
     split_name = splits.get(split, split)
-    dev = pick_device(device)
-    model = ckpt.build_model(dev)
-    variant = model_variant(model, ckpt, segment, ablate)
-    dtype = autocast_dtype(precision, dev)
     recorded = ckpt.meta.get("data")  # the tokens of each split the run read (none before the record)
-    prepared_again = bool(recorded) and not holds_recorded_tokens(dataset, recorded)
+    scored = recorded.get(split_name) if isinstance(recorded, dict) else None
+    prepared_again = scored is not None and (
+        split_name not in dataset.splits or dataset.content_id(split_name) != scored
+    )  # only the split scored: more training text since leaves its test NLL the run's
     if data_dir is None and prepared_again:  # its own windows of other tokens: neither its dev nor its test NLL
         raise UserError(
             f"the run's dataset {data_path} holds other tokens than the run trained on (prepared again since); "
             "prepare it as it was to reproduce the run's numbers, or pass --data DIR to score that data"
         )
+    dev = pick_device(device)
+    model = ckpt.build_model(dev)
+    variant = model_variant(model, ckpt, segment, ablate)
+    dtype = autocast_dtype(precision, dev)
     own_data = not prepared_again and (
         data_dir is None
         or same_dataset_dir(data_dir, run["data"].get("dir"))

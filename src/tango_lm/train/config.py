@@ -228,11 +228,6 @@ class RunConfig:
         steps = budget_steps(t.steps, t.tokens, t.tokens_per_param, per_step, lambda: self.model.num_params()["total"])
         if steps is None:
             raise UserError("no training budget: set train.steps, train.tokens or train.tokens_per_param")
-        if steps >= 2**63:  # as train.steps and train.tokens are refused past 64 bits: a typo, not a run
-            raise UserError(
-                f"train.tokens_per_param={t.tokens_per_param:g} gives {steps:.3g} steps, which does not fit in 64 "
-                "bits; a typo? give a smaller value"
-            )
         return steps
 
     def seq_len(self) -> int:
@@ -377,7 +372,13 @@ def budget_steps(
     if tokens is not None:
         return max(1, -(-tokens // tokens_per_step))
     if tokens_per_param is not None:
-        return max(1, -(-int(tokens_per_param * total_params()) // tokens_per_step))
+        tokens = tokens_per_param * total_params()
+        if not tokens < 2**63 * tokens_per_step:  # as train.steps and train.tokens past 64 bits: a typo, not a run
+            raise UserError(
+                f"train.tokens_per_param={tokens_per_param:g} gives {tokens / tokens_per_step:.3g} steps, which "
+                "does not fit in 64 bits; a typo? give a smaller value"
+            )
+        return max(1, -(-int(tokens) // tokens_per_step))
     return None
 
 

@@ -190,13 +190,24 @@ def mean_over_ranks_on_device(env: DistEnv, values: torch.Tensor) -> torch.Tenso
 
 # What a collective says when the process at the other end is gone (gloo's transport; NCCL's
 # remote errors). Not every DistError: NCCL out of memory or a port in use are this process's own.
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "ncclRemoteError", "remote process exited")
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Socket closed",
+    "Connection was likely closed",  # the rendezvous store's
+    "Read timeout",
+    "Write timeout",
+    "Timed out waiting",
+    "ncclRemoteError",
+    "remote process exited",
+)
 
 
 def lost_contact(exc: BaseException) -> bool:
     """Whether `exc` is a collective that failed because another process stopped (on its own error,
-    or killed)."""
-    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in PEER_GONE)
+    or killed): only under a launch of several processes."""
+    return launch_env()[2] > 1 and isinstance(exc, RuntimeError) and any(words in str(exc) for words in PEER_GONE)
 
 
 def check_same_step(env: DistEnv, step: int, ckpt_root: Any) -> None:

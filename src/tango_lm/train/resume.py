@@ -163,13 +163,17 @@ def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:
         )
 
 
-def check_best_kept(best_step: int | None, ckpt_root: Path, run: RunConfig) -> None:
+def check_best_kept(best_step: int | None, ckpt_root: Path, run: RunConfig, resumed_step: int) -> None:
     """A run that reports its best-dev checkpoint needs it at the end: refuse now, not after
-    training, when it was deleted (say, to free disk) or its save never completed."""
+    training, when it was deleted (say, to free disk), its save never completed or its weights are
+    damaged (not hashed again when it is the checkpoint being resumed, whose loading checked them)."""
     if run.train.select != "best" or best_step is None:
         return
     path = ckpt_root / step_dir_name(best_step)
-    why = "is missing or incomplete" if not (path / MARKER).exists() else _damaged_weights(path)
+    if not (path / MARKER).exists():
+        why = "is missing or incomplete"
+    else:
+        why = None if best_step == resumed_step else _damaged_weights(path)
     if why:  # its weights are read at the end (a flipped bit was found only after the remaining steps)
         raise UserError(
             f"cannot resume {run.train.out_dir}: its best-dev checkpoint {step_dir_name(best_step)}, which the run "
@@ -184,6 +188,6 @@ def _damaged_weights(path: Path) -> str | None:
         for name in meta.get("sha256") or {}:
             if name == "model.safetensors" or name.startswith(f"{SHARDS}/"):  # what test scoring loads
                 check_sum(path, meta, name)
-    except UserError:
-        return "does not match the sha256 its meta.json recorded (damaged or changed on disk)"
+    except UserError as exc:
+        return f"cannot be read ({str(exc).split('; ')[0]})"  # its advice ("use another") is not train's
     return None

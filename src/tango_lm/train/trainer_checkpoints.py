@@ -96,7 +96,7 @@ class TrainerCheckpoints:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
-        check_best_kept(self.best["step"], self.ckpt_root, self.run)
+        check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step)
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
