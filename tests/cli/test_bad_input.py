@@ -48,6 +48,9 @@ class Ctx:
     def train(self, *extra: str) -> list[str]:
         return ["train", *helpers.cli_overrides(self.data, self.new_out, **TRAIN), *extra]
 
+    def without_steps(self) -> list[str]:  # a train command whose budget the caller gives
+        return [a for a in self.train() if not a.startswith("train.steps=")]
+
     def generate(self, *extra: str) -> list[str]:
         return ["generate", str(self.run), "--prompt", "abc", "--max-new-tokens", "2", *extra]
 
@@ -176,8 +179,8 @@ BAD = {
     # a looped model's depth costs no parameters: 1e9 filled the memory, 1e20 overflowed in a forward
     "depth_beyond_memory": lambda c: c.train("model.depth=1000000000"),
     "depth_past_64_bits": lambda c: c.train("model.depth=1e20"),
-    "tokens_per_param_past_64_bits": lambda c: c.train("train.steps=null", "train.tokens_per_param=1e30"),  # endless
-    "tokens_per_param_past_a_float": lambda c: c.train("train.steps=null", "train.tokens_per_param=1e308"),
+    "tokens_per_param_past_64_bits": lambda c: [*c.without_steps(), "train.tokens_per_param=1e30"],  # endless
+    "tokens_per_param_past_a_float": lambda c: [*c.without_steps(), "train.tokens_per_param=1e308"],
     "window_past_64_bits": lambda c: c.train("model.arch=tango-windowed", "model.window=1e20"),
     "max_nonfinite_steps_negative": lambda c: c.train("train.max_nonfinite_steps=-1"),
     # config files
