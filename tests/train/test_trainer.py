@@ -151,6 +151,18 @@ def test_resume_with_a_damaged_best_checkpoint_is_refused_before_training(data_d
     assert resumed.summary["selected_step"] == 16
 
 
+def test_the_selected_dev_nll_survives_a_deleted_metrics_file(data_dir, tmp_path, monkeypatch):
+    # A corrupt metrics.jsonl's error says to fix or remove it; removed, the summary's dev NLL of
+    # the selected checkpoint was null although its meta.json records it.
+    script = {4: 2.0, 8: 3.0}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: script[self.step])
+    out = tmp_path / "run"
+    _interrupted(monkeypatch, helpers.run_config(data_dir, out, steps=8), stop=6)
+    (out / "metrics.jsonl").unlink()
+    resumed = train(helpers.run_config(data_dir, out, steps=8), resume=True)
+    assert resumed.summary["selected_step"] == 4 and resumed.summary["selected_dev_nll"] == 2.0
+
+
 def test_a_run_resumed_past_its_end_has_no_summary_until_it_ends_again(data_dir, tmp_path, monkeypatch):
     """A finished run trained on with a larger budget is unfinished again: its old summary.json,
     which `report` would show as the run's result, goes when the resume starts."""

@@ -35,6 +35,7 @@ from tango_lm.train.checkpoint import (
     complete_steps,
     load_checkpoint,
     remove_incomplete,
+    step_dir_name,
     step_of,
     write_json_atomic,
     write_text_atomic,
@@ -375,6 +376,17 @@ class Trainer(TrainerCheckpoints):
             self._write_best()
         return dev_nll
 
+    def _selected_dev_nll(self, step: int) -> float | None:
+        """The dev NLL logged at `step`; else the one its checkpoint recorded (a metrics.jsonl
+        deleted, as its error allows for a corrupt one, lost the record, not the number)."""
+        logged = metrics_file.dev_nll_at(self._records(), step)
+        if logged is not None:
+            return logged
+        try:
+            return load_checkpoint(self.ckpt_root / step_dir_name(step)).meta.get("dev_nll")
+        except UserError:
+            return None
+
     def finish(self) -> dict[str, Any]:
         """Evaluate the selected checkpoint on the test split and write `summary.json`."""
         cfg = self.run.train
@@ -405,7 +417,7 @@ class Trainer(TrainerCheckpoints):
             "selected_step": selected,
             "best_dev_nll": self.best["dev_nll"] if math.isfinite(self.best["dev_nll"]) else None,  # none finite
             # the selected checkpoint's own (select: final reports the final one, not the best)
-            "selected_dev_nll": metrics_file.dev_nll_at(self._records(), selected),
+            "selected_dev_nll": self._selected_dev_nll(selected),
             "test_nll": test_nll,
             "test_tokens": n_test,
             "tokens_per_s": tokens_per_s,
