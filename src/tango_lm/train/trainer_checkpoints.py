@@ -96,7 +96,14 @@ class TrainerCheckpoints:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
-        check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step)
+        failure: UserError | None = None
+        if self.dist.is_main:  # one process hashes the best checkpoint's weights, not every rank
+            try:
+                check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step)
+            except UserError as exc:
+                failure = exc
+        if distributed.broadcast_int(self.dist, int(failure is not None)):
+            raise failure or UserError(f"rank 0 refused to resume {self.run.train.out_dir}; its error says why")
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
