@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,8 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.train.device import pick_device
+
+T = TypeVar("T")
 
 
 def skips_parameters(arch: str) -> bool:
@@ -223,6 +226,24 @@ def check_same_step(env: DistEnv, step: int, ckpt_root: Any) -> None:
             f"the processes found different latest checkpoints in {ckpt_root} ({found}); put "
             "train.out_dir on a disk every process shares"
         )
+
+
+def on_rank_0(
+    env: DistEnv, action: Callable[[], T], what: str, errors: tuple[type[BaseException], ...] = (UserError,)
+) -> T | None:
+    """`action()` on rank 0 alone (what only it writes or reads), and every process told whether it
+    raised one of `errors`: rank 0 then stops with its own error, the others with "rank 0 could not
+    {what}", each in one line, not at the next collective's broken pipe. Rank 0's result; None elsewhere."""
+    failure: BaseException | None = None
+    result = None
+    if env.is_main:
+        try:
+            result = action()
+        except errors as exc:
+            failure = exc
+    if broadcast_int(env, int(failure is not None)):
+        raise failure or UserError(f"rank 0 could not {what}; its error says why")
+    return result
 
 
 def broadcast_int(env: DistEnv, value: int) -> int:

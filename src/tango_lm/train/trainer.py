@@ -254,7 +254,10 @@ class Trainer(TrainerCheckpoints):
     def fit(self) -> TrainResult:
         cfg = self.run.train
         try:
-            kept = self._begin_run()  # read once: the dashboards get what they lack, the bar the last dev NLL
+            # Rank 0 readies the run's files and loggers, and every process learns whether it could
+            # (W&B without a key, a full disk). The records kept are read once: the dashboards get
+            # what they lack, the bar the last dev NLL.
+            kept = distributed.on_rank_0(self.dist, self._ready_run_files, "start the run", (UserError, OSError)) or []
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
                 result = self._fit(kept)
@@ -267,22 +270,8 @@ class Trainer(TrainerCheckpoints):
         close_loggers(loggers)
         return result
 
-    def _begin_run(self) -> list[dict[str, Any]]:
-        """Rank 0 readies the run's files and loggers and tells every process whether it could: a
-        failure there (W&B without a key, a full disk) stops each process with one line, not the
-        others at a collective's broken pipe. Returns the metrics records the run keeps."""
-        failure: BaseException | None = None
-        kept: list[dict[str, Any]] = []
-        if self.dist.is_main:
-            try:
-                kept = self._ready_run_files()
-            except (UserError, OSError) as exc:
-                failure = exc
-        if distributed.broadcast_int(self.dist, int(failure is not None)):
-            raise failure or UserError("rank 0 could not start the run; its error says why")
-        return kept
-
     def _ready_run_files(self) -> list[dict[str, Any]]:
+        """Rank 0's start of a run: its folder, loggers and config files; returns the kept records."""
         cfg = self.run.train
         self.out.mkdir(parents=True, exist_ok=True)
         remove_incomplete(self.ckpt_root)  # left by a process killed while saving or pruning

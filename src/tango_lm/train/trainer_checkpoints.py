@@ -96,14 +96,11 @@ class TrainerCheckpoints:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
-        failure: UserError | None = None
-        if self.dist.is_main:  # one process hashes the best checkpoint's weights, not every rank
-            try:
-                check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step)
-            except UserError as exc:
-                failure = exc
-        if distributed.broadcast_int(self.dist, int(failure is not None)):
-            raise failure or UserError(f"rank 0 refused to resume {self.run.train.out_dir}; its error says why")
+        distributed.on_rank_0(  # one process hashes the best checkpoint's weights, not every rank
+            self.dist,
+            lambda: check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step),
+            f"resume {self.run.train.out_dir}",
+        )
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -155,24 +152,19 @@ class TrainerCheckpoints:
             tmp = begin_checkpoint(self.ckpt_root, self.step, os.getpid()) if self.dist.is_main else None
             model_state = distributed.full_model_state(self.model, self.dist)
             train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
-        path = self.ckpt_root / step_dir_name(self.step)
-        failure: UserError | None = None
-        if self.dist.is_main:
-            try:
-                path = finish_checkpoint(
-                    tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
-                )
-            except UserError as exc:  # a full disk: every rank stops with one line, not at a barrier's broken pipe
-                failure = exc
-            else:
-                protect = {self.best["step"]} if self.best["step"] is not None else set()
-                prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
-        # no rank moves on (or reads it back) before it is complete; this also tells them whether it is
-        if distributed.broadcast_int(self.dist, int(failure is not None)):
-            raise failure or UserError(
-                f"rank 0 could not write checkpoint {step_dir_name(self.step)} in {self.ckpt_root}; its error says why"
+
+        def finish_and_prune() -> Path:
+            done = finish_checkpoint(
+                tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
             )
-        return path
+            protect = {self.best["step"]} if self.best["step"] is not None else set()
+            prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
+            return done
+
+        # a full disk stops every rank with one line; and no rank moves on (or reads it back) before
+        # the checkpoint is complete
+        what = f"write checkpoint {step_dir_name(self.step)} in {self.ckpt_root}"
+        return distributed.on_rank_0(self.dist, finish_and_prune, what) or self.ckpt_root / step_dir_name(self.step)
 
     def _timing_setup(self) -> dict[str, Any]:
         """What a step's time depends on that a resume may change: the processes, the device (the
