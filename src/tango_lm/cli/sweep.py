@@ -30,10 +30,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.launcher == "slurm":  # the settings checked as a submission would, before any warning
             from tango_lm.sweep.launchers import check_job_processes, mark_queued, slurm_settings
-            from tango_lm.sweep.runner import run_state
+            from tango_lm.sweep.runner import TRAINS, run_state
 
             settings = slurm_settings(grid, slurm_flags)
-            check_job_processes([r for r in runs if run_state(r)["state"] not in ("done", "other-config")], settings)
+            check_job_processes([r for r in runs if run_state(r)["state"] in TRAINS], settings)  # those it submits
         rows = plan_rows(grid, runs)
         if args.launcher == "slurm":  # and the runs whose jobs are live shown as queued
             mark_queued(grid, rows)
