@@ -172,6 +172,8 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         ({**body, "top_p": 0}, 400, None),
         ({**body, "prompt": [5, 300]}, 400, None),  # a token id outside the vocabulary
         ({**body, "logprobs": 2}, 400, "unsupported_parameter"),
+        ({**body, "best_of": 1, "n": 2}, 400, "unsupported_parameter"),  # OpenAI: best_of must be >= n
+        ({**body, "best_of": 3, "n": 2}, 400, "unsupported_parameter"),
         ({**body, "frobnicate": 1}, 400, None),
         ({**body, "max_tokens": "many"}, 400, None),
         ({**body, "max_tokens": True}, 400, None),  # lax parsing read true as 1 and 2.0 as 2

@@ -11,7 +11,7 @@ next batch. Each batch is one `generate` call, streamed or not: on CUDA its stat
 replayed as CUDA graphs, on CPUs the eager decode. An empty prompt starts from the end-of-text token (the start of a document). Every
 error is OpenAI's JSON error object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx
 status; a bad request never stops the server. Parameters the server does not implement (logprobs,
-echo, suffix, best_of > 1, penalties, logit_bias) are refused with 400 rather than ignored.
+echo, suffix, a best_of other than n, penalties, logit_bias) are refused with 400 rather than ignored.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _check(
         "logprobs": req.logprobs is not None,
         "echo": bool(req.echo),
         "suffix": req.suffix is not None,
-        "best_of": req.best_of not in (None, 1) and req.best_of != req.n,
+        "best_of": req.best_of not in (None, req.n or 1),  # best_of = n returns all n; below n OpenAI refuses
         "presence_penalty": bool(req.presence_penalty),
         "frequency_penalty": bool(req.frequency_penalty),
         "logit_bias": bool(req.logit_bias),
