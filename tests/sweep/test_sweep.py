@@ -242,6 +242,22 @@ def test_runs_their_data_refuses_stop_the_sweep_before_anything_trains(data_dir,
     assert main(["sweep", str(path), "--no-progress", "--only", "*=257"]) == 0
 
 
+def test_a_logger_package_missing_stops_the_sweep_before_anything_trains(data_dir, tmp_path, capsys, monkeypatch):
+    # Each run failed as it started (a failed.json per run; under SLURM, every job submitted).
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, loggers=["jsonl", "wandb"])
+    assert main(["sweep", str(path), "--dry-run", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["note"].startswith("refused: train.loggers includes wandb but the wandb package is not installed")
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1 and "pip install 'tango-lm[wandb]'" in err
+    assert err.endswith("nothing was trained\n")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_refused_run_is_said_alone_not_after_the_other_runs_warnings(data_dir, tmp_path, capsys):
     path = write_grid(
         tmp_path, {"dataset": {"syn": str(data_dir)}, "model.vocab_size": [257, 100], "train.warmup_steps": [10**6]}

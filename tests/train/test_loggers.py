@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,16 @@ def wandb_history(run_dir: Path) -> tuple[set[str], dict[tuple[str, int], float]
     return ids, out
 
 
+def wandb_exit_codes(run_dir: Path) -> list[int]:
+    """The exit code each attempt's offline W&B run recorded at its end, oldest attempt first."""
+    return [
+        record.exit.exit_code
+        for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        for record in wandb_records(path)
+        if record.WhichOneof("record_type") == "exit"
+    ]
+
+
 def float32(values: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
     return {k: torch.tensor(v, dtype=torch.float32).item() for k, v in values.items()}
 
@@ -165,6 +176,76 @@ def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, t
     ids, history = wandb_history(out)
     assert ids == {first_id} and len(list((out / "wandb").glob("offline-run-*"))) == 2
     assert history == logged
+    # The interrupted attempt is marked failed on the dashboard (it showed as finished, exit code 0)
+    assert wandb_exit_codes(out) == [130, 0]
+
+
+def test_a_run_stopped_by_an_error_is_marked_failed_in_wandb(data_dir, tmp_path, offline_wandb, monkeypatch):
+    def error_at_3(self):
+        if self.step == 3:
+            raise UserError("training stopped at step 3")
+        return original(self)
+
+    original = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", error_at_3)
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match="stopped at step 3"):
+        train(helpers.run_config(data_dir, out, steps=6, loggers="jsonl,wandb"))
+    assert wandb_exit_codes(out) == [1]
+
+
+def test_a_damaged_wandb_run_id_file_is_refused_not_replaced(data_dir, tmp_path, offline_wandb):
+    # A new id was made and written over it: the rest of the run went to a second W&B run.
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=2, save_every=2, loggers="jsonl,wandb"))
+    (out / "wandb.json").write_text('{"run_id": "5c1a7bb6"')
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    longer = helpers.run_config(data_dir, out, steps=4, save_every=2, loggers="jsonl,wandb")
+    with pytest.raises(UserError, match=r"wandb.json names no W&B run id \(.*\); restore it .* or remove it"):
+        train(longer, resume=True)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    (out / "wandb.json").unlink()  # as the error allows: the rest is a new W&B run
+    assert train(longer, resume=True).summary["steps"] == 4
+
+
+def test_a_logger_package_that_fails_to_import_is_one_line(data_dir, tmp_path, capsys, monkeypatch):
+    # An installed wandb whose import fails (a protobuf clash, say) was a traceback, exit 1.
+    fake = tmp_path / "site" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("protobuf mismatch")\n')
+    monkeypatch.syspath_prepend(str(fake.parent))
+    for name in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")]:
+        monkeypatch.delitem(sys.modules, name)
+    out = tmp_path / "run"
+    assert main(["train", *helpers.cli_overrides(data_dir, out), "train.loggers=[jsonl,wandb]"]) == 2
+    err = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "the wandb package fails to import (protobuf mismatch); reinstall it" in err
+    assert not out.exists()
+
+
+def test_wandb_failures_retire_its_service(data_dir, tmp_path, offline_wandb, monkeypatch):
+    # A service W&B lost contact with was reused by the next wandb.init in the process: a sweep's
+    # later runs all failed, and W&B's exit hook printed a traceback after the error line.
+    import wandb
+
+    from tango_lm.train.loggers import WandbLogger
+
+    retired = []
+    monkeypatch.setattr(wandb, "teardown", lambda *a, **k: retired.append(1))
+
+    def lost(*args, **kwargs):
+        raise ConnectionResetError("Connection lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(wandb, "init", lost)
+        with pytest.raises(UserError, match=r"wandb could not start a run \(Connection lost\)"):
+            train(helpers.run_config(data_dir, tmp_path / "a", steps=2, loggers="jsonl,wandb"))
+    assert retired == [1]
+    logger = WandbLogger.__new__(WandbLogger)
+    logger.run = type("Run", (), {"finish": lambda self, exit_code=0: lost()})()
+    with pytest.raises(ConnectionResetError):
+        logger.close()
+    assert retired == [1, 1]
 
 
 def test_tensorboard_added_on_a_resume_gets_the_whole_history(data_dir, tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """What a sweep checks of its runs against their data before it trains or submits any of them.
 
-A grid's configs are validated when it is read (sweep/grid.py), but two things need the prepared
-data as well: whether the dataset's token ids fit each run's table (`check_data_fits_model`), and
+A grid's configs are validated when it is read (sweep/grid.py), and each run's loggers are
+checked installed here (`check_available`), but two things need the prepared data as well: whether the dataset's token ids fit each run's table (`check_data_fits_model`), and
 the warnings a run gets when it starts (`start_of_run_warnings`: a table mostly of unused rows, a
 warmup as long as the run, an architecture's own). Checked here, up front, a vocabulary too small
 for the data stops the sweep before the first run instead of failing every run (or every queued
@@ -16,6 +16,7 @@ from tango_lm.config_checks import check_data_fits_model, check_splits_fit_run, 
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
 from tango_lm.sweep.grid import Grid, SweepRun
+from tango_lm.train.loggers import check_available
 
 
 @dataclass
@@ -56,6 +57,11 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     datasets: dict[str, PreparedDataset] = {}
     archs = {run.config.model.arch for run in runs}
     for run in runs:
+        try:  # a logger's package missing here failed every run (or queued job) one after another
+            check_available(run.config.train.loggers)
+        except UserError as exc:
+            checks.refused[run.name] = str(exc)
+            continue
         directory = run.config.data.dir
         if directory in missing:
             continue

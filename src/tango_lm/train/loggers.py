@@ -30,7 +30,8 @@ with `purge_step` 0 for TensorBoard's Python reader). So its curves are metrics.
 kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
 offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
-whole history up to the checkpoint (a SIGKILL loses what the first had not flushed).
+whole history up to the checkpoint (a SIGKILL loses what the first had not flushed). A run
+stopped by an error or Ctrl-C ends its W&B run with exit code 1 or 130, failed on the dashboard.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class MetricLogger:
         logger lacks and is sent again at opening. None by default (metrics.jsonl has them all)."""
         return []
 
-    def close(self) -> None:
-        """Flush and release what the logger holds; called once at the end of the run."""
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and release what the logger holds; called once at the end of the run, with the
+        process's exit code when the run stopped (1 on an error, 130 on Ctrl-C)."""
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -110,8 +112,7 @@ class TensorBoardLogger(MetricLogger):
     RECORD = ".tango-lm.json"  # the event files this logger wrote in RUN/tensorboard
 
     def __init__(self, ctx: LogContext) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
+        SummaryWriter = _imported("tensorboard", "torch.utils.tensorboard").SummaryWriter
         log_dir = ctx.out_dir / "tensorboard"
         if log_dir.exists() and not log_dir.is_dir():
             raise UserError(
@@ -135,7 +136,7 @@ class TensorBoardLogger(MetricLogger):
         for tag, value in scalars(record).items():
             self.writer.add_scalar(tag, value, step)
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         self.writer.close()
 
 
@@ -147,8 +148,7 @@ class WandbLogger(MetricLogger):
     ID_FILE = "wandb.json"
 
     def __init__(self, ctx: LogContext) -> None:
-        import wandb
-
+        wandb = _imported("wandb", "wandb")
         id_file = ctx.out_dir / self.ID_FILE
         run_id = _read_run_id(id_file) or secrets.token_hex(4)  # W&B ids: lowercase letters and digits
         try:
@@ -159,9 +159,12 @@ class WandbLogger(MetricLogger):
                 name=str(ctx.out_dir),
                 dir=str(ctx.out_dir),
                 config=ctx.config,
-                settings=wandb.Settings(console="off"),
+                # quiet: W&B's history and summary panels at the end (~30 lines) buried the run's
+                # one-line outcome; the run's address still shows
+                settings=wandb.Settings(console="off", quiet=True),
             )
         except Exception as exc:  # noqa: BLE001 - wandb raises its own error types for login and network problems
+            _retire_service(wandb)
             # All of it, on one line: a settings error's first line ("1 validation error for Settings")
             # does not say which setting.
             said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
@@ -185,8 +188,15 @@ class WandbLogger(MetricLogger):
         # those past the server's last step.
         return [r for r in kept if r.get("step", 0) >= self.run.starting_step]
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, exit_code: int = 0) -> None:
+        # The exit code marks a stopped run as failed on the dashboard (0 shows it as finished).
+        import wandb
+
+        try:
+            self.run.finish(exit_code=exit_code)
+        except Exception:
+            _retire_service(wandb)
+            raise
 
 
 class InBackground(MetricLogger):
@@ -214,10 +224,10 @@ class InBackground(MetricLogger):
                 except Exception as exc:  # noqa: BLE001 - reported on the training thread
                     self.error = exc
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         self.records.put(None)
         self.thread.join()
-        self.inner.close()
+        self.inner.close(exit_code if self.error is None else exit_code or 1)
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -243,11 +253,44 @@ def _read_names(path: Path) -> list[str]:
 
 
 def _read_run_id(path: Path) -> str | None:
+    """The W&B run id a run's earlier attempts logged to: None for a run that has none yet; a file
+    that names none is refused (a new id would start a second W&B run and lose the first's)."""
+    if not path.exists():
+        return None
     try:
         run_id = json.loads(path.read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return run_id if isinstance(run_id, str) and run_id else None
+    except (OSError, ValueError, AttributeError) as exc:
+        run_id = exc
+    if isinstance(run_id, str) and run_id:
+        return run_id
+    raise UserError(
+        f"{path} names no W&B run id ({run_id if isinstance(run_id, Exception) else 'no run_id'}); restore it "
+        "(the id is in the run's wandb/*-run-*/run-ID.wandb file names), or remove it to log the rest of this "
+        "run as a new W&B run"
+    )
+
+
+def _imported(package: str, module: str):
+    """The module `module` of the logger's `package`: one installed that fails to import (a broken
+    install, a version clash) is a one-line error, as a missing one is (`check_available`)."""
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any error a package's import raises
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"the {package} package fails to import ({said}); reinstall it (pip install 'tango-lm[{package}]') "
+            f"or drop {package} from train.loggers"
+        ) from None
+
+
+def _retire_service(wandb) -> None:
+    """Stop W&B's service process after a failure (one it lost contact with, say): the next
+    `wandb.init` in this process (a sweep's next run) then starts a new one instead of reusing the
+    broken connection, and W&B's exit hook has nothing left to fail on."""
+    try:
+        wandb.teardown()
+    except Exception:  # noqa: BLE001, S110 - the failure being reported is the one that matters
+        pass
 
 
 LOGGERS: dict[str, type[MetricLogger]] = {cls.name: cls for cls in (JsonlLogger, TensorBoardLogger, WandbLogger)}
@@ -292,18 +335,19 @@ def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] =
             opened.append(InBackground(logger) if logger.background else logger)
             for record in opened[-1].to_replay(list(kept)):
                 opened[-1].log(record)
-    except BaseException:
-        close_loggers(opened)
+    except BaseException as exc:
+        close_loggers(opened, 130 if isinstance(exc, KeyboardInterrupt) else 1)
         raise
     return opened
 
 
-def close_loggers(loggers: list[MetricLogger]) -> None:
-    """Close every logger (each one even if another fails); the first failure is raised after."""
+def close_loggers(loggers: list[MetricLogger], exit_code: int = 0) -> None:
+    """Close every logger (each one even if another fails); the first failure is raised after.
+    `exit_code`: the process's, when the run stopped (`MetricLogger.close`)."""
     failure: BaseException | None = None
     for logger in loggers:
         try:
-            logger.close()
+            logger.close(exit_code)
         except BaseException as exc:  # noqa: BLE001 - close the others first
             failure = failure or exc
     if failure is not None:

@@ -261,10 +261,10 @@ class Trainer(TrainerCheckpoints):
             reset_peak_memory(self.device)  # this run's peak, not the largest of a sweep's runs before it
             with deterministic_kernels(cfg.compile and self.device.type == "cpu"):
                 result = self._fit(kept)
-        except BaseException:
+        except BaseException as exc:
             loggers, self.loggers = self.loggers or [], None
             with contextlib.suppress(Exception):  # the error that stopped training is the one to report
-                close_loggers(loggers)
+                close_loggers(loggers, 130 if isinstance(exc, KeyboardInterrupt) else 1)
             raise
         loggers, self.loggers = self.loggers or [], None
         close_loggers(loggers)
