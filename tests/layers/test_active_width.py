@@ -351,3 +351,30 @@ def test_resume_continues_the_rotation_exactly(data_dir, tmp_path):
     helpers.assert_same_weights(
         helpers.weights(helpers.step_dir(tmp_path / "full", 8)), helpers.weights(helpers.step_dir(cut, 8))
     )
+
+
+def test_a_segments_adam_updates_follow_the_global_step_counter():
+    # What the module docstring says of AdamW's bias correction under rotation (S = 5, betas 0.9,
+    # 0.95, a constant gradient): a segment's update is 0.52 of the lr at step 5, 0.79 at 25, 1.09
+    # at 100, and within 1% of it from step ~400 (it said "~1 after a few dozen steps").
+    from tango_lm.layers.active_width import keep_inactive_columns
+    from tango_lm.layers.transformer import SwiGLU
+
+    torch.manual_seed(0)
+    ffn = SwiGLU(4, 10, active_width=2)
+    opt = torch.optim.AdamW(ffn.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    ratios = {}
+    for step in range(1, 401):
+        segment = (step - 1) % 5
+        ffn.active.select(segment)
+        before = ffn.gate_proj.weight.detach().clone()
+        rows = torch.zeros(10, dtype=torch.bool)
+        rows[2 * segment : 2 * segment + 2] = True
+        for p in ffn.parameters():
+            p.grad = torch.zeros_like(p)
+        ffn.gate_proj.weight.grad = rows[:, None].float().expand_as(before).clone()
+        with keep_inactive_columns(ffn, opt):
+            opt.step()
+        ratios[step] = (ffn.gate_proj.weight.detach() - before)[rows].abs().mean().item() / 1e-3
+    assert [round(ratios[s], 2) for s in (5, 25, 100)] == [0.52, 0.79, 1.09]
+    assert abs(ratios[400] - 1) < 0.01

@@ -17,8 +17,10 @@ momentum still move a parameter entry whose gradient is zero. `keep_inactive_col
 optimizer step and puts the inactive entries of the narrowed weights *and* of their same-shaped
 optimizer state (AdamW's `exp_avg`, `exp_avg_sq`) back as they were, so an inactive segment is
 exactly as if it were not in the optimizer that step and resumes where it left off. (The
-per-tensor `step` counter, used by Adam's bias correction, still counts every step, so a segment's
-first updates are slightly damped; with beta2 = 0.95 the correction is ~1 after a few dozen steps.)
+per-tensor `step` counter, used by Adam's bias correction, still counts every step while a
+segment's moments move once every S steps, so its updates differ from plain AdamW's for about S
+times as long: with S = 5 and betas (0.9, 0.95), a constant gradient's update is 0.52 of the lr
+at step 5, 0.79 at 25, 1.09 at 100 and within 1% of 1 from step ~400.)
 Restoring, rather than masking AdamW's update, works with any optimizer and its fused kernels; the
 price is, per step, one on-device copy of each narrowed weight and of its two moment tensors.
 """
