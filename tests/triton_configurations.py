@@ -25,7 +25,7 @@ COLUMN_BLOCKS = ("BLOCK_W", "BLOCK_E")
 
 @dataclass(frozen=True)
 class Launch:
-    """Inputs a configuration's limits admit: dtype (fp32 for the full-fp32 ones, else bf16), head
+    """Inputs a configuration's limits admit: dtype (fp32 for the fp32 ones, else bf16), head
     dim (its BLOCK_D within the limits, not a power of two, so the last lanes are masked), the
     sequence length and the width per head (one past the blocks: a partial last block; odd where
     the configuration is for unaligned widths, a multiple of 4 otherwise, as TANGO's 1,780)."""
@@ -52,7 +52,7 @@ def launch_for(config) -> Launch:
     column = max((v for k, v in config.kwargs.items() if k in COLUMN_BLOCKS), default=16)
     aligned = limits.get("max_align", 16) > 1
     return Launch(
-        dtype=torch.float32 if limits.get("ieee") else torch.bfloat16,
+        dtype=torch.float32 if limits.get("fp32") else torch.bfloat16,
         head_dim=head_dim,
         seq_len=position + 3,
         width=column + 4 if aligned else column + 1,

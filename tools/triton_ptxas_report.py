@@ -122,7 +122,8 @@ def report_kernel(
 
     fn = kernel.fn
     rows = []
-    configs = admitted(kernel.hardware_configs, **constexprs)[:first]  # those the autotuner tries here
+    fp32 = dtype == "fp32"
+    configs = admitted(kernel.hardware_configs, fp32, **constexprs)[:first]  # those the autotuner tries here
     for config in configs:
         consts = {k: v for k, v in {**constexprs, **config.kwargs}.items() if k in fn.arg_names}
         signature, attrs = {}, {}

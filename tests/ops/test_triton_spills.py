@@ -21,7 +21,8 @@ from tests import helpers
 KERNELS = ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel", "_forward_kernel", "_backward_kernel")
 
 
-def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...], dtype: str, head_dim: int) -> None:
+def _first_configurations(ops: str, kernels: tuple[str, ...], dtype: str, head_dim: int, tf32: bool) -> dict:
+    """ptxas's row (tools/triton_ptxas_report.py) of each kernel's first configuration, by name."""
     pytest.importorskip("triton", reason="triton is not installed")
     triton_ptxas_report = helpers.tool("triton_ptxas_report")
     ptxas = triton_ptxas_report.ptxas_path(90)
@@ -34,6 +35,7 @@ def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...]
             str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
             *("--ops", ops, "--kernels", ",".join(kernels), "--first", "1"),
             *("--dtype", dtype, "--head-dim", str(head_dim), "--width", "1780"),
+            *(["--tf32"] if tf32 else []),
         ],
         capture_output=True,
         text=True,
@@ -45,7 +47,12 @@ def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...]
     assert sorted(rows) == sorted(kernels), proc.stdout
     for name, row in rows.items():
         assert row[-3] == "yes", f"{name} needs more shared memory than sm_90 has:\n{proc.stdout}"
-        assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread:\n{proc.stdout}"
+    return rows
+
+
+def _assert_first_configurations_do_not_spill(ops: str, kernels: tuple[str, ...], dtype: str, head_dim: int) -> None:
+    for name, row in _first_configurations(ops, kernels, dtype, head_dim, tf32=False).items():
+        assert row[-1] == "0", f"{name} spills {row[-1]} bytes per thread: {row}"
 
 
 def test_triton_kernels_compile_for_sm90_without_register_spills_at_tangos_shape():
@@ -59,6 +66,16 @@ def test_triton_fp32_kernels_compile_for_sm90_without_register_spills():
     _assert_first_configurations_do_not_spill("tango_mix", ("lse_kernel", "scores_backward_kernel"), "fp32", 128)
     windowed = ("_forward_kernel", "_band_backward_kernel", "_backward_kernel")
     _assert_first_configurations_do_not_spill("windowed", windowed, "fp32", 64)
+
+
+def test_triton_fp32_kernels_under_tf32_fit_sm90_at_every_head_dim():
+    # fp32 inputs with TF32 allowed (torch.set_float32_matmul_precision("high")) took the bf16-sized
+    # tiles: at d_h 129-256 none of tango_mix's forward and backward ones fit sm_90's shared memory
+    # (256-416 KiB of 227), and the op failed on the GPU instead of running.
+    _first_configurations(
+        "tango_mix", ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel"), "fp32", 256, True
+    )
+    _first_configurations("relu2", ("forward_kernel", "dv_kernel", "dqk_kernel"), "fp32", 256, True)
 
 
 def test_windowed_fp16_kernels_compile_for_sm90_without_register_spills():
@@ -109,10 +126,17 @@ def test_for_launch_keeps_the_configurations_whose_limits_admit_the_launch():
     assert common.for_launch([every, large_d], {}, BLOCK_D=64) == [every]
     assert common.for_launch([every, large_d], {}, BLOCK_D=128) == [every, large_d]
     assert common.for_launch([aligned], {}, BLOCK_D=32, ALIGN=1) == [aligned]  # never none left
-    fp32 = config(ieee=True)  # full-fp32 products: only they, and only there
-    assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == [fp32]
-    assert common.for_launch([*choices, fp32], {}, BLOCK_D=32, ALIGN=4, PRECISION="tf32") == choices[:3]
-    assert common.for_launch(choices, {}, BLOCK_D=32, ALIGN=4, PRECISION="ieee") == choices[:3]  # none marked
+    # fp32 inputs: only the configurations sized for them, and only there, whatever the products'
+    # precision (TF32's bf16-sized tiles took 256-416 KiB of shared memory at d_h = 256: no launch)
+    fp32 = config(fp32=True)
+    q32, lse = torch.zeros(2, dtype=torch.float32), torch.zeros(2, dtype=torch.float32)
+    for precision in ("ieee", "tf32"):
+        launch = {"BLOCK_D": 32, "ALIGN": 4, "PRECISION": precision}
+        assert common.for_launch([*choices, fp32], {"Q": q32, "LSE": lse, "T": 7}, **launch) == [fp32]
+        assert common.for_launch(choices, {"Q": q32}, **launch) == choices[:3]  # none marked
+    bf16 = {"Q": q32.bfloat16(), "LSE": lse, "T": 7}  # fp32 buffers beside 16-bit inputs: a bf16 launch
+    assert common.for_launch([*choices, fp32], bf16, BLOCK_D=32, ALIGN=4, PRECISION="tf32") == choices[:3]
+    assert common.for_launch([*choices, fp32], {"Q": q32.half()}, BLOCK_D=32, ALIGN=4) == choices[:3]
 
 
 def test_without_autotuning_a_launch_takes_its_first_admitted_configuration(monkeypatch):

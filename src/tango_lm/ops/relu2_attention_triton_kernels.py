@@ -18,9 +18,9 @@ from tango_lm.ops.triton_common import autotune, configs, dot
 # [BLOCK, BLOCK_E] fp32 accumulator. Chosen from ptxas's report for sm_90 (tools/triton_ptxas_report.py;
 # no GPU was at hand to time them): none spills registers in bf16 or fp16 at s = 32, 64 or 128.
 # fp32 inputs multiply in full fp32 on FMAs, whose operands sit whole in registers: they take
-# narrow tiles of their own ({"ieee": True}; the bf16 ones spilled 14-39 KB per thread there).
+# narrow tiles of their own ({"fp32": True}; the bf16 ones spilled 14-39 KB per thread there).
 # Three or four per launch keep the autotuning inside the GPU check's time limits.
-_FP32 = {"ieee": True}
+_FP32 = {"fp32": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
     [

@@ -16,7 +16,7 @@ from tango_lm.ops.triton_common import autotune, configs, dot, silu_f32
 # tests/ops/test_triton_spills.py keeps TANGO's shape so, in bf16 and in fp32.
 _ALIGNED = {"min_align": 2}  # vectorized gate columns
 _UNALIGNED = {"max_align": 1}  # columns one by one: smaller tiles or more warps
-_FP32 = {"ieee": True}  # full-fp32 products, on FMAs from registers: small tiles
+_FP32 = {"fp32": True}  # fp32 inputs: small tiles (full-fp32 products on FMAs hold them in registers)
 _LSE_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N"),
     [
@@ -170,7 +170,7 @@ def forward_kernel(
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_w, bh = tl.program_id(1), tl.program_id(2)
-    b, h = (bh // H).to(tl.int64), bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)  # h * a stride can pass 2^31 too
     W = W // ALIGN * ALIGN  # W, the row strides and so each head's first column are multiples of ALIGN:
     sat, sut = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN  # the compiler may then vectorize the gates
     offs_m = tl.arange(0, BLOCK_M)  # 32-bit offsets within a block, 64-bit ones to its first element
@@ -259,7 +259,7 @@ def scores_backward_kernel(
     BLOCK_W: tl.constexpr,
 ):
     pid_n, bh = tl.program_id(0), tl.program_id(1)
-    b, h = (bh // H).to(tl.int64), bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)  # h * a stride can pass 2^31 too
     dt = A.dtype.element_ty
     W = W // ALIGN * ALIGN  # as in forward_kernel: vectorized gate columns, 32-bit in-block offsets
     sat, sut, sdt = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN, sdt // ALIGN * ALIGN
@@ -363,7 +363,7 @@ def gates_backward_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_w, bh = tl.program_id(1), tl.program_id(2)
-    b, h = (bh // H).to(tl.int64), bh % H
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)  # h * a stride can pass 2^31 too
     dt = A.dtype.element_ty
     W = W // ALIGN * ALIGN  # as in forward_kernel: vectorized gate columns, 32-bit in-block offsets
     sat, sut, sdt = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN, sdt // ALIGN * ALIGN

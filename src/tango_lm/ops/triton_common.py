@@ -28,9 +28,9 @@ def configs(names: tuple[str, ...], choices: list[tuple]) -> list[triton.Config]
     """Autotune configurations from (block sizes..., num_warps, num_stages[, limits]). `limits`
     {"min_d": l, "max_d": n, "min_align": m, "max_align": x} keeps a configuration to launches with
     l <= BLOCK_D <= n and m <= ALIGN <= x (`admitted`): outside them it spills registers on sm_90, or
-    (max_align) others serve better (tools/triton_ptxas_report.py). {"ieee": True} marks one for
-    fp32 products in full fp32 (PRECISION "ieee": FMAs from registers, not the tensor cores):
-    where a kernel has such, those launches take only them and no other launch takes them."""
+    (max_align) others serve better (tools/triton_ptxas_report.py). {"fp32": True} marks one sized
+    for fp32 inputs (`admitted`): where a kernel has such, fp32 launches take only them and no other
+    launch takes them."""
     out = []
     for c in choices:
         blocks, rest = c[: len(names)], c[len(names) :]
@@ -79,26 +79,38 @@ def autotuning() -> bool:
     return value == "1"
 
 
-def admitted(configs: list[triton.Config], **launch) -> list[triton.Config]:
-    """The configurations whose limits admit a launch's BLOCK_D, ALIGN and PRECISION (unaligned
-    widths load their columns one by one: fewer fit in registers); the first one if none does."""
+def admitted(configs: list[triton.Config], fp32_inputs: bool = False, **launch) -> list[triton.Config]:
+    """The configurations whose limits admit a launch's BLOCK_D and ALIGN (unaligned widths load
+    their columns one by one: fewer fit in registers), and, where a kernel has configurations marked
+    for fp32 inputs, only those for an fp32 launch and none of those for another; the first one if
+    none is left. fp32 tiles take twice the bytes of bf16's in shared memory and registers, whether
+    their products run in full fp32 on FMAs or in TF32 where PyTorch allows it (`precision`): at
+    d_h > 128 no bf16-sized tile of tango_mix's kernels fit sm_90's shared memory in fp32, and a
+    launch with none that fits fails (triton's OutOfResources)."""
     block_d, align = launch.get("BLOCK_D", 16), launch.get("ALIGN", 1)
     limits = [getattr(c, "limits", {}) for c in configs]
-    ieee = launch.get("PRECISION") == "ieee" and any("ieee" in lim for lim in limits)
+    fp32 = fp32_inputs and any("fp32" in lim for lim in limits)
     kept = [
         c
         for c, lim in zip(configs, limits, strict=True)
         if lim.get("min_d", 1) <= block_d <= lim.get("max_d", block_d)
         and lim.get("min_align", 1) <= align <= lim.get("max_align", align)
-        and lim.get("ieee", False) == ieee
+        and lim.get("fp32", False) == fp32
     ]
     return kept or configs[:1]
+
+
+def has_fp32_inputs(named_args: dict) -> bool:
+    """Whether a launch's float tensors are all 32-bit or wider (its buffers, such as the LSE and row
+    sums, are fp32 whatever the inputs' dtype: one 16-bit tensor makes a bf16 or fp16 launch)."""
+    floats = [v.dtype for v in named_args.values() if isinstance(v, torch.Tensor) and v.dtype.is_floating_point]
+    return bool(floats) and all(dtype.itemsize >= 4 for dtype in floats)
 
 
 def for_launch(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """The autotuner's `early_config_prune`: the `admitted` configurations, or only the first of them
     without `autotuning()` (which `time_configuration` then does not time)."""
-    kept = admitted(configs, **kwargs)
+    kept = admitted(configs, has_fp32_inputs(named_args), **kwargs)
     return kept if autotuning() else kept[:1]
 
 

@@ -46,7 +46,7 @@ from tango_lm.ops.windowed import MIN_CHUNK
 # at d_h 32-128 where the limits admit them (triton_common.admitted; tools/triton_ptxas_report.py).
 # fp32 inputs multiply in full fp32 on FMAs, whose operands' whole contraction ([C = 64] or d_h)
 # sits in registers: narrow column blocks of their own, spill-free at d_h 32-64.
-_FP32 = {"ieee": True}
+_FP32 = {"fp32": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_W",),
     [
@@ -141,8 +141,9 @@ def _forward_kernel(
     BH = tl.num_programs(1)
     # fp32 on FMAs holds a product's whole contraction in registers: at d_h 33-64, pq S in two
     # halves, each with its running sum (S_hi: rows BLOCK_DP.. of S), spills no more (at d_h = 128
-    # halves of 64 spill more than one piece: docs/benchmarks.md); bf16/fp16 in one piece
-    SPLIT_D: tl.constexpr = (PRECISION == "ieee") & (BLOCK_D == 64)
+    # halves of 64 spill more than one piece: docs/benchmarks.md); bf16/fp16 in one piece. fp32
+    # inputs under TF32 take the fp32 tiles (triton_common.admitted), and so the halves too.
+    SPLIT_D: tl.constexpr = (dt == tl.float32) & (BLOCK_D == 64)
     BLOCK_DP: tl.constexpr = BLOCK_D // 2 if SPLIT_D else BLOCK_D
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_DP)
