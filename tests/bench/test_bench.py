@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 
 import pytest
@@ -440,7 +441,81 @@ def test_sizes_past_the_machines_memory_are_one_error_line(capsys):
     argv = ["bench", "--d-model", "32", "--seq-len", "16", "--depth", "1", "--batch-size", "1", "--steps", "1"]
     argv += ["--warmup", "0", "--no-memory", "--peak-size", "64", "--quiet", "--tango-width", str(10**13)]
     assert main(argv) == 2
-    assert "the benchmark ran out of memory" in helpers.assert_one_error_line(capsys.readouterr().err)
+    err = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "the train suite ran out of memory (" in err and "lower --tango-width, --vocab-size" in err
+
+
+def test_a_measuring_child_out_of_memory_is_a_memory_error(monkeypatch):
+    # A child killed by the OOM killer (returncode -9) was a RuntimeError with an empty message: a
+    # traceback, exit 1, and the rows measured before it lost.
+    import subprocess
+
+    cfg = memory.memory_config("dense", 32, 1, 64, 8)
+    for child, said in (
+        (subprocess.CompletedProcess([], -9, "", ""), "dense/standard was killed by SIGKILL (the out-of-memory killer"),
+        (
+            subprocess.CompletedProcess(
+                [], 1, "", "Traceback ...\nRuntimeError: [enforce fail] can't allocate memory: 9 GB\n"
+            ),
+            "dense/standard: RuntimeError: [enforce fail] can't allocate memory: 9 GB",
+        ),
+    ):
+        monkeypatch.setattr(memory.subprocess, "run", lambda *a, child=child, **k: child)
+        with pytest.raises(MemoryError, match=re.escape(said)):
+            memory.measure_in_subprocess(cfg, 1, 8)
+    monkeypatch.setattr(memory.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "KeyError: x"))
+    with pytest.raises(RuntimeError, match="failed:\nKeyError: x"):  # a bug stays a bug, with its traceback
+        memory.measure_in_subprocess(cfg, 1, 8)
+
+
+def test_the_memory_suite_keeps_the_heads_measured_before_one_ran_out_of_memory(monkeypatch, capsys):
+    def measure(cfg, *args, **kwargs):
+        if cfg.head == "onona":
+            raise MemoryError("the memory measurement of dense/onona was killed by SIGKILL (the out-of-memory killer)")
+        row = {"head": cfg.head, "mode": "eager", "params_total": 1, "step_s": [1.0, 2.0], "device": "cpu"}
+        row |= {"threads": 1, "precision": "fp32", "memory_method": "peak RSS"}
+        return row | {f"{k}_bytes": 2**20 for k in ("peak", "state", "other")}
+
+    monkeypatch.setattr(memory, "measure_in_subprocess", measure)
+    argv = ["bench", "--suite", "memory", "--memory-backbone", "dense", "--d-model", "32", "--depth", "1", "--quiet"]
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--json"])
+    assert rc == 2 and [r["head"] for r in json.loads(out)["memory"]["heads"]] == ["standard"]
+    err = helpers.assert_one_error_line(err)
+    assert err.startswith("error: the memory suite ran out of memory (the memory measurement of dense/onona was")
+    assert "lower --memory-seq-len, --memory-batch-size, --head-vocab" in err
+    rc, out, err, _ = helpers.run_main(capsys, argv)
+    assert rc == 2 and "FAILED after 1 models: the memory measurement of dense/onona" in out
+
+
+def test_a_later_suite_out_of_memory_keeps_the_suites_before_it(monkeypatch, capsys):
+    # The report of the suites that had finished was thrown away with the error.
+    from tango_lm.bench import decode
+
+    def too_large(**kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(decode, "run_decode_bench", too_large)
+    argv = [
+        "bench",
+        "--suite",
+        "all",
+        "--archs",
+        "tango",
+        *TINY,
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--no-memory",
+        "--quiet",
+    ]
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--json"])
+    report = json.loads(out)
+    assert rc == 2 and report["train"]["models"] and "decode" not in report
+    assert report["failed"]["suite"] == "decode"
+    err = helpers.assert_one_error_line(err)
+    assert "the decode suite ran out of memory ([enforce fail" in err and "lower --decode-batches, --prompt-len" in err
+    assert err.endswith("; the report has the train suite before it")
 
 
 def test_matmul_peak_divides_each_timing_by_its_products(monkeypatch):
@@ -452,3 +527,18 @@ def test_matmul_peak_divides_each_timing_by_its_products(monkeypatch):
     monkeypatch.setattr(peak.time, "perf_counter", lambda: float(next(ticks)))  # every timing: 1 s
     assert peak.measure_matmul_peak(torch.device("cpu"), size=16, repeats=2, products=4) == 2 * 16**3 * 4
     assert peak.measure_matmul_peak(torch.device("cpu"), size=16, repeats=2) == 2 * 16**3  # CPUs: one
+
+
+def test_a_rows_memory_child_out_of_memory_keeps_the_rows_timings(monkeypatch, capsys):
+    from tango_lm.bench import training
+
+    def killed(cfg, *args, **kwargs):
+        raise MemoryError(f"the memory measurement of {cfg.arch}/standard was killed by SIGKILL")
+
+    monkeypatch.setattr(training, "measure_in_subprocess", killed)
+    report = _bench_json(capsys, "--suite", "train", "--archs", "tango", *TINY, "--steps", "1", "--warmup", "0")
+    rows = report["train"]["models"]
+    assert [r["arch"] for r in rows] == ["tango", "loop-transformer"] and all(r["peak_bytes"] is None for r in rows)
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert report["train"]["memory_failed"][0] == "the memory measurement of tango/standard was killed by SIGKILL"
+    assert "peak memory not measured: the memory measurement of tango" in training.format_report(report["train"])

@@ -34,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,19 @@ def measure_training_step(
     }
 
 
+def is_out_of_memory_text(text: str) -> bool:
+    """Whether an error's text is an allocator's refusal: CUDA's OutOfMemoryError, Python's
+    MemoryError, or the CPU allocator's RuntimeError ("... can't allocate memory ...")."""
+    return any(said in text for said in ("can't allocate memory", "OutOfMemoryError", "MemoryError", "out of memory"))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed (the sizes asked for are past the machine's)."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
+
+
 def measure_in_subprocess(
     cfg: ModelConfig,
     batch_size: int,
@@ -201,6 +215,13 @@ def measure_in_subprocess(
         user_error = [line for line in proc.stderr.splitlines() if line.startswith(USER_ERROR_PREFIX)]
         if user_error:  # the child's one-line error is the user's, as if raised here
             raise UserError(user_error[-1].removeprefix(USER_ERROR_PREFIX))
+        what = f"the memory measurement of {cfg.arch}/{cfg.head}"
+        if proc.returncode < 0:  # the kernel's out-of-memory killer picks the process allocating: this one
+            name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
+            raise MemoryError(f"{what} was killed by {name} (the out-of-memory killer, or a limit)")
+        allocation = [line for line in proc.stderr.splitlines() if is_out_of_memory_text(line)]
+        if allocation:  # the child's allocator refused: the line that says how much
+            raise MemoryError(f"{what}: {allocation[-1].strip()[:300]}")
         raise RuntimeError(f"memory measurement of {cfg.arch}/{cfg.head} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -251,6 +272,7 @@ def run_memory_bench(
     modes = (False, True) if compile else (False,)
     rows: list[dict[str, Any]] = []
     stops = StopRecord(len(heads) * len(modes))
+    failed = None  # a model past the machine's memory: the ones measured before it are the report
     try:
         with Progress("memory", 1, len(heads) * len(modes), 0, progress, every_run=True) as bar:
             for compiled in modes:
@@ -258,13 +280,19 @@ def run_memory_bench(
                     label = f"{head} {'compiled' if compiled else 'eager'}"
                     bar.run_start(label)
                     start = time.perf_counter()
-                    row = measure_in_subprocess(
-                        base_cfg.replace(head=head), batch_size, seq_len, device, steps, threads, compile=compiled
-                    )
+                    try:
+                        row = measure_in_subprocess(
+                            base_cfg.replace(head=head), batch_size, seq_len, device, steps, threads, compile=compiled
+                        )
+                    except MemoryError as exc:
+                        failed = str(exc)
+                        break
                     bar.run_done(0, label, time.perf_counter() - start)
                     # after the first step, which allocates AdamW's moments and, compiled, compiles
                     row["step_s_median"] = statistics.median(row["step_s"][1:] or row["step_s"])
                     rows.append(row)
+                if failed:
+                    break
     except STOPS as stop:  # a time limit or Ctrl-C: the models measured so far are the report
         stops.stop(stop, len(rows))
     for r in rows:
@@ -286,6 +314,7 @@ def run_memory_bench(
         **{key: rows[0][key] if rows else None for key in ("device", "threads", "precision", "memory_method")},
         "heads": rows,
         "stopped": stops.record,  # None, or the signal and after how many of the models ("timed_rounds")
+        "failed": failed,  # None, or why the next model could not be measured (out of memory)
     }
     if print_table:
         print(format_report(report))
@@ -320,6 +349,8 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if report.get("stopped"):
         lines.append(stopped_line(report["stopped"], "models"))
+    if report.get("failed"):
+        lines.append(f"FAILED after {len(report['heads'])} models: {report['failed']}")
     return "\n".join(lines)
 
 

@@ -29,6 +29,22 @@ from tango_lm.errors import UserError, did_you_mean
 # torch is imported inside the functions: `tango-lm --help` builds this parser and stays fast.
 
 SUITES = ("train", "decode", "windowed", "memory")
+# The flags that size each suite's models and batches: what its out-of-memory error says to lower.
+SIZE_FLAGS = {
+    "train": ("--tango-width", "--vocab-size", "--d-model", "--depth", "--batch-size", "--seq-len", "--peak-size"),
+    "decode": (
+        "--decode-batches",
+        "--prompt-len",
+        "--new-tokens",
+        "--tango-width",
+        "--vocab-size",
+        "--head-vocab",
+        "--d-model",
+        "--depth",
+    ),
+    "windowed": ("--windowed-tokens", "--windowed-lens", "--windowed-width", "--d-model"),
+    "memory": ("--memory-seq-len", "--memory-batch-size", "--head-vocab", "--memory-backbone", "--d-model", "--depth"),
+}
 WINDOWED_TARGET = 1.3  # windowed time/token at the longest T over its time at the shortest
 WINDOWED_HEAD_DIM = 32  # the windowed suite's blocks: d_model / 32 heads
 
@@ -347,7 +363,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     if args.suite is None:
-        return train_bench(args.archs or PAIR)
+        try:
+            return train_bench(args.archs or PAIR)
+        except (RuntimeError, MemoryError) as exc:
+            raise out_of_memory_error(exc, "train", finished=[]) from None
     suites = SUITES if args.suite == "all" else (args.suite,)
     archs = args.archs or default_archs()
     runners = {
@@ -388,7 +407,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             heads=args.memory_heads,
         ),
     }
-    out: dict[str, Any] = {"suites": list(suites), "environment": environment(), "stopped": None}
+    out: dict[str, Any] = {"suites": list(suites), "environment": environment(), "stopped": None, "failed": None}
     for i, suite in enumerate(suites):
         if show and i:
             print()
@@ -397,7 +416,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except STOPS as stop:  # a time limit or Ctrl-C: the suites finished so far are the report
             out["stopped"] = {"signal": signal_name(stop), "suite": suite}
             break
+        except (RuntimeError, MemoryError) as exc:  # out of memory: the suites before it are the report
+            out["failed"] = {"suite": suite, "error": str(out_of_memory_error(exc, suite, suites[:i]))}
+            break
         if (out[suite].get("stopped") or {}).get("signal"):  # stopped inside its rounds, its rows kept
             out["stopped"] = {"signal": out[suite]["stopped"]["signal"], "suite": suite}
             break
+        if out[suite].get("failed"):  # a model past the memory, the ones before it kept
+            out["failed"] = {"suite": suite, "error": str(out_of_memory_error(out[suite]["failed"], suite, suites[:i]))}
+            break
     return out
+
+
+def out_of_memory_error(exc: BaseException | str, suite: str, finished: tuple[str, ...] | list[str]) -> UserError:
+    """The one-line error of a suite whose sizes are past the machine's memory: what failed and the
+    flags that size that suite; `exc` itself, re-raised, when it is not an allocation that failed."""
+    from tango_lm.bench.memory import is_out_of_memory
+
+    if isinstance(exc, BaseException) and not is_out_of_memory(exc):
+        raise exc
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    kept = f"; the report has the {', '.join(finished)} suite{'s' * (len(finished) > 1)} before it" if finished else ""
+    flags = SIZE_FLAGS[suite]
+    return UserError(
+        f"the {suite} suite ran out of memory ({said[:300]}); lower {', '.join(flags[:-1])} or {flags[-1]}{kept}"
+    )

@@ -237,7 +237,7 @@ def run_training_bench(
         )
     else:
         mem_method = "not measured"
-    rows, not_measured = [], []
+    rows, not_measured, memory_failures = [], [], []
     for run in runners:
         cfg = run.cfg
         if run.compile_error is not None:
@@ -251,9 +251,13 @@ def run_training_bench(
         if dev.type == "cuda":
             mem = run.cuda_peak
         elif memory and run.mode == "eager":  # a subprocess measures an eager step
-            measured = unless_stopped(
-                lambda cfg=cfg: measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)
-            )
+            try:
+                measured = unless_stopped(
+                    lambda cfg=cfg: measure_in_subprocess(cfg, batch_size, seq_len, str(dev), memory_steps, threads)
+                )
+            except MemoryError as exc:  # past the machine's memory: the row keeps its timings
+                measured = None
+                memory_failures.append(str(exc))
             mem = measured and measured["peak_bytes"]
         else:
             mem = None
@@ -318,6 +322,7 @@ def run_training_bench(
         "compile_failed": [{"arch": run.cfg.arch, "error": run.compile_error} for run in runners if run.compile_error],
         "stopped": stops.record,  # None, or the signal that ended the steps early and how many rounds were timed
         "not_measured": not_measured,  # runners the stop left without a timed step
+        "memory_failed": memory_failures,  # why a row's peak memory is missing (its child ran out of memory)
     }
     if print_table:
         print(format_report(report))
@@ -381,6 +386,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"{r['arch']:<19}{'compiled':<9}  no row: torch.compile failed ({r['error']})")
     for r in report.get("not_measured", []):
         lines.append(f"{r['arch']:<19}{r['mode']:<9}  no row: stopped before its first timed step")
+    for failure in report.get("memory_failed", []):
+        lines.append(f"peak memory not measured: {failure}")
     if report.get("stopped"):
         meaning = "each row is the median of the timed steps that model finished (its timed_steps in --json)"
         lines.append(stopped_line(report["stopped"], "timed rounds", meaning))

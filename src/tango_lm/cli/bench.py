@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-import torch
-
 from tango_lm.cli.output import _is_terminal, _print_json
 from tango_lm.errors import UserError
 
@@ -21,15 +19,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     args.progress = "none" if args.quiet else ("bar" if _is_terminal(sys.stderr) else "lines")
     try:
         with stop_on_sigterm():
-            report = run(args)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        # Sizes past the device's memory (the CPU allocator raises a RuntimeError): one line.
-        if isinstance(exc, RuntimeError) and "can't allocate memory" not in str(exc):
-            raise
-        raise UserError(
-            f"the benchmark ran out of memory ({str(exc).splitlines()[0][:160]}); lower --tango-width, "
-            "--vocab-size, --head-vocab, --d-model, --depth, --batch-size, --seq-len or --peak-size"
-        ) from None
+            report = run(args)  # sizes past the machine's memory: a UserError, or the report's "failed"
     except STOPS as stop:  # before any suite had rows to report (building models, the matmul peak)
         if args.json:  # still a report, so that a reader of the JSON sees why it is empty
             _print_json({"stopped": {"signal": signal_name(stop)}})
@@ -37,6 +27,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return exit_code(signal_name(stop))
     if args.json:
         _print_json(report)
+    if report.get("failed"):  # out of memory in a suite: the ones before it were reported
+        raise UserError(report["failed"]["error"])
     stopped = report.get("stopped")
     if not stopped:
         return 0
