@@ -13,6 +13,7 @@ from tango_lm.models.archs.transformer import CONVENTIONAL_UNTIED
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import PAPER_VOCAB, active_ratio_rows, match_width, parse_tier
 from tango_lm.models.params import count_params
+from tests import helpers
 
 # Seed 000 Table 6: (tier, depth) -> (non-embedding, total).
 TABLE6 = {
@@ -143,6 +144,48 @@ def test_conventional_row_only_with_the_papers_vocabulary(capsys):
     assert main(["match", "--tier", "70M", "--depth", "4", "--vocab-size", "1000", "--json"]) == 0
     rows = [r["arch"] for r in json.loads(capsys.readouterr().out)["models"]]
     assert "conventional-untied" not in rows and "untied-transformer" in rows
+
+
+def test_an_architecture_no_width_matches_is_said_under_the_others(capsys):
+    # GAU's relative bias (2n - 1 per layer) alone passes 100K at n = 16,384: the whole table was one
+    # error, whose advice (lower d_model) could not fix it.
+    argv = ["match", "--tier", "100K", "--depth", "4", "--d-model", "32", "--vocab-size", "257"]
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--context-length", "16384", "--json"])
+    report = json.loads(out)
+    assert (
+        rc == 0
+        and "gau" not in [r["arch"] for r in report["models"]]
+        and "tango" in [r["arch"] for r in report["models"]]
+    )
+    assert report["unmatched"]["gau"].startswith("gau at d_model=32, depth=4 already has 164,796 parameters at its")
+    assert "GAU's context length" in report["unmatched"]["gau"]
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--context-length", "512", "16384"])
+    assert rc == 0 and "gau (n=16384): not matched (gau at d_model=32" in out
+    gau_rows = [line.split() for line in out.splitlines() if line.startswith("gau ") and "not matched" not in line]
+    assert [row[4] for row in gau_rows] == ["512"]  # its n column
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--context-length", "16384", "--arch", "gau"])
+    assert rc == 2 and "raise the target, or lower what the width does not set" in err  # nothing matched
+
+
+def test_the_papers_rows_need_the_papers_settings_whatever_the_tier_is_written(capsys):
+    # --head-dim 64 (8 heads: other widths) still printed Table 6's row and the paper's range, and
+    # --tier 70000000 --d-model 512, the paper's own tier, left them out.
+    def match(*argv):
+        assert main(["match", "--depth", "4", *argv, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        return "conventional-untied" in [r["arch"] for r in report["models"]], report["non_embedding_range"]
+
+    assert match("--tier", "70M") == (True, match("--tier", "70000000", "--d-model", "512")[1])
+    assert match("--tier", "70000000", "--d-model", "512")[1]["paper_millions"] == [44.238, 44.307]
+    conventional, span = match("--tier", "70M", "--head-dim", "64")
+    assert not conventional and span["paper_millions"] is None
+    assert match("--tier", "70M", "--head-dim", "32")[0]  # the paper's own head width
+
+
+def test_small_tiers_print_exact_counts_in_the_range(capsys):
+    # 11,583 and 12,127 printed as "0.012M to 0.012M"
+    assert main(["match", "--tier", "20K", "--depth", "1", "--d-model", "32", "--vocab-size", "257"]) == 0
+    assert "11,583 (gau) to 12,127 (flash)" in capsys.readouterr().out
 
 
 def test_a_repeated_arch_is_one_row_per_context_length(capsys):

@@ -128,29 +128,33 @@ def cmd_match(args: argparse.Namespace) -> None:
     if args.head_dim is not None:
         fields["head_dim"] = args.head_dim
     archs = list(dict.fromkeys(args.arch)) if args.arch else None  # a repeated --arch is one row
+    rows, unmatched = [], {}  # an architecture no width matches is said under the table, not the end of it
+    for context in contexts:  # an architecture whose count depends on it (GAU's relative bias): a row each
+        missed = {}
+        for row in match_tier(target, d_model, args.depth, archs, missed, context_length=context, **fields):
+            rows.append({**row, "context_length": context})
+        unmatched |= {(arch if len(contexts) == 1 else f"{arch} (n={context})"): e for arch, e in missed.items()}
+    by_arch = {arch: [r for r in rows if r["arch"] == arch] for arch in dict.fromkeys(r["arch"] for r in rows)}
     rows = []
-    for row in match_tier(target, d_model, args.depth, archs, context_length=contexts[0], **fields):
-        more = [
-            match_tier(target, d_model, args.depth, [row["arch"]], context_length=n, **fields)[0] for n in contexts[1:]
-        ]
-        if any(other != row for other in more):  # its count depends on the context (GAU's relative bias): a row each
-            for each, n in zip([row, *more], contexts, strict=True):
-                each["context_length"] = n
-            rows += [row, *more]
-        else:
-            rows.append(row)
+    for same in by_arch.values():
+        counts = [{k: v for k, v in r.items() if k != "context_length"} for r in same]
+        if len(same) == len(contexts) and all(c == counts[0] for c in counts):  # the same at every context: one row
+            same = counts[:1]
+        rows += same
+    if not rows:
+        raise UserError(next(iter(unmatched.values())))
     # The paper's own settings: its vocabulary (Table 6's fixed geometries match the tier only with its
-    # embedding) and no override (they are the paper's shapes, not the overrides').
-    paper_settings = args.vocab_size == PAPER_VOCAB and not args.overrides
+    # embedding), its head width and no override (they are the paper's shapes, not the overrides').
+    paper_settings = args.vocab_size == PAPER_VOCAB and not args.overrides and args.head_dim in (None, 32)
+    tier = next((name for name, tier in TIERS.items() if tier == (target, d_model)), None) if paper_settings else None
     for label, (arch, geometry) in fixed_geometries().items():
-        fixed = geometry.config(arch, args.tier, args.depth, args.vocab_size)
-        if fixed is not None and not args.arch and paper_settings:
+        fixed = geometry.config(arch, tier, args.depth, args.vocab_size) if tier else None
+        if fixed is not None and not args.arch:
             rows.append(_row(fixed, target, arch=label))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
     span = non_embedding_range(rows)
-    paper_tier = TIERS.get(args.tier.strip().upper(), (None, None))[1] == d_model and paper_settings
-    paper = paper_range(args.tier, args.depth) if paper_tier and not args.arch else None
+    paper = paper_range(tier, args.depth) if tier and not args.arch else None
     if span is not None:
         span["paper_millions"] = list(paper) if paper else None
     if args.json:
@@ -162,6 +166,7 @@ def cmd_match(args: argparse.Namespace) -> None:
                 "models": rows,
                 "non_embedding_range": span,
                 "active_ratio": ratios,
+                "unmatched": unmatched,  # architecture -> why no width matches it
             }
         )
         return
@@ -179,13 +184,17 @@ def cmd_match(args: argparse.Namespace) -> None:
     print(f"target {target:,} parameters, depth {args.depth} (matched widths at d_model={d_model})")
     print(_table(rows, columns))
     if span is not None:
+        # in millions as the paper writes them; exact where 3 decimals of a million would hide the spread
+        count = (lambda n: f"{n / 1e6:.3f}M") if span["min"] >= 10_000_000 else (lambda n: f"{n:,}")
         line = (
-            f"non-embedding range (seed 000 Table 3's last column): {span['min'] / 1e6:.3f}M "
-            f"({span['min_arch']}) to {span['max'] / 1e6:.3f}M ({span['max_arch']})"
+            f"non-embedding range (seed 000 Table 3's last column): {count(span['min'])} "
+            f"({span['min_arch']}) to {count(span['max'])} ({span['max_arch']})"
         )
         if span["paper_millions"]:
             line += f"; the paper: {span['paper_millions'][0]:.3f}M to {span['paper_millions'][1]:.3f}M"
         print(line)
+    for arch, error in unmatched.items():
+        print(f"{arch}: not matched ({error})")
     if ratios:
         print("\nactive-ratio geometries (seed 000 Table 9; 70M, depth 4)")
         print(_table(ratios, [("target_ratio", "F/d target", ""), ("realized_ratio", "F/d", ".3f"), *columns]))

@@ -67,17 +67,26 @@ def match_width(cfg: ModelConfig, target_total: int) -> ModelConfig:
     candidates = [c for c in (k - 1, k, k + 1) if c >= 1]
     best = min(candidates, key=lambda c: (abs(count_params(cfg.replace(width=c * step))["total"] - target_total), c))
     if count_params(cfg.replace(width=step))["total"] > target_total and best == 1:
+        smallest = count_params(cfg.replace(width=step))["total"]
         raise UserError(
-            f"{cfg.arch} at d_model={cfg.d_model}, depth={cfg.depth} already exceeds {target_total:,} parameters "
-            "at its smallest width; lower d_model or raise the target"
+            f"{cfg.arch} at d_model={cfg.d_model}, depth={cfg.depth} already has {smallest:,} parameters at its "
+            f"smallest width ({step}), more than {target_total:,}; raise the target, or lower what the width does "
+            "not set: d_model, depth, the vocabulary, or a field such as GAU's context length (its relative bias)"
         )
     return cfg.replace(width=best * step)
 
 
 def match_tier(
-    target: int, d_model: int, depth: int, archs: list[str] | None = None, **fields: Any
+    target: int,
+    d_model: int,
+    depth: int,
+    archs: list[str] | None = None,
+    unmatched: dict[str, str] | None = None,
+    **fields: Any,
 ) -> list[dict[str, Any]]:
-    """One row per architecture: its matched width and parameter counts."""
+    """One row per architecture: its matched width and parameter counts. With `unmatched`, an
+    architecture no width matches (its other parameters alone pass the target) is left out, its
+    error recorded there, instead of stopping the others."""
     if depth < 1:
         raise UserError(f"depth must be at least 1 (got {depth})")
     from tango_lm.models.registry import ARCHITECTURES
@@ -87,7 +96,12 @@ def match_tier(
         if archs is None and depth < ARCHITECTURES[arch].min_depth:
             continue  # e.g. three sets need three applications
         base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
-        rows.append(_row(match_width(base, target), target))
+        try:
+            rows.append(_row(match_width(base, target), target))
+        except UserError as exc:
+            if unmatched is None:
+                raise
+            unmatched[arch] = str(exc)
     return rows
 
 
