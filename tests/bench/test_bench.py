@@ -542,3 +542,15 @@ def test_a_rows_memory_child_out_of_memory_keeps_the_rows_timings(monkeypatch, c
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert report["train"]["memory_failed"][0] == "the memory measurement of tango/standard was killed by SIGKILL"
     assert "peak memory not measured: the memory measurement of tango" in training.format_report(report["train"])
+
+
+def test_widths_the_models_heads_cannot_split_name_the_bench_flags(capsys):
+    # The model's own errors named model.d_model / model.width and advised `match --head-dim`,
+    # none of which bench has.
+    for argv, said in (
+        (["--d-model", "48"], "--d-model must be a multiple of 32, the models' head width (got 48)"),
+        (["--tango-width", "3"], "--tango-width must be a multiple of the models' 8 heads (--d-model 256 / 32)"),
+        (["--suite", "windowed", "--windowed-width", "100"], "--windowed-width must be a multiple of the models' 8"),
+    ):
+        assert main(["bench", "--quiet", *argv]) == 2
+        assert said in helpers.assert_one_error_line(capsys.readouterr().err)

@@ -287,6 +287,17 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if args.warmup < 0:
         raise UserError(f"--warmup must be 0 or more (got {args.warmup})")
+    # The models have heads of 32 channels: the model's own errors name model fields, not these flags.
+    if args.d_model % WINDOWED_HEAD_DIM:
+        raise UserError(f"--d-model must be a multiple of 32, the models' head width (got {args.d_model})")
+    heads = args.d_model // WINDOWED_HEAD_DIM
+    widths = ["tango_width"] + (["windowed_width"] if "windowed" in suites else [])
+    for name in widths:
+        if getattr(args, name) % heads:
+            raise UserError(
+                f"--{name.replace('_', '-')} must be a multiple of the models' {heads} heads (--d-model {args.d_model}"
+                f" / 32): TANGO splits its gate width across them (got {getattr(args, name)})"
+            )
     lists = (["decode_batches"] if "decode" in suites else []) + (["windowed_lens"] if "windowed" in suites else [])
     for name in lists:
         values = getattr(args, name)
