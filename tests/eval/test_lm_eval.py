@@ -255,6 +255,11 @@ def test_model_args(run_dir):
     for name in ("max_length", "max_gen_toks"):
         with pytest.raises(UserError, match=f"{name} must be an integer \\(got 'abc'\\)"):
             TangoLM(checkpoint=str(run_dir), **{name: "abc"})
+    for value in ("0", "-5"):  # every generate_until answer was '' (exit 0)
+        with pytest.raises(UserError, match=f"max_gen_toks must be at least 1 \\(got {value}\\)"):
+            TangoLM(checkpoint=str(run_dir), max_gen_toks=value)
+    with pytest.raises(UserError, match="max_batch_size must be at least 1"):
+        TangoLM(checkpoint=str(run_dir), batch_size="auto", max_batch_size="0")
     assert TangoLM(pretrained=str(run_dir), device="cpu").checkpoint.path.name == "step-00000030"
 
 

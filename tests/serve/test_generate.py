@@ -302,3 +302,12 @@ def test_onona_serving_fold_is_kept_until_the_weights_change():
                 assert head._folded is not first
                 first = head._folded
                 torch.testing.assert_close(model(x), plain, rtol=0, atol=1e-6)
+
+
+def test_the_prompt_flag_reads_newlines_and_backslashes():
+    # `--prompt 'print("x\\n")'` reached the model as a backslash and a newline: no way to write \n itself.
+    from tango_lm.cli.generate import _unescaped
+
+    assert _unescaped("What is 12 + 35?\\n") == "What is 12 + 35?\n"
+    assert _unescaped('print("x\\\\n")') == 'print("x\\n")'
+    assert _unescaped("C:\\temp \\\\\\n") == "C:\\temp \\\n"  # other escapes stay as written

@@ -8,6 +8,7 @@ Tests that load the directory are skipped when transformers is not installed
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -133,12 +134,41 @@ def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
     assert main(["export", str(ckpt), "--hf", str(tmp_path / "file")]) == 2
     assert "not a directory" in helpers.assert_one_error_line(capsys.readouterr().err)
 
-    # Into the checkpoint or its run (whose files an export's would replace), even with --overwrite.
+    # Into the checkpoint or its run (whose files an export's would replace), even with --overwrite;
+    # or inside the checkpoint, which the old error advised and a resumed run's pruning removes.
     before = helpers.snapshot(ckpt.parent.parent)
-    for target, what in ((ckpt, "checkpoint"), (ckpt.parent.parent, "run")):
+    pruned = "is inside the run's checkpoints folder"
+    for target, said in ((ckpt, pruned), (ckpt / "hf", pruned), (ckpt.parent / "hf", pruned)):
         assert main(["export", str(ckpt), "--hf", str(target), "--overwrite"]) == 2
-        assert f"is a tango-lm {what} directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+        err = helpers.assert_one_error_line(capsys.readouterr().err)
+        assert (
+            said in err
+            and f"which a resumed run prunes; export to a directory outside it (e.g. {ckpt.parent.parent / 'hf'})"
+            in err
+        )
+    assert main(["export", str(ckpt), "--hf", str(ckpt.parent.parent), "--overwrite"]) == 2
+    assert "is a tango-lm run directory" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert helpers.snapshot(ckpt.parent.parent) == before
+    lone = tmp_path / "lone-step"  # a checkpoint copied out of its run
+    shutil.copytree(ckpt, lone)
+    for target, said in ((lone, "is a tango-lm checkpoint directory"), (lone / "hf", "is inside the checkpoint")):
+        assert main(["export", str(ckpt), "--hf", str(target), "--overwrite"]) == 2
+        assert said in helpers.assert_one_error_line(capsys.readouterr().err)
+    # A prepared dataset: its tokenizer.json was replaced by the export's, and read as another tokenizer.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"format": "tango-lm-shards/1"}))  # what marks one
+    (data / "tokenizer.json").write_text("{}")
+    before = helpers.snapshot(data)
+    for target in (data, data / "hf"):
+        assert main(["export", str(ckpt), "--hf", str(target), "--overwrite"]) == 2
+        assert "is inside the prepared dataset" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert helpers.snapshot(data) == before
+    # A link to an empty folder (scratch storage): written through it ("Not a directory" before).
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "scratch")
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "link")]) == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "scratch" / "model.safetensors").is_file()
 
 
 def test_overwrite_replaces_the_export_and_keeps_other_files(tmp_path, capsys, byte_export):
@@ -239,6 +269,9 @@ def test_generate_past_the_context_is_refused_before_it_starts(transformers, byt
     ):
         hf.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None)
     assert calls == []
+    for length in (49, 60):  # a prompt past the context: "at most 0", which transformers then refused
+        with pytest.raises(ValueError, match=f"a prompt of {length} tokens is longer than the model's context of 48"):
+            hf.generate(torch.zeros(1, length, dtype=torch.long), max_new_tokens=1, do_sample=False)
     # the last new token is never fed back: 49 tokens fit a context of 48, as in `tango-lm generate`
     got = hf.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
     ref = load_checkpoint(byte_export[0]).build_model()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -22,7 +23,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens or 0, args.seed)
     if args.num_samples < 1:
         raise UserError(f"--num-samples must be at least 1 (got {args.num_samples})")
-    prompt_text = _utf8_prompt(args.prompt).replace("\\n", "\n")
+    prompt_text = _unescaped(_utf8_prompt(args.prompt))
     ckpt = load_checkpoint(args.checkpoint)
     device = pick_device(args.device)
     model = ckpt.build_model(device)
@@ -116,11 +117,17 @@ def cmd_export(args: argparse.Namespace) -> None:
         )
 
 
+def _unescaped(prompt: str) -> str:
+    """The prompt as a shell cannot easily write it: `\\n` a newline and `\\\\` one backslash (so
+    `print("x\\\\n")` reaches the model as written); any other backslash stays as it is."""
+    return re.sub(r"\\(\\|n)", lambda m: "\n" if m.group(1) == "n" else "\\", prompt)
+
+
 def add_parsers(sub: Any) -> None:
     """`generate`, `serve`, `export`."""
     s = sub.add_parser("generate", help="sample text from a checkpoint")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline)")
+    s.add_argument("--prompt", required=True, help="text to continue (\\n for a newline, \\\\ for a backslash)")
     s.add_argument(
         "--max-new-tokens",
         type=int,

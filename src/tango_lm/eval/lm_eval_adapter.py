@@ -58,12 +58,15 @@ logger = logging.getLogger(__name__)
 AUTO_BATCH_SIZE = 16
 
 
-def _int_arg(name: str, value: Any) -> int:
-    """A `--model_args` integer (lm-eval hands them over as strings)."""
+def _int_arg(name: str, value: Any, minimum: int | None = None) -> int:
+    """A `--model_args` integer (lm-eval hands them over as strings), at least `minimum`."""
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
         raise UserError(f"{name} must be an integer (got {value!r})") from None
+    if minimum is not None and number < minimum:
+        raise UserError(f"{name} must be at least {minimum} (got {number})")
+    return number
 
 
 def _batch_size(value: Any, max_batch_size: Any = None) -> int:
@@ -73,7 +76,7 @@ def _batch_size(value: Any, max_batch_size: Any = None) -> int:
     if isinstance(value, str) and value.startswith("auto"):
         size = AUTO_BATCH_SIZE
         if max_batch_size is not None:
-            size = min(size, _int_arg("max_batch_size", max_batch_size))
+            size = min(size, _int_arg("max_batch_size", max_batch_size, minimum=1))
         return size
     try:
         size = int(value)
@@ -125,7 +128,7 @@ class TangoLM(TemplateLM):
         precision = precision or train.get("precision", "auto")
         if precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"precision must be auto, fp32 or bf16 (got {precision!r})")
-        self._max_gen_toks = _int_arg("max_gen_toks", max_gen_toks)
+        self._max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, minimum=1)  # below 1, every answer was empty
         self._batch_size = _batch_size(batch_size, max_batch_size)
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's --device defaults to cuda:0 whatever the machine has.

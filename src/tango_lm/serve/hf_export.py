@@ -178,11 +178,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory; give a directory for --hf")
-    # Its config.json, model.safetensors and tokenizer.json have the names of a checkpoint's own:
-    # --overwrite would replace them and leave a run or checkpoint that no longer loads.
-    for holds, what in ((MARKER, "checkpoint"), ("checkpoints", "run")):
-        if (out / holds).exists():
-            raise UserError(f"{out} is a tango-lm {what} directory; export to a directory of its own (e.g. {out}/hf)")
+    _check_place(out, MARKER)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} is not empty; choose a new directory or pass --overwrite to replace its files")
     model = ckpt.build_model("cpu")  # fails with a UserError on a checkpoint that does not fit its config
@@ -195,8 +191,11 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
         ckpt.config.get("train", {}).get("seq_len") or model_config["context_length"], model_config["context_length"]
     )
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    # A link to a folder (scratch storage, say) is written through: the files go where it points,
+    # beside which the temporary folder sits (a rename does not cross file systems).
+    dest = out.resolve() if out.is_symlink() else out
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -247,16 +246,16 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
         )
         _same_mode(tmp)  # the weights as readable as the rest (safetensors writes 0600)
         files = sorted(p.name for p in tmp.iterdir())
-        if not out.exists() or not any(out.iterdir()):
-            if out.exists():
-                out.rmdir()
-            os.rename(tmp, out)
+        if not dest.exists() or not any(dest.iterdir()):
+            if dest.exists():
+                dest.rmdir()
+            os.rename(tmp, dest)
         else:  # --overwrite: replace these files, leave the rest alone
-            blocked = [name for name in files if (out / name).is_dir()]
+            blocked = [name for name in files if (dest / name).is_dir()]
             if blocked:  # found before any file moves: a failed export leaves DIR as it was
                 raise UserError(f"{out / blocked[0]} is a directory where the export writes a file; move it away")
             for name in files:
-                os.replace(tmp / name, out / name)
+                os.replace(tmp / name, dest / name)
             tmp.rmdir()
     finally:
         if tmp.exists():
@@ -270,6 +269,35 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
         "arch": model_config["arch"],
         "head": model_config["head"],
     }
+
+
+def _check_place(out: Path, marker: str) -> None:
+    """UserError where an export would harm what holds it. Its config.json, model.safetensors and
+    tokenizer.json have the names of a checkpoint's and a dataset's own files (--overwrite would
+    leave one that no longer loads, or a dataset whose tokenizer.json is another); and a folder
+    inside a checkpoint, or among a run's checkpoints, goes when the run prunes them."""
+    from tango_lm.data.dataset_dir import is_prepared
+    from tango_lm.train.run_dir import enclosing, is_run_dir
+
+    dataset = enclosing(out, is_prepared)
+    if dataset is not None:
+        raise UserError(f"{out} is inside the prepared dataset {dataset}; export to a directory outside it")
+    checkpoint = enclosing(out, lambda p: (p / marker).exists())
+    checkpoints = enclosing(out, lambda p: p.name == "checkpoints" and is_run_dir(p.parent))
+    if checkpoints is not None:  # a run's own: --resume prunes the steps in it
+        raise UserError(
+            f"{out} is inside the run's checkpoints folder {checkpoints}, which a resumed run prunes; export to a "
+            f"directory outside it (e.g. {checkpoints.parent / 'hf'})"
+        )
+    if checkpoint is not None:
+        where = (
+            "a tango-lm checkpoint directory" if checkpoint == out.absolute() else f"inside the checkpoint {checkpoint}"
+        )
+        raise UserError(
+            f"{out} is {where}; export to a directory outside it (e.g. {checkpoint.parent / (checkpoint.name + '-hf')})"
+        )
+    if (out / "checkpoints").exists():
+        raise UserError(f"{out} is a tango-lm run directory; export to a directory of its own (e.g. {out}/hf)")
 
 
 def _write_json(path: Path, data: Any) -> None:

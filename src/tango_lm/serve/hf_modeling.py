@@ -236,6 +236,10 @@ class TangoLMForCausalLM(PreTrainedModel, GenerationMixin):
             new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
             length = ids.shape[1] + new if new is not None else kwargs.get("max_length", config.max_length)
             # The last new token is never fed back: context + 1 tokens fit, as in `tango-lm generate`.
+            if ids.shape[1] > context:  # no max_new_tokens helps: transformers refuses 0
+                raise ValueError(
+                    f"a prompt of {ids.shape[1]} tokens is longer than the model's context of {context}; shorten it"
+                )
             if length is not None and length - 1 > context:
                 raise ValueError(
                     f"generating to {length} tokens (a prompt of {ids.shape[1]}) passes the model's context of "
