@@ -497,3 +497,33 @@ def test_the_closest_choice_is_found_in_either_argparse_spelling():
     for listed in ("'train', 'eval'", "train, eval"):  # Python 3.11 quotes the choices, 3.12 does not
         with pytest.raises(UserError, match=r"\(did you mean 'train'\?\)"):
             Parser(prog="p").error(f"argument command: invalid choice: 'trian' (choose from {listed})")
+
+
+def test_typos_in_sections_grid_keys_axis_values_and_bench_archs_get_the_closest_name(tmp_path, capsys):
+    # The README promises the closest name for a mistyped section, architecture, head, sweep axis
+    # or slurm setting; these sites listed the choices only (and `modle: 1` said "must be a mapping").
+    import yaml
+
+    from tango_lm.cli import main
+
+    for text in ("modle: {arch: tango}\n", "modle: 1\n"):
+        (tmp_path / "s.yaml").write_text(text)
+        assert main(["params", str(tmp_path / "s.yaml")]) == 2
+        assert "unknown config section 'modle' (did you mean 'model'?)" in helpers.assert_one_error_line(
+            capsys.readouterr().err
+        )
+    grid = {"out_dir": str(tmp_path / "sw"), "base": {"model": {"vocab_size": 257}}, "axes": {"arch": ["tangoo"]}}
+    cases = (
+        (grid, "unknown arch 'tangoo' (did you mean 'tango'?)"),
+        ({**grid, "axes": {"head": ["onnona"]}}, "unknown head 'onnona' (did you mean 'onona'?)"),
+        ({"bse": {}, **grid}, "unknown key 'bse' (did you mean 'base'?)"),
+        ({**grid, "axes": {"seed": [1]}, "slurm": {"partiton": "gpu"}}, "unknown slurm setting 'partiton' (did you"),
+    )
+    for spec, said in cases:
+        (tmp_path / "g.yaml").write_text(yaml.safe_dump(spec))
+        assert main(["sweep", str(tmp_path / "g.yaml"), "--dry-run"]) == 2  # the local launcher too
+        assert said in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert main(["bench", "--archs", "tangoo", "--quiet"]) == 2
+    assert "unknown architecture 'tangoo' (did you mean 'tango'?)" in helpers.assert_one_error_line(
+        capsys.readouterr().err
+    )

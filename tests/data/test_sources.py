@@ -310,6 +310,11 @@ def test_jsonl_documents_and_errors(tmp_path):
         list(jsonl_documents([unclosed]))
     with pytest.raises(UserError, match=r"a.jsonl, line 1: the object has no field 'content'.*--field"):
         list(jsonl_documents([f], field="content"))
+    (tmp_path / "list.jsonl").write_text('{"text": "one"}\n["a"]\n')  # --field cannot fix a list
+    with pytest.raises(
+        UserError, match=r'list.jsonl, line 2: a JSON list, not an object such as \{"text": "..."\}; fix'
+    ):
+        list(jsonl_documents([tmp_path / "list.jsonl"]))
     _write_jsonl(tmp_path / "num.jsonl", [{"text": 3}])
     with pytest.raises(UserError, match="non-string 'text'"):
         list(jsonl_documents([tmp_path / "num.jsonl"]))

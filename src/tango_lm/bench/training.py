@@ -30,7 +30,7 @@ from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
@@ -62,7 +62,10 @@ def matched_configs(
     archs = list(dict.fromkeys(archs))
     unknown = [a for a in archs if a not in ARCHITECTURES]
     if unknown:
-        raise UserError(f"unknown architecture {unknown[0]!r}; choose from: {', '.join(ARCHITECTURES)}")
+        raise UserError(
+            f"unknown architecture {unknown[0]!r}{did_you_mean(unknown[0], ARCHITECTURES)}; "
+            f"choose from: {', '.join(ARCHITECTURES)}"
+        )
     if BASELINE not in archs:
         archs.append(BASELINE)
     tango = ModelConfig(

@@ -27,6 +27,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
         if given:
             raise UserError(f"{given[0]} applies to --launcher slurm; add --launcher slurm or drop it")
+        if grid.slurm:  # the grid's slurm: settings are checked whatever runs it now (a typo there waited)
+            from tango_lm.sweep.launchers import slurm_settings
+
+            slurm_settings(grid, {})
     if args.dry_run:
         if args.launcher == "slurm":  # the settings checked as a submission would, before any warning
             from tango_lm.sweep.launchers import check_job_processes, mark_queued, slurm_settings

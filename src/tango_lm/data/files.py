@@ -123,11 +123,16 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                         raise UserError(
                             f"{path}, line {lineno}{where}: not valid JSON ({why}); fix or remove that line"
                         ) from None
-                    value = row.get(field, None) if isinstance(row, dict) else None
-                    if value is None and isinstance(row, dict) and field in row:
+                    if not isinstance(row, dict):  # --field cannot fix a line that is a list or a number
+                        raise UserError(
+                            f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object such as "
+                            f'{{"{field}": "..."}}; fix or remove that line'
+                        )
+                    value = row.get(field, None)
+                    if value is None and field in row:
                         continue  # a null text, as Parquet's null rows: no document
                     if not isinstance(value, str):
-                        what = "has no field" if not isinstance(row, dict) or field not in row else "has a non-string"
+                        what = "has no field" if field not in row else "has a non-string"
                         # Rows before it had the field: this line is the fault, not the field's name.
                         fix = "fix or remove that line" if seen_field else "choose the text field with --field"
                         raise UserError(f"{path}, line {lineno}: the object {what} {field!r}; {fix}")

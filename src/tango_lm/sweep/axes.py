@@ -168,7 +168,8 @@ def _choice(v: Any, name: str, where: str) -> str:
 
     known = [*ARCHITECTURES, *fixed_geometries()] if name == "arch" else list(HEADS)
     if v not in known:
-        raise UserError(f"{where}: unknown {name} {v!r}; choose from {', '.join(sorted(known))}")
+        hint = did_you_mean(v, known) if isinstance(v, str) else ""
+        raise UserError(f"{where}: unknown {name} {v!r}{hint}; choose from {', '.join(sorted(known))}")
     return v
 
 

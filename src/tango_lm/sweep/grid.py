@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.data.dataset_dir import is_prepared
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry
 from tango_lm.models.matching import TIERS, match_width, parse_tier
@@ -122,10 +122,12 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
         raise UserError(f"sweep grid {path} {yaml_error_text(exc)}") from None
     if not isinstance(spec, dict):
         raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
-    unknown = sorted(set(spec) - {"base", "axes", "out_dir", "description", "slurm"})
+    keys = ("base", "axes", "out_dir", "description", "slurm")
+    unknown = sorted(set(spec) - set(keys), key=str)
     if unknown:
+        hint = did_you_mean(unknown[0], keys) if isinstance(unknown[0], str) else ""
         raise UserError(
-            f"unknown key {unknown[0]!r} in sweep grid {path}; keys are base, axes, out_dir, description and slurm"
+            f"unknown key {unknown[0]!r}{hint} in sweep grid {path}; keys are base, axes, out_dir, description and slurm"
         )
     out_dir = spec.get("out_dir", f"runs/sweeps/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:

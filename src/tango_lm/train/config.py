@@ -205,7 +205,10 @@ class RunConfig:
         check_key_names(data, "the config")
         unknown = sorted(set(data) - {"model", "data", "train"})
         if unknown:
-            raise UserError(f"unknown config section {unknown[0]!r}; sections are model, data and train")
+            raise UserError(
+                f"unknown config section {unknown[0]!r}{did_you_mean(unknown[0], ('model', 'data', 'train'))}; "
+                "sections are model, data and train"
+            )
         for name in ("model", "data", "train"):
             if not isinstance(data.get(name) or {}, dict):
                 raise UserError(f"config section {name!r} must be a mapping of field: value (got {data[name]!r})")
@@ -397,6 +400,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: st
     goes to the section that has a field of that name (model first). An override of the budget
     (`train.steps`, `tokens` or `tokens_per_param`) replaces the config's, whichever kind it is."""
     for k, v in data.items():
+        if k not in ("model", "data", "train"):  # an unknown one is said as such, with the closest name
+            raise UserError(
+                f"unknown config section {k!r}{did_you_mean(str(k), ('model', 'data', 'train'))}; "
+                "sections are model, data and train"
+            )
         if not isinstance(v or {}, dict):
             raise UserError(f"config section {k!r} must be a mapping of field: value (got {v!r})")
     out = {k: dict(v or {}) for k, v in data.items()}
