@@ -244,14 +244,18 @@ def test_eval_json_fields(cli_run, capsys):
     out, summary = cli_run
     best = json.loads((out / "best.json").read_text())["step"]
     res = _run_json(capsys, ["eval", str(out), "--split", "dev", "--json"])
-    assert set(res) == {"checkpoint", "step", "split", "nll", "tokens"}
-    assert res["split"] == "dev" and res["step"] == best
+    assert set(res) == {"checkpoint", "step", "split", "nll", "tokens", "windows"}
+    assert res["split"] == "dev" and res["step"] == best and res["windows"] == 8
     assert res["checkpoint"] == str(helpers.step_dir(out, best))
     # the run's own dev windows by default (8 of the 9), so eval reproduces the logged best dev NLL
     assert res["tokens"] == 8 * 32 and res["nll"] == pytest.approx(summary["best_dev_nll"], rel=1e-6)
     assert res["nll"] == evaluate_checkpoint(str(out), "dev")["nll"]
     every = _run_json(capsys, ["eval", str(out), "--split", "dev", "--windows", "all", "--json"])
-    assert every["tokens"] == 9 * 32
+    assert every["tokens"] == 9 * 32 and every["windows"] == 9
+    # more windows than the split has: every one scored, and said (it was silent)
+    rc, stdout, err, _ = helpers.run_main(capsys, ["eval", str(out), "--split", "dev", "--windows", "100", "--json"])
+    assert rc == 0 and json.loads(stdout)["windows"] == 9
+    assert "note: --windows 100: the split has 9, all of them scored" in err
     assert 0 < res["nll"] < 10
     test = _run_json(capsys, ["eval", str(out), "--json"])
     assert test["split"] == "test" and test["tokens"] == 3 * 32  # the run's test_windows

@@ -119,6 +119,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         ablate=args.ablate,
         progress=not args.no_progress,
     )
+    asked = int(args.windows) if args.windows not in (None, "all") else None
+    if asked is not None and asked > res["windows"]:  # said, not silent: the NLL is over fewer windows
+        print(f"note: --windows {asked}: the split has {res['windows']:,}, all of them scored", file=sys.stderr)
     if args.json:
         _print_json(res)
     else:

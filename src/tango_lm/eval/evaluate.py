@@ -100,9 +100,11 @@ def evaluate_checkpoint(
     sample_seed = train.get("eval_sample_seed") if role == "dev" and max_windows is not None else None
     tokens = dataset.tokens(split_name)
     batches = eval_batches(tokens, seq_len, bs, max_windows, sample_seed, split=repr(split_name))
-    with token_bar(count_eval_windows(tokens, seq_len, max_windows) * seq_len, f"eval {split_name}", progress) as bar:
+    windows = count_eval_windows(tokens, seq_len, max_windows)
+    with token_bar(windows * seq_len, f"eval {split_name}", progress) as bar:
         nll, scored = evaluate_nll(model, _counted(batches, bar), dev, dtype)
     res = {"checkpoint": str(ckpt.path), "step": ckpt.meta["step"], "split": split_name, "nll": nll, "tokens": scored}
+    res["windows"] = windows
     if role is not None and role != split_name:  # a role's split of another name: test ('dev'), dev ('validation')
         res["role"] = role
     if sample_seed is not None:
