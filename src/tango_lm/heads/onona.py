@@ -77,6 +77,10 @@ class TokenGate(nn.Module):
         return (rms_norm(xf, self.eps) * self.weight.to(xf.dtype)).sum(-1)
 
 
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
 class OnonaHead(Head):
     """Twin tables `table_a`, `table_b` and the token gate `gate` (docs/design.md §3)."""
 
@@ -93,37 +97,54 @@ class OnonaHead(Head):
         self.table_a = vocab_table(cfg)
         self.table_b = vocab_table(cfg)
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
-        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._fold_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._folded: tuple[torch.Tensor, ...] | None = None  # the fold, while serving
+        self._fold_cache: tuple[torch.Tensor, ...] | None = None  # kept between calls (`serving`)
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
         """Serve from the folded input table M = (A + B) / 2 and the precomputed gate logits
         rmsnorm(M) w of every vocabulary row (seed 001 Appendix B); the same numbers, looked up.
-        The fold is kept between calls while the weights are unchanged (a serving process pays it
-        once, not per request); any in-place update of A, B or the gate refolds."""
-        key = self._weights_key()
-        if self._fold_cache is None or self._fold_cache[0] != key:
-            with torch.no_grad():
-                merged = 0.5 * (self.table_a.weight + self.table_b.weight)
-                # Both tables stacked [2, V, d]: a static decode step picks its row's table by index.
-                stacked = torch.stack([self.table_a.weight, self.table_b.weight])
-                self._fold_cache = (key, (merged, self.gate(merged), stacked))
-        self._folded = self._fold_cache[1]
+        The fold is computed again on every entry, from the weights as they are then, into the
+        tensors it kept (a V x d add and one gate pass): a weight edited in place through `.data`,
+        which no version counter of the parameter sees, is folded too (a kept fold, keyed on the
+        parameters' versions, served stale numbers after one), and the tensors a CUDA-graph decode
+        step reads keep their addresses (`serve/static_decode.py`)."""
+        with torch.no_grad():
+            merged = 0.5 * (self.table_a.weight + self.table_b.weight)
+            fold = [merged, self.gate(merged)]
+            kept = self._fold_cache
+            if kept is not None and len(kept) == 3:  # a static decode step reads the stacked tables too
+                fold.append(self._stacked_tables())
+            if kept is not None and len(kept) == len(fold) and all(map(_same_layout, kept, fold)):
+                for k, f in zip(kept, fold, strict=True):
+                    k.copy_(f)
+            else:
+                self._fold_cache = tuple(fold)
+        self._folded = self._fold_cache
         try:
             yield
         finally:
             self._folded = None
 
-    def _weights_key(self) -> tuple:
-        """Identity and version of every tensor the fold reads: changes on optimizer steps,
-        `load_state_dict`, `.to()` and any in-place edit."""
-        tensors = (self.table_a.weight, self.table_b.weight, *self.gate.parameters())
-        return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
-
     def serving_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors a serving step reads besides the parameters (the fold), while serving."""
-        return tuple(self._folded) if self._folded is not None else ()
+        """The tensors a serving step reads besides the parameters (the fold and the stacked tables
+        a static step samples from), while serving."""
+        if self._folded is None:
+            return ()
+        self._stacked()
+        return tuple(self._folded)
+
+    def _stacked_tables(self) -> torch.Tensor:
+        # Both tables stacked [2, V, d]: a static decode step picks its row's table by index.
+        return torch.stack([self.table_a.weight, self.table_b.weight])
+
+    def _stacked(self) -> torch.Tensor:
+        """The stacked tables of the fold, made at the first static step that asks (an eager decode
+        never does: 2 V x d more memory) and kept, refreshed with the rest, from then on."""
+        if len(self._folded) == 2:
+            with torch.no_grad():
+                self._fold_cache = self._folded = (*self._folded, self._stacked_tables())
+        return self._folded[2]
 
     def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """M[x] = (A[x] + B[x]) / 2."""
@@ -226,7 +247,7 @@ class OnonaHead(Head):
         if h.shape[0] == 1 and not torch.compiler.is_compiling():
             logits = float_logits(h, (self.table_a.weight if bool(use_a) else self.table_b.weight)[:vocab_size])
         elif h.shape[0] == 1:
-            table = self._folded[2][(~use_a).long(), :vocab_size]  # [1, V, d]: A or B
+            table = self._stacked()[(~use_a).long(), :vocab_size]  # [1, V, d]: A or B
             logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
         else:
             a, b = self.table_a.weight[:vocab_size], self.table_b.weight[:vocab_size]
