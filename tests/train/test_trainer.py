@@ -309,6 +309,26 @@ def test_budget_by_tokens_and_tokens_per_param(data_dir, tmp_path):
         helpers.run_config(data_dir, tmp_path, steps=None).total_steps()
 
 
+def test_tokens_per_param_counts_the_standard_head_for_every_head(data_dir, tmp_path):
+    # seed 001 §3.1: "40 TPP based on the Dense Standard parameter count": every head of a
+    # comparison trains on the same tokens. onóna's own (twin-table) count gave it more steps than
+    # Standard (27,635 against 21,740 at dense-142m), and `sweep` counted Standard's: they disagreed.
+    from tango_lm.sweep.grid import _fix_budget
+    from tango_lm.train.config import tpp_reference_params
+
+    runs = {
+        head: helpers.run_config(data_dir, tmp_path, {"head": head}, steps=None, tokens_per_param=2)
+        for head in ("standard", "onona", "untied", "mos")
+    }
+    assert runs["onona"].model.num_params()["total"] > runs["standard"].model.num_params()["total"]
+    assert len({run.total_steps() for run in runs.values()}) == 1
+    standard = runs["standard"].model.num_params()["total"]
+    assert tpp_reference_params(runs["onona"].model) == standard
+    for run in runs.values():  # the sweep's budget: the same steps
+        _fix_budget(run, None)
+        assert run.train.tokens == 2 * standard and run.total_steps() == runs["standard"].total_steps()
+
+
 def test_token_budget_trains_that_many_steps(data_dir, tmp_path):
     out = tmp_path / "run"
     s = train(helpers.run_config(data_dir, out, steps=None, tokens=3 * 4 * 32)).summary

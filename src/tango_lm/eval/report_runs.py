@@ -15,7 +15,14 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.train import metrics_file
-from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, DataConfig, TrainConfig, budget_steps
+from tango_lm.train.config import (
+    BUDGET_FIELDS,
+    LOGISTICS_FIELDS,
+    DataConfig,
+    TrainConfig,
+    budget_steps,
+    tpp_reference_params,
+)
 
 ROW_AXES = ("dataset", "tier", "depth")
 MODEL_AXES = ("arch", "head", "seed")
@@ -298,7 +305,7 @@ def _trained_tokens(setting: dict[str, dict[str, Any]]) -> int | None:
             train.get("tokens"),
             train.get("tokens_per_param"),
             per_step,
-            lambda: ModelConfig.from_dict(dict(setting["model"])).num_params()["total"],
+            lambda: tpp_reference_params(ModelConfig.from_dict(dict(setting["model"]))),
         )
     except (UserError, TypeError, ValueError, KeyError):  # a hand-edited config.json: compared as written
         return None

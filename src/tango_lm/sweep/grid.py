@@ -61,6 +61,7 @@ from tango_lm.train.config import (
     RunConfig,
     parse_yaml,
     read_yaml,
+    tpp_reference_params,
     yaml_error_text,
 )
 from tango_lm.train.run_dir import enclosing_dataset_or_run
@@ -333,6 +334,6 @@ def _fix_budget(run: RunConfig, target: int | None) -> float | None:
     t = run.train
     if t.tokens_per_param is None or t.steps is not None or t.tokens is not None:
         return None
-    reference = target if target is not None else run.model.replace(head="standard").num_params()["total"]
+    reference = target if target is not None else tpp_reference_params(run.model)
     tokens_per_param, t.tokens, t.tokens_per_param = t.tokens_per_param, int(t.tokens_per_param * reference), None
     return tokens_per_param
