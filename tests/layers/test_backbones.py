@@ -611,3 +611,21 @@ def test_user_errors(arch, changes, words):
         tiny(arch, **changes)
     for word in words:
         assert word in str(err.value)
+
+
+def test_gdn_short_convolutions_are_drawn_as_the_models_linears():
+    # fla's models draw every Linear and Conv1d N(0, initializer_range²); these kept PyTorch's
+    # U(±0.5) at kernel 4 (std 0.29, 14x), whatever model.init_std said.
+    from tango_lm.layers.gated_deltanet import ShortConvolution
+
+    for init_std in (0.02, 0.005):
+        torch.manual_seed(0)
+        model = build_model(
+            ModelConfig(
+                arch="gdn-hybrid", d_model=64, depth=4, width=128, vocab_size=97, init_std=init_std, gdn_head_dim=16
+            )
+        )
+        convs = [m.weight for m in model.modules() if isinstance(m, ShortConvolution)]
+        assert convs
+        weights = torch.cat([w.flatten() for w in convs])
+        assert weights.std().item() == pytest.approx(init_std, rel=0.1)

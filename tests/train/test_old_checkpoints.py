@@ -54,4 +54,8 @@ def test_the_same_seed_draws_the_same_weights(arch):
     stored = ckpt.model_state()
     assert sorted(model.state_dict()) == sorted(stored)
     for name, tensor in model.state_dict().items():
+        if name.endswith("conv1d.weight"):  # GDN's short convolutions: drawn N(0, init_std²) since
+            # 2026-12-05 (fla's init), from a generator of their own so that no other draw moved
+            assert not torch.equal(tensor, stored[name]), name
+            continue
         assert torch.equal(tensor, stored[name]), name

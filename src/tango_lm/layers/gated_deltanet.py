@@ -50,7 +50,7 @@ class ShortConvolution(nn.Module):
     def __init__(self, channels: int, kernel_size: int) -> None:
         super().__init__()
         conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=False)
-        self.weight = conv.weight  # [C, 1, K], PyTorch's default Conv1d init (as fla)
+        self.weight = conv.weight  # [C, 1, K]; the model draws it N(0, init_std²), as fla's models do
         self.kernel_size = kernel_size
 
     def forward(self, x: torch.Tensor, state: LayerState | None = None, name: str = "") -> torch.Tensor:

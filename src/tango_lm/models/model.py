@@ -7,10 +7,26 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.layers import active_width
+from tango_lm.layers.gated_deltanet import ShortConvolution
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.models.config import ModelConfig, active_width_unsupported
 from tango_lm.ops.twin_loss import IGNORE_INDEX
 from tango_lm.serve.cache import DecodeCache
+
+
+def _draw_short_convolutions(model: nn.Module, std: float) -> None:
+    """GDN's short convolutions, N(0, std²) as fla's models draw every Conv1d (they kept PyTorch's
+    U(±0.5) at kernel 4: 14 times fla's std, whatever model.init_std said). From a generator of
+    their own, seeded by the model seed: every other weight draws exactly as before (a seed still
+    makes the same model, tests/train/test_old_checkpoints.py)."""
+    convs = [m for m in model.modules() if isinstance(m, ShortConvolution)]
+    if not convs:
+        return
+    generator = torch.Generator().manual_seed(torch.initial_seed() ^ 0x5C0)  # torch.manual_seed(s) sets initial_seed
+    with torch.no_grad():
+        for conv in convs:
+            drawn = torch.randn(conv.weight.shape, generator=generator) * std
+            conv.weight.copy_(drawn)
 
 
 class LanguageModel(nn.Module):
@@ -33,6 +49,7 @@ class LanguageModel(nn.Module):
                 nn.init.normal_(module.weight, std=config.init_std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        _draw_short_convolutions(self, config.init_std)
         self.head = HEADS[config.head](config)
         self.head.loss_chunk = config.loss_chunk
 
