@@ -200,6 +200,29 @@ def warmup_past_the_run(run: RunConfig) -> str | None:
     )
 
 
+def fewer_windows_than_asked(run: RunConfig, dataset: PreparedDataset) -> list[str]:
+    """A warning per split that holds fewer windows than the run scores on it (`eval_windows`,
+    `test_windows`): every window is scored, so its NLL is over fewer windows than the config says,
+    and runs on splits of other sizes compare over other counts (the onóna protocol's 1,024)."""
+    from tango_lm.data.loader import count_eval_windows
+
+    out = []
+    for role, split, asked in (
+        ("dev", run.data.dev_split, run.train.eval_windows),
+        ("test", run.data.test_split, run.train.test_windows),
+    ):
+        if asked is None:
+            continue
+        held = count_eval_windows(dataset.tokens(split), run.seq_len())
+        if held < asked:
+            field = "eval_windows" if role == "dev" else "test_windows"
+            out.append(
+                f"the {role} split ({split!r}) holds {held:,} windows of {run.seq_len()} tokens, fewer than "
+                f"train.{field}={asked:,}: its NLL is over those {held:,}"
+            )
+    return out
+
+
 def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, sweep_archs: Iterable[str] = ()) -> list[str]:
     """Every warning a run gets when it starts, one line each. A sweep names its architectures: its
     base sets each one's fields for every run, so only fields none of them reads are warned."""
@@ -208,6 +231,7 @@ def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, sweep_archs:
     warnings = (
         unused_table_rows(run, dataset),
         warmup_past_the_run(run),
+        *fewer_windows_than_asked(run, dataset),
         *unread_model_fields(run.model, also_read_by=sweep_archs),
         *ARCHITECTURES[run.model.arch].warnings(run.model),
     )

@@ -555,6 +555,21 @@ def test_a_warmup_as_long_as_the_run_is_warned_at_the_start(data_dir, tmp_path, 
     assert (line in err) == warned and err.count("warning: train.warmup_steps") == warned
 
 
+def test_splits_with_fewer_windows_than_the_run_scores_are_warned_at_the_start(data_dir, tmp_path, capsys):
+    # eval_windows past the dev split's scored all of them, silently: the protocol's 1,024 became
+    # however many the split held, and nothing said so.
+    from tango_lm.data.loader import count_eval_windows
+    from tango_lm.data.shards import PreparedDataset
+
+    dev = count_eval_windows(PreparedDataset.open(data_dir).tokens("dev"), 32)
+    train(helpers.run_config(data_dir, tmp_path / "a", steps=1, eval_every=1, eval_windows=dev + 1, test_windows=2))
+    err = capsys.readouterr().err
+    assert f"warning: the dev split ('dev') holds {dev:,} windows of 32 tokens, fewer than train.eval_windows" in err
+    assert "test split" not in err
+    train(helpers.run_config(data_dir, tmp_path / "b", steps=1, eval_every=1, eval_windows=dev))
+    assert "fewer than train" not in capsys.readouterr().err
+
+
 def test_a_sweeps_architectures_fields_are_not_warned_for_its_other_runs():
     # A sweep's base sets window (windowed TANGO) for its tango runs too; n_kv_heads, which no
     # architecture of this sweep reads, is still said.
