@@ -34,7 +34,7 @@ bench: setup
 
 # On a machine with a CUDA GPU (no network needed, no install: it runs the sources with PYTHONPATH=src).
 gpu-check:
-	tools/gpu_check.sh
+	bash tools/gpu_check.sh
 
 lint: setup
 	$(BIN)/ruff check src tests tools

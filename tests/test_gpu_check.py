@@ -31,7 +31,18 @@ def test_gpu_check_without_a_gpu_is_one_line_error(tmp_path):
         ["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True, env=env, timeout=120
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: no CUDA device") and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"error: {sys.executable}: no CUDA device visible; run tools/gpu_check.sh on")
+    assert proc.stderr.count("\n") == 1
+    # a torch that fails to import says why (it was "no CUDA device" too)
+    env["PYTHON"] = str(tmp_path / "python")
+    (tmp_path / "python").write_text(
+        f'#!/usr/bin/env bash\nexec "{sys.executable}" -c "import torch_absent" "${{@:3}}"\n'
+    )
+    (tmp_path / "python").chmod(0o755)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2 and "No module named 'torch_absent'" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -148,6 +148,51 @@ def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_pat
     assert "memory        SKIPPED (budget)" in _run("gpu_suites_table.py", str(out))
 
 
+def test_gpu_suites_refuses_an_unknown_suite_and_exits_1_when_one_fails(tmp_path):
+    # A misspelt name ran nothing and printed an empty table, exit 0: a lent machine's call wasted.
+    proc = subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": "echo", "SUITES": "train-70m-4096"},
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: unknown suite 'train-70m-4096' in SUITES")
+    assert not (tmp_path / "out").exists()
+    # a suite that fails: the script's exit code says so (it was the table's, always 0)
+    proc = subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": "false", "SUITES": "windowed"},
+        timeout=60,
+    )
+    assert proc.returncode == 1 and (tmp_path / "out" / "windowed.rc").read_text().strip() == "1"
+    out = _gpu_suites(tmp_path / "archs", SUITES="train-70m decode-70m windowed", ARCHS="tango,loop-transformer")
+    for name in ("train-70m", "decode-70m"):
+        assert "--archs tango,loop-transformer" in (out / f"{name}.json").read_text()
+    assert "--archs" not in (out / "windowed.json").read_text()
+
+
+def test_gpu_session_suites_default_to_a_budget_that_fits_one_call(tmp_path):
+    # Without BUDGET_S each suite took its own 10-15 minute timeout: the device tool killed the call
+    # before its table and its packing.
+    env = {**os.environ, "PYTHON": "echo", "SUITES": "memory", "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", str(TOOLS / "gpu_session.sh"), "suites"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tmp_path / "suites.tar.gz") as archive:
+        log = archive.extractfile("./suites/memory.log").read().decode()
+    assert log.startswith("== memory (timeout 495s)")  # 540 - 45
+    for budget in ("900", "60", "soon"):
+        proc = subprocess.run(
+            ["bash", str(TOOLS / "gpu_session.sh"), "suites"],
+            capture_output=True,
+            text=True,
+            env={**env, "BUDGET_S": budget},
+        )
+        assert proc.returncode == 2 and proc.stderr.startswith("error: BUDGET_S must be 120-540 seconds")
+
+
 def test_gpu_session_packs_a_part_into_one_file_and_ends_with_its_table(tmp_path):
     # A lent machine returns at most 8 files and the output's tail: one archive, the table last.
     session = [str(TOOLS / "gpu_session.sh")]
