@@ -1,9 +1,10 @@
 """What a sweep checks of its runs against their data before it trains or submits any of them.
 
-A grid's configs are validated when it is read (sweep/grid.py), and each run's loggers are
-checked installed here (`check_available`), but two things need the prepared data as well: whether the dataset's token ids fit each run's table (`check_data_fits_model`), and
-the warnings a run gets when it starts (`start_of_run_warnings`: a table mostly of unused rows, a
-warmup as long as the run, an architecture's own). Checked here, up front, a vocabulary too small
+A grid's configs are validated when it is read (sweep/grid.py), and each run's logger packages
+are checked installed here (`check_available`), but two things need the prepared data as well:
+whether the dataset's token ids fit each run's table (`check_data_fits_model`), and the warnings a
+run gets when it starts (`start_of_run_warnings`: a table mostly of unused rows, a warmup as long
+as the run, splits with fewer windows than it scores, an architecture's own). Checked here, up front, a vocabulary too small
 for the data stops the sweep before the first run instead of failing every run (or every queued
 SLURM job) one after another, and a warning shared by many runs is said once, in the dry run too.
 """
