@@ -97,54 +97,44 @@ class OnonaHead(Head):
         self.table_a = vocab_table(cfg)
         self.table_b = vocab_table(cfg)
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
-        self._folded: tuple[torch.Tensor, ...] | None = None  # the fold, while serving
-        self._fold_cache: tuple[torch.Tensor, ...] | None = None  # kept between calls (`serving`)
+        self._serving = False
+        self._folded: tuple[torch.Tensor, ...] | None = None  # the fold a static step reads, while serving
+        self._fold_cache: tuple[torch.Tensor, ...] | None = None  # its tensors, kept across requests
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
-        """Serve from the folded input table M = (A + B) / 2 and the precomputed gate logits
-        rmsnorm(M) w of every vocabulary row (seed 001 Appendix B); the same numbers, looked up.
-        The fold is computed again on every entry, from the weights as they are then, into the
-        tensors it kept (a V x d add and one gate pass): a weight edited in place through `.data`,
-        which no version counter of the parameter sees, is folded too (a kept fold, keyed on the
-        parameters' versions, served stale numbers after one), and the tensors a CUDA-graph decode
-        step reads keep their addresses (`serve/static_decode.py`)."""
-        with torch.no_grad():
-            merged = 0.5 * (self.table_a.weight + self.table_b.weight)
-            fold = [merged, self.gate(merged)]
-            kept = self._fold_cache
-            if kept is not None and len(kept) == 3:  # a static decode step reads the stacked tables too
-                fold.append(self._stacked_tables())
-            if kept is not None and len(kept) == len(fold) and all(map(_same_layout, kept, fold)):
-                for k, f in zip(kept, fold, strict=True):
-                    k.copy_(f)
-            else:
-                self._fold_cache = tuple(fold)
-        self._folded = self._fold_cache
+        """Serving (seed 001 Appendix B). Eager decoding reads M's rows, M = (A + B) / 2, and their
+        gate logits for the tokens it reads, from the weights as they are: the numbers of the
+        forward outside serving, at O(tokens x d) per step. A static decode step
+        (`serve/static_decode.py`) reads the fold of every row instead (M, rmsnorm(M) w and the
+        stacked tables its one-row sample picks from), made when the step begins
+        (`serving_tensors`, once per request) into tensors kept across requests, whose addresses
+        a CUDA graph holds. Nothing is kept on the weights' version counters: an edit through
+        `.data`, which moves none, served stale numbers that way (up to 18.8 nats off)."""
+        self._serving = True
         try:
             yield
         finally:
-            self._folded = None
+            self._serving, self._folded = False, None
 
     def serving_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors a serving step reads besides the parameters (the fold and the stacked tables
-        a static step samples from), while serving."""
-        if self._folded is None:
+        """While serving, the fold a static step reads (M, its gate logits, the stacked tables),
+        folded from the weights as they are on the first call of this serving context."""
+        if not self._serving:
             return ()
-        self._stacked()
-        return tuple(self._folded)
-
-    def _stacked_tables(self) -> torch.Tensor:
-        # Both tables stacked [2, V, d]: a static decode step picks its row's table by index.
-        return torch.stack([self.table_a.weight, self.table_b.weight])
-
-    def _stacked(self) -> torch.Tensor:
-        """The stacked tables of the fold, made at the first static step that asks (an eager decode
-        never does: 2 V x d more memory) and kept, refreshed with the rest, from then on."""
-        if len(self._folded) == 2:
+        if self._folded is None:
             with torch.no_grad():
-                self._fold_cache = self._folded = (*self._folded, self._stacked_tables())
-        return self._folded[2]
+                merged = 0.5 * (self.table_a.weight + self.table_b.weight)
+                # Both tables stacked [2, V, d]: a static decode step picks its row's table by index.
+                fold = (merged, self.gate(merged), torch.stack([self.table_a.weight, self.table_b.weight]))
+                kept = self._fold_cache
+                if kept is not None and all(map(_same_layout, kept, fold)):
+                    for k, f in zip(kept, fold, strict=True):
+                        k.copy_(f)
+                else:
+                    self._fold_cache = fold
+            self._folded = self._fold_cache
+        return self._folded
 
     def merged_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """M[x] = (A[x] + B[x]) / 2."""
@@ -240,14 +230,14 @@ class OnonaHead(Head):
         Only ids below `vocab_size` (None: any) are drawn: here the chosen table is renormalized
         over them (a redraw has no place in a static step), which differs from the mixture `sample`
         draws by at most the probability the tables give their padding rows. Serving context only."""
-        if self._folded is None:
+        if not self._serving:
             raise RuntimeError("sample_static runs inside `with head.serving():`")
         use_a = noise[:, 0] < self._chance_of_a(input_ids)
         wide = torch.promote_types(h.dtype, torch.float32)
         if h.shape[0] == 1 and not torch.compiler.is_compiling():
             logits = float_logits(h, (self.table_a.weight if bool(use_a) else self.table_b.weight)[:vocab_size])
         elif h.shape[0] == 1:
-            table = self._stacked()[(~use_a).long(), :vocab_size]  # [1, V, d]: A or B
+            table = self.serving_tensors()[2][(~use_a).long(), :vocab_size]  # [1, V, d]: A or B
             logits = (table.to(wide) * h.to(wide)[:, None, :]).sum(-1)
         else:
             a, b = self.table_a.weight[:vocab_size], self.table_b.weight[:vocab_size]

@@ -121,12 +121,15 @@ class StaticDecoder:
         self.length = self.cache.position
         self.position.fill_(self.length)
         self.cache.begin_static(self.position)
+        # The head's serving fold (onóna's), made here from the weights as they are, before a step
+        # (compiled, it must not make it) reads it
+        folded = getattr(self.model.head, "serving_tensors", lambda: ())()
         if self.mode == "cuda-graphs":  # the graph reads these in place: no copies into its inputs
             for state in self.cache.states:
                 for t in (*state.buffers.values(), *state.static.values()):
                     torch._dynamo.mark_static_address(t)
             torch._dynamo.mark_static_address(self.position)
-            for t in getattr(self.model.head, "serving_tensors", lambda: ())():
+            for t in folded:
                 torch._dynamo.mark_static_address(t)
         return h
 
