@@ -36,6 +36,7 @@ for name in ${SUITES:-}; do  # a misspelt name ran nothing and printed an empty 
 done
 OUT=${1:-gpu-suites-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
+rm -f "$OUT"/*.rc  # an earlier run's outcomes into a reused OUT are not this run's
 PY=${PYTHON:-python3}
 BENCH=(env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m tango_lm.cli bench --device cuda --json)
 TRAIN70=(--suite train --d-model 512 --seq-len 1024 --depth 4 --batch-size 16 --tango-width 28480 --vocab-size 50257
@@ -46,10 +47,11 @@ TRAIN160=(--suite train --d-model 768 --seq-len 1024 --depth 4 --batch-size 16 -
 # compiled model takes its compile time at the start of a train suite: all eight do not fit a call)
 ARCH_ARGS=()
 if [ -n "${ARCHS:-}" ]; then ARCH_ARGS=(--archs "$ARCHS"); fi
-TRAIN70+=("${ARCH_ARGS[@]}")
-TRAIN160+=("${ARCH_ARGS[@]}")
+# ${A[@]+"${A[@]}"}: an empty array expands to nothing under set -u on bash before 4.4 too
+TRAIN70+=(${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"})
+TRAIN160+=(${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"})
 DECODE_BIG=(--suite decode --prompt-len 512 --new-tokens 256 --decode-batches 1,16 --depth 4 --repeats 3
-            --head-backbone dense-142m --compile "${ARCH_ARGS[@]}")
+            --head-backbone dense-142m --compile ${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"})
 
 run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its log to OUT/NAME.log
   local name=$1 limit=$2
@@ -76,7 +78,7 @@ run() {  # run NAME TIMEOUT ARGS...: one suite, its JSON to OUT/NAME.json, its l
 run train-70m "${TIMEOUT_TRAIN:-900}" "${TRAIN70[@]}"
 run train-160m "${TIMEOUT_TRAIN:-900}" "${TRAIN160[@]}"
 run train-70m-t4096 "${TIMEOUT_TRAIN:-900}" "${TRAIN70[@]}" --seq-len 4096 --batch-size 4
-run decode-small "${TIMEOUT_DECODE:-600}" --suite decode --compile "${ARCH_ARGS[@]}"
+run decode-small "${TIMEOUT_DECODE:-600}" --suite decode --compile ${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"}
 run decode-70m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 70m
 run decode-160m "${TIMEOUT_DECODE:-900}" "${DECODE_BIG[@]}" --decode-tier 160m
 run windowed "${TIMEOUT_WINDOWED:-600}" --suite windowed

@@ -316,6 +316,12 @@ def test_onona_serving_reads_the_weights_as_they_are_and_folds_into_the_same_ten
                 assert all(a is b for a, b in zip(fold, first, strict=True))  # the same tensors
                 torch.testing.assert_close(model(x), plain, rtol=0, atol=1e-6)  # a static step's fold
                 torch.testing.assert_close(fold[2], torch.stack([head.table_a.weight, head.table_b.weight]))
+    with torch.no_grad(), head.serving():  # nested (a generate() inside a caller's serving): the outer's stays
+        fold = head.serving_tensors()
+        with head.serving():
+            pass
+        assert head.serving_tensors() is fold
+    assert head.serving_tensors() == ()
 
 
 def test_the_prompt_flag_reads_newlines_and_backslashes():

@@ -149,6 +149,12 @@ def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
     assert main(["export", str(ckpt), "--hf", str(ckpt.parent.parent), "--overwrite"]) == 2
     assert "is a tango-lm run directory" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert helpers.snapshot(ckpt.parent.parent) == before
+    (tmp_path / "to-checkpoints").symlink_to(ckpt.parent)  # through a link: where the files would go
+    (tmp_path / "to-step").symlink_to(ckpt)
+    for target in (tmp_path / "to-checkpoints" / "hf", tmp_path / "to-step"):
+        assert main(["export", str(ckpt), "--hf", str(target), "--overwrite"]) == 2
+        assert "; export to a directory outside it" in helpers.assert_one_error_line(capsys.readouterr().err)
+    assert helpers.snapshot(ckpt.parent.parent) == before
     lone = tmp_path / "lone-step"  # a checkpoint copied out of its run
     shutil.copytree(ckpt, lone)
     for target, said in ((lone, "is a tango-lm checkpoint directory"), (lone / "hf", "is inside the checkpoint")):

@@ -210,6 +210,14 @@ def test_a_damaged_wandb_run_id_file_is_refused_not_replaced(data_dir, tmp_path,
     assert files() == before and out / "wandb.json" in before
     (out / "wandb.json").unlink()  # as the error allows: the rest is a new W&B run
     assert train(longer, resume=True).summary["steps"] == 4
+    # the id is one of the run's files: a fresh start removes it (quickstart --fresh, a sweep's
+    # retry) rather than continue the old W&B run, and a folder with it alone holds a run
+    from tango_lm.train.run_dir import remove_run_files
+
+    remove_run_files(out)
+    assert not (out / "wandb.json").exists()
+    (out / "wandb.json").write_text('{"run_id": "5c1a7bb6"}')
+    assert run_files(out) == ["wandb.json"]
 
 
 def test_a_logger_package_that_fails_to_import_is_one_line(data_dir, tmp_path, capsys, monkeypatch):

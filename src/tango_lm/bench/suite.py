@@ -287,11 +287,22 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if args.warmup < 0:
         raise UserError(f"--warmup must be 0 or more (got {args.warmup})")
-    # The models have heads of 32 channels: the model's own errors name model fields, not these flags.
-    if args.d_model % WINDOWED_HEAD_DIM:
+    # The models have heads of 32 channels: the model's own errors name model fields, not these
+    # flags. Only where the suites build models at --d-model (not presets: --decode-tier, a preset
+    # --memory-backbone).
+    from tango_lm.models.registry import ARCHITECTURES
+
+    matched_decode = "decode" in suites and args.decode_tier is None
+    at_d_model = (
+        {"train", "windowed"} & set(suites)
+        or matched_decode
+        or ("decode" in suites and args.head_backbone in ARCHITECTURES)  # its heads' backbone
+        or ("memory" in suites and args.memory_backbone in ARCHITECTURES)
+    )
+    if at_d_model and args.d_model % WINDOWED_HEAD_DIM:
         raise UserError(f"--d-model must be a multiple of 32, the models' head width (got {args.d_model})")
-    heads = args.d_model // WINDOWED_HEAD_DIM
-    widths = ["tango_width"] + (["windowed_width"] if "windowed" in suites else [])
+    heads = max(1, args.d_model // WINDOWED_HEAD_DIM)
+    widths = ["tango_width"] if "train" in suites or matched_decode else []  # windowed's: said below
     for name in widths:
         if getattr(args, name) % heads:
             raise UserError(

@@ -97,7 +97,7 @@ class OnonaHead(Head):
         self.table_a = vocab_table(cfg)
         self.table_b = vocab_table(cfg)
         self.gate = TokenGate(cfg.d_model, cfg.norm_eps)
-        self._serving = False
+        self._serving = 0  # serving() contexts entered and not left
         self._folded: tuple[torch.Tensor, ...] | None = None  # the fold a static step reads, while serving
         self._fold_cache: tuple[torch.Tensor, ...] | None = None  # its tensors, kept across requests
 
@@ -111,11 +111,13 @@ class OnonaHead(Head):
         (`serving_tensors`, once per request) into tensors kept across requests, whose addresses
         a CUDA graph holds. Nothing is kept on the weights' version counters: an edit through
         `.data`, which moves none, served stale numbers that way (up to 18.8 nats off)."""
-        self._serving = True
+        self._serving += 1  # a depth: a generate() inside a caller's own serving() keeps the outer's
         try:
             yield
         finally:
-            self._serving, self._folded = False, None
+            self._serving -= 1
+            if not self._serving:
+                self._folded = None
 
     def serving_tensors(self) -> tuple[torch.Tensor, ...]:
         """While serving, the fold a static step reads (M, its gate logits, the stacked tables),

@@ -178,7 +178,8 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = Fal
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory; give a directory for --hf")
-    _check_place(out, MARKER)
+    for place in dict.fromkeys((out, out.resolve())):  # as given, and where a link leads (it is written there)
+        _check_place(place, MARKER)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} is not empty; choose a new directory or pass --overwrite to replace its files")
     model = ckpt.build_model("cpu")  # fails with a UserError on a checkpoint that does not fit its config

@@ -176,7 +176,9 @@ class WandbLogger(MetricLogger):
                 else "fix what it names"
             )
             raise UserError(f"wandb could not start a run ({said}); {fix}, or drop wandb from train.loggers") from None
-        id_file.write_text(json.dumps({"run_id": run_id, "project": ctx.wandb_project}) + "\n")
+        from tango_lm.train.checkpoint import write_json_atomic
+
+        write_json_atomic(id_file, {"run_id": run_id, "project": ctx.wandb_project})  # a kill leaves it whole
 
     def log(self, record: dict[str, Any]) -> None:
         # Records of one step (training, dev, summary) merge into one history row at that step.
