@@ -210,14 +210,12 @@ def test_a_damaged_wandb_run_id_file_is_refused_not_replaced(data_dir, tmp_path,
     assert files() == before and out / "wandb.json" in before
     (out / "wandb.json").unlink()  # as the error allows: the rest is a new W&B run
     assert train(longer, resume=True).summary["steps"] == 4
-    # the id is one of the run's files: a fresh start removes it (quickstart --fresh, a sweep's
-    # retry) rather than continue the old W&B run, and a folder with it alone holds a run
+    # a fresh start removes the id (quickstart --fresh, a sweep's retry) rather than continue the
+    # old W&B run
     from tango_lm.train.run_dir import remove_run_files
 
     remove_run_files(out)
-    assert not (out / "wandb.json").exists()
-    (out / "wandb.json").write_text('{"run_id": "5c1a7bb6"}')
-    assert run_files(out) == ["wandb.json"]
+    assert not (out / "wandb.json").exists() and run_files(out) == []
 
 
 def test_a_logger_package_that_fails_to_import_is_one_line(data_dir, tmp_path, capsys, monkeypatch):
@@ -450,3 +448,18 @@ def test_tensorboard_removes_only_the_event_files_it_wrote(data_dir, tmp_path):
     train(helpers.run_config(data_dir, out, steps=6, save_every=2, loggers="jsonl,tensorboard"), resume=True)
     events = sorted(p.name for p in shared.glob("events.out.tfevents.*"))
     assert set(theirs) < set(events) and len(events) == len(theirs) + 1  # theirs, and this run's one file
+
+
+def test_a_start_that_wandb_opened_and_tensorboard_stopped_runs_again_as_it_was(data_dir, tmp_path, offline_wandb):
+    # W&B opens first and writes its id; TensorBoard then refuses: the same command, once fixed,
+    # is a fresh start still (wandb.json is no run file), not "already holds a run".
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("x")
+    run = helpers.run_config(data_dir, out, steps=2, loggers="jsonl,tensorboard,wandb")
+    with pytest.raises(UserError, match="tensorboard is a file"):
+        train(run)
+    assert (out / "wandb.json").is_file() and run_files(out) == []
+    (out / "tensorboard").unlink()
+    assert train(run).summary["steps"] == 2

@@ -1,7 +1,7 @@
 """What a run directory is, and what `train` checks before it writes one.
 
 A directory holds a run when any of `RUN_FILES` is in it: the config files, the metrics log, the
-best-dev record, the summary, the checkpoints or the W&B run id. A fresh `train` (no `--resume`) refuses such a
+best-dev record, the summary or the checkpoints. A fresh `train` (no `--resume`) refuses such a
 directory, whichever of them it holds, so two runs never mix their records.
 
 Before anything is written, `claim_run_dir` checks, reading only:
@@ -41,9 +41,11 @@ __all__ = [
     "claim_run_dir",
 ]
 
-# wandb.json: the run's W&B id (train/loggers.py); a fresh start removes it, or a new run would
-# continue the old W&B run
-RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints", "wandb.json")
+RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
+# The run's W&B id (train/loggers.py): not a run file (a start that W&B opened and another logger
+# then stopped leaves it, and the same command runs again), but a fresh start removes it, or the new
+# run would continue the old W&B run.
+WANDB_ID_FILE = "wandb.json"
 _APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
 
 
@@ -65,6 +67,9 @@ def remove_run_files(path: str | os.PathLike) -> None:
             shutil.rmtree(p)
         elif name != "checkpoints":
             p.unlink()
+    wandb_id = Path(path) / WANDB_ID_FILE
+    if wandb_id.is_file() or wandb_id.is_symlink():
+        wandb_id.unlink()
 
 
 def holds_run(path: str | os.PathLike) -> bool:
