@@ -177,7 +177,7 @@ def is_out_of_memory_text(text: str) -> bool:
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is an allocation that failed (the sizes asked for are past the machine's)."""
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+        isinstance(exc, RuntimeError) and is_out_of_memory_text(str(exc))
     )
 
 

@@ -293,8 +293,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     from tango_lm.models.registry import ARCHITECTURES
 
     matched_decode = "decode" in suites and args.decode_tier is None
-    at_d_model = (
-        {"train", "windowed"} & set(suites)
+    at_d_model = (  # windowed's own check (below) says its d_model and width
+        "train" in suites
         or matched_decode
         or ("decode" in suites and args.head_backbone in ARCHITECTURES)  # its heads' backbone
         or ("memory" in suites and args.memory_backbone in ARCHITECTURES)
@@ -302,13 +302,11 @@ def check_arguments(args: argparse.Namespace) -> None:
     if at_d_model and args.d_model % WINDOWED_HEAD_DIM:
         raise UserError(f"--d-model must be a multiple of 32, the models' head width (got {args.d_model})")
     heads = max(1, args.d_model // WINDOWED_HEAD_DIM)
-    widths = ["tango_width"] if "train" in suites or matched_decode else []  # windowed's: said below
-    for name in widths:
-        if getattr(args, name) % heads:
-            raise UserError(
-                f"--{name.replace('_', '-')} must be a multiple of the models' {heads} heads (--d-model {args.d_model}"
-                f" / 32): TANGO splits its gate width across them (got {getattr(args, name)})"
-            )
+    if ("train" in suites or matched_decode) and args.tango_width % heads:
+        raise UserError(
+            f"--tango-width must be a multiple of the models' {heads} heads (--d-model {args.d_model} / 32): "
+            f"TANGO splits its gate width across them (got {args.tango_width})"
+        )
     lists = (["decode_batches"] if "decode" in suites else []) + (["windowed_lens"] if "windowed" in suites else [])
     for name in lists:
         values = getattr(args, name)

@@ -204,15 +204,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         check_key_names(data, "the config")
-        unknown = sorted(set(data) - {"model", "data", "train"})
-        if unknown:
-            raise UserError(
-                f"unknown config section {unknown[0]!r}{did_you_mean(unknown[0], ('model', 'data', 'train'))}; "
-                "sections are model, data and train"
-            )
-        for name in ("model", "data", "train"):
-            if not isinstance(data.get(name) or {}, dict):
-                raise UserError(f"config section {name!r} must be a mapping of field: value (got {data[name]!r})")
+        check_sections(data)
         model = ModelConfig.from_dict(dict(data.get("model") or {}))
         run = cls(
             model=model,
@@ -404,18 +396,27 @@ LOGISTICS_FIELDS = frozenset(
 )  # fmt: skip
 
 
+SECTIONS_OF_A_RUN = ("model", "data", "train")
+
+
+def check_sections(data: dict[str, Any]) -> None:
+    """UserError for a config section that is not one of `SECTIONS_OF_A_RUN` (with the closest name:
+    `modle: 1` was said to be "no mapping") or whose value is no mapping."""
+    for name, value in data.items():
+        if name not in SECTIONS_OF_A_RUN:
+            raise UserError(
+                f"unknown config section {name!r}{did_you_mean(str(name), SECTIONS_OF_A_RUN)}; "
+                "sections are model, data and train"
+            )
+        if not isinstance(value or {}, dict):
+            raise UserError(f"config section {name!r} must be a mapping of field: value (got {value!r})")
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str], bare_section: str | None = None) -> dict[str, Any]:
     """Apply `section.key=value` overrides (values parsed as YAML scalars). A key without a section
     goes to the section that has a field of that name (model first). An override of the budget
     (`train.steps`, `tokens` or `tokens_per_param`) replaces the config's, whichever kind it is."""
-    for k, v in data.items():
-        if k not in ("model", "data", "train"):  # an unknown one is said as such, with the closest name
-            raise UserError(
-                f"unknown config section {k!r}{did_you_mean(str(k), ('model', 'data', 'train'))}; "
-                "sections are model, data and train"
-            )
-        if not isinstance(v or {}, dict):
-            raise UserError(f"config section {k!r} must be a mapping of field: value (got {v!r})")
+    check_sections(data)
     out = {k: dict(v or {}) for k, v in data.items()}
     model_changes: dict[str, Any] = {}
     budgets: dict[str, str] = {}  # budget field -> the override that sets it

@@ -338,9 +338,15 @@ def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] =
             for record in opened[-1].to_replay(list(kept)):
                 opened[-1].log(record)
     except BaseException as exc:
-        close_loggers(opened, 130 if isinstance(exc, KeyboardInterrupt) else 1)
+        close_loggers(opened, stopped_exit_code(exc))
         raise
     return opened
+
+
+def stopped_exit_code(exc: BaseException) -> int:
+    """The process's exit code for a run `exc` stopped (what `close` marks a W&B run with): 130 for
+    Ctrl-C, 1 for anything else."""
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
 def close_loggers(loggers: list[MetricLogger], exit_code: int = 0) -> None:

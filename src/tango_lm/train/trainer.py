@@ -44,7 +44,14 @@ from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig, dump_yaml
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels, to_device
-from tango_lm.train.loggers import LogContext, MetricLogger, check_available, close_loggers, open_loggers
+from tango_lm.train.loggers import (
+    LogContext,
+    MetricLogger,
+    check_available,
+    close_loggers,
+    open_loggers,
+    stopped_exit_code,
+)
 from tango_lm.train.nonfinite import NonFiniteGuard
 from tango_lm.train.optim import build_optimizer, lr_at
 from tango_lm.train.run_dir import claim_run_dir
@@ -264,7 +271,7 @@ class Trainer(TrainerCheckpoints):
         except BaseException as exc:
             loggers, self.loggers = self.loggers or [], None
             with contextlib.suppress(Exception):  # the error that stopped training is the one to report
-                close_loggers(loggers, 130 if isinstance(exc, KeyboardInterrupt) else 1)
+                close_loggers(loggers, stopped_exit_code(exc))
             raise
         loggers, self.loggers = self.loggers or [], None
         close_loggers(loggers)
