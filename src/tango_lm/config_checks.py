@@ -154,6 +154,11 @@ def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
         )
 
 
+def scored_splits(run: RunConfig) -> list[tuple[str, str, int | None]]:
+    """(role, split, windows scored on it: None for every one) of the run's dev and test splits."""
+    return [("dev", run.data.dev_split, run.train.eval_windows), ("test", run.data.test_split, run.train.test_windows)]
+
+
 def check_splits_fit_run(run: RunConfig, dataset: PreparedDataset) -> None:
     """What a run checks of its splits when it starts, without starting it (a sweep checks every run
     before training or submitting any): the training split holds a global batch of windows, and the
@@ -162,10 +167,7 @@ def check_splits_fit_run(run: RunConfig, dataset: PreparedDataset) -> None:
 
     cfg, seq_len = run.train, run.seq_len()
     WindowLoader(dataset.tokens(run.data.train_split), seq_len, cfg.batch_size, cfg.data_seed)
-    for role, split, windows in (
-        ("dev", run.data.dev_split, cfg.eval_windows),
-        ("test", run.data.test_split, cfg.test_windows),
-    ):
+    for role, split, windows in scored_splits(run):
         eval_batches(
             dataset.tokens(split), seq_len, cfg.eval_batch_size or cfg.batch_size, windows, split=f"{role} ({split!r})"
         )
@@ -207,10 +209,7 @@ def fewer_windows_than_asked(run: RunConfig, dataset: PreparedDataset) -> list[s
     from tango_lm.data.loader import count_eval_windows
 
     out = []
-    for role, split, asked in (
-        ("dev", run.data.dev_split, run.train.eval_windows),
-        ("test", run.data.test_split, run.train.test_windows),
-    ):
+    for role, split, asked in scored_splits(run):
         if asked is None:
             continue
         held = count_eval_windows(dataset.tokens(split), run.seq_len())
