@@ -241,6 +241,20 @@ def test_one_table_ablation(which):
     assert (model(x) - lp).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_a_head_declares_what_it_offers_beyond_the_interface(head):
+    """generate, serve, eval --ablate and bench ask the head's flags: a sampler or twin tables a
+    head has but does not declare would be silently skipped, a flag without them would crash."""
+    cls = HEADS[head]
+    samplers = {name for name in ("sample", "sample_static") if hasattr(cls, name)}
+    assert samplers == ({"sample", "sample_static"} if cls.one_projection_sampling else set())
+    assert hasattr(cls, "ablation") == cls.twin_tables
+    model = small_model("loop-transformer", head)
+    with model.head.serving():  # every head can be served; outside it, no fold is kept
+        assert isinstance(model.head.serving_tensors(), tuple)
+    assert model.head.serving_tensors() == ()
+
+
 def test_one_projection_sampling_matches_the_mixture():
     torch.manual_seed(0)
     cfg = SimpleNamespace(vocab_size=6, d_model=4, init_std=0.6, norm_eps=1e-6)

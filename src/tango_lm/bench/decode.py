@@ -325,7 +325,7 @@ def run_head_decode(
     for name in HEAD_VARIANTS:
         torch.manual_seed(0)  # one seed: every head gets the same body
         models[name] = build_model(base.replace(head=name.split("-")[0])).to(dev).eval()
-    if not hasattr(models["onona-one"].head, "sample"):
+    if not models["onona-one"].head.one_projection_sampling:
         raise RuntimeError("the onóna head has no one-projection sampler")
     top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
     temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)

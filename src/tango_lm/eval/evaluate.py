@@ -135,10 +135,10 @@ def model_variant(model: Any, ckpt: Any, segment: int | None, ablate: str | None
     if ablate is not None:
         if ablate.upper() not in ("A", "B"):
             raise UserError(f"--ablate takes A or B (got {ablate!r})")
-        if not hasattr(model.head, "ablation"):
+        if not model.head.twin_tables:
             from tango_lm.heads.registry import HEADS
 
-            twins = " or ".join(name for name, head in HEADS.items() if hasattr(head, "ablation"))
+            twins = " or ".join(name for name, head in HEADS.items() if head.twin_tables)
             raise UserError(
                 f"--ablate needs a checkpoint of onóna's twin mixture (head {twins}); "
                 f"{ckpt.path} has head {ckpt.config['model'].get('head')!r}"

@@ -3,6 +3,9 @@ as producing the output distribution (onóna's input is the average of its two t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +22,23 @@ class Head(nn.Module):
     # Positions per chunk of a fused loss (ops/twin_loss.py); set it on the instance
     # (`model.head.loss_chunk = 512`) to trade speed for memory.
     loss_chunk: int = LOSS_CHUNK
+    # What a head may offer beyond the three methods, declared here so that generate, serve, eval
+    # and bench ask the head (a new head states what it takes) instead of looking for a method:
+    # exact temperature-1 sampling with one vocabulary projection per position, through
+    # `sample(h, ids, generator, vocab_size)` and `sample_static(h, ids, noise, vocab_size)` (onóna)
+    one_projection_sampling: bool = False
+    # twin tables that `eval --ablate A|B` can run alone, through the instance's `ablation`
+    twin_tables: bool = False
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """The context decoding runs in (onóna folds its tables for static steps); nothing here."""
+        yield
+
+    def serving_tensors(self) -> tuple[torch.Tensor, ...]:
+        """While serving, the tensors a static decode step reads that are made from the weights
+        when the step begins (before a compiled step, which must not make them); none here."""
+        return ()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> input vectors [B, T, d]."""

@@ -86,9 +86,9 @@ class OnonaHead(Head):
 
     display_name = "onóna"
     vocab_projections = 2
-    # None, "a" or "b": declared on the class, so `eval --ablate` finds the heads that take it
-    # in the registry (its error names them) without building one.
-    ablation: str | None = None
+    one_projection_sampling = True
+    twin_tables = True
+    ablation: str | None = None  # None, "a" or "b" (`eval --ablate`)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -5,7 +5,6 @@ on CPUs, and with `static=None`, with the eager cached forward below."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 
@@ -125,9 +124,8 @@ def generate(
     mode = default_mode(prompt.device) if static == "auto" else static
     was_training = model.training  # sampling mid-training must not leave the model in eval mode
     model.eval()
-    serving = getattr(model.head, "serving", contextlib.nullcontext)
     try:
-        with serving():
+        with model.head.serving():
             if mode is not None and max_new_tokens > 0:
                 return decode_static(
                     model,
@@ -155,7 +153,7 @@ def _decode(
     cache = model.new_cache(total)
     # Untruncated temperature-1 sampling from a mixture head needs only one of its projections per
     # position (onóna, seed 001 Appendix B): the head samples from the hidden state directly.
-    one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample")
+    one_projection = temperature == 1 and top_k is None and top_p is None and model.head.one_projection_sampling
 
     def step(ids: torch.Tensor) -> torch.Tensor:
         h = model.hidden(ids, cache)[:, -1:]  # a prompt's earlier positions need no log-probs

@@ -123,7 +123,7 @@ class StaticDecoder:
         self.cache.begin_static(self.position)
         # The head's serving fold (onóna's), made here from the weights as they are, before a step
         # (compiled, it must not make it) reads it
-        folded = getattr(self.model.head, "serving_tensors", lambda: ())()
+        folded = self.model.head.serving_tensors()
         if self.mode == "cuda-graphs":  # the graph reads these in place: no copies into its inputs
             for state in self.cache.states:
                 for t in (*state.buffers.values(), *state.static.values()):
@@ -205,7 +205,7 @@ def decode_static(
     CUDA a host copy, read while the next step runs: `HostTokens`); when it returns True decoding
     stops there. The loop reads back to the host only what those stop checks need."""
     decoder = static_decoder(model, prompt.shape[0], mode, prompt.shape[1] + max_new_tokens - 1)
-    one_projection = temperature == 1 and top_k is None and top_p is None and hasattr(model.head, "sample_static")
+    one_projection = temperature == 1 and top_k is None and top_p is None and model.head.one_projection_sampling
     width = model.config.vocab_size + (1 if one_projection else 0)
     rows = prompt.shape[0]
     idle = torch.full((rows, width), 0.5, device=prompt.device)  # greedy reads no noise
