@@ -1,6 +1,7 @@
-"""Numbers a config may hold: finite, in range, and a model whose training state fits in memory.
+"""Numbers a config may hold: finite, in range, a model whose training state fits in memory, and
+data the run can read.
 
-All three are checked before anything is written:
+Errors, checked before anything is written:
 
 - every float field of every section is finite (`train.lr=.nan`, `model.init_std=.inf` are refused
   when the value is read, in `models.config.check_type`);
@@ -9,11 +10,14 @@ All three are checked before anything is written:
 - the weights, gradients and AdamW's two moments (16 bytes per parameter in fp32; split over the
   processes under FSDP) fit in the memory of the device that trains them (`check_fits_memory`),
   so a mistyped width stops at once instead of swapping or dying in the allocator;
-- and a dataset's token ids fit the model's table (`check_data_fits_model`).
+- a dataset's token ids fit the model's table (`check_data_fits_model`), and the splits the run
+  scores (`scored_splits`) hold a window of its context (`check_splits_fit_run`).
 
-Some are warnings, not errors, said when a run starts (`start_of_run_warnings`): a table mostly of
-rows the data's tokenizer never produces (`unused_table_rows`), as when byte-level data meets the
-default GPT-2-sized vocabulary, a warmup as long as the run (`warmup_past_the_run`), and what the
+Warnings, said when a run starts (`start_of_run_warnings`): a table mostly of rows the data's
+tokenizer never produces (`unused_table_rows`), as when byte-level data meets the default
+GPT-2-sized vocabulary; a warmup as long as the run (`warmup_past_the_run`); a scored split with
+fewer windows than the run asks of it (`fewer_windows_than_asked`); a model field this
+architecture does not read set away from its default (`unread_model_fields`); and what the
 architecture itself warns of (`Architecture.warnings`).
 """
 

@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; a failure the user can fix is one line `error: ...` and exit code 2 (cli_output.py)."""
+    """Run one command; a failure the user can fix is one line `error: ...` and exit code 2 (cli/output.py)."""
     try:
         with held_warnings():
             args = parse_args(argv)
