@@ -417,7 +417,9 @@ def test_ablate_refusal_names_every_registered_head_that_takes_it(monkeypatch):
     from tango_lm.heads.standard import StandardHead
 
     monkeypatch.setitem(HEADS, "my-twin", type("MyTwin", (OnonaHead,), {}))
-    standard = SimpleNamespace(head=StandardHead.__new__(StandardHead), set_active_segment=lambda segment: None, num_segments=None)
+    standard = SimpleNamespace(
+        head=StandardHead.__new__(StandardHead), set_active_segment=lambda segment: None, num_segments=None
+    )
     ckpt = SimpleNamespace(path="runs/x", config={"model": {"head": "standard"}})
     with pytest.raises(UserError, match=r"\(head onona or factorial-m-mix or my-twin\); runs/x has head 'standard'"):
         model_variant(standard, ckpt, None, "A")

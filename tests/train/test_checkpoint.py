@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from tango_lm.atomic_files import write_json_atomic, write_text_atomic
 from tango_lm.cli import main
 from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import get_tokenizer
@@ -33,8 +34,6 @@ from tango_lm.train.checkpoint import (
     prune_checkpoints,
     resolve_run_checkpoint,
     save_checkpoint,
-    write_json_atomic,
-    write_text_atomic,
 )
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers

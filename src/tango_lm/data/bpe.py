@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tango_lm.atomic_files import write_text_atomic
 from tango_lm.data.code_trees import CODE_ALWAYS_EXCLUDED
 from tango_lm.data.files import jsonl_documents, parquet_documents, text_documents
 from tango_lm.data.inputs import expand_inputs
@@ -144,10 +145,5 @@ def train_bpe(
     tok.train_from_iterator(stream(), trainer)
     result = BPETokenizer(tok.to_str())
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(result.to_json() + "\n", encoding="utf-8")
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(out_path, result.to_json() + "\n")
     return result

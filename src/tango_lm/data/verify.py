@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tango_lm.atomic_files import write_text_atomic
 from tango_lm.errors import UserError
 
 __all__ = ["DTYPES", "Shard", "manifest_shards", "verify_shards", "record_verified", "verify_dataset"]
@@ -264,14 +265,11 @@ class _Cache:
         """Write the cache if anything changed; a cache that cannot be written is simply not kept."""
         if not self.changed:
             return
-        tmp = self.file.with_name(f".{self.file.name}.tmp-{os.getpid()}")
+        data = {"version": _CACHE_VERSION, "dataset": self.dataset, "shards": self.entries}
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"version": _CACHE_VERSION, "dataset": self.dataset, "shards": self.entries}))
-            os.replace(tmp, self.file)
+            write_text_atomic(self.file, json.dumps(data))
         except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return
         _forget_deleted(self.file.parent)
 

@@ -38,11 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tango_lm.atomic_files import write_json_atomic
 from tango_lm.errors import UserError, did_you_mean, os_error_text
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.sweep.runner import _row, _train_one, check_runs_to_train, other_config_row, run_state
-from tango_lm.train.checkpoint import write_json_atomic
 
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
 DEFAULT_TIME = "24:00:00"

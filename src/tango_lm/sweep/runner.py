@@ -28,12 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.train.checkpoint import complete_steps, step_of, write_json_atomic
+from tango_lm.train.checkpoint import complete_steps, step_of
 from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
 from tango_lm.train.run_dir import remove_run_files
 

@@ -143,25 +143,6 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary sibling and rename it over `path`: a reader, or a disk that
-    fills up while it is written, never leaves `path` half-written (nor the sibling behind)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` atomically (write_text_atomic)."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
-
-
 def tmp_step_dir(ckpt_root: Path, step: int, tag: int | str) -> Path:
     """`.tmp-step-N-TAG`, where a step directory is written (TAG: the writing process's pid, or
     rank 0's under torchrun, so every rank writes its shard into the same one)."""

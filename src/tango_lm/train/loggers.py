@@ -176,7 +176,7 @@ class WandbLogger(MetricLogger):
                 else "fix what it names"
             )
             raise UserError(f"wandb could not start a run ({said}); {fix}, or drop wandb from train.loggers") from None
-        from tango_lm.train.checkpoint import write_json_atomic
+        from tango_lm.atomic_files import write_json_atomic
 
         write_json_atomic(id_file, {"run_id": run_id, "project": ctx.wandb_project})  # a kill leaves it whole
 

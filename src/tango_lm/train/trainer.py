@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tango_lm import strict_json
+from tango_lm.atomic_files import write_json_atomic, write_text_atomic
 from tango_lm.config_checks import check_data_fits_model, check_fits_memory, start_of_run_warnings
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
@@ -37,8 +38,6 @@ from tango_lm.train.checkpoint import (
     remove_incomplete,
     step_dir_name,
     step_of,
-    write_json_atomic,
-    write_text_atomic,
 )
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig, dump_yaml

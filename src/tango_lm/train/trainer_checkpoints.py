@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.loader import WindowLoader
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
@@ -26,7 +27,6 @@ from tango_lm.train.checkpoint import (
     prune_checkpoints,
     step_dir_name,
     tmp_step_dir,
-    write_json_atomic,
 )
 from tango_lm.train.config import RunConfig
 from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
