@@ -329,6 +329,20 @@ def test_tokens_per_param_counts_the_standard_head_for_every_head(data_dir, tmp_
         assert run.train.tokens == 2 * standard and run.total_steps() == runs["standard"].total_steps()
 
 
+@pytest.mark.parametrize("preset", ["gdn-hybrid-142m", "moe-142m", "attnres-142m", "moe-330m"])
+def test_tokens_per_param_counts_the_dense_model_for_the_onona_backbones(preset):
+    # seed 001 Appendix C: 40 x the Dense Standard count (142,469,888 and 329,961,472) for every
+    # arm of a size, "including ... MoE models with additional expert parameters". Each backbone's
+    # own count gave MoE-142m 56,315 steps at 40 TPP, against the paper's (and its preset's) 21,740.
+    from tango_lm.train.config import load_run_config, tpp_reference_params
+
+    run = load_run_config(preset, ["train.tokens_per_param=40", "model.head=onona"])
+    dense = {"142m": 142_469_888, "330m": 329_961_472}[preset.rsplit("-", 1)[1]]
+    assert run.model.num_params()["total"] != dense
+    assert tpp_reference_params(run.model) == dense
+    assert run.total_steps() == load_run_config(preset, []).total_steps()  # the preset's own steps
+
+
 def test_token_budget_trains_that_many_steps(data_dir, tmp_path):
     out = tmp_path / "run"
     s = train(helpers.run_config(data_dir, out, steps=None, tokens=3 * 4 * 32)).summary
@@ -509,6 +523,29 @@ def test_a_flash_group_that_holds_the_whole_context_is_warned():
     assert ARCHITECTURES["flash"].warnings(flash.replace(group_size=flash.context_length - 1)) == []
     (line,) = ARCHITECTURES["flash"].warnings(flash.replace(group_size=flash.context_length))
     assert line.startswith(f"model.group_size={flash.context_length} is at least model.context_length=")
+
+
+def test_top_1_routing_with_renormalized_weights_is_warned():
+    # Each token's one weight is then 1: the router's gradient from the loss is zero (~1e-10 measured),
+    # so routing learns from the load-balancing term alone, with no word.
+    from tango_lm.models.registry import ARCHITECTURES
+    from tests.arch_cases import tiny_config
+
+    moe = tiny_config("moe")
+    assert ARCHITECTURES["moe"].warnings(moe.replace(moe_top_k=2)) == []
+    assert ARCHITECTURES["moe"].warnings(moe.replace(moe_top_k=1, moe_renormalize=False)) == []
+    (line,) = ARCHITECTURES["moe"].warnings(moe.replace(moe_top_k=1))
+    assert line.startswith("model.moe_top_k=1 with model.moe_renormalize=true") and "moe_renormalize=false" in line
+    from tango_lm import build_model
+
+    def router_gradient(renormalize: bool) -> float:
+        torch.manual_seed(0)
+        model = build_model(moe.replace(moe_top_k=1, moe_renormalize=renormalize)).double().eval()
+        ids = torch.randint(0, moe.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+        model.nll(ids[:, :-1], ids[:, 1:]).backward()  # eval: no load-balancing term, the loss alone
+        return max(p.grad.abs().max().item() for name, p in model.named_parameters() if "router" in name)
+
+    assert router_gradient(renormalize=True) < 1e-9 < 1e-6 < router_gradient(renormalize=False)
 
 
 def test_no_architecture_warns_of_its_own_tiny_config_or_of_a_preset():

@@ -30,8 +30,10 @@ Axes and what they set (each value is checked in sweep/axes.py):
 - `seed`: `[model_seed, data_seed]` pairs, or plain model seeds (data seed from the base).
 
 Budgets: a `train.tokens_per_param` budget is turned into `train.tokens` = TPP x the tier's
-target (or, without a tier, x the standard-head count of the run's model), so every head of a
-setting (and, with a tier or target, every architecture) trains on the same tokens in the same order.
+target (or, without a tier, x the count `train/config.py:tpp_reference_params` gives: the run's
+model with the Standard head, or the Dense model of its shape for the onóna paper's other
+backbones), so every head of a setting (and, with a tier or target, every architecture) trains on
+the same tokens in the same order.
 
 Run directories are named by the axes in the fixed order dataset, tier/target_params, d_model,
 depth, arch, head, config-field axes, seed: `dataset=fineweb/tier=70M/depth=4/arch=tango/

@@ -356,10 +356,15 @@ BUDGET_FIELDS = ("steps", "tokens", "tokens_per_param")  # train fields of which
 
 def tpp_reference_params(model: Any) -> int:
     """The count a tokens-per-parameter budget multiplies: the model's total parameters with the
-    Standard head, so every head of a comparison trains on the same tokens (seed 001 §3.1: "40
-    tokens per parameter based on the Dense Standard parameter count"; a sweep counts so too). A
-    twin-table head's own count gave onóna 27% more steps than Standard at dense-142m."""
-    return model.replace(head="standard").num_params()["total"]
+    Standard head, of its architecture's `budget_reference` at its shape (the onóna backbones: the
+    Dense model), so every head and backbone of a comparison trains on the same tokens (seed 001
+    §3.1: "40 tokens per parameter based on the Dense Standard parameter count"; a sweep counts so
+    too). A twin-table head's own count gave onóna 27% more steps than Standard at dense-142m, and
+    MoE's own count (all experts) 2.6 times the paper's tokens at moe-142m."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    reference = ARCHITECTURES[model.arch].budget_reference or model.arch
+    return model.replace(arch=reference, head="standard").num_params()["total"]
 
 
 def budget_steps(

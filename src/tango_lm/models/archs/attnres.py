@@ -78,6 +78,7 @@ class AttnResArch(Architecture):
     reads = ("n_kv_heads", "attnres_block")
     display_name = "AttnRes"
     family = "onona"
+    budget_reference = "dense"  # the paper's 40 TPP of the Dense Standard count at this shape
     decode_state = "keys and values of the n_kv_heads heads, every position"
     tiny = {"n_kv_heads": 2}
     layers_return_tensors = False  # a layer adds its outputs to the DepthSources it is given

@@ -43,6 +43,11 @@ class Architecture:
     # hook on its output tensors. A layer that returns none (it writes into a shared structure, as
     # AttnRes's depth sources) stays in the root unit instead.
     layers_return_tensors: bool = True
+    # The architecture whose count with the Standard head, at this model's shape, a tokens_per_param
+    # budget multiplies (train/config.py tpp_reference_params); empty: its own. The onóna paper
+    # budgets every backbone by the Dense model's count (seed 001 Appendix C: "All arms at each size
+    # share this budget, including ... MoE models with additional expert parameters").
+    budget_reference: str = ""
     # The model fields only some architectures read (window, qk_dim, n_experts, ...) that this one
     # reads: a run that sets another one away from its default is warned that nothing uses it
     # (n_kv_heads=2 on a Transformer++ silently trained full multi-head attention).

@@ -72,6 +72,7 @@ class GdnHybrid(Architecture):
     )
     display_name = "GDN hybrid"
     family = "onona"
+    budget_reference = "dense"  # the paper's 40 TPP of the Dense Standard count at this shape
     decode_state = (
         "GDN layers: the d_k x d_v state per head and the last conv_size - 1 inputs of q, k, v "
         "(bounded); attention layers: keys and values of every position"

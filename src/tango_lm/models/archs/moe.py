@@ -65,6 +65,7 @@ class MoE(Architecture):
     )
     display_name = "MoE"
     family = "onona"
+    budget_reference = "dense"  # the paper's 40 TPP of the Dense Standard count at this shape
     decode_state = "keys and values of the n_kv_heads heads, every position"
     skips_parameters = True
     scores_depend_on_batch = True
@@ -92,6 +93,16 @@ class MoE(Architecture):
                 )
         if cfg.aux_loss_weight < 0:
             raise UserError(f"model.aux_loss_weight must be >= 0 (got {cfg.aux_loss_weight})")
+
+    @staticmethod
+    def warnings(cfg: ModelConfig) -> list[str]:
+        if cfg.moe_top_k != 1 or not cfg.moe_renormalize:
+            return []
+        return [
+            "model.moe_top_k=1 with model.moe_renormalize=true: every token's one weight is 1, so the router "
+            "learns only from the load-balancing loss, not from the language-model loss; set "
+            "model.moe_renormalize=false (Switch Transformer's top-1 routing)"
+        ]
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
