@@ -323,3 +323,94 @@ def test_the_printed_url_brackets_an_ipv6_address():
             return
         with sock:
             assert base_url(sock) == f"http://[::1]:{sock.getsockname()[1]}/v1"
+
+
+def test_too_many_prompts_are_refused_before_any_is_tokenized():
+    # 2 million prompts were each checked and tokenized before the count was: 6.5 s of refusal.
+    from types import SimpleNamespace
+
+    from tango_lm.serve.completions_request import APIError, CompletionRequest, check_request
+
+    encoded = []
+    tokenizer = SimpleNamespace(vocab_size=257, eot_id=256, encode=lambda text: encoded.append(text) or [97])
+    request = CompletionRequest(model=MODEL, prompt=["ab"] * 100)
+    with pytest.raises(APIError, match="n x prompts must be between 1 and 32"):
+        check_request(request, MODEL, tokenizer, CONTEXT, 32)
+    assert encoded == []
+    prompts, _ = check_request(request.model_copy(update={"prompt": ["ab"] * 32}), MODEL, tokenizer, CONTEXT, 32)
+    assert prompts == [[97]] * 32 and len(encoded) == 32
+
+
+def test_a_request_being_tokenized_does_not_hold_the_other_clients():
+    # Tokenizing ran on the event loop: one 50 MB prompt held /health and every stream for seconds.
+    # Here the tokenizer waits until /health has answered; on the event loop it would wait in vain.
+    import threading
+    from types import SimpleNamespace
+
+    import httpx
+
+    from tango_lm.serve.server import build_app
+
+    answered, order = threading.Event(), []
+
+    def encode(text: str) -> list[int]:
+        order.append("encode" if answered.wait(timeout=20) else "encode, /health still waiting")
+        return [97] * (CONTEXT + 1)  # longer than the context: refused, nothing is decoded
+
+    model = SimpleNamespace(config=SimpleNamespace(context_length=CONTEXT))
+    tokenizer = SimpleNamespace(vocab_size=257, eot_id=256, encode=encode)
+    app = build_app(model, tokenizer, MODEL, torch.device("cpu"))
+
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+            slow = asyncio.ensure_future(http.post("/v1/completions", json={"model": MODEL, "prompt": "x"}))
+            await asyncio.sleep(0.05)
+            health = await http.get("/health")
+            order.append("health")
+            answered.set()
+            return await slow, health
+
+    slow, health = asyncio.run(both())
+    assert health.json()["status"] == "ok" and order == ["health", "encode"]
+    assert slow.status_code == 400 and slow.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_stream_that_fails_ends_with_its_error_and_done_without_a_usage_count():
+    # After a shutdown (503) or a failed batch (500) the usage chunk counted only the rows finished:
+    # 0 completion tokens after 39 streamed.
+    import threading
+    from types import SimpleNamespace
+
+    from tango_lm.serve import server as server_module
+
+    async def stream(*events: tuple) -> list[str]:
+        queue: asyncio.Queue = asyncio.Queue()
+        for event in events:
+            queue.put_nowait(event)
+        job = SimpleNamespace(cancelled=threading.Event())
+        return [c async for c in server_module._stream(queue, [job], 1, {"id": "x"}, True, 3)]
+
+    failed = asyncio.run(stream((0, "text", 0, "ab"), (0, "error", "the server is shutting down", 503)))
+    assert len(failed) == 3 and '"server_error"' in failed[1] and "shutting down" in failed[1]
+    assert failed[2] == "data: [DONE]\n\n" and not any("usage" in c for c in failed)
+    finished = asyncio.run(stream((0, "text", 0, "ab"), (0, "done", 0, "length", 2)))
+    assert '"completion_tokens": 2' in finished[-2] and finished[-1] == "data: [DONE]\n\n"
+
+
+def test_other_methods_and_pages_name_the_endpoints(server):
+    # FastAPI's /docs, /redoc and /openapi.json answered 200 (the README says any other path is a
+    # 404 listing the endpoints), and a wrong method said only "Method Not Allowed".
+    _, url = server
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    for method, path, status, said in (
+        ("GET", "/docs", 404, "no endpoint /docs; this server has POST /v1/completions"),
+        ("GET", "/openapi.json", 404, "no endpoint /openapi.json"),
+        ("GET", "/v1/completions", 405, "/v1/completions does not take GET; this server has POST /v1/completions"),
+        ("DELETE", "/health", 405, "/health does not take DELETE"),
+    ):
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request(method, path)
+        resp = conn.getresponse()
+        reply = json.loads(resp.read())
+        assert resp.status == status and said in reply["error"]["message"], (method, path, reply)

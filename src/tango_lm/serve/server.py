@@ -28,66 +28,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from tango_lm.errors import UserError
 from tango_lm.serve.batcher import Batcher, Job
-from tango_lm.serve.generate import MIN_TEMPERATURE, SEEDS, room_for_new_tokens
+from tango_lm.serve.completions_request import (
+    APIError,
+    CompletionRequest,
+    check_request,
+    unreadable_body,
+    validation_error,
+)
 
-MAX_STOP = 16
 ENDPOINTS = "POST /v1/completions, GET /v1/models and GET /health (a base model: no chat completions)"
 MAX_BATCH_WAIT_MS = 60_000  # a minute; longer (or inf) is no batching policy, and inf kills queue.get
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-class StreamOptions(BaseModel):
-    """OpenAI's `stream_options` (its one field; a string "no" was truthy, an unknown key ignored)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    include_usage: bool | None = None
-
-
-class CompletionRequest(BaseModel):
-    """OpenAI's completion parameters (unknown ones are refused)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)  # no true as token 1, no 2.0 as max_tokens 2
-
-    model: str
-    prompt: str | list[str] | list[int] | list[list[int]] = ""
-    max_tokens: int | None = 16
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
-    stop: str | list[str] | None = None
-    n: int | None = 1
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    seed: int | None = None
-    user: str | None = None
-    # OpenAI parameters this server refuses unless they ask for nothing.
-    logprobs: int | None = None
-    echo: bool | None = False
-    suffix: str | None = None
-    best_of: int | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
 
 
 def build_app(
@@ -104,7 +58,8 @@ def build_app(
         yield
         batcher.stop()
 
-    app = FastAPI(title="tango-lm", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the endpoints below are all there is (a 404 lists them).
+    app = FastAPI(title="tango-lm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher = batcher
 
     @app.exception_handler(APIError)
@@ -114,7 +69,7 @@ def build_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         json_body = "json" in request.headers.get("content-type", "").lower()
-        return JSONResponse(_validation_error(exc.errors(), json_body).body(), status_code=400)
+        return JSONResponse(validation_error(exc.errors(), json_body).body(), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -122,8 +77,10 @@ def build_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         if exc.status_code == 404:  # a client pointed at another endpoint (chat completions, say) learns what is here
             message = f"no endpoint {request.url.path}; this server has {ENDPOINTS}"
+        elif exc.status_code == 405:  # Starlette's "Method Not Allowed" named no method to use
+            message = f"{request.url.path} does not take {request.method}; this server has {ENDPOINTS}"
         elif exc.status_code == 400 and message == "There was an error parsing the body":
-            message, code = _unreadable_body(exc.__cause__), "invalid_json"  # FastAPI's words for any such failure
+            message, code = unreadable_body(exc.__cause__), "invalid_json"  # FastAPI's words for any such failure
         error = APIError(exc.status_code, message, code=code)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
@@ -148,7 +105,8 @@ def build_app(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        prompts, settings = _check(req, model_name, tokenizer, context, max_batch_size)
+        # Off the event loop: tokenizing a large prompt held every other client (and /health) for seconds.
+        prompts, settings = await asyncio.to_thread(check_request, req, model_name, tokenizer, context, max_batch_size)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         jobs = []
@@ -200,154 +158,6 @@ def build_app(
     return app
 
 
-def _unreadable_body(cause: BaseException | None) -> str:
-    """What was wrong with a body json.loads raised on for other than its syntax."""
-    if isinstance(cause, UnicodeDecodeError):
-        return f"the request body is not UTF-8 (byte {cause.start}); send JSON in UTF-8"
-    if isinstance(cause, RecursionError):
-        return "the request body nests arrays or objects too deep to read; send a flatter JSON object"
-    said = " ".join(str(cause).split())[:200] if cause is not None else ""
-    return f"the request body cannot be read as JSON ({said or 'no reason given'}); send a JSON object"
-
-
-def _check_unicode(text: str, param: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800" in the JSON) is no text
-        raise APIError(
-            400, f"the {param} is not valid Unicode (a lone surrogate at character {exc.start})", param=param
-        ) from None
-
-
-def _validation_error(errors: list[dict[str, Any]], json_body: bool = True) -> APIError:
-    """The first pydantic error as OpenAI's 400 (`json_body`: the request said its body is JSON)."""
-    if not errors:
-        return APIError(400, "invalid request")
-    err = errors[0]
-    loc = [str(x) for x in err.get("loc", []) if x != "body"]
-    if not loc and not json_body:  # curl -d sends a form's content type: the JSON in it is not read as JSON
-        return APIError(400, "send the request body as JSON, with the header Content-Type: application/json")
-    if not loc and err.get("type") == "missing":
-        return APIError(400, "the request body is empty; send a JSON object of completion parameters")
-    if err.get("type") == "json_invalid":
-        return APIError(400, "the request body is not valid JSON; send a JSON object", code="invalid_json")
-    if err.get("type") == "extra_forbidden":
-        return APIError(
-            400, f"unrecognized request argument supplied: {loc[0] if loc else '?'}", param=loc[0] if loc else None
-        )
-    if err.get("type") == "missing":
-        return APIError(
-            400, f"you must provide a {loc[0] if loc else 'value'} parameter", param=loc[0] if loc else None
-        )
-    if not loc:
-        return APIError(400, "the request body must be a JSON object of completion parameters")
-    return APIError(400, f"invalid value for {loc[0]}: {err.get('msg', 'wrong type')}", param=loc[0])
-
-
-def _check(
-    req: Any, model_name: str, tokenizer: Any, context: int, max_batch_size: int
-) -> tuple[list[list[int]], dict[str, Any]]:
-    """Validate a completion request: (tokenized prompts, the Job settings) or an APIError."""
-    if req.model != model_name:
-        raise APIError(
-            404,
-            f"the model '{req.model}' does not exist; this server serves '{model_name}'",
-            param="model",
-            code="model_not_found",
-        )
-    if req.stream_options is not None and not req.stream:  # as OpenAI answers it
-        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
-    refused = {
-        "logprobs": req.logprobs is not None,
-        "echo": bool(req.echo),
-        "suffix": req.suffix is not None,
-        "best_of": req.best_of not in (None, req.n or 1),  # best_of = n returns all n; below n OpenAI refuses
-        "presence_penalty": bool(req.presence_penalty),
-        "frequency_penalty": bool(req.frequency_penalty),
-        "logit_bias": bool(req.logit_bias),
-    }
-    for name, asked in refused.items():
-        if asked:
-            raise APIError(400, f"{name} is not supported by this server", param=name, code="unsupported_parameter")
-    max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    if max_tokens < 0:
-        raise APIError(400, f"max_tokens must be at least 0 (got {max_tokens})", param="max_tokens")
-    temperature = 1.0 if req.temperature is None else req.temperature
-    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= 2):
-        raise APIError(
-            400,
-            f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and 2 (got {temperature})",
-            param="temperature",
-        )
-    top_p = 1.0 if req.top_p is None else req.top_p
-    if not 0 < top_p <= 1:
-        raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
-    if req.seed is not None and req.seed not in SEEDS:
-        raise APIError(400, f"seed must be between -2**63 and 2**64 - 1 (got {req.seed})", param="seed")
-    n = 1 if req.n is None else req.n
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > MAX_STOP or any(not s for s in stop):
-        raise APIError(400, f"stop takes at most {MAX_STOP} non-empty strings", param="stop")
-    for text in stop:
-        _check_unicode(text, "stop")  # one no text can contain, accepted, would never stop a row
-    prompts = _prompts(req.prompt, tokenizer)
-    if n < 1 or n * len(prompts) > max_batch_size:
-        raise APIError(
-            400,
-            f"n x prompts must be between 1 and {max_batch_size} completions per request "
-            f"(got n={n} for {len(prompts)} prompt(s)); the server decodes at most that many rows "
-            "at once",
-            param="n",
-        )
-    for ids in prompts:
-        if len(ids) > context:
-            raise APIError(
-                400,
-                f"a prompt of {len(ids)} tokens is longer than this model's context of {context} tokens; shorten it",
-                param="prompt",
-                code="context_length_exceeded",
-            )
-        room = room_for_new_tokens(len(ids), context)  # the model reads every new token but the last
-        if max_tokens > room:
-            raise APIError(
-                400,
-                f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
-                f"for {room} new tokens (max_tokens is {max_tokens}): shorten the prompt or lower max_tokens",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-    settings = {
-        "n": n,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": None if top_p >= 1 else top_p,
-        "stop": stop,
-        "seed": req.seed,
-    }
-    return prompts, settings
-
-
-def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
-    """A string, a list of strings, token ids or lists of token ids -> token id lists."""
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif prompt and all(isinstance(x, int) for x in prompt):
-        items = [list(prompt)]
-    else:
-        items = list(prompt)
-    if not items:
-        raise APIError(400, "prompt is an empty list; give a string or token ids", param="prompt")
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            _check_unicode(item, "prompt")
-        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
-        if any(not 0 <= i < tokenizer.vocab_size for i in ids):
-            raise APIError(400, f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
-        out.append(ids or [tokenizer.eot_id])  # an empty prompt starts a document
-    return out
-
-
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
 
 
@@ -386,7 +196,7 @@ async def _stream(
     events: asyncio.Queue, jobs: list[Any], n: int, reply: dict[str, Any], usage: bool, prompt_tokens: int
 ) -> AsyncIterator[str]:
     """Server-sent events: one chunk per text delta, a final chunk per choice with its finish
-    reason, optionally a usage chunk, then `[DONE]`."""
+    reason, optionally a usage chunk, then `[DONE]`; after an error event only `[DONE]`."""
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
         return f"data: {json.dumps({**reply, 'choices': choices, **extra})}\n\n"
@@ -395,8 +205,9 @@ async def _stream(
     try:
         while left:
             p, kind, *rest = await events.get()
-            if kind == "error":
+            if kind == "error":  # then [DONE] alone: a usage chunk would count only the rows finished
                 yield f"data: {json.dumps(APIError(rest[1], rest[0], kind='server_error').body())}\n\n"
+                usage = False
                 break
             k = p * n + rest[0]
             if kind == "text":
@@ -496,4 +307,4 @@ def _default_name(path: Any) -> str:
     return path.parent.parent.name if path.parent.name == "checkpoints" else path.name
 
 
-__all__ = ["APIError", "CompletionRequest", "build_app", "serve"]
+__all__ = ["APIError", "CompletionRequest", "build_app", "serve"]  # the first two: completions_request.py
