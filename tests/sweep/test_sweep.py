@@ -519,6 +519,33 @@ def test_one_sweep_at_a_time(data_dir, tmp_path):
             run_sweep(load_grid(path), progress=False, log=lambda _: None)
 
 
+def test_a_locked_sweep_says_its_error_alone_not_after_its_runs_warnings(data_dir, tmp_path, capsys):
+    # The runs' warnings were printed before the lock was asked for, then the error line.
+    import fcntl
+
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=2, warmup_steps=5)
+    (tmp_path / "sweep").mkdir()
+    with open(tmp_path / "sweep" / ".lock", "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "is in use by" in err
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 0 and "warning: train.warmup_steps=5 is not below" in err
+
+
+def test_the_runs_left_are_warned_of_fields_only_the_grids_other_architectures_read(data_dir, tmp_path, capsys):
+    # With --only (or once windowed TANGO's runs were done), tango's runs were warned that the
+    # base's window, which the grid's windowed TANGO reads, is unused.
+    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "tango-windowed"]}
+    path = write_grid(tmp_path, axes, steps=2)
+    grid = yaml.safe_load(path.read_text())
+    grid["base"]["model"]["window"] = 8
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    for only in ([], ["--only", "arch=tang[o]"]):  # the glob matches the name from a / on
+        rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--dry-run", *only])
+        assert rc == 0 and "window" not in err, (only, err)
+
+
 def mid_run(root: Path) -> bool:
     """Two runs finished and another one holds a checkpoint but no summary yet."""
     try:

@@ -15,6 +15,7 @@ SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelis
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tango_lm.sweep import load_grid, plan_rows, run_sweep
+    from tango_lm.sweep.runner import check_runs_to_train
 
     grid = load_grid(args.grid, check_data=not args.dry_run)
     runs = grid.select(args.only)
@@ -38,9 +39,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
             settings = slurm_settings(grid, slurm_flags)
             check_job_processes([r for r in runs if run_state(r)["state"] in TRAINS], settings)  # those it submits
-        rows = plan_rows(grid, runs)
+        checks = check_runs_to_train(grid, runs)
+        rows = plan_rows(grid, runs, checks)
         if args.launcher == "slurm":  # and the runs whose jobs are live shown as queued
             mark_queued(grid, rows)
+        checks.say_warnings()  # once nothing is left to fail: an error line is said alone
         if args.json:
             _print_json(rows)
             return 0

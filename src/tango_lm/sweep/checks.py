@@ -11,6 +11,7 @@ SLURM job) one after another, and a warning shared by many runs is said once, in
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from tango_lm.config_checks import check_data_fits_model, check_splits_fit_run, start_of_run_warnings
@@ -27,6 +28,7 @@ class RunChecks:
 
     refused: dict[str, str] = field(default_factory=dict)  # run name -> error
     warnings: dict[str, list[str]] = field(default_factory=dict)  # warning -> run names
+    checked: int = 0  # runs checked
 
     def raise_refused(self, doing: str) -> None:
         """UserError naming the first refused run (and how many more) before `doing` anything."""
@@ -35,6 +37,12 @@ class RunChecks:
         name, error = next(iter(self.refused.items()))
         more = f" (and {len(self.refused) - 1} more)" if len(self.refused) > 1 else ""
         raise UserError(f"run {name}{more}: {error}; nothing was {doing}")
+
+    def say_warnings(self) -> None:
+        """The warnings on stderr, once each. Said once the sweep holds its directory and nothing
+        is left to refuse it (a command that fails prints its error line alone)."""
+        for line in self.warning_lines(self.checked):
+            print(f"warning: {line}", file=sys.stderr)
 
     def warning_lines(self, total: int) -> list[str]:
         """One line per distinct warning, saying which of the `total` runs it concerns."""
@@ -53,10 +61,10 @@ class RunChecks:
 def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     """Check each run against its dataset; datasets the grid lacks (a dry run's `missing_data`)
     are passed over. Each dataset is opened once."""
-    checks = RunChecks()
+    checks = RunChecks(checked=len(runs))
     missing = set(grid.missing_data.values())
     datasets: dict[str, PreparedDataset] = {}
-    archs = {run.config.model.arch for run in runs}
+    archs = {run.config.model.arch for run in grid.runs}  # the whole grid's, whichever runs are left
     for run in runs:
         try:  # a logger's package missing here failed every run (or queued job) one after another
             check_available(run.config.train.loggers)

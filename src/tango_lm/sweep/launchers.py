@@ -205,7 +205,7 @@ def submit_sweep(
             continue
         todo.append(run)
     check_job_processes(todo, settings)
-    check_runs_to_train(grid, todo, "submitted")
+    checks = check_runs_to_train(grid, todo, "submitted")
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         queued, unknown = queued_jobs(grid.out_dir, cluster)
         refuse_unknown_jobs(grid.out_dir, {r.name: unknown[r.name] for r in todo if r.name in unknown})
@@ -217,6 +217,7 @@ def submit_sweep(
         if todo:
             jobs = _submit(submitit, grid, todo, settings, cluster)
             _record_jobs(grid.out_dir, cluster, [(run.name, job.job_id) for run, job in zip(todo, jobs, strict=True)])
+    checks.say_warnings()  # after sbatch took the jobs: its refusal is the one line said
     for run, job in zip(todo, jobs, strict=True):
         log(f"{run.name}: submitted as job {job.job_id}")
     if not wait:

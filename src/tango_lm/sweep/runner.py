@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -146,20 +145,18 @@ TRAINS = ("new", "resume", "retry")  # the states of runs a sweep trains or subm
 
 
 def check_runs_to_train(grid: Grid, runs: list[SweepRun], doing: str | None = None) -> RunChecks:
-    """The data checks (sweep/checks.py) of the runs that would train, their warnings said on
-    stderr once each; with `doing` ("trained"), a refused run is a UserError first, said alone."""
+    """The data checks (sweep/checks.py) of the runs that would train, whose warnings the caller
+    says (`say_warnings`); with `doing` ("trained"), a refused run is a UserError."""
     checks = check_runs(grid, [run for run in runs if run_state(run)["state"] in TRAINS])
     if doing is not None:
         checks.raise_refused(doing)
-    for line in checks.warning_lines(len(runs)):
-        print(f"warning: {line}", file=sys.stderr)
     return checks
 
 
-def plan_rows(grid: Grid, runs: list[SweepRun]) -> list[dict[str, Any]]:
-    """One row per run for `--dry-run`: its state, size and budget; a run its data refuses has
-    the reason as its note."""
-    refused = check_runs_to_train(grid, runs).refused
+def plan_rows(grid: Grid, runs: list[SweepRun], checks: RunChecks | None = None) -> list[dict[str, Any]]:
+    """One row per run for `--dry-run`: its state, size and budget; a run its data refuses
+    (`checks`, or `check_runs_to_train`'s) has the reason as its note."""
+    refused = (checks or check_runs_to_train(grid, runs)).refused
     rows = []
     for run in runs:
         state = run_state(run)
@@ -207,9 +204,10 @@ def run_sweep(
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
-    check_runs_to_train(grid, runs, "trained")
+    checks = check_runs_to_train(grid, runs, "trained")
     rows: list[dict[str, Any]] = []
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
+        checks.say_warnings()
         for i, run in enumerate(runs, 1):
             head = f"[{i}/{len(runs)}] {run.name}"
             state = run_state(run)
