@@ -246,15 +246,12 @@ def unread_model_fields(cfg: Any, also_read_by: Iterable[str] = ()) -> list[str]
     from its default: nothing would use it (n_kv_heads=2 on a Transformer++ trains full attention).
     Fields one of `also_read_by` (a sweep's other architectures) reads are not warned."""
     from tango_lm.models.config import DERIVED_DEFAULTS, ModelConfig
-    from tango_lm.models.registry import ARCHITECTURES
+    from tango_lm.models.registry import ARCHITECTURES, fields_not_read_by
 
     arch = ARCHITECTURES[cfg.arch]
-    read_here = {f for name in {cfg.arch, *also_read_by} if name in ARCHITECTURES for f in ARCHITECTURES[name].reads}
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     out = []
-    for name in dict.fromkeys(f for a in ARCHITECTURES.values() for f in a.reads):
-        if name in read_here:
-            continue
+    for name in fields_not_read_by({cfg.arch, *also_read_by}):
         unset = [defaults[name]]
         if name in DERIVED_DEFAULTS:  # filled from other fields when not given
             inputs, derive = DERIVED_DEFAULTS[name]

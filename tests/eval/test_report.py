@@ -741,6 +741,33 @@ def test_runs_of_one_sweep_trained_differently_are_not_ranked_together(tmp_path)
     assert sorted(row["cells"]) == ["loop-transformer", "tango"]
 
 
+def test_a_field_only_other_architectures_read_splits_no_row(tmp_path):
+    # A sweep's base sets window for its tango runs too; beside another sweep's tango run with the
+    # default window, each tango seed was a row of its own, and windowed TANGO, torn from the tango
+    # run it trained beside, was ranked "best" alone.
+    def edit(run, **fields):
+        config = json.loads((run / "config.json").read_text())
+        config["model"].update(fields)
+        (run / "config.json").write_text(json.dumps(config))
+
+    labels = {"dataset": "x", "tier": "-", "depth": 2}
+    first, second = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    edit(write_run(first, {**labels, "arch": "tango", "seed": SEEDS[0]}, 3.0, 3.0), window=16)
+    edit(write_run(first, {**labels, "arch": "tango-windowed", "seed": SEEDS[0]}, 3.2, 3.2), window=16)
+    write_run(second, {**labels, "arch": "tango", "seed": SEEDS[1]}, 3.1, 3.1)
+    (row,) = write_report(tmp_path / "runs", plots=False)["report"]["main"]
+    assert sorted(row["cells"]) == ["tango", "tango-windowed"] and "model.window" not in row
+    assert row["cells"]["tango"]["n"] == 2
+    # a field the architecture reads still splits it
+    edit(write_run(second, {**labels, "arch": "tango-windowed", "seed": SEEDS[1]}, 3.3, 3.3), window=8)
+    rows = write_report(tmp_path / "runs", plots=False)["report"]["main"]
+    assert sorted((sorted(r["cells"]), r.get("model.window")) for r in rows) == [
+        (["tango"], None),
+        (["tango-windowed"], 8),
+        (["tango-windowed"], 16),
+    ]
+
+
 @pytest.mark.parametrize("xs", [[3000, 6200], [2400, 9700]])
 def test_a_throughput_axis_within_one_decade_still_has_numbers(xs):
     # 3,000 to 6,200 tokens/s: no power of 10 between them, so the log axis showed only its

@@ -401,6 +401,23 @@ def test_a_run_from_before_a_config_field_existed_or_logged_otherwise_is_still_d
     assert plan_rows(edited, edited.runs)[0]["state"] == "done"
 
 
+def test_a_grid_edited_in_a_field_a_finished_run_does_not_read_leaves_it_done(data_dir, tmp_path):
+    # The base's window is read by windowed TANGO alone: editing it made the finished tango run
+    # "another config" (not reported, not retrained) though it would compute the same.
+    def grid_with_window(window: int):
+        path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "tango-windowed"]})
+        grid = yaml.safe_load(path.read_text())
+        grid["base"]["model"]["window"] = window
+        path.write_text(yaml.safe_dump(grid, sort_keys=False))
+        return load_grid(path)
+
+    run_sweep(grid_with_window(8), progress=False, log=lambda _: None)
+    edited = grid_with_window(4)
+    rows = plan_rows(edited, edited.runs)
+    states = {r.config.model.arch: row["state"] for r, row in zip(edited.runs, rows, strict=True)}
+    assert states == {"tango": "done", "tango-windowed": "other-config"}
+
+
 def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):
     # The model.head axis was read before the field axes: runs named onona trained a Standard head.
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "model.head": ["onona"]})

@@ -236,6 +236,17 @@ def test_resume_with_different_model_config_is_refused(data_dir, tmp_path):
     assert helpers.snapshot(out) == before
 
 
+def test_resume_passes_over_a_field_the_architecture_does_not_read(data_dir, tmp_path):
+    # A sweep's base sets window for its tango runs too (windowed TANGO reads it): a grid edited to
+    # another window marked the half-trained tango run resumable, and its resume was then refused.
+    out = tmp_path / "run"
+    interrupted = train(helpers.run_config(data_dir, out, steps=4))
+    resumed = train(helpers.run_config(data_dir, out, model={"window": 5}, steps=6), resume=True)
+    assert interrupted.summary["steps"] == 4 and resumed.summary["steps"] == 6
+    with pytest.raises(UserError, match=r"different model config \(arch, window\)"):  # one that reads it
+        train(helpers.run_config(data_dir, out, model={"arch": "tango-windowed", "window": 7}, steps=8), resume=True)
+
+
 def test_changed_batch_size_on_resume_is_a_user_error(data_dir, tmp_path):
     out = tmp_path / "run"
     train(helpers.run_config(data_dir, out, steps=4))

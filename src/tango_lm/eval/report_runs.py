@@ -279,13 +279,20 @@ def _label_other_training(records: list[RunRecord], settings: dict[Path, dict[st
 def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
     """`_setting` as a run of today would write it: the model validated (derived fields such as
     n_kv_heads and capacity_factor_eval filled), train fields an older config.json lacks at their
-    defaults, and seq_len resolved."""
+    defaults, seq_len resolved, and no model field its architecture does not read."""
+    from tango_lm.models.registry import architecture_of, fields_not_read_by
+
     setting = _setting(run_dir)
     out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model", "data")}
     try:
         out["model"] = ModelConfig.from_dict(dict(setting["model"] or {})).to_dict()
     except (UserError, TypeError, ValueError):  # a field since removed, say: compared as written
         pass
+    # Fields only other architectures read change nothing this run computed: a tango run beside a
+    # windowed one (the sweep's base sets window for both) is one setting with a tango run without.
+    arch = architecture_of(str(out["model"].get("arch")))
+    for name in fields_not_read_by([arch.name]) if arch is not None else ():
+        out["model"].pop(name, None)
     if out["train"].get("seq_len") is None:  # None: the model's context length
         out["train"]["seq_len"] = out["model"].get("context_length")
     # One budget whichever kind config.json wrote it in: `steps: 100` and the `tokens` of 100

@@ -6,6 +6,8 @@ the generated presets, the benchmark suite and the reports list architectures in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tango_lm.models.archs.attnres import AttnResArch
 from tango_lm.models.archs.base import Architecture
 from tango_lm.models.archs.dense import Dense
@@ -34,6 +36,15 @@ ARCHITECTURES = {
     "moe": MoE,
     "attnres": AttnResArch,
 }
+
+
+def fields_not_read_by(archs: Iterable[str]) -> list[str]:
+    """The model fields some architecture reads (`Architecture.reads`) and none of `archs` does, in
+    declaration order: a model of those builds and computes the same whatever they hold, so they
+    are warned when set, and left out where runs are compared (reports, a sweep's finished runs,
+    resuming). A test builds every architecture with each such field changed."""
+    read_here = {f for name in archs if name in ARCHITECTURES for f in ARCHITECTURES[name].reads}
+    return [f for f in dict.fromkeys(f for a in ARCHITECTURES.values() for f in a.reads) if f not in read_here]
 
 
 def fixed_geometries() -> dict[str, tuple[str, FixedGeometry]]:

@@ -30,6 +30,7 @@ from typing import Any
 from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.errors import UserError
+from tango_lm.models.registry import fields_not_read_by
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
@@ -43,7 +44,8 @@ OTHER_TOKENS = "holds other tokens than the run trained on (prepared again since
 
 def _differences(run: SweepRun) -> list[str]:
     """The data, model and train fields where the run directory's config.json differs from the
-    grid's run (none when it holds no config yet); data.dir compared as the directory it names.
+    grid's run (none when it holds no config yet); data.dir compared as the directory it names,
+    model fields the run's architecture does not read not compared.
     Fields one of them lacks are passed over: a run from a version of tango-lm before the field
     was added ran with what is now its default."""
     saved = _read_json(run.out_dir / "config.json")
@@ -51,10 +53,13 @@ def _differences(run: SweepRun) -> list[str]:
         return []
     want = run.config.to_dict()
     out = _budget_difference(saved, run)
+    unread = set(fields_not_read_by([run.config.model.arch]))  # what the run computes does not depend on them
     for section in ("data", "model", "train"):
         have, grid = saved.get(section) or {}, want[section]
         for key in sorted(set(have) & set(grid)):
             if section == "train" and (key in LOGISTICS_FIELDS or key in BUDGET_FIELDS):
+                continue
+            if section == "model" and key in unread:
                 continue
             if section == "data" and key == "dir" and same_dataset_dir(have[key], grid[key]):
                 continue

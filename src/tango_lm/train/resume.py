@@ -14,6 +14,7 @@ import torch
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
+from tango_lm.models.registry import fields_not_read_by
 from tango_lm.train.checkpoint import MARKER, SHARDS, Checkpoint, check_sum, load_checkpoint, step_dir_name
 from tango_lm.train.config import RunConfig
 
@@ -74,7 +75,10 @@ def check_same_run(
     (`loader`'s seq_len, global batch and seed) and compute `dtype` are this run's. Another checkpoint
     of the run would not differ: these errors say to change the config back, not to move a checkpoint."""
     out = run.train.out_dir
-    saved_model, model = ckpt.config.get("model", {}), run.model.to_dict()
+    # Fields only other architectures read (a sweep's window, on its tango runs) change nothing here.
+    unread = set(fields_not_read_by([run.model.arch]))
+    saved_model = {k: v for k, v in ckpt.config.get("model", {}).items() if k not in unread}
+    model = {k: v for k, v in run.model.to_dict().items() if k not in unread}
     if saved_model != model:
         diff = sorted(k for k in set(saved_model) | set(model) if saved_model.get(k) != model.get(k))
         # The saved values as overrides: a default that changed between versions (capacity_factor_eval)
