@@ -137,6 +137,7 @@ def test_json_sidecars(scripted_run, data_dir):
             "tokens_seen": step * 128,
             "data": data,
             "sha256": sums,
+            "best_step": 4,  # the best-dev step when it was saved (DEV_SCRIPT's best is step 4's)
         }
         ck = load_checkpoint(path)
         assert ck.path == path and ck.meta == meta and ck.config == run.to_dict() and ck.tokenizer == tok
@@ -352,6 +353,39 @@ def test_resume_from_weights_that_do_not_fit_is_a_user_error(scripted_run, data_
     assert "is corrupt or from another run (Error(s) in loading" in line and "to resume from the one before it" in line
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("moment", "the saved optimizer's exp_avg of parameter 0 has shape (3,), not"),
+        ("nonfinite", "is corrupt or from another run"),
+    ],
+)
+def test_a_train_state_of_another_shape_is_refused_before_anything_changes(
+    scripted_run, data_dir, tmp_path, capsys, damage, said
+):
+    # A moment of the wrong shape (a train_state.pt of another run, or saved before the sums) passed
+    # every check: the run's summary and metrics were rewritten, then fused AdamW crashed in native
+    # code. A nonfinite record of the wrong type was a 20-line traceback.
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    path = helpers.step_dir(copy, 8) / "train_state.pt"
+    state = torch.load(path, weights_only=True)
+    if damage == "moment":
+        state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
+    else:
+        state["nonfinite"] = [1]
+    torch.save(state, path)
+    meta = json.loads((path.parent / "meta.json").read_text())  # consistent with its sums: past that check
+    meta["sha256"]["train_state.pt"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (path.parent / "meta.json").write_text(json.dumps(meta))
+    before = helpers.snapshot(copy)
+    argv = ["train", *helpers.cli_overrides(data_dir, copy, steps=10, save_every=2, eval_every=2), "--resume"]
+    assert main([*argv, "--no-progress"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert said in line and "to resume from the one before it" in line
+    assert helpers.snapshot(copy) == before
+
+
 def test_a_damaged_latest_checkpoint_says_how_to_resume_from_the_one_before(scripted_run, data_dir, tmp_path, capsys):
     out, _, _ = scripted_run
     copy = _copy(out, tmp_path / "run")
@@ -363,6 +397,43 @@ def test_a_damaged_latest_checkpoint_says_how_to_resume_from_the_one_before(scri
     assert f"move {helpers.step_dir(copy, 8)} out of {copy / 'checkpoints'} to resume from the one before it" in line
     shutil.move(helpers.step_dir(copy, 8), tmp_path / "aside")  # as it says
     assert Trainer(helpers.run_config(data_dir, copy, steps=8, save_every=2, eval_every=2), resume=True).step == 6
+
+
+def test_the_advice_for_a_damaged_latest_checkpoint_works_when_it_was_a_new_best(data_dir, tmp_path, monkeypatch):
+    # Step 8 a new best: pruning kept steps 6 and 8 and deleted step 4, which step 6's state names
+    # as its best. Moved out as the error said, step 8 left a run --resume refused for want of step 4.
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=8, save_every=2, eval_every=2, keep_last=2)
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: {2: 3.0, 4: 2.0, 6: 2.5, 8: 1.0}[self.step])
+    train(run)
+    assert helpers.step_names(out) == ["step-00000004", "step-00000006", "step-00000008"]
+    assert json.loads((helpers.step_dir(out, 6) / "meta.json").read_text())["best_step"] == 4
+    shutil.move(helpers.step_dir(out, 8), tmp_path / "aside")
+    resumed = Trainer(run, resume=True)
+    assert resumed.step == 6 and resumed.best["step"] == 4
+
+
+def test_a_run_whose_only_checkpoint_is_damaged_is_not_told_to_move_it_or_started_over(
+    data_dir, tmp_path, monkeypatch, capsys
+):
+    # With keep_last 1 the advice led to a run without checkpoints, which --resume then trained from
+    # step 1 with no word (rewriting its metrics).
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, keep_last=1)
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: {2: 2.0, 4: 1.0}[self.step])
+    train(run)
+    assert helpers.step_names(out) == ["step-00000004"]
+    _flip_a_byte(helpers.step_dir(out, 4) / "train_state.pt")
+    argv = ["train", *helpers.cli_overrides(data_dir, out, steps=4, save_every=2, eval_every=2, keep_last=1)]
+    assert main([*argv, "--resume", "--no-progress"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "it is the run's only complete checkpoint" in line and "move" not in line
+    shutil.move(helpers.step_dir(out, 4), tmp_path / "aside")
+    before = helpers.snapshot(out)
+    assert main([*argv, "--resume", "--no-progress"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert f"cannot resume {out}: it finished (its summary.json) but holds no complete checkpoint" in line
+    assert helpers.snapshot(out) == before
 
 
 def test_resume_with_another_data_order_says_to_change_the_config_back(scripted_run, data_dir, tmp_path):
@@ -416,6 +487,53 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     assert (
         torch.equal(ck.model_state()["w"], b["w"]) and ck.config == {"model": {}, "c": 2} and ck.meta["dev_nll"] == 1.5
     )
+
+
+@pytest.mark.parametrize("killed", ["after its marker", "between the renames", "after the renames"])
+def test_a_resave_stopped_midway_keeps_its_step(data_dir, tmp_path, killed):
+    # A kill between the re-save's two renames left only .old-* and .tmp-* copies, which the next
+    # start deleted: the step was lost (the run then trained again from the one before, or step 1).
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, keep_last=1)
+    train(run)
+    root = out / "checkpoints"
+    step = helpers.step_dir(out, 4)
+    if killed != "after the renames":
+        shutil.copytree(step, root / ".tmp-step-00000004-999")  # the new copy, complete
+    if killed == "between the renames":
+        os.rename(step, root / ".replaced-step-00000004-999")
+    longer = helpers.run_config(data_dir, out, steps=6, save_every=2, eval_every=2, keep_last=1)
+    assert min(train(longer, resume=True).losses) == 5  # from step 4, not from step 1
+    assert helpers.step_names(out) == ["step-00000006"] and not list(root.glob(".*"))
+
+
+def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 5, {"w": torch.zeros(3)}, {"step": 5}, {"model": {}, "c": 1}, {}, {})
+    real_rename = os.rename
+
+    def interrupted(src, dst):
+        if Path(src).name.startswith(".tmp-"):
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, 5, {"w": torch.ones(3)}, {"step": 5}, {"model": {}, "c": 2}, {}, {})
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert torch.equal(load_checkpoint(root / "step-00000005").model_state()["w"], torch.zeros(3))
+    assert not list(root.glob(".replaced-*"))
+
+
+def test_prune_keeps_the_best_step_a_kept_checkpoint_names(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step, best in ((1, 1), (2, 1), (3, 3), (4, 3)):
+        save_checkpoint(root, step, {"w": torch.zeros(1)}, {"step": step}, {}, {}, {"best_step": best})
+    prune_checkpoints(root, keep_last=1, protect={3})
+    assert [p.name for p in complete_steps(root)] == ["step-00000003", "step-00000004"]
+    save_checkpoint(root, 5, {"w": torch.zeros(1)}, {"step": 5}, {}, {}, {"best_step": 5})
+    prune_checkpoints(root, keep_last=2, protect={5})  # step 4 kept, so step 3 (its best) too
+    assert [p.name for p in complete_steps(root)] == ["step-00000003", "step-00000004", "step-00000005"]
 
 
 def test_prune_keeps_newest_and_protected_and_removes_leftovers(tmp_path):

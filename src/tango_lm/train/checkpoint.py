@@ -35,6 +35,8 @@ from tango_lm.errors import UserError
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
 SHARDS = "shards"
+REPLACED = ".replaced-"  # a step directory a re-save of its step moved aside (put back if the save dies)
+LEFTOVERS = (".tmp-", ".old-", REPLACED)  # what interrupted saves and prunes leave beside the steps
 # Their sha256 in meta.json, and each shard's as "shards/NAME" (checkpoints before it have none).
 SUMMED = ("model.safetensors", "train_state.pt")
 
@@ -232,14 +234,14 @@ def _finish(
     _write_json(tmp / MARKER, {"step": step})
     ckpt_root, final = tmp.parent, tmp.parent / step_dir_name(step)
     if final.exists():  # re-saving a step after a resume: move the old copy aside first
-        old = ckpt_root / f".old-{step_dir_name(step)}-{os.getpid()}"
+        old = ckpt_root / f"{REPLACED}{step_dir_name(step)}-{os.getpid()}"
         os.rename(final, old)
         try:
             os.rename(tmp, final)
-        except OSError:
+        except BaseException:  # a full disk, or Ctrl-C between the renames
             os.rename(old, final)  # put the earlier copy back
             raise
-        shutil.rmtree(old)
+        shutil.rmtree(old)  # a kill between the renames: the next start puts a copy back (remove_incomplete)
     else:
         os.rename(tmp, final)
     return final
@@ -356,25 +358,57 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
 
 
 def prune_checkpoints(ckpt_root: Path, keep_last: int, protect: set[int]) -> None:
-    """Delete all but the newest `keep_last` complete step directories, sparing `protect` steps,
-    and any leftovers of interrupted saves. A step directory is renamed to `.old-*` before it is
-    deleted, so a kill mid-deletion never leaves a half-deleted `step-*` that looks complete."""
+    """Delete all but the newest `keep_last` complete step directories, sparing `protect` steps
+    and the best-dev step each kept one names (`best_step` in its meta.json: resuming from it
+    needs that one, say when the newest is damaged and moved out), and any leftovers of
+    interrupted saves. A step directory is renamed to `.old-*` before it is deleted, so a kill
+    mid-deletion never leaves a half-deleted `step-*` that looks complete."""
     steps = complete_steps(ckpt_root)
+    kept = steps[max(0, len(steps) - keep_last) :]
+    protect = protect | {b for p in kept if (b := named_best_step(p)) is not None}
     for p in steps[: max(0, len(steps) - keep_last)]:
         if step_of(p) not in protect:
             old = ckpt_root / f".old-{p.name}-{os.getpid()}"
             os.rename(p, old)
             shutil.rmtree(old, ignore_errors=True)
     for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
-        if p.name.startswith((".tmp-", ".old-")):
+        if p.name.startswith(LEFTOVERS):
             shutil.rmtree(p, ignore_errors=True)
 
 
+def named_best_step(step_dir: Path) -> int | None:
+    """The best-dev step a step directory's training state names (its meta.json's `best_step`;
+    None when it names none, or was saved before it was recorded)."""
+    try:
+        best = json.loads((step_dir / "meta.json").read_text()).get("best_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return best if isinstance(best, int) and not isinstance(best, bool) else None
+
+
+def restore_interrupted_saves(ckpt_root: Path) -> None:
+    """Put back a step that a kill left with no complete `step-*` but a complete copy beside it
+    (a save stopped after its COMPLETE marker, or a re-save of the step between its two renames):
+    its new copy if complete, else the one it replaced. A pruned step's `.old-*` is never put back
+    (its deletion had begun). Call it only while no other process writes checkpoints here."""
+    if not ckpt_root.is_dir():
+        return
+    for p in ckpt_root.iterdir():
+        if p.name.startswith("step-") and not (p / MARKER).exists() and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)  # never loadable; a complete copy may take its place
+    for prefix in (".tmp-", REPLACED):
+        for p in sorted(ckpt_root.glob(f"{prefix}step-*")):
+            final = ckpt_root / p.name.removeprefix(prefix).rsplit("-", 1)[0]
+            if (p / MARKER).exists() and not final.exists() and p.is_dir() and not p.is_symlink():
+                os.rename(p, final)
+
+
 def remove_incomplete(ckpt_root: Path) -> None:
-    """Delete what interrupted saves and prunes left: `.tmp-*` and `.old-*` directories and
-    `step-*` directories without the COMPLETE marker (never loadable). Call it only while no other
-    process writes checkpoints here (at the start of a run, under the run's lock)."""
+    """Delete what interrupted saves and prunes left (`LEFTOVERS` and `step-*` directories without
+    the COMPLETE marker, never loadable), after putting back what `restore_interrupted_saves` can.
+    Call it only while no other process writes checkpoints here (at the start of a run, under the
+    run's lock)."""
+    restore_interrupted_saves(ckpt_root)
     for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
-        if p.name.startswith((".tmp-", ".old-")) or (p.name.startswith("step-") and not (p / MARKER).exists()):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
+        if p.name.startswith(LEFTOVERS) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)

@@ -158,7 +158,7 @@ class TrainConfig:
     eval_batch_size: int | None = None  # windows per eval forward (default: batch_size / processes)
     select: str = "best"  # test the best-dev checkpoint (TANGO protocol) or the final one (onóna)
     save_every: int = 200
-    keep_last: int = 2
+    keep_last: int = 2  # newest step directories kept, besides the best-dev ones they name (prune_checkpoints)
     log_every: int = 10
     precision: str = "auto"  # auto (bf16 autocast on GPUs that support it) | fp32 | bf16
     compile: bool = False

@@ -386,7 +386,10 @@ def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor], env:
 def load_full_optimizer_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], env: DistEnv
 ) -> None:
-    """Inverse of `full_optimizer_state` (every process passes the same full dict)."""
+    """Inverse of `full_optimizer_state` (every process passes the same full dict). ValueError for
+    a state of other parameters (PyTorch's fused AdamW read a moment of the wrong shape out of
+    bounds: a native crash, after the resume had begun)."""
+    check_optimizer_shapes(optimizer, state)
     if env.parallel != "fsdp":
         optimizer.load_state_dict(state)
         return
@@ -404,6 +407,26 @@ def load_full_optimizer_state(
     # A state saved before any update is empty: loading it must not leave the helper's lr-0 step.
     with _no_phantom_step(optimizer) if not named["state"] else contextlib.nullcontext():
         set_optimizer_state_dict(model, optimizer, named, options=_full_options())
+
+
+def check_optimizer_shapes(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """ValueError unless `state` (a full optimizer state dict) holds as many parameters per group
+    as `optimizer` and each per-parameter tensor (AdamW's moments) has its parameter's shape."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = state.get("param_groups")
+    if not isinstance(groups, list) or [len(g.get("params", ())) for g in groups] != [
+        len(g["params"]) for g in optimizer.param_groups
+    ]:
+        raise ValueError("the saved optimizer has a different set of parameters")
+    for index, saved in (state.get("state") or {}).items():
+        if not 0 <= int(index) < len(params) or not isinstance(saved, dict):
+            raise ValueError(f"the saved optimizer's state {index!r} is of no parameter of this model")
+        shape = tuple(params[int(index)].shape)  # a DTensor's is the full one, as saved
+        for key, value in saved.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
+                raise ValueError(
+                    f"the saved optimizer's {key} of parameter {int(index)} has shape {tuple(value.shape)}, not {shape}"
+                )
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], list[dict]]:

@@ -15,7 +15,15 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.models.registry import fields_not_read_by
-from tango_lm.train.checkpoint import MARKER, SHARDS, Checkpoint, check_sum, load_checkpoint, step_dir_name
+from tango_lm.train.checkpoint import (
+    MARKER,
+    SHARDS,
+    Checkpoint,
+    check_sum,
+    complete_steps,
+    load_checkpoint,
+    step_dir_name,
+)
 from tango_lm.train.config import RunConfig
 
 # Train settings a resume keeps (the run's config.json, which reports read, must describe the whole
@@ -43,6 +51,11 @@ def unresumable(path: Path, error: UserError | str) -> UserError:
     text = str(error)
     for advice in ("; use another checkpoint", "; resume from another checkpoint"):
         text = text.removesuffix(advice)
+    if not [p for p in complete_steps(path.parent) if p.name != path.name]:  # moving it out would start over
+        return UserError(
+            f"{text}; it is the run's only complete checkpoint, so the run cannot continue from another: "
+            f"restore {path} from a copy, or train again in a new train.out_dir"
+        )
     return UserError(
         f"{text}; --resume continues from the latest complete checkpoint: move {path} out of "
         f"{path.parent} to resume from the one before it"

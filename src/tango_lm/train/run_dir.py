@@ -29,6 +29,7 @@ from typing import Any
 
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
+from tango_lm.train.checkpoint import restore_interrupted_saves
 
 __all__ = [
     "RUN_FILES",
@@ -179,4 +180,6 @@ def claim_run_dir(run: Any, resume: bool, main_process: bool = True) -> Iterator
     _check_place(out)
     with hold_output_lock(out, "tango-lm train", "set train.out_dir to another directory", enabled=main_process):
         _check_contents(out, resume)
+        if resume and main_process:  # before the checkpoints are listed: a kill mid-save loses no step
+            restore_interrupted_saves(out / "checkpoints")
         yield

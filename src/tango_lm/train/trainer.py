@@ -161,9 +161,24 @@ class Trainer(TrainerCheckpoints):
         self.loggers: list[MetricLogger] | None = None  # opened by fit(), on rank 0
         self.peak_flops: float | None = None  # the MFU denominator, measured by fit() on rank 0
         self.peak_measured_again = False
+        distributed.barrier(self.dist)  # rank 0 has put back an interrupted save (claim_run_dir): list them again
+        existing = complete_steps(self.ckpt_root)
         distributed.check_same_step(self.dist, step_of(existing[-1]) if existing else 0, self.ckpt_root)
+        if resume and not existing:  # --resume would train from step 1 over a run that had checkpoints
+            distributed.on_rank_0(self.dist, self._check_never_saved, f"resume {self.out}")
         if existing:
             self._resume(existing[-1])
+
+    def _check_never_saved(self) -> None:
+        """A run resumed with no complete checkpoint starts at step 1: refused when it had finished
+        (its summary.json; its checkpoints moved away, or its only one damaged and moved out). One
+        that stopped before its first good checkpoint starts over, as the non-finite guard advises."""
+        if (self.out / "summary.json").exists():
+            raise UserError(
+                f"cannot resume {self.out}: it finished (its summary.json) but holds no complete checkpoint, so it "
+                f"would train again from step 1; put its checkpoints back in {self.ckpt_root}, or train again in a "
+                "new train.out_dir"
+            )
 
     # -- logging ------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:

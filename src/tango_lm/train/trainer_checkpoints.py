@@ -92,7 +92,7 @@ class TrainerCheckpoints:
                 self.step_times.extend(float(t) for t in state.get("step_times", []))  # none before this was saved
         except UserError as exc:
             raise unresumable(path, exc) from None
-        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
         check_not_past(self.step, self.total_steps, self.run)
@@ -133,7 +133,8 @@ class TrainerCheckpoints:
         # the tokens of each split the run reads: `eval --data` knows the run's data wherever it lies
         splits = {getattr(self.run.data, f"{s}_split") for s in ("train", "dev", "test")}
         data = {split: self.dataset.content_id(split) for split in sorted(splits)}
-        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen, "data": data}
+        # best_step: the checkpoint resuming from this one needs (pruning keeps it while this one stays)
+        meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen, "data": data, "best_step": self.best["step"]}
         if self.dist.active:
             meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
         if self.run.train.checkpoint_format == "sharded":
