@@ -42,18 +42,19 @@ def assert_gradients_close(grads: dict, grads64: dict, tolerance: float = 2e-3) 
         assert err < tolerance, f"{name}: normalized gradient error {err:.1e}"
 
 
-def record_triton_calls(monkeypatch) -> list[int]:
-    """A list that grows by one at each call into a Triton op's entry point (TANGO's mixing, windowed
-    TANGO's, GAU's and FLASH's relu² attention); empty for good where triton is not installed."""
+def record_triton_calls(monkeypatch) -> list[str]:
+    """A list that grows by the op's name (`Architecture.triton_ops`) at each call into a Triton
+    op's entry point (TANGO's mixing, windowed TANGO's, GAU's and FLASH's relu² attention); empty
+    for good where triton is not installed."""
     from tango_lm.ops import relu2_attention, tango_mix, windowed_mix
 
-    calls: list[int] = []
-    for module, name in (
-        (tango_mix.tango_mix_triton, "tango_mix_triton"),
-        (windowed_mix.windowed_triton, "windowed_band_mix_triton"),
-        (relu2_attention.relu2_attention_triton, "relu2_attention_triton"),
+    calls: list[str] = []
+    for op, module, name in (
+        ("tango_mix", tango_mix.tango_mix_triton, "tango_mix_triton"),
+        ("windowed_mix", windowed_mix.windowed_triton, "windowed_band_mix_triton"),
+        ("relu2_attention", relu2_attention.relu2_attention_triton, "relu2_attention_triton"),
     ):
         if module is not None:
             real = getattr(module, name)
-            monkeypatch.setattr(module, name, lambda *xs, _f=real: calls.append(1) or _f(*xs))
+            monkeypatch.setattr(module, name, lambda *xs, _f=real, _op=op: calls.append(_op) or _f(*xs))
     return calls

@@ -14,9 +14,11 @@ pytest.importorskip("tango_lm.ops.tango_mix_triton", exc_type=ImportError, reaso
 tool = helpers.tool("saved_for_backward")
 
 from tango_lm.bench.training import matched_configs  # noqa: E402
+from tango_lm.models.registry import ARCHITECTURES  # noqa: E402
 
 B, T = 16, 1024
-ARCHS = ("loop-transformer", "tango", "tango-windowed", "tango-3set", "tango-compact", "gau", "flash")
+# Every architecture whose mixing runs on Triton, and the Transformer's attention beside them.
+ARCHS = ("loop-transformer", *(name for name, arch in ARCHITECTURES.items() if arch.triton_ops))
 
 
 @pytest.fixture(scope="module")

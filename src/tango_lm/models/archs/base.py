@@ -28,6 +28,9 @@ class Architecture:
     uses_heads: bool = True  # False: no multi-head split (GAU, FLASH), so d_model need not divide by heads
     min_depth: int = 1  # fewer applications cannot build it (three sets need three)
     rotating_width: bool = False  # trains with `active_width` (rotating narrow width, docs/design.md §2.6)
+    # The Triton ops its mixing runs on CUDA ("tango_mix", "windowed_mix", "relu2_attention"): the
+    # kernel tests (interpreted on CPUs, and on a GPU) check each such architecture runs on them.
+    triton_ops: tuple[str, ...] = ()
     width_name: str = "gate"  # what `width` is, for generated presets: "gate" (TANGO's F) or "FFN"
     # Geometries of it a paper gives as data (models/fixed_geometry.py), each under its own label:
     # sweeps, `tango-lm match`, the presets and the reports take them from here.

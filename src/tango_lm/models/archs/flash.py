@@ -20,6 +20,7 @@ def group_pairs_per_token(seq_len: int, group_size: int) -> float:
 
 class Flash(Architecture):
     name = "flash"
+    triton_ops = ("relu2_attention",)
     reads = ("qk_dim", "group_size", "gau_norm")
     display_name = "FLASH"
     description = "FLASH (s = 128, g = 256)"

@@ -38,6 +38,7 @@ def gated_unit_matmul_params(cfg: ModelConfig) -> int:
 
 class Gau(Architecture):
     name = "gau"
+    triton_ops = ("relu2_attention",)
     reads = ("qk_dim", "gau_norm")
     display_name = "Full-attention GAU"
     description = "full-attention GAU (s = 128)"

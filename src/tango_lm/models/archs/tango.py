@@ -14,6 +14,7 @@ from tango_lm.models.config import ModelConfig
 
 class Tango(Architecture):
     name = "tango"
+    triton_ops = ("tango_mix",)
     display_name = "TANGO"
     description = "TANGO (full prefix)"
     family = "tango"

@@ -20,6 +20,7 @@ def controller_width(cfg: ModelConfig) -> int:
 
 class TangoCompact(Architecture):
     name = "tango-compact"
+    triton_ops = ("tango_mix",)  # its wide and its narrow average
     reads = ("controller_width",)
     display_name = "Compact-controller TANGO"
     description = "compact-controller TANGO (r = d; the project's reading of the paper)"

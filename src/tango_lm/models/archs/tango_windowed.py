@@ -22,6 +22,7 @@ def window_pairs_per_token(seq_len: int, window: int) -> float:
 
 class TangoWindowed(Tango):
     name = "tango-windowed"
+    triton_ops = ("windowed_mix",)
     reads = ("window", "feature_map")
     display_name = "Windowed TANGO"
     description = "windowed TANGO (window 64, elu+1 features)"
