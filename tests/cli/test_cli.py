@@ -521,6 +521,23 @@ def test_flags_may_come_between_overrides(data_dir, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == 2
 
 
+def test_every_command_that_takes_overrides_takes_flags_between_them(capsys):
+    # The commands parsed intermixed were a list kept by hand beside the parsers (add_overrides now).
+    from tango_lm.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    with_overrides = {name for name, p in commands.items() if any(a.dest == "overrides" for a in p._actions)}
+    assert with_overrides == {name for name, p in commands.items() if p.intermixed} == {"train", "params", "match"}
+    assert main(["params", "arch=tango", "--json", "d_model=64", "width=128", "vocab_size=257"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] > 0
+    assert (
+        main(["match", "--tier", "10M", "window=8", "--depth", "2", "--d-model", "64", "--arch", "tango", "--json"])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)
+
+
 # -- the installed console script -----------------------------------------------------------------
 def _script() -> str:
     script = Path(sys.executable).with_name("tango-lm")

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    if argv and argv[0] in ("train", "params", "match"):
+    if argv and argv[0] in commands and commands[argv[0]].intermixed:
         args = commands[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
         return args

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tango_lm.cli.output import CONFIG_HELP, JSON_HELP, _print_json, _table
+from tango_lm.cli.output import CONFIG_HELP, JSON_HELP, _print_json, _table, add_overrides
 from tango_lm.errors import UserError
 from tango_lm.models.matching import PAPER_VOCAB
 
@@ -204,7 +204,7 @@ def add_parsers(sub: Any) -> None:
     """`params`, `presets`, `match`."""
     s = sub.add_parser("params", help="parameter counts of a model config")
     s.add_argument("config", nargs="?", help=CONFIG_HELP)
-    s.add_argument("overrides", nargs="*", help="key=value overrides, e.g. arch=tango d_model=512")
+    add_overrides(s, "key=value overrides, e.g. arch=tango d_model=512")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_params)
 
@@ -216,9 +216,7 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("match", help="widths that match each architecture to a parameter tier (docs/design.md §2.8)")
     s.add_argument("--tier", required=True, help="70M, 160M, or a parameter count such as 25M, 1.5B, 1e9 or 1500000")
     s.add_argument("--depth", type=int, required=True, help="block applications (looped) or layers")
-    s.add_argument(
-        "overrides", nargs="*", help="model fields every architecture is matched with, e.g. qk_dim=64 model.window=256"
-    )
+    add_overrides(s, "model fields every architecture is matched with, e.g. qk_dim=64 model.window=256")
     s.add_argument("--d-model", type=int, default=None, help="width d (default: 512 for 70M, 768 for 160M)")
     s.add_argument("--arch", action="append", help="only these architectures (repeatable)")
     s.add_argument("--vocab-size", type=int, default=PAPER_VOCAB, help="vocabulary V (default: %(default)s, GPT-2's)")

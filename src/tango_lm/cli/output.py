@@ -27,6 +27,7 @@ from tango_lm.errors import UserError, did_you_mean
 
 __all__ = [
     "Parser",
+    "add_overrides",
     "one_line",
     "held_warnings",
     "progress_on_terminal_only",
@@ -54,6 +55,8 @@ DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one-line UserErrors (its subparsers inherit this class)."""
 
+    intermixed = False  # takes key=value overrides between its flags (`add_overrides`)
+
     def error(self, message: str) -> NoReturn:
         choice = _INVALID_CHOICE.search(message)  # a mistyped command: name the one meant
         if choice:
@@ -68,6 +71,13 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (
 def one_line(message: str) -> str:
     """`message` with control characters escaped (a newline becomes the two characters `\\n`)."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
+def add_overrides(parser: Parser, help: str) -> None:
+    """The `key=value` overrides positional; flags may then sit between them (`train cfg a=1
+    --resume b=2`), which `cli.parse_args` parses with `parse_intermixed_args`."""
+    parser.add_argument("overrides", nargs="*", help=help)
+    parser.intermixed = True
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from tango_lm.cli.output import (
     NO_PROGRESS_HELP,
     _print_json,
     _table,
+    add_overrides,
 )
 from tango_lm.errors import UserError
 
@@ -195,7 +196,7 @@ def add_parsers(sub: Any) -> None:
     """`train`, `eval`."""
     s = sub.add_parser("train", help="train a model from a preset or YAML file")
     s.add_argument("config", nargs="?", help=CONFIG_HELP)
-    s.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=100")
+    add_overrides(s, "section.key=value overrides, e.g. train.steps=100")
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
