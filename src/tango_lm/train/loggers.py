@@ -68,6 +68,9 @@ class MetricLogger:
     # May refuse to start on its settings, login or network (W&B): opened before the loggers that
     # write files at once, so a refusal leaves none behind.
     may_refuse = False
+    # Files it keeps in the run directory across starts (W&B's run id, so a resume continues its
+    # run): not run files, but a fresh start (`quickstart --fresh`, a sweep's retry) removes them.
+    fresh_start_files: tuple[str, ...] = ()
 
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -145,7 +148,8 @@ class WandbLogger(MetricLogger):
     requires = ("wandb", "wandb")
     background = True
     may_refuse = True
-    ID_FILE = "wandb.json"
+    ID_FILE = "wandb.json"  # its run id, which a resume continues
+    fresh_start_files = (ID_FILE,)
 
     def __init__(self, ctx: LogContext) -> None:
         wandb = _imported("wandb", "wandb")

@@ -30,6 +30,7 @@ from typing import Any
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
 from tango_lm.train.checkpoint import restore_interrupted_saves
+from tango_lm.train.loggers import LOGGERS
 
 __all__ = [
     "RUN_FILES",
@@ -43,10 +44,6 @@ __all__ = [
 ]
 
 RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
-# The run's W&B id (train/loggers.py): not a run file (a start that W&B opened and another logger
-# then stopped leaves it, and the same command runs again), but a fresh start removes it, or the new
-# run would continue the old W&B run.
-WANDB_ID_FILE = "wandb.json"
 _APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
 
 
@@ -68,9 +65,13 @@ def remove_run_files(path: str | os.PathLike) -> None:
             shutil.rmtree(p)
         elif name != "checkpoints":
             p.unlink()
-    wandb_id = Path(path) / WANDB_ID_FILE
-    if wandb_id.is_file() or wandb_id.is_symlink():
-        wandb_id.unlink()
+    # A logger's own files (W&B's run id) are no run files: a start that W&B opened and another
+    # logger then stopped leaves them, and the same command runs again. A fresh start removes them,
+    # or the new run would continue the old W&B run.
+    for name in {name for logger in LOGGERS.values() for name in logger.fresh_start_files}:
+        kept = Path(path) / name
+        if kept.is_file() or kept.is_symlink():
+            kept.unlink()
 
 
 def holds_run(path: str | os.PathLike) -> bool:
