@@ -17,7 +17,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.output_lock import hold_output_lock
-from tango_lm.train.checkpoint import complete_steps
+from tango_lm.train.checkpoint import restorable_steps
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig
 from tango_lm.train.run_dir import remove_run_files
 from tango_lm.train.trainer import train
@@ -95,7 +95,7 @@ def run_quickstart(
                 print(f"      finished before; reusing {summary_file}")
                 rows.append(summary)
                 continue
-        done = complete_steps(run_dir / "checkpoints")
+        done = restorable_steps(run_dir / "checkpoints")  # step numbers (a Path compared with an int raised)
         if done and done[-1] > run.total_steps():  # resume's own advice (raise train.steps) is no flag here
             raise UserError(
                 f"{run_dir} has trained {done[-1]} steps, more than the {run.total_steps()} asked for; "

@@ -25,7 +25,8 @@ from tango_lm.errors import UserError
 from tango_lm.models.matching import match_width
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.sweep import load_grid, run_sweep, runner
-from tango_lm.sweep.runner import plan_rows
+from tango_lm.sweep.runner import plan_rows, run_state
+from tango_lm.train.checkpoint import step_of
 from tango_lm.train.trainer import Trainer
 from tests import helpers
 
@@ -423,6 +424,21 @@ def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "model.head": ["onona"]})
     (run,) = load_grid(path).runs
     assert run.config.model.head == "onona"
+
+
+def test_a_step_a_kill_left_beside_its_place_is_resumed_not_deleted(data_dir, tmp_path):
+    # Its only checkpoint a complete .tmp-* copy (killed before the rename), the run was "new": the
+    # sweep removed its files, the copy with them, and trained it again from step 1.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=4, keep_last=1)
+    grid = load_grid(path)
+    run_sweep(grid, progress=False, log=lambda _: None)
+    out = grid.runs[0].out_dir
+    (out / "summary.json").unlink()
+    last = sorted((out / "checkpoints").glob("step-*"))[-1]
+    last.rename(last.with_name(f".tmp-{last.name}-999"))
+    assert run_state(grid.runs[0]) == {"state": "resume", "from_step": step_of(last), "steps": 4}
+    (row,) = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert row["status"] == "resumed" and helpers.step_names(out) == [last.name]
 
 
 @pytest.mark.parametrize("change", [{"lr": 0.03}, {"steps": 16}, {"steps": 8}])

@@ -33,6 +33,7 @@ from tango_lm.train.checkpoint import (
     load_checkpoint,
     prune_checkpoints,
     resolve_run_checkpoint,
+    restorable_steps,
     save_checkpoint,
 )
 from tango_lm.train.trainer import Trainer, train
@@ -489,19 +490,22 @@ def test_resaving_a_step_replaces_it_atomically(tmp_path):
     )
 
 
-@pytest.mark.parametrize("killed", ["after its marker", "between the renames", "after the renames"])
-def test_a_resave_stopped_midway_keeps_its_step(data_dir, tmp_path, killed):
-    # A kill between the re-save's two renames left only .old-* and .tmp-* copies, which the next
-    # start deleted: the step was lost (the run then trained again from the one before, or step 1).
+@pytest.mark.parametrize("killed", ["a save after its marker", "a re-save between its renames"])
+def test_a_save_stopped_midway_keeps_its_step(data_dir, tmp_path, killed):
+    # A kill between a re-save's two renames left only .replaced-* (was .old-*) and .tmp-* copies,
+    # which the next start deleted; so was a first save's complete .tmp-* killed before its rename.
+    # The step was lost, and the run trained again from the one before, or from step 1.
     out = tmp_path / "run"
     run = helpers.run_config(data_dir, out, steps=4, save_every=2, eval_every=2, keep_last=1)
     train(run)
     root = out / "checkpoints"
     step = helpers.step_dir(out, 4)
-    if killed != "after the renames":
+    if killed == "a re-save between its renames":
         shutil.copytree(step, root / ".tmp-step-00000004-999")  # the new copy, complete
-    if killed == "between the renames":
         os.rename(step, root / ".replaced-step-00000004-999")
+    else:
+        os.rename(step, root / ".tmp-step-00000004-999")
+    assert complete_steps(root) == [] and restorable_steps(root) == [4]
     longer = helpers.run_config(data_dir, out, steps=6, save_every=2, eval_every=2, keep_last=1)
     assert min(train(longer, resume=True).losses) == 5  # from step 4, not from step 1
     assert helpers.step_names(out) == ["step-00000006"] and not list(root.glob(".*"))

@@ -34,7 +34,7 @@ from tango_lm.models.registry import fields_not_read_by
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.train.checkpoint import complete_steps, step_of
+from tango_lm.train.checkpoint import complete_steps, restorable_steps
 from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
 from tango_lm.train.run_dir import remove_run_files
 
@@ -125,9 +125,9 @@ def run_state(run: SweepRun) -> dict[str, Any]:
     summary = _read_summary(out / "summary.json")
     if summary is not None and summary.get("steps") == total:
         return {"state": "done", "steps": total, "summary": summary}
-    steps = complete_steps(out / "checkpoints")
+    steps = restorable_steps(out / "checkpoints")  # a step a kill left beside its place counts (resume puts it back)
     if steps:
-        return {"state": "resume", "from_step": step_of(steps[-1]), "steps": total}
+        return {"state": "resume", "from_step": steps[-1], "steps": total}
     failed = _read_json(out / "failed.json")
     if failed is not None:
         return {"state": "retry", "error": failed.get("error"), "steps": total}

@@ -386,21 +386,35 @@ def named_best_step(step_dir: Path) -> int | None:
     return best if isinstance(best, int) and not isinstance(best, bool) else None
 
 
-def restore_interrupted_saves(ckpt_root: Path) -> None:
-    """Put back a step that a kill left with no complete `step-*` but a complete copy beside it
-    (a save stopped after its COMPLETE marker, or a re-save of the step between its two renames):
-    its new copy if complete, else the one it replaced. A pruned step's `.old-*` is never put back
-    (its deletion had begun). Call it only while no other process writes checkpoints here."""
+def _interrupted_saves(ckpt_root: Path) -> dict[Path, Path]:
+    """Step directory -> the complete copy to put in its place, for each step a kill left with no
+    complete `step-*` but a complete copy beside it (a save stopped after its COMPLETE marker, or a
+    re-save of the step between its two renames): its new copy if complete, else the one it
+    replaced. A pruned step's `.old-*` is never put back (its deletion had begun)."""
+    copies: dict[Path, Path] = {}
     if not ckpt_root.is_dir():
-        return
-    for p in ckpt_root.iterdir():
-        if p.name.startswith("step-") and not (p / MARKER).exists() and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)  # never loadable; a complete copy may take its place
-    for prefix in (".tmp-", REPLACED):
+        return copies
+    for prefix in (REPLACED, ".tmp-"):  # the new copy, listed last, wins
         for p in sorted(ckpt_root.glob(f"{prefix}step-*")):
             final = ckpt_root / p.name.removeprefix(prefix).rsplit("-", 1)[0]
-            if (p / MARKER).exists() and not final.exists() and p.is_dir() and not p.is_symlink():
-                os.rename(p, final)
+            if (p / MARKER).exists() and not (final / MARKER).exists() and p.is_dir() and not p.is_symlink():
+                copies[final] = p
+    return copies
+
+
+def restorable_steps(ckpt_root: Path) -> list[int]:
+    """The steps a resume can continue from: the complete step directories and those
+    `restore_interrupted_saves` would put back (read only: a dry run and the sweep's plan ask)."""
+    return sorted({step_of(p) for p in complete_steps(ckpt_root)} | {step_of(p) for p in _interrupted_saves(ckpt_root)})
+
+
+def restore_interrupted_saves(ckpt_root: Path) -> None:
+    """Put back each step `_interrupted_saves` finds, in place of an incomplete `step-*` (never
+    loadable) if one is there. Call it only while no other process writes checkpoints here."""
+    for final, copy in _interrupted_saves(ckpt_root).items():
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)
+        os.rename(copy, final)
 
 
 def remove_incomplete(ckpt_root: Path) -> None:
@@ -410,5 +424,6 @@ def remove_incomplete(ckpt_root: Path) -> None:
     run's lock)."""
     restore_interrupted_saves(ckpt_root)
     for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
-        if p.name.startswith(LEFTOVERS) and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
+        if p.name.startswith(LEFTOVERS) or (p.name.startswith("step-") and not (p / MARKER).exists()):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
