@@ -54,6 +54,8 @@ def test_round_trip_and_eot(trained):
         assert tok.decode(ids) == text
         assert tok.eot_id not in ids  # "<|endoftext|>" in text is ordinary text
     assert tok.encode_batch(TEXTS) == [tok.encode(t) for t in TEXTS]
+    # encode goes through encode_batch (which releases the GIL): the ids of the library's own encode
+    assert [tok.encode(t) for t in TEXTS] == [tok._tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
     assert len(tok.encode("The quick brown fox")) < len("The quick brown fox")  # merges were learned
     assert tok.decode([tok.eot_id]) == "<|endoftext|>"
 
