@@ -709,6 +709,27 @@ def test_what_a_sweep_or_an_older_version_decided_splits_no_row(tmp_path):
         assert len(write_report(plain, plots=False)["report"]["main"]) == rows, select
 
 
+def test_a_tokens_per_param_budget_is_the_steps_the_run_finished_with(tmp_path):
+    # The count a TPP budget multiplies changed between versions (a MoE run's own count, then the
+    # Dense model's): today's count labelled an older run with tokens it never trained.
+    from tango_lm.eval.report_runs import _resolved_setting
+
+    labels = {"dataset": "x", "tier": "-", "depth": 2, "seed": SEEDS[0], "arch": "tango"}
+    run = write_run(tmp_path / "runs", labels, 3.0, 3.0, sweep_json=False)
+    config = json.loads((run / "config.json").read_text())
+    config["train"].update(tokens_per_param=0.05, batch_size=4, grad_accum=2, seq_len=16)
+    (run / "config.json").write_text(json.dumps(config))
+    summary = json.loads((run / "summary.json").read_text())
+    for steps, tokens in ((17, 17 * 4 * 2 * 16), (None, None)):
+        (run / "summary.json").write_text(json.dumps({**summary, "steps": steps}))
+        resolved = _resolved_setting(run)["train"]
+        assert resolved["tokens_per_param"] is None
+        if tokens is not None:
+            assert resolved["tokens"] == tokens
+        else:  # no finished steps: today's count, as before
+            assert resolved["tokens"] > 0
+
+
 def test_runs_of_one_sweep_trained_differently_are_not_ranked_together(tmp_path):
     # A grid edited after some of its runs trained (warmup 1 -> 3, one architecture's directory
     # deleted and retrained) left the other's run beside it: the report ranked them in one row.

@@ -297,16 +297,24 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
         out["train"]["seq_len"] = out["model"].get("context_length")
     # One budget whichever kind config.json wrote it in: `steps: 100` and the `tokens` of 100
     # steps trained alike, so both are compared (and labelled) as the tokens they train.
-    trained = _trained_tokens(out)
+    trained = _trained_tokens(out, _read_json_dict(run_dir / "summary.json").get("steps"))
     if trained is not None:
         out["train"].update({key: None for key in BUDGET_FIELDS}, tokens=trained)
     return out
 
 
-def _trained_tokens(setting: dict[str, dict[str, Any]]) -> int | None:
+def _trained_tokens(setting: dict[str, dict[str, Any]], finished_steps: Any = None) -> int | None:
+    """The tokens the run's budget trains. A tokens_per_param budget is the steps the run finished
+    with when it did: the count it multiplies has changed between versions (the Standard head's,
+    then the Dense model's for the onóna backbones), so today's count may not be the run's."""
     train = setting["train"]
     try:
         per_step = int(train["batch_size"]) * int(train["grad_accum"]) * int(train["seq_len"])
+        tpp_only = (
+            train.get("steps") is None and train.get("tokens") is None and train.get("tokens_per_param") is not None
+        )
+        if tpp_only and isinstance(finished_steps, int) and not isinstance(finished_steps, bool) and finished_steps > 0:
+            return finished_steps * per_step
         steps = budget_steps(
             train.get("steps"),
             train.get("tokens"),
@@ -331,12 +339,17 @@ def _derived_budget(run_dir: Path) -> tuple[Path, float] | None:
     return Path(*run_dir.parts[: -len(parts)]), tokens_per_param
 
 
-def _sweep_json(run_dir: Path) -> dict[str, Any]:
+def _read_json_dict(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} (none there, or not an object)."""
     try:
-        data = json.loads((run_dir / "sweep.json").read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _sweep_json(run_dir: Path) -> dict[str, Any]:
+    return _read_json_dict(run_dir / "sweep.json")
 
 
 def _compared(setting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
