@@ -146,15 +146,25 @@ def test_resuming_from_another_folder_than_a_relative_data_dir_says_to_pass_data
 
 
 @pytest.mark.parametrize(
-    ("stop", "continues"), [(2, "from the start (no checkpoint was saved yet)"), (5, "from its checkpoint of step 4")]
+    ("stop", "continues", "left_beside"),
+    [
+        (2, "from the start (no checkpoint was saved yet)", False),
+        (5, "from its checkpoint of step 4", False),
+        (5, "from its checkpoint of step 4", True),  # a kill's copy of step 4 beside its place: resume puts it back
+    ],
 )
-def test_an_interrupted_train_says_how_to_continue(data_dir, tmp_path, capsys, monkeypatch, stop, continues):
+def test_an_interrupted_train_says_how_to_continue(
+    data_dir, tmp_path, capsys, monkeypatch, stop, continues, left_beside
+):
     from tango_lm.train.trainer import Trainer
 
     original = Trainer.train_step
 
     def train_step(self):
         if self.step == stop:
+            if left_beside:
+                step = self.ckpt_root / "step-00000004"
+                step.rename(step.with_name(".tmp-step-00000004-77"))
             raise KeyboardInterrupt  # Ctrl-C
         return original(self)
 

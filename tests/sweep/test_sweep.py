@@ -471,15 +471,21 @@ def test_the_same_budget_written_as_tokens_is_the_same_run(data_dir, tmp_path):
     assert plan_rows(edited, edited.runs)[0]["state"] == "done"
 
 
-def test_a_run_whose_dataset_was_prepared_again_since_is_neither_reused_nor_resumed(data_dir, tmp_path):
+@pytest.mark.parametrize("last_step", ["in place", "a copy a kill left beside its place"])
+def test_a_run_whose_dataset_was_prepared_again_since_is_neither_reused_nor_resumed(data_dir, tmp_path, last_step):
     """The same data.dir, other tokens: the finished run was shown as done, and a report averaged it
-    with the runs on the new data."""
+    with the runs on the new data. Its latest step a copy waiting to be put back, the check read no
+    step and resumed it into a refusal (failed.json written into the other config's run)."""
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)
-    path = write_grid(tmp_path, {"arch": ["tango"]}, data)
+    path = write_grid(tmp_path, {"arch": ["tango"]}, data, keep_last=1)
     assert [r["status"] for r in run_sweep(load_grid(path), progress=False, log=lambda _: None)] == ["trained"]
     grid = load_grid(path)
     assert plan_rows(grid, grid.runs)[0]["state"] == "done"
+    if last_step != "in place":
+        (grid.runs[0].out_dir / "summary.json").unlink()
+        last = sorted((grid.runs[0].out_dir / "checkpoints").glob("step-*"))[-1]
+        last.rename(last.with_name(f".tmp-{last.name}-999"))
     before = helpers.snapshot(grid.runs[0].out_dir)
     docs = helpers.make_docs(helpers.TRAIN_DOCS, 7)  # other documents, prepared at the same path
     write_prepared(

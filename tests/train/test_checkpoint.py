@@ -34,6 +34,7 @@ from tango_lm.train.checkpoint import (
     prune_checkpoints,
     resolve_run_checkpoint,
     restorable_steps,
+    restore_interrupted_saves,
     save_checkpoint,
 )
 from tango_lm.train.trainer import Trainer, train
@@ -509,6 +510,21 @@ def test_a_save_stopped_midway_keeps_its_step(data_dir, tmp_path, killed):
     longer = helpers.run_config(data_dir, out, steps=6, save_every=2, eval_every=2, keep_last=1)
     assert min(train(longer, resume=True).losses) == 5  # from step 4, not from step 1
     assert helpers.step_names(out) == ["step-00000006"] and not list(root.glob(".*"))
+
+
+def test_only_a_copy_that_can_take_its_place_counts_as_restorable(tmp_path):
+    # A copy of a name that does not parse raised from the sweep's plan (a traceback), and one whose
+    # place is a link was counted, then failed to be put back ("Not a directory") at every rerun.
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 4, {"w": torch.zeros(1)}, {"step": 4}, {"model": {}}, {}, {})
+    for name in (".tmp-step-00000004.bak", ".tmp-step-abc-1", ".tmp-step-00000008-77", ".tmp-step-00000012-5"):
+        shutil.copytree(root / "step-00000004", root / name)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "step-00000012").symlink_to(tmp_path / "elsewhere")  # its place taken by a link
+    assert restorable_steps(root) == [4, 8]
+    restore_interrupted_saves(root)
+    assert [p.name for p in complete_steps(root)] == ["step-00000004", "step-00000008"]
+    assert (root / "step-00000012").is_symlink() and (root / ".tmp-step-abc-1").is_dir()
 
 
 def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monkeypatch):

@@ -67,15 +67,11 @@ def _how_to_continue(run: Any, given: list[str], processes: int = 1) -> str:
     import shlex
     from pathlib import Path
 
-    from tango_lm.train.checkpoint import complete_steps
+    from tango_lm.train.checkpoint import restorable_steps
 
     out_dir = Path(run.train.out_dir)
-    steps = complete_steps(out_dir / "checkpoints")
-    where = (
-        f"from its checkpoint of step {int(steps[-1].name.removeprefix('step-'))}"
-        if steps
-        else "from the start (no checkpoint was saved yet)"
-    )
+    steps = restorable_steps(out_dir / "checkpoints")  # one a kill left beside its place too (resume puts it back)
+    where = f"from its checkpoint of step {steps[-1]}" if steps else "from the start (no checkpoint was saved yet)"
     try:
         saved = json.loads((out_dir / "config.json").read_text()) if (out_dir / "config.yaml").is_file() else None
     except (OSError, ValueError):

@@ -5,7 +5,8 @@ Restart rules, so a sweep killed at any point loses nothing and picks up where i
 
 - *done*: `summary.json` is present and records the run's full step budget. Never touched again
   (not even its `sweep.json`).
-- *resume*: the run directory holds a complete checkpoint; training continues from the latest
+- *resume*: the run directory holds a complete checkpoint, or a complete copy a kill left beside
+  its place (`restorable_steps`; the resume puts it back); training continues from the latest
   one (the trainer truncates `metrics.jsonl` to it).
 - *new* (or *retry* after a recorded failure): no checkpoint, so records a killed attempt left in
   `metrics.jsonl`/`best.json` are removed and the run starts from step 0.
@@ -34,7 +35,7 @@ from tango_lm.models.registry import fields_not_read_by
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
-from tango_lm.train.checkpoint import complete_steps, restorable_steps
+from tango_lm.train.checkpoint import restorable_step_dirs, restorable_steps
 from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
 from tango_lm.train.run_dir import remove_run_files
 
@@ -92,7 +93,7 @@ def _other_tokens(run: SweepRun) -> list[str]:
     from tango_lm.data.shards import PreparedDataset
     from tango_lm.eval.evaluate import holds_recorded_tokens
 
-    steps = complete_steps(run.out_dir / "checkpoints")
+    steps = list(restorable_step_dirs(run.out_dir / "checkpoints").values())  # the one a resume takes
     recorded = (_read_json(steps[-1] / "meta.json") or {}).get("data") if steps else None
     directory = run.config.data.dir
     if not recorded or not is_prepared(directory) or holds_recorded_tokens(PreparedDataset.open(directory), recorded):

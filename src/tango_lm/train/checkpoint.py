@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -386,33 +387,51 @@ def named_best_step(step_dir: Path) -> int | None:
     return best if isinstance(best, int) and not isinstance(best, bool) else None
 
 
+_COPY_NAME = re.compile(
+    rf"^(?:\.tmp-|{re.escape(REPLACED)})(step-\d+)-[^-/]+$"
+)  # .tmp-step-N-TAG, .replaced-step-N-PID
+
+
 def _interrupted_saves(ckpt_root: Path) -> dict[Path, Path]:
     """Step directory -> the complete copy to put in its place, for each step a kill left with no
     complete `step-*` but a complete copy beside it (a save stopped after its COMPLETE marker, or a
     re-save of the step between its two renames): its new copy if complete, else the one it
-    replaced. A pruned step's `.old-*` is never put back (its deletion had begun)."""
+    replaced. A pruned step's `.old-*` is never put back (its deletion had begun), nor a copy whose
+    place is taken by a link or a file (the rename could not take it)."""
     copies: dict[Path, Path] = {}
     if not ckpt_root.is_dir():
         return copies
     for prefix in (REPLACED, ".tmp-"):  # the new copy, listed last, wins
         for p in sorted(ckpt_root.glob(f"{prefix}step-*")):
-            final = ckpt_root / p.name.removeprefix(prefix).rsplit("-", 1)[0]
-            if (p / MARKER).exists() and not (final / MARKER).exists() and p.is_dir() and not p.is_symlink():
+            name = _COPY_NAME.match(p.name)
+            if name is None or not (p / MARKER).exists() or not p.is_dir() or p.is_symlink():
+                continue
+            final = ckpt_root / name[1]
+            free = not os.path.lexists(final) or (final.is_dir() and not final.is_symlink())
+            if free and not (final / MARKER).exists():
                 copies[final] = p
     return copies
 
 
+def restorable_step_dirs(ckpt_root: Path) -> dict[int, Path]:
+    """Step -> the directory that holds it, for each step a resume can continue from: the complete
+    step directories and the copies `restore_interrupted_saves` would put back (read only: a dry
+    run and a sweep's plan ask; the copies are listed first, so one put back meanwhile, by
+    another process, is found in its place)."""
+    copies = {step_of(final): copy for final, copy in _interrupted_saves(ckpt_root).items()}
+    return dict(sorted({**copies, **{step_of(p): p for p in complete_steps(ckpt_root)}}.items()))
+
+
 def restorable_steps(ckpt_root: Path) -> list[int]:
-    """The steps a resume can continue from: the complete step directories and those
-    `restore_interrupted_saves` would put back (read only: a dry run and the sweep's plan ask)."""
-    return sorted({step_of(p) for p in complete_steps(ckpt_root)} | {step_of(p) for p in _interrupted_saves(ckpt_root)})
+    """The steps of `restorable_step_dirs`, oldest first."""
+    return list(restorable_step_dirs(ckpt_root))
 
 
 def restore_interrupted_saves(ckpt_root: Path) -> None:
     """Put back each step `_interrupted_saves` finds, in place of an incomplete `step-*` (never
     loadable) if one is there. Call it only while no other process writes checkpoints here."""
     for final, copy in _interrupted_saves(ckpt_root).items():
-        if final.is_dir() and not final.is_symlink():
+        if final.is_dir():
             shutil.rmtree(final)
         os.rename(copy, final)
 
