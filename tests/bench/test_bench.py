@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from tango_lm.bench import decode, memory, suite, training
+from tango_lm.bench import child, decode, memory, suite, training
 from tango_lm.bench import windowed as windowed_bench
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
@@ -429,10 +429,27 @@ def test_a_childs_user_error_is_the_parents_one_line(monkeypatch):
     from tango_lm.errors import UserError
 
     failed = subprocess.CompletedProcess([], 1, "", "Traceback ...\ntango_lm.errors.UserError: device 'x' is absent\n")
-    monkeypatch.setattr(memory.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(child.subprocess, "run", lambda *a, **k: failed)
     cfg = memory.memory_config("dense", 32, 1, 64, 8)
     with pytest.raises(UserError, match="^device 'x' is absent$"):
         memory.measure_in_subprocess(cfg, 1, 8)
+
+
+def test_the_head_bench_reads_its_children_as_the_memory_suite_does(monkeypatch):
+    # One runner for both (bench/child.py): a head-bench variant the OOM killer took was a
+    # RuntimeError with an empty message, and its UserError a traceback.
+    import subprocess
+
+    from tango_lm.bench import heads
+    from tango_lm.errors import UserError
+
+    for ended, raised in (
+        (subprocess.CompletedProcess([], -9, "", ""), MemoryError),
+        (subprocess.CompletedProcess([], 1, "", "tango_lm.errors.UserError: device 'x' is absent\n"), UserError),
+    ):
+        monkeypatch.setattr(child.subprocess, "run", lambda *a, ended=ended, **k: ended)
+        with pytest.raises(raised, match="head bench variant standard was killed|^device 'x' is absent$"):
+            heads.run_head_bench(variants=("standard",), print_table=False)
 
 
 def test_sizes_past_the_machines_memory_are_one_error_line(capsys):
@@ -451,7 +468,7 @@ def test_a_measuring_child_out_of_memory_is_a_memory_error(monkeypatch):
     import subprocess
 
     cfg = memory.memory_config("dense", 32, 1, 64, 8)
-    for child, said in (
+    for ended, said in (
         (subprocess.CompletedProcess([], -9, "", ""), "dense/standard was killed by SIGKILL (the out-of-memory killer"),
         (
             subprocess.CompletedProcess(
@@ -460,10 +477,10 @@ def test_a_measuring_child_out_of_memory_is_a_memory_error(monkeypatch):
             "dense/standard: RuntimeError: [enforce fail] can't allocate memory: 9 GB",
         ),
     ):
-        monkeypatch.setattr(memory.subprocess, "run", lambda *a, child=child, **k: child)
+        monkeypatch.setattr(child.subprocess, "run", lambda *a, ended=ended, **k: ended)
         with pytest.raises(MemoryError, match=re.escape(said)):
             memory.measure_in_subprocess(cfg, 1, 8)
-    monkeypatch.setattr(memory.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "KeyError: x"))
+    monkeypatch.setattr(child.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess([], 1, "", "KeyError: x"))
     with pytest.raises(RuntimeError, match="failed:\nKeyError: x"):  # a bug stays a bug, with its traceback
         memory.measure_in_subprocess(cfg, 1, 8)
 

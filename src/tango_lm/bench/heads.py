@@ -33,14 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tango_lm.bench.child import run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.cli.output import DEVICE_HELP
 from tango_lm.errors import UserError, run_script
@@ -167,15 +166,7 @@ def run_head_bench(
             bf16=bf16,
             threads=threads,
         )
-        proc = subprocess.run(
-            [sys.executable, "-m", "tango_lm.bench.heads", "--child", json.dumps(args)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"head bench variant {variant} failed:\n{proc.stderr[-2000:]}")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        rows.append(run_child("tango_lm.bench.heads", args, f"head bench variant {variant}"))
     base = next((r for r in rows if r["variant"] == "standard"), rows[0])
     for r in rows:
         r["time_vs_standard"] = r["step_s"] / base["step_s"]

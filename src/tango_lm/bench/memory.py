@@ -34,20 +34,17 @@ import argparse
 import gc
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tango_lm.bench.child import is_out_of_memory_text, run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
-from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -56,8 +53,6 @@ from tango_lm.train.utilization import peak_rss_bytes, reset_peak_memory
 
 HEADS_COMPARED = ("standard", "onona")
 MMAP_THRESHOLD = 131072  # bytes: glibc serves blocks this large by mmap in the CPU children
-
-USER_ERROR_PREFIX = "tango_lm.errors.UserError: "  # how a child's uncaught UserError ends its stderr
 
 
 def _current_rss_bytes() -> int:
@@ -168,12 +163,6 @@ def measure_training_step(
     }
 
 
-def is_out_of_memory_text(text: str) -> bool:
-    """Whether an error's text is an allocator's refusal: CUDA's OutOfMemoryError, Python's
-    MemoryError, or the CPU allocator's RuntimeError ("... can't allocate memory ...")."""
-    return any(said in text for said in ("can't allocate memory", "OutOfMemoryError", "MemoryError", "out of memory"))
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is an allocation that failed (the sizes asked for are past the machine's)."""
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
@@ -204,26 +193,7 @@ def measure_in_subprocess(
     )
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tango_lm.bench.memory", "--child", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if proc.returncode != 0:
-        user_error = [line for line in proc.stderr.splitlines() if line.startswith(USER_ERROR_PREFIX)]
-        if user_error:  # the child's one-line error is the user's, as if raised here
-            raise UserError(user_error[-1].removeprefix(USER_ERROR_PREFIX))
-        what = f"the memory measurement of {cfg.arch}/{cfg.head}"
-        if proc.returncode < 0:  # the kernel's out-of-memory killer picks the process allocating: this one
-            name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
-            raise MemoryError(f"{what} was killed by {name} (the out-of-memory killer, or a limit)")
-        allocation = [line for line in proc.stderr.splitlines() if is_out_of_memory_text(line)]
-        if allocation:  # the child's allocator refused: the line that says how much
-            raise MemoryError(f"{what}: {allocation[-1].strip()[:300]}")
-        raise RuntimeError(f"memory measurement of {cfg.arch}/{cfg.head} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child("tango_lm.bench.memory", args, f"the memory measurement of {cfg.arch}/{cfg.head}", env)
 
 
 def memory_config(backbone: str, d_model: int, depth: int, vocab_size: int, seq_len: int) -> ModelConfig:
