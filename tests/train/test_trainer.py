@@ -354,6 +354,25 @@ def test_tokens_per_param_counts_the_dense_model_for_the_onona_backbones(preset)
     assert run.total_steps() == load_run_config(preset, []).total_steps()  # the preset's own steps
 
 
+def test_a_tokens_per_param_run_keeps_its_budget_when_the_count_changes(data_dir, tmp_path, monkeypatch):
+    # The count a TPP budget multiplies changed between versions (twice): `train RUN --resume` then
+    # trained to another total, its schedule jumping at the resume, or was refused as past it.
+    from tango_lm.train import config as config_module
+    from tango_lm.train.config import load_run_config, tpp_reference_params
+
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=None, tokens_per_param=0.5)
+    steps = run.total_steps()
+    assert steps > 2
+    _interrupted(monkeypatch, run, stop=2)
+    saved = json.loads((out / "config.json").read_text())["train"]
+    assert saved["tokens_per_param"] == 0.5 and saved["tokens"] == int(0.5 * tpp_reference_params(run.model))
+    monkeypatch.setattr(config_module, "tpp_reference_params", lambda model: 10**6)  # a later version's count
+    assert helpers.run_config(data_dir, out, steps=None, tokens_per_param=0.5).total_steps() != steps
+    resumed = train(load_run_config(str(out), []), resume=True)
+    assert resumed.summary["steps"] == steps
+
+
 def test_token_budget_trains_that_many_steps(data_dir, tmp_path):
     out = tmp_path / "run"
     s = train(helpers.run_config(data_dir, out, steps=None, tokens=3 * 4 * 32)).summary

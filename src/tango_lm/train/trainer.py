@@ -40,7 +40,7 @@ from tango_lm.train.checkpoint import (
     step_of,
 )
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
-from tango_lm.train.config import RunConfig, dump_yaml
+from tango_lm.train.config import RunConfig, dump_yaml, tpp_reference_params
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, deterministic_kernels, to_device
 from tango_lm.train.loggers import (
@@ -306,6 +306,11 @@ class Trainer(TrainerCheckpoints):
         metrics_file.truncate_records(self.out, self.step)
         (self.out / "summary.json").unlink(missing_ok=True)
         config = self.run.to_dict()
+        t = config["train"]
+        if t["tokens_per_param"] is not None and t["steps"] is None and t["tokens"] is None:
+            # The tokens it gives, beside it: the count it multiplies has changed between versions,
+            # and `train RUN --resume` (which reads this config) keeps the budget the run began with.
+            t["tokens"] = int(t["tokens_per_param"] * tpp_reference_params(self.run.model))
         write_json_atomic(self.out / "config.json", config)
         write_text_atomic(self.out / "config.yaml", dump_yaml(config))  # read back by `train RUN --resume`
         self.peak_flops = matmul_peak(self.device, self.dtype)
