@@ -24,6 +24,16 @@ def is_out_of_memory_text(text: str) -> bool:
     return any(said in text for said in ("can't allocate memory", "OutOfMemoryError", "MemoryError", "out of memory"))
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed here or in a child (the sizes asked for are past
+    the machine's)."""
+    import torch
+
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and is_out_of_memory_text(str(exc))
+    )
+
+
 def run_child(module: str, args: dict[str, Any], what: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `python -m module --child JSON(args)` and return the JSON of its last stdout line;
     `what` names the measurement in errors ("the memory measurement of dense/standard")."""

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tango_lm.bench.child import is_out_of_memory_text, run_child
+from tango_lm.bench.child import run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
@@ -161,13 +161,6 @@ def measure_training_step(
         "threads": torch.get_num_threads(),
         "precision": "bf16 autocast" if dtype is not None else "fp32",
     }
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is an allocation that failed (the sizes asked for are past the machine's)."""
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and is_out_of_memory_text(str(exc))
-    )
 
 
 def measure_in_subprocess(

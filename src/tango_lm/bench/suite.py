@@ -451,7 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def out_of_memory_error(exc: BaseException | str, suite: str, finished: tuple[str, ...] | list[str]) -> UserError:
     """The one-line error of a suite whose sizes are past the machine's memory: what failed and the
     flags that size that suite; `exc` itself, re-raised, when it is not an allocation that failed."""
-    from tango_lm.bench.memory import is_out_of_memory
+    from tango_lm.bench.child import is_out_of_memory
 
     if isinstance(exc, BaseException) and not is_out_of_memory(exc):
         raise exc

@@ -36,6 +36,7 @@ stopped by an error or Ctrl-C ends its W&B run with exit code 1 or 130, failed o
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -293,10 +294,8 @@ def _retire_service(wandb) -> None:
     """Stop W&B's service process after a failure (one it lost contact with, say): the next
     `wandb.init` in this process (a sweep's next run) then starts a new one instead of reusing the
     broken connection, and W&B's exit hook has nothing left to fail on."""
-    try:
+    with contextlib.suppress(Exception):  # the failure being reported is the one that matters
         wandb.teardown()
-    except Exception:  # noqa: BLE001, S110 - the failure being reported is the one that matters
-        pass
 
 
 LOGGERS: dict[str, type[MetricLogger]] = {cls.name: cls for cls in (JsonlLogger, TensorBoardLogger, WandbLogger)}
