@@ -46,6 +46,32 @@ def cache_and_attend(
     return sdpa_attention(q, k_all, v_all, state.key_mask())
 
 
+def add_gated_projections(module: nn.Module, d_model: int, n_heads: int, width: int, active_width: int | None) -> None:
+    """Give `module` one set of TANGO's gated projections of width F: `gate_proj` (W_g, the source
+    gate), `up_proj` (W_u, the destination projection), `down_proj` (W_o), and `active`: under
+    rotating narrow-width training (docs/design.md §2.6) the K active columns of each head's F/H."""
+    module.gate_proj = nn.Linear(d_model, width, bias=False)
+    module.up_proj = nn.Linear(d_model, width, bias=False)
+    module.down_proj = nn.Linear(width, d_model, bias=False)
+    module.active = (
+        None
+        if active_width is None
+        else ActiveColumns(
+            width, n_heads, active_width, rows=(module.gate_proj, module.up_proj), cols=(module.down_proj,)
+        )
+    )
+
+
+def gated_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W_g, W_u, W_o of a module given them by `add_gated_projections`; under rotating narrow-width
+    training only the active segment's columns (head by head, so the narrowed gates still split
+    into H heads)."""
+    if module.active is None:
+        return module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
+    w_g, w_u, w_o = module.active.weights()
+    return w_g, w_u, w_o
+
+
 class TangoQueryKey(nn.Module):
     """What every TANGO block shares: the block norm and the q, k projections ([B, H, T, d_h])."""
 
@@ -74,25 +100,11 @@ class TangoBlock(TangoQueryKey):
 
     def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
         super().__init__(d_model, n_heads, eps)
-        self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
-        self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
-        self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
-        # Rotating narrow-width training (docs/design.md §2.6): K active columns of each head's F/H gate columns.
-        self.active = (
-            None
-            if active_width is None
-            else ActiveColumns(
-                width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
-            )
-        )
+        add_gated_projections(self, d_model, n_heads, width, active_width)
 
     def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W_g, W_u, W_o; under rotating narrow-width training only the active segment's columns
-        (head by head, so the narrowed gates still split into H heads)."""
-        if self.active is None:
-            return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
-        w_g, w_u, w_o = self.active.weights()
-        return w_g, w_u, w_o
+        """W_g, W_u, W_o; under rotating narrow-width training only the active segment's columns."""
+        return gated_weights(self)
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """`gbar * u` from q, k [B, H, T, d_h], gate pre-activations a and u [B, T, F].

@@ -39,7 +39,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.active_width import ActiveColumns
-from tango_lm.layers.tango import TangoBlock, TangoQueryKey, cache_and_attend, prefill_through_door
+from tango_lm.layers.tango import (
+    TangoBlock,
+    TangoQueryKey,
+    add_gated_projections,
+    cache_and_attend,
+    gated_weights,
+    prefill_through_door,
+)
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
@@ -51,23 +58,11 @@ class GatedProjections(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, width: int, active_width: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, width, bias=False)  # W_g: the source gate
-        self.up_proj = nn.Linear(d_model, width, bias=False)  # W_u: the destination projection
-        self.down_proj = nn.Linear(width, d_model, bias=False)  # W_o
-        self.active = (
-            None
-            if active_width is None
-            else ActiveColumns(
-                width, n_heads, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,)
-            )
-        )
+        add_gated_projections(self, d_model, n_heads, width, active_width)
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """W_g, W_u, W_o (narrowed to the active segment under rotating narrow-width training)."""
-        if self.active is None:
-            return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
-        w_g, w_u, w_o = self.active.weights()
-        return w_g, w_u, w_o
+        return gated_weights(self)
 
 
 def set_for_application(application: int, depth: int) -> int:
