@@ -121,3 +121,17 @@ def test_kernels_match_naive(lead, t, e):
 def test_blocks_cover_the_sequence():
     assert causal_blocks(10, 4) == [(0, 4), (4, 8), (8, 10)] and causal_blocks(4, 4) == [(0, 4)]
     assert causal_blocks(0, 4) == []
+
+
+@pytest.mark.parametrize("kernels", ["c", "blocked", "reference"])
+@pytest.mark.parametrize(("t", "e"), [(0, 4), (5, 0), (0, 0)])
+def test_empty_inputs_give_an_empty_product(kernels, t, e):
+    # No position or no value column: the blocked op and the C kernels have nothing to tile, the
+    # result is empty (as the composition's) rather than a reshape error.
+    if kernels == "c" and not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    p, v = inputs((2, 3), t, e, dtype=torch.float32)
+    out = causal_matmul(p, v, kernels=kernels)
+    assert out.shape == (2, 3, t, e)
+    dp, dv = torch.autograd.grad(out.sum(), (p, v), allow_unused=True)
+    assert dp is None or dp.shape == p.shape

@@ -136,3 +136,12 @@ def test_compiled_chunked_matches_eager_outputs_and_gradients():
         assert g.abs().sum() > 0, name
         torch.testing.assert_close(g_c, g, msg=name)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_no_position_returns_an_empty_output_and_the_state_unchanged(state):
+    q, k, v, beta, g, s0 = inputs(2, 3, 0, 8, 6, state=state)
+    o, s = gated_delta_rule(q, k, v, beta, g, s0, chunk=16)
+    o_ref, s_ref = delta_rule_recurrent(q, k, v, beta, g, s0)
+    assert o.shape == o_ref.shape == (2, 3, 0, 6)
+    torch.testing.assert_close(s, s_ref)

@@ -140,6 +140,6 @@ def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = Non
     c = cpu_eager and cpu_kernels.usable(v)
     auto = "c" if c else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
     name = choose({"reference": True, "blocked": cpu_eager, "c": c}, auto, kernels)
-    if name == "reference":
+    if name == "reference" or p.numel() == 0 or v.numel() == 0:  # nothing to block or tile
         return causal_matmul_reference(p, v)
     return causal_matmul_fused(p, v, kernels=name == "c")

@@ -66,7 +66,7 @@ def delta_rule_recurrent(
         m = alpha * (m - b_i[..., None] * k_i[..., :, None] * (k_i[..., None, :] @ m))
         m = m + b_i[..., None] * k_i[..., :, None] * v_i[..., None, :]
         outs.append((q[:, :, i, None, :] @ m).squeeze(-2))
-    return torch.stack(outs, dim=2), m
+    return (torch.stack(outs, dim=2) if outs else v.new_zeros(b, h, 0, dv)), m
 
 
 def delta_rule_chunked(
@@ -85,6 +85,9 @@ def delta_rule_chunked(
     q, k, v, beta, g = (x.to(dtype) for x in (q, k, v, beta, g))
     b, h, t, dk = k.shape
     dv = v.shape[-1]
+    if t == 0:  # no position: no chunk to stack, the state passes unchanged
+        m = state.to(dtype) if state is not None else q.new_zeros(b, h, dk, dv)
+        return v.to(out_dtype), m
     c = max(1, min(chunk, t))
     pad = (-t) % c
     if pad:  # padded positions: k = v = 0, β = 0, g = 0 (α = 1) leave the state unchanged
