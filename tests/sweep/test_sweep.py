@@ -360,6 +360,33 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     assert not (root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.json").exists()
 
 
+def test_a_failed_run_finished_with_resume_as_its_error_says_is_reported(data_dir, tmp_path, monkeypatch, capsys):
+    # The sweep records the failure (failed.json); `train RUN --resume` finishes the run. Its record
+    # of a failed latest attempt goes with the finish: `report` counts the run, and the sweep, which
+    # finds it done, does not retrain it.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=4, save_every=2)
+    original = Trainer.train_step
+
+    def failing_at_3(self):
+        if self.step == 3:
+            raise RuntimeError("disk full")
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", failing_at_3)
+    assert main(["sweep", str(path), "--no-progress"]) == 1
+    run_dir = tmp_path / "sweep" / "dataset=syn/arch=tango"
+    assert (run_dir / "failed.json").exists() and not (run_dir / "summary.json").exists()
+    monkeypatch.setattr(Trainer, "train_step", original)
+    assert main(["train", str(run_dir), "--resume", "--no-progress"]) == 0
+    assert (run_dir / "summary.json").exists()
+    assert not (run_dir / "failed.json").exists() and not (run_dir / "failed.log").exists()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "sweep")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "TANGO" in captured.out
+    assert run_state(load_grid(path).runs[0])["state"] == "done"
+
+
 def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"]})
     grid = load_grid(path)

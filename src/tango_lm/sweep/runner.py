@@ -37,9 +37,8 @@ from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.checkpoint import restorable_step_dirs, restorable_steps
 from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
-from tango_lm.train.run_dir import remove_run_files
+from tango_lm.train.run_dir import FAILED_ATTEMPT_FILES, remove_run_files
 
-FAILED_FILES = ("failed.json", "failed.log")
 OTHER_TOKENS = "holds other tokens than the run trained on (prepared again since)"
 
 
@@ -260,7 +259,7 @@ def _train_one(run: SweepRun, head: str, log: Callable[[str], None], progress: b
 def _prepare_dir(run: SweepRun, state: dict[str, Any]) -> None:
     out = run.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    for name in FAILED_FILES:
+    for name in FAILED_ATTEMPT_FILES:
         (out / name).unlink(missing_ok=True)
     if state["state"] in ("new", "retry"):  # what an attempt killed before its first checkpoint left
         remove_run_files(out)

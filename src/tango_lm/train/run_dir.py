@@ -34,6 +34,7 @@ from tango_lm.train.loggers import LOGGERS
 
 __all__ = [
     "RUN_FILES",
+    "FAILED_ATTEMPT_FILES",
     "run_files",
     "remove_run_files",
     "holds_run",
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 RUN_FILES = ("config.json", "config.yaml", "metrics.jsonl", "best.json", "summary.json", "checkpoints")
+# A sweep's record of a run's latest attempt that failed (sweep/runner.py); `report` leaves such a
+# run out, and a run that finishes (a sweep's retry, or `train RUN --resume` after the error) removes them.
+FAILED_ATTEMPT_FILES = ("failed.json", "failed.log")
 _APPENDED = ("metrics.jsonl",)  # written in place on resume; the others are replaced by rename
 
 

@@ -53,7 +53,7 @@ from tango_lm.train.loggers import (
 )
 from tango_lm.train.nonfinite import NonFiniteGuard
 from tango_lm.train.optim import build_optimizer, lr_at
-from tango_lm.train.run_dir import claim_run_dir
+from tango_lm.train.run_dir import FAILED_ATTEMPT_FILES, claim_run_dir
 from tango_lm.train.trainer_checkpoints import TrainerCheckpoints
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
 
@@ -442,6 +442,8 @@ class Trainer(TrainerCheckpoints):
             "out_dir": str(self.out),
         }
         if self.dist.is_main:
+            for name in FAILED_ATTEMPT_FILES:  # an earlier attempt's failure, outdated now (removed first: a kill
+                (self.out / name).unlink(missing_ok=True)  # between the two leaves no summary beside it)
             write_json_atomic(self.out / "summary.json", strict_json.finite_or_null(summary))
         self._log({"event": "summary", "step": self.step, **summary})
         return summary
