@@ -545,6 +545,25 @@ def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monke
     assert not list(root.glob(".replaced-*"))
 
 
+@pytest.mark.parametrize("what", ["file", "link"])
+def test_a_file_where_the_step_goes_is_left_alone_and_named(tmp_path, what):
+    # Not a copy of the step to move aside: the save removes its own copy and says what to move.
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 4, {"w": torch.zeros(3)}, {"step": 4}, {"model": {}}, {}, {})
+    place = root / "step-00000008"
+    if what == "file":
+        place.write_text("x")
+    else:
+        place.symlink_to(root / "step-00000004", target_is_directory=True)
+    with pytest.raises(UserError, match=f"step-00000008 is a {what}, not a checkpoint directory; move it away"):
+        save_checkpoint(root, 8, {"w": torch.ones(3)}, {"step": 8}, {"model": {}}, {}, {})
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000004", "step-00000008"]
+    if what == "link":
+        assert place.resolve() == (root / "step-00000004").resolve()
+    else:
+        assert place.read_text() == "x" and [p.name for p in complete_steps(root)] == ["step-00000004"]
+
+
 def test_prune_keeps_the_best_step_a_kept_checkpoint_names(tmp_path):
     root = tmp_path / "checkpoints"
     for step, best in ((1, 1), (2, 1), (3, 3), (4, 3)):

@@ -234,6 +234,12 @@ def _finish(
     _same_mode(tmp)
     _write_json(tmp / MARKER, {"step": step})
     ckpt_root, final = tmp.parent, tmp.parent / step_dir_name(step)
+    if os.path.lexists(final) and (final.is_symlink() or not final.is_dir()):  # not ours to move aside or delete
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"cannot write checkpoint {final.name} in {ckpt_root}: {final} is a {'link' if final.is_symlink() else 'file'}, "
+            "not a checkpoint directory; move it away, then continue with --resume (earlier checkpoints are intact)"
+        )
     if final.exists():  # re-saving a step after a resume: move the old copy aside first
         old = ckpt_root / f"{REPLACED}{step_dir_name(step)}-{os.getpid()}"
         os.rename(final, old)
