@@ -181,9 +181,24 @@ def test_a_document_held_out_in_any_component_is_left_out_of_the_mixtures_traini
     c = write_prepared(tmp_path / "c", BYTE, {"train": docs[:10]}, {}, progress=False)
     # Without --tokens the mixture would have ended at once, with next to nothing in train.
     for tokens in (5_000, None):
-        with pytest.raises(UserError, match="every document of mixture component 2 is held out"):
+        with pytest.raises(UserError, match="every train document of mixture component 2 is held out"):
             prepare_mixture(tmp_path / "n", [f"{b}:1", f"{c}:1"], tokens=tokens, progress=False)
         assert not (tmp_path / "n").exists()
+
+
+def test_a_component_whose_every_dev_document_is_held_out_leaves_the_dev_mix_only(tmp_path):
+    # b's two dev documents are a's test documents: dev is mixed from a alone, as if b had no dev
+    # split, and b still gives its share of train.
+    docs = [f"document number {i} " * (1 + i % 5) for i in range(40)]
+    a = write_prepared(
+        tmp_path / "a", BYTE, {"train": docs[:30], "dev": docs[30:36], "test": docs[36:]}, {}, progress=False
+    )
+    other = [f"another text {i} " * 3 for i in range(30)]
+    b = write_prepared(tmp_path / "b", BYTE, {"train": other, "dev": docs[36:38]}, {}, progress=False)
+    out = PreparedDataset.open(prepare_mixture(tmp_path / "m", [f"{a}:1", f"{b}:1"], progress=False))
+    dev = out.source["realized"]["dev"]
+    assert [(r["documents"], r["held_out"]) for r in dev] == [(6, 0), (0, 2)]
+    assert [r["documents"] > 0 for r in out.source["realized"]["train"]] == [True, True]
 
 
 def test_a_mixture_written_over_one_of_its_components_is_refused(tmp_path):

@@ -16,7 +16,9 @@ is mixed from the others with their weights renormalized, and train must be pres
 Held out: a document (the same tokens) that any component's test split holds is left out of the
 mixture's train and dev, and one any component's dev split holds is left out of its train, so
 components that share documents (a corpus and a filtered copy of it) keep no test text in training.
-The manifest's `realized` counts each component's documents left out (`held_out`).
+The manifest's `realized` counts each component's documents left out (`held_out`). A component
+whose every dev document is held out is left out of the dev mix, as an empty split; one whose
+every train document is, is refused.
 """
 
 from __future__ import annotations
@@ -116,24 +118,31 @@ def mix_documents(
     tokens: int | None,
     stats: list[dict[str, int]],
     held_out: frozenset[bytes] = frozenset(),
+    split: str = "train",
 ) -> Iterator[np.ndarray]:
-    """Token arrays (documents without EOT) of the mixture, recording per-component counts in `stats`;
-    documents whose `document_key` is in `held_out` are passed over (counted as held_out)."""
+    """Token arrays (documents without EOT) of the mixture's `split`, recording per-component counts
+    in `stats`; documents whose `document_key` is in `held_out` are passed over (counted as
+    held_out). A component whose every dev (or test) document is held out leaves that split's mix,
+    the others' weights renormalized, as an empty split would; for train it is an error."""
     w = np.asarray(weights, dtype=np.float64) / sum(weights)
     emitted = np.zeros(len(docs))
+    mixed = np.ones(len(docs), dtype=bool)  # components still in this split's mix
     orders: list[np.ndarray | None] = [None] * len(docs)
     cursors = [0] * len(docs)
     for st in stats:
         st.update(tokens=0, documents=0, epochs=0, held_out=0)
     total = 0
-    while tokens is None or total < tokens:
-        i = int(np.argmin(emitted / w))
+    while (tokens is None or total < tokens) and mixed.any():
+        i = int(np.argmin(np.where(mixed, emitted / w, np.inf)))
         if orders[i] is None or cursors[i] == len(orders[i]):
             # (first: the default mixture would end at once, nearly empty; one with --tokens would choose it forever)
             if stats[i]["epochs"] and not stats[i]["documents"]:
+                if split != "train":
+                    mixed[i] = False
+                    continue
                 raise UserError(
-                    f"every document of mixture component {stats[i].get('component', i) + 1} is held out (another "
-                    "component's dev or test split holds it); leave that component out"
+                    f"every train document of mixture component {stats[i].get('component', i) + 1} is held out "
+                    "(another component's dev or test split holds it); leave that component out"
                 )
             if stats[i]["epochs"] and tokens is None:
                 return  # the default mixture never repeats a document
@@ -275,6 +284,7 @@ class MixtureSource(DataSource):
                 tokens if split == "train" else None,
                 self._stats[split],
                 held_out.get(split, frozenset()),
+                split,
             )
         self._datasets = datasets
         return splits
