@@ -588,6 +588,20 @@ def test_hf_save_to_disk_split_map_and_max_docs(hf_datasets, tmp_path):
     with pytest.raises(UserError, match="two of our splits to the dataset's split 'train'"):
         prepare_hf(str(saved), tmp_path / "o4", BYTE, split_map="train=train,test=train", progress=False)
     assert not (tmp_path / "o4").exists()
+    # Two of our names for one split: the later replaced the earlier, its documents dropped unsaid.
+    three = tmp_path / "three"
+    hf_datasets.DatasetDict(
+        {name: hf_datasets.Dataset.from_dict({"text": [f"{name}{i}" for i in range(30)]}) for name in ("a", "b", "c")}
+    ).save_to_disk(str(three))
+    with pytest.raises(UserError, match="to our split 'dev' twice; give each of ours one split"):
+        prepare_hf(str(three), tmp_path / "o5", BYTE, split_map="train=a,dev=b,VAL=c", progress=False)
+    with pytest.raises(UserError, match="names our split 'foo'; the splits are train, dev"):  # was prepared as 'foo'
+        prepare_hf(str(saved), tmp_path / "o6", BYTE, split_map="train=train,foo=holdout", progress=False)
+    assert not (tmp_path / "o5").exists() and not (tmp_path / "o6").exists()
+    out = prepare_hf(
+        str(saved), tmp_path / "o7", BYTE, split_map="Train=train,Valid=holdout", field="content", progress=False
+    )
+    assert _docs(out, "dev") == ["h1", "h2", "h3"]
 
 
 def test_hf_save_to_disk_refuses_what_it_cannot_apply_and_names_its_splits(hf_datasets, tmp_path):

@@ -150,7 +150,7 @@ def load_hf_splits(
                 raise UserError(
                     f"dataset {name!r} has no split {theirs!r} (splits: {', '.join(available)}); fix --split-map"
                 )
-        return {SPLIT_ALIASES.get(ours, ours): available[theirs] for ours, theirs in split_map.items()}
+        return {SPLIT_ALIASES.get(ours.lower(), ours): available[theirs] for ours, theirs in split_map.items()}
     out: dict[str, Any] = {}
     for theirs, ds in available.items():
         ours = SPLIT_ALIASES.get(theirs.lower())
@@ -279,6 +279,16 @@ class HFSource(HeldOutSource):
             raise UserError(f"{option('max_docs')} must be at least 1, got {self.max_docs}; omit it to read everything")
         split_map = self.split_map
         self._split_map = parse_split_map(split_map) if isinstance(split_map, str) else split_map
+        ours = [SPLIT_ALIASES.get(name.lower()) for name in self._split_map or {}]
+        for name, split in zip(self._split_map or {}, ours, strict=True):
+            if split is None:
+                raise UserError(
+                    f"--split-map names our split {name!r}; the splits are train, dev (or validation, valid, val) and test"
+                )
+            if ours.count(split) > 1:  # the later would replace the earlier, its documents lost
+                raise UserError(
+                    f"--split-map maps the dataset's splits to our split {split!r} twice; give each of ours one split"
+                )
         theirs = list((self._split_map or {}).values())
         shared = sorted({t for t in theirs if theirs.count(t) > 1})
         if shared:  # a test split that is the train split would report the NLL of training text

@@ -165,7 +165,9 @@ def assemble_splits(
     """
     _check_fractions(dev_fraction, test_fraction)
     if "train" not in own:
-        raise UserError(f"the source has splits {', '.join(own)} but no train split; give one (e.g. train=PATH)")
+        raise UserError(
+            f"the source has splits {', '.join(own)} but no train split; give one (train=PATH among the inputs, or train=THEIRS in --split-map)"
+        )
     missing = [s for s in ("dev", "test") if s not in own]
     if not missing:
         return dict(own)
