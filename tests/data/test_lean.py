@@ -158,6 +158,18 @@ def test_prepare_lean_bad_input(tmp_path):
     assert PreparedDataset.open(tmp_path / "cli").splits == ["train"]
 
 
+def test_the_test_file_of_a_folder_laid_out_in_splits_is_never_trained_on(tmp_path):
+    # proj/A holds train.lean and test.lean; naming proj trained on A's test file, as the file sources refuse.
+    for name, text in (("A/train.lean", "tr"), ("A/test.lean", "te"), ("B/x.lean", "b")):
+        (tmp_path / "proj" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proj" / name).write_text(f"theorem {text} : True := trivial\n")
+    with pytest.raises(UserError, match=r"test.lean is the test file of a folder laid out in splits"):
+        prepare_lean([tmp_path / "proj"], tmp_path / "out", BYTE, dev_fraction=0, test_fraction=0, progress=False)
+    assert not (tmp_path / "out").exists()
+    out = prepare_lean([tmp_path / "proj" / "A"], tmp_path / "kept", BYTE, dev_fraction=0, progress=False)
+    assert PreparedDataset.open(out).splits == ["train", "test"]  # the folder given: its splits are kept
+
+
 def test_an_empty_lean_file_is_no_document(tmp_path):
     # Whitespace-only documents are skipped everywhere (splits.py); a blank .lean file was a lone end-of-text.
     tree = tmp_path / "tree"

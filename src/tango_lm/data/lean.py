@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tango_lm.data.inputs import INPUTS_HELP, files_per_split, split_inputs
+from tango_lm.data.inputs import INPUTS_HELP, files_per_split, refuse_split_named_training, split_inputs
 from tango_lm.data.source import HeldOutSource, KnownCount
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError, option
@@ -193,6 +193,7 @@ def _assign_files(
     """Files of each split: the inputs' own splits, dev/test held out of train by file-text hash
     (`read_bar` wraps the files read for it in a progress bar)."""
     groups = files_per_split(split_inputs(inputs, exts), exts)
+    refuse_split_named_training(inputs, groups)
     if "train" not in groups:
         raise UserError(f"the inputs have splits {', '.join(groups)} but no train split; give one (train=PATH)")
     dev = 0.0 if "dev" in groups else dev_fraction
