@@ -366,6 +366,9 @@ def code_tree(tmp_path) -> Path:
         "sub/c.py": b"x = 1\n",
         "tests/test_a.py": b"assert True\n",
         "sub/test/t.py": b"assert 1\n",
+        "idle_test/t.py": b"assert 2\n",  # as the stdlib's idlelib/idle_test
+        "sub/unit_tests/t.py": b"assert 3\n",
+        "latest/l.py": b"y = 2\n",  # a name that contains "test" is no test directory
         "big.py": b"# " + b"x" * 5000 + b"\n",
         "blob.py": b"\x00\x01binary",
         "latin.py": b"s = '\xe9'\n",
@@ -381,12 +384,12 @@ def code_tree(tmp_path) -> Path:
 def test_code_documents_order_filters_and_header(code_tree):
     stats: dict[str, int] = {}
     docs = list(code_documents([code_tree], max_bytes=1000, stats=stats))
-    assert docs == ["import os\n", "print('b')\n", "x = 1\n"]  # sorted walk: a.py, b.py, sub/c.py
-    assert stats == {"files": 3, "skipped_large": 1, "skipped_binary": 1, "skipped_undecodable": 1}
+    assert docs == ["import os\n", "print('b')\n", "y = 2\n", "x = 1\n"]  # sorted walk: a, b, latest/l, sub/c
+    assert stats == {"files": 4, "skipped_large": 1, "skipped_binary": 1, "skipped_undecodable": 1}
     with_tests = list(code_documents([code_tree], exclude_dirs=(), max_bytes=1000))
-    assert "assert True\n" in with_tests and "assert 1\n" in with_tests
+    assert {"assert True\n", "assert 1\n", "assert 2\n", "assert 3\n"} <= set(with_tests)
     headed = list(code_documents([code_tree], max_bytes=1000, path_header=True))
-    assert headed[2] == "# path: sub/c.py\nx = 1\n"
+    assert headed[3] == "# path: sub/c.py\nx = 1\n"
 
 
 def test_prepare_code(code_tree, tmp_path):
@@ -395,7 +398,7 @@ def test_prepare_code(code_tree, tmp_path):
     )
     ds = PreparedDataset.open(out, verify=True)
     assert ds.splits == ["train"]
-    assert _docs(out, "train") == ["import os\n", "print('b')\n", "x = 1\n"]
+    assert _docs(out, "train") == ["import os\n", "print('b')\n", "y = 2\n", "x = 1\n"]
     assert ds.source["stats"]["skipped_binary"] == 1  # filled in while streaming
     with pytest.raises(UserError, match="no .rs files"):
         prepare_code([code_tree], tmp_path / "rs", BYTE, exts=[".rs"], progress=False)

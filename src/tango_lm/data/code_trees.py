@@ -18,7 +18,7 @@ __all__ = ["CodeSource", "CODE_ALWAYS_EXCLUDED", "CODE_TEST_DIRS", "stdlib_path"
 
 # Always skipped in code trees (installed packages are not the tree's own code), and tests unless asked.
 CODE_ALWAYS_EXCLUDED = ("site-packages", "dist-packages", "__pycache__", "node_modules")
-CODE_TEST_DIRS = ("test", "tests")
+CODE_TEST_DIRS = ("test", "tests", "*_test", "*_tests")  # the stdlib's idlelib/idle_test too
 
 
 _COMMENT = {
@@ -99,7 +99,7 @@ def code_documents(
 class CodeSource(HeldOutSource):
     """Source trees (default: Python's standard library) as a dataset, one document per file.
 
-    Directories named in `exclude_dirs`, in CODE_ALWAYS_EXCLUDED, and test/tests (unless
+    Directories named in `exclude_dirs`, in CODE_ALWAYS_EXCLUDED, and test/tests/*_test/*_tests (unless
     `include_tests`) are skipped, as are hidden ones. Files are held out to dev/test by the hash
     of their text (splits.py).
     """
@@ -120,8 +120,15 @@ class CodeSource(HeldOutSource):
         cls.add_common_arguments(parser)
         parser.add_argument("--stdlib", action="store_true", help="add Python's standard library (sysconfig stdlib)")
         parser.add_argument("--ext", action="append", help="file extension (repeatable; default .py)")
-        parser.add_argument("--include-tests", action="store_true", help="keep test/tests directories")
-        parser.add_argument("--exclude-dir", action="append", default=[], help="directory name to skip (repeatable)")
+        parser.add_argument(
+            "--include-tests", action="store_true", help="keep test, tests, *_test and *_tests directories"
+        )
+        parser.add_argument(
+            "--exclude-dir",
+            action="append",
+            default=[],
+            help="directory name or pattern (*_bench) to skip (repeatable)",
+        )
         parser.add_argument("--max-file-bytes", type=int, default=1 << 20, help="skip files larger than this")
         parser.add_argument("--path-header", action="store_true", help="start each document with a path comment")
 

@@ -6,6 +6,7 @@ test file of such a folder below an input, which would be trained on, is refused
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -33,9 +34,12 @@ def _has_ext(path: Path, exts: Sequence[str]) -> bool:
 
 
 def _walk(root: Path, exts: Sequence[str], exclude_dirs: Sequence[str] = ()) -> Iterator[Path]:
-    """Files under `root` with one of `exts`, in sorted order; hidden entries and `exclude_dirs` skipped."""
+    """Files under `root` with one of `exts`, in sorted order; hidden entries and the directories
+    `exclude_dirs` names (names or patterns: `*_test`) skipped."""
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in exclude_dirs)
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and not any(fnmatch.fnmatchcase(d, x) for x in exclude_dirs)
+        )
         for f in sorted(filenames):
             p = Path(dirpath) / f
             if not f.startswith(".") and _has_ext(p, exts) and p.is_file():
