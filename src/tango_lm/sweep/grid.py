@@ -54,7 +54,7 @@ from tango_lm.data.dataset_dir import is_prepared
 from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry
-from tango_lm.models.matching import TIERS, match_width, parse_tier
+from tango_lm.models.matching import PAPER_VOCAB, TIERS, match_width, parse_tier
 from tango_lm.models.registry import fixed_geometries
 from tango_lm.sweep.axes import NAMED_AXES, SAFE_LABEL, SECTIONS, label_of, parse_axes
 from tango_lm.train.config import (
@@ -327,6 +327,13 @@ def _fixed_geometry(model: ModelConfig, arch: str, geometry: FixedGeometry, tier
         raise UserError(
             f"{geometry.source} has no {geometry.label} geometry for tier {tier} at depth {model.depth}; "
             f"use {geometry.where()}"
+        )
+    if model.vocab_size != PAPER_VOCAB:  # its embedding is part of the tier's count (as `tango-lm match` leaves it out)
+        params = shape.replace(head=model.head).num_params()["total"]
+        raise UserError(
+            f"{geometry.label} is {geometry.source}'s fixed shape, which has the {tier} tier's parameters only with "
+            f"the GPT-2 vocabulary ({PAPER_VOCAB}); with model.vocab_size={model.vocab_size} it has {params:,}, "
+            f"not matched to the other runs: set model.vocab_size={PAPER_VOCAB}, or compare {arch}, which is matched"
         )
     return model.replace(arch=arch, d_model=shape.d_model, n_heads=shape.n_heads, width=shape.width)
 
