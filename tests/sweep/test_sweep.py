@@ -617,6 +617,32 @@ def test_the_runs_left_are_warned_of_fields_only_the_grids_other_architectures_r
         assert rc == 0 and "window" not in err, (only, err)
 
 
+def test_runs_that_differ_only_in_a_field_their_architecture_does_not_read_are_trained_once(data_dir, tmp_path, capsys):
+    # A window axis beside TANGO: its two TANGO runs build and train one model alike, and report
+    # averaged them as two seeds (with a warning). The first trains; the other is said, not trained.
+    axes = {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "tango-windowed"], "model.window": [4, 8]}
+    path = write_grid(tmp_path, axes, steps=2)
+    grid = load_grid(path)
+    tango = "dataset=syn/arch=tango/model.window"
+    assert [r.name for r in grid.runs] == [
+        f"{tango}=4",
+        "dataset=syn/arch=tango-windowed/model.window=4",
+        "dataset=syn/arch=tango-windowed/model.window=8",
+    ]
+    assert grid.repeats == {f"{tango}=8": (f"{tango}=4", ("window",))}
+    said = (
+        "warning: tango does not read model.window: a run of the grid that differs from another only there is "
+        f"one setting with it, trained once ({tango}=8 is {tango}=4)"
+    )
+    rc, out, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--dry-run"])
+    assert rc == 0 and said in err.splitlines() and f"{tango}=8" not in out
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 0 and said in err.splitlines()
+    assert len(summaries(tmp_path / "sweep")) == 3
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])  # all done: nothing said
+    assert rc == 0 and err == ""
+
+
 def mid_run(root: Path) -> bool:
     """Two runs finished and another one holds a checkpoint but no summary yet."""
     try:

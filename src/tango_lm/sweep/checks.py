@@ -29,6 +29,7 @@ class RunChecks:
     refused: dict[str, str] = field(default_factory=dict)  # run name -> error
     warnings: dict[str, list[str]] = field(default_factory=dict)  # warning -> run names
     checked: int = 0  # runs checked
+    repeats: list[str] = field(default_factory=list)  # the grid's runs trained as another (`Grid.repeats`)
 
     def raise_refused(self, doing: str) -> None:
         """UserError naming the first refused run (and how many more) before `doing` anything."""
@@ -41,7 +42,7 @@ class RunChecks:
     def say_warnings(self) -> None:
         """The warnings on stderr, once each. Said once the sweep holds its directory and nothing
         is left to refuse it (a command that fails prints its error line alone)."""
-        for line in self.warning_lines(self.checked):
+        for line in [*self.warning_lines(self.checked), *self.repeats]:
             print(f"warning: {line}", file=sys.stderr)
 
     def warning_lines(self, total: int) -> list[str]:
@@ -61,7 +62,7 @@ class RunChecks:
 def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     """Check each run against its dataset; datasets the grid lacks (a dry run's `missing_data`)
     are passed over. Each dataset is opened once."""
-    checks = RunChecks(checked=len(runs))
+    checks = RunChecks(checked=len(runs), repeats=repeat_lines(grid) if runs else [])
     missing = set(grid.missing_data.values())
     datasets: dict[str, PreparedDataset] = {}
     archs = {run.config.model.arch for run in grid.runs}  # the whole grid's, whichever runs are left
@@ -87,3 +88,22 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
         for text in start_of_run_warnings(run.config, datasets[directory], sweep_archs=archs):
             checks.warnings.setdefault(text, []).append(run.name)
     return checks
+
+
+def repeat_lines(grid: Grid) -> list[str]:
+    """One line per architecture and fields it does not read that tell runs of the grid apart:
+    those runs are one setting, trained once (`Grid.repeats`)."""
+    arch = {run.name: run.config.model.arch for run in grid.runs}
+    groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = {}
+    for name, (first, fields) in grid.repeats.items():
+        groups.setdefault((arch[first], fields), []).append((name, first))
+    lines = []
+    for (name, fields), pairs in groups.items():
+        which = ", ".join(f"model.{f}" for f in fields)
+        one = len(pairs) == 1
+        runs = "a run of the grid that differs" if one else f"{len(pairs)} runs of the grid that differ"
+        lines.append(
+            f"{name} does not read {which}: {runs} from another only there {'is' if one else 'are'} one setting "
+            f"with it, trained once ({pairs[0][0]} is {pairs[0][1]})"
+        )
+    return lines

@@ -55,7 +55,7 @@ from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry
 from tango_lm.models.matching import PAPER_VOCAB, TIERS, match_width, parse_tier
-from tango_lm.models.registry import fixed_geometries
+from tango_lm.models.registry import fields_not_read_by, fixed_geometries
 from tango_lm.sweep.axes import NAMED_AXES, SAFE_LABEL, SECTIONS, label_of, parse_axes
 from tango_lm.train.config import (
     BUDGET_FIELDS,
@@ -95,6 +95,9 @@ class Grid:
     axes: dict[str, list[Any]]
     runs: list[SweepRun] = field(default_factory=list)
     missing_data: dict[str, str] = field(default_factory=dict)  # dataset name -> directory
+    # A run that differs from an earlier one only in model fields its architecture does not read (a
+    # window axis on TANGO) -> (that run, which trains the one setting in its stead, those fields): not in `runs`.
+    repeats: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)  # job settings for --launcher slurm (sweep/launchers.py)
 
     def select(self, patterns: list[str] | None) -> list[SweepRun]:
@@ -167,6 +170,7 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     order += ["seed"] if "seed" in axes else []
     names: dict[str, dict[str, Any]] = {}
     settings: dict[str, str] = {}  # each run's config but its out_dir -> its name
+    computed: dict[str, SweepRun] = {}  # the same without the model fields its architecture does not read
     for combo in itertools.product(*(axes[a] for a in order)):
         values = dict(zip(order, combo, strict=True))
         run = _make_run(base, values, grid, path)
@@ -186,6 +190,15 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
                 "once their values are resolved); list each value once"
             )
         settings[key] = run.name
+        unread = set(fields_not_read_by([run.config.model.arch]))
+        config["model"] = {k: v for k, v in config["model"].items() if k not in unread}
+        same = json.dumps(config, sort_keys=True)
+        if same in computed:  # it would train (and `report` average) a copy of that run
+            first = computed[same]
+            differ = tuple(f for f in sorted(unread) if getattr(run.config.model, f) != getattr(first.config.model, f))
+            grid.repeats[run.name] = (first.name, differ)
+            continue
+        computed[same] = run
         grid.runs.append(run)
     return grid
 
