@@ -362,6 +362,21 @@ def test_throughput_points_of_rows_apart_in_a_setting_say_it():
     assert points == {"d": {"tango": [(9.0, 3.0, "-/d2 train.lr=0.001"), (9.0, 4.0, "-/d2 train.lr=0.01")]}}
 
 
+def test_throughput_tags_name_only_the_settings_that_tell_a_models_points_apart():
+    # Every label of every point went into its tag: unreadable, and the axes squeezed to a strip.
+    from tango_lm.eval.plots import throughput_points
+    from tango_lm.eval.report_runs import RunRecord
+
+    def run(model: str, lr: float, select: str) -> RunRecord:
+        extras = (("train.lr", lr), ("train.select", select))
+        return RunRecord(Path(model + str(lr)), "d", "-", 2, model, "standard", "A", extras, lr, lr, None, 9.0, 1, 1)
+
+    points = throughput_points([run("tango", 0.1, "best"), run("tango", 0.2, "best"), run("gau", 0.1, "final")])
+    assert points == {
+        "d": {"tango": [(9.0, 0.1, "-/d2 train.lr=0.1"), (9.0, 0.2, "-/d2 train.lr=0.2")], "gau": [(9.0, 0.1, "-/d2")]}
+    }
+
+
 def test_plots_of_runs_apart_in_many_fields_have_names_the_disk_takes(tmp_path):
     # Every field two runs differ in went into the curve's file name: with a dozen, the name passed
     # 255 bytes and `report` failed ("File name too long"), writing no report at all.

@@ -135,9 +135,16 @@ def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tupl
     out: dict[str, dict[str, list[tuple[float, float, str]]]] = {}
     for dataset, points in copies.items():
         per_model = out.setdefault(dataset, {})
+        # Only the settings that tell a model's points of one tier and depth apart: every label
+        # on every point made tags too long to read (and squeezed the axes to a strip).
+        shared: dict[tuple[Any, ...], list[tuple[tuple[str, Any], ...]]] = {}
+        for model, tier, depth, extras in points:
+            shared.setdefault((model, tier, depth), []).append(extras)
         for (model, tier, depth, extras), by_seed in points.items():
             x = over_seeds(by_seed, lambda r: r.tokens_per_s)
-            tag = " ".join([f"{tier}/d{depth}", *(f"{name}={value}" for name, value in extras)])
+            group = shared[(model, tier, depth)]
+            apart = [(name, value) for name, value in extras if any(dict(e).get(name) != value for e in group)]
+            tag = " ".join([f"{tier}/d{depth}", *(f"{name}={value}" for name, value in apart)])
             per_model.setdefault(model, []).append((x, over_seeds(by_seed, lambda r: r.value), tag))
     return out
 
@@ -171,7 +178,8 @@ def _throughput_plots(Figure: Any, records: list[RunRecord], split: str, out: Pa
             xs, ys, tags = zip(*per_model[m], strict=True)
             ax.scatter(xs, ys, label=model_name(m))
             for x, y, tag in zip(xs, ys, tags, strict=True):
-                ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                note = ax.annotate(tag, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                note.set_in_layout(False)  # a tag past the axes must not shrink them (tight_layout)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap when the runs lie within 10x
         _label_within_a_decade(ax, [x for points in per_model.values() for x, _, _ in points])
