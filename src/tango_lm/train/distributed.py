@@ -30,6 +30,7 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.train.device import pick_device
+from tango_lm.train.start_vote import StartVote
 
 T = TypeVar("T")
 
@@ -115,9 +116,10 @@ def check_launch(run: Any, world_size: int) -> None:
         )
 
 
-def setup(run: Any) -> DistEnv:
+def setup(run: Any, start_vote: StartVote | None = None) -> DistEnv:
     """Check the launch, pick this process's device and, under torchrun, join the process group
-    (gloo on CPU, NCCL on CUDA; each process takes GPU `LOCAL_RANK`)."""
+    (gloo on CPU, NCCL on CUDA; each process takes GPU `LOCAL_RANK`), once every process's checks
+    passed (`start_vote`, train/start_vote.py)."""
     rank, local_rank, world_size = launch_env()
     check_launch(run, world_size)
     device = pick_device(run.train.device, "train.device")
@@ -141,6 +143,8 @@ def setup(run: Any) -> DistEnv:
                 f"WORLD_SIZE={world_size} but {' and '.join(missing)} not set; launch with torchrun "
                 "(it sets them), or unset WORLD_SIZE to train in one process"
             )
+        if start_vote is not None:
+            start_vote.passed()
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         _owned_group.append(True)
     env = DistEnv(run.train.parallel, rank, local_rank, world_size, device)

@@ -54,6 +54,7 @@ from tango_lm.train.loggers import (
 from tango_lm.train.nonfinite import NonFiniteGuard
 from tango_lm.train.optim import build_optimizer, lr_at
 from tango_lm.train.run_dir import FAILED_ATTEMPT_FILES, claim_run_dir
+from tango_lm.train.start_vote import StartVote
 from tango_lm.train.trainer_checkpoints import TrainerCheckpoints
 from tango_lm.train.utilization import matmul_peak, peak_memory_mib, reset_peak_memory
 
@@ -70,7 +71,12 @@ class TrainResult:
 
 class Trainer(TrainerCheckpoints):
     def __init__(
-        self, run: RunConfig, resume: bool = False, warnings: bool = True, progress: bool | None = None
+        self,
+        run: RunConfig,
+        resume: bool = False,
+        warnings: bool = True,
+        progress: bool | None = None,
+        start_vote: StartVote | None = None,
     ) -> None:
         self.run = run
         self.say_warnings = warnings  # start_of_run_warnings on stderr (a sweep says them once for all its runs)
@@ -99,7 +105,7 @@ class Trainer(TrainerCheckpoints):
             raise UserError(
                 f"train.seq_len={self.seq_len} is longer than model.context_length={run.model.context_length}; lower seq_len"
             )
-        self.dist = distributed.setup(run)  # one process: no process group, the configured device
+        self.dist = distributed.setup(run, start_vote)  # one process: no process group, the configured device
         self.device = self.dist.device
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on every step's activations (cpu_allocator.py)
@@ -455,9 +461,14 @@ def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress:
     `progress` overrides train.progress for this command only. Under torchrun
     every process calls this; it joins the process group and leaves it at the end. The run
     directory is checked and locked first (train/run_dir.py): one writer per run."""
+    vote = StartVote()  # under torchrun: a process that stops before the group forms stops the others too
     try:
-        with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
-            return Trainer(run, resume=resume, warnings=warnings, progress=progress).fit()
+        try:
+            with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
+                return Trainer(run, resume=resume, warnings=warnings, progress=progress, start_vote=vote).fit()
+        except BaseException as exc:
+            vote.failed(exc)  # nothing where the group formed (or this process's vote was cast)
+            raise
     except OSError as exc:  # a disk that filled up or a folder made read-only while training
         raise UserError(
             f"training in {run.train.out_dir} stopped: {os_error_text(exc)}; earlier checkpoints are "

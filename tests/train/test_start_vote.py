@@ -1,0 +1,147 @@
+"""Processes of a torchrun launch agree that their checks passed before joining the process group
+(train/start_vote.py): across nodes, where torchrun does not stop the other processes when one
+exits, a process whose checks failed stopped alone and the others waited in the rendezvous for 30
+minutes, printing nothing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from tango_lm.errors import UserError
+from tango_lm.train.start_vote import StartVote
+from tests import helpers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def agent_store(monkeypatch):
+    """torchrun's agent store for a launch of 3 processes, as its workers' environment names it."""
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "3"}
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return store
+
+
+def _votes(monkeypatch) -> list[StartVote]:
+    votes = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        votes.append(StartVote())
+    return votes
+
+
+def test_processes_whose_checks_passed_stop_with_the_error_of_one_that_did_not(agent_store, monkeypatch):
+    votes = _votes(monkeypatch)
+    assert all(v.held for v in votes) and len({v.prefix for v in votes}) == 3  # one vote per call
+    for v in votes[1:]:
+        v.prefix = votes[0].prefix  # the three processes' first call
+    outcomes: dict[int, BaseException | None] = {}
+
+    def passing(rank: int) -> None:
+        try:
+            votes[rank].passed()
+            outcomes[rank] = None
+        except UserError as exc:
+            outcomes[rank] = exc
+
+    threads = [threading.Thread(target=passing, args=(rank,)) for rank in (0, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    assert not outcomes  # waiting for process 1
+    votes[1].failed(UserError("no prepared dataset at data (directory missing)\nsecond line"))
+    for t in threads:
+        t.join(timeout=20)
+    assert {rank: str(exc) for rank, exc in outcomes.items()} == {
+        rank: "process 1 stopped before training: no prepared dataset at data (directory missing)" for rank in (0, 2)
+    }
+
+
+def test_all_passed_joins_and_a_second_outcome_is_not_posted(agent_store, monkeypatch):
+    votes = _votes(monkeypatch)
+    for v in votes[1:]:
+        v.prefix = votes[0].prefix
+    threads = [threading.Thread(target=v.passed) for v in votes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads)
+    votes[1].failed(RuntimeError("later"))  # an error after the group formed: the vote was cast
+    assert agent_store.get(votes[0].prefix + "1") == b""
+
+
+def test_no_vote_without_torchruns_agent_store(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    vote = StartVote()
+    assert not vote.held
+    vote.passed()  # returns at once: nothing to wait for
+    vote.failed(UserError("x"))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_two_nodes_one_without_the_data_both_stop_at_once_with_one_line(data_dir, tmp_path):
+    # Two torchrun agents (one node each) on this machine: node b's relative data.dir is missing.
+    port = _free_port()
+    nodes = {name: tmp_path / name for name in ("a", "b")}
+    for path in nodes.values():
+        path.mkdir()
+    (nodes["a"] / "data").symlink_to(data_dir, target_is_directory=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "vote",
+        "-m",
+        "tango_lm.cli",
+        "train",
+        *helpers.cli_overrides(data_dir, tmp_path / "shared" / "run", parallel="ddp", batch_size=2),
+        "data.dir=data",
+        "--no-progress",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = {
+        name: subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, cwd in nodes.items()
+    }
+    errors = {}
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=120)  # before: node a waited in the rendezvous for 30 minutes
+            errors[name] = [line for line in err.splitlines() if line.startswith("error: ")]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    assert all(proc.returncode != 0 for proc in procs.values())
+    missing = "no prepared dataset at data (directory missing)"
+    assert len(errors["b"]) == 1 and errors["b"][0].startswith(f"error: {missing}"), errors
+    assert len(errors["a"]) == 1 and errors["a"][0].startswith("error: process "), errors
+    assert f"stopped before training: {missing}" in errors["a"][0]
+    assert not (tmp_path / "shared").exists()
