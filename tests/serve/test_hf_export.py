@@ -149,6 +149,19 @@ def test_export_errors_are_one_line(tmp_path, capsys, byte_export):
     assert main(["export", str(ckpt), "--hf", str(ckpt.parent.parent), "--overwrite"]) == 2
     assert "is a tango-lm run directory" in helpers.assert_one_error_line(capsys.readouterr().err)
     assert helpers.snapshot(ckpt.parent.parent) == before
+    # A run that has not saved yet (interrupted before its first checkpoint, or live): its
+    # config.json was replaced by the export's, and `train RUN --resume` no longer knew it.
+    for i, present in enumerate((["config.json", "metrics.jsonl"], ["config.json"], ["metrics.jsonl"])):
+        unsaved = tmp_path / f"unsaved-{i}"
+        unsaved.mkdir()
+        if "config.json" in present:
+            shutil.copy(ckpt / "config.json", unsaved / "config.json")  # a run config
+        if "metrics.jsonl" in present:
+            (unsaved / "metrics.jsonl").write_text("")
+        kept = helpers.snapshot(unsaved)
+        assert main(["export", str(ckpt), "--hf", str(unsaved), "--overwrite"]) == 2
+        assert "is a tango-lm run directory" in helpers.assert_one_error_line(capsys.readouterr().err)
+        assert helpers.snapshot(unsaved) == kept
     (tmp_path / "to-checkpoints").symlink_to(ckpt.parent)  # through a link: where the files would go
     (tmp_path / "to-step").symlink_to(ckpt)
     for target in (tmp_path / "to-checkpoints" / "hf", tmp_path / "to-step"):

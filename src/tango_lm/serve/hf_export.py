@@ -278,7 +278,7 @@ def _check_place(out: Path, marker: str) -> None:
     leave one that no longer loads, or a dataset whose tokenizer.json is another); and a folder
     inside a checkpoint, or among a run's checkpoints, goes when the run prunes them."""
     from tango_lm.data.dataset_dir import is_prepared
-    from tango_lm.train.run_dir import enclosing, is_run_dir
+    from tango_lm.train.run_dir import enclosing, is_run_dir, run_files
 
     dataset = enclosing(out, is_prepared)
     if dataset is not None:
@@ -297,7 +297,9 @@ def _check_place(out: Path, marker: str) -> None:
         raise UserError(
             f"{out} is {where}; export to a directory outside it (e.g. {checkpoint.parent / (checkpoint.name + '-hf')})"
         )
-    if (out / "checkpoints").exists():
+    # A run's files, its config.json a run config (an export's own config.json is no run file here:
+    # --overwrite replaces an earlier export), also a run that has not saved yet (interrupted, or live).
+    if is_run_dir(out) or [name for name in run_files(out) if name != "config.json"]:
         raise UserError(f"{out} is a tango-lm run directory; export to a directory of its own (e.g. {out}/hf)")
 
 
