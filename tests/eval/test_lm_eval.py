@@ -9,6 +9,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,6 +215,29 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
         until = kwargs.get("until") or []
         until = [until] if isinstance(until, str) else until
         assert out == direct_generation(model, tok, context, kwargs["max_gen_toks"], until, 32)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"temperature": -1.0}, "temperature must be 0 (greedy decoding) or a finite number"),
+        ({"temperature": -0.01}, "temperature must be 0"),  # sampled the least likely tokens
+        ({"top_k": 0}, "top_k must be at least 1"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ],
+)
+def test_generate_until_refuses_sampling_settings_it_cannot_honour(lm, setting, said):
+    request = _request("generate_until", ("abc ", {"do_sample": True, "max_gen_toks": 4, "seed": 0, **setting}))
+    with pytest.raises(UserError, match=re.escape(said)):
+        lm.generate_until([request])
+
+
+def test_a_chat_template_is_refused_in_one_line(lm):
+    # --apply_chat_template ended in lm-eval's NotImplementedError traceback.
+    assert lm.chat_template(False) == ""
+    for call in (lambda: lm.chat_template(True), lambda: lm.apply_chat_template([{"role": "user", "content": "x"}])):
+        with pytest.raises(UserError, match="without a chat template; drop --apply_chat_template"):
+            call()
 
 
 def test_generate_until_keeps_half_the_window_for_the_prompt(lm, caplog):

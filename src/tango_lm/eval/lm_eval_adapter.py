@@ -164,6 +164,19 @@ class TangoLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return f"tango-lm-{self.tok.name}-{self.tok.fingerprint()[:16]}"
 
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """No chat template: these are base language models (lm-eval's own default raised a
+        NotImplementedError traceback for --apply_chat_template)."""
+        if chat_template:
+            raise UserError(
+                "tango-lm models are base language models without a chat template; drop --apply_chat_template "
+                "(and --fewshot_as_multiturn)"
+            )
+        return ""
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.chat_template(True) or ""
+
     def get_model_info(self) -> dict[str, Any]:
         cfg = self.model.config
         return {
@@ -282,7 +295,7 @@ class TangoLM(TemplateLM):
         return out
 
     def _generate_one(self, context: str, kwargs: dict[str, Any], warned: set[str]) -> str:
-        from tango_lm.serve.generate import sample_next
+        from tango_lm.serve.generate import check_sampling, sample_next
 
         until = kwargs.pop("until", None) or []
         if isinstance(until, str):
@@ -294,6 +307,8 @@ class TangoLM(TemplateLM):
         if not do_sample:
             temperature = 0.0
         top_k, top_p, seed = kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("seed", None)
+        # as `generate` and the server refuse them: a negative temperature sampled the least likely tokens
+        check_sampling(temperature, top_k, top_p, max_new, seed)
         for key in kwargs:
             if key not in warned:
                 warned.add(key)
