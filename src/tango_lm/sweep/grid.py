@@ -38,6 +38,8 @@ the same tokens in the same order.
 Run directories are named by the axes in the fixed order dataset, tier/target_params, d_model,
 depth, arch, head, config-field axes, seed: `dataset=fineweb/tier=70M/depth=4/arch=tango/
 head=standard/seed=17-101`. Each holds a normal `tango-lm train` run plus `sweep.json` (its labels).
+Runs that differ only in model fields their architecture does not read (a `model.window` axis
+beside `tango`) are one setting: the first trains, the others are `Grid.repeats`, said, not trained.
 """
 
 from __future__ import annotations
