@@ -315,6 +315,18 @@ def test_a_warning_shared_by_runs_is_said_once_before_they_train(data_dir, tmp_p
     assert capsys.readouterr().err == ""
 
 
+def test_a_sweep_under_torchrun_is_refused_in_one_line(data_dir, tmp_path, capsys, monkeypatch):
+    # Every process took the sweep's lock: the second said another sweep (its sibling) held it.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, parallel="ddp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert main(["sweep", str(path), "--no-progress"]) == 2
+        line = helpers.assert_one_error_line(capsys.readouterr().err)
+        assert "tango-lm sweep runs in one process, not under torchrun" in line
+    assert not (tmp_path / "sweep").exists()
+
+
 # -- running ----------------------------------------------------------------------------------
 def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeypatch, capsys):
     import tango_lm.train.trainer as trainer_module

@@ -16,7 +16,13 @@ SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelis
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tango_lm.sweep import load_grid, plan_rows, run_sweep
     from tango_lm.sweep.runner import check_runs_to_train
+    from tango_lm.train.distributed import launch_env
 
+    if launch_env()[2] > 1:  # every process took the sweep's lock, and the second said another sweep held it
+        raise UserError(
+            "tango-lm sweep runs in one process, not under torchrun; for several GPUs per run use "
+            "--launcher slurm --gpus-per-job N, or launch each run with torchrun ... tango-lm train RUN_CONFIG"
+        )
     grid = load_grid(args.grid, check_data=not args.dry_run)
     runs = grid.select(args.only)
     if not runs:
