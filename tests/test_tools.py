@@ -81,6 +81,16 @@ def test_tango_kernels_tool(monkeypatch, capsys):
     assert "tango, C kernels" in out and "tango, blocked" in out and "x 1.000" in out
 
 
+def test_logging_overhead_tool(monkeypatch, capsys):
+    # Its LogContext call kept an argument the class had dropped: a TypeError before its first step.
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["--steps", "2", "--d-model", "32", "--width", "64", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
+    out = _run_here(monkeypatch, capsys, "logging_overhead.py", *args, "--threads", "1")
+    assert "loggers jsonl+tensorboard+wandb" in out and "ratio of medians (all loggers / jsonl)" in out
+
+
 def test_gpu_suites_script_and_table(tmp_path, capsys):
     # The GPU script parses; its table reads what the suites wrote (a tiny CPU decode report here,
     # plus a suite that timed out), one status line per suite, then each suite's own table.
@@ -309,6 +319,9 @@ def test_serve_bench_counts_generate_s_tokens_as_the_server_does():
         ("delta_rule_bench", ["--rounds", "0"]),
         ("step_profile", ["--steps", "0"]),
         ("step_profile", ["loop-transformer"]),
+        ("tango_kernels", ["products", "64", "256", "--rounds", "0"]),
+        ("tango_kernels", ["steps", "32", "--steps", "0"]),
+        ("tango_kernels", ["products", "0", "256"]),  # a table of 0 GFLOP/s
     ],
 )
 def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, capsys):
@@ -329,6 +342,7 @@ def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, caps
         ("op_speed.py", ["tango", "1", "64", "250"], "give a multiple of 8 (got 250)"),
         ("op_speed.py", ["pieces", "64", "12"], "give a multiple of 8 (got 12)"),
         ("tango_kernels.py", ["products", "64"], "error: products takes T F (got 1 sizes)"),
+        ("tango_kernels.py", ["products", "64", "250"], "give a multiple of 8 (got 250)"),  # a reshape traceback
         ("step_profile.py", ["nope:12"], "error: unknown architecture 'nope'"),
         ("saved_for_backward.py", ["heads", "--heads", "nope"], "error: unknown head 'nope'"),
         ("triton_ptxas_report.py", ["--ops", "relu2", "--kernels", "nope"], "error: unknown --kernels nope"),

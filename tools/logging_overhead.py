@@ -96,7 +96,7 @@ def main() -> None:
             )
             trainer = Trainer(run)
             trainer.out.mkdir(parents=True)
-            trainer.loggers = open_loggers(loggers, LogContext(trainer.out, 0, run.to_dict(), "tango-lm-overhead"))
+            trainer.loggers = open_loggers(loggers, LogContext(trainer.out, run.to_dict(), "tango-lm-overhead"))
             trainer.peak_flops = matmul_peak(trainer.device, trainer.dtype)
             trainers[name] = trainer
         tokens_per_step = args.batch_size * args.seq_len

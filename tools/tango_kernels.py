@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from op_timing import positive_int
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.errors import UserError, run_script
@@ -154,13 +155,17 @@ def main() -> None:
     parser.add_argument(
         "kind", choices=["products", "steps"], help="products: the three products alone; steps: whole training steps"
     )
-    parser.add_argument("sizes", nargs="+", type=int, help="products: T F; steps: T")
+    parser.add_argument("sizes", nargs="+", type=positive_int, help="products: T F; steps: T")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
-    parser.add_argument("--rounds", type=int, default=9, help="products: timed rounds (default %(default)s)")
-    parser.add_argument("--steps", type=int, default=12, help="steps: timed steps per path (default %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=9, help="products: timed rounds (default %(default)s)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=12, help="steps: timed steps per path (default %(default)s)"
+    )
     args = parser.parse_args()
     if len(args.sizes) != (2 if args.kind == "products" else 1):
         raise UserError(f"{args.kind} takes {'T F' if args.kind == 'products' else 'T'} (got {len(args.sizes)} sizes)")
+    if args.kind == "products" and args.sizes[1] % HEADS:
+        raise UserError(f"products' F is split into {HEADS} heads: give a multiple of {HEADS} (got {args.sizes[1]})")
     if not cpu_kernels.available():
         raise SystemExit("the C kernels did not build here (see the warning above, or TANGO_LM_CPU_KERNELS)")
     if args.threads:
