@@ -339,6 +339,17 @@ def test_a_suite_stopped_before_anything_was_measured_says_so(monkeypatch, capsy
     assert captured.err.splitlines()[-1] == "stopped by SIGTERM in the train suite before anything was measured"
 
 
+@pytest.mark.parametrize("suite", [[], ["--suite", "train"]])
+def test_a_stop_in_the_warm_up_says_nothing_was_measured(monkeypatch, capsys, suite):
+    # Stopped in the first model's warm-up steps: the rows were empty, but the line said "the report
+    # has what was measured before".
+    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stopping.Stopped(signal.SIGTERM))
+    argv = ["bench", *suite, "--archs", "tango", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--warmup", "3"]
+    assert main([*argv, "--batch-size", "2", "--tango-width", "64", "--vocab-size", "40", "--device", "cpu"]) == 143
+    where = " in the train suite" if suite else ""
+    assert capsys.readouterr().err.splitlines()[-1] == f"stopped by SIGTERM{where} before anything was measured"
+
+
 def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch, tmp_path, capsys):
     _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
     partial = decode.run_decode_bench(**DECODE, repeats=2)
