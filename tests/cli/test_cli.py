@@ -682,6 +682,19 @@ def _lock_held_by_another_process(lock: Path):
         holder.wait()
 
 
+def test_the_readmes_quickstart_table_has_the_quickstarts_parameters_and_tokens():
+    # The other quickstart tests train a stand-in; the README's counts are the real models'.
+    from tango_lm import quickstart
+
+    readme = (helpers.ROOT / "README.md").read_text()
+    rows = {
+        m.group(1): m.groups()[1:] for m in re.finditer(r"^(tango|loop-transformer) +([\d,]+) +([\d,]+) ", readme, re.M)
+    }
+    models = {m.arch: m.num_params()["total"] for m in quickstart.quickstart_models()}
+    tokens = quickstart.DEFAULT_STEPS * quickstart.BATCH * quickstart.SEQ_LEN
+    assert {arch: (f"{models[arch]:,}", f"{tokens:,}") for arch in models} == rows
+
+
 def test_quickstart_refuses_bad_steps_and_fresh_keeps_what_is_not_the_runs(tmp_path, monkeypatch, capsys):
     # --steps -1 "trained" 0 steps and printed a table, 0 became 150; --fresh deleted the whole
     # folder (a user's notes too), and a run in progress in it, before taking its lock.
