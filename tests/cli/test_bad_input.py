@@ -367,7 +367,7 @@ def test_a_prompt_filling_the_context_still_gets_its_token(run, capsys):
     captured = capsys.readouterr()
     assert len(json.loads(captured.out)["completions"][0].encode()) == 1
     assert captured.err == (
-        "note: at most 1 new tokens (not 64): the prompt's 32 tokens fill the rest of the model's context of 32\n"
+        "note: at most 1 new token (not 64): the prompt's 32 tokens fill the rest of the model's context of 32\n"
     )
     assert (
         main(
