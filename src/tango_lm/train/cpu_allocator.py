@@ -3,7 +3,7 @@
 PyTorch's CPU allocator is glibc's malloc. glibc serves every block above 32 MiB (and, with its
 default dynamic threshold, many smaller ones) with a fresh `mmap` and unmaps it on free, so a
 training step that allocates wide activations page-faults and zeroes all of them again on every
-step. On the project's 2-core CPU that cost 15-25% of a TANGO step (d=256, T=256, F=8192, batch 4:
+step. On the project's 2-core AMD EPYC that cost about 22% (12-32%) of a TANGO step (d=256, T=256, F=8192, batch 4:
 [B, T, F] is 32 MiB) and ~14% of a Loop Transformer++ step (`tango-lm bench`, measured with and
 without this setting, docs/benchmarks.md). GPU toolkits cache device memory for the same reason.
 
