@@ -298,6 +298,11 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
     want = evaluate_file(model, TOK, path, "wikitext", helpers.SEQ_LEN, stride=8)
     assert res["word_perplexity"] == pytest.approx(want["word_perplexity"], rel=1e-6)
     assert res["context"] == helpers.SEQ_LEN and res["stride"] == 8 and res["step"] == 2
+    # The line gives what the README says --ppl reports: per-token NLL and perplexity, word perplexity.
+    assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "wikitext", "--stride", "8"]) == 0
+    line = capsys.readouterr().out
+    assert f"token perplexity {res['token_perplexity']:.3f}, word perplexity {res['word_perplexity']:.3f}" in line
+    assert f"{res['nll']:.4f} nats/token" in line
 
     lam = tmp_path / "l.txt"
     lam.write_text("a b c\nd e f\n")

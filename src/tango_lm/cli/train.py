@@ -159,7 +159,8 @@ def _eval_ppl(args: argparse.Namespace) -> None:
         )
     else:
         print(
-            f"{res['format']}: word perplexity {res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
+            f"{res['format']}: token perplexity {res['token_perplexity']:.3f}, word perplexity "
+            f"{res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
             f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
             f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
             f"step {res['step']}{_variant(res)})"
