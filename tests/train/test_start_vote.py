@@ -88,13 +88,37 @@ def test_all_passed_joins_and_a_second_outcome_is_not_posted(agent_store, monkey
     assert agent_store.get(votes[0].prefix + "1") == b""
 
 
-def test_no_vote_without_torchruns_agent_store(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+def test_no_vote_without_torchruns_agent_store_or_where_it_may_restart_processes(agent_store, monkeypatch):
+    # With --max-restarts the agents disagree on the restart count and the store keeps an earlier
+    # attempt's votes: a process could wait for a key no process posts.
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    assert not StartVote().held
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    assert StartVote().held
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
     vote = StartVote()
     assert not vote.held
     vote.passed()  # returns at once: nothing to wait for
     vote.failed(UserError("x"))
+
+
+def test_a_malformed_launch_is_one_error_line(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(UserError, match="RANK, LOCAL_RANK and WORLD_SIZE must be integers"):
+        StartVote()
+
+
+def test_a_failed_process_whose_store_is_gone_says_its_error_at_once(agent_store, monkeypatch):
+    # The store's agent stopped (its node's processes all failed): the vote waited 30 minutes to
+    # connect before the process printed its own error.
+    from tango_lm.train import start_vote
+
+    monkeypatch.setattr(start_vote, "CONNECT", timedelta(seconds=1))
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))  # nothing listens there
+    vote = StartVote()
+    t0 = time.monotonic()
+    vote.failed(UserError("no prepared dataset"))
+    assert time.monotonic() - t0 < 15 and vote.posted
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -9,8 +9,11 @@ checks to torchrun's own store (its agent's TCPStore at MASTER_ADDR:MASTER_PORT,
 workers from before they start) and one whose checks passed waits for every other's before it
 joins: when one stopped, each of them stops too, with one line naming that process and its error.
 
-Only where this process forms the group under torchrun's agent store; a group the caller formed
-(or a launch without torchrun's agent) keeps the checks that run inside the group.
+Only where this process forms the group under torchrun's agent store, and not where torchrun may
+restart processes (`--max-restarts`): its agents then disagree on the restart count (a restart for
+a changed membership keeps it) and the store keeps an earlier attempt's votes, so a vote keyed by
+it could wait for a key no process posts. A group the caller formed, a launch without torchrun's
+agent, and one with restarts keep the checks that run inside the group.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import torch.distributed as dist
 
 from tango_lm.errors import UserError
 
-# One vote per `train` call of a process (all processes make the same calls), per torchrun restart.
-_calls = itertools.count()
+_calls = itertools.count()  # one vote per `train` call of a process (all processes make the same calls)
 WAIT = timedelta(minutes=30)  # as init_process_group's own timeout: a slow process's checks (a large dataset's)
+CONNECT = timedelta(seconds=10)  # a store gone (its agent stopped): a failed process says its error, not waits
 
 
 class StartVote:
@@ -33,21 +36,24 @@ class StartVote:
     failure) or `failed(exc)`; both do nothing where no vote is held."""
 
     def __init__(self) -> None:
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        from tango_lm.train.distributed import launch_env  # one error line for a malformed RANK/WORLD_SIZE
+
+        self.rank, _, self.world_size = launch_env()
         self.held = (
             self.world_size > 1
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0"
             and bool(os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
             and not dist.is_initialized()
         )
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.prefix = f"tango-lm/start-vote/{restart}/{next(_calls)}/"
+        self.prefix = f"tango-lm/start-vote/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{next(_calls)}/"
         self.posted = False
 
     def _post(self, outcome: str) -> dist.Store:
         self.posted = True
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=WAIT)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=CONNECT
+        )
         store.set(f"{self.prefix}{self.rank}", outcome)
         return store
 
@@ -58,7 +64,7 @@ class StartVote:
             return
         store = self._post("")
         keys = [f"{self.prefix}{rank}" for rank in range(self.world_size)]
-        store.wait(keys)
+        store.wait(keys, WAIT)
         for rank, key in enumerate(keys):
             said = store.get(key).decode("utf-8", "replace")
             if said:
