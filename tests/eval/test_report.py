@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -442,6 +443,16 @@ def test_a_summary_from_before_a_failed_attempt_is_left_out(tmp_path):
     res = write_report(tmp_path / "runs", plots=False)
     assert len(res["report"]["runs"]) == 1
     assert any(str(run) in w and "latest attempt failed" in w for w in res["warnings"])
+
+
+def test_a_summary_written_after_the_failed_attempt_counts(tmp_path):
+    # A run that failed in a sweep and was finished with `train RUN --resume` by a version that
+    # left failed.json beside the new summary: report left it out for good.
+    run = _one_run(tmp_path / "runs")
+    (run / "failed.json").write_text('{"error": "disk full"}')
+    os.utime(run / "failed.json", (1_000_000_000, 1_000_000_000))
+    res = write_report(tmp_path / "runs", plots=False)
+    assert len(res["report"]["runs"]) == 1 and not any("latest attempt failed" in w for w in res["warnings"])
 
 
 def test_seed_columns_in_numeric_order(tmp_path):

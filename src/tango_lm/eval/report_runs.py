@@ -102,7 +102,9 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
         why = "failed" if failed.exists() else "unfinished"
         warnings.append(f"{run_dir}: no summary.json ({why}); left out of the report")
         return None
-    if failed.exists():  # a summary from before the latest attempt, which failed (a grid edit, say)
+    # A summary from before the latest attempt, which failed (a grid edit, say); one written after it
+    # is a run finished by `train RUN --resume` (which now removes failed.json; earlier versions did not).
+    if failed.exists() and failed.stat().st_mtime >= summary_path.stat().st_mtime:
         warnings.append(f"{run_dir}: its latest attempt failed (failed.json); left out of the report")
         return None
     summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
