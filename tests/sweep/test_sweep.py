@@ -653,6 +653,12 @@ def test_runs_that_differ_only_in_a_field_their_architecture_does_not_read_are_t
     assert len(summaries(tmp_path / "sweep")) == 3
     rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])  # all done: nothing said
     assert rc == 0 and err == ""
+    # --only: the repeat is said only with the run it is trained as; selected alone, its error says why.
+    shutil.rmtree(tmp_path / "sweep")
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--dry-run", "--only", "tango-windowed"])
+    assert rc == 0 and "does not read" not in err
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--dry-run", "--only", f"{tango}=8"])
+    assert rc == 2 and f"({tango}=8 is trained as {tango}=4: its architecture does not read model.window)" in err
 
 
 def mid_run(root: Path) -> bool:

@@ -26,7 +26,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, check_data=not args.dry_run)
     runs = grid.select(args.only)
     if not runs:
-        raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}")
+        repeats = grid.repeats_selected(args.only)
+        why = ""
+        if repeats:  # a run trained as another: say so, not only that nothing matched
+            first, fields = grid.repeats[repeats[0]]
+            unread = ", ".join(f"model.{f}" for f in fields)
+            why = f" ({repeats[0]} is trained as {first}: its architecture does not read {unread})"
+        raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}{why}")
     slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
     if args.launcher != "slurm":
         given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (

@@ -62,7 +62,7 @@ class RunChecks:
 def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     """Check each run against its dataset; datasets the grid lacks (a dry run's `missing_data`)
     are passed over. Each dataset is opened once."""
-    checks = RunChecks(checked=len(runs), repeats=repeat_lines(grid) if runs else [])
+    checks = RunChecks(checked=len(runs), repeats=repeat_lines(grid, {run.name for run in runs}))
     missing = set(grid.missing_data.values())
     datasets: dict[str, PreparedDataset] = {}
     archs = {run.config.model.arch for run in grid.runs}  # the whole grid's, whichever runs are left
@@ -90,13 +90,15 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
     return checks
 
 
-def repeat_lines(grid: Grid) -> list[str]:
+def repeat_lines(grid: Grid, training: set[str]) -> list[str]:
     """One line per architecture and fields it does not read that tell runs of the grid apart:
-    those runs are one setting, trained once (`Grid.repeats`)."""
+    those runs are one setting, trained once (`Grid.repeats`); said where that run is among the
+    runs `training` (not for a repeat of a run `--only` left out)."""
     arch = {run.name: run.config.model.arch for run in grid.runs}
     groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = {}
     for name, (first, fields) in grid.repeats.items():
-        groups.setdefault((arch[first], fields), []).append((name, first))
+        if first in training:
+            groups.setdefault((arch[first], fields), []).append((name, first))
     lines = []
     for (name, fields), pairs in groups.items():
         which = ", ".join(f"model.{f}" for f in fields)

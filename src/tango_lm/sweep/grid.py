@@ -109,6 +109,10 @@ class Grid:
             return list(self.runs)
         return [r for r in self.runs if any(_matches(r.name, p) for p in patterns)]
 
+    def repeats_selected(self, patterns: list[str]) -> list[str]:
+        """The `repeats` (runs trained as another) that `patterns` would select, as `select` does."""
+        return [name for name in self.repeats if any(_matches(name, p) for p in patterns)]
+
 
 def _matches(name: str, pattern: str) -> bool:
     if any(c in pattern for c in "*?["):
