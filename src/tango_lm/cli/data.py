@@ -89,7 +89,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
         "--exclude-dir",
         action="append",
         default=[],
-        help="directory name not to walk (repeatable; site-packages, dist-packages, __pycache__ and node_modules never are)",
+        help="directory name or pattern (*_test) not to walk (repeatable; site-packages, dist-packages, __pycache__ and node_modules never are)",
     )
     t.add_argument(
         "--min-frequency", type=int, default=2, help="merge only pairs seen this often (default %(default)s)"
