@@ -222,7 +222,7 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
     [
         ({"temperature": -1.0}, "temperature must be 0 (greedy decoding) or a finite number"),
         ({"temperature": -0.01}, "temperature must be 0"),  # sampled the least likely tokens
-        ({"top_k": 0}, "top_k must be at least 1"),
+        ({"top_k": -1}, "top_k must be at least 1"),
         ({"top_p": 0.0}, "top_p must be in (0, 1]"),
     ],
 )
@@ -230,6 +230,17 @@ def test_generate_until_refuses_sampling_settings_it_cannot_honour(lm, setting, 
     request = _request("generate_until", ("abc ", {"do_sample": True, "max_gen_toks": 4, "seed": 0, **setting}))
     with pytest.raises(UserError, match=re.escape(said)):
         lm.generate_until([request])
+
+
+def test_greedy_requests_ignore_sampling_settings_and_top_k_0_means_none(lm):
+    # Hugging Face's convention: top_k=0 is no top-k; greedy decoding reads no sampling setting.
+    plain = lm.generate_until([_request("generate_until", ("abc ", {"max_gen_toks": 4}))])
+    for setting in ({"top_k": 0, "top_p": 0.0, "temperature": -1.0}, {"do_sample": False, "top_k": 0}):
+        assert lm.generate_until([_request("generate_until", ("abc ", {"max_gen_toks": 4, **setting}))]) == plain
+    sampled = {"do_sample": True, "seed": 3, "max_gen_toks": 4}
+    assert lm.generate_until([_request("generate_until", ("abc ", {**sampled, "top_k": 0}))]) == lm.generate_until(
+        [_request("generate_until", ("abc ", sampled))]
+    )
 
 
 def test_a_chat_template_is_refused_in_one_line(lm):
