@@ -199,6 +199,11 @@ def test_a_component_whose_every_dev_document_is_held_out_leaves_the_dev_mix_onl
     dev = out.source["realized"]["dev"]
     assert [(r["documents"], r["held_out"]) for r in dev] == [(6, 0), (0, 2)]
     assert [r["documents"] > 0 for r in out.source["realized"]["train"]] == [True, True]
+    # Every component's dev documents held out: refused, not written as an empty dev split.
+    d = write_prepared(tmp_path / "d", BYTE, {"train": other[:20], "test": docs[36:]}, {}, progress=False)
+    with pytest.raises(UserError, match="every dev document of every mixture component is held out"):
+        prepare_mixture(tmp_path / "n", [f"{b}:1", f"{d}:1"], progress=False)
+    assert not (tmp_path / "n").exists()
 
 
 def test_a_mixture_written_over_one_of_its_components_is_refused(tmp_path):

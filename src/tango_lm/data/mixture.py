@@ -161,6 +161,11 @@ def mix_documents(
         stats[i]["tokens"] += n
         stats[i]["documents"] += 1
         yield ids
+    if not any(st["documents"] for st in stats) and any(st["held_out"] for st in stats):
+        raise UserError(  # left out of every component: the split would be written empty
+            f"every {split} document of every mixture component is held out (another component's test split "
+            f"holds it); give a component whose {split} documents no other component's test split holds"
+        )
 
 
 class _PreTokenized(Tokenizer):
