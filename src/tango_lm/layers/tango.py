@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tango_lm.layers.active_width import ActiveColumns
+from tango_lm.layers.gated_projections import add_gated_projections, gated_weights
 from tango_lm.layers.norm import RMSNorm
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import attention_over_slices, runs_sliced, sdpa_attention, value_slices
@@ -44,32 +44,6 @@ def cache_and_attend(
     if sliced:
         return attention_over_slices(q, k_all, v_all, values.shape[-1], state.key_mask())
     return sdpa_attention(q, k_all, v_all, state.key_mask())
-
-
-def add_gated_projections(module: nn.Module, d_model: int, n_heads: int, width: int, active_width: int | None) -> None:
-    """Give `module` one set of TANGO's gated projections of width F: `gate_proj` (W_g, the source
-    gate), `up_proj` (W_u, the destination projection), `down_proj` (W_o), and `active`: under
-    rotating narrow-width training (docs/design.md §2.6) the K active columns of each head's F/H."""
-    module.gate_proj = nn.Linear(d_model, width, bias=False)
-    module.up_proj = nn.Linear(d_model, width, bias=False)
-    module.down_proj = nn.Linear(width, d_model, bias=False)
-    module.active = (
-        None
-        if active_width is None
-        else ActiveColumns(
-            width, n_heads, active_width, rows=(module.gate_proj, module.up_proj), cols=(module.down_proj,)
-        )
-    )
-
-
-def gated_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W_g, W_u, W_o of a module given them by `add_gated_projections`; under rotating narrow-width
-    training only the active segment's columns (head by head, so the narrowed gates still split
-    into H heads)."""
-    if module.active is None:
-        return module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
-    w_g, w_u, w_o = module.active.weights()
-    return w_g, w_u, w_o
 
 
 class TangoQueryKey(nn.Module):

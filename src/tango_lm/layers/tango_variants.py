@@ -39,14 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tango_lm.layers.active_width import ActiveColumns
-from tango_lm.layers.tango import (
-    TangoBlock,
-    TangoQueryKey,
-    add_gated_projections,
-    cache_and_attend,
-    gated_weights,
-    prefill_through_door,
-)
+from tango_lm.layers.gated_projections import add_gated_projections, gated_weights
+from tango_lm.layers.tango import TangoBlock, TangoQueryKey, cache_and_attend, prefill_through_door
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState

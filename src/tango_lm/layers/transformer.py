@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tango_lm.layers.active_width import ActiveColumns
+from tango_lm.layers.gated_projections import add_gated_projections, gated_weights
 from tango_lm.layers.prenorm import PreNormBlock
 from tango_lm.layers.rope import apply_rope
 from tango_lm.ops.attention import causal_attention
@@ -44,21 +44,11 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, width: int, active_width: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(d_model, width, bias=False)
-        self.up_proj = nn.Linear(d_model, width, bias=False)
-        self.down_proj = nn.Linear(width, d_model, bias=False)
-        # Rotating narrow-width training (docs/design.md §2.6): K active columns of the FFN width.
-        self.active = (
-            None
-            if active_width is None
-            else ActiveColumns(width, 1, active_width, rows=(self.gate_proj, self.up_proj), cols=(self.down_proj,))
-        )
+        add_gated_projections(self, d_model, 1, width, active_width)  # rotating width: K of the F columns
 
     def forward(self, h: torch.Tensor, state: LayerState | None = None) -> torch.Tensor:
         """h [B, T, d] -> [B, T, d]; position-wise, so the decode state is not used."""
-        if self.active is None:
-            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        w_g, w_u, w_o = self.active.weights()  # the full weights unless a segment is selected
+        w_g, w_u, w_o = gated_weights(self)  # the full weights unless a segment is selected
         return F.linear(F.silu(F.linear(h, w_g)) * F.linear(h, w_u), w_o)
 
 
