@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -198,6 +201,32 @@ def test_bad_sampling_arguments():
         generate(model, torch.tensor([[1]]), 2, top_p=0)
     with pytest.raises(UserError, match="context"):
         generate(model, torch.tensor([[1] * 40]), 20)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"seed": 1.5}, "seed must be a whole number"),  # `in range(-2**63, 2**64)` walked the range: a hang
+        ({"seed": 3.0}, "seed must be a whole number"),
+        ({"top_k": 1.5}, "top_k must be a whole number"),  # a TypeError from torch.topk
+        ({"max_new_tokens": 2.5}, "max_new_tokens (--max-new-tokens) must be a whole number"),
+        ({"vocab_size": 0}, "vocab_size must be a whole number of at least 1"),  # a sampling error
+        ({"vocab_size": -2}, "vocab_size must be a whole number of at least 1"),  # dropped the last two ids
+        ({"static": "bogus"}, "static must be None, 'auto' or one of"),  # a ValueError
+    ],
+)
+def test_generate_refuses_arguments_of_the_wrong_kind_in_one_line(kwargs, said):
+    model = tiny_model("tango")
+    args = {"max_new_tokens": 2, "temperature": 1.0, **kwargs}
+    with pytest.raises(UserError, match=re.escape(said)):
+        generate(model, torch.tensor([[1, 2]]), **args)
+
+
+def test_a_numpy_integer_seed_is_a_seed():
+    model = tiny_model("tango")
+    prompt = torch.tensor([[1, 2]])
+    same = [generate(model, prompt, 4, temperature=1.0, seed=s) for s in (np.int64(5), 5)]
+    assert torch.equal(same[0], same[1])
 
 
 @pytest.mark.parametrize("static", [None, "eager"])

@@ -57,7 +57,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         texts.append(tok.decode(new))
     if args.max_new_tokens is None and room < DEFAULT_NEW_TOKENS:
         print(
-            f"note: at most {room} new token{'s' if room != 1 else ''} (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} tokens fill the "
+            f"note: at most {room} new token{'s' if room != 1 else ''} (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} token{'s fill' if len(ids) != 1 else ' fills'} the "
             f"rest of the model's context of {model.config.context_length}",
             file=sys.stderr,
         )

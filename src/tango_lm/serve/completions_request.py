@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tango_lm.serve.generate import MIN_TEMPERATURE, SEEDS, room_for_new_tokens
+from tango_lm.serve.generate import MIN_TEMPERATURE, is_seed, room_for_new_tokens
 
 MAX_STOP = 16
 
@@ -146,7 +146,7 @@ def check_request(
     top_p = 1.0 if req.top_p is None else req.top_p
     if not 0 < top_p <= 1:
         raise APIError(400, f"top_p must be in (0, 1] (got {top_p})", param="top_p")
-    if req.seed is not None and req.seed not in SEEDS:
+    if req.seed is not None and not is_seed(req.seed):
         raise APIError(400, f"seed must be between -2**63 and 2**64 - 1 (got {req.seed})", param="seed")
     n = 1 if req.n is None else req.n
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])

@@ -6,6 +6,7 @@ on CPUs, and with `static=None`, with the eager cached forward below."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -45,7 +46,16 @@ def sample_next(
 
 
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
-SEEDS = range(-(2**63), 2**64)  # what torch.Generator.manual_seed takes
+
+
+def is_seed(seed: object) -> bool:
+    """Whether `seed` is what torch.Generator.manual_seed takes: an integer in [-2**63, 2**64) (any
+    integer type; `x in range(...)` walked the range one by one for a float or a NumPy integer)."""
+    return isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and -(2**63) <= int(seed) < 2**64
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_sampling(
@@ -61,14 +71,18 @@ def check_sampling(
             f"temperature must be 0 (greedy decoding) or a finite number of at least {MIN_TEMPERATURE:g} "
             f"(got {temperature!r})"
         )
-    if top_k is not None and top_k < 1:
-        raise UserError(f"top_k must be at least 1 (got {top_k}); leave it out to sample from every token")
+    if top_k is not None and not (_is_count(top_k) and top_k >= 1):
+        raise UserError(
+            f"top_k must be a whole number of at least 1 (got {top_k!r}); leave it out to sample from every token"
+        )
     if top_p is not None and not 0 < top_p <= 1:
         raise UserError(f"top_p must be in (0, 1] (got {top_p})")
-    if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens (--max-new-tokens) must be at least 0 (got {max_new_tokens})")
-    if seed is not None and seed not in SEEDS:
-        raise UserError(f"seed must be between -2**63 and 2**64 - 1 (got {seed})")
+    if not (_is_count(max_new_tokens) and max_new_tokens >= 0):
+        raise UserError(
+            f"max_new_tokens (--max-new-tokens) must be a whole number of at least 0 (got {max_new_tokens!r})"
+        )
+    if seed is not None and not is_seed(seed):
+        raise UserError(f"seed must be a whole number between -2**63 and 2**64 - 1 (got {seed!r})")
 
 
 def room_for_new_tokens(prompt_tokens: int, context_length: int) -> int:
@@ -102,6 +116,10 @@ def generate(
     below it, the tokenizer's vocabulary (a model's table is often padded past it, 50257 -> 50304,
     and an id there has no text); None draws from the whole table."""
     check_sampling(temperature, top_k, top_p, max_new_tokens, seed)
+    if vocab_size is not None and not (_is_count(vocab_size) and vocab_size >= 1):
+        raise UserError(
+            f"vocab_size must be a whole number of at least 1 (got {vocab_size!r}), or None for the whole table"
+        )
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise UserError(
             f"the prompt must be token ids of shape [batch, length] with length >= 1 (got shape {tuple(prompt.shape)}); "
@@ -118,9 +136,11 @@ def generate(
     total = prompt.shape[1] + max(max_new_tokens - 1, 0)  # positions the model reads
     generator = None
     if seed is not None:
-        generator = torch.Generator(device=prompt.device).manual_seed(seed)
-    from tango_lm.serve.static_decode import decode_static, default_mode
+        generator = torch.Generator(device=prompt.device).manual_seed(int(seed))
+    from tango_lm.serve.static_decode import MODES, decode_static, default_mode
 
+    if static not in (None, "auto", *MODES):
+        raise UserError(f"static must be None, 'auto' or one of {', '.join(map(repr, MODES))} (got {static!r})")
     mode = default_mode(prompt.device) if static == "auto" else static
     was_training = model.training  # sampling mid-training must not leave the model in eval mode
     model.eval()
