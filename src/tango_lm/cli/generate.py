@@ -56,9 +56,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
             new = new[: new.index(tok.eot_id)]
         texts.append(tok.decode(new))
     if args.max_new_tokens is None and room < DEFAULT_NEW_TOKENS:
+        new_tokens = f"{room} new token" + ("s" if room != 1 else "")
+        prompt_fills = f"{len(ids)} token" + ("s fill" if len(ids) != 1 else " fills")
         print(
-            f"note: at most {room} new token{'s' if room != 1 else ''} (not {DEFAULT_NEW_TOKENS}): the prompt's {len(ids)} token{'s fill' if len(ids) != 1 else ' fills'} the "
-            f"rest of the model's context of {model.config.context_length}",
+            f"note: at most {new_tokens} (not {DEFAULT_NEW_TOKENS}): the prompt's {prompt_fills} the rest of the "
+            f"model's context of {model.config.context_length}",
             file=sys.stderr,
         )
     if args.json:

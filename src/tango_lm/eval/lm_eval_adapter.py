@@ -309,9 +309,9 @@ class TangoLM(TemplateLM):
         top_k, top_p, seed = kwargs.pop("top_k", None), kwargs.pop("top_p", None), kwargs.pop("seed", None)
         if top_k == 0:  # Hugging Face's (and so lm-eval users') "no top-k"
             top_k = None
-        if (
-            do_sample
-        ):  # as `generate` and the server refuse them: a negative temperature sampled the least likely tokens
+        # As `generate` and the server refuse them (a negative temperature sampled the least likely
+        # tokens); greedy decoding reads none of them.
+        if do_sample:
             check_sampling(temperature, top_k, top_p, max_new, seed)
         for key in kwargs:
             if key not in warned:

@@ -282,7 +282,7 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
     """`_setting` as a run of today would write it: the model validated (derived fields such as
     n_kv_heads and capacity_factor_eval filled), train fields an older config.json lacks at their
     defaults, seq_len resolved, and no model field its architecture does not read."""
-    from tango_lm.models.registry import architecture_of, fields_not_read_by
+    from tango_lm.models.registry import without_unread_fields
 
     setting = _setting(run_dir)
     out = {section: {**DEFAULTS[section], **(setting[section] or {})} for section in ("train", "model", "data")}
@@ -292,9 +292,7 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
         pass
     # Fields only other architectures read change nothing this run computed: a tango run beside a
     # windowed one (the sweep's base sets window for both) is one setting with a tango run without.
-    arch = architecture_of(str(out["model"].get("arch")))
-    for name in fields_not_read_by([arch.name]) if arch is not None else ():
-        out["model"].pop(name, None)
+    out["model"] = without_unread_fields(out["model"])
     if out["train"].get("seq_len") is None:  # None: the model's context length
         out["train"]["seq_len"] = out["model"].get("context_length")
     # One budget whichever kind config.json wrote it in: `steps: 100` and the `tokens` of 100

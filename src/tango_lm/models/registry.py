@@ -6,7 +6,8 @@ the generated presets, the benchmark suite and the reports list architectures in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from tango_lm.models.archs.attnres import AttnResArch
 from tango_lm.models.archs.base import Architecture
@@ -45,6 +46,15 @@ def fields_not_read_by(archs: Iterable[str]) -> list[str]:
     resuming). A test builds every architecture with each such field changed."""
     read_here = {f for name in archs if name in ARCHITECTURES for f in ARCHITECTURES[name].reads}
     return [f for f in dict.fromkeys(f for a in ARCHITECTURES.values() for f in a.reads) if f not in read_here]
+
+
+def without_unread_fields(model: Mapping[str, Any], arch_name: str | None = None) -> dict[str, Any]:
+    """A model config (a dict, as config.json holds it) less the fields its architecture (or
+    `arch_name`'s, when two configs are compared as one run's) does not read (`fields_not_read_by`):
+    what runs are compared on. An architecture this version does not register keeps every field."""
+    arch = architecture_of(str(arch_name or model.get("arch")))
+    unread = set(fields_not_read_by([arch.name])) if arch is not None else set()
+    return {k: v for k, v in model.items() if k not in unread}
 
 
 def fixed_geometries() -> dict[str, tuple[str, FixedGeometry]]:

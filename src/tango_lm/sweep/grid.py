@@ -57,7 +57,7 @@ from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry
 from tango_lm.models.matching import PAPER_VOCAB, TIERS, match_width, parse_tier
-from tango_lm.models.registry import fields_not_read_by, fixed_geometries
+from tango_lm.models.registry import fixed_geometries, without_unread_fields
 from tango_lm.sweep.axes import NAMED_AXES, SAFE_LABEL, SECTIONS, label_of, parse_axes
 from tango_lm.train.config import (
     BUDGET_FIELDS,
@@ -196,12 +196,10 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
                 "once their values are resolved); list each value once"
             )
         settings[key] = run.name
-        unread = set(fields_not_read_by([run.config.model.arch]))
-        config["model"] = {k: v for k, v in config["model"].items() if k not in unread}
-        same = json.dumps(config, sort_keys=True)
+        same = json.dumps({**config, "model": without_unread_fields(config["model"])}, sort_keys=True)
         if same in computed:  # it would train (and `report` average) a copy of that run
-            first = computed[same]
-            differ = tuple(f for f in sorted(unread) if getattr(run.config.model, f) != getattr(first.config.model, f))
+            first, mine = computed[same], config["model"]
+            differ = tuple(sorted(k for k, v in first.config.model.to_dict().items() if mine.get(k) != v))
             grid.repeats[run.name] = (first.name, differ)
             continue
         computed[same] = run

@@ -31,7 +31,7 @@ from typing import Any
 from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.errors import UserError
-from tango_lm.models.registry import fields_not_read_by
+from tango_lm.models.registry import without_unread_fields
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun
@@ -53,13 +53,13 @@ def _differences(run: SweepRun) -> list[str]:
         return []
     want = run.config.to_dict()
     out = _budget_difference(saved, run)
-    unread = set(fields_not_read_by([run.config.model.arch]))  # what the run computes does not depend on them
     for section in ("data", "model", "train"):
         have, grid = saved.get(section) or {}, want[section]
+        if section == "model":  # what the run computes does not depend on the fields it does not read
+            arch = run.config.model.arch
+            have, grid = without_unread_fields(have, arch), without_unread_fields(grid, arch)
         for key in sorted(set(have) & set(grid)):
             if section == "train" and (key in LOGISTICS_FIELDS or key in BUDGET_FIELDS):
-                continue
-            if section == "model" and key in unread:
                 continue
             if section == "data" and key == "dir" and same_dataset_dir(have[key], grid[key]):
                 continue

@@ -14,7 +14,7 @@ import torch
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
-from tango_lm.models.registry import fields_not_read_by
+from tango_lm.models.registry import without_unread_fields
 from tango_lm.train.checkpoint import (
     MARKER,
     SHARDS,
@@ -89,9 +89,9 @@ def check_same_run(
     of the run would not differ: these errors say to change the config back, not to move a checkpoint."""
     out = run.train.out_dir
     # Fields only other architectures read (a sweep's window, on its tango runs) change nothing here.
-    unread = set(fields_not_read_by([run.model.arch]))
-    saved_model = {k: v for k, v in ckpt.config.get("model", {}).items() if k not in unread}
-    model = {k: v for k, v in run.model.to_dict().items() if k not in unread}
+    arch = run.model.arch
+    saved_model = without_unread_fields(ckpt.config.get("model", {}), arch)
+    model = without_unread_fields(run.model.to_dict(), arch)
     if saved_model != model:
         diff = sorted(k for k in set(saved_model) | set(model) if saved_model.get(k) != model.get(k))
         # The saved values as overrides: a default that changed between versions (capacity_factor_eval)

@@ -18,6 +18,7 @@ agent, and one with restarts keep the checks that run inside the group.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from datetime import timedelta
@@ -76,10 +77,8 @@ class StartVote:
             return
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         said = text if isinstance(exc, UserError) else f"{type(exc).__name__}{': ' + text if text else ''}"
-        try:
+        with contextlib.suppress(Exception):  # a store out of reach: torchrun's own report is all there is
             self._post(said or type(exc).__name__)
-        except Exception:  # noqa: BLE001 - a store out of reach: torchrun's own report is all there is
-            pass
 
 
 __all__ = ["StartVote"]
