@@ -10,14 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from tango_lm.bench import decode, memory, suite, training
-
-FORMATTERS = {
-    "train": training.format_report,
-    "decode": decode.format_report,
-    "windowed": suite.format_windowed,
-    "memory": memory.format_report,
-}
+from tango_lm.bench.registry import BENCH_SUITES
 
 
 def load(out: Path, name: str) -> tuple[str, dict | None]:
@@ -54,7 +47,7 @@ def main(out: Path) -> None:
             continue
         for key in (k for k in report.get("suites", []) if k in report):  # a stopped suite has none
             print(f"\n[{name}]")
-            print(FORMATTERS[key](report[key]))
+            print(BENCH_SUITES[key].format(report[key]))
 
 
 if __name__ == "__main__":

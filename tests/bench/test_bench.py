@@ -12,7 +12,7 @@ import statistics
 import pytest
 import torch
 
-from tango_lm.bench import child, decode, memory, suite, training
+from tango_lm.bench import child, decode, memory, training
 from tango_lm.bench import windowed as windowed_bench
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
@@ -164,23 +164,21 @@ def test_windowed_suite_ratio_and_target(capsys):
         device="cpu",
         clock="wall",
     )
-    report = suite.run_windowed(args, print_table=True)
+    report = windowed_bench.run_suite(args, print_table=True)
     rows = report["rows"]
     assert [r["seq_len"] for r in rows] == [8, 16]
     assert rows[1]["windowed_vs_first"] == pytest.approx(
         rows[1]["windowed_us_per_token"] / rows[0]["windowed_us_per_token"]
     )
     assert report["longest_vs_first"] == rows[-1]["windowed_vs_first"]
-    assert report["target_met"] == (report["longest_vs_first"] <= suite.WINDOWED_TARGET)
+    assert report["target_met"] == (report["longest_vs_first"] <= windowed_bench.TARGET)
     assert report["precision"] == "fp32" and "fp32, bench/windowed.py" in capsys.readouterr().out
 
 
 def test_windowed_suite_runs_under_the_autocast_training_uses(monkeypatch, capsys):
     # On CUDA training runs under bf16 autocast (train/device.autocast_dtype), so the suite does too;
     # here the choice is forced to bf16 on a CPU, whose autocast takes it.
-    from tango_lm.train import device as device_module
-
-    monkeypatch.setattr(device_module, "autocast_dtype", lambda precision, dev: torch.bfloat16)
+    monkeypatch.setattr(windowed_bench, "autocast_dtype", lambda precision, dev: torch.bfloat16)
     seen = []
     real = windowed_bench._step
     monkeypatch.setattr(windowed_bench, "_step", lambda *a: seen.append(a[-1]) or real(*a))
@@ -188,7 +186,7 @@ def test_windowed_suite_runs_under_the_autocast_training_uses(monkeypatch, capsy
         windowed_lens=(8,), window=4, d_model=32, windowed_width=16, windowed_tokens=16, repeats=1,
         no_full_tango=True, device="cpu", clock="wall",
     )  # fmt: skip
-    report = suite.run_windowed(args, print_table=True)
+    report = windowed_bench.run_suite(args, print_table=True)
     assert report["precision"] == "bf16 autocast" and set(seen) == {torch.bfloat16}
     out = capsys.readouterr().out
     assert "bf16 autocast, bench/windowed.py" in out

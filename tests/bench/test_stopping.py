@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tango_lm.bench import decode, memory, progress, stopping, suite, training, windowed
+from tango_lm.bench import decode, memory, progress, stopping, training, windowed
 from tango_lm.cli import main
 from tests import helpers
 
@@ -406,7 +406,7 @@ def test_windowed_suite_stopped_keeps_the_lengths_it_timed(monkeypatch, capsys):
     assert [r["seq_len"] for r in win["rows"]] == [32] and win["rows"][0]["tango_vs_windowed"] > 0
     assert win["longest_vs_first"] is None and win["target_met"] is None
     assert win["stopped"] == {"signal": "SIGTERM", "timed_rounds_done": 0, "timed_rounds": 2}
-    text = suite.format_windowed(win)
+    text = windowed.format_report(win)
     assert "target:" not in text and text.endswith("the lengths not reached have no row")
     win["rows"] = []  # stopped in the warm-up
-    assert "vs T=-" in suite.format_windowed(win)
+    assert "vs T=-" in windowed.format_report(win)

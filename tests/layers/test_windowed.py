@@ -409,7 +409,6 @@ def test_time_per_token_helper_runs():
         repeats=1,
         warmup=0,
         device="cpu",
-        print_table=False,
     )
     assert [r["seq_len"] for r in rows] == [8, 16] and [r["batch"] for r in rows] == [8, 4]
     assert all(r["windowed_us_per_token"] > 0 and r["tango_us_per_token"] > 0 for r in rows)

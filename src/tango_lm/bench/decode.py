@@ -24,13 +24,16 @@ what comes after the rounds (prefill, cache bytes, the heads), is left out ("-" 
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
 
 import torch
 
+from tango_lm.bench.checks import require_head_multiple, require_int_list, require_positive, require_tango_width_split
 from tango_lm.bench.decode_report import case_key, format_report
+from tango_lm.bench.memory import memory_config
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord
@@ -393,3 +396,43 @@ def preset_configs(
             f"the baseline {BASELINE} has no preset {BASELINE}-{tier}-d{depth}; choose another tier or depth"
         )
     return out
+
+
+def check_suite_args(args: argparse.Namespace) -> None:
+    """The decode suite's options of `tango-lm bench` (`bench/registry.py`)."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    require_positive(args, ("prompt_len", "new_tokens", "repeats", "head_vocab"))
+    matched = args.decode_tier is None  # models matched at --d-model, not the presets of a tier
+    if matched or args.head_backbone in ARCHITECTURES:  # the heads' backbone too, when not a preset
+        require_head_multiple(args)
+    if matched:
+        require_tango_width_split(args)
+    require_int_list(args, "decode_batches")
+    positions = args.prompt_len + args.new_tokens
+    memory_config(args.head_backbone, args.d_model, args.depth, args.head_vocab, positions)
+    if args.decode_tier is not None:  # the baseline's preset at that tier and depth must exist
+        preset_configs([], args.decode_tier, args.depth, positions)
+
+
+def run_suite(args: argparse.Namespace, print_table: bool, progress: str = "none") -> dict[str, Any]:
+    """The decode suite of `tango-lm bench` at its options."""
+    return run_decode_bench(
+        archs=args.archs or default_archs(),
+        d_model=args.d_model,
+        depth=args.depth,
+        tango_width=args.tango_width,
+        vocab_size=args.vocab_size,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        batches=args.decode_batches,
+        repeats=args.repeats,
+        head_backbone=args.head_backbone,
+        head_vocab=args.head_vocab,
+        device=args.device,
+        threads=args.threads,
+        print_table=print_table,
+        static=args.compile,
+        tier=args.decode_tier,
+        progress=progress,
+    )

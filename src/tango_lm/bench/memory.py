@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tango_lm.bench.checks import require_head_multiple, require_positive
 from tango_lm.bench.child import run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
@@ -325,6 +326,35 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure_training_step(**json.loads(ns.child))))
         return
     parser.error("use `tango-lm bench --suite memory`")
+
+
+def check_suite_args(args: argparse.Namespace) -> None:
+    """The memory suite's options of `tango-lm bench` (`bench/registry.py`)."""
+    from tango_lm.models.registry import ARCHITECTURES
+
+    require_positive(args, ("memory_batch_size", "memory_seq_len"))
+    if args.memory_backbone in ARCHITECTURES:  # built at --d-model; a preset keeps its own
+        require_head_multiple(args)
+    memory_config(args.memory_backbone, args.d_model, args.depth, args.head_vocab, args.memory_seq_len)
+
+
+def run_suite(args: argparse.Namespace, print_table: bool, progress: str = "none") -> dict[str, Any]:
+    """The memory suite of `tango-lm bench` at its options."""
+    return run_memory_bench(
+        backbone=args.memory_backbone,
+        d_model=args.d_model,
+        depth=args.depth,
+        vocab_size=args.head_vocab,
+        batch_size=args.memory_batch_size,
+        seq_len=args.memory_seq_len,
+        steps=args.memory_steps,
+        device=args.device,
+        threads=args.threads,
+        print_table=print_table,
+        compile=args.compile,
+        progress=progress,
+        heads=args.memory_heads,
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ an architecture that cannot be matched runs at width 4·d_model and its row says
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from tango_lm.bench.checks import require_head_multiple, require_tango_width_split
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
@@ -395,3 +397,38 @@ def format_report(report: dict[str, Any]) -> str:
         meaning = "each row is the median of the timed steps that model finished (its timed_steps in --json)"
         lines.append(stopped_line(report["stopped"], "timed rounds", meaning))
     return "\n".join(lines)
+
+
+def check_suite_args(args: argparse.Namespace) -> None:
+    """The train suite's options of `tango-lm bench` (`bench/registry.py`): it builds every model at --d-model."""
+    require_head_multiple(args)
+    require_tango_width_split(args)
+
+
+def run_suite(
+    args: argparse.Namespace,
+    print_table: bool,
+    progress: str = "none",
+    archs: tuple[str, ...] | list[str] | None = None,
+) -> dict[str, Any]:
+    """The train suite of `tango-lm bench` at its options: `archs` (default --archs, else every
+    architecture in the bench suite) trained side by side."""
+    return run_training_bench(
+        d_model=args.d_model,
+        seq_len=args.seq_len,
+        depth=args.depth,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        warmup=args.warmup,
+        tango_width=args.tango_width,
+        vocab_size=args.vocab_size,
+        device=args.device,
+        archs=archs or args.archs or default_archs(),
+        memory=not args.no_memory,
+        memory_steps=args.memory_steps,
+        threads=args.threads,
+        peak_size=args.peak_size,
+        print_table=print_table,
+        compile=args.compile,
+        progress=progress,
+    )

@@ -9,18 +9,21 @@ time per token should stay flat in T (linear cost); full TANGO's grows with T.
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
 import torch
 
+from tango_lm.bench.checks import HEAD_DIM, require_int_list, require_positive
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord
+from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.errors import UserError
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
-from tango_lm.train.device import autocast, pick_device
+from tango_lm.train.device import autocast, autocast_dtype, pick_device
 
 
 def _step(
@@ -53,7 +56,6 @@ def windowed_time_per_token(
     include_tango: bool = True,
     device: str = "auto",
     clock: str = "wall",
-    print_table: bool = True,
     progress: str = "none",
     stops: StopRecord | None = None,
     dtype: torch.dtype | None = None,
@@ -116,26 +118,101 @@ def windowed_time_per_token(
         row["windowed_vs_first"] = row["windowed_us_per_token"] / rows[0]["windowed_us_per_token"]
         if "tango_us_per_token" in row:
             row["tango_vs_windowed"] = row["tango_us_per_token"] / row["windowed_us_per_token"]
-    if print_table:
-        print(format_rows(rows, dev, window, d_model, width, clock))
     return rows
 
 
-def format_rows(
-    rows: list[dict[str, Any]], device: torch.device, window: int, d_model: int, width: int, clock: str = "wall"
-) -> str:
+TARGET = 1.3  # the suite's target: windowed time/token at the longest T over its time at the shortest
+
+
+def check_suite_args(args: argparse.Namespace) -> None:
+    """The windowed suite's options of `tango-lm bench` (`bench/registry.py`)."""
+    require_positive(args, ("window", "windowed_width", "windowed_tokens", "repeats"))
+    require_int_list(args, "windowed_lens")
+    if list(args.windowed_lens) != sorted(args.windowed_lens):
+        # its target compares the time per token at the last (longest) length with the first (shortest)
+        raise UserError(f"--windowed-lens must be in increasing order (got {','.join(map(str, args.windowed_lens))!r})")
+    if args.clock == "cpu" and pick_device(args.device).type != "cpu":
+        raise UserError(
+            f"--clock cpu times this process's CPU, not a {pick_device(args.device).type} device; use --clock wall"
+        )
+    if args.d_model % HEAD_DIM or args.windowed_width % (args.d_model // HEAD_DIM):
+        raise UserError(
+            f"the windowed suite uses heads of {HEAD_DIM}: --d-model must be a multiple of {HEAD_DIM} and "
+            f"--windowed-width a multiple of d_model / {HEAD_DIM} (got {args.d_model}, {args.windowed_width})"
+        )
+
+
+def run_suite(args: argparse.Namespace, print_table: bool, progress: str = "none") -> dict[str, Any]:
+    """The windowed suite of `tango-lm bench`: `windowed_time_per_token` at its options, its
+    report (the rows, and the target read at the longest length) printed unless `print_table` is False."""
+    stops = StopRecord(args.repeats)
+    dev = pick_device(args.device)
+    dtype = autocast_dtype("auto", dev)  # bf16 autocast where training uses it (CUDA)
+    rows = windowed_time_per_token(
+        seq_lens=args.windowed_lens,
+        window=args.window,
+        d_model=args.d_model,
+        width=args.windowed_width,
+        head_dim=HEAD_DIM,
+        tokens=args.windowed_tokens,
+        repeats=args.repeats,
+        include_tango=not args.no_full_tango,
+        device=args.device,
+        clock=args.clock,
+        progress=progress,
+        stops=stops,
+        dtype=dtype,
+    )
+    # The target is read at the longest length against the first: not measured when a stop came before
+    # it, nor with one length (which compares nothing).
+    reached = rows and rows[-1]["seq_len"] == args.windowed_lens[-1] and len(args.windowed_lens) > 1
+    longest = rows[-1]["windowed_vs_first"] if reached else None
+    report = {
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "d_model": args.d_model,
+        "width": args.windowed_width,
+        "window": args.window,
+        "tokens_per_step": args.windowed_tokens,
+        "repeats": args.repeats,
+        "clock": args.clock,
+        "precision": "bf16 autocast" if dtype == torch.bfloat16 else "fp32",
+        "rows": rows,
+        "target": TARGET,
+        "longest_vs_first": longest,
+        "target_met": None if longest is None else longest <= TARGET,
+        "stopped": stops.record,  # None, or the signal and after how many timed rounds
+    }
+    if print_table:
+        print(format_report(report))
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    full = any("tango_us_per_token" in r for r in rows) or not rows  # --no-full-tango times windowed alone
+    blocks = "same weights for both blocks" if full else "the windowed block alone (--no-full-tango)"
     lines = [
-        f"device {device} ({torch.get_num_threads()} threads), d={d_model}, F={width}, W={window}, "
-        f"forward+backward, {clock} clock, best of the timed rounds",
-        f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs first T':>12}{'tango us/tok':>14}{'tango/windowed':>16}",
+        f"windowed: device {report['device']} ({report['threads']} threads), one block, d={report['d_model']}, "
+        f"F={report['width']}, W={report['window']}, forward + backward on about {report['tokens_per_step']} "
+        f"tokens per step (batch = max(tokens // T, 1)), {blocks}; each time is the best of {report['repeats']} "
+        f"rounds that alternate every T and block ({report['clock']} clock, {report.get('precision', 'fp32')}, "
+        "bench/windowed.py)",
+        f"{'T':>6}{'batch':>7}{'windowed us/tok':>17}{'vs T=' + str(rows[0]['seq_len'] if rows else '-'):>11}"
+        + (f"{'tango us/tok':>14}{'tango/windowed':>16}" if full else ""),
     ]
     for r in rows:
         tango = f"{r['tango_us_per_token']:>14.2f}{r['tango_vs_windowed']:>16.2f}" if "tango_us_per_token" in r else ""
         lines.append(
-            f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}{r['windowed_vs_first']:>12.2f}{tango}"
+            f"{r['seq_len']:>6}{r['batch']:>7}{r['windowed_us_per_token']:>17.2f}{r['windowed_vs_first']:>11.2f}{tango}"
         )
+    if report["longest_vs_first"] is not None:
+        lines.append(
+            f"target: windowed time/token at T={rows[-1]['seq_len']} <= {report['target']} x its time at "
+            f"T={rows[0]['seq_len']}: {report['longest_vs_first']:.2f} "
+            f"({'met' if report['target_met'] else 'NOT met'})"
+        )
+    if report.get("stopped"):
+        meaning = "each time is the best of the rounds its length finished; the lengths not reached have no row"
+        lines.append(stopped_line(report["stopped"], "timed rounds", meaning))
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    windowed_time_per_token()
