@@ -75,7 +75,9 @@ def test_a_suite_out_of_memory_names_its_own_size_flags_and_keeps_the_ones_befor
     report = json.loads(capsys.readouterr().out)
     assert report[first] == {"name": first} and second not in report
     assert report["failed"]["suite"] == second
-    assert f"lower --{second}-size or --d-model; the report has the {first} suite before it" in report["failed"]["error"]
+    assert (
+        f"lower --{second}-size or --d-model; the report has the {first} suite before it" in report["failed"]["error"]
+    )
 
 
 @pytest.mark.parametrize("name", list(BENCH_SUITES))

@@ -463,3 +463,25 @@ def test_a_start_that_wandb_opened_and_tensorboard_stopped_runs_again_as_it_was(
     assert (out / "wandb.json").is_file() and run_files(out) == []
     (out / "tensorboard").unlink()
     assert train(run).summary["steps"] == 2
+
+
+def test_a_resume_without_metrics_jsonl_keeps_the_tensorboard_history(data_dir, tmp_path, capsys):
+    # metrics.jsonl's corruption error says "fix or remove it"; removed, the resume rewrote the
+    # event files from its (no) kept records: steps 1-4 were gone from TensorBoard too.
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, save_every=2, loggers="jsonl,tensorboard"))
+    history = tensorboard_scalars(out)
+    assert {step for tag, step in history if tag == "train/loss"} == {1, 2, 3, 4}
+    (out / "metrics.jsonl").unlink()
+    before = {path: digest for path, (_, digest) in helpers.snapshot(out).items()}
+    run = ["train", str(out), "--resume", "train.steps=6", "train.loggers=[jsonl,tensorboard]"]
+    assert main(run) == 2
+    said = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "metrics.jsonl is missing, and resuming rewrites" in said and "steps up to 4 would be lost" in said
+    assert {path: digest for path, (_, digest) in helpers.snapshot(out).items()} == before
+    assert tensorboard_scalars(out) == history
+    # without TensorBoard in the list, or with its folder moved away, the run goes on
+    (out / "tensorboard").rename(tmp_path / "kept-tensorboard")
+    assert main(run) == 0
+    assert {step for tag, step in tensorboard_scalars(out) if tag == "train/loss"} == {5, 6}

@@ -26,7 +26,8 @@ and the ones this logger wrote before (named in `RUN/tensorboard/.tango-lm.json`
 hold a killed attempt's steps past the checkpoint or a finished run's summary, or lack the steps
 an attempt trained without TensorBoard in its list, and TensorBoard's fast (Rust) reader does not
 honour a `purge_step`. Event files it did not write stay (those of an older tango-lm are hidden
-with `purge_step` 0 for TensorBoard's Python reader). So its curves are metrics.jsonl's; W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
+with `purge_step` 0 for TensorBoard's Python reader). So its curves are metrics.jsonl's (a resume with metrics.jsonl missing, its event files then the
+history's only copy, is refused); W&B continues the same run id (kept in `RUN/wandb.json`) and gets again the
 kept records past the run's `starting_step` (`to_replay`). W&B cannot drop history: online, the
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
 offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
@@ -49,6 +50,7 @@ from typing import Any
 
 from tango_lm import strict_json
 from tango_lm.errors import UserError
+from tango_lm.train import metrics_file
 
 
 @dataclass
@@ -58,6 +60,7 @@ class LogContext:
     out_dir: Path
     config: dict[str, Any]
     wandb_project: str
+    resumed_step: int = 0  # the checkpoint step a resume starts from; 0 for a fresh start
 
 
 class MetricLogger:
@@ -72,6 +75,11 @@ class MetricLogger:
     # Files it keeps in the run directory across starts (W&B's run id, so a resume continues its
     # run): not run files, but a fresh start (`quickstart --fresh`, a sweep's retry) removes them.
     fresh_start_files: tuple[str, ...] = ()
+
+    @classmethod
+    def refuse(cls, ctx: LogContext) -> None:
+        """A UserError where opening would lose what an earlier attempt logged; asked of every
+        logger in the list before any opens. Nothing by default."""
 
     def log(self, record: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -131,6 +139,20 @@ class TensorBoardLogger(MetricLogger):
         self.writer = SummaryWriter(str(log_dir), purge_step=0 if before else None, flush_secs=30)
         mine = sorted(p.name for p in set(log_dir.glob("events.out.tfevents.*")) - before)
         record.write_text(json.dumps({"event_files": mine}) + "\n")
+
+    @classmethod
+    def refuse(cls, ctx: LogContext) -> None:
+        # Its event files are rewritten from metrics.jsonl's kept records: with that file gone (its
+        # corruption error says "fix or remove it"), they would be the history's only copy, removed.
+        log_dir, jsonl = ctx.out_dir / "tensorboard", ctx.out_dir / metrics_file.NAME
+        if not ctx.resumed_step or jsonl.exists():
+            return
+        if any((log_dir / Path(name).name).is_file() for name in _read_names(log_dir / cls.RECORD)):
+            raise UserError(
+                f"{jsonl} is missing, and resuming rewrites {log_dir}'s curves from it: the steps up to "
+                f"{ctx.resumed_step} would be lost; restore metrics.jsonl, or move {log_dir} away (or drop "
+                "tensorboard from train.loggers) to resume without them"
+            )
 
     def to_replay(self, kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return list(kept)
@@ -333,6 +355,8 @@ def check_available(names: list[str]) -> None:
 
 def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] = ()) -> list[MetricLogger]:
     """The loggers `names`, each sent again what it lacks of `kept` (a resume's metrics.jsonl)."""
+    for name in names:
+        LOGGERS[name].refuse(ctx)
     opened: list[MetricLogger] = []
     try:
         for name in sorted(names, key=lambda name: not LOGGERS[name].may_refuse):  # stable: W&B first

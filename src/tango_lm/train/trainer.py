@@ -196,7 +196,7 @@ class Trainer(TrainerCheckpoints):
             logger.log(record)
 
     def _log_context(self) -> LogContext:
-        return LogContext(self.out, self.run.to_dict(), self.run.train.wandb_project)
+        return LogContext(self.out, self.run.to_dict(), self.run.train.wandb_project, self.step)
 
     def _mfu(self, tokens_per_s: float) -> float | None:
         """Model FLOPs per second per process over the start-up matmul peak (bench/peak.py). A run
