@@ -765,3 +765,22 @@ def test_a_budget_axis_replaces_the_bases_budget_of_another_kind(data_dir, tmp_p
     # Each run's sweep.json records the TPP behind its tokens (the report compares the runs' tokens by it).
     runner._prepare_dir(runs[0], {"state": "new"})
     assert json.loads((runs[0].out_dir / "sweep.json").read_text())["tokens_per_param"] == 0.5
+
+
+def test_a_sweep_whose_reader_leaves_trains_every_run(data_dir, tmp_path, monkeypatch):
+    # `tango-lm sweep grid.yaml | head -1`: the BrokenPipeError of the second line stopped the sweep
+    # after its first run, exit code 0; a command that trains goes on with its output in /dev/null.
+    import os
+    import sys
+
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [1, 2, 3]}, steps=2)
+    read, write = os.pipe()
+    os.close(read)  # the reader has left
+    closed = open(write, "w", buffering=1)  # line-buffered: every line meets the closed pipe
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        assert main(["sweep", str(path)]) == 0
+    finally:
+        monkeypatch.undo()
+        closed.close()
+    assert len(summaries(tmp_path / "sweep")) == 3

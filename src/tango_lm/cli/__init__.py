@@ -14,7 +14,7 @@ import os
 import sys
 
 from tango_lm.cli import bench, config, data, generate, sweep, train
-from tango_lm.cli.output import Parser, held_warnings, one_line, progress_on_terminal_only
+from tango_lm.cli.output import Parser, held_warnings, one_line, progress_on_terminal_only, reader_may_leave
 from tango_lm.errors import UserError, os_error_text
 from tango_lm.ops import dispatch as kernel_dispatch
 
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             args = parse_args(argv)
             kernel_dispatch.requested()  # a bad $TANGO_LM_KERNELS fails before a command writes anything
             progress_on_terminal_only(args)
-            code = args.func(args)
+            with reader_may_leave(getattr(args, "outlives_reader", False)):
+                code = args.func(args)
     except UserError as exc:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

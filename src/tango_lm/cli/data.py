@@ -97,7 +97,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
     t.add_argument("--max-docs", type=int, default=None, help="train on at most N documents (default: all)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     t.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
-    t.set_defaults(func=cmd_data_train_tokenizer)
+    t.set_defaults(func=cmd_data_train_tokenizer, outlives_reader=True)
 
 
 def add_parsers(sub: Any) -> None:
@@ -112,7 +112,7 @@ def add_parsers(sub: Any) -> None:
         t = dsrc.add_parser(name, help=source.help)
         source.add_arguments(t)
         t.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)  # every source alike
-        t.set_defaults(func=cmd_data_prepare)
+        t.set_defaults(func=cmd_data_prepare, outlives_reader=True)
     _add_train_tokenizer_parser(dsub)
     v = dsub.add_parser(
         "verify",

@@ -171,11 +171,11 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, outlives_reader=True)
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
     s.add_argument("--hf", required=True, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)")
     s.add_argument("--overwrite", action="store_true", help="replace the export's files in a non-empty DIR")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.set_defaults(func=cmd_export)
+    s.set_defaults(func=cmd_export, outlives_reader=True)

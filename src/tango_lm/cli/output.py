@@ -9,6 +9,9 @@
 - The error line is one line: control characters in it (a newline in a file name) are escaped.
 - An OSError no other handler turned into a sentence (a full disk, an unreadable file) still gets
   one line with its reason and path.
+- When the reader of its output leaves (`tango-lm sweep grid.yaml | head`), a command that trains
+  or writes files (its parser sets `outlives_reader`) goes on with its output sent to /dev/null
+  (`reader_may_leave`); one whose output is its product stops there, exit code 0.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import warnings
@@ -31,6 +35,7 @@ __all__ = [
     "one_line",
     "held_warnings",
     "progress_on_terminal_only",
+    "reader_may_leave",
     "JSON_HELP",
     "NO_PROGRESS_HELP",
     "CONFIG_HELP",
@@ -101,6 +106,52 @@ def progress_on_terminal_only(args: Any) -> None:
     for commands without a `--no-progress` flag (they read it with getattr)."""
     if not _is_terminal(sys.stderr):
         args.no_progress = True
+
+
+class _ReaderMayLeave:
+    """A command's stdout whose reader may leave: the first write or flush that finds the pipe
+    closed points the stream's file descriptor at /dev/null, and the command goes on (a sweep had
+    stopped after its first run, exit code 0, at the BrokenPipeError of its next line)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # what the stream still buffers goes there too
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def reader_may_leave(active: bool) -> Iterator[None]:
+    """While a command whose parser sets `outlives_reader` runs, a reader that leaves its stdout
+    does not stop it (`_ReaderMayLeave`)."""
+    if not active:
+        yield
+        return
+    saved = sys.stdout
+    sys.stdout = guarded = _ReaderMayLeave(saved)
+    try:
+        yield
+    finally:
+        guarded.flush()  # before the interpreter's own flush at exit, which would report the closed pipe
+        sys.stdout = saved
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -162,7 +162,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.set_defaults(func=cmd_sweep)
+    s.set_defaults(func=cmd_sweep, outlives_reader=True)
 
     s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
     s.add_argument("dir", help="a sweep's out_dir (or any directory of run directories)")
@@ -176,4 +176,4 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--reference", default=None, help="model whose per-seed margins to give (default: each row's best)")
     s.add_argument("--no-plots", action="store_true", help="tables only, no plots/ (and no matplotlib needed)")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.set_defaults(func=cmd_report)
+    s.set_defaults(func=cmd_report, outlives_reader=True)

@@ -197,7 +197,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in train.out_dir")
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.set_defaults(func=cmd_train)
+    s.set_defaults(func=cmd_train, outlives_reader=True)
 
     s = sub.add_parser("eval", help="NLL of a checkpoint on a split")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
@@ -229,7 +229,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
-    s.set_defaults(func=cmd_eval)
+    s.set_defaults(func=cmd_eval, outlives_reader=True)
 
 
 def add_quickstart_parser(sub: Any) -> None:
@@ -241,4 +241,4 @@ def add_quickstart_parser(sub: Any) -> None:
     s.add_argument("--steps", type=int, default=None, help="optimizer steps per model")
     s.add_argument("--fresh", action="store_true", help="retrain even if finished runs exist")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.set_defaults(func=cmd_quickstart)
+    s.set_defaults(func=cmd_quickstart, outlives_reader=True)
