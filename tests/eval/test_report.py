@@ -830,3 +830,24 @@ def test_a_throughput_axis_within_one_decade_still_has_numbers(xs):
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels and all(labels) and all(xs[0] * 0.8 <= t <= xs[1] * 1.25 for t in ax.get_xticks())
     assert all(label.replace(",", "").isdigit() for label in labels), labels
+
+
+def test_a_learning_curve_of_one_record_is_drawn_and_no_legend_warning(tmp_path, monkeypatch):
+    # steps <= log_every: one train record and no dev one. The line had no marker (a lone point
+    # draws nothing), and the legend went on the empty dev panel, warning on stderr.
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from matplotlib.axes import Axes
+
+    root = tmp_path / "runs"
+    run = write_run(root, {"dataset": "d", "tier": "70M", "depth": 4, "arch": "tango", "seed": SEEDS[0]}, 3.0, 3.0)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 3.1, "tokens": 1000}) + "\n")
+    drawn, real_plot = [], Axes.plot
+    monkeypatch.setattr(
+        Axes, "plot", lambda self, *a, **k: drawn.append((len(a[0]), k.get("marker"))) or real_plot(self, *a, **k)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_report(root)
+    assert drawn == [(1, "o")]

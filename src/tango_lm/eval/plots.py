@@ -56,15 +56,17 @@ def _learning_curves(Figure: Any, records: list[RunRecord], out: Path) -> list[P
         fig = Figure(figsize=(10, 4))
         ax_train, ax_dev = fig.subplots(1, 2)
         for r in sorted(runs, key=lambda r: model_order(r.model)):
-            if r.train_curve:
-                ax_train.plot(*zip(*r.train_curve, strict=True), label=model_name(r.model), linewidth=1)
+            if r.train_curve:  # one record (steps <= log_every): a marker, as a lone point has no line
+                one = {"marker": "o", "markersize": 3} if len(r.train_curve) == 1 else {}
+                ax_train.plot(*zip(*r.train_curve, strict=True), label=model_name(r.model), linewidth=1, **one)
             if r.dev_curve:
                 ax_dev.plot(*zip(*r.dev_curve, strict=True), marker="o", markersize=3, label=model_name(r.model))
         for ax, what in ((ax_train, "train NLL"), (ax_dev, "dev NLL")):
             ax.set_xlabel("tokens")
             ax.set_ylabel(f"{what} (nats/token)")
             ax.grid(alpha=0.3)
-        ax_dev.legend(fontsize=7)
+        # on the panel with lines (matplotlib warns on stderr of a legend with none)
+        (ax_dev if any(r.dev_curve for r in runs) else ax_train).legend(fontsize=7)
         title = f"{dataset}, tier {tier}, depth {depth}, seed {seed}"
         if extras:
             title += ", " + ", ".join(f"{k}={v}" for k, v in extras)
