@@ -21,6 +21,7 @@ from tango_lm.data.sources import prepare_source
 from tango_lm.data.splits import assemble_splits, hold_out, split_of
 from tango_lm.data.tokenizers import ByteTokenizer
 from tango_lm.errors import UserError
+from tests import helpers
 
 BYTE = ByteTokenizer()
 
@@ -180,6 +181,26 @@ def test_split_inputs_detects_own_splits(tmp_path):
         UserError, match=r"named after the test and dev split \(test.jsonl, validation.jsonl\) but none"
     ):
         split_inputs([d], [".jsonl"])
+
+
+def test_split_folders_below_a_named_folder_are_never_trained_on(tmp_path, capsys):
+    # corpus/en/test/part-0.jsonl beside corpus/en/train/ (Hugging Face's layout): naming corpus
+    # trained on every test document, as the split-named files' check read the file names only.
+    for lang in ("en", "de"):
+        for split in ("train", "test"):
+            (tmp_path / "corpus" / lang / split).mkdir(parents=True)
+            rows = "".join(json.dumps({"text": f"{lang} {split} {i}"}) + "\n" for i in range(6))
+            (tmp_path / "corpus" / lang / split / "part-0.jsonl").write_text(rows)
+    argv = ["data", "prepare", "jsonl", "--out", str(tmp_path / "p"), str(tmp_path / "corpus"), "--tokenizer", "byte"]
+    assert main(argv) == 2
+    said = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert "part-0.jsonl is in " in said and "the test folder of a folder laid out in splits" in said
+    assert not (tmp_path / "p").exists()
+    # the split folders named on purpose, or a folder with such a layout, are read as given
+    for inputs in ([tmp_path / "corpus" / "en" / "test"], [tmp_path / "corpus" / "en", tmp_path / "corpus" / "de"]):
+        out = prepare_files("jsonl", inputs, tmp_path / "ok", BYTE, dev_fraction=0.0, progress=False, overwrite=True)
+        assert _docs(out, "train")
+    assert not [d for d in _docs(out, "train") if " test " in d]
 
 
 def test_folders_laid_out_in_splits_merge_and_split_named_files_are_never_trained_on(tmp_path, capsys):

@@ -160,23 +160,41 @@ def _directory_splits(directory: str, exts: Sequence[str], strict: bool = True) 
 
 
 def refuse_split_named_training(inputs: Sequence[str | os.PathLike], files: dict[str, list[Path]]) -> None:
-    """A dev or test file of a folder laid out in splits (`corpus/en/test.jsonl` beside
-    `train.jsonl`) that inputs naming a folder above it would train on, the held-out splits then
-    drawn from training text: refused, not guessed. Files named on purpose, `SPLIT=PATH` inputs and
-    a lone `Test_cricket.txt` (no train file beside it) are read as given."""
+    """A dev or test file or folder of a folder laid out in splits (`corpus/en/test.jsonl` beside
+    `train.jsonl`, or `corpus/en/test/part-0.jsonl` beside `train/`) that inputs naming a folder
+    above it would train on, the held-out splits then drawn from training text: refused, not
+    guessed. Files and folders named on purpose, `SPLIT=PATH` inputs and a lone `Test_cricket.txt`
+    (no train entry beside it) are read as given."""
     named = [str(i) for i in inputs]
     if set(files) != {"train"} or any(_SPLIT_ARG.match(i) and not Path(i).exists() for i in named):
         return
     given = {Path(i).resolve() for i in named if Path(i).is_file()}
+    roots = [Path(i).resolve() for i in named if Path(i).is_dir()]
+    has_train_entry: dict[Path, bool] = {}  # per folder: many files share their ancestors
+
+    def beside_train(folder: Path) -> bool:
+        if folder not in has_train_entry:
+            has_train_entry[folder] = any(
+                _SPLIT_ENTRY.match(e.name) and e.name.lower().startswith("train") for e in folder.iterdir()
+            )
+        return has_train_entry[folder]
+
     for path in files["train"]:
-        m = _SPLIT_NAMED_FILE.match(path.name)
-        if m is None or path.resolve() in given:
+        resolved = path.resolve()
+        if resolved in given:
             continue
-        if any(_SPLIT_ENTRY.match(e.name) and e.name.lower().startswith("train") for e in path.parent.iterdir()):
+        root = next((r for r in roots if resolved.is_relative_to(r)), None)
+        # the file, and the folders between it and the input that names a folder above it
+        nodes = [resolved, *(p for p in resolved.parents if root is not None and p.is_relative_to(root) and p != root)]
+        for node in nodes:
+            m = _SPLIT_NAMED_FILE.match(node.name)
+            if m is None or not beside_train(node.parent):
+                continue
             split = SPLIT_ALIASES[m.group(1).lower()]
+            what = f"the {split} file" if node == resolved else f"in {node}, the {split} folder"
             raise UserError(
-                f"{path} is the {split} file of a folder laid out in splits ({path.parent}), which these inputs "
-                "would train on; give that folder as an input (its splits are kept) or every input as SPLIT=PATH"
+                f"{path} is {what} of a folder laid out in splits ({node.parent}), which these inputs would "
+                "train on; give that folder as an input (its splits are kept) or every input as SPLIT=PATH"
             )
 
 
