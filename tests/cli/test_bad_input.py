@@ -220,6 +220,8 @@ BAD = {
         *("--out", str(c.tmp / "new-data"), "--tokenizer", "byte", "--max-file-bytes", "0"),
     ],
     "yaml_number_for_a_path": lambda c: c.train("data.test_split=2024"),
+    "test_split_is_train": lambda c: c.train("data.test_split=train"),
+    "dev_split_is_train": lambda c: c.train("data.train_split=dev"),
     "yaml_bool_for_a_string": lambda c: c.train("train.precision=off"),
     # loggers, serve, sweep launchers
     "logger_unknown": lambda c: c.train("train.loggers=[jsonl,mlflow]"),
@@ -334,6 +336,9 @@ EXPECT = {
     "eval_empty_split": "split '' is not in",
     "code_max_file_bytes_zero": "--max-file-bytes must be at least 1 (got 0)",
     "yaml_number_for_a_path": "YAML read it as a number: quote what you wrote",
+    # the test NLL (or the dev NLL selecting the checkpoint) would be of training text
+    "test_split_is_train": "data.test_split is 'train', the training split: its NLL would be of training text",
+    "dev_split_is_train": "data.dev_split is 'dev', the training split",
     "yaml_bool_for_a_string": "YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote",
     "bench_warmup_negative": "--warmup must be 0 or more (got -1)",
     "sweep_inside_a_dataset": "sweep is inside the prepared dataset",

@@ -293,6 +293,13 @@ def _section(cls: type, name: str, values: dict[str, Any]) -> Any:
             raise UserError(f"{name}.{key} must be between 0 and 2**40 - 1 (got {value})")
     if getattr(obj, "weight_decay", 0) < 0:
         raise UserError(f"{name}.weight_decay must be >= 0 (got {obj.weight_decay})")
+    for key in ("dev_split", "test_split") if isinstance(obj, DataConfig) else ():
+        # dev selects the checkpoint and test is the reported number: neither may be training text
+        if getattr(obj, key) == obj.train_split:
+            raise UserError(
+                f"{name}.{key} is {obj.train_split!r}, the training split: its NLL would be of training text; "
+                f"name a held-out split (the dataset's dev or test), or set {name}.train_split to another"
+            )
     return obj
 
 
