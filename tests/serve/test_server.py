@@ -26,6 +26,7 @@ from tests import helpers
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
+server_module = pytest.importorskip("tango_lm.serve.server")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODEL = "tiny"
@@ -227,6 +228,40 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     assert json.loads(conn.getresponse().read())["status"] == "ok"
 
 
+def test_prompt_kinds_body_size_and_trailing_slashes_are_answered_in_json(server):
+    proc, url = server
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    body = {"model": MODEL, "max_tokens": 1}
+    for prompt in (None, {"a": 1}, 5, ["a", [1]], [[1], 2], [[1], "a"], [[True]], [["a"]]):
+        got_status, reply = http_post(url, json.dumps({**body, "prompt": prompt}))
+        assert got_status == 400 and reply["error"]["param"] == "prompt", (prompt, reply)
+        assert reply["error"]["message"].startswith("prompt must be a string, a list of strings"), reply
+    # Many prompts are refused by their count before each one is checked: pydantic's union of the
+    # four prompt kinds took seconds on the event loop for such a body, holding every client.
+    got_status, reply = http_post(url, json.dumps({**body, "prompt": [[1]] * 200_000}))
+    assert got_status == 400 and "n x prompts must be between 1 and" in reply["error"]["message"]
+    # A body past the limit is refused by its Content-Length, unread.
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(server_module.MAX_BODY_BYTES + 1))
+    conn.endheaders()
+    resp = conn.getresponse()
+    reply = json.loads(resp.read())
+    assert resp.status == 413 and reply["error"]["code"] == "request_too_large", reply
+    conn.close()
+    # A trailing slash had an empty 307 redirect: it is a path this server lacks, as any other.
+    for method, path in (("POST", "/v1/completions/"), ("GET", "/health/")):
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request(
+            method, path, body=json.dumps({**body, "prompt": "x"}), headers={"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        reply = json.loads(resp.read())
+        assert resp.status == 404 and reply["error"]["message"].startswith(f"no endpoint {path}; this server has")
+    assert proc.poll() is None
+
+
 def test_concurrent_clients_are_batched_and_answered_exactly(server, checkpoint, capsys):
     """32 clients x 4 requests (four prompt lengths, half of them streamed) within a time limit:
     every request is answered with `tango-lm generate --temperature 0`'s text."""
@@ -287,7 +322,6 @@ def test_the_served_model_is_named_after_its_run_however_the_path_is_written(che
 def test_a_waiting_request_whose_client_left_stops_waiting():
     # Starlette does not cancel a plain handler when its client leaves: a non-streamed request's
     # rows decoded to the end for nobody. The wait now notices and lets the jobs be cancelled.
-    from tango_lm.serve import server as server_module
 
     class Client:
         def __init__(self, gone: bool) -> None:
@@ -381,8 +415,6 @@ def test_a_stream_that_fails_ends_with_its_error_and_done_without_a_usage_count(
     # 0 completion tokens after 39 streamed.
     import threading
     from types import SimpleNamespace
-
-    from tango_lm.serve import server as server_module
 
     async def stream(*events: tuple) -> list[str]:
         queue: asyncio.Queue = asyncio.Queue()

@@ -42,6 +42,30 @@ from tango_lm.serve.completions_request import (
 
 ENDPOINTS = "POST /v1/completions, GET /v1/models and GET /health (a base model: no chat completions)"
 MAX_BATCH_WAIT_MS = 60_000  # a minute; longer (or inf) is no batching policy, and inf kills queue.get
+# A body is parsed as JSON on the event loop: one larger than this (by its Content-Length) gets a
+# 413 unread. Far above what the checks admit (--max-batch-size prompts of a context each).
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose Content-Length is past MAX_BODY_BYTES gets OpenAI's JSON
+    error with status 413 before its body is read."""
+
+    def __init__(self, app: Any, limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                error = APIError(
+                    413,
+                    f"the request body is {int(length):,} bytes; this server reads at most {self.limit:,}",
+                    code="request_too_large",
+                )
+                await JSONResponse(error.body(), status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def build_app(
@@ -59,7 +83,11 @@ def build_app(
         batcher.stop()
 
     # No /docs, /redoc or /openapi.json: the endpoints below are all there is (a 404 lists them).
-    app = FastAPI(title="tango-lm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # redirect_slashes off: `/v1/completions/` got an empty 307, not the 404 that lists the endpoints.
+    app = FastAPI(
+        title="tango-lm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
+    )
+    app.add_middleware(BodyLimit)
     app.state.batcher = batcher
 
     @app.exception_handler(APIError)
