@@ -12,6 +12,7 @@ Errors, checked before anything is written:
   so a mistyped width stops at once instead of swapping or dying in the allocator;
 - a dataset's token ids fit the model's table (`check_data_fits_model`), and the splits the run
   scores (`scored_splits`) hold a window of its context (`check_splits_fit_run`).
+- a new run's `train.tokens` and `train.tokens_per_param`, both set, agree (`check_budget_agrees`).
 
 Warnings, said when a run starts (`start_of_run_warnings`): a table mostly of rows the data's
 tokenizer never produces (`unused_table_rows`), as when byte-level data meets the default
@@ -161,6 +162,27 @@ def check_data_fits_model(run: RunConfig, dataset: PreparedDataset) -> None:
 def scored_splits(run: RunConfig) -> list[tuple[str, str, int | None]]:
     """(role, split, windows scored on it: None for every one) of the run's dev and test splits."""
     return [("dev", run.data.dev_split, run.train.eval_windows), ("test", run.data.test_split, run.train.test_windows)]
+
+
+def check_budget_agrees(run: RunConfig) -> None:
+    """A new run whose `train.tokens` and `train.tokens_per_param` are both set (and no `steps`)
+    trains on `tokens`: a run directory's config records the tokens its TPP gave its own model,
+    and used for another model (`train runs/x d_model=64 train.out_dir=runs/y`) or with its TPP
+    edited, it trained the old count under the new TPP's name. They must agree; a resumed run
+    keeps the tokens it began with (not checked)."""
+    from tango_lm.train.config import tpp_reference_params
+
+    t = run.train
+    if t.steps is not None or t.tokens is None or t.tokens_per_param is None:
+        return
+    reference = tpp_reference_params(run.model)
+    given = int(t.tokens_per_param * reference)
+    if given != t.tokens:
+        raise UserError(
+            f"train.tokens={t.tokens:,} and train.tokens_per_param={t.tokens_per_param:g} both set the budget and "
+            f"disagree for this model ({t.tokens_per_param:g} x {reference:,} parameters is {given:,} tokens; a run "
+            "directory's config records the tokens of its own model); set one of them to null"
+        )
 
 
 def check_splits_fit_run(run: RunConfig, dataset: PreparedDataset) -> None:

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+import yaml
 
 from tango_lm.config_checks import unread_model_fields
 from tango_lm.errors import UserError
@@ -318,6 +319,26 @@ def test_budget_by_tokens_and_tokens_per_param(data_dir, tmp_path):
     assert run.total_steps() == 7  # steps wins
     with pytest.raises(UserError, match="no training budget"):
         helpers.run_config(data_dir, tmp_path, steps=None).total_steps()
+
+
+def test_a_run_directorys_tokens_and_tpp_must_agree_for_a_new_run(data_dir, tmp_path, capsys):
+    # The run's config.yaml records the tokens its TPP gave (so --resume keeps its budget): used as
+    # the config of a wider model, the new run trained the old count under the old TPP's name.
+    from tango_lm.cli import main
+
+    first = tmp_path / "first"
+    train(helpers.run_config(data_dir, first, steps=None, tokens_per_param=0.05))
+    saved = yaml.safe_load((first / "config.yaml").read_text())["train"]
+    assert saved["tokens"] is not None and saved["tokens_per_param"] == 0.05
+    wider = ["train", str(first), "model.width=128", f"train.out_dir={tmp_path / 'wider'}"]
+    assert main(wider) == 2
+    said = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert f"train.tokens={saved['tokens']:,} and train.tokens_per_param=0.05 both set the budget and disagree" in said
+    assert not (tmp_path / "wider").exists()
+    assert main([*wider, "train.tokens=null"]) == 0  # its TPP, counted on the wider model
+    # the same model agrees with its own record, and a resume keeps the tokens it began with
+    assert main(["train", str(first), f"train.out_dir={tmp_path / 'twin'}"]) == 0
+    assert main(["train", str(first), "--resume"]) == 0
 
 
 def test_tokens_per_param_counts_the_standard_head_for_every_head(data_dir, tmp_path):

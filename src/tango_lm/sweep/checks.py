@@ -14,7 +14,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from tango_lm.config_checks import check_data_fits_model, check_splits_fit_run, start_of_run_warnings
+from tango_lm.config_checks import (
+    check_budget_agrees,
+    check_data_fits_model,
+    check_splits_fit_run,
+    start_of_run_warnings,
+)
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
 from tango_lm.sweep.grid import Grid, SweepRun
@@ -80,6 +85,7 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
         try:
             check_data_fits_model(run.config, datasets[directory])
             check_splits_fit_run(run.config, datasets[directory])
+            check_budget_agrees(run.config)
         except UserError as exc:
             checks.refused[run.name] = str(exc)
             continue

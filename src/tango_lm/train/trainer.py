@@ -24,7 +24,12 @@ from tqdm.auto import tqdm
 
 from tango_lm import strict_json
 from tango_lm.atomic_files import write_json_atomic, write_text_atomic
-from tango_lm.config_checks import check_data_fits_model, check_fits_memory, start_of_run_warnings
+from tango_lm.config_checks import (
+    check_budget_agrees,
+    check_data_fits_model,
+    check_fits_memory,
+    start_of_run_warnings,
+)
 from tango_lm.data.loader import WindowLoader, eval_batches
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError, os_error_text
@@ -110,6 +115,8 @@ class Trainer(TrainerCheckpoints):
         if self.device.type == "cpu":
             keep_freed_memory()  # no page faults on every step's activations (cpu_allocator.py)
         self.dtype = autocast_dtype(cfg.precision, self.device)
+        if not resume:
+            check_budget_agrees(run)
         self.total_steps = run.total_steps()
 
         check_fits_memory(
