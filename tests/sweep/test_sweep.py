@@ -784,3 +784,23 @@ def test_a_sweep_whose_reader_leaves_trains_every_run(data_dir, tmp_path, monkey
         monkeypatch.undo()
         closed.close()
     assert len(summaries(tmp_path / "sweep")) == 3
+
+
+def test_a_base_preset_with_a_model_section_reads_it_as_overrides(data_dir, tmp_path):
+    # base: {preset: tango-70m-d4, model: {d_model: 64, ...}} kept the preset's 16 heads, 4 channels
+    # each, where `train tango-70m-d4 d_model=64` keeps heads of 32 (2 heads): the same parameter
+    # count, another model, unsaid.
+    from tango_lm.train.config import load_run_config
+
+    model = {"d_model": 64, "width": 256, "vocab_size": 257, "context_length": 32}
+    grid = {
+        "out_dir": str(tmp_path / "sweep"),
+        "base": {"preset": "tango-70m-d4", "model": model, "data": {"dir": str(data_dir)}, "train": {"steps": 1}},
+        "axes": {"depth": [2]},
+    }
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    swept = load_grid(path).runs[0].config.model
+    given = load_run_config("tango-70m-d4", [f"{k}={v}" for k, v in model.items()] + ["depth=2", "train.steps=1"]).model
+    assert (swept.n_heads, swept.head_dim) == (given.n_heads, given.head_dim) == (2, 32)
+    assert swept == given

@@ -225,7 +225,11 @@ def _base_sections(base: Any, grid_path: Path) -> dict[str, dict[str, Any]]:
                 for key in BUDGET_FIELDS:  # the grid's budget replaces the preset's, whichever kind each is
                     start["train"].pop(key, None)
             for section, values in data.items():
-                if isinstance(values, dict) and isinstance(start.get(section, {}), dict):
+                if section == "model" and isinstance(values, dict) and isinstance(start.get(section, {}), dict):
+                    # as the same fields given as overrides: a d_model without n_heads keeps head widths
+                    # (a plain update kept the preset's 16 heads, 4 channels each at d_model 64)
+                    start["model"] = ModelConfig.overridden(start.get("model") or {}, values)
+                elif isinstance(values, dict) and isinstance(start.get(section, {}), dict):
                     start.setdefault(section, {}).update(values)
                 else:
                     start[section] = values
