@@ -203,6 +203,26 @@ def test_yaml_file_exponent_float(tmp_path):
     assert load_run_config(str(path), []).train.lr == pytest.approx(3e-4)
 
 
+def test_leading_zeros_are_decimal_not_yaml_1_1_octal(tmp_path):
+    # YAML 1.1 read `seed: 017` as 15 and `steps: 010` as 8, in files and overrides, unsaid.
+    from tango_lm.train.config import dump_yaml, parse_yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  steps: 010\n  seed: 017\n")
+    cfg = load_run_config(str(path), ["train.data_seed=09", "model.depth=+02"])
+    assert (cfg.train.steps, cfg.train.seed, cfg.train.data_seed, cfg.model.depth) == (10, 17, 9, 2)
+    assert [parse_yaml(t) for t in ("0", "00", "-017", "1_000", "0x10", "0b11", "017.5")] == [
+        0,
+        0,
+        -17,
+        1000,
+        16,
+        3,
+        17.5,
+    ]
+    assert parse_yaml(dump_yaml({"name": "017", "other": "09"})) == {"name": "017", "other": "09"}  # strings stay
+
+
 @pytest.mark.parametrize(
     "text",
     ["model: [unclosed\n", "model:\n  width: 3\n bad-indent: 4\n", "model: {a: 1\n"],

@@ -29,7 +29,16 @@ class RepeatedKey(yaml.constructor.ConstructorError):
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads `3e-4` (no dot) as a string; researchers write learning rates that way.
-    A key repeated in one mapping is an error (merge keys `<<` may still be overridden)."""
+    It reads `017` as the octal 15 (`seed: 017` trained seed 15, `steps: 010` 8 steps, unsaid):
+    a number with leading zeros is decimal here, as YAML 1.2 and a reader take it (`0x`, `0b` keep
+    their bases). A key repeated in one mapping is an error (merge keys `<<` may still be overridden)."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node)).replace("_", "")
+        digits = text.lstrip("+-")
+        if len(digits) > 1 and digits.startswith("0") and digits.isdigit():
+            return int(text, 10)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen = set()
@@ -46,6 +55,10 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+_Loader.add_implicit_resolver(  # `08`, `09`: strings to YAML 1.1 (not octal), decimal as the rest
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[0-9_]+$"), list("-+0")
+)
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class _NotBase60:
