@@ -140,7 +140,7 @@ def test_prepared_dataset_carries_the_tokenizer(corpus, trained, tmp_path):
 
 
 def test_bad_input(corpus, tmp_path):
-    with pytest.raises(UserError, match="at least 257"):
+    with pytest.raises(UserError, match="must be between 257"):
         train_bpe([corpus], 100, tmp_path / "t.json", progress=False)
     with pytest.raises(UserError, match="does not exist"):
         train_bpe([tmp_path / "missing"], 300, tmp_path / "t.json", progress=False)
@@ -158,6 +158,19 @@ def test_bad_input(corpus, tmp_path):
     with pytest.raises(UserError, match="bad.jsonl, line 2"):
         train_bpe([corpus, bad], 300, tmp_path / "t2.json", progress=False)  # fails mid-training
     assert not (tmp_path / "t2.json").exists()
+
+
+def test_a_vocabulary_past_the_cap_and_an_output_that_is_an_input_are_refused(corpus, tmp_path):
+    # 2**32 aborted in `tokenizers` (a 283 GB allocation, a Rust backtrace); past 2**64 OverflowError.
+    for size in (2**24 + 1, 2**32, 10**20):
+        with pytest.raises(UserError, match=r"between 257 \(256 bytes \+ end-of-text\) and 16,777,216"):
+            train_bpe([corpus], size, tmp_path / "t.json", progress=False)
+    # --overwrite replaced the corpus with the tokenizer's JSON
+    text = corpus / "doc0.txt"
+    before = text.read_bytes()
+    with pytest.raises(UserError, match="is one of the inputs; save the tokenizer to another file"):
+        train_bpe([corpus], 300, text, overwrite=True, progress=False)
+    assert text.read_bytes() == before
 
 
 def test_hand_edited_tokenizers_that_shards_cannot_hold_are_refused(trained, tmp_path):

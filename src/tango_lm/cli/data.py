@@ -80,7 +80,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
         "--vocab-size",
         type=int,
         required=True,
-        help="ids in the tokenizer, end-of-text included (at least 257); fewer when the corpus has too few distinct merges",
+        help="ids in the tokenizer, end-of-text included (257 to 2**24); fewer when the corpus has too few distinct merges",
     )
     t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
     t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")

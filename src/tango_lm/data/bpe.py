@@ -33,6 +33,9 @@ __all__ = ["LONGEST_TRAINING_WORD", "TRAIN_EXTS", "training_pieces", "training_t
 # What a directory input contributes: JSONL/Parquet by `field`, everything else one document per file.
 TRAIN_EXTS = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet", ".lean", ".py")
 MIN_VOCAB = 257  # 256 bytes + end-of-text
+# 16.8M ids, 65 times GPT-4's: `tokenizers` sizes its tables by vocab_size up front (2**32 asked
+# for 283 GB and aborted with a Rust backtrace; past 2**64 it raised OverflowError).
+MAX_VOCAB = 2**24
 LONGEST_TRAINING_WORD = 256
 # a word that long lies inside such a run: texts without one (nearly all) are not pre-tokenized here
 _LONG_RUN = re.compile(rf"\S{{{LONGEST_TRAINING_WORD + 1},}}|\s{{{LONGEST_TRAINING_WORD + 1},}}")
@@ -102,9 +105,10 @@ def train_bpe(
         ) from None
     if max_docs is not None and max_docs < 1:
         raise UserError(f"{option('max_docs')} must be at least 1, got {max_docs}; omit it to read everything")
-    if vocab_size < MIN_VOCAB:
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise UserError(
-            f"{option('vocab_size')} must be at least {MIN_VOCAB} (256 bytes + end-of-text), got {vocab_size}"
+            f"{option('vocab_size')} must be between {MIN_VOCAB} (256 bytes + end-of-text) and {MAX_VOCAB:,}, "
+            f"got {vocab_size}"
         )
     if min_frequency < 1:
         raise UserError(f"min_frequency must be at least 1, got {min_frequency}")
@@ -120,6 +124,9 @@ def train_bpe(
         raise UserError(f"--out {out} is inside the {inside[1]} {inside[0]}; save the tokenizer outside it")
     if out_path.exists() and not overwrite:
         raise UserError(f"{out_path} already exists; pass --overwrite to replace it or choose another path")
+    if out_path.exists() and any(out_path.resolve() == p.resolve() for p in expand_inputs(inputs, exts, exclude_dirs)):
+        # --overwrite replaced the corpus it was to read with the tokenizer's JSON
+        raise UserError(f"--out {out} is one of the inputs; save the tokenizer to another file")
     texts = training_texts(inputs, field, exts, max_docs, exclude_dirs)
     first = next(texts, None)  # fail on bad inputs before starting the trainer
     if first is None:
