@@ -120,6 +120,22 @@ def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1, tokens: int 
     )
 
 
+def check_decode_fits_memory(model_cfg: Any, device: Any, rows: int, positions: int, what: str) -> None:
+    """UserError when `rows` sequences of `positions` cannot be decoded in `device`'s memory: each
+    row keeps at least its logits over the vocabulary and a d_model-wide state per position in fp32
+    (a lower bound: caches hold more), so `generate --num-samples 100000000` is refused at once
+    instead of filling the memory (the kernel's OOM killer, or a traceback after 44 s)."""
+    have, where = _device_memory(device)
+    need = rows * (model_cfg.vocab_size + positions * model_cfg.d_model) * 4
+    if have is None or need <= have:
+        return
+    raise UserError(
+        f"{rows:,} rows of {positions:,} positions need at least {need / 2**30:,.1f} GiB to decode (logits over "
+        f"{model_cfg.vocab_size:,} ids and a {model_cfg.d_model}-wide state per position, in fp32), more than the "
+        f"{have / 2**30:,.1f} GiB of {where}; lower {what}"
+    )
+
+
 def _device_memory(device: Any) -> tuple[int | None, str]:
     kind = getattr(device, "type", str(device))
     if kind == "cuda":

@@ -153,6 +153,9 @@ BAD = {
     "prompt_longer_than_context": lambda c: ["generate", str(c.run), "--prompt", "a" * 40],
     "num_samples_not_a_number": lambda c: c.generate("--num-samples", "many"),
     "generate_without_prompt": lambda c: ["generate", str(c.run)],
+    "generate_samples_past_memory": lambda c: [
+        *("generate", str(c.run), "--prompt", "a", "--num-samples", "100000000000", "--max-new-tokens", "1")
+    ],
     # checkpoints whose config.json is not a run config
     "checkpoint_config_without_model": lambda c: [
         "generate",
@@ -337,6 +340,8 @@ EXPECT = {
     "code_max_file_bytes_zero": "--max-file-bytes must be at least 1 (got 0)",
     "yaml_number_for_a_path": "YAML read it as a number: quote what you wrote",
     # the test NLL (or the dev NLL selecting the checkpoint) would be of training text
+    # ran until the kernel's OOM killer ended it, or a traceback from the allocator
+    "generate_samples_past_memory": "100,000,000,000 rows of 2 positions need at least",
     "test_split_is_train": "data.test_split is 'train', the training split: its NLL would be of training text",
     "dev_split_is_train": "data.dev_split is 'dev', the training split",
     "yaml_bool_for_a_string": "YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote",

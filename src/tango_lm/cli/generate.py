@@ -14,6 +14,7 @@ from tango_lm.errors import UserError
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
+    from tango_lm.config_checks import check_decode_fits_memory
     from tango_lm.data.tokenizers import tokenizer_from_dict
     from tango_lm.serve.generate import check_sampling, generate, room_for_new_tokens
     from tango_lm.train.checkpoint import load_checkpoint
@@ -36,6 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             f"{model.config.context_length}; shorten it"
         )
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
+    check_decode_fits_memory(model.config, device, args.num_samples, len(ids) + max_new_tokens, "--num-samples")
     prompt = torch.tensor([ids] * args.num_samples, device=device)
     out = generate(
         model,
