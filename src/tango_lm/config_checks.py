@@ -274,7 +274,7 @@ def start_of_run_warnings(run: RunConfig, dataset: PreparedDataset, sweep_archs:
         warmup_past_the_run(run),
         *fewer_windows_than_asked(run, dataset),
         *unread_model_fields(run.model, also_read_by=sweep_archs),
-        *ARCHITECTURES[run.model.arch].warnings(run.model),
+        *ARCHITECTURES[run.model.arch].warnings(run.model, run.seq_len()),
     )
     return [w for w in warnings if w]
 

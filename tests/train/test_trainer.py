@@ -565,6 +565,22 @@ def test_a_window_that_covers_the_context_is_warned_at_the_start(data_dir, tmp_p
     assert (line in err) == warned and err.count("warning: model.window") == warned
 
 
+def test_a_window_or_group_past_the_runs_shorter_sequences_is_warned(data_dir, tmp_path, capsys):
+    # Compared with the context only: a window of 16 over train.seq_len=8 computed full-prefix TANGO
+    # (and a FLASH group of 16 one group per sequence), unsaid.
+    from tango_lm.models.registry import ARCHITECTURES
+    from tests.arch_cases import tiny_config
+
+    model = {"arch": "tango-windowed", "window": 16}
+    train(helpers.run_config(data_dir, tmp_path / "run", model=model, steps=1, eval_every=1, seq_len=8))
+    said = "warning: model.window=16 is at least train.seq_len=8, the length of the run's sequences: no source"
+    assert said in capsys.readouterr().err
+    flash = tiny_config("flash").replace(group_size=8)
+    assert ARCHITECTURES["flash"].warnings(flash, seq_len=flash.context_length) == []
+    (line,) = ARCHITECTURES["flash"].warnings(flash, seq_len=8)
+    assert line.startswith("model.group_size=8 is at least train.seq_len=8, the length of the run's sequences")
+
+
 def test_a_flash_group_that_holds_the_whole_context_is_warned():
     # Its linear part never runs and bias entries past the context never train, with no word.
     from tango_lm.models.registry import ARCHITECTURES

@@ -8,6 +8,14 @@ from tango_lm.models.config import ModelConfig
 from tango_lm.models.fixed_geometry import FixedGeometry
 
 
+def longest_sequence(cfg: ModelConfig, seq_len: int | None) -> str:
+    """How a warning names the longest sequence a run computes: the context, or the run's shorter
+    `train.seq_len` (a window of 16 over 8-token sequences is full-prefix too)."""
+    if seq_len is None or seq_len >= cfg.context_length:
+        return f"model.context_length={cfg.context_length}"
+    return f"train.seq_len={seq_len}, the length of the run's sequences"
+
+
 class Architecture:
     """Stateless description of one architecture. Counts exclude the vocabulary tables, which
     belong to the head; they include the final norm (`d`).
@@ -89,9 +97,10 @@ class Architecture:
         return int(cfg.n_heads or 1)
 
     @staticmethod
-    def warnings(cfg: ModelConfig) -> list[str]:
+    def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
         """What a config this architecture builds is likely not meant to be (a windowed model whose
-        window covers the whole context): said when a run starts, one line each."""
+        window covers the whole context, or the run's `seq_len`-token sequences when it trains on
+        shorter ones): said when a run starts, one line each."""
         return []
 
     @staticmethod

@@ -6,7 +6,7 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.layers.flash import FlashLayer
-from tango_lm.models.archs.base import Architecture
+from tango_lm.models.archs.base import Architecture, longest_sequence
 from tango_lm.models.archs.gau import check_qk_dim, gated_unit_matmul_params, gated_unit_params
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
@@ -38,11 +38,11 @@ class Flash(Architecture):
             raise UserError(f"model.group_size={cfg.group_size} must be at least 1; use 256 (the paper's g)")
 
     @staticmethod
-    def warnings(cfg: ModelConfig) -> list[str]:
-        if cfg.group_size < cfg.context_length:
+    def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
+        if cfg.group_size < min(seq_len or cfg.context_length, cfg.context_length):
             return []
         return [
-            f"model.group_size={cfg.group_size} is at least model.context_length={cfg.context_length}: one group "
+            f"model.group_size={cfg.group_size} is at least {longest_sequence(cfg, seq_len)}: one group "
             "holds the whole context, so FLASH's linear (across-group) part never runs and computes GAU-like "
             "quadratic attention, and relative-bias entries past the context never train; lower model.group_size"
         ]

@@ -95,7 +95,7 @@ class MoE(Architecture):
             raise UserError(f"model.aux_loss_weight must be >= 0 (got {cfg.aux_loss_weight})")
 
     @staticmethod
-    def warnings(cfg: ModelConfig) -> list[str]:
+    def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
         if cfg.moe_top_k != 1 or not cfg.moe_renormalize:
             return []
         return [

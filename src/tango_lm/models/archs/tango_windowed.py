@@ -7,6 +7,7 @@ from torch import nn
 
 from tango_lm.errors import UserError
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
+from tango_lm.models.archs.base import longest_sequence
 from tango_lm.models.archs.tango import Tango
 from tango_lm.models.backbone import Backbone
 from tango_lm.models.config import ModelConfig
@@ -49,11 +50,11 @@ class TangoWindowed(Tango):
         return Backbone([block], [0] * cfg.depth, cfg.head_dim, cfg.rope_theta)
 
     @staticmethod
-    def warnings(cfg: ModelConfig) -> list[str]:
-        if cfg.window < cfg.context_length:
+    def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
+        if cfg.window < min(seq_len or cfg.context_length, cfg.context_length):
             return []
         return [
-            f"model.window={cfg.window} is at least model.context_length={cfg.context_length}: no source is ever "
+            f"model.window={cfg.window} is at least {longest_sequence(cfg, seq_len)}: no source is ever "
             "older than the window, so tango-windowed computes exactly full-prefix TANGO, at its quadratic cost; "
             "lower model.window for the linear-time model"
         ]
