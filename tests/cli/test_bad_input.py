@@ -294,7 +294,7 @@ def test_bad_input_exits_2_with_one_error_line(case, run, data_dir, tmp_path, ca
 
 EXPECT = {
     "prompt_not_utf8": "--prompt is not valid UTF-8 (byte 0xff at character 2)",
-    "temperature_nan": "temperature must be 0 (greedy decoding) or a finite number of at least 0.0001 (got nan)",
+    "temperature_nan": "temperature must be 0 (greedy decoding) or a number from 0.0001 to 3.403e+38 (got nan)",
     "temperature_denormal": "(got 1e-310)",
     "num_samples_zero": "--num-samples must be at least 1 (got 0)",
     "max_new_tokens_negative": "max_new_tokens (--max-new-tokens) must be a whole number of at least 0 (got -1)",

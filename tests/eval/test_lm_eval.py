@@ -220,7 +220,7 @@ def test_generate_until_is_cached_greedy_decoding_cut_at_stop_strings(lm):
 @pytest.mark.parametrize(
     ("setting", "said"),
     [
-        ({"temperature": -1.0}, "temperature must be 0 (greedy decoding) or a finite number"),
+        ({"temperature": -1.0}, "temperature must be 0 (greedy decoding) or a number from"),
         ({"temperature": -0.01}, "temperature must be 0"),  # sampled the least likely tokens
         ({"top_k": -1}, "top_k must be a whole number of at least 1"),
         ({"top_p": 0.0}, "top_p must be in (0, 1]"),

@@ -213,6 +213,8 @@ def test_bad_sampling_arguments():
         ({"vocab_size": 0}, "vocab_size must be a whole number of at least 1"),  # a sampling error
         ({"vocab_size": -2}, "vocab_size must be a whole number of at least 1"),  # dropped the last two ids
         ({"static": "bogus"}, "static must be None, 'auto' or one of"),  # a ValueError
+        # float32 holds the static step's temperature: 1e39 raised there ("cannot be converted")
+        ({"temperature": 1e39, "static": "eager"}, "temperature must be 0 (greedy decoding) or a number from 0.0001"),
     ],
 )
 def test_generate_refuses_arguments_of_the_wrong_kind_in_one_line(kwargs, said):
@@ -220,6 +222,15 @@ def test_generate_refuses_arguments_of_the_wrong_kind_in_one_line(kwargs, said):
     args = {"max_new_tokens": 2, "temperature": 1.0, **kwargs}
     with pytest.raises(UserError, match=re.escape(said)):
         generate(model, torch.tensor([[1, 2]]), **args)
+
+
+def test_a_prompt_past_the_context_is_said_so_even_for_no_new_tokens():
+    # "a prompt of 53 tokens leaves room for 0 new tokens ... (asked for 0)"
+    model = tiny_model("tango")
+    context = model.config.context_length
+    with pytest.raises(UserError, match=f"a prompt of {context + 5} tokens is longer than the model's context"):
+        generate(model, torch.ones(1, context + 5, dtype=torch.long), 0)
+    assert generate(model, torch.ones(1, context, dtype=torch.long), 0).shape == (1, context)
 
 
 def test_a_numpy_integer_seed_is_a_seed():

@@ -5,7 +5,6 @@ on CPUs, and with `static=None`, with the eager cached forward below."""
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 
@@ -46,6 +45,7 @@ def sample_next(
 
 
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
+MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest finite number
 
 
 def is_seed(seed: object) -> bool:
@@ -66,9 +66,10 @@ def check_sampling(
     seed: int | None = None,
 ) -> None:
     """UserError for sampling settings that cannot be honoured (NaN, tiny or negative temperature, ...)."""
-    if not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf):
+    # At most float32's largest: the static decode step holds it in float32 (1e39 raised there).
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
         raise UserError(
-            f"temperature must be 0 (greedy decoding) or a finite number of at least {MIN_TEMPERATURE:g} "
+            f"temperature must be 0 (greedy decoding) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:.4g} "
             f"(got {temperature!r})"
         )
     if top_k is not None and not (_is_count(top_k) and top_k >= 1):
@@ -128,6 +129,11 @@ def generate(
     if top_p == 1:  # the whole distribution, as no top_p (and as the server reads it): the same draws
         top_p = None
     room = room_for_new_tokens(prompt.shape[1], model.config.context_length)
+    if prompt.shape[1] > model.config.context_length:  # said so, not "room for 0 new tokens (asked for 0)"
+        raise UserError(
+            f"a prompt of {prompt.shape[1]} tokens is longer than the model's context of "
+            f"{model.config.context_length} tokens; shorten it"
+        )
     if max_new_tokens > room:
         raise UserError(
             f"a prompt of {prompt.shape[1]} tokens leaves room for {max(room, 0)} new tokens in the model's context of "
