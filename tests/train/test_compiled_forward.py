@@ -140,3 +140,22 @@ def test_a_run_whose_compiler_fails_trains_as_the_eager_run(data_dir, tmp_path, 
     assert len(caplog.records) == 1
     losses = [[r["loss"] for r in helpers.loss_records(tmp_path / run)] for run in ("eager", "compiled")]
     assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+def test_the_ninth_model_shape_of_a_process_still_compiles():
+    # Dynamo counts one code object's graphs over the process: a sweep's runs (one process) past the
+    # eighth model shape trained eagerly, unsaid, with the per-run limit.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    x, y = batch()
+    for width in range(8, 8 * 12, 8):
+        torch.manual_seed(0)
+        config = ModelConfig(
+            arch="loop-transformer", d_model=16, head_dim=8, width=width, depth=1, vocab_size=23, context_length=8
+        )
+        model = build_model(config).double()
+        forward = CompiledForward(model.nll, backend="eager")
+        torch.testing.assert_close(forward(x, y), model.nll(x, y))
+        assert not forward.failed
+    assert counters["stats"]["unique_graphs"] == 11

@@ -33,13 +33,20 @@ class CompiledForward:
     """Calls `torch.compile(forward)`; after its first compiler failure, `forward` itself.
     `graphs`: how many graphs the forward needs, one per segment of a rotating narrow width (each
     segment's columns are constants of its graph); Dynamo's recompile limit (8) is raised to admit
-    them, where it would otherwise run segments past the eighth eagerly after a warning."""
+    them, where it would otherwise run segments past the eighth eagerly after a warning. Dynamo
+    counts the graphs of one code object (`LanguageModel.nll`) over the whole process: the limit
+    admits every CompiledForward's so far (a sweep's runs train in one process, and its ninth model
+    shape trained eagerly, unsaid, its summary's tokens/s and MFU then eager ones)."""
+
+    graphs_in_process = 0  # asked for by every CompiledForward of this process
 
     def __init__(self, forward: Callable[..., torch.Tensor], backend: Any = "inductor", graphs: int = 1) -> None:
         self.eager = forward
         self.compiled = torch.compile(forward, backend=backend)
         self.failed = False
-        self.recompile_limit = max(torch._dynamo.config.recompile_limit, graphs + 1)  # + 1: one spare
+        CompiledForward.graphs_in_process += graphs
+        limit = CompiledForward.graphs_in_process + 1  # + 1: one spare
+        self.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not self.failed:
