@@ -111,6 +111,24 @@ def test_a_window_past_the_cache_sizes_the_ring_by_the_cache():
     assert rings and all(t.shape[-2] == 16 for t in rings)
 
 
+def test_every_top_p_and_temperature_is_one_compiled_step():
+    # top_p was a constant of the step's graph: every value a server's requests sent compiled a
+    # graph of its own, and after 64 (a budget the process's decoders share) it decoded uncompiled.
+    model = tiny_model("loop-transformer")
+    prompt = torch.randint(0, 61, (1, 3), generator=torch.Generator().manual_seed(0))
+    counters.clear()
+    for i in range(5):
+        kwargs = {"temperature": 0.5 + 0.1 * i, "top_p": round(0.3 + 0.1 * i, 2), "seed": i}
+        want = generate(model, prompt, 4, static="eager", **kwargs)
+        (eager_key,) = model._static_decoders
+        key = (1, eager_key[1], "compile", *eager_key[3:])  # the decoder generate takes: Dynamo's eager backend
+        model._static_decoders[key] = decoder = StaticDecoder(model, 1, "compile", backend="eager", capacity=key[1])
+        assert torch.equal(generate(model, prompt, 4, static="compile", **kwargs), want)
+        assert model._static_decoders[key] is decoder and not decoder.compiled_failed and decoder.length == 6
+        del model._static_decoders[key]
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 def test_capacity_buckets():
     assert [capacity_bucket(n, 1024) for n in (1, 64, 65, 500, 513, 768, 2000)] == [64, 64, 128, 512, 1024, 1024, 1024]
     assert capacity_bucket(100, 48) == 48
@@ -134,11 +152,11 @@ def test_seeded_sampling_is_the_same_eager_and_compiled():
     ):
         prompt = torch.randint(0, 37, (rows, 3), generator=torch.Generator().manual_seed(rows))
         runs = [generate(model, prompt, 6, seed=3, static="eager", **kwargs)]
-        key = (rows, 16, "compile", torch.device("cpu"), torch.float32)  # capacity: the context (16)
+        key = (rows, 16, "compile", torch.device("cpu"), torch.float32, None)  # capacity: the context (16)
         model._static_decoders[key] = StaticDecoder(model, rows, "compile", backend=backend, capacity=16)
         runs.append(generate(model, prompt, 6, seed=3, static="compile", **kwargs))
         assert torch.equal(runs[0], runs[1]), kwargs
-        assert not model._static_decoders[key].compiled_failed
+        assert not model._static_decoders[key].compiled_failed and model._static_decoders[key].length == 8
         assert (runs[0][:, 3:] < kwargs.get("vocab_size", 37)).all()
         del model._static_decoders[key]  # the next case compiles its own
 

@@ -13,12 +13,15 @@ import torch
 from tango_lm.errors import UserError
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set logits outside the top-k and outside the smallest nucleus of mass top_p to -inf."""
+def filter_logits(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Set logits outside the top-k and outside the smallest nucleus of mass top_p to -inf. A
+    tensor top_p (the static decode step's, so that a new value is no new graph) always filters."""
     if top_k is not None and 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
+    if isinstance(top_p, torch.Tensor) or (top_p is not None and top_p < 1.0):
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         # Drop a token when the tokens before it already reach top_p. The first always stays, also

@@ -44,7 +44,10 @@ from tango_lm.serve.generate import filter_logits, stop_after
 log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "cuda-graphs")
-RECOMPILE_LIMIT = 64  # each decoder (model, batch size, sampling options) is one entry of the step's cache
+# Each decoder (model, batch size, capacity) and the sampling options that shape its graph (greedy
+# or not is one graph; top_p is a tensor, so its value is none; top_k, one projection) is one
+# entry of the step's cache, which the decoders of the process share.
+RECOMPILE_LIMIT = 64
 MAX_DECODERS = 8  # decoders kept per model (`static_decoder`), each with its own preallocated cache
 
 
@@ -58,7 +61,7 @@ def sample_from_noise(
     noise: torch.Tensor,
     temperature: torch.Tensor,
     top_k: int | None = None,
-    top_p: float | None = None,
+    top_p: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of log_probs [B, V] with uniform noise [B, V]: the argmax where the
     temperature [] is 0, else the Gumbel-max argmax of the filtered log_probs / temperature (an
@@ -153,7 +156,9 @@ class StaticDecoder:
                 "with a larger capacity"
             )
         temp = torch.full((), float(temperature), device=self.device)
-        args = (ids, noise, temp, top_k, top_p, one_projection, vocab_size)
+        # a tensor: every top_p (a server passes each request's) compiled a graph of its own
+        nucleus = None if top_p is None else torch.full((), float(top_p), device=self.device)
+        args = (ids, noise, temp, top_k, nucleus, one_projection, vocab_size)
         if self._compiled is not None and not self.compiled_failed:
             try:
                 with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
