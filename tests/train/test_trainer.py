@@ -592,6 +592,18 @@ def test_a_flash_group_that_holds_the_whole_context_is_warned():
     assert line.startswith(f"model.group_size={flash.context_length} is at least model.context_length=")
 
 
+def test_a_hybrid_without_an_attention_layer_is_warned():
+    # attention_every past the depth built GDN layers only (a small-depth smoke test of the hybrid).
+    from tango_lm.models.registry import ARCHITECTURES
+    from tests.arch_cases import tiny_config
+
+    gdn = tiny_config("gdn-hybrid")
+    for every in (0, gdn.depth):
+        assert ARCHITECTURES["gdn-hybrid"].warnings(gdn.replace(attention_every=every)) == []
+    (line,) = ARCHITECTURES["gdn-hybrid"].warnings(gdn.replace(attention_every=gdn.depth + 1))
+    assert line.startswith(f"model.attention_every={gdn.depth + 1} is more than model.depth={gdn.depth}: no layer")
+
+
 def test_top_1_routing_with_renormalized_weights_is_warned():
     # Each token's one weight is then 1: the router's gradient from the loss is zero (~1e-10 measured),
     # so routing learns from the load-balancing term alone, with no word.

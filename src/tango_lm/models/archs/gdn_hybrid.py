@@ -109,6 +109,15 @@ class GdnHybrid(Architecture):
             raise UserError(f"model.gdn_backend must be one of {', '.join(GDN_BACKENDS)} (got {cfg.gdn_backend!r})")
 
     @staticmethod
+    def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
+        if not cfg.depth < cfg.attention_every:
+            return []
+        return [
+            f"model.attention_every={cfg.attention_every} is more than model.depth={cfg.depth}: no layer is "
+            "attention, so the hybrid is Gated DeltaNet alone; lower model.attention_every (0 says GDN only)"
+        ]
+
+    @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
         heads, dk, dv = gdn_shape(cfg)
         layers = [
