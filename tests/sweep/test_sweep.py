@@ -146,6 +146,7 @@ MALFORMED = {
     "target_named_as_its_axis": ({"target_params": ["1e4x"]}, "axis 'target_params' of sweep grid"),
     "negative_value": ({"train.lr": [-1]}, "train.lr must be positive (got -1.0)"),  # not "cannot name a directory"
     "not_a_list": ({"depth": 2}, "must be a list"),
+    "axes_a_list": ([], "axes in sweep grid"),  # `axes: []` was one run, named "run", as no axes
     # a field axis beside the named axis that sets it: overwritten, or mislabelling the runs
     "field_and_named_axis": ({"arch": ["tango"], "model.arch": ["gau"]}, "axes model.arch and arch"),
     "seed_field_and_seed": ({"seed": [[1, 2]], "train.data_seed": [4]}, "axes train.data_seed and seed"),

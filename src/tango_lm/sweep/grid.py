@@ -153,7 +153,7 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
             f"sweep grid {path}: out_dir {out_dir} {where} the {what} {holder}; choose a directory outside it"
         )
     base = _base_sections(spec.get("base"), path)
-    axes = parse_axes(spec.get("axes") or {}, path)
+    axes = parse_axes({} if spec.get("axes") is None else spec["axes"], path)  # `axes: []` is not "no axes"
     grid = Grid(path=path, out_dir=Path(out_dir), axes=axes, slurm=spec.get("slurm") or {})
 
     if "dataset" in axes:  # (what it is, its name in missing_data, directory)
