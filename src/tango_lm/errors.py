@@ -6,6 +6,7 @@ as `error: ...` and exits with code 2, without a traceback; library callers can 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from collections.abc import Callable, Iterable
@@ -53,3 +54,11 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         code = exc.exit_code
     sys.exit(code or 0)
+
+
+def path_arg(text: str) -> str:
+    """An argparse type for an output path: an empty one (an unset shell variable) is refused, not
+    read as the current directory (`quickstart --out ""` generated its data and runs there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or directory")
+    return text

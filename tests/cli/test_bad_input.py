@@ -224,6 +224,11 @@ BAD = {
     ],
     "yaml_number_for_a_path": lambda c: c.train("data.test_split=2024"),
     "test_split_is_train": lambda c: c.train("data.test_split=train"),
+    # an unset shell variable: the current directory (quickstart generated its data and runs there);
+    # run from tmp, so that a regression writes where the snapshot sees it, not into the checkout
+    "quickstart_out_empty": lambda c: c.monkeypatch.chdir(c.tmp) or ["quickstart", "--out", ""],
+    "export_hf_empty": lambda c: c.monkeypatch.chdir(c.tmp) or ["export", str(c.run), "--hf", " "],
+    "prepare_out_empty": lambda c: c.monkeypatch.chdir(c.tmp) or ["data", "prepare", "text", "--out", "", str(c.tmp)],
     "dev_split_is_train": lambda c: c.train("data.train_split=dev"),
     "yaml_bool_for_a_string": lambda c: c.train("train.precision=off"),
     # loggers, serve, sweep launchers
@@ -342,6 +347,9 @@ EXPECT = {
     # the test NLL (or the dev NLL selecting the checkpoint) would be of training text
     # ran until the kernel's OOM killer ended it, or a traceback from the allocator
     "generate_samples_past_memory": "100,000,000,000 rows of 2 positions need at least",
+    "quickstart_out_empty": "argument --out: an empty path; give a file or directory",
+    "export_hf_empty": "argument --hf: an empty path",
+    "prepare_out_empty": "argument --out: an empty path",
     "test_split_is_train": "data.test_split is 'train', the training split: its NLL would be of training text",
     "dev_split_is_train": "data.dev_split is 'dev', the training split",
     "yaml_bool_for_a_string": "YAML read a bare on/off/yes/no/true/false as a boolean: quote what you wrote",

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json
+from tango_lm.errors import path_arg
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
@@ -82,7 +83,7 @@ def _add_train_tokenizer_parser(dsub: Any) -> None:
         required=True,
         help="ids in the tokenizer, end-of-text included (257 to 2**24); fewer when the corpus has too few distinct merges",
     )
-    t.add_argument("--out", required=True, help="tokenizer JSON to write, e.g. tokenizer.json")
+    t.add_argument("--out", required=True, type=path_arg, help="tokenizer JSON to write, e.g. tokenizer.json")
     t.add_argument("--field", default="text", help="JSONL/Parquet field holding the text")
     t.add_argument("--ext", action="append", help="file extensions read from directories (repeatable)")
     t.add_argument(

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.output import CHECKPOINT_HELP, DEVICE_HELP, JSON_HELP, _print_json
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, path_arg
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -177,7 +177,9 @@ def add_parsers(sub: Any) -> None:
 
     s = sub.add_parser("export", help="write a checkpoint as a Hugging Face transformers directory")
     s.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    s.add_argument("--hf", required=True, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)")
+    s.add_argument(
+        "--hf", required=True, type=path_arg, metavar="DIR", help="output directory (AutoModelForCausalLM, remote code)"
+    )
     s.add_argument("--overwrite", action="store_true", help="replace the export's files in a non-empty DIR")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_export, outlives_reader=True)

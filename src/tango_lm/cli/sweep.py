@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, path_arg
 
 SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
 
@@ -166,7 +166,7 @@ def add_parsers(sub: Any) -> None:
 
     s = sub.add_parser("report", help="paper-style tables and plots of a directory of runs")
     s.add_argument("dir", help="a sweep's out_dir (or any directory of run directories)")
-    s.add_argument("--out", default=None, help="report directory (default: DIR/report)")
+    s.add_argument("--out", default=None, type=path_arg, help="report directory (default: DIR/report)")
     s.add_argument(
         "--split",
         default="test",

@@ -18,7 +18,7 @@ from tango_lm.cli.output import (
     _table,
     add_overrides,
 )
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, path_arg
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -236,7 +236,10 @@ def add_quickstart_parser(sub: Any) -> None:
     """`quickstart`."""
     s = sub.add_parser("quickstart", help="DM Math, TANGO vs Loop Transformer++ at matched parameters, on a CPU")
     s.add_argument(
-        "--out", default="runs/quickstart", help="directory of the dataset and the two runs (default: %(default)s)"
+        "--out",
+        default="runs/quickstart",
+        type=path_arg,
+        help="directory of the dataset and the two runs (default: %(default)s)",
     )
     s.add_argument("--steps", type=int, default=None, help="optimizer steps per model")
     s.add_argument("--fresh", action="store_true", help="retrain even if finished runs exist")

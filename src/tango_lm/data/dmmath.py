@@ -34,7 +34,7 @@ from typing import Any
 
 from tango_lm.cache_root import cache_root
 from tango_lm.data.source import DataSource
-from tango_lm.errors import UserError, option
+from tango_lm.errors import UserError, option, path_arg
 
 __all__ = ["DMMathSource", "prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
 
@@ -232,7 +232,7 @@ class DMMathSource(DataSource):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--out", required=True, help="output directory")
+        parser.add_argument("--out", required=True, type=path_arg, help="output directory")
         parser.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
         parser.add_argument(
             "--train-per-module",

@@ -38,7 +38,7 @@ from tango_lm.data.dataset_dir import check_writable
 from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.source import DataSource
 from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
-from tango_lm.errors import UserError, option
+from tango_lm.errors import UserError, option, path_arg
 
 __all__ = ["MixtureSource", "parse_component", "prepare_mixture", "mix_documents"]
 
@@ -203,7 +203,7 @@ class MixtureSource(DataSource):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--out", required=True, help="output directory")
+        parser.add_argument("--out", required=True, type=path_arg, help="output directory")
         parser.add_argument(
             "--source",
             dest="source_dirs",

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tango_lm.errors import path_arg
+
 __all__ = ["DataSource", "HeldOutSource", "KnownCount"]
 
 
@@ -137,7 +139,7 @@ class HeldOutSource(DataSource):
     def add_common_arguments(p: argparse.ArgumentParser) -> None:
         """`--out`, the tokenizer and hold-out options and `--overwrite` (the command adds
         `--no-progress` to every source)."""
-        p.add_argument("--out", required=True, help="output directory")
+        p.add_argument("--out", required=True, type=path_arg, help="output directory")
         p.add_argument("--tokenizer", default="gpt2", help="gpt2, byte, or bpe:PATH (data train-tokenizer)")
         p.add_argument(
             "--dev-fraction",
