@@ -575,6 +575,20 @@ def test_prune_keeps_the_best_step_a_kept_checkpoint_names(tmp_path):
     assert [p.name for p in complete_steps(root)] == ["step-00000003", "step-00000004", "step-00000005"]
 
 
+def test_a_users_copy_beside_the_step_directories_is_no_checkpoint(data_dir, tmp_path):
+    # step-00000006.bak ended the next run in a traceback (int('00000006.bak')), and
+    # step-00000002-backup was read as step 2 and pruned.
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    train(helpers.run_config(data_dir, out, steps=6, save_every=2, eval_every=2, keep_last=1))
+    for name in ("step-00000006.bak", "step-00000002-backup", "step-00000004 (copy)"):
+        shutil.copytree(ckpts / "step-00000006", ckpts / name)
+    assert [p.name for p in complete_steps(ckpts)] == ["step-00000006"]
+    train(helpers.run_config(data_dir, out, steps=8, save_every=2, eval_every=2, keep_last=1), resume=True)
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert names == ["step-00000002-backup", "step-00000004 (copy)", "step-00000006.bak", "step-00000008"]
+
+
 def test_prune_keeps_newest_and_protected_and_removes_leftovers(tmp_path):
     root = tmp_path / "checkpoints"
     for step in range(1, 6):

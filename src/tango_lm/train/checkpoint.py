@@ -268,11 +268,16 @@ def save_checkpoint(
     return finish_checkpoint(tmp, step, model_state, train_state, config, tokenizer, meta)
 
 
+STEP_DIR = re.compile(r"step-[0-9]+")  # a step directory's whole name (`step_dir_name`)
+
+
 def complete_steps(ckpt_root: Path) -> list[Path]:
-    """Complete step directories, oldest first."""
+    """Complete step directories, oldest first. Only names `step_dir_name` writes: a user's copy
+    beside them (`step-00000040.bak`) ended a run in a traceback, and `step-00000030-backup` was
+    read as step 30 and pruned."""
     if not ckpt_root.is_dir():
         return []
-    dirs = [p for p in ckpt_root.iterdir() if p.name.startswith("step-") and (p / MARKER).exists()]
+    dirs = [p for p in ckpt_root.iterdir() if STEP_DIR.fullmatch(p.name) and (p / MARKER).exists()]
     return sorted(dirs, key=lambda p: p.name)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
-from tango_lm.train.checkpoint import restore_interrupted_saves
+from tango_lm.train.checkpoint import complete_steps, restore_interrupted_saves
 from tango_lm.train.loggers import LOGGERS
 
 __all__ = [
@@ -94,7 +94,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
             return True
     except (OSError, ValueError):
         pass
-    return any((step / "COMPLETE").exists() for step in (p / "checkpoints").glob("step-*"))
+    return bool(complete_steps(p / "checkpoints"))
 
 
 def enclosing(path: str | os.PathLike, predicate: Callable[[Path], bool]) -> Path | None:
