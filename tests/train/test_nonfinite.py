@@ -153,6 +153,23 @@ def test_the_checkpoint_just_before_a_streak_is_not_the_one_to_resume_from(data_
     assert "continue with --resume from RUN/checkpoints/step-00000002" in message
 
 
+def test_a_streak_across_saves_keeps_the_checkpoint_its_advice_resumes_from(data_dir, tmp_path, monkeypatch):
+    # keep_last 2: the save at step 6, inside the streak, pruned step 2, the one checkpoint before
+    # it; the advice then said to start again from step 0.
+    poison(monkeypatch, {5, 6, 7})
+    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2, keep_last=2)
+    with pytest.raises(UserError) as stopped:
+        train(run)
+    message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
+    assert "move step-00000004, step-00000006 (their weights failed) out of RUN/checkpoints" in message
+    assert "continue with --resume from RUN/checkpoints/step-00000002" in message
+    assert [p.name for p in complete_steps(tmp_path / "run" / "checkpoints")] == [
+        "step-00000002",
+        "step-00000004",
+        "step-00000006",
+    ]
+
+
 def test_the_advice_of_a_streak_before_any_checkpoint_works(data_dir, tmp_path, monkeypatch):
     # It said "train again without --resume", which the run's config and records always refuse.
     poison(monkeypatch, {1, 2, 3})

@@ -26,6 +26,7 @@ from tango_lm.train.checkpoint import (
     finish_checkpoint,
     prune_checkpoints,
     step_dir_name,
+    step_of,
     tmp_step_dir,
 )
 from tango_lm.train.config import RunConfig
@@ -159,6 +160,10 @@ class TrainerCheckpoints:
                 tmp, self.step, model_state, train_state, self.run.to_dict(), self.dataset.tokenizer.to_dict(), meta
             )
             protect = {self.best["step"]} if self.best["step"] is not None else set()
+            if self.nonfinite.in_a_row:  # the checkpoint a stopped streak's advice resumes from (nonfinite.py)
+                first = self.step - self.nonfinite.in_a_row + 1
+                before = [step_of(p) for p in complete_steps(self.ckpt_root) if step_of(p) < first - 1]
+                protect |= set(before[-1:])
             prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
             return done
 
