@@ -579,3 +579,15 @@ def test_widths_the_models_heads_cannot_split_name_the_bench_flags(capsys):
         ["--suite", "decode", "--decode-tier", "70m", "--tango-width", "3"],
     ):
         check_arguments(parse_args(["bench", *argv]))
+
+
+def test_the_matmul_peak_leaves_the_global_random_stream_alone():
+    # The trainer measures it after a resume restored the RNG (and again when a step beats it): a
+    # resumed run's saved RNG state differed from the uninterrupted run's.
+    from tango_lm.bench import peak
+
+    torch.manual_seed(3)
+    peak.measure_matmul_peak(torch.device("cpu"), size=16, repeats=1)
+    drawn = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(drawn, torch.rand(4))

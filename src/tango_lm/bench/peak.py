@@ -24,8 +24,11 @@ def measure_matmul_peak(
     launch and the synchronizing read of the clock around a lone one made the peak 1-2% low."""
     n = size or (8192 if device.type == "cuda" else 2048)
     k = products or (8 if device.type == "cuda" else 1)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    # Its own generator: the global one, restored by a resume, must draw what it would have (the
+    # trainer measures the peak after restoring it, and again when a step beats it).
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     for _ in range(2):
         a @ b
     _sync(device)
