@@ -203,6 +203,14 @@ def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
     helpers.assert_same_weights(before, helpers.weights(helpers.step_dir(out, 4)))
     assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4]
     assert len([r for r in helpers.read_metrics(out) if r.get("event") == "summary"]) == 1
+    # A schedule change applies from the resumed step on: with none left it applied to no step, yet
+    # config.json and config.yaml said the run trained with it.
+    config = (out / "config.json").read_text()
+    for change in ({"lr": 0.5}, {"schedule": "cosine", "warmup_steps": 7}):
+        with pytest.raises(UserError, match=r"it has trained all 4 steps, so the change would apply to none"):
+            train(helpers.run_config(data_dir, out, steps=4, **change), resume=True)
+        assert (out / "config.json").read_text() == config
+    train(helpers.run_config(data_dir, out, steps=6, lr=0.5), resume=True)  # with steps to train: from step 5 on
 
 
 def test_a_resume_lowered_to_its_checkpoints_step_scores_that_last_step(data_dir, tmp_path, monkeypatch):

@@ -172,11 +172,27 @@ def check_same_eval_batch(state: dict[str, Any], run: RunConfig, eval_batch: int
         )
 
 
-def check_not_past(step: int, total_steps: int, run: RunConfig) -> None:
+SCHEDULE = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "decay_fraction", "grad_clip")  # apply from the resumed step on
+
+
+def check_not_past(step: int, total_steps: int, run: RunConfig, saved_config: dict[str, Any] | None = None) -> None:
+    """UserError for a checkpoint past the budget, or for a schedule changed on a run with no step
+    left to train: the new values would describe steps they never trained (the config was rewritten)."""
     if step > total_steps:
         raise UserError(
             f"cannot resume {run.train.out_dir}: its latest checkpoint is at step {step}, past the {total_steps} "
             "steps this config trains; raise train.steps (or tokens) or use a new train.out_dir"
+        )
+    saved = (saved_config or {}).get("train")
+    if step < total_steps or not isinstance(saved, dict):
+        return
+    train = run.to_dict()["train"]
+    changed = [f"train.{k}={train[k]!r} (was {saved[k]!r})" for k in SCHEDULE if saved.get(k, train[k]) != train[k]]
+    if changed:
+        raise UserError(
+            f"cannot resume {run.train.out_dir} with {', '.join(changed)}: it has trained all {total_steps} steps, "
+            "so the change would apply to none and only rewrite its record; raise train.steps (or tokens) to train "
+            "on with it, or leave it out"
         )
 
 

@@ -96,7 +96,7 @@ class TrainerCheckpoints:
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise unresumable(path, f"checkpoint {ckpt.path} is corrupt or from another run ({first})") from None
-        check_not_past(self.step, self.total_steps, self.run)
+        check_not_past(self.step, self.total_steps, self.run, ckpt.config)
         distributed.on_rank_0(  # one process hashes the best checkpoint's weights, not every rank
             self.dist,
             lambda: check_best_kept(self.best["step"], self.ckpt_root, self.run, self.step),
