@@ -172,7 +172,8 @@ def check_same_eval_batch(state: dict[str, Any], run: RunConfig, eval_batch: int
         )
 
 
-SCHEDULE = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "decay_fraction", "grad_clip")  # apply from the resumed step on
+# train fields that may change on a resume and apply from the resumed step on
+SCHEDULE = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "decay_fraction", "grad_clip")
 
 
 def check_not_past(step: int, total_steps: int, run: RunConfig, saved_config: dict[str, Any] | None = None) -> None:
