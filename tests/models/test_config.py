@@ -442,3 +442,14 @@ def test_a_directory_named_like_a_preset_does_not_hide_the_preset(tmp_path, monk
     assert load_run_config("tango-70m-d4", []).model.width == 28480
     with pytest.raises(UserError, match="is a directory"):
         load_run_config(str(tmp_path), [])
+
+
+def test_a_head_dim_that_disagrees_with_n_heads_is_refused_in_python_too():
+    # ModelConfig(d_model=1024, n_heads=16, head_dim=128) built heads of 64, unsaid (from_dict and
+    # the command line refused it); the default 32 cannot be told from a given one, so it follows.
+    with pytest.raises(UserError, match=r"model.n_heads=16 heads of head_dim=128 are 2048 channels, not d_model=1024"):
+        ModelConfig(arch="dense", d_model=1024, n_heads=16, head_dim=128, width=64, depth=1, vocab_size=50)
+    agreed = ModelConfig(arch="dense", d_model=1024, n_heads=8, head_dim=128, width=64, depth=1, vocab_size=50)
+    assert agreed.head_dim == 128 and agreed.replace(n_heads=16).head_dim == 64  # a new n_heads: head_dim follows
+    assert ModelConfig(arch="dense", d_model=256, n_heads=4, width=64, depth=1, vocab_size=50).head_dim == 64
+

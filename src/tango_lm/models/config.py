@@ -15,13 +15,23 @@ from typing import Any
 from tango_lm.config_checks import check_finite, check_model_numbers
 from tango_lm.errors import UserError, did_you_mean
 
+HEAD_DIM = 32  # ModelConfig.head_dim's default, the TANGO paper's d_h
+
+
+def _check_heads_agree(heads: int, head_dim: int, d_model: int) -> None:
+    if heads * head_dim != d_model:
+        raise UserError(
+            f"model.n_heads={heads} heads of head_dim={head_dim} are {heads * head_dim} channels, not "
+            f"d_model={d_model}; give two of d_model, n_heads and head_dim (or three that agree)"
+        )
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
     """Every field of every architecture; each architecture reads the ones it needs.
 
     `n_heads` None means `d_model // head_dim` (the TANGO paper's d_h = 32); when given,
-    `head_dim` follows from it. `width` is F: the gate width of TANGO, the FFN width of
+    `head_dim` follows from it, and a head_dim other than 32 that disagrees is refused. `width` is F: the gate width of TANGO, the FFN width of
     Transformer++.
     """
 
@@ -30,7 +40,7 @@ class ModelConfig:
     d_model: int = 256
     n_heads: int | None = None
     n_kv_heads: int | None = None
-    head_dim: int = 32
+    head_dim: int = HEAD_DIM
     width: int = 1024
     depth: int = 4
     vocab_size: int = 50257
@@ -110,6 +120,10 @@ class ModelConfig:
                     f"model.d_model={self.d_model} is not a multiple of n_heads={self.n_heads}; "
                     "choose n_heads that divides d_model"
                 )
+            if self.head_dim != HEAD_DIM and self.n_heads * self.head_dim != self.d_model:
+                # a head_dim other than the default was given: it followed n_heads unsaid (heads of
+                # 64 for an asked 128); the default cannot be told from a given 32
+                _check_heads_agree(self.n_heads, self.head_dim, self.d_model)
             self.head_dim = self.d_model // self.n_heads
         if self.head_dim % 2:
             raise UserError(f"head width d_model/n_heads = {self.head_dim} must be even for RoPE; change n_heads")
@@ -122,6 +136,8 @@ class ModelConfig:
         data = self.to_dict()
         if "n_heads" not in changes and "d_model" in changes:
             data["n_heads"] = None
+        if "head_dim" not in changes and "n_heads" in changes:  # follows the new heads
+            data["head_dim"] = HEAD_DIM
         if "n_kv_heads" not in changes and ("n_heads" in changes or "d_model" in changes):
             data["n_kv_heads"] = None
         if "capacity_factor_eval" not in changes and ("n_experts" in changes or "moe_top_k" in changes):
@@ -178,11 +194,8 @@ class ModelConfig:
                 f"known fields are: {', '.join(sorted(known))}"
             )
         heads, width, d_model = data.get("n_heads"), data.get("head_dim"), data.get("d_model", cls.d_model)
-        if _positive_ints(heads, width, d_model) and heads * width != d_model:  # head_dim would follow n_heads unsaid
-            raise UserError(
-                f"model.n_heads={heads} heads of head_dim={width} are {heads * width} channels, not "
-                f"d_model={d_model}; give two of d_model, n_heads and head_dim (or three that agree)"
-            )
+        if _positive_ints(heads, width, d_model):  # head_dim would follow n_heads unsaid
+            _check_heads_agree(heads, width, d_model)
         return cls(**data)
 
     # -- convenience ------------------------------------------------------------------------
