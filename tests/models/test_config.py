@@ -452,4 +452,3 @@ def test_a_head_dim_that_disagrees_with_n_heads_is_refused_in_python_too():
     agreed = ModelConfig(arch="dense", d_model=1024, n_heads=8, head_dim=128, width=64, depth=1, vocab_size=50)
     assert agreed.head_dim == 128 and agreed.replace(n_heads=16).head_dim == 64  # a new n_heads: head_dim follows
     assert ModelConfig(arch="dense", d_model=256, n_heads=4, width=64, depth=1, vocab_size=50).head_dim == 64
-
