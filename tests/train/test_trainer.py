@@ -329,6 +329,27 @@ def test_budget_by_tokens_and_tokens_per_param(data_dir, tmp_path):
         helpers.run_config(data_dir, tmp_path, steps=None).total_steps()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("schedule", "cosin", "train.schedule must be one of"),  # trained WSD
+        ("grad_accum", 0, "train.grad_accum must be at least 1"),  # NaN steps, then a summary
+        ("lr", -1.0, "train.lr must be positive"),  # a ValueError from AdamW
+    ],
+)
+def test_a_run_config_built_in_python_is_checked_as_a_file_is(data_dir, tmp_path, field, value, said):
+    import dataclasses
+
+    run = helpers.run_config(data_dir, tmp_path / "run")
+    bad = dataclasses.replace(run, train=dataclasses.replace(run.train, **{field: value}))
+    with pytest.raises(UserError, match=said):
+        train(bad)
+    assert not (tmp_path / "run").exists()
+    split = dataclasses.replace(run, data=dataclasses.replace(run.data, dev_split="train"))
+    with pytest.raises(UserError, match="data.dev_split is 'train', the training split"):
+        Trainer(split)
+
+
 def test_a_run_directorys_tokens_and_tpp_must_agree_for_a_new_run(data_dir, tmp_path, capsys):
     # The run's config.yaml records the tokens its TPP gave (so --resume keeps its budget): used as
     # the config of a wider model, the new run trained the old count under the old TPP's name.

@@ -83,7 +83,9 @@ class Trainer(TrainerCheckpoints):
         progress: bool | None = None,
         start_vote: StartVote | None = None,
     ) -> None:
-        self.run = run
+        # Checked as a config file is: a RunConfig built in Python skipped every check (a schedule
+        # "cosin" trained WSD, dev_split "train" selected on training text, grad_accum 0 NaN steps).
+        self.run = run = RunConfig.from_dict(run.to_dict())
         self.say_warnings = warnings  # start_of_run_warnings on stderr (a sweep says them once for all its runs)
         # The command's display (no terminal, --no-progress) over train.progress, never written into
         # the run's config: a run resumed on a terminal draws its bar again.
@@ -468,6 +470,7 @@ def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress:
     `progress` overrides train.progress for this command only. Under torchrun
     every process calls this; it joins the process group and leaves it at the end. The run
     directory is checked and locked first (train/run_dir.py): one writer per run."""
+    run = RunConfig.from_dict(run.to_dict())  # checked as a config file is, before the run directory is claimed
     vote = StartVote()  # under torchrun: a process that stops before the group forms stops the others too
     try:
         try:
