@@ -301,3 +301,18 @@ def test_every_head_gets_the_same_initial_body_under_one_seed():
         bodies.append({k: v for k, v in model.state_dict().items() if not k.startswith("head.")})
     for other in bodies[1:]:
         assert all(torch.equal(bodies[0][k], other[k]) for k in bodies[0])
+
+
+def test_build_model_holds_its_own_checked_copy_of_the_config():
+    # A field set after the config was checked kept its derived head count (1 head of 64 for 2 of
+    # 32), and a change to the caller's object changed the built model's config too.
+    cfg = ModelConfig(arch="loop-transformer", d_model=32, width=64, depth=1, vocab_size=50, context_length=16)
+    model = build_model(cfg)
+    assert model.config == cfg and model.config is not cfg
+    cfg.d_model = 64
+    assert model.config.d_model == 32
+    with pytest.raises(UserError, match="model.n_heads=1 heads of head_dim=32 are 32 channels, not d_model=64"):
+        build_model(cfg)
+    assert build_model(cfg.replace(d_model=64)).config.n_heads == 2
+    with pytest.raises(UserError, match="build_model takes a ModelConfig"):
+        build_model({"arch": "tango"})

@@ -149,6 +149,9 @@ class LanguageModel(nn.Module):
 
 
 def build_model(config: ModelConfig) -> LanguageModel:
-    """Build the model a config describes (docs/design.md §7)."""
-    config.validate()  # again: a dataclass's fields may have been set after it was checked
-    return LanguageModel(config)
+    """Build the model a config describes (docs/design.md §7), holding a copy of it checked again:
+    fields set after it was checked (`cfg.d_model = 64`) kept the derived head count (1 head of
+    64 for 2 of 32), and a later change to the caller's object changed the model's config too."""
+    if not isinstance(config, ModelConfig):
+        raise UserError(f"build_model takes a ModelConfig (got {type(config).__name__}); see ModelConfig.from_dict")
+    return LanguageModel(ModelConfig.from_dict(config.to_dict()))
