@@ -37,6 +37,10 @@ def evaluate_checkpoint(
     the first N of those windows (of the sample on a sampled dev split), "all" every window. A model trained with `active_width` (docs/design.md §2.6)
     runs with all segments active unless `segment` picks one; its result then has a "segment" key.
     `ablate` ("A" or "B") scores a twin-table (onóna) checkpoint with one table at input and output."""
+    is_count = isinstance(max_windows, int) and not isinstance(max_windows, bool) and max_windows >= 1
+    if not (max_windows is None or max_windows == "all" or is_count):
+        # 0 said the split was shorter than one window; 2.5 scored 2 windows
+        raise UserError(f"max_windows must be a whole number of at least 1, 'all' or None (got {max_windows!r})")
     ckpt = load_checkpoint(checkpoint)
     run = ckpt.config
     try:  # the run config's parts this reads: a hand-edited or truncated config.json lacks some
