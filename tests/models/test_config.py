@@ -209,8 +209,10 @@ def test_leading_zeros_are_decimal_not_yaml_1_1_octal(tmp_path):
 
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  steps: 010\n  seed: 017\n")
-    cfg = load_run_config(str(path), ["train.data_seed=09", "model.depth=+02"])
-    assert (cfg.train.steps, cfg.train.seed, cfg.train.data_seed, cfg.model.depth) == (10, 17, 9, 2)
+    cfg = load_run_config(str(path), ["train.data_seed=010", "model.depth=+02"])
+    assert (cfg.train.steps, cfg.train.seed, cfg.train.data_seed, cfg.model.depth) == (10, 17, 10, 2)
+    # no octal to YAML 1.1 either: strings as before (a SLURM account 0815, a config.yaml written so)
+    assert [parse_yaml(t) for t in ("09", "0815", "0_9")] == ["09", "0815", "0_9"]
     assert [parse_yaml(t) for t in ("0", "00", "-017", "1_000", "0x10", "0b11", "017.5")] == [
         0,
         0,

@@ -30,8 +30,8 @@ class RepeatedKey(yaml.constructor.ConstructorError):
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 reads `3e-4` (no dot) as a string; researchers write learning rates that way.
     It reads `017` as the octal 15 (`seed: 017` trained seed 15, `steps: 010` 8 steps, unsaid):
-    a number with leading zeros is decimal here, as YAML 1.2 and a reader take it (`0x`, `0b` keep
-    their bases). A key repeated in one mapping is an error (merge keys `<<` may still be overridden)."""
+    a number it would read as octal is decimal here, as YAML 1.2 and a reader take it (`0x`, `0b`
+    keep their bases; `09`, `0815`, no octal, stay the strings YAML 1.1 reads, a SLURM account say). A key repeated in one mapping is an error (merge keys `<<` may still be overridden)."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         text = str(self.construct_scalar(node)).replace("_", "")
@@ -54,9 +54,6 @@ _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
-)
-_Loader.add_implicit_resolver(  # `08`, `09`: strings to YAML 1.1 (not octal), decimal as the rest
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?0[0-9_]+$"), list("-+0")
 )
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
