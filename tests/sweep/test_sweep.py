@@ -774,17 +774,27 @@ def test_a_sweep_whose_reader_leaves_trains_every_run(data_dir, tmp_path, monkey
     import os
     import sys
 
+    # steps 2 < warmup_steps: every run warns on stderr when it starts (`2>&1 | head` closed it too)
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [1, 2, 3]}, steps=2)
     read, write = os.pipe()
     os.close(read)  # the reader has left
     closed = open(write, "w", buffering=1)  # line-buffered: every line meets the closed pipe
     monkeypatch.setattr(sys, "stdout", closed)
+    monkeypatch.setattr(sys, "stderr", closed)
     try:
         assert main(["sweep", str(path)]) == 0
     finally:
         monkeypatch.undo()
         closed.close()
     assert len(summaries(tmp_path / "sweep")) == 3
+    # `>&-`: no stdout at all, where print writes nothing (the guard's own write had raised)
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [4]}, steps=2)
+    monkeypatch.setattr(sys, "stdout", None)
+    try:
+        assert main(["sweep", str(path)]) == 0
+    finally:
+        monkeypatch.undo()
+    assert len(summaries(tmp_path / "sweep")) == 4
 
 
 def test_a_base_preset_with_a_model_section_reads_it_as_overrides(data_dir, tmp_path):

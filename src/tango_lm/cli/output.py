@@ -9,9 +9,9 @@
 - The error line is one line: control characters in it (a newline in a file name) are escaped.
 - An OSError no other handler turned into a sentence (a full disk, an unreadable file) still gets
   one line with its reason and path.
-- When the reader of its output leaves (`tango-lm sweep grid.yaml | head`), a command that trains
-  or writes files (its parser sets `outlives_reader`) goes on with its output sent to /dev/null
-  (`reader_may_leave`); one whose output is its product stops there, exit code 0.
+- When the reader of its output leaves (`tango-lm sweep grid.yaml | head`, `2>&1 | head`), a
+  command that trains or writes files (its parser sets `outlives_reader`) goes on with its output
+  sent to /dev/null (`reader_may_leave`); one whose output is its product stops there, exit code 0.
 """
 
 from __future__ import annotations
@@ -109,30 +109,37 @@ def progress_on_terminal_only(args: Any) -> None:
 
 
 class _ReaderMayLeave:
-    """A command's stdout whose reader may leave: the first write or flush that finds the pipe
-    closed points the stream's file descriptor at /dev/null, and the command goes on (a sweep had
-    stopped after its first run, exit code 0, at the BrokenPipeError of its next line)."""
+    """A command's stdout or stderr whose reader may leave: the first write or flush that finds the
+    pipe closed points the stream's file descriptor at /dev/null (or, without one, drops what
+    follows), and the command goes on (a sweep had stopped after its first run, exit code 0, at the
+    BrokenPipeError of its next line; `2>&1 | head`, a training run at its next warning)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self._gone = False  # the reader left and the stream has no descriptor to point elsewhere
 
     def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._to_devnull()
-            return len(text)
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._to_devnull()
+        return len(text)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._to_devnull()
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._to_devnull()
 
     def _to_devnull(self) -> None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())  # what the stream still buffers goes there too
-        os.close(devnull)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # what the stream still buffers goes there too
+            os.close(devnull)
+        except (OSError, ValueError):  # no descriptor (a StringIO, a closed stream)
+            self._gone = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -140,18 +147,22 @@ class _ReaderMayLeave:
 
 @contextlib.contextmanager
 def reader_may_leave(active: bool) -> Iterator[None]:
-    """While a command whose parser sets `outlives_reader` runs, a reader that leaves its stdout
-    does not stop it (`_ReaderMayLeave`)."""
+    """While a command whose parser sets `outlives_reader` runs, a reader that leaves its stdout or
+    stderr does not stop it (`_ReaderMayLeave`). A stream that is None (`>&-`: print writes nothing)
+    is left so."""
     if not active:
         yield
         return
-    saved = sys.stdout
-    sys.stdout = guarded = _ReaderMayLeave(saved)
+    saved = {name: getattr(sys, name) for name in ("stdout", "stderr")}
+    guarded = {name: _ReaderMayLeave(stream) for name, stream in saved.items() if stream is not None}
+    for name, stream in guarded.items():
+        setattr(sys, name, stream)
     try:
         yield
     finally:
-        guarded.flush()  # before the interpreter's own flush at exit, which would report the closed pipe
-        sys.stdout = saved
+        for name, stream in guarded.items():
+            stream.flush()  # before the interpreter's own flush at exit, which would report the closed pipe
+            setattr(sys, name, saved[name])
 
 
 def _is_terminal(stream: Any) -> bool:
