@@ -392,6 +392,11 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert read_lambada(marked) == read_lambada(plain) == [("ab cd ef", "gh"), ("ij kl", "mn")]
     assert read_text_file(marked) == read_text_file(plain)
+    # a bad byte's offset is the file's, the BOM counted (it said 2 for byte 5)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xef\xbb\xbfab\xffcd")
+    with pytest.raises(UserError, match=r"bad.txt is not UTF-8 text \(bad byte at offset 5\)"):
+        read_text_file(bad)
 
 
 def test_crlf_text_scores_as_the_same_text(tmp_path):

@@ -94,6 +94,8 @@ def test_eval_with_the_runs_own_data_named_scores_the_runs_windows(data_dir, tmp
     assert res["nll"] == pytest.approx(logged, rel=1e-6) and res["sample_seed"] == 1234
     every = evaluate_checkpoint(str(out), "dev", max_windows="all")
     assert every["tokens"] == 9 * 32 and "sample_seed" not in every
+    # more windows asked than the split has: every one is scored, and that is no sample either
+    assert "sample_seed" not in evaluate_checkpoint(str(out), "dev", max_windows=100)
     # 0 said the split was shorter than one window, 2.5 scored 2 windows, "ALL" raised a ValueError
     for bad in (0, -1, 2.5, "ALL", True):
         with pytest.raises(UserError, match=r"max_windows must be a whole number of at least 1, 'all' or None"):

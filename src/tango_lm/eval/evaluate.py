@@ -111,7 +111,7 @@ def evaluate_checkpoint(
     res["windows"] = windows
     if role is not None and role != split_name:  # a role's split of another name: test ('dev'), dev ('validation')
         res["role"] = role
-    if sample_seed is not None:
+    if sample_seed is not None and windows < count_eval_windows(tokens, seq_len):  # said of a sample only
         res["sample_seed"] = sample_seed
     return {**res, **variant}
 

@@ -34,6 +34,7 @@ Formats and their conventions:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import math
@@ -168,8 +169,9 @@ def read_text_file(path: str | Path) -> str:
         raise UserError(f"{path} is a binary file (it holds NUL bytes); --ppl takes UTF-8 text")
     try:
         text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {exc.start}); convert it to UTF-8") from None
+    except UnicodeDecodeError as exc:  # counted from after a BOM, which the file's offset includes
+        offset = exc.start + (len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0)
+        raise UserError(f"{path} is not UTF-8 text (bad byte at offset {offset}); convert it to UTF-8") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
