@@ -465,7 +465,7 @@ def test_a_start_that_wandb_opened_and_tensorboard_stopped_runs_again_as_it_was(
     assert train(run).summary["steps"] == 2
 
 
-def test_a_resume_without_metrics_jsonl_keeps_the_tensorboard_history(data_dir, tmp_path, capsys):
+def test_a_resume_without_metrics_jsonl_keeps_the_tensorboard_history(data_dir, tmp_path, capsys, monkeypatch):
     # metrics.jsonl's corruption error says "fix or remove it"; removed, the resume rewrote the
     # event files from its (no) kept records: steps 1-4 were gone from TensorBoard too.
     pytest.importorskip("tensorboard")
@@ -485,3 +485,11 @@ def test_a_resume_without_metrics_jsonl_keeps_the_tensorboard_history(data_dir, 
     (out / "tensorboard").rename(tmp_path / "kept-tensorboard")
     assert main(run) == 0
     assert {step for tag, step in tensorboard_scalars(out) if tag == "train/loss"} == {5, 6}
+    # a checkpoint saved before anything was logged (log_every past save_every): the event files
+    # hold no value, metrics.jsonl is not written yet, and nothing is lost by resuming
+    quiet = helpers.run_config(
+        data_dir, tmp_path / "quiet", steps=8, log_every=50, eval_every=50, loggers="jsonl,tensorboard"
+    )
+    interrupt_after_6(quiet, monkeypatch)  # checkpoint at step 4, nothing logged before the stop
+    assert not (tmp_path / "quiet" / "metrics.jsonl").exists()
+    train(quiet, resume=True)

@@ -147,7 +147,8 @@ class TensorBoardLogger(MetricLogger):
         log_dir, jsonl = ctx.out_dir / "tensorboard", ctx.out_dir / metrics_file.NAME
         if not ctx.resumed_step or jsonl.exists():
             return
-        if any((log_dir / Path(name).name).is_file() for name in _read_names(log_dir / cls.RECORD)):
+        files = [log_dir / Path(name).name for name in _read_names(log_dir / cls.RECORD)]
+        if _hold_scalars([f for f in files if f.is_file()]):  # none logged yet (log_every > save_every): no loss
             raise UserError(
                 f"{jsonl} is missing, and resuming rewrites {log_dir}'s curves from it: the steps up to "
                 f"{ctx.resumed_step} would be lost; restore metrics.jsonl, or move {log_dir} away (or drop "
@@ -266,6 +267,22 @@ class InBackground(MetricLogger):
                 f"the {self.name} logger failed ({first}); fix that and continue with --resume, or drop "
                 f"{self.name} from train.loggers"
             )
+
+
+def _hold_scalars(event_files: list[Path]) -> bool:
+    """Whether TensorBoard event files hold a logged value (a new file holds only its header); a
+    file TensorBoard cannot read counts as holding some."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    except Exception:  # noqa: BLE001 - not importable: the logger's own start says so
+        return bool(event_files)
+    for path in event_files:
+        try:
+            if any(event.summary.value for event in EventFileLoader(str(path)).Load()):
+                return True
+        except Exception:  # noqa: BLE001 - unreadable: kept, as if it held values
+            return True
+    return False
 
 
 def _read_names(path: Path) -> list[str]:
