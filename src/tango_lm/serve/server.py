@@ -43,8 +43,14 @@ from tango_lm.serve.completions_request import (
 ENDPOINTS = "POST /v1/completions, GET /v1/models and GET /health (a base model: no chat completions)"
 MAX_BATCH_WAIT_MS = 60_000  # a minute; longer (or inf) is no batching policy, and inf kills queue.get
 # A body is parsed as JSON on the event loop: one larger than this (by its Content-Length) gets a
-# 413 unread. Far above what the checks admit (--max-batch-size prompts of a context each).
+# 413 unread. At least 16 MiB, and room for --max-batch-size prompts of a whole context each, at
+# BODY_BYTES_PER_TOKEN (a token id's digits and comma, or a token's text, escaped).
 MAX_BODY_BYTES = 16 * 2**20
+BODY_BYTES_PER_TOKEN = 32
+
+
+def body_limit(max_batch_size: int, context: int) -> int:
+    return max(MAX_BODY_BYTES, max_batch_size * context * BODY_BYTES_PER_TOKEN)
 
 
 class BodyLimit:
@@ -87,7 +93,7 @@ def build_app(
     app = FastAPI(
         title="tango-lm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
     )
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, limit=body_limit(max_batch_size, context))
     app.state.batcher = batcher
 
     @app.exception_handler(APIError)
