@@ -851,3 +851,19 @@ def test_a_learning_curve_of_one_record_is_drawn_and_no_legend_warning(tmp_path,
         warnings.simplefilter("error")
         write_report(root)
     assert drawn == [(1, "o")]
+
+
+def test_a_row_whose_models_have_different_seeds_marks_no_best(runs, capsys):
+    # A part-trained grid (--only) or a failed run: TANGO's one seed was marked best against Loop's
+    # three-seed mean, unsaid; with every seed the ranking reversed.
+    for seed in SEEDS[1:]:
+        shutil.rmtree(runs / f"dataset=dmmath/tier=70M/depth=4/arch=tango/seed={seed[0]}-{seed[1]}")
+    res = write_report(runs, plots=False)
+    row, cell = _cell(res["report"], "dmmath", 4, "tango")
+    assert cell["n"] == 1 and row["best"] == []
+    said = "dmmath, tier 70M, depth 4: the models have different seeds (TANGO 1, Loop Transformer++ 3, Full-attention GAU 3)"
+    assert any(w.startswith(said) for w in res["warnings"]), res["warnings"]
+    depth4 = next(r for r in res["report"]["depth"] if r["model"] == "tango" and r["dataset"] == "dmmath")
+    assert depth4["non_increasing"] is None  # its depths' means are of other seeds
+    row8, _ = _cell(res["report"], "dmmath", 8, "tango")
+    assert row8["best"] == ["tango"]  # a row with every seed still ranks

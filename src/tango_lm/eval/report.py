@@ -106,6 +106,12 @@ def stats(values: list[float]) -> dict[str, Any]:
     }
 
 
+def _row_label(key: tuple[Any, ...]) -> str:
+    """A row as a warning names it: dataset, tier, depth and its other axes."""
+    extras = "".join(f", {k}={v}" for k, v in key[3])
+    return f"{key[0]}, tier {key[1]}, depth {key[2]}{extras}"
+
+
 def _row_dict(key: tuple[Any, ...]) -> dict[str, Any]:
     return {"dataset": key[0], "tier": key[1], "depth": key[2], **dict(key[3])}
 
@@ -117,19 +123,25 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
     seeds = sorted({r.seed for r in records}, key=lambda s: tuple(_natural(p) for p in s.split("/")))
     cells = seed_values(records)  # row -> model -> seed -> value
 
-    main, margins = [], []
+    main, margins, uneven = [], [], []
     for key in _row_order(records):
         row_cells = {m: {**stats(list(v.values())), "seeds": v} for m, v in cells[key].items()}
         best_mean = min(c["mean"] for c in row_cells.values())
-        best = [m for m in models if m in row_cells and row_cells[m]["mean"] == best_mean]
-        main.append({**_row_dict(key), "cells": row_cells, "best": best})
-        margins.append(_margins(key, row_cells, best[0], reference, seeds))
+        lowest = [m for m in models if m in row_cells and row_cells[m]["mean"] == best_mean]
+        # Means over different seeds rank nothing (one seed of a model against another's three, a
+        # part-trained or part-failed grid): no best is marked then, and it is said.
+        ranked = len({frozenset(c["seeds"]) for c in row_cells.values()}) == 1
+        main.append({**_row_dict(key), "cells": row_cells, "best": lowest if ranked else []})
+        if not ranked:
+            counts = ", ".join(f"{model_name(m)} {len(row_cells[m]['seeds'])}" for m in models if m in row_cells)
+            uneven.append(f"{_row_label(key)}: the models have different seeds ({counts}); no best is marked")
+        margins.append(_margins(key, row_cells, lowest[0], reference, seeds))
 
     depth = []
-    groups: dict[tuple[Any, ...], dict[str, dict[int, list[float]]]] = {}
+    groups: dict[tuple[Any, ...], dict[str, dict[int, dict[str, float]]]] = {}
     for (dataset, tier, depth_, extras), per_model in cells.items():
         for m, by_seed in per_model.items():
-            groups.setdefault((dataset, tier, extras), {}).setdefault(m, {})[depth_] = list(by_seed.values())
+            groups.setdefault((dataset, tier, extras), {}).setdefault(m, {})[depth_] = by_seed
     datasets = list(dict.fromkeys(r.dataset for r in records))
     for (dataset, tier, extras), per_model in sorted(
         groups.items(),
@@ -141,9 +153,11 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
         ),
     ):
         for m in sorted(per_model, key=model_order):
-            by_depth = {d: stats(v) for d, v in sorted(per_model[m].items())}
+            by_depth = {d: stats(list(v.values())) for d, v in sorted(per_model[m].items())}
             means = [s["mean"] for s in by_depth.values()]
+            same_seeds = len({frozenset(v) for v in per_model[m].values()}) == 1  # else no verdict: other seeds
             monotone = all(b <= a for a, b in zip(means, means[1:], strict=False)) if len(means) > 1 else None
+            monotone = monotone if same_seeds else None
             depth.append(
                 {
                     "dataset": dataset,
@@ -166,6 +180,7 @@ def build_report(records: list[RunRecord], split: str = "test", reference: str |
         "depth": depth,
         "heads": _heads(records, cells),
         "runs": [_run_dict(r) for r in records],
+        "uneven_seeds": uneven,  # one line per row whose models have different seeds (write_report warns)
     }
 
 
@@ -293,6 +308,7 @@ def write_report(
             f"{', '.join(sorted({r.model for r in records}, key=model_order))}"
         )
     report = build_report(records, split, reference)
+    warnings += report["uneven_seeds"]
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a directory for the report (default: {root / 'report'})")
     from tango_lm.data.dataset_dir import is_prepared
