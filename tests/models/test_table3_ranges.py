@@ -122,6 +122,11 @@ def test_match_prints_the_range_next_to_the_papers(capsys):
         "non-embedding range (seed 000 Table 3's last column): 44.271M (tango) to 44.307M (untied-transformer)" in out
     )
     assert "the paper: 44.238M to 44.307M" in out
+    # one architecture, or fields of its own, is no Table 3 column (it said so of a FLASH at qk_dim 64)
+    for extra in (["--arch", "flash", "qk_dim=64"], ["--arch", "flash"], ["qk_dim=64"]):
+        assert main(["match", "--tier", "70M", "--depth", "4", *extra]) == 0
+        out = capsys.readouterr().out
+        assert "non-embedding range: " in out and "Table 3" not in out
     argv = ["match", "--tier", "70M", "--depth", "4", "--context-length", "512", "8192", "--gau-norm", "layernorm"]
     assert main([*argv, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
