@@ -171,6 +171,8 @@ def test_wikitext_documents_and_detokenization(model, tmp_path):
 
 def test_blank_line_documents():
     assert split_blank_lines("a b\nc\n\n\n d \n \t\nlast") == ["a b\nc", "d", "last"]
+    # a line of any whitespace separates, as data prepare reads it (a no-break space had joined them)
+    assert split_blank_lines("aaa\n\u00a0\nbbb\n\f\nccc\u3000\n\u3000\n") == ["aaa", "bbb", "ccc"]
     assert split_wikitext("one\n\ntwo") == ["one", "two"]  # no headings: blank-line documents
 
 

@@ -176,8 +176,17 @@ def read_text_file(path: str | Path) -> str:
 
 
 def split_blank_lines(text: str) -> list[str]:
-    """Documents separated by one or more blank lines (surrounding whitespace dropped)."""
-    return [d.strip() for d in re.split(r"\n[ \t\r]*\n", text) if d.strip()]
+    """Documents separated by one or more blank lines, a line of whitespace of any kind (a no-break
+    space, a form feed) blank as `data prepare text --split-on-blank-lines` reads it; surrounding
+    whitespace dropped."""
+    docs, para = [], []
+    for line in text.split("\n"):
+        if line.strip():
+            para.append(line)
+        elif para:
+            docs.append("\n".join(para).strip())
+            para = []
+    return [d for d in (*docs, "\n".join(para).strip()) if d]
 
 
 def _is_article_heading(line: str) -> bool:
