@@ -31,8 +31,8 @@ class ModelConfig:
     """Every field of every architecture; each architecture reads the ones it needs.
 
     `n_heads` None means `d_model // head_dim` (the TANGO paper's d_h = 32); when given,
-    `head_dim` follows from it, and a head_dim other than 32 that disagrees is refused. `width` is F: the gate width of TANGO, the FFN width of
-    Transformer++.
+    `head_dim` follows from it, and a head_dim other than 32 that disagrees is refused. `width`
+    is F: the gate width of TANGO, the FFN width of Transformer++.
     """
 
     arch: str = "tango"
