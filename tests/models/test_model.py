@@ -316,3 +316,20 @@ def test_build_model_holds_its_own_checked_copy_of_the_config():
     assert build_model(cfg.replace(d_model=64)).config.n_heads == 2
     with pytest.raises(UserError, match="build_model takes a ModelConfig"):
         build_model({"arch": "tango"})
+
+
+def test_token_ids_that_are_not_an_integer_tensor_are_user_errors():
+    # a list raised AttributeError ('list' object has no attribute 'dim'); floats and bools a deep
+    # embedding or gather error
+    model = build_model(
+        ModelConfig(arch="loop-transformer", d_model=32, width=64, depth=1, vocab_size=50, context_length=16)
+    )
+    ids = torch.randint(0, 50, (2, 5))
+    with pytest.raises(UserError, match="input_ids must be a torch tensor of token ids \\(got a list\\)"):
+        model([[1, 2, 3]])
+    for bad in (ids.float(), ids.bool()):
+        with pytest.raises(UserError, match="input_ids must hold integer token ids"):
+            model(bad)
+    with pytest.raises(UserError, match="targets must hold integer token ids \\(got torch.float32\\)"):
+        model.nll(ids, ids.float())
+    assert torch.isfinite(model.nll(ids, ids))

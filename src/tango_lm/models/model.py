@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -75,6 +77,7 @@ class LanguageModel(nn.Module):
     def check_targets(self, input_ids: torch.Tensor, targets: torch.Tensor) -> None:
         """Raise UserError unless targets match input_ids' shape and are ids of the vocabulary or
         IGNORE_INDEX (read as `check_ids` reads ids)."""
+        _check_id_tensor(targets, "targets")
         if targets.shape != input_ids.shape:
             raise UserError(
                 f"targets of shape {tuple(targets.shape)} for input_ids of shape {tuple(input_ids.shape)}; "
@@ -90,6 +93,7 @@ class LanguageModel(nn.Module):
     def hidden(self, input_ids: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
         """Final-normed hidden states [B, T, d]; with a cache, of the positions after it (and the
         cache advances past them)."""
+        _check_id_tensor(input_ids, "input_ids")
         if input_ids.dim() != 2:
             raise UserError(f"input_ids of shape {tuple(input_ids.shape)}; give a [batch, positions] tensor")
         start = cache.position if cache is not None else 0
@@ -146,6 +150,17 @@ class LanguageModel(nn.Module):
         if aux is not None:
             loss = loss + (aux if reduction == "mean" else aux * scored)
         return loss
+
+
+def _check_id_tensor(ids: Any, name: str) -> None:
+    """Token ids are an integer tensor: a list had raised AttributeError, floats or bools a deep
+    embedding or gather error."""
+    if not isinstance(ids, torch.Tensor):
+        raise UserError(
+            f"{name} must be a torch tensor of token ids (got a {type(ids).__name__}); use torch.tensor(...)"
+        )
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise UserError(f"{name} must hold integer token ids (got {ids.dtype}); convert with .long()")
 
 
 def build_model(config: ModelConfig) -> LanguageModel:
