@@ -48,7 +48,7 @@ def sample_next(
 
 
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow float32
-MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest finite number
+MAX_TEMPERATURE = torch.finfo(torch.float32).max  # the static decode step holds it in float32
 
 
 def is_seed(seed: object) -> bool:
@@ -69,7 +69,7 @@ def check_sampling(
     seed: int | None = None,
 ) -> None:
     """UserError for sampling settings that cannot be honoured (NaN, tiny or negative temperature, ...)."""
-    # At most float32's largest: the static decode step holds it in float32 (1e39 raised there).
+    # At most MAX_TEMPERATURE: 1e39 raised in the static decode step.
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
         raise UserError(
             f"temperature must be 0 (greedy decoding) or a number from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:.4g} "

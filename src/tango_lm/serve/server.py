@@ -54,10 +54,10 @@ def body_limit(max_batch_size: int, context: int) -> int:
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose Content-Length is past MAX_BODY_BYTES gets OpenAI's JSON
-    error with status 413 before its body is read."""
+    """ASGI middleware: a request whose Content-Length is past `limit` (`body_limit`) gets OpenAI's
+    JSON error with status 413 before its body is read."""
 
-    def __init__(self, app: Any, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -84,14 +84,19 @@ class NonFiniteGuard:
         self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))
 
 
+def checkpoints_around_streak(ckpt_root: Path, first: int) -> tuple[list[Path], list[Path]]:
+    """(the complete checkpoints before a streak from step `first`, those from step `first` - 1 on):
+    a skipped step changes no weight, so the latter all hold the weights the streak failed from."""
+    steps = complete_steps(ckpt_root)
+    return [p for p in steps if step_of(p) < first - 1], [p for p in steps if step_of(p) >= first - 1]
+
+
 def _streak_advice(ckpt_root: Path, first: int) -> str:
     """How to go on after a streak from step `first`: a skipped step changes no weight, so the
     checkpoints of step `first` - 1 on all hold the weights every update of the streak failed from
     (a resume from them replays it: same weights, same batches), and the advice resumes from the
     newest one before them."""
-    steps = complete_steps(ckpt_root)
-    during = [p for p in steps if step_of(p) >= first - 1]
-    before = [p for p in steps if step_of(p) < first - 1]
+    before, during = checkpoints_around_streak(ckpt_root, first)
     move = (
         f"move {', '.join(p.name for p in during)} (their weights failed) out of {ckpt_root}, then " if during else ""
     )

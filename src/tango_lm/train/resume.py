@@ -6,6 +6,7 @@ checkpoint is damaged, an error that says how to continue from the one before it
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +140,7 @@ def check_same_run(
     # With the dtype saved, it is what must match (`auto` and the dtype it gives are one precision).
     kept = [k for k in SAME_ON_RESUME if not (k == "precision" and isinstance(saved_dtype, str))]
     if isinstance(saved_train, dict):
-        changed = [
-            f"train.{k}={saved_train[k]!r} (now {train[k]!r})" for k in kept if saved_train.get(k, train[k]) != train[k]
-        ]
+        changed = [f"train.{k}={was!r} (now {now!r})" for k, was, now in _changed(saved_train, train, kept)]
         if changed:
             raise UserError(
                 f"cannot resume {out}: its checkpoint was trained with {', '.join(changed)} (a resume keeps the "
@@ -172,6 +171,11 @@ def check_same_eval_batch(state: dict[str, Any], run: RunConfig, eval_batch: int
         )
 
 
+def _changed(saved: dict[str, Any], now: dict[str, Any], keys: Iterable[str]) -> list[tuple[str, Any, Any]]:
+    """(field, saved value, value now) of each of `keys` the checkpoint's train config holds otherwise."""
+    return [(k, saved[k], now[k]) for k in keys if saved.get(k, now[k]) != now[k]]
+
+
 # train fields that may change on a resume and apply from the resumed step on
 SCHEDULE = ("lr", "schedule", "warmup_steps", "min_lr_ratio", "decay_fraction", "grad_clip")
 
@@ -187,8 +191,7 @@ def check_not_past(step: int, total_steps: int, run: RunConfig, saved_config: di
     saved = (saved_config or {}).get("train")
     if step < total_steps or not isinstance(saved, dict):
         return
-    train = run.to_dict()["train"]
-    changed = [f"train.{k}={train[k]!r} (was {saved[k]!r})" for k in SCHEDULE if saved.get(k, train[k]) != train[k]]
+    changed = [f"train.{k}={now!r} (was {was!r})" for k, was, now in _changed(saved, run.to_dict()["train"], SCHEDULE)]
     if changed:
         raise UserError(
             f"cannot resume {run.train.out_dir} with {', '.join(changed)}: it has trained all {total_steps} steps, "

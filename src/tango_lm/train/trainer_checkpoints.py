@@ -30,7 +30,7 @@ from tango_lm.train.checkpoint import (
     tmp_step_dir,
 )
 from tango_lm.train.config import RunConfig
-from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, finite_weights
+from tango_lm.train.nonfinite import NonFiniteGuard, check_weights, checkpoints_around_streak, finite_weights
 from tango_lm.train.optim import set_fused, use_fused_adamw
 from tango_lm.train.resume import (
     check_best_kept,
@@ -161,9 +161,8 @@ class TrainerCheckpoints:
             )
             protect = {self.best["step"]} if self.best["step"] is not None else set()
             if self.nonfinite.in_a_row:  # the checkpoint a stopped streak's advice resumes from (nonfinite.py)
-                first = self.step - self.nonfinite.in_a_row + 1
-                before = [step_of(p) for p in complete_steps(self.ckpt_root) if step_of(p) < first - 1]
-                protect |= set(before[-1:])
+                before, _ = checkpoints_around_streak(self.ckpt_root, self.step - self.nonfinite.in_a_row + 1)
+                protect |= {step_of(p) for p in before[-1:]}
             prune_checkpoints(self.ckpt_root, self.run.train.keep_last, protect)
             return done
 
