@@ -333,3 +333,24 @@ def test_token_ids_that_are_not_an_integer_tensor_are_user_errors():
     with pytest.raises(UserError, match="targets must hold integer token ids \\(got torch.float32\\)"):
         model.nll(ids, ids.float())
     assert torch.isfinite(model.nll(ids, ids))
+
+
+def test_an_moe_model_in_eval_mode_routes_at_its_training_capacity_unless_asked():
+    # What the README says of scoring an MoE model from Python: eval mode alone keeps the training
+    # capacity (the protocol's dev and test NLL); capacity_factor(model, "eval") drops no token.
+    from tango_lm.layers.moe import capacity_factor
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        arch="moe", d_model=32, width=64, depth=1, vocab_size=50, context_length=16,
+        n_experts=4, moe_top_k=2, capacity_factor_train=0.5,
+    )  # fmt: skip
+    model = build_model(cfg).eval()
+    ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        alone = model(ids[:1])[0]
+        beside = model(ids)[0]  # row 0 with a batch mate: the capacity is per forward
+        with capacity_factor(model, "eval"):
+            dropless = [model(ids[:1])[0], model(ids)[0]]
+    assert not torch.allclose(alone, beside)
+    torch.testing.assert_close(dropless[0], dropless[1])
