@@ -327,12 +327,24 @@ def test_token_ids_that_are_not_an_integer_tensor_are_user_errors():
     ids = torch.randint(0, 50, (2, 5))
     with pytest.raises(UserError, match="input_ids must be a torch tensor of token ids \\(got a list\\)"):
         model([[1, 2, 3]])
-    for bad in (ids.float(), ids.bool()):
-        with pytest.raises(UserError, match="input_ids must hold integer token ids"):
+    # uint8 and int16 ids raised deep in nn.Embedding, which takes int64 and int32 only
+    for bad in (ids.float(), ids.bool(), ids.to(torch.uint8), ids.to(torch.int16)):
+        with pytest.raises(UserError, match="input_ids must hold int64 or int32 token ids"):
             model(bad)
-    with pytest.raises(UserError, match="targets must hold integer token ids \\(got torch.float32\\)"):
+    with pytest.raises(UserError, match="targets must hold int64 or int32 token ids \\(got torch.float32\\)"):
         model.nll(ids, ids.float())
     assert torch.isfinite(model.nll(ids, ids))
+    assert torch.equal(model.nll(ids.int(), ids.int()), model.nll(ids, ids))
+
+
+def test_a_decode_cache_capacity_is_a_positive_number_of_positions():
+    # 0 had silently meant the context length and -1 failed at the first forward with a
+    # negative-dimension error
+    model = build_model(ModelConfig(arch="tango", d_model=32, depth=1, vocab_size=50, context_length=16))
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(UserError, match="a decode cache's capacity is a number of positions >= 1"):
+            model.new_cache(bad)
+    assert model.new_cache().capacity == 16 and model.new_cache(3).capacity == 3
 
 
 def test_an_moe_model_in_eval_mode_routes_at_its_training_capacity_unless_asked():

@@ -132,7 +132,12 @@ class LanguageModel(nn.Module):
 
     def new_cache(self, capacity: int | None = None) -> DecodeCache:
         """An empty decode cache for up to `capacity` positions (default: the context length)."""
-        return DecodeCache(len(self.backbone.schedule), capacity or self.config.context_length)
+        if capacity is None:
+            capacity = self.config.context_length
+        elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            # 0 had meant the default and -1 a negative-size buffer at the first forward
+            raise UserError(f"a decode cache's capacity is a number of positions >= 1 (got {capacity!r})")
+        return DecodeCache(len(self.backbone.schedule), capacity)
 
     def nll(self, input_ids: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """NLL in nats of targets [B, T] through the head's fused loss path ('mean' over the scored
@@ -159,8 +164,8 @@ def _check_id_tensor(ids: Any, name: str) -> None:
         raise UserError(
             f"{name} must be a torch tensor of token ids (got a {type(ids).__name__}); use torch.tensor(...)"
         )
-    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
-        raise UserError(f"{name} must hold integer token ids (got {ids.dtype}); convert with .long()")
+    if ids.dtype not in (torch.int64, torch.int32):  # what nn.Embedding takes (uint8 or int16 raised deep in it)
+        raise UserError(f"{name} must hold int64 or int32 token ids (got {ids.dtype}); convert with .long()")
 
 
 def build_model(config: ModelConfig) -> LanguageModel:
