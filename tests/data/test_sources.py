@@ -510,7 +510,20 @@ def test_bad_inputs(tmp_path):
         prepare_source("csv", tmp_path / "x")
     with pytest.raises(UserError, match="does not exist"):
         prepare_files("jsonl", [tmp_path / "missing.jsonl"], tmp_path / "x", BYTE, progress=False)
+    # a misspelt option had been a TypeError from the source's constructor
+    with pytest.raises(UserError, match="data source 'jsonl' has no option fild; its options: tokenizer, "):
+        prepare_source("jsonl", tmp_path / "x", inputs=["a.jsonl"], fild="text")
     assert not (tmp_path / "x").exists()
+
+
+def test_one_input_path_given_as_a_string_is_one_input(tmp_path):
+    # inputs="a.jsonl" had been read character by character: "input a does not exist"
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    for one in (str(tmp_path / "a.jsonl"), tmp_path / "a.jsonl"):
+        out = prepare_source(
+            "jsonl", tmp_path / "out", inputs=one, tokenizer=BYTE, dev_fraction=0, test_fraction=0, overwrite=True
+        )
+        assert _docs(out, "train") == ["one", "two"]
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ adds; `prepare_source` prepares one from Python.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -40,4 +41,10 @@ def prepare_source(
     options (the fields of its class): `prepare_source("jsonl", "data/web", inputs=["a.jsonl"])`."""
     if name not in SOURCES:
         raise UserError(f"unknown data source {name!r}; choose one of: {', '.join(SOURCES)}")
-    return SOURCES[name](**options).prepare(out_dir, overwrite=overwrite, progress=progress)
+    source = SOURCES[name]
+    fields = [f.name for f in dataclasses.fields(source) if f.init]
+    if unknown := sorted(set(options) - set(fields)):
+        raise UserError(f"data source {name!r} has no option {', '.join(unknown)}; its options: {', '.join(fields)}")
+    if isinstance(options.get("inputs"), (str, os.PathLike)):  # one path, not its characters one by one
+        options["inputs"] = [options["inputs"]]
+    return source(**options).prepare(out_dir, overwrite=overwrite, progress=progress)
