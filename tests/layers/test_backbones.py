@@ -597,6 +597,9 @@ def test_attnres_starts_as_a_prenorm_residual_stream():
         ("moe", dict(n_experts=4, moe_top_k=5), ["moe_top_k=5 exceeds n_experts=4; lower moe_top_k"]),
         ("moe", dict(capacity_factor_train=0), ["capacity_factor_train"]),
         ("moe", dict(n_experts=0), ["n_experts"]),
+        # an explicit width of 0 had been blamed on width // moe_top_k
+        ("moe", dict(moe_expert_width=0), ["model.moe_expert_width=0 is below 1; give at least 1"]),
+        ("moe", dict(width=1, moe_top_k=2), ["expert width 0 (width // moe_top_k) is below 1"]),
         ("dense", dict(n_kv_heads=3), ["n_heads=4", "n_kv_heads=3"]),
         ("attnres", dict(n_kv_heads=3), ["n_kv_heads=3"]),
         ("gdn-hybrid", dict(gdn_head_dim=64), ["gdn_head_dim=64", "d_model=32"]),

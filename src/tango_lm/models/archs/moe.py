@@ -81,6 +81,8 @@ class MoE(Architecture):
             raise UserError(f"model.moe_top_k must be at least 1 (got {cfg.moe_top_k})")
         if cfg.moe_top_k > cfg.n_experts:
             raise UserError(f"moe_top_k={cfg.moe_top_k} exceeds n_experts={cfg.n_experts}; lower moe_top_k")
+        if cfg.moe_expert_width is not None and cfg.moe_expert_width < 1:
+            raise UserError(f"model.moe_expert_width={cfg.moe_expert_width} is below 1; give at least 1")
         if expert_width(cfg) < 1:
             raise UserError(
                 f"expert width {expert_width(cfg)} (width // moe_top_k) is below 1; raise width or set moe_expert_width"
