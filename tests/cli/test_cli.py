@@ -293,6 +293,23 @@ def test_params_from_overrides_only_matches_numel(capsys):
     assert (res["arch"], res["d_model"], res["width"], res["vocab_size"]) == ("tango", 64, 128, 257)
 
 
+def test_params_give_the_parameters_one_token_uses(capsys):
+    # MoE presets match Dense's *active* parameters (docs/design.md §4.3), a count only Python had.
+    argv = ["params", "arch=moe", "d_model=32", "width=64", "depth=2", "n_experts=4", "moe_top_k=2", "head=mos"]
+    res = _run_json(capsys, [*argv, "vocab_size=50", "--json"])
+    model = build_model(ModelConfig(arch="moe", head="mos", d_model=32, width=64, depth=2, n_experts=4, moe_top_k=2))
+    idle = [p.numel() for n, p in model.named_parameters() if re.search(r"\.experts\.[23]\.", n)]  # E - k of them
+    assert len(idle) == 2 * 2 * 3 and res["active_non_embedding"] == res["non_embedding"] - sum(idle)
+    assert main([*argv, "vocab_size=50"]) == 0
+    assert f"  active        {res['active_non_embedding']:>15,}  (non-embedding parameters one token uses)" in (
+        capsys.readouterr().out
+    )
+    res = _run_json(capsys, ["params", "arch=tango", "d_model=32", "width=64", "--json"])
+    assert res["active_non_embedding"] == res["non_embedding"]
+    assert main(["params", "arch=tango", "d_model=32", "width=64"]) == 0
+    assert "active" not in capsys.readouterr().out
+
+
 def test_params_flops_are_at_the_training_length(capsys):
     # As train logs them: at train.seq_len when it is shorter than the context (it used the context).
     argv = ["params", "arch=tango", "d_model=64", "width=128", "model.context_length=64", "train.seq_len=48", "--json"]

@@ -522,6 +522,11 @@ def test_a_peak_the_run_beats_is_measured_again(data_dir, tmp_path, monkeypatch)
     result = train(helpers.run_config(data_dir, tmp_path / "run", steps=4, eval_every=2, save_every=2, log_every=1))
     mfus = [r["mfu"] for r in helpers.read_metrics(tmp_path / "run") if "loss" in r]
     assert len(calls) == 2 and all(m < 1 for m in mfus) and 0 < result.summary["mfu"] < 1
+    # the summary names the denominator, so that its MFU can be recomputed (and compared across runs)
+    summary = result.summary
+    flops = summary["flops_per_token"] * summary["tokens_per_s"]
+    assert summary["params_active_non_embedding"] == summary["params_non_embedding"]  # no experts
+    assert summary["mfu_peak_flop_per_s"] == 1e15 and summary["mfu"] == pytest.approx(flops / 1e15, rel=1e-12)
 
 
 def test_each_run_reports_its_own_peak_memory(data_dir, tmp_path, monkeypatch):

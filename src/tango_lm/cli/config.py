@@ -20,6 +20,7 @@ def _config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[st
 
 
 def cmd_params(args: argparse.Namespace) -> None:
+    from tango_lm.models.params import active_non_embedding_params
     from tango_lm.train.config import RunConfig, apply_overrides, read_yaml
 
     config, overrides = _config_and_overrides(args)
@@ -27,8 +28,10 @@ def cmd_params(args: argparse.Namespace) -> None:
     run = RunConfig.from_dict(apply_overrides(data, overrides))  # validates every section
     model = run.model
     counts = model.num_params()
+    active = active_non_embedding_params(model)
     out = {
         **counts,
+        "active_non_embedding": active,
         "arch": model.arch,
         "head": model.head,
         "d_model": model.d_model,
@@ -48,6 +51,8 @@ def cmd_params(args: argparse.Namespace) -> None:
         print(f"  non-embedding {counts['non_embedding']:>15,}")
         print(f"  embedding     {counts['embedding']:>15,}")
         print(f"  total         {counts['total']:>15,}")
+        if active != counts["non_embedding"]:
+            print(f"  active        {active:>15,}  (non-embedding parameters one token uses)")
 
 
 def cmd_presets(args: argparse.Namespace) -> None:

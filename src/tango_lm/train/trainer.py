@@ -36,6 +36,7 @@ from tango_lm.errors import UserError, os_error_text
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
+from tango_lm.models.params import active_non_embedding_params
 from tango_lm.train import distributed, metrics_file
 from tango_lm.train.checkpoint import (
     complete_steps,
@@ -441,6 +442,7 @@ class Trainer(TrainerCheckpoints):
             "head": self.run.model.head,
             "params_total": params["total"],
             "params_non_embedding": params["non_embedding"],
+            "params_active_non_embedding": active_non_embedding_params(self.run.model),
             "steps": self.step,
             "tokens": self.tokens_seen,
             "skipped_steps": self.nonfinite.skipped,
@@ -453,6 +455,7 @@ class Trainer(TrainerCheckpoints):
             "tokens_per_s": tokens_per_s,
             "flops_per_token": self.run.model.flops_per_token(self.seq_len),
             "mfu": self._mfu(tokens_per_s) if tokens_per_s else None,
+            "mfu_peak_flop_per_s": self.peak_flops,  # the denominator (measured again if a step beat it)
             "peak_memory_mib": peak_memory_mib(self.device),
             "out_dir": str(self.out),
         }

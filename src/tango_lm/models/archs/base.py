@@ -79,6 +79,11 @@ class Architecture:
     def non_embedding_params(cfg: ModelConfig) -> int:
         raise NotImplementedError
 
+    @classmethod
+    def active_non_embedding_params(cls, cfg: ModelConfig) -> int:
+        """The non-embedding parameters one token uses (fewer than all only with experts)."""
+        return cls.non_embedding_params(cfg)
+
     @staticmethod
     def matmul_params_per_token(cfg: ModelConfig) -> float:
         """Weights each token multiplies through in one forward (loops counted per application).
