@@ -96,7 +96,8 @@ class GdnHybrid(Architecture):
             raise UserError(f"model.attention_every must be >= 0 (got {cfg.attention_every}); use 0 for GDN only")
         if cfg.gdn_n_heads is not None and cfg.gdn_n_heads < 1:
             raise UserError(f"model.gdn_n_heads must be at least 1 (got {cfg.gdn_n_heads}); or leave it unset")
-        if cfg.gdn_n_heads is None and cfg.d_model < cfg.gdn_head_dim:
+        gdn_layers = cfg.depth - n_attention_layers(cfg)  # attention_every=1: none, and no GDN field is read
+        if gdn_layers and cfg.gdn_n_heads is None and cfg.d_model < cfg.gdn_head_dim:
             raise UserError(
                 f"model.gdn_head_dim={cfg.gdn_head_dim} exceeds d_model={cfg.d_model}; lower gdn_head_dim or set gdn_n_heads"
             )
