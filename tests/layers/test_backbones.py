@@ -469,6 +469,21 @@ def test_moe_sum_of_the_training_loss_over_scored_targets_is_its_mean():
     torch.testing.assert_close(total / (y != -100).sum(), mean)
 
 
+def test_moe_routes_in_fp32_under_bf16_autocast():
+    # Expert choice is discrete: with the router's matmul in bf16 (only its softmax in fp32), 0.3% of
+    # tokens of a 768-wide model chose other experts. Here expert 1's logit is 1.001 and expert 0's 1.0,
+    # the same number in bf16.
+    layer = MoEFeedForward(4, n_experts=2, top_k=1, expert_width=4, renormalize=False).train()
+    layer.router.weight.data = torch.tensor([[0.25] * 4, [0.25] * 3 + [0.251]])
+    x = torch.ones(6, 4)
+    _, aux, _ = layer.route(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, aux_bf16, _ = layer.route(x)
+    p1 = torch.tensor([1.0, 1.001]).softmax(-1)[1]  # every token takes expert 1: f = (0, 1)
+    torch.testing.assert_close(aux, layer.aux_loss_weight * 2 * p1)
+    torch.testing.assert_close(aux_bf16, aux, rtol=1e-6, atol=0)
+
+
 def test_moe_aux_loss_gives_the_router_a_gradient():
     grads = []
     for weight in (0.0, 0.5):
@@ -591,6 +606,14 @@ def test_attnres_starts_as_a_prenorm_residual_stream():
 
 
 # -- user errors ----------------------------------------------------------------------------------
+def test_a_hybrid_of_attention_alone_reads_no_gdn_field():
+    # attention_every=1 makes every layer attention; a d_model below the default gdn_head_dim had been
+    # refused over that unused field. The model is then Dense's.
+    hybrid = tiny("gdn-hybrid", attention_every=1, gdn_head_dim=64)
+    assert count_params(hybrid)["non_embedding"] == count_params(tiny("dense"))["non_embedding"]
+    assert sum(p.numel() for p in build_model(hybrid).parameters()) == count_params(hybrid)["total"]
+
+
 @pytest.mark.parametrize(
     ("arch", "changes", "words"),
     [
@@ -606,6 +629,7 @@ def test_attnres_starts_as_a_prenorm_residual_stream():
         ("gdn-hybrid", dict(gdn_expand_v=0.3), ["gdn_expand_v"]),
         ("gdn-hybrid", dict(gdn_backend="cuda"), ["gdn_backend"]),
         ("gdn-hybrid", dict(attention_every=-1), ["attention_every"]),
+        ("gdn-hybrid", dict(attention_every=2, gdn_head_dim=64), ["gdn_head_dim=64 exceeds d_model=32"]),
         ("attnres", dict(attnres_block=-2), ["attnres_block"]),
     ],
 )
