@@ -15,7 +15,7 @@ from tango_lm.config_checks import unread_model_fields
 from tango_lm.errors import UserError
 from tango_lm.eval.evaluate import evaluate_checkpoint
 from tango_lm.train.checkpoint import complete_steps, load_checkpoint
-from tango_lm.train.config import RunConfig
+from tango_lm.train.config import RunConfig, load_run_config
 from tango_lm.train.optim import lr_at
 from tango_lm.train.trainer import Trainer, train
 from tests import helpers
@@ -421,6 +421,14 @@ def test_a_tokens_per_param_run_keeps_its_budget_when_the_count_changes(data_dir
     assert helpers.run_config(data_dir, out, steps=None, tokens_per_param=0.5).total_steps() != steps
     resumed = train(load_run_config(str(out), []), resume=True)
     assert resumed.summary["steps"] == steps
+
+
+def test_a_tokens_per_param_budget_of_under_one_token_resumes(data_dir, tmp_path):
+    # It trains one step, and had written tokens: 0 beside it, which its own resume refused.
+    out = tmp_path / "run"
+    assert train(helpers.run_config(data_dir, out, steps=None, tokens_per_param=1e-30)).summary["steps"] == 1
+    assert json.loads((out / "config.json").read_text())["train"]["tokens"] == 1
+    assert train(load_run_config(str(out), []), resume=True).summary["steps"] == 1
 
 
 def test_token_budget_trains_that_many_steps(data_dir, tmp_path):

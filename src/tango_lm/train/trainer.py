@@ -326,7 +326,7 @@ class Trainer(TrainerCheckpoints):
         if t["tokens_per_param"] is not None and t["steps"] is None and t["tokens"] is None:
             # The tokens it gives, beside it: the count it multiplies has changed between versions,
             # and `train RUN --resume` (which reads this config) keeps the budget the run began with.
-            t["tokens"] = int(t["tokens_per_param"] * tpp_reference_params(self.run.model))
+            t["tokens"] = max(1, int(t["tokens_per_param"] * tpp_reference_params(self.run.model)))
         write_json_atomic(self.out / "config.json", config)
         write_text_atomic(self.out / "config.yaml", dump_yaml(config))  # read back by `train RUN --resume`
         self.peak_flops = matmul_peak(self.device, self.dtype)
