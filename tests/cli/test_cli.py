@@ -612,6 +612,21 @@ def test_the_console_script_starts_without_torch():
         tango_lm.nope  # noqa: B018
 
 
+def test_tango_lm_eval_without_lm_eval_names_the_extra():
+    # The script pointed at the adapter module, which imports lm_eval at the top: without the [eval]
+    # extra, `tango-lm-eval --help` was a ModuleNotFoundError traceback and exit code 1.
+    target = re.search(r'^tango-lm-eval = "([\w.]+):(\w+)"', (helpers.ROOT / "pyproject.toml").read_text(), re.M)
+    code = (  # None in sys.modules: importing lm_eval raises ModuleNotFoundError, as when it is not installed
+        "import importlib, sys; sys.modules['lm_eval'] = None; "
+        f"sys.exit(getattr(importlib.import_module({target[1]!r}), {target[2]!r})())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert helpers.assert_one_error_line(proc.stderr) == (
+        "error: tango-lm-eval needs lm-evaluation-harness; pip install 'tango-lm[eval]'"
+    )
+
+
 def test_ctrl_c_while_the_command_line_imports_is_interrupted_not_a_traceback(monkeypatch, capsys):
     from tango_lm import entry
 
