@@ -12,7 +12,8 @@ Errors, checked before anything is written:
   so a mistyped width stops at once instead of swapping or dying in the allocator;
 - a dataset's token ids fit the model's table (`check_data_fits_model`), and the splits the run
   scores (`scored_splits`) hold a window of its context (`check_splits_fit_run`).
-- a new run's `train.tokens` and `train.tokens_per_param`, both set, agree (`check_budget_agrees`).
+- a new run's `train.tokens` and `train.tokens_per_param`, both set, agree (`check_budget_agrees`);
+- the packages the kernels asked for are installed (`check_kernels_installed`).
 
 Warnings, said when a run starts (`start_of_run_warnings`): a table mostly of rows the data's
 tokenizer never produces (`unused_table_rows`), as when byte-level data meets the default
@@ -118,6 +119,19 @@ def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1, tokens: int 
         f"gradients and AdamW's moments), {need / 2**30:,.1f} GiB{per}, more than the {have / 2**30:,.1f} GiB of {where}; "
         "lower model.width, model.d_model or model.depth"
     )
+
+
+def check_kernels_installed(model_cfg: Any, device: Any) -> None:
+    """The packages the kernels asked for need ($TANGO_LM_KERNELS=triton, model.gdn_backend=fla on
+    CUDA), checked before a run writes its config: the ops check only at their first call, and the
+    same command then found a run directory it had to --resume."""
+    from tango_lm.ops import delta_rule_fla
+    from tango_lm.ops.delta_rule import wants_fla
+    from tango_lm.ops.dispatch import check_requested_installed
+
+    check_requested_installed()
+    if model_cfg.arch == "gdn-hybrid" and model_cfg.gdn_backend == "fla" and wants_fla("fla", device.type == "cuda"):
+        delta_rule_fla.require_fla()
 
 
 def check_decode_fits_memory(model_cfg: Any, device: Any, rows: int, positions: int, what: str) -> None:

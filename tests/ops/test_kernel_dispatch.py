@@ -184,6 +184,33 @@ def test_a_bad_kernels_variable_stops_a_command_before_it_writes(monkeypatch, da
     assert not (tmp_path / "run").exists()
 
 
+def test_triton_asked_for_without_triton_stops_a_command_before_it_writes(monkeypatch, data_dir, tmp_path, capsys):
+    # The ops said so only at the first forward, after the run had written config.json and
+    # config.yaml: the same command, once fixed, then found a run to --resume.
+    monkeypatch.setenv(dispatch.ENV, "triton")
+    monkeypatch.setattr(dispatch, "_installed", lambda package: package != "triton")
+    argv = ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", steps=2)]
+    rc, out, err, _ = helpers.run_main(capsys, argv)
+    assert rc == 2 and helpers.assert_one_error_line(err) == (
+        "error: TANGO_LM_KERNELS=triton needs the triton package: pip install 'tango-lm[triton]'"
+    )
+    assert not (tmp_path / "run").exists()
+    monkeypatch.delenv(dispatch.ENV)
+    assert helpers.run_main(capsys, argv)[0] == 0
+
+
+def test_a_gdn_run_asking_for_missing_fla_kernels_stops_before_it_writes(monkeypatch, data_dir, tmp_path):
+    from tango_lm.ops import delta_rule, delta_rule_fla
+    from tango_lm.train.trainer import Trainer
+
+    monkeypatch.setattr(delta_rule, "wants_fla", lambda backend, on_cuda: backend != "torch")  # as on CUDA
+    monkeypatch.setattr(delta_rule_fla, "fla_kernel_or_reason", lambda: "fla-core does not import (No module 'fla')")
+    model = {"arch": "gdn-hybrid", "gdn_backend": "fla", "gdn_head_dim": 16, "attention_every": 2}
+    with pytest.raises(UserError, match=r"model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm\[gdn\]'"):
+        Trainer(helpers.run_config(data_dir, tmp_path / "run", model, steps=2))
+    assert not (tmp_path / "run").exists()
+
+
 IMPLEMENTATIONS = [None, "reference", "blocked", "c", "sdpa-sliced"]
 if tango_mix_module.tango_mix_triton is not None:
     IMPLEMENTATIONS.append("triton")

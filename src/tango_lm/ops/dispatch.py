@@ -33,6 +33,7 @@ compiler were installed).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 
@@ -66,6 +67,17 @@ def check_installed(name: str, installed: bool, kernels: str | None = None) -> N
     """A `UserError` when the implementation asked for needs a package that is not installed."""
     if not installed and requested(kernels) == name:
         raise UserError(f"{ENV}={name} needs the {name} package: pip install 'tango-lm[{name}]'")
+
+
+def check_requested_installed() -> None:
+    """$TANGO_LM_KERNELS=triton without triton, said before a command writes anything (the ops
+    check at their first call, after a run has written its config)."""
+    if requested() == "triton":
+        check_installed("triton", _installed("triton"))
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
 def check_devices(op: str, **tensors: torch.Tensor | None) -> None:

@@ -28,6 +28,7 @@ from tango_lm.config_checks import (
     check_budget_agrees,
     check_data_fits_model,
     check_fits_memory,
+    check_kernels_installed,
     start_of_run_warnings,
 )
 from tango_lm.data.loader import WindowLoader, eval_batches
@@ -38,13 +39,7 @@ from tango_lm.layers.active_width import keep_inactive_columns, segment_for_step
 from tango_lm.models.model import build_model
 from tango_lm.models.params import active_non_embedding_params
 from tango_lm.train import distributed, metrics_file
-from tango_lm.train.checkpoint import (
-    complete_steps,
-    load_checkpoint,
-    remove_incomplete,
-    step_dir_name,
-    step_of,
-)
+from tango_lm.train.checkpoint import complete_steps, load_checkpoint, remove_incomplete, step_dir_name, step_of
 from tango_lm.train.compiled_forward import CompiledForward, with_eager_fallback
 from tango_lm.train.config import RunConfig, dump_yaml, tpp_reference_params
 from tango_lm.train.cpu_allocator import keep_freed_memory
@@ -122,6 +117,7 @@ class Trainer(TrainerCheckpoints):
             check_budget_agrees(run)
         self.total_steps = run.total_steps()
 
+        check_kernels_installed(run.model, self.device)
         check_fits_memory(
             run.model,
             self.device,
