@@ -4,7 +4,9 @@ on them against the naive loop, forward and gradients; and how the library is bu
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
 import warnings
 
 import pytest
@@ -252,3 +254,33 @@ def test_build_is_cached_by_source_compiler_and_cpu(fresh_library):
     cpu_kernels.library.cache_clear()
     assert cpu_kernels.available()
     assert [p.stat().st_mtime_ns for p in fresh_library.iterdir()] == [stamp]  # loaded, not rebuilt
+
+
+@needs_kernels
+def test_cc_may_carry_arguments_and_the_library_is_readable_by_all(monkeypatch, fresh_library, tmp_path):
+    # CC="gcc -m64" (or "ccache gcc") had been looked up as one program name: no library, no word,
+    # TANGO's mixing 1.7x slower. The library was 0711 whatever the umask: no other user of a
+    # shared kernel cache could load it.
+    compiler = shutil.which(os.environ.get("CC") or "cc")
+    monkeypatch.setenv("CC", f"{compiler} -DTANGO_LM_TEST_FLAG=1")
+    old = os.umask(0o022)
+    try:
+        assert cpu_kernels.available()
+    finally:
+        os.umask(old)
+    (built,) = fresh_library.iterdir()
+    assert built.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_cc_that_is_not_a_program_is_warned(monkeypatch, fresh_library):
+    monkeypatch.setenv("CC", "no-such-compiler-xyz -O2")
+    with pytest.warns(
+        RuntimeWarning, match=r"CPU kernels not built \(\$CC='no-such-compiler-xyz -O2' is not a program"
+    ):
+        assert cpu_kernels.library() is None
+    monkeypatch.delenv("CC")
+    cpu_kernels.library.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no $CC and no cc: the PyTorch path, nothing to warn of
+        monkeypatch.setenv("PATH", str(fresh_library))
+        assert cpu_kernels.library() is None

@@ -4,7 +4,7 @@ BLAS has no GEMM for a causal (lower-triangular) left factor, so the PyTorch pat
 `ops/tango_mix.py` splits each product into blocks and still computes 5/8 of the T x T square at
 T = 256; these kernels compute the triangle only, with the machine's own vector width
 (`-march=native`, or `$TANGO_LM_KERNEL_MARCH`). They are compiled once with the C compiler
-(`$CC`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `kernels/` under `tango_lm.cache_root`), keyed by
+(`$CC`, which may carry flags or a wrapper such as `ccache gcc`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `kernels/` under `tango_lm.cache_root`), keyed by
 the source, the compiler, the flags and the CPU's features, so a cluster with mixed CPUs and a
 shared home gets one library per CPU kind. Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`,
 `available()` is False and the PyTorch path runs (one warning says why when a build fails).
@@ -21,6 +21,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -63,10 +64,27 @@ def _flags() -> list[str]:
     return [f"-march={os.environ.get('TANGO_LM_KERNEL_MARCH', 'native')}", *FLAGS]
 
 
-def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+def _compiler() -> list[str] | None:
+    """$CC (else cc) as a command: a program and its arguments ("gcc -m64", "ccache gcc"); None when
+    the program is not found, warned when $CC named it (the kernels had been turned off silently)."""
+    command = shlex.split(os.environ.get("CC") or "cc")
+    program = shutil.which(command[0]) if command else None
+    if program is None:
+        if os.environ.get("CC"):
+            warnings.warn(
+                f"tango-lm: CPU kernels not built ($CC={os.environ['CC']!r} is not a program on PATH); "
+                "TANGO uses the PyTorch path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return None
+    return [program, *command[1:]]
+
+
+def _build(compiler: list[str]) -> Path:
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     flags = _flags()
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, version, _cpu_description(), *flags]).encode())
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), *compiler, version, _cpu_description(), *flags]).encode())
     target = _cache_dir() / f"tango_kernels_{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -77,12 +95,16 @@ def _build(compiler: str) -> Path:
     try:
         for extra in (OPENMP, []):
             proc = subprocess.run(
-                [compiler, *flags, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+                [*compiler, *flags, *extra, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
             )
             if proc.returncode == 0:
+                # mkstemp's 0600 (plus the linker's x bits) let no other user of a shared cache load it
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o777 & ~umask)
                 os.replace(tmp, target)
                 return target
-        raise RuntimeError(f"{compiler} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{' '.join(compiler)} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -93,7 +115,7 @@ def library() -> ctypes.CDLL | None:
     """The built library, or None (disabled, no compiler, or the build failed: warned once)."""
     if os.environ.get("TANGO_LM_CPU_KERNELS", "1") == "0":
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
+    compiler = _compiler()
     if compiler is None:
         return None
     try:
