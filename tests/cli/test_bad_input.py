@@ -338,7 +338,7 @@ EXPECT = {
     "warning_before_error": "unknown architecture 'nope'",
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
     "eval_negative_windows": "--windows takes a positive number or 'all' (got '-1')",
-    "eval_zero_stride": "--stride must be between 1 and the context length 32 (got 0)",
+    "eval_zero_stride": "--stride must be between 1 and the window length 32 (got 0)",
     "eval_ppl_directory": "is a directory; give a text file to --ppl",
     "eval_ppl_device_file": f"{os.devnull} is not a regular file; give a text file to --ppl",
     "eval_empty_split": "split '' is not in",

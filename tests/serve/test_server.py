@@ -448,3 +448,38 @@ def test_other_methods_and_pages_name_the_endpoints(server):
         resp = conn.getresponse()
         reply = json.loads(resp.read())
         assert resp.status == status and said in reply["error"]["message"], (method, path, reply)
+
+
+def test_generate_and_serve_warn_of_positions_the_run_never_trained(tmp_path, capsys, monkeypatch):
+    # A run of train.seq_len=8 in a context of 40 learned positions 1-8 only; eval and lm-eval score
+    # windows of 8, but generate and serve read up to 40 without a word (a RoPE model's text falls
+    # apart there, GAU's relative bias past 8 is its initial zero).
+    tok = get_tokenizer("byte")
+    run = RunConfig.from_dict(
+        {
+            "model": {**helpers.TINY_MODEL, "context_length": CONTEXT},
+            "data": {"dir": str(tmp_path / "data")},
+            "train": {**helpers.TINY_TRAIN, "seq_len": 8, "out_dir": str(tmp_path)},
+        }
+    )
+    ckpt = save_checkpoint(
+        tmp_path / "checkpoints", 3, run.model.build().state_dict(), {}, run.to_dict(), tok.to_dict(), {}
+    )
+    argv = ["generate", str(ckpt), "--temperature", "0", "--device", "cpu", "--max-new-tokens"]
+    assert main([*argv, "3", "--prompt", "abcdef"]) == 0  # reads 8 positions: 6 + 3 - 1
+    assert capsys.readouterr().err == ""
+    assert main([*argv, "4", "--prompt", "abcdef"]) == 0
+    assert capsys.readouterr().err == (
+        "warning: the prompt with its new tokens reads up to position 9, past the 8 the run trained on "
+        f"(train.seq_len=8, model.context_length={CONTEXT}); what the model does there is untrained\n"
+    )
+    monkeypatch.setattr(
+        server_module,
+        "uvicorn_server",
+        lambda app, log_level: type("S", (), {"run": lambda self, sockets: sockets[0].close()})(),
+    )
+    server_module.serve(str(ckpt), port=0, device="cpu")
+    assert capsys.readouterr().err == (
+        f"warning: a request as long as the context reads up to position {CONTEXT}, past the 8 the run trained on "
+        f"(train.seq_len=8, model.context_length={CONTEXT}); what the model does there is untrained\n"
+    )

@@ -38,6 +38,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         )
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else min(DEFAULT_NEW_TOKENS, room)
     check_decode_fits_memory(model.config, device, args.num_samples, len(ids) + max_new_tokens, "--num-samples")
+    if note := ckpt.untrained_positions_note(len(ids) + max_new_tokens - 1, "the prompt with its new tokens"):
+        print(note, file=sys.stderr)
     prompt = torch.tensor([ids] * args.num_samples, device=device)
     out = generate(
         model,

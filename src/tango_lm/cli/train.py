@@ -225,7 +225,12 @@ def add_parsers(sub: Any) -> None:
         choices=("text", "wikitext", "lambada"),
         help="--ppl file format: blank-line documents (text, the default), raw WikiText, or LAMBADA lines/JSONL",
     )
-    s.add_argument("--stride", type=int, default=None, help="--ppl rolling-window stride (default: the context)")
+    s.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="--ppl rolling-window stride (default: the window, the run's train.seq_len)",
+    )
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)

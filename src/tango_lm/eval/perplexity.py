@@ -115,7 +115,8 @@ def rolling_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int,
     """Windows over s = [EOT] + doc (n_tokens + 1 ids) that score targets s[1:] exactly once:
     (a, e, k) = feed s[a:e], score its last k predictions (targets s[e-k+1 .. e])."""
     if not 1 <= stride <= context:
-        raise UserError(f"--stride must be between 1 and the context length {context} (got {stride})")
+        # the window is the run's train.seq_len, which may be shorter than model.context_length
+        raise UserError(f"--stride must be between 1 and the window length {context} (got {stride})")
     last = n_tokens  # index of the last target in s
     windows, done, a = [], 0, 0
     while done < last:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -309,6 +310,8 @@ def serve(
     app = build_app(model, tokenizer, name, dev, max_batch_size=max_batch_size, batch_wait=batch_wait_ms / 1000)
 
     server = uvicorn_server(app, log_level)
+    if note := ckpt.untrained_positions_note(model.config.context_length, "a request as long as the context"):
+        print(note, file=sys.stderr)
     print(f"serving {name} ({ckpt.path}, step {ckpt.meta.get('step')}) at {base_url(sock)}", flush=True)
     server.run(sockets=[sock])
 

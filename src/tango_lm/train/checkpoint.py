@@ -53,6 +53,23 @@ class Checkpoint:
     run_train: dict[str, Any] | None = None
 
     @property
+    def trained_length(self) -> int:
+        """Positions the run trained (train.seq_len, at most the context); eval and lm-eval score
+        windows of this length, and a longer sequence reads positions the model never learned."""
+        context = self.config["model"]["context_length"]
+        return min(self.config.get("train", {}).get("seq_len") or context, context)
+
+    def untrained_positions_note(self, positions: int, what: str) -> str | None:
+        """A warning when `what` reads past the trained positions (None when it does not)."""
+        trained, context = self.trained_length, self.config["model"]["context_length"]
+        if positions <= trained:
+            return None
+        return (
+            f"warning: {what} reads up to position {positions}, past the {trained} the run trained on "
+            f"(train.seq_len={trained}, model.context_length={context}); what the model does there is untrained"
+        )
+
+    @property
     def layout(self) -> str:
         """'full' (model.safetensors + train_state.pt) or 'sharded' (DCP shards, see above)."""
         return self.meta.get("layout", "full")
