@@ -300,10 +300,55 @@ def test_a_job_that_ended_without_a_result_says_why_in_its_row(data_dir, tmp_pat
     class CancelledJob:
         job_id = "1005_1"
 
-        def result(self):
+        def results(self):
             raise RuntimeError("Job 1005_1 (task: 0) with path /x/1005_1_0_result.pkl\nhas not produced any output "
                                "(state: CANCELLED by 0)")  # fmt: skip
 
     monkeypatch.setattr(launchers, "_submit", lambda submitit, grid, runs, *a: [CancelledJob() for _ in runs])
     rows = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), wait=True, log=lambda _: None)
     assert rows[0]["status"] == "failed" and "has not produced any output (state: CANCELLED by 0)" in rows[0]["error"]
+
+
+def test_a_job_of_several_tasks_reports_rank_0s_row(data_dir, tmp_path, monkeypatch):
+    # --gpus-per-job 2 --wait: submitit's Job.result() refuses a job of several tasks, and every
+    # such job that trained was reported failed ("You should use `results()` ..."), the sweep exit 1.
+    grid = load_grid(write_grid(tmp_path, data_dir))
+
+    class TwoTaskJob:
+        job_id = "1006"
+
+        def result(self):
+            raise AssertionError("You should use `results()` if your job has subtasks.")
+
+        def results(self):
+            return [{"run": "rank 0's", "status": "trained"}, {"run": "rank 1's", "status": "trained"}]
+
+    monkeypatch.setattr(launchers, "_submit", lambda submitit, grid, runs, *a: [TwoTaskJob() for _ in runs])
+    (row,) = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), wait=True, log=lambda _: None)
+    assert row == {"run": "rank 0's", "status": "trained", "job_id": "1006"}
+
+
+def test_other_ranks_of_a_job_leave_an_earlier_attempts_files_to_rank_0(data_dir, tmp_path, monkeypatch):
+    # A job killed before its first checkpoint leaves config.json and metrics.jsonl; in the next
+    # attempt rank 0 removes them under the run's lock, but rank 1, checking at the same time,
+    # refused them ("already holds a run") and the job died, rank 0 waiting for it.
+    from tango_lm.train import distributed
+    from tango_lm.train.run_dir import claim_run_dir
+
+    grid = load_grid(write_grid(tmp_path, data_dir))
+    (run,) = grid.runs
+    run.out_dir.mkdir(parents=True)
+    (run.out_dir / "config.json").write_text("{}")
+    calls = []
+    monkeypatch.setattr(distributed, "launch_env", lambda: (1, 1, 2))
+    monkeypatch.setattr(launchers, "_export_torch_distributed_env", lambda: None)
+    monkeypatch.setattr(
+        "tango_lm.train.trainer.train", lambda *a, **kw: calls.append((a, kw)) or type("R", (), {"summary": {}})
+    )
+    launchers.SweepJob.of(run)()
+    assert calls[0][1]["prepared_by_rank_0"] is True and calls[0][0][1] is False  # a new run, not a resume
+    with claim_run_dir(run.config, resume=False, main_process=False, prepared_by_rank_0=True):
+        pass
+    with pytest.raises(UserError, match="already holds a run \\(config.json\\)"):
+        with claim_run_dir(run.config, resume=False, main_process=True, prepared_by_rank_0=True):
+            pass

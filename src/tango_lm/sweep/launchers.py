@@ -90,7 +90,10 @@ class SweepJob:
         if state["state"] == "other-config":  # another config trained there since the submission
             return other_config_row(run, state, lambda line: print(line, flush=True), f"{run.name}: not trained: ")
         if launch_env()[0] != 0:  # the other processes of a multi-GPU job write nothing
-            return _row(run, "trained", train(run.config, resume=state["state"] == "resume", progress=False).summary)
+            # rank 0 removes what an attempt killed before its first checkpoint left (_prepare_dir):
+            # these ranks must not refuse those files, which they may see before it does
+            resume = state["state"] == "resume"
+            return _row(run, "trained", train(run.config, resume, progress=False, prepared_by_rank_0=True).summary)
         with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
             return _train_one(run, run.name, lambda msg: print(msg, flush=True), progress=False)  # a job's log
 
@@ -226,7 +229,7 @@ def submit_sweep(
         ]
     for run, job in zip(todo, jobs, strict=True):
         try:
-            row = job.result()
+            row = job.results()[0]  # rank 0's: result() refuses a job of several tasks (--gpus-per-job 2)
         except Exception as exc:  # noqa: BLE001 - a job that died (cancelled, out of memory, ...) is one failed row
             # submitit says why on its second line ("has not produced any output (state: CANCELLED ...)"):
             # the whole message in one line, cut at 300 characters

@@ -14,7 +14,9 @@ Before anything is written, `claim_run_dir` checks, reading only:
 then takes the run directory's lock (`output_lock.py`; rank 0 alone under torchrun, since only rank
 0 writes run files) and, under it, checks what the directory holds: run files without `--resume`
 are refused, and so is a `checkpoints` that is a file or run files that cannot be written. Every
-rank runs the checks, so under torchrun they all stop with the same error.
+rank runs the checks, so under torchrun they all stop with the same error; but where rank 0 empties
+the directory of an earlier attempt's files first (a sweep job's `prepared_by_rank_0`), the other
+ranks do not look for run files: they could see them before rank 0 removed them.
 """
 
 from __future__ import annotations
@@ -158,11 +160,11 @@ def _check_place(out: Path) -> None:
         )
 
 
-def _check_contents(out: Path, resume: bool) -> None:
+def _check_contents(out: Path, resume: bool, run_files_checked: bool = True) -> None:
     ckpt = out / "checkpoints"
     if os.path.lexists(ckpt) and not ckpt.is_dir():
         raise UserError(f"{ckpt} is a file, not a checkpoint directory; move it away and run again")
-    if not resume:
+    if not resume and run_files_checked:
         found = run_files(out)
         if found:
             raise UserError(
@@ -178,13 +180,15 @@ def _check_contents(out: Path, resume: bool) -> None:
 
 
 @contextlib.contextmanager
-def claim_run_dir(run: Any, resume: bool, main_process: bool = True) -> Iterator[None]:
+def claim_run_dir(
+    run: Any, resume: bool, main_process: bool = True, prepared_by_rank_0: bool = False
+) -> Iterator[None]:
     """Check `run.train.out_dir` and hold its lock for the body of the `with` block. What the
     directory holds is checked under the lock (a writer that holds it reports that first)."""
     out = Path(run.train.out_dir)
     _check_place(out)
     with hold_output_lock(out, "tango-lm train", "set train.out_dir to another directory", enabled=main_process):
-        _check_contents(out, resume)
+        _check_contents(out, resume, run_files_checked=main_process or not prepared_by_rank_0)
         if resume and main_process:  # before the checkpoints are listed: a kill mid-save loses no step
             restore_interrupted_saves(out / "checkpoints")
         yield

@@ -187,9 +187,8 @@ class Trainer(TrainerCheckpoints):
         that stopped before its first good checkpoint starts over, as the non-finite guard advises."""
         if (self.out / "summary.json").exists():
             raise UserError(
-                f"cannot resume {self.out}: it finished (its summary.json) but holds no complete checkpoint, so it "
-                f"would train again from step 1; put its checkpoints back in {self.ckpt_root}, or train again in a "
-                "new train.out_dir"
+                f"cannot resume {self.out}: it finished (its summary.json) but holds no complete checkpoint, so it would "
+                f"train again from step 1; put its checkpoints back in {self.ckpt_root}, or train again in a new train.out_dir"
             )
 
     # -- logging ------------------------------------------------------------------------------
@@ -463,17 +462,23 @@ class Trainer(TrainerCheckpoints):
         return summary
 
 
-def train(run: RunConfig, resume: bool = False, warnings: bool = True, progress: bool | None = None) -> TrainResult:
+def train(
+    run: RunConfig,
+    resume: bool = False,
+    warnings: bool = True,
+    progress: bool | None = None,
+    prepared_by_rank_0: bool = False,
+) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked); `warnings=False`
     leaves the start-of-run warnings unsaid (a sweep says them once for all its runs), and
     `progress` overrides train.progress for this command only. Under torchrun
-    every process calls this; it joins the process group and leaves it at the end. The run
-    directory is checked and locked first (train/run_dir.py): one writer per run."""
+    every process calls this; it joins the process group and leaves it at the end. The run directory is
+    checked and locked first (train/run_dir.py; `prepared_by_rank_0`: a sweep job's): one writer per run."""
     run = RunConfig.from_dict(run.to_dict())  # checked as a config file is, before the run directory is claimed
     vote = StartVote()  # under torchrun: a process that stops before the group forms stops the others too
     try:
         try:
-            with claim_run_dir(run, resume, main_process=distributed.launch_env()[0] == 0):
+            with claim_run_dir(run, resume, distributed.launch_env()[0] == 0, prepared_by_rank_0):
                 return Trainer(run, resume=resume, warnings=warnings, progress=progress, start_vote=vote).fit()
         except BaseException as exc:
             vote.failed(exc)  # nothing where the group formed (or this process's vote was cast)
