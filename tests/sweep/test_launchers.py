@@ -326,6 +326,7 @@ def test_a_job_of_several_tasks_reports_rank_0s_row(data_dir, tmp_path, monkeypa
     monkeypatch.setattr(launchers, "_submit", lambda submitit, grid, runs, *a: [TwoTaskJob() for _ in runs])
     (row,) = submit_sweep(grid, grid.runs, slurm_settings(grid, {"gpus_per_job": 0}), wait=True, log=lambda _: None)
     assert row == {"run": "rank 0's", "status": "trained", "job_id": "1006"}
+    assert json.loads((grid.out_dir / "grid.json").read_text()) == {"runs": ["seed=17-101"]}  # for report
 
 
 def test_other_ranks_of_a_job_leave_an_earlier_attempts_files_to_rank_0(data_dir, tmp_path, monkeypatch):

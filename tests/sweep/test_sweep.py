@@ -405,6 +405,29 @@ def test_a_failed_run_finished_with_resume_as_its_error_says_is_reported(data_di
     assert run_state(load_grid(path).runs[0])["state"] == "done"
 
 
+def test_a_report_names_the_runs_of_the_grid_that_never_started(data_dir, tmp_path, capsys):
+    # A sweep killed after its first run (or run with --only) left the others without a directory:
+    # the report showed the finished ones as the whole grid, and said nothing of the rest.
+    axes = {
+        "dataset": {"syn": str(data_dir)},
+        "arch": ["tango", "loop-transformer", "gau", "flash", "untied-transformer"],
+    }
+    path = write_grid(tmp_path, axes, steps=2)
+    assert main(["sweep", str(path), "--no-progress", "--only", "arch=tango"]) == 0
+    assert json.loads((tmp_path / "sweep" / "grid.json").read_text())["runs"] == [
+        f"dataset=syn/arch={arch}" for arch in axes["arch"]
+    ]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "sweep"), "--no-plots"]) == 0
+    assert (
+        "warning: 4 of the grid's 5 runs never started (dataset=syn/arch=loop-transformer, dataset=syn/arch=gau, "
+        "dataset=syn/arch=flash and 1 more); the tables hold the others"
+    ) in capsys.readouterr().err
+    assert main(["sweep", str(path), "--no-progress"]) == 0
+    assert main(["report", str(tmp_path / "sweep"), "--no-plots"]) == 0
+    assert "never started" not in capsys.readouterr().err
+
+
 def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"]})
     grid = load_grid(path)

@@ -14,6 +14,7 @@ from typing import Any
 
 from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
+from tango_lm.sweep.grid import GRID_RUNS_FILE
 from tango_lm.train import metrics_file
 from tango_lm.train.config import (
     BUDGET_FIELDS,
@@ -175,6 +176,24 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     )
 
 
+def _never_started(root: Path) -> list[str]:
+    """The runs of the sweep's grid (its grid.json) with nothing to report: a killed sweep's later
+    runs have no directory, and a table of the others read as the whole grid."""
+    path = root / GRID_RUNS_FILE
+    if not path.is_file():
+        return []
+    try:
+        names = json.loads(path.read_text())["runs"]
+        assert isinstance(names, list) and all(isinstance(n, str) for n in names)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AssertionError):
+        return [f"{path} is unreadable; runs of the grid that never started are not named"]
+    missing = [n for n in names if not any((root / n / f).exists() for f in ("config.json", "failed.json"))]
+    if not missing:
+        return []
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return [f"{len(missing)} of the grid's {len(names)} runs never started ({shown}); the tables hold the others"]
+
+
 def _run_files(root: Path) -> tuple[list[Path], list[Path]]:
     """Every config.json and failed.json below `root`, outside checkpoint directories, sorted.
     os.walk and not rglob: a live sweep renames and removes its old checkpoints while a report
@@ -215,6 +234,7 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
     for failed in failures:  # runs that failed before writing their config
         if not (failed.parent / "config.json").exists():
             warnings.append(f"{failed.parent}: failed before training ({failed.name}); left out of the report")
+    warnings += _never_started(root)
     settings = {r.path: _resolved_setting(r.path) for r in records}  # each config.json read once
     records = _label_other_training(records, settings)
     records = _separate_other_settings(root, records, settings, warnings)

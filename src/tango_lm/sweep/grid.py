@@ -37,7 +37,8 @@ the same tokens in the same order.
 
 Run directories are named by the axes in the fixed order dataset, tier/target_params, d_model,
 depth, arch, head, config-field axes, seed: `dataset=fineweb/tier=70M/depth=4/arch=tango/
-head=standard/seed=17-101`. Each holds a normal `tango-lm train` run plus `sweep.json` (its labels).
+head=standard/seed=17-101`. Each holds a normal `tango-lm train` run plus `sweep.json` (its labels);
+`OUT/grid.json` lists them all (`record_grid_runs`), so that a report names those never started.
 Runs that differ only in model fields their architecture does not read (a `model.window` axis
 beside `tango`) are one setting: the first trains, the others are `Grid.repeats`, said, not trained.
 """
@@ -52,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.dataset_dir import is_prepared
 from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
@@ -367,3 +369,16 @@ def _fix_budget(run: RunConfig, target: int | None) -> float | None:
     reference = target if target is not None else tpp_reference_params(run.model)
     tokens_per_param, t.tokens, t.tokens_per_param = t.tokens_per_param, int(t.tokens_per_param * reference), None
     return tokens_per_param
+
+
+GRID_RUNS_FILE = "grid.json"
+
+
+def record_grid_runs(grid: Grid) -> None:
+    """`OUT/grid.json`: every run directory of the grid (the whole grid, whatever `--only` selects),
+    relative to `OUT`; `report` names those that never started (a killed sweep's later runs)."""
+    names = [
+        r.out_dir.relative_to(grid.out_dir).as_posix() for r in grid.runs if r.out_dir.is_relative_to(grid.out_dir)
+    ]
+    grid.out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(grid.out_dir / GRID_RUNS_FILE, {"runs": names})

@@ -41,7 +41,7 @@ from typing import Any
 from tango_lm.atomic_files import write_json_atomic
 from tango_lm.errors import UserError, did_you_mean, os_error_text
 from tango_lm.output_lock import hold_output_lock
-from tango_lm.sweep.grid import Grid, SweepRun
+from tango_lm.sweep.grid import Grid, SweepRun, record_grid_runs
 from tango_lm.sweep.runner import _row, _train_one, check_runs_to_train, other_config_row, run_state
 
 SLURM_CLUSTER = "slurm"  # submitit's executor; the tests use its "local" executor instead
@@ -220,6 +220,7 @@ def submit_sweep(
         if todo:
             jobs = _submit(submitit, grid, todo, settings, cluster)
             _record_jobs(grid.out_dir, cluster, [(run.name, job.job_id) for run, job in zip(todo, jobs, strict=True)])
+        record_grid_runs(grid)  # once the cluster took the jobs: a refused submission leaves nothing
     checks.say_warnings()  # after sbatch took the jobs: its refusal is the one line said
     for run, job in zip(todo, jobs, strict=True):
         log(f"{run.name}: submitted as job {job.job_id}")

@@ -34,7 +34,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.registry import without_unread_fields
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
-from tango_lm.sweep.grid import Grid, SweepRun
+from tango_lm.sweep.grid import Grid, SweepRun, record_grid_runs
 from tango_lm.train.checkpoint import restorable_step_dirs, restorable_steps
 from tango_lm.train.config import BUDGET_FIELDS, LOGISTICS_FIELDS, RunConfig
 from tango_lm.train.run_dir import FAILED_ATTEMPT_FILES, remove_run_files
@@ -212,6 +212,7 @@ def run_sweep(
     checks = check_runs_to_train(grid, runs, "trained")
     rows: list[dict[str, Any]] = []
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
+        record_grid_runs(grid)
         checks.say_warnings()
         for i, run in enumerate(runs, 1):
             head = f"[{i}/{len(runs)}] {run.name}"
