@@ -127,6 +127,30 @@ def test_match_prints_the_range_next_to_the_papers(capsys):
         assert main(["match", "--tier", "70M", "--depth", "4", *extra]) == 0
         out = capsys.readouterr().out
         assert "non-embedding range: " in out and "Table 3" not in out
+    # and it spans every row shown: it had left out the architectures outside Table 3 (here the smallest)
+    assert (
+        main(
+            [
+                "match",
+                "--tier",
+                "70M",
+                "--depth",
+                "4",
+                "--arch",
+                "tango",
+                "--arch",
+                "dense",
+                "--arch",
+                "tango-3set",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    res = json.loads(capsys.readouterr().out)
+    counts = {r["arch"]: r["non_embedding"] for r in res["models"]}
+    span = res["non_embedding_range"]
+    assert (span["min"], span["max"]) == (min(counts.values()), max(counts.values())) and len(set(counts.values())) > 1
     argv = ["match", "--tier", "70M", "--depth", "4", "--context-length", "512", "8192", "--gau-norm", "layernorm"]
     assert main([*argv, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -158,9 +158,9 @@ def cmd_match(args: argparse.Namespace) -> None:
             rows.append(_row(fixed, target, arch=label))
     ratios = active_ratio_rows(args.vocab_size) if args.ratios else []
     # Seed 000 Table 3's last column, and the paper's for its own tiers (same d_model and vocabulary).
-    span = non_embedding_range(rows)
     paper = paper_range(tier, args.depth) if tier and not args.arch else None
     paper_row = tier is not None and not args.arch and not args.overrides
+    span = non_embedding_range(rows, table3=paper_row)  # else of every row the table shows
     if span is not None:
         span["paper_millions"] = list(paper) if paper else None
     if args.json:

@@ -34,10 +34,11 @@ def paper_range(tier: str, depth: int) -> tuple[float, float] | None:
     return PAPER_RANGES.get((tier.strip().upper(), depth))
 
 
-def non_embedding_range(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def non_embedding_range(rows: list[dict[str, Any]], table3: bool = True) -> dict[str, Any] | None:
     """The smallest and largest non-embedding count among the rows of Table 3's architectures
-    (`match_tier` rows), with the architectures that set them; None when no row is one of them."""
-    mine = [r for r in rows if r["arch"] in TABLE3_ARCHS]
+    (`match_tier` rows), or among all rows with `table3=False` (a range printed under a table of
+    other models had left them out), with the architectures that set them; None without a row."""
+    mine = [r for r in rows if r["arch"] in TABLE3_ARCHS or not table3]
     if not mine:
         return None
     low = min(mine, key=lambda r: r["non_embedding"])
