@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tango_lm.heads.base import Head
+from tango_lm.heads.base import Head, float_logits
 from tango_lm.models.config import ModelConfig
 from tango_lm.ops.twin_loss import softmax_nll
 
@@ -24,8 +24,7 @@ class StandardHead(Head):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Output logits in fp32 (or wider, for a float64 model)."""
-        logits = F.linear(h, self.embed_tokens.weight)
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return float_logits(h, self.embed_tokens.weight)
 
     def log_probs(self, h: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(self.logits(h), dim=-1)

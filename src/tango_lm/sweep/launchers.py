@@ -381,5 +381,4 @@ def _record_jobs(out_dir: Path, cluster: str, jobs: list[tuple[str, str]]) -> No
     write_json_atomic(path, {"jobs": entries})
 
 
-LAUNCHERS = ("local", "slurm")
-__all__ = ["LAUNCHERS", "SweepJob", "queued_jobs", "slurm_settings", "submit_sweep", "time_minutes"]
+__all__ = ["SweepJob", "queued_jobs", "slurm_settings", "submit_sweep", "time_minutes"]
