@@ -181,7 +181,7 @@ class TrainConfig:
     # The global batch per optimizer step is batch_size * grad_accum windows on any process count.
     parallel: str = "none"  # none | ddp | fsdp
     checkpoint_format: str = "full"  # full: one safetensors file (any process count) | sharded: DCP shards
-    # Where the log goes (train/loggers.py): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
+    # Where the log goes (train/loggers/): jsonl (metrics.jsonl, always listed), tensorboard, wandb.
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb_project: str = "tango-lm"
     # Updates with a non-finite loss or gradient norm are skipped (train/nonfinite.py); more than

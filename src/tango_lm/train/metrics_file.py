@@ -1,4 +1,4 @@
-"""`metrics.jsonl`, the run's own record (the `jsonl` logger of train/loggers.py writes it): read
+"""`metrics.jsonl`, the run's own record (the `jsonl` logger of train/loggers/ writes it): read
 back, and cut to a checkpoint's step when a run resumes, so that the log is exactly what an
 uninterrupted run writes. Rank 0 alone reads and writes it."""
 
