@@ -12,6 +12,17 @@ from tango_lm.errors import UserError
 HEAD_DIM = 32  # the benchmark models' head width: d_model / 32 heads
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    """An option of comma-separated integers (argparse type)."""
+    items = text.split(",") if text.strip() else []  # none at all: the suite's check says what the list needs
+    try:
+        if any(not v.strip() for v in items):  # 1,,2: a value left out, not a list of two
+            raise ValueError
+        return tuple(int(v) for v in items)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -31,7 +31,13 @@ from typing import Any
 
 import torch
 
-from tango_lm.bench.checks import require_head_multiple, require_int_list, require_positive, require_tango_width_split
+from tango_lm.bench.checks import (
+    int_list,
+    require_head_multiple,
+    require_int_list,
+    require_positive,
+    require_tango_width_split,
+)
 from tango_lm.bench.decode_report import case_key, format_report
 from tango_lm.bench.memory import memory_config
 from tango_lm.bench.peak import _sync
@@ -396,6 +402,25 @@ def preset_configs(
             f"the baseline {BASELINE} has no preset {BASELINE}-{tier}-d{depth}; choose another tier or depth"
         )
     return out
+
+
+def add_suite_arguments(g: Any) -> None:
+    """The decode suite's own options (an argparse group)."""
+    g.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence (default %(default)s)")
+    g.add_argument("--new-tokens", type=int, default=128, help="tokens generated after it (default %(default)s)")
+    g.add_argument("--decode-batches", type=int_list, default=(1, 8), help="comma-separated batch sizes (default 1,8)")
+    g.add_argument(
+        "--head-backbone",
+        default="dense",
+        help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)",
+    )
+    g.add_argument(
+        "--decode-tier",
+        choices=("70m", "160m"),
+        default=None,
+        help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
+        "at --d-model",
+    )
 
 
 def check_suite_args(args: argparse.Namespace) -> None:

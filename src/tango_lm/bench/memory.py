@@ -46,6 +46,7 @@ from tango_lm.bench.child import run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.errors import did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
@@ -326,6 +327,38 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure_training_step(**json.loads(ns.child))))
         return
     parser.error("use `tango-lm bench --suite memory`")
+
+
+def head_names(text: str) -> tuple[str, ...]:
+    """--memory-heads: registered heads, with Standard (what the ratios are to) first."""
+    from tango_lm.heads.registry import HEADS
+
+    names = tuple(v.strip() for v in text.split(","))
+    for name in names:
+        if name not in HEADS:
+            raise argparse.ArgumentTypeError(
+                f"unknown head {name!r}{did_you_mean(name, HEADS)}; choose from {', '.join(HEADS)}"
+            )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a head is listed twice (got {text!r})")
+    return ("standard", *(n for n in names if n != "standard"))
+
+
+def add_suite_arguments(g: Any) -> None:
+    """The memory suite's own options (an argparse group)."""
+    g.add_argument(
+        "--memory-backbone",
+        default="dense-142m",
+        help="a preset (its model section) or an architecture at --d-model/--depth",
+    )
+    g.add_argument("--memory-batch-size", type=int, default=1, help="sequences per measured step (default %(default)s)")
+    g.add_argument("--memory-seq-len", type=int, default=512, help="tokens per sequence (default %(default)s)")
+    g.add_argument(
+        "--memory-heads",
+        type=head_names,
+        default=HEADS_COMPARED,
+        help=f"comma-separated heads, Standard first as the ratios' reference (default {','.join(HEADS_COMPARED)})",
+    )
 
 
 def check_suite_args(args: argparse.Namespace) -> None:

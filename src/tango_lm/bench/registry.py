@@ -1,5 +1,5 @@
 """The benchmark suites of `tango-lm bench --suite`: a new suite is a module in `bench/` with a
-runner, a check of its options and a table formatter, plus one entry here. `--suite all` runs
+runner, a check of its options, a table formatter and (if it has any) its own options, plus one entry here. `--suite all` runs
 them in this order; `tools/gpu_suites_table.py` prints each report with its suite's `format`.
 
 - `train` (`bench/training.py`): training tokens/s, analytic FLOPs per token, achieved FLOP/s, MFU
@@ -29,6 +29,7 @@ class BenchSuite:
     check: Callable[[argparse.Namespace], None]  # its options, before any suite starts: a UserError
     format: Callable[[dict[str, Any]], str]  # its report as the table it prints
     size_flags: tuple[str, ...]  # the flags that size its models and batches: what running out of memory names
+    add_arguments: Callable[[Any], None] | None = None  # its own options, into an argparse group of its name
 
 
 BENCH_SUITES = {
@@ -52,17 +53,20 @@ BENCH_SUITES = {
             "--d-model",
             "--depth",
         ),
+        decode.add_suite_arguments,
     ),
     "windowed": BenchSuite(
         windowed.run_suite,
         windowed.check_suite_args,
         windowed.format_report,
         ("--windowed-tokens", "--windowed-lens", "--windowed-width", "--d-model"),
+        windowed.add_suite_arguments,
     ),
     "memory": BenchSuite(
         memory.run_suite,
         memory.check_suite_args,
         memory.format_report,
         ("--memory-seq-len", "--memory-batch-size", "--head-vocab", "--memory-backbone", "--d-model", "--depth"),
+        memory.add_suite_arguments,
     ),
 }

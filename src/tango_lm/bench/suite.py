@@ -13,23 +13,12 @@ import platform
 from typing import Any
 
 from tango_lm.bench.checks import require_positive
-from tango_lm.bench.memory import HEADS_COMPARED
 from tango_lm.bench.registry import BENCH_SUITES
 from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.bench.training import PAIR, default_archs
 from tango_lm.bench.training import run_suite as run_train_suite
 from tango_lm.cli.output import DEVICE_HELP
-from tango_lm.errors import UserError, did_you_mean
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    items = text.split(",") if text.strip() else []  # none at all: check_arguments says what the list needs
-    try:
-        if any(not v.strip() for v in items):  # 1,,2: a value left out, not a list of two
-            raise ValueError
-        return tuple(int(v) for v in items)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+from tango_lm.errors import UserError
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -37,21 +26,6 @@ def _names(text: str) -> tuple[str, ...]:
     if not all(names):  # '' or 'tango,': not the default list, which an empty value read as before
         raise argparse.ArgumentTypeError(f"expected comma-separated architecture names, got {text!r}")
     return names
-
-
-def _head_names(text: str) -> tuple[str, ...]:
-    """--memory-heads: registered heads, with Standard (what the ratios are to) first."""
-    from tango_lm.heads.registry import HEADS
-
-    names = tuple(v.strip() for v in text.split(","))
-    for name in names:
-        if name not in HEADS:
-            raise argparse.ArgumentTypeError(
-                f"unknown head {name!r}{did_you_mean(name, HEADS)}; choose from {', '.join(HEADS)}"
-            )
-    if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"a head is listed twice (got {text!r})")
-    return ("standard", *(n for n in names if n != "standard"))
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -87,50 +61,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         default=None,
         help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)",
     )
-    g = s.add_argument_group("decode suite")
-    g.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence (default %(default)s)")
-    g.add_argument("--new-tokens", type=int, default=128, help="tokens generated after it (default %(default)s)")
-    g.add_argument("--decode-batches", type=_ints, default=(1, 8), help="comma-separated batch sizes (default 1,8)")
-    g.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
-    g.add_argument(
-        "--head-backbone",
-        default="dense",
-        help="architecture (at --d-model/--depth) or preset (e.g. dense-142m) under the heads (decode suite)",
-    )
-    g.add_argument(
-        "--decode-tier",
-        choices=("70m", "160m"),
-        default=None,
-        help="decode the presets {arch}-{tier}-d{depth} (seed 000 Table 3 sizes) instead of matched models "
-        "at --d-model",
-    )
-    g.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons")
-    g = s.add_argument_group("windowed suite")
-    g.add_argument("--window", type=int, default=64, help="windowed TANGO's window W (default %(default)s)")
-    g.add_argument(
-        "--windowed-lens",
-        type=_ints,
-        default=(256, 512, 1024, 2048, 4096),
-        help="comma-separated sequence lengths, increasing (default 256,512,1024,2048,4096)",
-    )
-    g.add_argument("--windowed-width", type=int, default=2048, help="TANGO's F in the windowed comparison")
-    g.add_argument("--windowed-tokens", type=int, default=16384, help="tokens per step at every T")
-    g.add_argument("--no-full-tango", action="store_true", help="windowed suite: time the windowed block only")
-    g.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="windowed suite timer")
-    g = s.add_argument_group("memory suite")
-    g.add_argument(
-        "--memory-backbone",
-        default="dense-142m",
-        help="a preset (its model section) or an architecture at --d-model/--depth",
-    )
-    g.add_argument("--memory-batch-size", type=int, default=1, help="sequences per measured step (default %(default)s)")
-    g.add_argument("--memory-seq-len", type=int, default=512, help="tokens per sequence (default %(default)s)")
-    g.add_argument(
-        "--memory-heads",
-        type=_head_names,
-        default=HEADS_COMPARED,
-        help=f"comma-separated heads, Standard first as the ratios' reference (default {','.join(HEADS_COMPARED)})",
-    )
+    s.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
+    s.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons (decode, memory)")
+    for name, suite in BENCH_SUITES.items():  # each suite's own options, in a group of its own
+        if suite.add_arguments is not None:
+            suite.add_arguments(s.add_argument_group(f"{name} suite"))
     s.add_argument(
         "--compile",
         action="store_true",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tango_lm.bench.checks import HEAD_DIM, require_int_list, require_positive
+from tango_lm.bench.checks import HEAD_DIM, int_list, require_int_list, require_positive
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
 from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
@@ -122,6 +122,21 @@ def windowed_time_per_token(
 
 
 TARGET = 1.3  # the suite's target: windowed time/token at the longest T over its time at the shortest
+
+
+def add_suite_arguments(g: Any) -> None:
+    """The windowed suite's own options (an argparse group)."""
+    g.add_argument("--window", type=int, default=64, help="windowed TANGO's window W (default %(default)s)")
+    g.add_argument(
+        "--windowed-lens",
+        type=int_list,
+        default=(256, 512, 1024, 2048, 4096),
+        help="comma-separated sequence lengths, increasing (default 256,512,1024,2048,4096)",
+    )
+    g.add_argument("--windowed-width", type=int, default=2048, help="TANGO's F in the windowed comparison")
+    g.add_argument("--windowed-tokens", type=int, default=16384, help="tokens per step at every T")
+    g.add_argument("--no-full-tango", action="store_true", help="windowed suite: time the windowed block only")
+    g.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="windowed suite timer")
 
 
 def check_suite_args(args: argparse.Namespace) -> None:
