@@ -60,9 +60,10 @@ class Checkpoint:
         return min(self.config.get("train", {}).get("seq_len") or context, context)
 
     def untrained_positions_note(self, positions: int, what: str) -> str | None:
-        """A warning when `what` reads past the trained positions (None when it does not)."""
+        """A warning when `what` reads past the trained positions (None when it does not, and past
+        the context, which is an error of its own)."""
         trained, context = self.trained_length, self.config["model"]["context_length"]
-        if positions <= trained:
+        if not trained < positions <= context:
             return None
         return (
             f"warning: {what} reads up to position {positions}, past the {trained} the run trained on "
