@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tango_lm import ModelConfig, UserError, build_model
+from tango_lm.heads.registry import HEADS
 from tango_lm.models.registry import ARCHITECTURES
 from tango_lm.serve.generate import filter_logits, generate, sample_next
 from tests import arch_cases
@@ -53,6 +54,15 @@ def check_cached_decoding(cfg: ModelConfig) -> None:
 @pytest.mark.parametrize("arch", arch_cases.names())
 def test_cached_decoding_reproduces_full_forward(arch):
     check_cached_decoding(arch_cases.tiny_config(arch))
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_every_head_decodes_as_its_full_forward(head):
+    # From the registry: a new head is checked as the shipped ones are (this named two of them).
+    from tests.serve.test_static_decode import check_static_decoding
+
+    check_cached_decoding(arch_cases.tiny_config("tango", head=head))
+    check_static_decoding(arch_cases.tiny_config("dense", head=head))
 
 
 def test_cached_decoding_of_block_attnres():
