@@ -428,7 +428,7 @@ def test_a_report_names_the_runs_of_the_grid_that_never_started(data_dir, tmp_pa
     assert "never started" not in capsys.readouterr().err
 
 
-def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch, capsys):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"]})
     grid = load_grid(path)
     original = Trainer.train_step
@@ -441,6 +441,7 @@ def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(Trainer, "train_step", stop_at_8)
         assert main(["sweep", str(path), "--no-progress"]) == 130  # Ctrl-C stops the sweep
+    assert capsys.readouterr().err == "interrupted; run the same command again to continue the sweep\n"
     tango = grid.runs[0].out_dir
     assert not (tango / "summary.json").exists() and not (grid.runs[1].out_dir).exists()
     rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)

@@ -94,7 +94,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 )
             return 0
     else:
-        rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+        try:
+            rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+        except KeyboardInterrupt:  # finished runs are kept and the interrupted one resumes from its checkpoint
+            raise KeyboardInterrupt("run the same command again to continue the sweep") from None
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:
         _print_json(rows)
