@@ -90,10 +90,10 @@ def full_disk(tmp, step, *args):  # rank 0 alone writes the files: as on a full 
 import time
 import tango_lm.train.run_dir as run_dir
 real_check = run_dir._check_contents
-def late_check(out, resume):  # rank 1 checks the FSDP run's directory late: rank 0 must not have written yet
+def late_check(out, resume, *args, **kwargs):  # rank 1 checks the FSDP run's directory late: rank 0 must not have written yet
     if name == "fsdp" and os.environ["RANK"] == "1":
         time.sleep(1)
-    real_check(out, resume)
+    real_check(out, resume, *args, **kwargs)
 run_dir._check_contents = late_check
 import tango_lm.train.trainer as trainer_py  # where Trainer finds them
 from tango_lm.errors import UserError
