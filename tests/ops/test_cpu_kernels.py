@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
+import re
+import shlex
 import warnings
 
 import pytest
@@ -261,8 +262,7 @@ def test_cc_may_carry_arguments_and_the_library_is_readable_by_all(monkeypatch, 
     # CC="gcc -m64" (or "ccache gcc") had been looked up as one program name: no library, no word,
     # TANGO's mixing 1.7x slower. The library was 0711 whatever the umask: no other user of a
     # shared kernel cache could load it.
-    compiler = shutil.which(os.environ.get("CC") or "cc")
-    monkeypatch.setenv("CC", f"{compiler} -DTANGO_LM_TEST_FLAG=1")
+    monkeypatch.setenv("CC", f"{shlex.join(cpu_kernels._compiler())} -DTANGO_LM_TEST_FLAG=1")  # $CC's own words kept
     old = os.umask(0o022)
     try:
         assert cpu_kernels.available()
@@ -273,11 +273,13 @@ def test_cc_may_carry_arguments_and_the_library_is_readable_by_all(monkeypatch, 
 
 
 def test_a_cc_that_is_not_a_program_is_warned(monkeypatch, fresh_library):
-    monkeypatch.setenv("CC", "no-such-compiler-xyz -O2")
-    with pytest.warns(
-        RuntimeWarning, match=r"CPU kernels not built \(\$CC='no-such-compiler-xyz -O2' is not a program"
-    ):
-        assert cpu_kernels.library() is None
+    for cc in ("no-such-compiler-xyz -O2", 'gcc "'):  # no such program; an unbalanced quote (a ValueError)
+        monkeypatch.setenv("CC", cc)
+        cpu_kernels.library.cache_clear()
+        with pytest.warns(
+            RuntimeWarning, match=rf"CPU kernels not built \(\$CC={re.escape(repr(cc))} names no program"
+        ):
+            assert cpu_kernels.library() is None
     monkeypatch.delenv("CC")
     cpu_kernels.library.cache_clear()
     with warnings.catch_warnings():

@@ -195,6 +195,7 @@ def test_triton_asked_for_without_triton_stops_a_command_before_it_writes(monkey
         "error: TANGO_LM_KERNELS=triton needs the triton package: pip install 'tango-lm[triton]'"
     )
     assert not (tmp_path / "run").exists()
+    assert helpers.run_main(capsys, ["presets", "tango-70m"])[0] == 0  # a command that runs no kernel is not stopped
     monkeypatch.delenv(dispatch.ENV)
     assert helpers.run_main(capsys, argv)[0] == 0
 
@@ -209,6 +210,8 @@ def test_a_gdn_run_asking_for_missing_fla_kernels_stops_before_it_writes(monkeyp
     with pytest.raises(UserError, match=r"model.gdn_backend=fla needs fla's kernels: pip install 'tango-lm\[gdn\]'"):
         Trainer(helpers.run_config(data_dir, tmp_path / "run", model, steps=2))
     assert not (tmp_path / "run").exists()
+    # attention_every=1: no GDN layer, so no fla kernel to need
+    Trainer(helpers.run_config(data_dir, tmp_path / "run", {**model, "attention_every": 1}, steps=2))
 
 
 IMPLEMENTATIONS = [None, "reference", "blocked", "c", "sdpa-sliced"]

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with held_warnings():
             args = parse_args(argv)
-            kernel_dispatch.check_requested_installed()  # a bad $TANGO_LM_KERNELS fails before anything is written
+            kernel_dispatch.requested()  # a bad $TANGO_LM_KERNELS fails before a command writes anything
             progress_on_terminal_only(args)
             with reader_may_leave(getattr(args, "outlives_reader", False)):
                 code = args.func(args)

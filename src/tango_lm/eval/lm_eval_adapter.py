@@ -114,18 +114,13 @@ class TangoLM(TemplateLM):
             logger.warning("tango-lm: ignoring model argument %s=%r", key, unused[key])
         ckpt = load_checkpoint(checkpoint)
         self.checkpoint = ckpt
-        train = ckpt.config.get("train") or {}
         context = int(ckpt.config["model"]["context_length"])
-        self._max_length = (
-            _int_arg("max_length", max_length)
-            if max_length is not None
-            else min(int(train.get("seq_len") or context), context)
-        )
+        self._max_length = _int_arg("max_length", max_length) if max_length is not None else ckpt.trained_length
         if not 1 <= self._max_length <= context:
             raise UserError(
                 f"max_length must be between 1 and the model's context of {context} (got {self._max_length})"
             )
-        precision = precision or train.get("precision", "auto")
+        precision = precision or (ckpt.config.get("train") or {}).get("precision", "auto")
         if precision not in ("auto", "fp32", "bf16"):
             raise UserError(f"precision must be auto, fp32 or bf16 (got {precision!r})")
         self._max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, minimum=1)  # below 1, every answer was empty

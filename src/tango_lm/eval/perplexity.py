@@ -432,7 +432,7 @@ def evaluate_checkpoint_file(
     model = ckpt.build_model(dev)
     variant = model_variant(model, ckpt, segment, ablate)
     tokenizer = tokenizer_from_dict(ckpt.tokenizer)
-    context = min(run["train"].get("seq_len") or run["model"]["context_length"], run["model"]["context_length"])
+    context = ckpt.trained_length
     dtype = autocast_dtype(run["train"].get("precision", "auto"), dev)
     # Each window materializes [batch, context, vocab] fp32 log-probs, so batches stay small.
     bs = batch_size or min(8, run["train"].get("eval_batch_size") or run["train"].get("batch_size") or 8)

@@ -67,18 +67,32 @@ def _flags() -> list[str]:
 def _compiler() -> list[str] | None:
     """$CC (else cc) as a command: a program and its arguments ("gcc -m64", "ccache gcc"); None when
     the program is not found, warned when $CC named it (the kernels had been turned off silently)."""
-    command = shlex.split(os.environ.get("CC") or "cc")
+    try:
+        command = shlex.split(os.environ.get("CC") or "cc")
+    except ValueError:  # an unbalanced quote
+        command = []
     program = shutil.which(command[0]) if command else None
     if program is None:
         if os.environ.get("CC"):
             warnings.warn(
-                f"tango-lm: CPU kernels not built ($CC={os.environ['CC']!r} is not a program on PATH); "
+                f"tango-lm: CPU kernels not built ($CC={os.environ['CC']!r} names no program on PATH); "
                 "TANGO uses the PyTorch path",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return None
     return [program, *command[1:]]
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _build(compiler: list[str]) -> Path:
@@ -99,9 +113,7 @@ def _build(compiler: list[str]) -> Path:
             )
             if proc.returncode == 0:
                 # mkstemp's 0600 (plus the linker's x bits) let no other user of a shared cache load it
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(tmp, 0o777 & ~umask)
+                os.chmod(tmp, 0o777 & ~_umask())
                 os.replace(tmp, target)
                 return target
         raise RuntimeError(f"{' '.join(compiler)} failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")

@@ -181,16 +181,6 @@ class Trainer(TrainerCheckpoints):
         if existing:
             self._resume(existing[-1])
 
-    def _check_never_saved(self) -> None:
-        """A run resumed with no complete checkpoint starts at step 1: refused when it had finished
-        (its summary.json; its checkpoints moved away, or its only one damaged and moved out). One
-        that stopped before its first good checkpoint starts over, as the non-finite guard advises."""
-        if (self.out / "summary.json").exists():
-            raise UserError(
-                f"cannot resume {self.out}: it finished (its summary.json) but holds no complete checkpoint, so it would "
-                f"train again from step 1; put its checkpoints back in {self.ckpt_root}, or train again in a new train.out_dir"
-            )
-
     # -- logging ------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:

@@ -104,6 +104,17 @@ class TrainerCheckpoints:
         )
         self._write_best()  # a kill between a save and best.json must not leave it stale
 
+    def _check_never_saved(self) -> None:
+        """A run resumed with no complete checkpoint starts at step 1: refused when it had finished
+        (its summary.json; its checkpoints moved away, or its only one damaged and moved out). One
+        that stopped before its first good checkpoint starts over, as the non-finite guard advises."""
+        if (self.out / "summary.json").exists():
+            raise UserError(
+                f"cannot resume {self.out}: it finished (its summary.json) but holds no complete checkpoint, so it "
+                f"would train again from step 1; put its checkpoints back in {self.ckpt_root}, or train again in a "
+                "new train.out_dir"
+            )
+
     def _train_state(self, optimizer: dict[str, Any] | None = None) -> dict[str, Any]:
         """Everything but the weights. The loader position is global (the same on every rank) and
         the RNG state is rank 0's, so the state resumes on any number of processes."""
