@@ -27,6 +27,7 @@ from tango_lm.models.model import build_model
 from tango_lm.train import checkpoint as ckpt_mod
 from tango_lm.train import trainer as trainer_module
 from tango_lm.train.checkpoint import (
+    DESCRIBED,
     FORMAT,
     SUMMED,
     complete_steps,
@@ -131,7 +132,7 @@ def test_json_sidecars(scripted_run, data_dir):
         assert json.loads((path / "tokenizer.json").read_text()) == tok
         assert json.loads((path / "COMPLETE").read_text()) == {"step": step}
         meta = json.loads((path / "meta.json").read_text())
-        sums = {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in SUMMED}
+        sums = {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in (*SUMMED, *DESCRIBED)}
         assert meta == {
             "format": FORMAT,
             "step": step,
@@ -386,6 +387,48 @@ def test_a_train_state_of_another_shape_is_refused_before_anything_changes(
     line = helpers.assert_one_error_line(capsys.readouterr().err)
     assert said in line and "to resume from the one before it" in line
     assert helpers.snapshot(copy) == before
+
+
+def test_a_flipped_bit_in_a_checkpoints_config_or_weights_is_refused_not_scored(scripted_run, tmp_path, capsys):
+    # config.json's depth 2 -> 3 (one bit) built a deeper looped model on the same weights, and eval,
+    # generate, serve and export used it; a NaN weight (its sum updated) printed "dev NLL nan".
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    step = helpers.step_dir(copy, 8)
+    config = step / "config.json"
+    config.write_text(config.read_text().replace('"depth": 2', '"depth": 3', 1))
+    with pytest.raises(UserError, match="has a config.json that does not match the sha256 in its meta.json"):
+        load_checkpoint(step)
+    shutil.copy(helpers.step_dir(out, 8) / "config.json", config)
+    (step / "tokenizer.json").write_text(json.dumps({"name": "gpt2", "vocab_size": 50257, "eot_id": 50256}))
+    with pytest.raises(UserError, match="has a tokenizer.json that does not match the sha256"):
+        load_checkpoint(step)
+    shutil.copy(helpers.step_dir(out, 8) / "tokenizer.json", step / "tokenizer.json")
+    weights = step / "model.safetensors"
+    state = load_file(str(weights))
+    state["norm.weight"][0] = float("nan")
+    save_file(state, str(weights), metadata={"format": FORMAT})
+    meta = json.loads((step / "meta.json").read_text())  # consistent with its sums: past that check
+    meta["sha256"]["model.safetensors"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (step / "meta.json").write_text(json.dumps(meta))
+    assert main(["eval", str(step), "--split", "dev"]) == 2
+    line = helpers.assert_one_error_line(capsys.readouterr().err)
+    assert (
+        line == f"error: checkpoint {step} has non-finite values in norm.weight; it is corrupt, use another checkpoint"
+    )
+
+
+@pytest.mark.parametrize("text", ['{"step": 6, "dev_nll": DEV}', '{"step": 4.7, "dev_nll": DEV}', '{"step": true}'])
+def test_a_best_json_naming_another_step_is_refused(scripted_run, tmp_path, text):
+    # A flipped digit (4 -> 6) made eval, generate, serve and export use step 6 as the best-dev
+    # checkpoint; int() also took 4.7 as step 4 and true as step 1.
+    out, _, _ = scripted_run
+    copy = _copy(out, tmp_path / "run")
+    best = json.loads((copy / "best.json").read_text())
+    assert best["step"] == 4 and load_checkpoint(copy).path == helpers.step_dir(copy, 4)
+    (copy / "best.json").write_text(text.replace("DEV", repr(best["dev_nll"])))
+    with pytest.raises(UserError, match=f"{copy / 'best.json'} (names step 6 with dev NLL|cannot be read)"):
+        load_checkpoint(copy)
 
 
 def test_a_damaged_latest_checkpoint_says_how_to_resume_from_the_one_before(scripted_run, data_dir, tmp_path, capsys):

@@ -6,7 +6,8 @@ A checkpoint is a step directory `checkpoints/step-00000100/` holding
 - `train_state.pt`: optimizer, step, loader position, RNG and best-dev record, loaded only with
   `torch.load(weights_only=True)`;
 - `config.json` (the whole run config), `tokenizer.json`, `meta.json` (with the sha256 of the
-  weights and the train state: a file damaged or changed on disk is refused when it is read);
+  weights, the train state, the config and the tokenizer: a file damaged or changed on disk is
+  refused when it is read), and non-finite weights are refused (none is ever saved);
 - `COMPLETE`: written last. A directory without it does not count.
 
 It is written under a temporary name and renamed into place, so a run killed mid-save leaves the
@@ -40,6 +41,9 @@ REPLACED = ".replaced-"  # a step directory a re-save of its step moved aside (p
 LEFTOVERS = (".tmp-", ".old-", REPLACED)  # what interrupted saves and prunes leave beside the steps
 # Their sha256 in meta.json, and each shard's as "shards/NAME" (checkpoints before it have none).
 SUMMED = ("model.safetensors", "train_state.pt")
+# Summed too (checkpoints before it have no sum of them): a flipped bit in config.json's depth or
+# rope_theta built another model on the same weights, and eval printed its numbers.
+DESCRIBED = ("config.json", "tokenizer.json")
 
 
 @dataclass
@@ -82,9 +86,14 @@ class Checkpoint:
             return load_sharded_model(self.path, self.meta)
         self._check_sum("model.safetensors")
         try:
-            return load_file(str(self.path / "model.safetensors"))
+            state = load_file(str(self.path / "model.safetensors"))
         except (SafetensorError, OSError, ValueError) as exc:
             raise UserError(f"checkpoint {self.path} has unreadable weights ({exc}); use another checkpoint") from None
+        for name, tensor in state.items():  # no checkpoint is saved from non-finite weights (train/nonfinite.py)
+            if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+                what = "non-finite values" if tensor.is_floating_point() else f"{tensor.dtype} values"
+                raise UserError(f"checkpoint {self.path} has {what} in {name}; it is corrupt, use another checkpoint")
+        return state
 
     def build_model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The model this checkpoint holds, in eval mode."""
@@ -244,10 +253,10 @@ def _finish(
         layout = {"layout": "sharded", "shards": shard_manifest(tmp / SHARDS)}
     torch.save(train_state, tmp / "train_state.pt")
     _fsync_file(tmp / "train_state.pt")
-    summed = [*SUMMED, *(f"{SHARDS}/{name}" for name in layout.get("shards", {}))]
-    sums = {name: file_sha256(tmp / name) for name in summed if (tmp / name).exists()}
     _write_json(tmp / "config.json", config)
     _write_json(tmp / "tokenizer.json", tokenizer)
+    summed = [*SUMMED, *DESCRIBED, *(f"{SHARDS}/{name}" for name in layout.get("shards", {}))]
+    sums = {name: file_sha256(tmp / name) for name in summed if (tmp / name).exists()}
     _write_json(tmp / "meta.json", {"format": FORMAT, "step": step, **layout, "sha256": sums, **meta})
     _same_mode(tmp)
     _write_json(tmp / MARKER, {"step": step})
@@ -319,6 +328,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         )
     try:
         meta = json.loads((path / "meta.json").read_text())
+        if isinstance(meta, dict):
+            for name in DESCRIBED:
+                check_sum(path, meta, name)
         config = json.loads((path / "config.json").read_text())
         tokenizer = json.loads((path / "tokenizer.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -372,7 +384,10 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
         # Never another checkpoint in its place: its numbers would be reported as the run's.
         instead = f"point at one of its checkpoints/step-* directories (the latest is {steps[-1]})"
         try:
-            step = int(json.loads(best_file.read_text())["step"])
+            best = json.loads(best_file.read_text())
+            step = best["step"]
+            if isinstance(step, bool) or not isinstance(step, int):  # int() had taken 4.7 and true
+                raise TypeError
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(
                 f"{best_file} cannot be read, so the run's best-dev checkpoint is unknown; {instead}"
@@ -383,6 +398,13 @@ def resolve_run_checkpoint(run_dir: Path, which: str = "best") -> Path:
                 f"the run's best-dev checkpoint {candidate} (named by {best_file}) is missing or incomplete; "
                 f"restore it, or {instead}"
             )
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # its own meta.json is checked when opened
+            saved = json.loads((candidate / "meta.json").read_text()).get("dev_nll")
+            if isinstance(saved, float) and saved != best.get("dev_nll"):  # a flipped digit names another step
+                raise UserError(
+                    f"{best_file} names step {step} with dev NLL {best.get('dev_nll')!r}, but that checkpoint "
+                    f"measured {saved!r}: it is damaged; restore it, or {instead}"
+                )
         return candidate
     return steps[-1]
 
