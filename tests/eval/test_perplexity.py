@@ -272,6 +272,24 @@ def run_dir(tmp_path_factory):
     return out
 
 
+def test_ppl_of_a_checkpoint_whose_config_has_no_train_section(run_dir, tmp_path, capsys):
+    # A checkpoint from before sums of config.json, hand-edited: eval --ppl was a KeyError traceback;
+    # it reads only the window, precision and batch there, and scores with their defaults.
+    import shutil
+
+    step = tmp_path / "step"
+    shutil.copytree(sorted((run_dir / "checkpoints").iterdir())[-1], step)
+    config = json.loads((step / "config.json").read_text())
+    del config["train"]
+    (step / "config.json").write_text(json.dumps(config))
+    meta = json.loads((step / "meta.json").read_text())
+    del meta["sha256"]["config.json"]
+    (step / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "t.txt").write_text("some text to score\n")
+    assert main(["eval", str(step), "--ppl", str(tmp_path / "t.txt"), "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == helpers.TINY_MODEL["context_length"]
+
+
 def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
     from tango_lm.train.checkpoint import load_checkpoint
 

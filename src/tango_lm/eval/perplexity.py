@@ -433,8 +433,9 @@ def evaluate_checkpoint_file(
     variant = model_variant(model, ckpt, segment, ablate)
     tokenizer = tokenizer_from_dict(ckpt.tokenizer)
     context = ckpt.trained_length
-    dtype = autocast_dtype(run["train"].get("precision", "auto"), dev)
+    train = run["train"] if isinstance(run.get("train"), dict) else {}  # a damaged config.json: the defaults
+    dtype = autocast_dtype(train.get("precision", "auto"), dev)
     # Each window materializes [batch, context, vocab] fp32 log-probs, so batches stay small.
-    bs = batch_size or min(8, run["train"].get("eval_batch_size") or run["train"].get("batch_size") or 8)
+    bs = batch_size or min(8, train.get("eval_batch_size") or train.get("batch_size") or 8)
     res = evaluate_file(model, tokenizer, path, fmt, context, stride, bs, dev, dtype, progress=progress)
     return {"checkpoint": str(ckpt.path), "step": ckpt.meta.get("step"), **res, **variant}

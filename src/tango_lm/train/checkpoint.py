@@ -60,8 +60,8 @@ class Checkpoint:
     def trained_length(self) -> int:
         """Positions the run trained (train.seq_len, at most the context); eval and lm-eval score
         windows of this length, and a longer sequence reads positions the model never learned."""
-        context = self.config["model"]["context_length"]
-        return min(self.config.get("train", {}).get("seq_len") or context, context)
+        context, train = self.config["model"]["context_length"], self.config.get("train")
+        return min((train.get("seq_len") if isinstance(train, dict) else None) or context, context)
 
     def untrained_positions_note(self, positions: int, what: str) -> str | None:
         """A warning when `what` reads past the trained positions (None when it does not, and past
