@@ -642,6 +642,16 @@ def test_ctrl_c_while_the_command_line_imports_is_interrupted_not_a_traceback(mo
     assert capsys.readouterr().err == "interrupted\n"
 
 
+def test_a_table_shows_a_value_its_number_format_does_not_take():
+    # A sweep over a run whose damaged summary.json says "test_nll": "x" was a ValueError traceback.
+    from tango_lm.cli.output import _table
+
+    table = _table(
+        [{"run": "a", "nll": 1.5}, {"run": "b", "nll": "x"}, {"run": "c"}], [("run", "run", ""), ("nll", "nll", ".4f")]
+    )
+    assert table.splitlines()[2:] == ["a    1.5000", "b         x", "c         -"]
+
+
 def test_json_output_is_standard_json(capsys):
     # An infinite word perplexity (a long word on a weak model) printed as Python's `Infinity`,
     # which JSON.parse, Go and Rust refuse.

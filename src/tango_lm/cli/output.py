@@ -179,11 +179,22 @@ def _print_json(data: Any) -> None:
     print(strict_json.dumps(json.loads(json.dumps(data, default=float)), indent=2))
 
 
+def _cell(value: Any, fmt: str) -> str:
+    """A table cell: "-" for none; a value its column's number format does not take (a damaged
+    summary.json's "x" for a test NLL) as it is, not a ValueError traceback."""
+    if value is None:
+        return "-"
+    try:
+        return format(value, fmt)
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
     """Plain-text table: columns are (key, header, format spec)."""
     cells = [[h for _, h, _ in columns]]
     for row in rows:
-        cells.append([("-" if row.get(k) is None else format(row[k], fmt)) for k, _, fmt in columns])
+        cells.append([_cell(row.get(k), fmt) for k, _, fmt in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     # Text columns (empty format) read left to right; numbers line up on the right.
     left = [not fmt for _, _, fmt in columns]
