@@ -61,7 +61,7 @@ class Ctx:
 def _checkpoint_with_config(c: Ctx, config) -> Path:
     copy = Path(shutil.copytree(c.run, c.tmp / "odd-run"))
     for step in copy.glob("checkpoints/step-*"):
-        (step / "config.json").write_text(json.dumps(config))
+        helpers.rewrite_step_json(step, "config.json", config)
     return copy
 
 

@@ -130,7 +130,7 @@ def test_eval_knows_the_runs_data_by_its_tokens_and_says_to_pass_data_when_it_is
     config = json.loads((out / "config.json").read_text())
     config["data"]["dir"] = str(tmp_path / "gone")
     step = out / "checkpoints" / "step-00000002"
-    (step / "config.json").write_text(json.dumps(config))
+    helpers.rewrite_step_json(step, "config.json", config)
     with pytest.raises(UserError, match="is gone; prepare it again, or pass --data DIR"):
         evaluate_checkpoint(str(step), "dev")
 
@@ -165,7 +165,7 @@ def test_another_tokenizer_of_the_same_name_is_told_apart(data_dir, tmp_path):
     train(helpers.run_config(data_dir, out, steps=2, eval_every=2, save_every=2))
     step = helpers.step_dir(out, 2)
     tokenizer = json.loads((step / "tokenizer.json").read_text())
-    (step / "tokenizer.json").write_text(json.dumps({**tokenizer, "fingerprint": "f" * 64}))
+    helpers.rewrite_step_json(step, "tokenizer.json", {**tokenizer, "fingerprint": "f" * 64})
     with pytest.raises(UserError, match=r"tokenizer 'byte' \(\w{12}, 257 ids\), not the checkpoint's 'byte' \(ffffff"):
         evaluate_checkpoint(str(step), "dev")
 
