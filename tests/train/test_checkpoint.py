@@ -862,3 +862,15 @@ def test_an_atomic_write_that_fails_leaves_the_file_as_it_was_and_nothing_beside
         with pytest.raises(OSError, match="No space left"):
             write()
         assert path.read_text() == "model: {}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_an_atomic_write_over_a_directory_names_that_directory(tmp_path):
+    # best.json made a directory: the error named the temporary sibling (.best.json.tmp-PID), a file
+    # the user has never seen and cannot find.
+    from tango_lm.errors import os_error_text
+
+    (tmp_path / "best.json").mkdir()
+    with pytest.raises(IsADirectoryError) as info:
+        write_json_atomic(tmp_path / "best.json", {"step": 4})
+    assert os_error_text(info.value) == f"Is a directory ({tmp_path / 'best.json'})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json"]
