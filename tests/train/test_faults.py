@@ -169,6 +169,20 @@ def test_resume_when_checkpoints_is_a_file_rewrites_nothing(finished, tmp_path, 
     assert helpers.snapshot(run) == before  # config files and metrics as they were
 
 
+def test_resume_with_a_link_where_a_later_step_goes_rewrites_nothing(finished, tmp_path, capsys, data_dir):
+    # Found at the save of step 12, after the resume had rewritten config.json, config.yaml and
+    # metrics.jsonl, removed summary.json and trained four steps.
+    run = Path(shutil.copytree(finished, tmp_path / "run"))
+    (run / "checkpoints" / "step-00000012").symlink_to(tmp_path, target_is_directory=True)
+    before = helpers.snapshot(run)
+    argv = ["train", *helpers.cli_overrides(data_dir, run, **{**TRAIN, "steps": 12}), "--resume"]
+    rc, err = run_cli(capsys, argv)
+    assert rc == 2 and helpers.snapshot(run) == before
+    assert helpers.assert_one_error_line(err) == (
+        f"error: {run / 'checkpoints' / 'step-00000012'} is a link, not a checkpoint directory; move it away and run again"
+    )
+
+
 def test_an_out_dir_that_is_a_file(data_dir, tmp_path, capsys):
     (tmp_path / "run").write_text("x")
     rc, err = run_cli(capsys, ["train", *helpers.cli_overrides(data_dir, tmp_path / "run", **TRAIN)])

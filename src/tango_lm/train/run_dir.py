@@ -31,7 +31,7 @@ from typing import Any
 
 from tango_lm.errors import UserError
 from tango_lm.output_lock import hold_output_lock
-from tango_lm.train.checkpoint import complete_steps, restore_interrupted_saves
+from tango_lm.train.checkpoint import STEP_DIR, complete_steps, restore_interrupted_saves, step_of
 from tango_lm.train.loggers import LOGGERS
 
 __all__ = [
@@ -164,6 +164,17 @@ def _check_contents(out: Path, resume: bool, run_files_checked: bool = True) -> 
     ckpt = out / "checkpoints"
     if os.path.lexists(ckpt) and not ckpt.is_dir():
         raise UserError(f"{ckpt} is a file, not a checkpoint directory; move it away and run again")
+    if ckpt.is_dir():  # a step name this run will save under, taken by a link or a file: refused at its save,
+        saved = complete_steps(ckpt)  # after the run had rewritten its config and trained
+        latest = step_of(saved[-1]) if saved else -1
+        for entry in ckpt.iterdir():
+            if (
+                STEP_DIR.fullmatch(entry.name)
+                and (entry.is_symlink() or not entry.is_dir())
+                and step_of(entry) > latest
+            ):
+                kind = "link" if entry.is_symlink() else "file"
+                raise UserError(f"{entry} is a {kind}, not a checkpoint directory; move it away and run again")
     if not resume and run_files_checked:
         found = run_files(out)
         if found:
