@@ -874,3 +874,13 @@ def test_an_atomic_write_over_a_directory_names_that_directory(tmp_path):
         write_json_atomic(tmp_path / "best.json", {"step": 4})
     assert os_error_text(info.value) == f"Is a directory ({tmp_path / 'best.json'})"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json"]
+
+
+def test_a_checkpoint_whose_tokenizer_has_more_ids_than_its_model_is_refused(scripted_run, tmp_path):
+    # From a checkpoint without sums (or rewritten with its sum): serve started and answered every
+    # request with a 500, and export --hf wrote a model whose end-of-text id is past its table.
+    out, _, _ = scripted_run
+    step = _copy(out, tmp_path / "run") / "checkpoints" / "step-00000008"
+    helpers.rewrite_step_json(step, "tokenizer.json", {"name": "gpt2"})
+    with pytest.raises(UserError, match="has a tokenizer of 50,257 ids for a model of 257 rows; it is corrupt"):
+        load_checkpoint(step).build_model()

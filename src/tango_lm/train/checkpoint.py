@@ -19,7 +19,6 @@ The sharded layout (`shards/`, torch.distributed.checkpoint) is in sharded_check
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tango_lm.errors import UserError
+from tango_lm.train.checkpoint_sums import check_sum, file_sha256
 
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
@@ -97,10 +97,17 @@ class Checkpoint:
 
     def build_model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
         """The model this checkpoint holds, in eval mode."""
+        from tango_lm.data.tokenizers import tokenizer_from_dict
         from tango_lm.models.config import ModelConfig
         from tango_lm.models.model import build_model
 
         model = build_model(ModelConfig.from_dict(dict(self.config["model"])))
+        ids = tokenizer_from_dict(self.tokenizer).vocab_size  # never more than the rows: training refuses it
+        if ids > model.config.vocab_size:  # serve started and answered every request with a 500
+            raise UserError(
+                f"checkpoint {self.path} has a tokenizer of {ids:,} ids for a model of {model.config.vocab_size:,}"
+                " rows; it is corrupt, use another checkpoint"
+            )
         try:
             model.load_state_dict(self.model_state())
         except RuntimeError as exc:
@@ -120,33 +127,6 @@ class Checkpoint:
 
     def _check_sum(self, name: str) -> None:
         check_sum(self.path, self.meta, name)
-
-
-def check_sum(path: Path, meta: dict[str, Any], name: str) -> None:
-    """A UserError when file `name` of step directory `path` does not hash to what meta.json
-    recorded at the save (safetensors, torch.load and DCP read most flipped bits as valid numbers:
-    NaNs and 1e33 losses on resume)."""
-    sums = meta.get("sha256")
-    want = sums.get(name) if isinstance(sums, dict) else None
-    if want is None:
-        return
-    try:
-        got = file_sha256(path / name)
-    except OSError:
-        return  # missing or unreadable: the loader says so
-    if got != want:
-        raise UserError(
-            f"checkpoint {path} has a {name} that does not match the sha256 in its meta.json "
-            "(damaged or changed on disk); use another checkpoint"
-        )
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        h = hashlib.sha256()
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def step_dir_name(step: int) -> str:
