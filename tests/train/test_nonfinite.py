@@ -141,23 +141,18 @@ def test_a_sharded_save_before_the_first_update_counts_no_adamw_step(data_dir, t
     helpers.assert_same_weights(full, sharded)
 
 
-def test_the_checkpoint_just_before_a_streak_is_not_the_one_to_resume_from(data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("keep_last", [5, 2])
+def test_the_checkpoint_just_before_a_streak_is_the_one_to_resume_from_and_is_kept(
+    data_dir, tmp_path, monkeypatch, keep_last
+):
     # A skipped step changes no weight: step 4's checkpoint holds the weights steps 5-7 failed from,
     # so a resume from it replays the streak (same weights, same batches). Resume from step 2.
+    # With keep_last 2, the save at step 6, inside the streak, had pruned step 2, the one checkpoint
+    # before it; the advice then said to start again from step 0.
     poison(monkeypatch, {5, 6, 7})
-    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2, keep_last=5)
-    with pytest.raises(UserError) as stopped:
-        train(run)
-    message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
-    assert "move step-00000004, step-00000006 (their weights failed) out of RUN/checkpoints" in message
-    assert "continue with --resume from RUN/checkpoints/step-00000002" in message
-
-
-def test_a_streak_across_saves_keeps_the_checkpoint_its_advice_resumes_from(data_dir, tmp_path, monkeypatch):
-    # keep_last 2: the save at step 6, inside the streak, pruned step 2, the one checkpoint before
-    # it; the advice then said to start again from step 0.
-    poison(monkeypatch, {5, 6, 7})
-    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2, keep_last=2)
+    run = helpers.run_config(
+        data_dir, tmp_path / "run", max_nonfinite_steps=2, save_every=2, eval_every=2, keep_last=keep_last
+    )
     with pytest.raises(UserError) as stopped:
         train(run)
     message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")

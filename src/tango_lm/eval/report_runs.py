@@ -184,8 +184,9 @@ def _never_started(root: Path) -> list[str]:
         return []
     try:
         names = json.loads(path.read_text())["runs"]
-        assert isinstance(names, list) and all(isinstance(n, str) for n in names)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):  # not an assert: python -O
         return [f"{path} is unreadable; runs of the grid that never started are not named"]
     missing = [n for n in names if not any((root / n / f).exists() for f in ("config.json", "failed.json"))]
     if not missing:

@@ -83,12 +83,15 @@ class Checkpoint:
         if self.layout == "sharded":
             from tango_lm.train.sharded_checkpoint import load_sharded_model
 
-            return load_sharded_model(self.path, self.meta)
-        self._check_sum("model.safetensors")
-        try:
-            state = load_file(str(self.path / "model.safetensors"))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise UserError(f"checkpoint {self.path} has unreadable weights ({exc}); use another checkpoint") from None
+            state = load_sharded_model(self.path, self.meta)
+        else:
+            self._check_sum("model.safetensors")
+            try:
+                state = load_file(str(self.path / "model.safetensors"))
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise UserError(
+                    f"checkpoint {self.path} has unreadable weights ({exc}); use another checkpoint"
+                ) from None
         for name, tensor in state.items():  # no checkpoint is saved from non-finite weights (train/nonfinite.py)
             if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
                 what = "non-finite values" if tensor.is_floating_point() else f"{tensor.dtype} values"
