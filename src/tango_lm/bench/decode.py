@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -51,7 +51,22 @@ from tango_lm.serve.static_decode import capacity_bucket
 from tango_lm.train.device import pick_device
 
 MODES = {"greedy": 0.0, "t=1": 1.0}
-HEAD_VARIANTS = ("standard", "onona-one", "onona-both")
+
+
+class HeadVariant(NamedTuple):
+    """One row of the heads decode bench: the head it builds and how it samples."""
+
+    name: str
+    head: str
+    top_k_full_vocab: bool  # top_k=V makes the onóna sampler mix both projections
+    path: str
+
+
+HEAD_VARIANTS = (
+    HeadVariant("standard", "standard", False, "one table (full softmax)"),
+    HeadVariant("onona-one", "onona", False, "one projection per position (head.sample)"),
+    HeadVariant("onona-both", "onona", True, "both projections (top_k=V)"),
+)
 
 
 def static_mode(device: torch.device) -> str:
@@ -331,24 +346,20 @@ def run_head_decode(
     decode_paths = paths or ["eager"]
     base = memory_config(backbone, d_model, depth, vocab_size, prompt_len + new_tokens)
     models = {}
-    for name in HEAD_VARIANTS:
+    for variant in HEAD_VARIANTS:
         torch.manual_seed(0)  # one seed: every head gets the same body
-        models[name] = build_model(base.replace(head=name.split("-")[0])).to(dev).eval()
+        models[variant.name] = build_model(base.replace(head=variant.head)).to(dev).eval()
     if not models["onona-one"].head.one_projection_sampling:
         raise RuntimeError("the onóna head has no one-projection sampler")
-    top_k = {"standard": None, "onona-one": None, "onona-both": vocab_size}
-    temperature = dict.fromkeys(HEAD_VARIANTS, 1.0)
+    top_k = {v.name: vocab_size if v.top_k_full_vocab else None for v in HEAD_VARIANTS}
+    temperature = {v.name: 1.0 for v in HEAD_VARIANTS}
     cases = [(b, "t=1", path) for b in batches for path in decode_paths]
     prompts = _prompts(batches, prompt_len, vocab_size, dev)
     bar = Progress("decode heads", 1 + repeats, len(cases) * len(models), 1, progress)
     wall = _interleaved(models, cases, prompts, new_tokens, repeats, top_k, temperature, static, bar, stops)
-    paths = {
-        "standard": "one table (full softmax)",
-        "onona-one": "one projection per position (head.sample)",
-        "onona-both": "both projections (top_k=V)",
-    }
     rows = []
-    for name in HEAD_VARIANTS:
+    for variant in HEAD_VARIANTS:
+        name = variant.name
         tps = {
             f"b{b}" + (" static" if path == "static" else ""): b
             * new_tokens
@@ -360,7 +371,7 @@ def run_head_decode(
         rows.append(
             {
                 "variant": name,
-                "path": paths[name],
+                "path": variant.path,
                 "params_total": models[name].config.num_params()["total"],
                 "tokens_per_s": tps,
             }
