@@ -119,6 +119,16 @@ def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
             slurm_settings(grid, {"mem_gb": amount})
 
 
+def test_every_sweep_flag_is_a_slurm_setting_of_the_type_it_parses_to():
+    # A flag outside SETTINGS would be refused as an unknown setting at submission, one whose type
+    # SETTINGS does not take at its check; both only after the grid was loaded and planned.
+    from tango_lm.cli.sweep import SLURM_FLAGS
+
+    for key, (kind, _help) in SLURM_FLAGS.items():
+        allowed = launchers.SETTINGS[key]
+        assert kind in (allowed if isinstance(allowed, tuple) else (allowed,)), key
+
+
 def test_a_multi_gpu_job_needs_a_parallel_run(data_dir, tmp_path):
     pytest.importorskip("submitit")  # without it, the missing extra is the error reported first
     grid = load_grid(write_grid(tmp_path, data_dir))

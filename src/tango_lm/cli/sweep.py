@@ -10,7 +10,28 @@ from typing import Any
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
 from tango_lm.errors import UserError, path_arg
 
-SLURM_FLAGS = ("partition", "account", "gpus_per_job", "time", "array_parallelism", "cpus_per_task", "mem_gb")
+# The slurm settings (sweep/launchers.py SETTINGS) that `sweep` also takes as flags, over the grid's: a
+# flag added here is parsed, checked against --launcher and handed to the launcher.
+SLURM_FLAGS: dict[str, tuple[type, str]] = {
+    "partition": (str, "partition (overrides the grid's slurm.partition)"),
+    "account": (str, "account to charge"),
+    "gpus_per_job": (int, "GPUs per run, one process each (default 1)"),
+    "time": (str, "time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)"),
+    "array_parallelism": (int, "jobs of the array running at once"),
+    "cpus_per_task": (int, "CPUs per process"),
+    "mem_gb": (float, "memory per job in GB"),
+}
+
+
+def add_slurm_arguments(parser: Any) -> None:
+    """The SLURM_FLAGS as `--name` options, each None when not given."""
+    for key, (kind, help_text) in SLURM_FLAGS.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, default=None, help=f"slurm: {help_text}")
+
+
+def slurm_flags(args: Any) -> dict[str, Any]:
+    """The SLURM_FLAGS' values on the command line (None where not given)."""
+    return {key: getattr(args, key) for key in SLURM_FLAGS}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -33,9 +54,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             unread = ", ".join(f"model.{f}" for f in fields)
             why = f" ({repeats[0]} is trained as {first}: its architecture does not read {unread})"
         raise UserError(f"--only {' '.join(args.only)} matches none of the {len(grid.runs)} runs of {args.grid}{why}")
-    slurm_flags = {k: getattr(args, k) for k in SLURM_FLAGS}
+    flags = slurm_flags(args)
     if args.launcher != "slurm":
-        given = [f"--{k.replace('_', '-')}" for k, v in slurm_flags.items() if v is not None] + (
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None] + (
             ["--wait"] if args.wait else []
         )
         if given:
@@ -49,7 +70,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             from tango_lm.sweep.launchers import check_job_processes, mark_queued, slurm_settings
             from tango_lm.sweep.runner import TRAINS, run_state
 
-            settings = slurm_settings(grid, slurm_flags)
+            settings = slurm_settings(grid, flags)
             check_job_processes([r for r in runs if run_state(r)["state"] in TRAINS], settings)  # those it submits
         checks = check_runs_to_train(grid, runs)
         rows = plan_rows(grid, runs, checks)
@@ -79,14 +100,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.launcher == "slurm":
         from tango_lm.sweep.launchers import slurm_settings, submit_sweep
 
-        rows = submit_sweep(grid, runs, slurm_settings(grid, slurm_flags), wait=args.wait, log=log)
+        rows = submit_sweep(grid, runs, slurm_settings(grid, flags), wait=args.wait, log=log)
         if not args.wait:
             if args.json:
                 _print_json(rows)
             else:
                 print(_table(rows, [("run", "run", ""), ("status", "status", ""), ("job_id", "job", "")]))
                 given = "".join(  # the dry run checks the jobs' processes: with the same flags
-                    f" --{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in slurm_flags.items() if v is not None
+                    f" --{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in flags.items() if v is not None
                 )
                 print(
                     f"`tango-lm sweep {shlex.quote(args.grid)} --launcher slurm{given} --dry-run` shows their state; "
@@ -155,13 +176,7 @@ def add_parsers(sub: Any) -> None:
         default="local",
         help="local: train here, one run after another; slurm: one job per run (sweep/launchers.py)",
     )
-    s.add_argument("--partition", default=None, help="slurm: partition (overrides the grid's slurm.partition)")
-    s.add_argument("--account", default=None, help="slurm: account to charge")
-    s.add_argument("--gpus-per-job", type=int, default=None, help="slurm: GPUs per run, one process each (default 1)")
-    s.add_argument("--time", default=None, help="slurm: time limit per job, minutes or [D-]HH:MM:SS (default 24:00:00)")
-    s.add_argument("--array-parallelism", type=int, default=None, help="slurm: jobs of the array running at once")
-    s.add_argument("--cpus-per-task", type=int, default=None, help="slurm: CPUs per process")
-    s.add_argument("--mem-gb", type=float, default=None, help="slurm: memory per job in GB")
+    add_slurm_arguments(s)
     s.add_argument("--wait", action="store_true", help="slurm: wait for the jobs and print the results table")
     s.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
