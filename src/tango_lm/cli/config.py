@@ -8,6 +8,7 @@ from typing import Any
 
 from tango_lm.cli.output import CONFIG_HELP, JSON_HELP, _print_json, _table, add_overrides
 from tango_lm.errors import UserError
+from tango_lm.models.archs.gau import GAU_NORMS
 from tango_lm.models.matching import PAPER_VOCAB
 
 
@@ -237,7 +238,7 @@ def add_parsers(sub: Any) -> None:
     )
     s.add_argument(
         "--gau-norm",
-        choices=("rmsnorm", "layernorm"),
+        choices=GAU_NORMS,
         default="rmsnorm",
         help="GAU/FLASH norm: rmsnorm (design.md §2.7) or layernorm with a bias (docs/table3-ranges.md)",
     )

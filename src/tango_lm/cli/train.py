@@ -19,6 +19,7 @@ from tango_lm.cli.output import (
     add_overrides,
 )
 from tango_lm.errors import UserError, path_arg
+from tango_lm.eval.perplexity import FORMATS as PPL_FORMATS
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -222,7 +223,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument(
         "--format",
         default=None,
-        choices=("text", "wikitext", "lambada"),
+        choices=PPL_FORMATS,
         help="--ppl file format: blank-line documents (text, the default), raw WikiText, or LAMBADA lines/JSONL",
     )
     s.add_argument(
