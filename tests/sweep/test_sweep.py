@@ -488,6 +488,23 @@ def test_a_grid_edited_in_a_field_a_finished_run_does_not_read_leaves_it_done(da
     assert states == {"tango": "done", "tango-windowed": "other-config"}
 
 
+def test_a_grid_edited_in_how_a_model_computes_leaves_a_finished_run_done(data_dir, tmp_path):
+    # The report merged runs differing only in loss_chunk, gdn_chunk or gdn_backend, but the sweep
+    # called such a finished run "another config" (not reported, not retrained).
+    def grid_with(**model: object):
+        path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]})
+        grid = yaml.safe_load(path.read_text())
+        grid["base"]["model"].update(model)
+        path.write_text(yaml.safe_dump(grid, sort_keys=False))
+        return load_grid(path)
+
+    run_sweep(grid_with(loss_chunk=16), progress=False, log=lambda _: None)
+    edited = grid_with(loss_chunk=8)
+    assert plan_rows(edited, edited.runs)[0]["state"] == "done"
+    edited = grid_with(loss_chunk=16, init_std=0.03)  # and a field that changes what it computes does not
+    assert plan_rows(edited, edited.runs)[0]["state"] == "other-config"
+
+
 def test_a_head_field_axis_is_honoured_with_a_tier(data_dir, tmp_path):
     # The model.head axis was read before the field axes: runs named onona trained a Standard head.
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "target_params": [20000], "model.head": ["onona"]})

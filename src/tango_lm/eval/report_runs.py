@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.errors import UserError
-from tango_lm.models.config import ModelConfig
+from tango_lm.models.config import MODEL_LOGISTICS_FIELDS, ModelConfig
 from tango_lm.sweep.grid import GRID_RUNS_FILE
 from tango_lm.train import metrics_file
 from tango_lm.train.config import (
@@ -249,7 +249,7 @@ def collect_runs(root: str | Path, split: str = "test", skip: Path | None = None
 # label the rows. eval_batch_size changes MoE's scores only (expert capacity is per forward).
 NEUTRAL = {
     "train": LOGISTICS_FIELDS | {"seed", "data_seed", "eval_batch_size"},
-    "model": {"head", "loss_chunk", "gdn_chunk", "gdn_backend"},
+    "model": MODEL_LOGISTICS_FIELDS | {"head"},
     "data": set(),
 }
 # A config.json from before a field existed ran with what is now its default (as sweep/runner.py reads it).

@@ -217,6 +217,10 @@ class ModelConfig:
         return flops_per_token(self, seq_len or self.context_length, full_width=full_width)
 
 
+# Model fields that choose how a forward is computed (chunk lengths, a kernel backend), not what it
+# computes: a sweep's finished run stays done, and a report compares runs, across them.
+MODEL_LOGISTICS_FIELDS = frozenset({"loss_chunk", "gdn_chunk", "gdn_backend"})
+
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 

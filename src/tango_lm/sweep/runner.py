@@ -31,6 +31,7 @@ from typing import Any
 from tango_lm.atomic_files import write_json_atomic
 from tango_lm.data.dataset_dir import same_dataset_dir
 from tango_lm.errors import UserError
+from tango_lm.models.config import MODEL_LOGISTICS_FIELDS
 from tango_lm.models.registry import without_unread_fields
 from tango_lm.output_lock import OutputLocked, hold_output_lock
 from tango_lm.sweep.checks import RunChecks, check_runs
@@ -60,6 +61,8 @@ def _differences(run: SweepRun) -> list[str]:
             have, grid = without_unread_fields(have, arch), without_unread_fields(grid, arch)
         for key in sorted(set(have) & set(grid)):
             if section == "train" and (key in LOGISTICS_FIELDS or key in BUDGET_FIELDS):
+                continue
+            if section == "model" and key in MODEL_LOGISTICS_FIELDS:
                 continue
             if section == "data" and key == "dir" and same_dataset_dir(have[key], grid[key]):
                 continue
