@@ -196,9 +196,7 @@ class CodeSource(HeldOutSource):
             "exclude_dirs": list(self.skipped_dirs),
             "max_bytes": self.max_bytes,
             "path_header": self.path_header,
-            "dev_fraction": self.dev_fraction,
-            "test_fraction": self.test_fraction,
-            "seed": self.seed,
+            **self.held_out_record(),
             "stats": self._stats,
         }
 

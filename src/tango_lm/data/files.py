@@ -287,9 +287,7 @@ class FileSource(HeldOutSource):
             "own_splits": sorted(self._groups),
             "field": self.field if kind != "text" else None,
             "split_on_blank_lines": self.split_on_blank_lines if kind == "text" else None,
-            "dev_fraction": self.dev_fraction,
-            "test_fraction": self.test_fraction,
-            "seed": self.seed,
+            **self.held_out_record(),
             "max_docs": self.max_docs,
         }
 

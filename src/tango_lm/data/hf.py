@@ -324,9 +324,7 @@ class HFSource(HeldOutSource):
             "max_docs": self.max_docs,
             "streaming": self.streams,
             "datasets_version": getattr(_import_datasets(), "__version__", None),
-            "dev_fraction": self.dev_fraction,
-            "test_fraction": self.test_fraction,
-            "seed": self.seed,
+            **self.held_out_record(),
         }
 
 

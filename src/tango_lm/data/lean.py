@@ -342,9 +342,7 @@ class LeanSource(HeldOutSource):
             "inputs": [str(i) for i in self.inputs],
             "proof_weight": self.proof_weight,
             "weighting": "equal tokens: proof-completion examples hold proof_weight of each split's tokens",
-            "dev_fraction": self.dev_fraction,
-            "test_fraction": self.test_fraction,
-            "seed": self.seed,
+            **self.held_out_record(),
             "splits": {
                 s: {
                     "files": len(self._files[s]),

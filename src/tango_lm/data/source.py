@@ -120,6 +120,10 @@ class HeldOutSource(DataSource):
 
         _check_fractions(self.dev_fraction, self.test_fraction)
 
+    def held_out_record(self) -> dict[str, Any]:
+        """The hold-out options, for the source's manifest record (`fingerprint`)."""
+        return {"dev_fraction": self.dev_fraction, "test_fraction": self.test_fraction, "seed": self.seed}
+
     def open_tokenizer(self) -> Any:
         return _tokenizer(self.tokenizer)
 
