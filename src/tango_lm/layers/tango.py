@@ -46,8 +46,10 @@ def cache_and_attend(
     return sdpa_attention(q, k_all, v_all, state.key_mask())
 
 
-class TangoQueryKey(nn.Module):
-    """What every TANGO block shares: the block norm and the q, k projections ([B, H, T, d_h])."""
+class TangoBlockBase(nn.Module):
+    """What every TANGO block shares: the block norm, the q, k projections ([B, H, T, d_h]) and the
+    forward around the gate average; a variant says which weights make its gates (`gate_inputs`)
+    and, where it averages something else, how it mixes (`mix`, `mix_cached`)."""
 
     def __init__(self, d_model: int, n_heads: int, eps: float) -> None:
         super().__init__()
@@ -68,21 +70,12 @@ class TangoQueryKey(nn.Module):
         q_raw, k_raw = self.raw_queries_keys(h)
         return apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
 
-
-class TangoBlock(TangoQueryKey):
-    """Full-prefix TANGO. Parameters: 2d^2 + 3dF + d (plus the final norm, counted by the model)."""
-
-    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
-        super().__init__(d_model, n_heads, eps)
-        add_gated_projections(self, d_model, n_heads, width, active_width)
-
-    def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W_g, W_u, W_o; under rotating narrow-width training only the active segment's columns."""
-        return gated_weights(self)
+    def gate_inputs(self, h: torch.Tensor, application: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gate pre-activations a, the projection u of the normed input h, and W_o."""
+        raise NotImplementedError
 
     def mix(self, q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """`gbar * u` from q, k [B, H, T, d_h], gate pre-activations a and u [B, T, F].
-        Variants (windowed, compact) change only this."""
+        """`gbar * u` from q, k [B, H, T, d_h], gate pre-activations a and u [B, T, F]."""
         return tango_mix(q, k, a, u)
 
     def mix_cached(
@@ -105,7 +98,22 @@ class TangoBlock(TangoQueryKey):
     ) -> torch.Tensor:
         h = self.norm(x)
         q, k = self.queries_keys(h, rope)
-        w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
-        a, u = F.linear(h, w_g), F.linear(h, w_u)
+        a, u, w_o = self.gate_inputs(h, application)
         mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)
         return x + F.linear(mixed, w_o)
+
+
+class TangoBlock(TangoBlockBase):
+    """Full-prefix TANGO. Parameters: 2d^2 + 3dF + d (plus the final norm, counted by the model)."""
+
+    def __init__(self, d_model: int, n_heads: int, width: int, eps: float, active_width: int | None = None) -> None:
+        super().__init__(d_model, n_heads, eps)
+        add_gated_projections(self, d_model, n_heads, width, active_width)
+
+    def gated_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """W_g, W_u, W_o; under rotating narrow-width training only the active segment's columns."""
+        return gated_weights(self)
+
+    def gate_inputs(self, h: torch.Tensor, application: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
+        return F.linear(h, w_g), F.linear(h, w_u), w_o

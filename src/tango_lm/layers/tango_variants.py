@@ -40,7 +40,7 @@ from torch import nn
 
 from tango_lm.layers.active_width import ActiveColumns
 from tango_lm.layers.gated_projections import add_gated_projections, gated_weights
-from tango_lm.layers.tango import TangoBlock, TangoQueryKey, cache_and_attend, prefill_through_door
+from tango_lm.layers.tango import TangoBlockBase, cache_and_attend, prefill_through_door
 from tango_lm.ops.gate_average import merge_heads, split_heads
 from tango_lm.ops.tango_mix import tango_mix
 from tango_lm.serve.cache import LayerState
@@ -66,7 +66,7 @@ def set_for_application(application: int, depth: int) -> int:
     return 2 if application == depth - 1 else 1
 
 
-class ThreeSetTangoBlock(TangoQueryKey):
+class ThreeSetTangoBlock(TangoBlockBase):
     """TANGO with three gated-projection sets. Parameters: 2d^2 + 9dF + d."""
 
     def __init__(
@@ -78,27 +78,14 @@ class ThreeSetTangoBlock(TangoQueryKey):
         self.depth = depth
         self.sets = nn.ModuleList(GatedProjections(d_model, n_heads, width, active_width) for _ in range(3))
 
-    # Each application mixes exactly as TANGO does (only the projections differ): reuse its methods.
-    mix = TangoBlock.mix
-    mix_cached = TangoBlock.mix_cached
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        h = self.norm(x)
-        q, k = self.queries_keys(h, rope)
+    # Each application mixes exactly as TANGO does: only its set's projections differ.
+    def gate_inputs(self, h: torch.Tensor, application: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         w_g, w_u, w_o = self.sets[set_for_application(application, self.depth)].weights()
-        a, u = F.linear(h, w_g), F.linear(h, w_u)
-        mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)
-        return x + F.linear(mixed, w_o)
+        return F.linear(h, w_g), F.linear(h, w_u), w_o
 
 
 # -- compact controller (docs/design.md §2.5) ----------------------------------------------------------------
-class CompactTangoBlock(TangoQueryKey):
+class CompactTangoBlock(TangoBlockBase):
     """Compact-controller TANGO (the project's reading, see the module docstring).
     Parameters: 2d^2 + dr + rF + 2dF + d."""
 
@@ -149,16 +136,7 @@ class CompactTangoBlock(TangoQueryKey):
         cbar = merge_heads(cache_and_attend(q, k, c, state, "c"))
         return F.linear(cbar, self.gated_weights()[0]) * u
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        application: int = 0,
-        state: LayerState | None = None,
-    ) -> torch.Tensor:
-        h = self.norm(x)
-        q, k = self.queries_keys(h, rope)
+    def gate_inputs(self, h: torch.Tensor, application: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """a is the controller pre-activation [B, T, r]; `mix` expands its average to F."""
         _, w_u, w_o = self.gated_weights()
-        a, u = self.controller_proj(h), F.linear(h, w_u)
-        mixed = self.mix(q, k, a, u) if state is None else self.mix_cached(q, k, a, u, state)
-        return x + F.linear(mixed, w_o)
+        return self.controller_proj(h), F.linear(h, w_u), w_o

@@ -147,10 +147,9 @@ class WindowedTangoBlock(TangoBlock):
     ) -> torch.Tensor:
         cos, sin = rope
         h = self.norm(x)
-        q_raw, k_raw = self.raw_queries_keys(h)
+        q_raw, k_raw = self.raw_queries_keys(h)  # the feature map reads them before RoPE
         q, k = apply_rope(q_raw, cos, sin), apply_rope(k_raw, cos, sin)
-        w_g, w_u, w_o = self.gated_weights()  # the full weights unless a segment is selected
-        a, u = F.linear(h, w_g), F.linear(h, w_u)
+        a, u, w_o = self.gate_inputs(h, application)
         if state is None:
             mixed = self.mix(q, k, a, u, q_raw, k_raw)
         else:
