@@ -121,13 +121,19 @@ def test_bf16_autocast_step_matches_fp32(case):
 
 def check_bf16_step(cfg) -> None:
     """What a GPU run does under train.precision=auto: the same step in bf16 autocast (here on the
-    CPU) gives the fp32 loss to bf16 accuracy and finite gradients for the same parameters."""
+    CPU) gives the fp32 loss and gradients to bf16 accuracy. The weights are moved off their
+    initialization first, where near-uniform predictions hid whole blocks: zeroing TANGO's mixer
+    under autocast changed the loss by 0.03%, inside the 2% this allowed; bf16 itself moves it by
+    at most 1e-4 of the loss here, and the gradients by 1.3% (MoE 5%: a token's top-k flips)."""
     import torch
 
     from tango_lm import build_model
 
     torch.manual_seed(0)
     model = build_model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
     x = torch.randint(0, cfg.vocab_size, (2, 17))
     losses, grads = [], []
     for bf16 in (False, True):
@@ -137,6 +143,8 @@ def check_bf16_step(cfg) -> None:
         loss.backward()
         losses.append(loss.item())
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
-    assert abs(losses[1] - losses[0]) < 0.02 * losses[0], losses
+    assert abs(losses[1] - losses[0]) < 1e-3 * losses[0], losses
     assert grads[1].keys() == grads[0].keys()
     assert all(torch.isfinite(g).all() for g in grads[1].values())
+    error = sum(((grads[1][n] - g) ** 2).sum() for n, g in grads[0].items()) ** 0.5
+    assert error < 0.1 * sum((g**2).sum() for g in grads[0].values()) ** 0.5
