@@ -66,7 +66,8 @@ def test_cuda_model_matches_cpu_float64(monkeypatch, arch, head, active_width):
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss_bf16 = gpu.nll(x.cuda(), y.cuda()).float().cpu()
-    assert abs(loss_bf16.double() / loss64 - 1) < 0.03, (loss_bf16.item(), loss64.item())
+    # bf16 moves it by at most 1e-4 of the loss here; zeroing TANGO's mixer moves it by 0.27%
+    assert abs(loss_bf16.double() / loss64 - 1) < 2e-3, (loss_bf16.item(), loss64.item())
 
 
 @pytest.mark.parametrize(("arch", "head", "active_width"), [c for c in CASES if c[1] in ("standard", "onona")])

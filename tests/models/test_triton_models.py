@@ -56,4 +56,5 @@ def test_triton_model_matches_float64(monkeypatch, arch, head, active_width):
     assert_gradients_close(grads32, grads64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss_bf16 = model.nll(x, y).float()
-    assert abs(loss_bf16.double() / loss64 - 1) < 0.03, (loss_bf16.item(), loss64.item())
+    # bf16 moves it by at most 1e-4 of the loss here; zeroing TANGO's mixer moves it by 0.27%
+    assert abs(loss_bf16.double() / loss64 - 1) < 2e-3, (loss_bf16.item(), loss64.item())
