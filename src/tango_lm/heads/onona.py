@@ -17,9 +17,10 @@ initial gate logits have std ≈ 1/√3 and the gates start spread around ½. Th
 the constant gate of Appendix A. The weightless RMSNorm uses the model's `norm_eps` (docs/design.md §1's
 1e-6) where the paper's `F.rms_norm` took the dtype's machine epsilon.
 
-Serving (Appendix B): `gate_vector()` is σ(rmsnorm(M) w) ∈ [0, 1]^V, and `sample()` draws the
-component c ~ Bernoulli(g[x_t]) and computes only that component's projection, an exact sample
-from the mixture at temperature 1 without truncation.
+Serving (Appendix B): `sample()` draws the component c ~ Bernoulli(g[x_t]), g[x_t] =
+σ(wᵀ rmsnorm(M[x_t])), and computes only that component's projection, an exact sample from the
+mixture at temperature 1 without truncation; a static decode step reads M and every token's gate
+logit folded once per serving context (`serving_tensors`).
 
 `ablation = "a"` or `"b"` turns a trained twin model into its one-table ablation: that table at
 the input and the output, without the gate (seed 001, Table 1).
@@ -173,12 +174,6 @@ class OnonaHead(Head):
         )
 
     # -- serving (Appendix B) ----------------------------------------------------------------
-    @torch.no_grad()
-    def gate_vector(self) -> torch.Tensor:
-        """g = σ(rmsnorm(M) w) ∈ [0, 1]^V, precomputed once for serving."""
-        merged = 0.5 * (self.table_a.weight + self.table_b.weight)
-        return torch.sigmoid(self.gate(merged))
-
     def _chance_of_a(self, input_ids: torch.Tensor) -> torch.Tensor:
         """P(component A) per position: the gate g[x_t], or 1 / 0 under a one-table ablation, whose
         samples come from that table alone (as its log_probs say)."""

@@ -42,7 +42,6 @@ __all__ = [
     "holds_run",
     "is_run_dir",
     "enclosing",
-    "check_out_dir",
     "claim_run_dir",
 ]
 
@@ -126,13 +125,6 @@ def _nearest_existing(path: Path) -> Path:
         if candidate.exists():
             return candidate
     return Path(path.anchor)
-
-
-def check_out_dir(run: Any, resume: bool) -> None:
-    """UserError unless `run.train.out_dir` can take this run (module docstring); reads only."""
-    out = Path(run.train.out_dir)
-    _check_place(out)
-    _check_contents(out, resume)
 
 
 def _check_place(out: Path) -> None:
