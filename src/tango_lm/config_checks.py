@@ -122,19 +122,14 @@ def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1, tokens: int 
 
 
 def check_kernels_installed(model_cfg: Any, device: Any) -> None:
-    """The packages the kernels asked for need ($TANGO_LM_KERNELS=triton, model.gdn_backend=fla on
-    CUDA), checked before a run writes its config: the ops check only at their first call, and the
+    """The packages the kernels asked for need ($TANGO_LM_KERNELS=triton; an architecture's own,
+    such as model.gdn_backend=fla on CUDA: `Architecture.check_packages`), checked before a run writes its config: the ops check only at their first call, and the
     same command then found a run directory it had to --resume."""
-    from tango_lm.models.archs.gdn_hybrid import n_attention_layers
-    from tango_lm.ops import delta_rule_fla
-    from tango_lm.ops.delta_rule import wants_fla
+    from tango_lm.models.registry import ARCHITECTURES
     from tango_lm.ops.dispatch import check_requested_installed
 
     check_requested_installed()
-    if model_cfg.arch != "gdn-hybrid" or model_cfg.gdn_backend != "fla" or not wants_fla("fla", device.type == "cuda"):
-        return
-    if model_cfg.depth > n_attention_layers(model_cfg):  # attention_every=1 has no GDN layer
-        delta_rule_fla.require_fla()
+    ARCHITECTURES[model_cfg.arch].check_packages(model_cfg, device.type == "cuda")
 
 
 def check_decode_fits_memory(model_cfg: Any, device: Any, rows: int, positions: int, what: str) -> None:

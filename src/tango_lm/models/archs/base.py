@@ -109,6 +109,11 @@ class Architecture:
         return []
 
     @staticmethod
+    def check_packages(cfg: ModelConfig, on_cuda: bool) -> None:
+        """UserError when a package the config's kernels need is missing (a model.*_backend that
+        names one), checked before a run writes anything: the ops check only at their first call."""
+
+    @staticmethod
     def decode_state_grows(cfg: ModelConfig) -> bool:
         """Whether the decode state grows with every position (keys, values, gates) rather than
         staying bounded (a window, prefix sums, a recurrent state)."""

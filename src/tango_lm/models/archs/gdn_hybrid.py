@@ -145,6 +145,14 @@ class GdnHybrid(Architecture):
         return n_attn * (attention_matmul_params(cfg) + ffn) + (cfg.depth - n_attn) * (gdn + ffn)
 
     @staticmethod
+    def check_packages(cfg: ModelConfig, on_cuda: bool) -> None:
+        from tango_lm.ops import delta_rule_fla
+        from tango_lm.ops.delta_rule import wants_fla
+
+        if cfg.gdn_backend == "fla" and wants_fla("fla", on_cuda) and cfg.depth > n_attention_layers(cfg):
+            delta_rule_fla.require_fla()  # attention_every=1 has no GDN layer to need it
+
+    @staticmethod
     def decode_state_grows(cfg: ModelConfig) -> bool:
         return n_attention_layers(cfg) > 0
 
