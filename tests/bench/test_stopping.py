@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tango_lm.bench import decode, memory, progress, stopping, training, windowed
+from tango_lm import stop_signals
+from tango_lm.bench import decode, memory, progress, training, windowed
 from tango_lm.cli import main
 from tests import helpers
 
@@ -38,13 +39,13 @@ def _stop_at_call(monkeypatch, target: object, name: str, n: int, stop: BaseExce
     return calls
 
 
-@pytest.mark.parametrize("stop", [stopping.Stopped(signal.SIGTERM), KeyboardInterrupt()])
+@pytest.mark.parametrize("stop", [stop_signals.Stopped(signal.SIGTERM), KeyboardInterrupt()])
 def test_train_suite_stopped_in_its_steps_reports_the_steps_it_finished(monkeypatch, stop):
     # Two models (Loop, then TANGO) x 1 warm-up + 5 timed rounds; the stop lands in the 4th round's
     # second run (run 8 of 12): Loop has 3 timed steps then, TANGO 2; each row is the median of its own.
     _stop_at_call(monkeypatch, training.Progress, "run_start", 8, stop)
     report = training.run_training_bench(**TINY, steps=5, warmup=1, memory=True, device="cpu", print_table=False)
-    name = "SIGTERM" if isinstance(stop, stopping.Stopped) else "SIGINT"
+    name = "SIGTERM" if isinstance(stop, stop_signals.Stopped) else "SIGINT"
     assert report["stopped"] == {"signal": name, "timed_rounds_done": 2, "timed_rounds": 5}
     rows = {r["arch"]: r for r in report["models"]}
     assert (rows["loop-transformer"]["timed_steps"], rows["tango"]["timed_steps"]) == (3, 2)
@@ -58,7 +59,7 @@ def test_train_suite_stopped_in_its_steps_reports_the_steps_it_finished(monkeypa
 
 
 def test_a_stop_in_the_warm_up_leaves_rows_only_for_models_that_were_timed(monkeypatch):
-    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stop_signals.Stopped(signal.SIGTERM))
     report = training.run_training_bench(**TINY, steps=2, warmup=1, memory=False, device="cpu", print_table=False)
     assert report["models"] == [] and report["baseline"] is None
     assert report["not_measured"] == [{"arch": "loop-transformer", "mode": "eager"}, {"arch": "tango", "mode": "eager"}]
@@ -69,7 +70,7 @@ def test_a_stop_in_the_warm_up_leaves_rows_only_for_models_that_were_timed(monke
 
 def test_a_stop_while_memory_is_measured_keeps_the_timed_rows(monkeypatch):
     # After every step was timed, the CPU memory subprocesses run; a stop in the first one ends them.
-    _stop_at_call(monkeypatch, training, "measure_in_subprocess", 1, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, training, "measure_in_subprocess", 1, stop_signals.Stopped(signal.SIGTERM))
     report = training.run_training_bench(**TINY, steps=2, warmup=0, memory=True, device="cpu", print_table=False)
     assert report["stopped"] == {"signal": "SIGTERM", "timed_rounds_done": 2, "timed_rounds": 2}
     assert [r["timed_steps"] for r in report["models"]] == [2, 2]
@@ -84,7 +85,7 @@ DECODE.update(batches=(1,), head_vocab=50, device="cpu", print_table=False)
 def test_decode_suite_stopped_in_its_rounds_reports_the_cases_it_timed(monkeypatch):
     # Two models x two cases (b1 greedy, b1 t=1) = 4 runs a round, 1 warm-up + 3 timed rounds. The
     # stop lands in the first timed round's 3rd run: both models have "b1 greedy" once, no "b1 t=1".
-    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stop_signals.Stopped(signal.SIGTERM))
     report = decode.run_decode_bench(**DECODE, repeats=3)
     assert report["stopped"] == {
         "signal": "SIGTERM",
@@ -122,7 +123,7 @@ def test_decode_suite_stopped_in_the_heads_keeps_every_architecture(monkeypatch)
 
 
 def test_decode_suite_stopped_while_the_heads_are_built(monkeypatch):
-    _stop_at_call(monkeypatch, decode, "run_head_decode", 1, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, decode, "run_head_decode", 1, stop_signals.Stopped(signal.SIGTERM))
     report = decode.run_decode_bench(**DECODE, repeats=1)
     assert report["heads"] is None and report["stopped"]["part"] == "heads"
     assert report["stopped"]["timed_rounds_done"] == 0  # none of the heads' rounds
@@ -171,11 +172,11 @@ def test_a_real_sigterm_to_tango_lm_bench(tmp_path):
 
 def test_stop_on_sigterm_restores_the_previous_handler_and_catches_one_signal():
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(stopping.Stopped) as caught, stopping.stop_on_sigterm():
+    with pytest.raises(stop_signals.Stopped) as caught, stop_signals.stop_on_sigterm():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)  # the handler runs at the next bytecode boundary
     assert caught.value.signal == "SIGTERM" and signal.getsignal(signal.SIGTERM) == before
-    assert stopping.exit_code("SIGTERM") == 143 and stopping.exit_code("SIGINT") == 130
+    assert stop_signals.exit_code("SIGTERM") == 143 and stop_signals.exit_code("SIGINT") == 130
 
 
 def test_timeouts_second_sigterm_does_not_kill_a_stopping_bench():
@@ -183,14 +184,14 @@ def test_timeouts_second_sigterm_does_not_kill_a_stopping_bench():
     # suite cleaned up (waiting on a child) and killed it before it printed its report.
     code = (
         "import os, signal, time\n"
-        "from tango_lm.bench import stopping\n"
+        "from tango_lm import stop_signals\n"
         "try:\n"
-        "    with stopping.stop_on_sigterm():\n"
+        "    with stop_signals.stop_on_sigterm():\n"
         "        try:\n"
         "            os.kill(os.getpid(), signal.SIGTERM); time.sleep(1)\n"
         "        finally:\n"
         "            os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.5)\n"
-        "except stopping.Stopped:\n"
+        "except stop_signals.Stopped:\n"
         "    print('report printed')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -200,10 +201,10 @@ def test_timeouts_second_sigterm_does_not_kill_a_stopping_bench():
 def test_a_later_sigterm_reaches_the_previous_handler(monkeypatch):
     # A bench that does not stop still ends on a second SIGTERM (past the echo window).
     calls = []
-    monkeypatch.setattr(stopping, "ECHO_S", 0.0)
+    monkeypatch.setattr(stop_signals, "ECHO_S", 0.0)
     before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
     try:
-        with pytest.raises(stopping.Stopped), stopping.stop_on_sigterm():
+        with pytest.raises(stop_signals.Stopped), stop_signals.stop_on_sigterm():
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(1)
@@ -321,7 +322,7 @@ def test_gpu_suites_table_columns_fit_the_longest_name_and_status(tmp_path, caps
 
 def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypatch, capsys):
     # The default bench (no --suite) stopped while it measures the matmul peak, before any step.
-    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stop_signals.Stopped(signal.SIGTERM))
     argv = ["bench", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--batch-size", "2"]
     assert main([*argv, "--tango-width", "64", "--vocab-size", "40", "--device", "cpu", "--json"]) == 143
     captured = capsys.readouterr()
@@ -332,7 +333,7 @@ def test_a_stop_before_anything_was_measured_still_prints_a_json_report(monkeypa
 def test_a_suite_stopped_before_anything_was_measured_says_so(monkeypatch, capsys):
     # With --suite, a stop in the first suite's matmul peak printed no table but said "the report
     # has what was measured before".
-    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, training, "measure_matmul_peak", 1, stop_signals.Stopped(signal.SIGTERM))
     argv = ["bench", "--suite", "train", "--archs", "tango", "--d-model", "32", "--depth", "1", "--seq-len", "16"]
     assert main([*argv, "--batch-size", "2", "--tango-width", "64", "--vocab-size", "40", "--device", "cpu"]) == 143
     captured = capsys.readouterr()
@@ -343,7 +344,7 @@ def test_a_suite_stopped_before_anything_was_measured_says_so(monkeypatch, capsy
 def test_a_stop_in_the_warm_up_says_nothing_was_measured(monkeypatch, capsys, suite):
     # Stopped in the first model's warm-up steps: the rows were empty, but the line said "the report
     # has what was measured before".
-    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, training.Progress, "run_start", 2, stop_signals.Stopped(signal.SIGTERM))
     argv = ["bench", *suite, "--archs", "tango", "--d-model", "32", "--depth", "1", "--seq-len", "16", "--warmup", "3"]
     assert main([*argv, "--batch-size", "2", "--tango-width", "64", "--vocab-size", "40", "--device", "cpu"]) == 143
     where = " in the train suite" if suite else ""
@@ -351,7 +352,7 @@ def test_a_stop_in_the_warm_up_says_nothing_was_measured(monkeypatch, capsys, su
 
 
 def test_gpu_suites_table_prints_a_decode_suite_its_timeout_stopped(monkeypatch, tmp_path, capsys):
-    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, decode, "_timed_generate", 4 + 3, stop_signals.Stopped(signal.SIGTERM))
     partial = decode.run_decode_bench(**DECODE, repeats=2)
     report = {"suites": ["decode"], "stopped": {"signal": "SIGTERM", "suite": "decode"}, "decode": partial}
     (tmp_path / "decode-70m.json").write_text(json.dumps(report))
@@ -375,7 +376,7 @@ def test_memory_suite_stopped_keeps_the_models_it_measured(monkeypatch):
         return row | {"precision": "fp32", "memory_method": "fake"}
 
     monkeypatch.setattr(memory, "measure_in_subprocess", fake_subprocess)
-    _stop_at_call(monkeypatch, memory, "measure_in_subprocess", 4, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, memory, "measure_in_subprocess", 4, stop_signals.Stopped(signal.SIGTERM))
     report = memory.run_memory_bench(
         backbone="dense", d_model=32, depth=1, vocab_size=50, compile=True, print_table=False
     )
@@ -396,7 +397,7 @@ def test_memory_suite_stopped_keeps_the_models_it_measured(monkeypatch):
 def test_windowed_suite_stopped_keeps_the_lengths_it_timed(monkeypatch, capsys):
     # Two lengths x two blocks = 4 runs a round; the stop is the first timed round's 3rd run (T = 64,
     # windowed): T = 32 has a row, T = 64 none, and the target (read at T = 64) is not measured.
-    _stop_at_call(monkeypatch, windowed, "_step", 4 + 3, stopping.Stopped(signal.SIGTERM))
+    _stop_at_call(monkeypatch, windowed, "_step", 4 + 3, stop_signals.Stopped(signal.SIGTERM))
     argv = ["bench", "--suite", "windowed", "--d-model", "32", "--repeats", "2", "--device", "cpu"]
     argv += ["--windowed-lens", "32,64", "--windowed-width", "64", "--windowed-tokens", "128", "--json"]
     assert main(argv) == 143

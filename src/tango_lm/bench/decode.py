@@ -42,12 +42,13 @@ from tango_lm.bench.decode_report import case_key, format_report
 from tango_lm.bench.memory import memory_config
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord
+from tango_lm.bench.stopping import StopRecord
 from tango_lm.bench.training import BASELINE, default_archs, matched_configs
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
 from tango_lm.serve.generate import generate
 from tango_lm.serve.static_decode import capacity_bucket
+from tango_lm.stop_signals import STOPS
 from tango_lm.train.device import pick_device
 
 MODES = {"greedy": 0.0, "t=1": 1.0}

@@ -45,10 +45,11 @@ from tango_lm.bench.checks import require_head_multiple, require_positive
 from tango_lm.bench.child import run_child
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.bench.stopping import StopRecord, stopped_line
 from tango_lm.errors import did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.model import build_model
+from tango_lm.stop_signals import STOPS
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 from tango_lm.train.optim import adamw
 from tango_lm.train.utilization import peak_rss_bytes, reset_peak_memory

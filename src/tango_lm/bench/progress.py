@@ -18,7 +18,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from tango_lm.bench.stopping import STOPS, signal_name
+from tango_lm.stop_signals import STOPS, signal_name
 
 MODES = ("bar", "lines", "none")
 LINE_EVERY_S = 10.0  # a log gets a timed-round line at most this often

@@ -14,11 +14,11 @@ from typing import Any
 
 from tango_lm.bench.checks import require_positive
 from tango_lm.bench.registry import BENCH_SUITES
-from tango_lm.bench.stopping import STOPS, signal_name
 from tango_lm.bench.training import PAIR, default_archs
 from tango_lm.bench.training import run_suite as run_train_suite
 from tango_lm.cli.output import DEVICE_HELP
 from tango_lm.errors import UserError
+from tango_lm.stop_signals import STOPS, signal_name
 
 
 def _names(text: str) -> tuple[str, ...]:

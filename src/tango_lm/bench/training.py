@@ -31,11 +31,12 @@ from tango_lm.bench.checks import require_head_multiple, require_tango_width_spl
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.bench.stopping import StopRecord, stopped_line
 from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
+from tango_lm.stop_signals import STOPS
 from tango_lm.train.compiled_forward import COMPILER_ERRORS, one_line
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.device import autocast, autocast_dtype, pick_device

@@ -18,11 +18,12 @@ import torch
 from tango_lm.bench.checks import HEAD_DIM, int_list, require_int_list, require_positive
 from tango_lm.bench.peak import _sync
 from tango_lm.bench.progress import Progress
-from tango_lm.bench.stopping import STOPS, StopRecord, stopped_line
+from tango_lm.bench.stopping import StopRecord, stopped_line
 from tango_lm.errors import UserError
 from tango_lm.layers.rope import rope_tables
 from tango_lm.layers.tango import TangoBlock
 from tango_lm.layers.tango_windowed import WindowedTangoBlock
+from tango_lm.stop_signals import STOPS
 from tango_lm.train.device import autocast, autocast_dtype, pick_device
 
 

@@ -13,8 +13,8 @@ from tango_lm.errors import UserError
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the suites; a SIGTERM or Ctrl-C still prints what was measured (`bench/stopping.py`) and
     then exits as the signal would (143, 130)."""
-    from tango_lm.bench.stopping import STOPS, exit_code, signal_name, stop_on_sigterm
     from tango_lm.bench.suite import run
+    from tango_lm.stop_signals import STOPS, exit_code, signal_name, stop_on_sigterm
 
     args.progress = "none" if args.quiet else ("bar" if _is_terminal(sys.stderr) else "lines")
     try:
