@@ -20,11 +20,14 @@ from typing import Any
 
 class Stopped(BaseException):
     """SIGTERM arrived. A BaseException, as KeyboardInterrupt is, so that no `except Exception`
-    on the way (torch's, the compiler's) takes it for an error of its own."""
+    on the way (torch's, the compiler's) takes it for an error of its own. `note`: what the
+    command adds to its `stopped by SIGTERM` line (how to continue)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, note: str = "") -> None:
         super().__init__(signal.Signals(signum).name)
+        self.signum = signum
         self.signal = signal.Signals(signum).name
+        self.note = note
 
 
 STOPS = (Stopped, KeyboardInterrupt)  # what ends a benchmark early: SIGTERM, SIGINT
@@ -33,6 +36,18 @@ STOPS = (Stopped, KeyboardInterrupt)  # what ends a benchmark early: SIGTERM, SI
 def signal_name(stop: BaseException) -> str:
     """'SIGTERM' or 'SIGINT' for one of `STOPS`."""
     return stop.signal if isinstance(stop, Stopped) else "SIGINT"
+
+
+def with_note(stop: BaseException, note: str) -> BaseException:
+    """The stop (`Stopped` or KeyboardInterrupt) again, carrying what its command's last line adds."""
+    return Stopped(stop.signum, note) if isinstance(stop, Stopped) else KeyboardInterrupt(note)
+
+
+def stop_message(stop: BaseException) -> str:
+    """The line a stopped command ends with: 'interrupted; NOTE' (Ctrl-C) or 'stopped by SIGTERM; NOTE'."""
+    if isinstance(stop, Stopped):
+        return f"stopped by {stop.signal}; {stop.note}" if stop.note else f"stopped by {stop.signal}"
+    return f"interrupted; {stop}" if str(stop) else "interrupted"
 
 
 def exit_code(name: str) -> int:

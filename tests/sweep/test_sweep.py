@@ -428,20 +428,26 @@ def test_a_report_names_the_runs_of_the_grid_that_never_started(data_dir, tmp_pa
     assert "never started" not in capsys.readouterr().err
 
 
-def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("stop", "code", "said"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "stopped by SIGTERM")]
+)
+def test_interrupted_run_resumes_exactly(data_dir, tmp_path, monkeypatch, capsys, stop, code, said):
     path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango", "loop-transformer"]})
     grid = load_grid(path)
     original = Trainer.train_step
 
     def stop_at_8(self):
         if self.step == 8 and self.run.model.arch == "tango":
+            if stop == "SIGTERM":  # `timeout`, `kill`, a cluster's time limit: it killed the sweep outright
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(2)
             raise KeyboardInterrupt
         return original(self)
 
     with monkeypatch.context() as m:
         m.setattr(Trainer, "train_step", stop_at_8)
-        assert main(["sweep", str(path), "--no-progress"]) == 130  # Ctrl-C stops the sweep
-    assert capsys.readouterr().err == "interrupted; run the same command again to continue the sweep\n"
+        assert main(["sweep", str(path), "--no-progress"]) == code  # Ctrl-C or SIGTERM stops the sweep
+    assert capsys.readouterr().err == f"{said}; run the same command again to continue the sweep\n"
     tango = grid.runs[0].out_dir
     assert not (tango / "summary.json").exists() and not (grid.runs[1].out_dir).exists()
     rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)

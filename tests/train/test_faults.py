@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,54 @@ def test_every_file_of_a_checkpoint_has_the_same_mode(finished):
     for step in complete_steps(finished / "checkpoints"):
         modes = {p.name: oct(p.stat().st_mode & 0o777) for p in step.iterdir()}
         assert len(set(modes.values())) == 1, modes
+
+
+def _stop_mid_write(stop: str) -> None:
+    if stop == "SIGTERM":  # `timeout`, `kill`: the handler raises at the next bytecode
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(2)
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "line"), [("SIGINT", 130, "interrupted; "), ("SIGTERM", 143, "stopped by SIGTERM; ")]
+)
+def test_a_run_stopped_while_it_writes_a_checkpoint_leaves_no_half_copy(
+    finished, data_dir, tmp_path, monkeypatch, capsys, stop, code, line
+):
+    # The half-written .tmp-step-* stayed (42 MB at a 26 MB model) until the run started again,
+    # and SIGTERM killed the process outright: no line saying how to continue, W&B left running.
+    out = tmp_path / "run"
+    argv = ["train", *helpers.cli_overrides(data_dir, out, **TRAIN)]
+    real, handler = checkpoint.torch.save, signal.getsignal(signal.SIGTERM)
+
+    def save(obj, path, *args, **kwargs):
+        if "step-00000008" in str(path):
+            Path(path).write_bytes(b"PK")  # half a file
+            _stop_mid_write(stop)
+        return real(obj, path, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.torch, "save", save)
+        rc, err = run_cli(capsys, argv)
+    assert rc == code
+    assert err.startswith(line) and "from its checkpoint of step 4" in err and "--resume" in err, err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000004"]  # no .tmp-step-*
+    assert signal.getsignal(signal.SIGTERM) == handler  # put back
+    rc, err = run_cli(capsys, [*argv, "--resume"])
+    assert rc == 0, err
+    assert helpers.loss_records(out) == helpers.loss_records(finished)
+
+
+def test_a_sharded_save_stopped_while_its_shards_are_written_leaves_no_half_copy(data_dir, tmp_path, monkeypatch):
+    from tango_lm.train import trainer_checkpoints
+
+    def save_shards(path, tensors, distributed):
+        path.mkdir(parents=True)
+        (path / "__0_0.distcp").write_bytes(b"\0" * 100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_checkpoints, "save_shards", save_shards)
+    with pytest.raises(KeyboardInterrupt):
+        train(helpers.run_config(data_dir, tmp_path / "run", steps=2, save_every=1, checkpoint_format="sharded"))
+    assert not list((tmp_path / "run" / "checkpoints").iterdir())

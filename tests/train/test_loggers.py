@@ -7,6 +7,7 @@ would see, not what was handed to a library."""
 from __future__ import annotations
 
 import json
+import signal
 import struct
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from tango_lm.cli import main
 from tango_lm.errors import UserError
+from tango_lm.stop_signals import Stopped
 from tango_lm.train.config import RunConfig
 from tango_lm.train.loggers import scalars
 from tango_lm.train.run_dir import run_files
@@ -180,18 +182,23 @@ def test_a_resumed_run_continues_the_same_tensorboard_and_wandb_runs(data_dir, t
     assert wandb_exit_codes(out) == [130, 0]
 
 
-def test_a_run_stopped_by_an_error_is_marked_failed_in_wandb(data_dir, tmp_path, offline_wandb, monkeypatch):
-    def error_at_3(self):
+@pytest.mark.parametrize(
+    ("stop", "code"), [(lambda: UserError("training stopped at step 3"), 1), (lambda: Stopped(signal.SIGTERM), 143)]
+)
+def test_a_run_stopped_by_an_error_or_sigterm_is_marked_failed_in_wandb(
+    data_dir, tmp_path, offline_wandb, monkeypatch, stop, code
+):
+    def stop_at_3(self):
         if self.step == 3:
-            raise UserError("training stopped at step 3")
+            raise stop()
         return original(self)
 
     original = Trainer.train_step
-    monkeypatch.setattr(Trainer, "train_step", error_at_3)
+    monkeypatch.setattr(Trainer, "train_step", stop_at_3)
     out = tmp_path / "run"
-    with pytest.raises(UserError, match="stopped at step 3"):
+    with pytest.raises((UserError, Stopped)):
         train(helpers.run_config(data_dir, out, steps=6, loggers="jsonl,wandb"))
-    assert wandb_exit_codes(out) == [1]
+    assert wandb_exit_codes(out) == [code]
 
 
 def test_a_damaged_wandb_run_id_file_is_refused_not_replaced(data_dir, tmp_path, offline_wandb):

@@ -17,6 +17,7 @@ from tango_lm.cli import bench, config, data, generate, sweep, train
 from tango_lm.cli.output import Parser, held_warnings, one_line, progress_on_terminal_only, reader_may_leave
 from tango_lm.errors import UserError, os_error_text
 from tango_lm.ops import dispatch as kernel_dispatch
+from tango_lm.stop_signals import STOPS, exit_code, signal_name, stop_message
 
 
 class _Version(argparse.Action):
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"error: {one_line(os_error_text(exc))}; check the disk and the path", file=sys.stderr)
         return UserError.exit_code
-    except KeyboardInterrupt as exc:  # a command may say how to continue (train: --resume)
-        print(f"interrupted; {exc}" if str(exc) else "interrupted", file=sys.stderr)
-        return 130
+    except STOPS as stop:  # Ctrl-C, or SIGTERM where a command stops on it; it may say how to continue
+        print(stop_message(stop), file=sys.stderr)
+        return exit_code(signal_name(stop))
     return code if isinstance(code, int) else 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
 from tango_lm.errors import UserError, path_arg
+from tango_lm.stop_signals import STOPS, stop_on_sigterm, with_note
 
 # The slurm settings (sweep/launchers.py SETTINGS) that `sweep` also takes as flags, over the grid's: a
 # flag added here is parsed, checked against --launcher and handed to the launcher.
@@ -116,9 +117,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 0
     else:
         try:
-            rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
-        except KeyboardInterrupt:  # finished runs are kept and the interrupted one resumes from its checkpoint
-            raise KeyboardInterrupt("run the same command again to continue the sweep") from None
+            with stop_on_sigterm():  # `timeout`, `kill` or a container's stop end it as Ctrl-C does
+                rows = run_sweep(grid, runs, progress=False if args.no_progress or args.json else None, log=log)
+        except STOPS as stop:  # finished runs are kept and the interrupted one resumes from its checkpoint
+            raise with_note(stop, "run the same command again to continue the sweep") from None
     failed = [r for r in rows if r["status"] == "failed"]
     if args.json:
         _print_json(rows)

@@ -20,6 +20,7 @@ from tango_lm.cli.output import (
 )
 from tango_lm.errors import UserError, path_arg
 from tango_lm.eval.perplexity import FORMATS as PPL_FORMATS
+from tango_lm.stop_signals import STOPS, stop_on_sigterm, with_note
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -30,12 +31,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     source, overrides = _config_and_overrides(args)
     run = load_run_config(source, overrides)
     try:  # no bar without a terminal or with --no-progress: this command's, not the run's config
-        result = train(run, resume=args.resume, progress=False if args.no_progress else None)
-    except KeyboardInterrupt:
+        with stop_on_sigterm():  # `timeout`, `kill` or a container's stop end it as Ctrl-C does
+            result = train(run, resume=args.resume, progress=False if args.no_progress else None)
+    except STOPS as stop:
         _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
         given = [*([source] if source else []), *overrides]
         said = _how_to_continue(run, given, processes) if is_main_process() else ""
-        raise KeyboardInterrupt(said) from None
+        raise with_note(stop, said) from None
     if not is_main_process():  # under torchrun, rank 0 alone reports
         return
     s = result.summary

@@ -175,6 +175,13 @@ def begin_checkpoint(ckpt_root: Path, step: int, tag: int | str) -> Path:
     return tmp
 
 
+def remove_unfinished(tmp: Path) -> None:
+    """Remove a temporary step directory a stopped save left half written (Ctrl-C, SIGTERM): one
+    that holds the COMPLETE marker stays, since a resume takes it up."""
+    if tmp.is_dir() and not tmp.is_symlink() and not (tmp / MARKER).exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_failed(ckpt_root: Path, step: int, exc: BaseException) -> UserError:
     """The error of a save that failed (a full disk, a folder made read-only): one line, what to do."""
     text = str(exc).strip()
@@ -208,12 +215,15 @@ def finish_checkpoint(
     """Write the rest of a step directory begun by `begin_checkpoint` (weights unless it holds
     shards), mark it complete and rename it into place; return its final path. When a write fails
     (a full disk, whichever writer finds it) the temporary directory is removed and a UserError
-    raised; earlier steps stay."""
+    raised; earlier steps stay. Stopped (Ctrl-C, SIGTERM), it removes the directory unless complete."""
     try:
         return _finish(tmp, step, model_state, train_state, config, tokenizer, meta)
     except (OSError, SafetensorError, RuntimeError) as exc:  # safetensors and torch.save report a full disk so
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_failed(tmp.parent, step, exc) from None
+    except BaseException:  # Ctrl-C or SIGTERM mid-write: no half copy is left for good
+        remove_unfinished(tmp)
+        raise
 
 
 def _finish(

@@ -25,6 +25,7 @@ from tango_lm.train.checkpoint import (
     complete_steps,
     finish_checkpoint,
     prune_checkpoints,
+    remove_unfinished,
     step_dir_name,
     step_of,
     tmp_step_dir,
@@ -149,12 +150,23 @@ class TrainerCheckpoints:
         meta = {"dev_nll": dev_nll, "tokens_seen": self.tokens_seen, "data": data, "best_step": self.best["step"]}
         if self.dist.active:
             meta.update(parallel=self.dist.parallel, world_size=self.dist.world_size)
-        if self.run.train.checkpoint_format == "sharded":
-            # Every rank writes its shard into rank 0's temporary directory.
-            tag = distributed.broadcast_int(self.dist, os.getpid())
-            tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
+        sharded = self.run.train.checkpoint_format == "sharded"
+        # Every rank writes its shard into rank 0's temporary directory; a full state, rank 0 alone.
+        tag = distributed.broadcast_int(self.dist, os.getpid()) if sharded else os.getpid()
+        tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
+        try:
+            return self._write(tag, sharded, meta)
+        except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed mid-write: no half copy left for good
             if self.dist.is_main:
-                begin_checkpoint(self.ckpt_root, self.step, tag)
+                remove_unfinished(tmp)
+            raise
+
+    def _write(self, tag: int, sharded: bool, meta: dict[str, Any]) -> Path:
+        """`save`'s writing, into the temporary directory `tmp_step_dir(..., tag)`, and the rename into place."""
+        tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
+        if self.dist.is_main:
+            begin_checkpoint(self.ckpt_root, self.step, tag)
+        if sharded:
             tensors, param_groups = distributed.sharded_state(self.model, self.optimizer)
             distributed.barrier(self.dist)  # the directory exists before anyone writes into it
             save_shards(tmp / SHARDS, tensors, self.dist.active)  # returns once every shard and .metadata are written
@@ -162,7 +174,6 @@ class TrainerCheckpoints:
             train_state = {**self._train_state({}), "optimizer_param_groups": param_groups}
             del train_state["optimizer"]  # its tensors are in the shards
         else:  # full state dicts (gathered to rank 0 under FSDP), the single-process format
-            tmp = begin_checkpoint(self.ckpt_root, self.step, os.getpid()) if self.dist.is_main else None
             model_state = distributed.full_model_state(self.model, self.dist)
             train_state = self._train_state(distributed.full_optimizer_state(self.model, self.optimizer, self.dist))
 

@@ -33,7 +33,7 @@ kept records past the run's `starting_step` (`to_replay`). W&B cannot drop histo
 server ignores steps it already has (the resumed run recomputes them exactly, timings aside);
 offline, the resumed attempt is a second `offline-run-*` directory of the same run id, with the
 whole history up to the checkpoint (a SIGKILL loses what the first had not flushed). A run
-stopped by an error or Ctrl-C ends its W&B run with exit code 1 or 130, failed on the dashboard.
+stopped by an error, Ctrl-C or SIGTERM ends its W&B run with exit code 1, 130 or 143, failed on the dashboard.
 """
 
 from __future__ import annotations
@@ -116,8 +116,10 @@ def open_loggers(names: list[str], ctx: LogContext, kept: list[dict[str, Any]] =
 
 def stopped_exit_code(exc: BaseException) -> int:
     """The process's exit code for a run `exc` stopped (what `close` marks a W&B run with): 130 for
-    Ctrl-C, 1 for anything else."""
-    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    Ctrl-C, 143 for SIGTERM, 1 for anything else."""
+    from tango_lm.stop_signals import STOPS, exit_code, signal_name
+
+    return exit_code(signal_name(exc)) if isinstance(exc, STOPS) else 1
 
 
 def close_loggers(loggers: list[MetricLogger], exit_code: int = 0) -> None:
