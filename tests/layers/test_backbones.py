@@ -587,6 +587,30 @@ def test_attnres_sources_per_mix(block, monkeypatch):
         assert seen == [1] + [2] * 8
 
 
+@pytest.mark.parametrize("block", [None, 1, 2])
+def test_every_attnres_mix_in_the_model_is_the_definition_over_its_sources(block, monkeypatch):
+    # The sources' unit-RMS copies are made as the model adds them (embedding, completed blocks,
+    # the running partial sum); each mix must weigh them as RMSNorm of the source itself would.
+    # At zero queries every weight is uniform and a missed norm changed nothing the tests saw.
+    errors = []
+    forward = AttnRes.forward
+
+    def checked(self, values, normed):
+        out = forward(self, values, normed)
+        errors.append((out - attn_res_reference(values, self.query, self.norm)).abs().max().item())
+        return out
+
+    model = tiny_model("attnres", depth=4, attnres_block=block)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("query", "norm.weight")):
+                p.normal_(0, 1.0, generator=torch.Generator().manual_seed(len(name)))
+    monkeypatch.setattr(AttnRes, "forward", checked)
+    with torch.no_grad():
+        model(ids(2, 7))
+    assert len(errors) == len(sources_per_mix(model.config)) and max(errors) < 1e-10, errors
+
+
 def test_attnres_starts_as_a_prenorm_residual_stream():
     """With w_l = 0 every mix is the mean of its sources, proportional to the residual sum; the
     next sublayer's pre-norm and the final norm remove the scale, so full AttnRes, Block AttnRes
