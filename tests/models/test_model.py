@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tango_lm import ModelConfig, UserError, build_model
+from tango_lm.heads.registry import HEADS
 from tango_lm.layers.rope import rope_tables
 from tango_lm.models.registry import ARCHITECTURES
 from tests import arch_cases
@@ -278,6 +279,34 @@ def test_same_seed_same_model_and_embedding_init():
     table = [v for v in a.state_dict().values() if v.shape == (300, 64)]
     assert len(table) == 1
     assert abs(table[0].std().item() - 0.02) < 0.0005 and abs(table[0].mean().item()) < 0.0005
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_every_head_starts_from_its_documented_initialization(head):
+    # Tables and projections N(0, init_std^2); a token gate's w U(-1/sqrt(d), 1/sqrt(d)) (seed 001's
+    # code, gate logits of std ~ 1/sqrt(3)). A 10x std on MoS's or the untied table, or a gate 16x
+    # narrower (every gate ~1/2 from the start), had changed every run's start with no test failing.
+    d, init_std = 256, 0.02
+    torch.manual_seed(0)
+    model = build_model(small_config("tango", head=head, d_model=d, vocab_size=300, init_std=init_std))
+    for name, p in model.head.named_parameters():
+        if p.dim() == 2:
+            assert abs(p.std().item() / init_std - 1) < 0.1 and abs(p.mean().item()) < 0.1 * init_std, name
+        else:
+            bound = d**-0.5
+            assert p.abs().max().item() <= bound and abs(p.std().item() / (bound / 3**0.5) - 1) < 0.15, name
+
+
+@pytest.mark.parametrize("arch", ["gau", "flash"])
+def test_gau_offsets_and_relative_bias_start_as_documented(arch):
+    # design.md §2.7: gamma ~ N(0, init_std^2), beta = 0, the relative position bias 0.
+    torch.manual_seed(0)
+    model = build_model(small_config(arch, d_model=64, init_std=0.02, qk_dim=64, context_length=64))
+    for name, p in model.named_parameters():
+        if name.endswith((".beta", ".rel_bias")):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        elif name.endswith(".gamma"):
+            assert abs(p.std().item() / 0.02 - 1) < 0.25, (name, p.std().item())
 
 
 def test_sequence_longer_than_context_checked_off_cpu():
