@@ -160,9 +160,17 @@ def test_bf16_autocast_matches_plain_path_under_autocast():
         plain = -twin_log_probs(h, A, B, z).gather(-1, y[:, None]).sum()
     assert fused.dtype == torch.float32
     torch.testing.assert_close(fused, plain, rtol=2e-3, atol=1e-3)
-    for a, b in zip(grads(fused, [h, A, B, z]), grads(plain, [h, A, B, z]), strict=True):
+    fused_grads, plain_grads = grads(fused, [h, A, B, z]), grads(plain, [h, A, B, z])
+    for a, b in zip(fused_grads, plain_grads, strict=True):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=0.05, atol=0.05 * b.abs().max().item())
+    # Against float64, the fused gradients are as close as the plain path's (its tables' gradients
+    # are accumulated in fp32 from bf16 products: a 1% bias there passed the 5% above).
+    leaves64 = [x.detach().double().requires_grad_() for x in (h, A, B, z)]
+    exact = grads(-twin_log_probs(*leaves64).gather(-1, y[:, None]).sum(), leaves64)
+    for fused_grad, plain_grad, want in zip(fused_grads, plain_grads, exact, strict=True):
+        error = (fused_grad.double() - want).norm() / want.norm()
+        assert error <= max(1.5 * (plain_grad.double() - want).norm() / want.norm(), 2e-3), error
 
 
 def test_twin_log_prior_is_log_gate():
