@@ -161,6 +161,19 @@ def test_loop_depth_is_applications_of_one_block(arch):
     torch.testing.assert_close(out_deep, manual, rtol=0, atol=1e-6)
 
 
+def test_rope_tables_are_exact_angles_in_at_least_fp32():
+    # bf16 tables (a model cast with .to(torch.bfloat16)) rotate by angles off by up to 1%.
+    for dtype, want in [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.float64, torch.float64),
+    ]:
+        assert rope_tables(3, 8, 10000.0, torch.device("cpu"), dtype=dtype)[0].dtype == want
+    cos, sin = rope_tables(1, 8, 10000.0, torch.device("cpu"), start=50_000_001)  # a float32 position rounds here
+    angle = torch.tensor(50_000_001.0, dtype=torch.float64)
+    assert abs(cos[0, 0].item() - angle.cos().item()) < 1e-6 and abs(sin[0, 0].item() - angle.sin().item()) < 1e-6
+
+
 PROJ = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
