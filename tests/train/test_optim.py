@@ -56,6 +56,21 @@ def test_wsd_plateau_then_linear_decay_to_floor():
     assert lrs[79] - decay[0] == pytest.approx(diffs[0])
 
 
+def test_wsd_decay_length_rounds_to_the_nearest_step():
+    # 0.2 of 14 steps is 2.8: three decay steps, not the two that truncating gives.
+    lrs = _curve(14, schedule="wsd", decay_fraction=0.2, warmup_steps=0)
+    assert lrs[:11] == [LR] * 11 and lrs[11] < LR
+    assert lrs[11:] == pytest.approx([LR + (FLOOR - LR) * k / 3 for k in (1, 2, 3)])
+
+
+def test_wsd_decay_starts_after_a_warmup_that_reaches_into_it():
+    # Warmup 8 of 10 steps with half of them decaying: the decay runs from the peak at step 8 to the
+    # floor at step 9, not from a start inside the warmup (a drop right after it).
+    lrs = _curve(10, schedule="wsd", decay_fraction=0.5, warmup_steps=8)
+    assert lrs[:8] == pytest.approx([LR * (s + 1) / 9 for s in range(8)])
+    assert lrs[8:] == pytest.approx([LR + (FLOOR - LR) / 2, FLOOR])
+
+
 def test_cosine_decays_monotonically_between_peak_and_floor():
     lrs = _curve(100, schedule="cosine")
     tail = lrs[10:]
