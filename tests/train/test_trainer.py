@@ -752,3 +752,39 @@ def test_raising_steps_before_the_decay_is_the_longer_run_and_after_it_restarts_
     train(helpers.run_config(data_dir, tmp_path / "done", steps=16), resume=True)
     lr = {r["step"]: r["lr"] for r in helpers.loss_records(tmp_path / "done")}
     assert lr[12] < lr[11] < lr[13] == max(lr.values()) and lr[16] < lr[13]
+
+
+def test_the_last_step_is_saved_when_it_is_neither_best_nor_on_save_every(data_dir, tmp_path, monkeypatch):
+    # 10 steps, saves every 4, dev NLL best at step 8: the run's last step must still be a
+    # checkpoint (a resume to more steps, and `select: final`, start from it).
+    dev = {4: 3.0, 8: 2.0, 10: 2.5}
+    monkeypatch.setattr(Trainer, "evaluate_dev", lambda self: dev[self.step])
+    out = tmp_path / "run"
+    run = helpers.run_config(data_dir, out, steps=10, save_every=4, eval_every=4, keep_last=5, select="final")
+    result = train(run)
+    assert helpers.step_names(out) == ["step-00000004", "step-00000008", "step-00000010"]
+    assert result.summary["selected_step"] == 10
+
+
+def test_throughput_counts_every_micro_batch_and_the_summary_takes_the_median(data_dir, tmp_path, monkeypatch):
+    # A fake clock: the steps take 1, 1, 3 and 1 s. Each record's tokens/s is the global batch (all
+    # grad_accum micro-batches) over its step's time; the summary's is over the median step time,
+    # the papers' measure (a mean would give 256 tokens/s here).
+    import tango_lm.train.trainer as trainer_module
+
+    clock, durations = [0.0], {1: 1.0, 2: 1.0, 3: 3.0, 4: 1.0}
+    original = Trainer.train_step
+
+    def timed_step(self):
+        loss = original(self)
+        clock[0] += durations[self.step]
+        return loss
+
+    monkeypatch.setattr(Trainer, "train_step", timed_step)
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: clock[0])
+    out = tmp_path / "run"
+    result = train(helpers.run_config(data_dir, out, steps=4, grad_accum=2, batch_size=4, log_every=1, eval_every=4))
+    tokens_per_step = 2 * 4 * 32
+    logged = {r["step"]: r["tokens_per_s"] for r in helpers.read_metrics(out) if "tokens_per_s" in r}
+    assert logged == {s: tokens_per_step / d for s, d in durations.items()}
+    assert result.summary["tokens_per_s"] == tokens_per_step / 1.0
