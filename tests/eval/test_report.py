@@ -176,6 +176,20 @@ def test_head_vs_standard_pairs(runs):
     assert onona["mean"] == pytest.approx(2.835) and onona["std"] == pytest.approx(0.09 / math.sqrt(2))
 
 
+def test_a_heads_row_averages_only_the_seeds_both_heads_have(tmp_path):
+    # onóna has a seed the Standard head lacks: its NLL, the Standard one and their difference are
+    # all over the paired seed, so head_nll - standard_nll is the delta the row prints.
+    root = tmp_path / "runs"
+    for head, by_seed in {"standard": {1: 3.0}, "onona": {1: 2.9, 2: 2.0}}.items():
+        for seed, v in by_seed.items():
+            labels = {"dataset": "d", "tier": "2M", "depth": 2, "arch": "dense", "head": head, "seed": [seed, 100]}
+            write_run(root, labels, v, v)
+    (pair,) = write_report(root, plots=False)["report"]["heads"]
+    assert pair["n"] == 1
+    assert (pair["head_nll"], pair["standard_nll"]) == pytest.approx((2.9, 3.0))
+    assert pair["head_nll"] - pair["standard_nll"] == pytest.approx(pair["delta"])
+
+
 def test_dev_split_uses_the_selected_checkpoint(tmp_path):
     root = tmp_path / "runs"
     # select: final -> dev NLL at the final step (3.2), not the best (3.0).
