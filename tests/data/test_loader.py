@@ -106,6 +106,16 @@ def test_resume_rejects_different_settings():
     WindowLoader(_tokens(), SEQ, batch_size=2, data_seed=1, world_size=2).load_state_dict(state)
 
 
+def test_resume_refuses_a_position_inside_a_batch_or_before_the_start():
+    # Only a damaged checkpoint holds one: trained on, it would read misaligned windows.
+    state = WindowLoader(_tokens(), SEQ, batch_size=4, data_seed=1).state_dict()
+    for epoch, position in ((0, 3), (0, -4), (-1, 0)):
+        with pytest.raises(UserError, match="invalid saved data position.*corrupt"):
+            WindowLoader(_tokens(), SEQ, batch_size=4, data_seed=1).load_state_dict(
+                {**state, "epoch": epoch, "position": position}
+            )
+
+
 def test_without_reshuffling_every_epoch_repeats_the_first_permutation():
     # The onóna paper (Appendix C): "the same permutation repeats when the pool is exhausted".
     loader = WindowLoader(_tokens(), SEQ, batch_size=5, data_seed=3, reshuffle=False)

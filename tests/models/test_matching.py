@@ -13,6 +13,7 @@ from tango_lm.models.archs.transformer import CONVENTIONAL_UNTIED
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import PAPER_VOCAB, active_ratio_rows, match_width, parse_tier
 from tango_lm.models.params import count_params
+from tango_lm.models.registry import ARCHITECTURES
 from tests import helpers
 
 # Seed 000 Table 6: (tier, depth) -> (non-embedding, total).
@@ -48,6 +49,17 @@ def test_active_ratio_counts_reproduce_table9(arch, paper):
         assert rows[1]["total"] == 70_088_480
         ours[1] = 70.089  # the paper's last digit (see above)
     assert ours == paper
+
+
+def test_a_target_halfway_between_two_widths_takes_the_smaller():
+    # The closed form rounds half up; the neighbours checked after it make the tie go down, as
+    # match_width's docstring says.
+    cfg = ModelConfig(arch="tango", d_model=32, head_dim=16, width=64, depth=2, vocab_size=257, context_length=32)
+    step = ARCHITECTURES["tango"].width_multiple(cfg)
+    low, high = (count_params(cfg.replace(width=w))["total"] for w in (10 * step, 11 * step))
+    assert (low + high) % 2 == 0
+    assert match_width(cfg, (low + high) // 2).width == 10 * step
+    assert match_width(cfg, (low + high) // 2 + 1).width == 11 * step
 
 
 def test_parse_tier():
@@ -215,6 +227,7 @@ def test_moe_is_matched_in_widths_whose_experts_are_whole():
     from tango_lm.models.config import ModelConfig
     from tango_lm.models.matching import match_width
     from tango_lm.models.params import count_params
+from tango_lm.models.registry import ARCHITECTURES
 
     for heads, top_k in ((1, 2), (3, 2), (2, 3)):
         cfg = ModelConfig(arch="moe", d_model=32 * heads, head_dim=32, n_kv_heads=1, moe_top_k=top_k, n_experts=4)
