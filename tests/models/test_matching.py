@@ -227,7 +227,6 @@ def test_moe_is_matched_in_widths_whose_experts_are_whole():
     from tango_lm.models.config import ModelConfig
     from tango_lm.models.matching import match_width
     from tango_lm.models.params import count_params
-from tango_lm.models.registry import ARCHITECTURES
 
     for heads, top_k in ((1, 2), (3, 2), (2, 3)):
         cfg = ModelConfig(arch="moe", d_model=32 * heads, head_dim=32, n_kv_heads=1, moe_top_k=top_k, n_experts=4)
