@@ -179,6 +179,13 @@ def test_an_architecture_no_width_matches_is_said_under_the_others(capsys):
     assert rc == 2 and "raise the target, or lower what the width does not set" in err  # nothing matched
 
 
+def test_an_architecture_too_deep_for_the_depth_is_said_under_the_table(capsys):
+    # Three sets need three applications: at depth 2 the tango-3set row was left out without a word.
+    rc, out, _, _ = helpers.run_main(capsys, ["match", "--tier", "70M", "--depth", "2"])
+    assert rc == 0 and "tango-3set: not matched (a 3-set model needs depth >= 3 (got depth=2)" in out
+    assert "tango-3set " not in out.split("not matched")[0]  # no row of its own
+
+
 def test_the_papers_rows_need_the_papers_settings_whatever_the_tier_is_written(capsys):
     # --head-dim 64 (8 heads: other widths) still printed Table 6's row and the paper's range, and
     # --tier 70000000 --d-model 512, the paper's own tier, left them out.

@@ -93,15 +93,15 @@ def match_tier(
 
     rows = []
     for arch in archs or matched_archs():
-        if archs is None and depth < ARCHITECTURES[arch].min_depth:
+        if archs is None and depth < ARCHITECTURES[arch].min_depth and unmatched is None:
             continue  # e.g. three sets need three applications
-        base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
         try:
+            base = ModelConfig(arch=arch, d_model=d_model, depth=depth, width=d_model, **fields)
             rows.append(_row(match_width(base, target), target))
         except UserError as exc:
             if unmatched is None:
                 raise
-            unmatched[arch] = str(exc)
+            unmatched[arch] = str(exc)  # said under the table: a depth three sets cannot take, say
     return rows
 
 
