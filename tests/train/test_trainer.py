@@ -646,6 +646,20 @@ def test_a_hybrid_without_an_attention_layer_is_warned():
     assert line.startswith(f"model.attention_every={gdn.depth + 1} is more than model.depth={gdn.depth}: no layer")
 
 
+def test_a_hybrid_whose_width_leaves_gdn_key_channels_out_is_warned():
+    # d_model 32 with 12-wide GDN heads: two heads read 24 of the 32 channels, without a word.
+    from tango_lm.models.registry import ARCHITECTURES
+    from tests.arch_cases import tiny_config
+
+    gdn = tiny_config("gdn-hybrid")
+    assert gdn.d_model % gdn.gdn_head_dim == 0 and ARCHITECTURES["gdn-hybrid"].warnings(gdn) == []
+    odd = gdn.replace(d_model=32, gdn_head_dim=12)
+    (line,) = ARCHITECTURES["gdn-hybrid"].warnings(odd)
+    assert line.startswith("model.d_model=32 is not a multiple of model.gdn_head_dim=12")
+    assert "read 24 key channels (2 heads); set model.gdn_n_heads" in line
+    assert ARCHITECTURES["gdn-hybrid"].warnings(odd.replace(gdn_n_heads=3)) == []  # chosen: nothing to say
+
+
 def test_top_1_routing_with_renormalized_weights_is_warned():
     # Each token's one weight is then 1: the router's gradient from the loss is zero (~1e-10 measured),
     # so routing learns from the load-balancing term alone, with no word.

@@ -111,12 +111,20 @@ class GdnHybrid(Architecture):
 
     @staticmethod
     def warnings(cfg: ModelConfig, seq_len: int | None = None) -> list[str]:
-        if not cfg.depth < cfg.attention_every:
-            return []
-        return [
-            f"model.attention_every={cfg.attention_every} is more than model.depth={cfg.depth}: no layer is "
-            "attention, so the hybrid is Gated DeltaNet alone; lower model.attention_every (0 says GDN only)"
-        ]
+        said = []
+        if cfg.depth < cfg.attention_every:
+            said.append(
+                f"model.attention_every={cfg.attention_every} is more than model.depth={cfg.depth}: no layer is "
+                "attention, so the hybrid is Gated DeltaNet alone; lower model.attention_every (0 says GDN only)"
+            )
+        gdn_layers = cfg.depth - n_attention_layers(cfg)
+        if gdn_layers and cfg.gdn_n_heads is None and cfg.d_model % cfg.gdn_head_dim:
+            heads = gdn_shape(cfg)[0]
+            said.append(
+                f"model.d_model={cfg.d_model} is not a multiple of model.gdn_head_dim={cfg.gdn_head_dim}: the GDN "
+                f"layers read {heads * cfg.gdn_head_dim} key channels ({heads} heads); set model.gdn_n_heads to choose"
+            )
+        return said
 
     @staticmethod
     def build(cfg: ModelConfig) -> nn.Module:
