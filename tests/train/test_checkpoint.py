@@ -29,6 +29,7 @@ from tango_lm.train import trainer as trainer_module
 from tango_lm.train.checkpoint import (
     DESCRIBED,
     FORMAT,
+    MARKER,
     SUMMED,
     complete_steps,
     load_checkpoint,
@@ -588,6 +589,53 @@ def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monke
     monkeypatch.setattr(os, "rename", real_rename)
     assert torch.equal(load_checkpoint(root / "step-00000005").model_state()["w"], torch.zeros(3))
     assert not list(root.glob(".replaced-*"))
+
+
+def test_ctrl_c_before_a_first_saves_rename_keeps_its_complete_copy(tmp_path, monkeypatch):
+    # The copy holds its COMPLETE marker: a stop now must not delete it, the next start puts it back.
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 4, {"w": torch.zeros(3)}, {"step": 4}, {"model": {}}, {}, {})
+    real_rename = os.rename
+
+    def interrupted(src, dst):
+        if Path(src).name.startswith(".tmp-"):
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, 8, {"w": torch.ones(3)}, {"step": 8}, {"model": {}}, {}, {})
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert restorable_steps(root) == [4, 8]
+    restore_interrupted_saves(root)
+    assert torch.equal(load_checkpoint(root / "step-00000008").model_state()["w"], torch.ones(3))
+
+
+def test_which_copy_of_an_interrupted_resave_comes_back(tmp_path):
+    root = tmp_path / "checkpoints"
+
+    def copy(name: str, value: float, complete: bool = True) -> None:
+        scratch = tmp_path / f"scratch-{value}"
+        done = save_checkpoint(scratch, 20, {"w": torch.full((1,), value)}, {"step": 20}, {"model": {}}, {}, {})
+        if not complete:
+            (done / MARKER).unlink()
+        root.mkdir(exist_ok=True)
+        os.rename(done, root / name)
+
+    def restored() -> float:
+        restore_interrupted_saves(root)
+        return load_checkpoint(root / "step-00000020").model_state()["w"].item()
+
+    # Killed between a re-save's renames, both copies complete: the new one (.tmp-) is the step.
+    copy(".replaced-step-00000020-1", 1.0)
+    copy(".tmp-step-00000020-2", 2.0)
+    assert restorable_steps(root) == [20] and restored() == 2.0
+    # Killed after the second rename, before the old copy went: the step stays as it is.
+    copy(".replaced-step-00000020-3", 3.0)
+    assert restored() == 2.0
+    # A copy without its marker is no step to resume from, nor to put back.
+    copy(".tmp-step-00000030-4", 4.0, complete=False)
+    assert restorable_steps(root) == [20] and not (root / "step-00000030").exists()
 
 
 @pytest.mark.parametrize("what", ["file", "link"])
