@@ -141,6 +141,19 @@ def test_a_sharded_save_before_the_first_update_counts_no_adamw_step(data_dir, t
     helpers.assert_same_weights(full, sharded)
 
 
+def test_a_streak_that_starts_just_after_a_save_keeps_that_save(data_dir, tmp_path, monkeypatch):
+    # Steps 4-7 fail: step 2's checkpoint is the one before them and must survive the saves at 4
+    # and 6 (an off-by-one in what pruning protects deleted it: the advice then had no checkpoint).
+    poison(monkeypatch, {4, 5, 6, 7})
+    run = helpers.run_config(data_dir, tmp_path / "run", max_nonfinite_steps=3, save_every=2, eval_every=2, keep_last=2)
+    with pytest.raises(UserError) as stopped:
+        train(run)
+    message = str(stopped.value).replace(str(tmp_path / "run"), "RUN")
+    assert "continue with --resume from RUN/checkpoints/step-00000002" in message
+    steps = [p.name for p in complete_steps(tmp_path / "run" / "checkpoints")]
+    assert steps == ["step-00000002", "step-00000004", "step-00000006"]
+
+
 @pytest.mark.parametrize("keep_last", [5, 2])
 def test_the_checkpoint_just_before_a_streak_is_the_one_to_resume_from_and_is_kept(
     data_dir, tmp_path, monkeypatch, keep_last

@@ -206,7 +206,12 @@ def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
     # A schedule change applies from the resumed step on: with none left it applied to no step, yet
     # config.json and config.yaml said the run trained with it.
     config = (out / "config.json").read_text()
-    for change in ({"lr": 0.5}, {"schedule": "cosine", "warmup_steps": 7}):
+    from tango_lm.train.resume import SCHEDULE
+
+    other = {"lr": 0.5, "schedule": "cosine", "warmup_steps": 7, "min_lr_ratio": 0.5, "decay_fraction": 0.5}
+    other["grad_clip"] = 0.25
+    assert set(other) == set(SCHEDULE)  # every field that may change on a resume: each one alone
+    for change in [{field: value} for field, value in other.items()] + [{"schedule": "cosine", "warmup_steps": 7}]:
         with pytest.raises(UserError, match=r"it has trained all 4 steps, so the change would apply to none"):
             train(helpers.run_config(data_dir, out, steps=4, **change), resume=True)
         assert (out / "config.json").read_text() == config
