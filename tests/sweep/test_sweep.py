@@ -378,6 +378,28 @@ def test_failures_are_recorded_and_the_sweep_goes_on(data_dir, tmp_path, monkeyp
     assert not (root / "dataset=syn/arch=loop-transformer/data.test_split=test/failed.json").exists()
 
 
+def test_a_run_that_failed_before_its_first_checkpoint_is_retried_from_the_start(data_dir, tmp_path, monkeypatch):
+    # Its attempt left config.json and metrics.jsonl: the retry clears them (a fresh train refuses a
+    # directory that holds a run), and the log holds the retry's steps once.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"]}, steps=4, save_every=4)
+    original = Trainer.train_step
+
+    def fail_at_2(self):
+        if self.step == 1:  # the update of step 2
+            raise RuntimeError("boom")
+        return original(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", fail_at_2)
+        assert main(["sweep", str(path), "--no-progress"]) == 1
+    (run,) = load_grid(path).runs
+    assert (run.out_dir / "metrics.jsonl").exists() and not list((run.out_dir / "checkpoints").glob("step-*"))
+    assert plan_rows(load_grid(path), load_grid(path).runs)[0]["state"] == "retry"
+    rows = run_sweep(load_grid(path), progress=False, log=lambda _: None)
+    assert [r["status"] for r in rows] == ["trained"]
+    assert [r["step"] for r in helpers.loss_records(run.out_dir)] == [1, 2, 3, 4]
+
+
 def test_a_failed_run_finished_with_resume_as_its_error_says_is_reported(data_dir, tmp_path, monkeypatch, capsys):
     # The sweep records the failure (failed.json); `train RUN --resume` finishes the run. Its record
     # of a failed latest attempt goes with the finish: `report` counts the run, and the sweep, which
