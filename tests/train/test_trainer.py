@@ -807,3 +807,33 @@ def test_throughput_counts_every_micro_batch_and_the_summary_takes_the_median(da
     logged = {r["step"]: r["tokens_per_s"] for r in helpers.read_metrics(out) if "tokens_per_s" in r}
     assert logged == {s: tokens_per_step / d for s, d in durations.items()}
     assert result.summary["tokens_per_s"] == tokens_per_step / 1.0
+
+
+@pytest.mark.parametrize("field", ["eval_sample_seed", "reshuffle_each_epoch"])
+def test_a_run_from_before_a_train_field_existed_resumes(data_dir, tmp_path, field):
+    # Its config.json lacks the field, which it ran with at today's default: a resume compares the
+    # saved value only where there is one (a raw KeyError otherwise, from the checks of what a
+    # resume keeps).
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, save_every=4, eval_every=4))
+    step = helpers.step_dir(out, 4)
+    for where in (out, step):
+        config = json.loads((where / "config.json").read_text())
+        del config["train"][field]
+        if where == step:
+            helpers.rewrite_step_json(step, "config.json", config)
+        else:
+            (where / "config.json").write_text(json.dumps(config))
+    assert (
+        train(helpers.run_config(data_dir, out, steps=6, save_every=4, eval_every=4), resume=True).summary["steps"] == 6
+    )
+
+
+def test_a_resume_with_another_reshuffle_setting_is_refused_for_the_run_not_its_checkpoint(data_dir, tmp_path):
+    # Every checkpoint of the run carries the setting: advice to move the latest one out cannot help.
+    out = tmp_path / "run"
+    train(helpers.run_config(data_dir, out, steps=4, save_every=4, eval_every=4))
+    with pytest.raises(UserError) as refused:
+        train(helpers.run_config(data_dir, out, steps=6, reshuffle_each_epoch=False), resume=True)
+    assert "reshuffle_each_epoch True (now False)" in str(refused.value)
+    assert "cannot resume" in str(refused.value) and "move" not in str(refused.value)
