@@ -666,6 +666,11 @@ def test_prune_keeps_the_best_step_a_kept_checkpoint_names(tmp_path):
     save_checkpoint(root, 5, {"w": torch.zeros(1)}, {"step": 5}, {}, {}, {"best_step": 5})
     prune_checkpoints(root, keep_last=2, protect={5})  # step 4 kept, so step 3 (its best) too
     assert [p.name for p in complete_steps(root)] == ["step-00000003", "step-00000004", "step-00000005"]
+    # A damaged meta.json naming `true` names no step (True == 1 kept step 1 for good).
+    save_checkpoint(root, 1, {"w": torch.zeros(1)}, {"step": 1}, {}, {}, {})
+    save_checkpoint(root, 6, {"w": torch.zeros(1)}, {"step": 6}, {}, {}, {"best_step": True})
+    prune_checkpoints(root, keep_last=1, protect=set())
+    assert [p.name for p in complete_steps(root)] == ["step-00000006"]
 
 
 def test_a_users_copy_beside_the_step_directories_is_no_checkpoint(data_dir, tmp_path):
