@@ -144,6 +144,19 @@ def test_generation_stops_at_eos_for_every_row():
     assert out.shape[1] == 4
 
 
+@pytest.mark.parametrize("static", [None, "eager"])
+def test_generation_stops_once_every_row_has_drawn_eos_on_its_own_step(static):
+    # Rows that draw the end at different steps: decoding ends at the step the last one does
+    # (a row's end forgotten meant decoding ran on until all drew it at once, or to the limit).
+    model = tiny_model("tango")
+    prompt = torch.randint(0, 61, (2, 3), generator=torch.Generator().manual_seed(4))
+    free = generate(model, prompt, 30, seed=0, static=static)[:, 3:].tolist()
+    eos = next(t for t in free[1] if t in free[0] and free[0].index(t) != free[1].index(t))
+    ends = [row.index(eos) for row in free]
+    out = generate(model, prompt, 30, seed=0, eos_id=eos, static=static)
+    assert ends[0] != ends[1] and out.shape[1] == 3 + max(ends) + 1
+
+
 @pytest.mark.parametrize("head", ["standard", "onona"])
 @pytest.mark.parametrize("static", [None, "eager"])
 def test_generation_draws_only_the_tokenizers_ids(head, static):
@@ -178,13 +191,17 @@ def test_top_p_of_one_draws_as_no_top_p(static):
     assert torch.equal(generate(model, prompt, 6, seed=11, top_p=1.0, static=static), without)
 
 
+@pytest.mark.parametrize("head", ["standard", "onona"])
 @pytest.mark.parametrize("static", [None, "eager"])
-def test_a_top_p_below_float32s_range_samples_the_top_token(static):
+def test_a_top_p_below_float32s_range_samples_the_top_token(static, head):
     """top_p = 1e-300 is in (0, 1] but is 0 in float32: the nucleus still holds the top token (it
-    raised in multinomial, and the static step drew token 0 from all -inf)."""
+    raised in multinomial, and the static step drew token 0 from all -inf). An onóna head at
+    temperature 1 samples through one projection only without a top_p: with one, the mixture."""
     logits = torch.log(torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.1, 0.3]]))
     assert torch.isfinite(filter_logits(logits, top_p=1e-300)).tolist() == [[False, True, False], [True, False, False]]
-    cfg = ModelConfig(arch="tango", d_model=32, head_dim=16, width=48, depth=2, vocab_size=30, context_length=16)
+    cfg = ModelConfig(
+        arch="tango", head=head, d_model=32, head_dim=16, width=48, depth=2, vocab_size=30, context_length=16
+    )
     model = model_for(cfg)
     prompt = torch.randint(0, 30, (2, 3), generator=torch.Generator().manual_seed(3))
     greedy = generate(model, prompt, 6, temperature=0, static=static)
@@ -200,6 +217,15 @@ def test_filter_logits_top_k_and_top_p():
     p = filter_logits(logits, top_p=0.71)
     assert torch.isfinite(p).tolist() == [[True, True, True, False, False]]
     assert torch.isfinite(filter_logits(logits, top_p=0.01)).sum() == 1
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sample_next_draws_from_the_softmax_at_its_temperature(temperature):
+    # The CPU decode's sampler (generate, serve, lm-eval's do_sample): softmax(log_probs / T).
+    log_probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().expand(40000, 4)
+    draws = sample_next(log_probs, temperature, generator=torch.Generator().manual_seed(5))
+    freq = torch.bincount(draws, minlength=4) / 40000
+    torch.testing.assert_close(freq, (log_probs[0] / temperature).softmax(-1), rtol=0, atol=0.01)
 
 
 def test_sample_next_respects_top_k_support():

@@ -177,12 +177,14 @@ def test_a_failing_compiled_step_falls_back_with_one_line(caplog):
     assert len(lines) == 1 and "decoding eagerly" in lines[0] and "second line" not in lines[0]
 
 
-def test_gumbel_sampler_draws_from_the_softmax():
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 2.0])
+def test_gumbel_sampler_draws_from_the_softmax(temperature):
+    # At T != 1 the softmax of log_probs / T (a sampler that ignored T drew as at T = 1).
     log_probs = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().expand(40000, 4)
     noise = torch.rand(40000, 4, generator=torch.Generator().manual_seed(5))
-    draws = sample_from_noise(log_probs, noise, torch.tensor(1.0))
+    draws = sample_from_noise(log_probs, noise, torch.tensor(temperature))
     freq = torch.bincount(draws, minlength=4) / 40000
-    torch.testing.assert_close(freq, torch.tensor([0.1, 0.2, 0.3, 0.4]), rtol=0, atol=0.01)
+    torch.testing.assert_close(freq, (log_probs[0] / temperature).softmax(-1), rtol=0, atol=0.01)
     assert torch.equal(sample_from_noise(log_probs[:3], noise[:3], torch.tensor(0.0)), torch.full((3,), 3))
 
 
