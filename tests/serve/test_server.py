@@ -170,8 +170,10 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
         ({**body, "n": 10_000}, 400, None),
         ({**body, "n": 0}, 400, None),
         ({**body, "temperature": -0.5}, 400, None),
+        ({**body, "temperature": 2.5}, 400, None),  # OpenAI's range is [0, 2]
         ({**body, "top_p": 0}, 400, None),
         ({**body, "prompt": [5, 300]}, 400, None),  # a token id outside the vocabulary
+        ({**body, "prompt": [5, 257]}, 400, None),  # the first id past the byte tokenizer's
         ({**body, "logprobs": 2}, 400, "unsupported_parameter"),
         ({**body, "best_of": 1, "n": 2}, 400, "unsupported_parameter"),  # OpenAI: best_of must be >= n
         ({**body, "best_of": 3, "n": 2}, 400, "unsupported_parameter"),
@@ -226,6 +228,49 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     conn.request("GET", "/health")
     assert json.loads(conn.getresponse().read())["status"] == "ok"
+
+
+def test_usage_streams_defaults_and_boundaries_are_as_openai_documents(server, checkpoint, capsys):
+    _, url = server
+    api = client(url)
+    greedy = {"model": MODEL, "temperature": 0}
+    # usage: the total is the prompts' tokens and the completions'
+    got = api.completions.create(**greedy, prompt=PROMPTS[:2], max_tokens=5)
+    prompt_tokens = sum(len(p.encode()) for p in PROMPTS[:2])
+    assert got.usage.prompt_tokens == prompt_tokens
+    assert got.usage.total_tokens == prompt_tokens + got.usage.completion_tokens
+    # streamed choices of several prompts with n > 1 are numbered as unstreamed ones: prompt-major
+    plain = api.completions.create(**greedy, prompt=PROMPTS[:2], max_tokens=5, n=2)
+    texts = {c.index: c.text for c in plain.choices}
+    assert [texts[i] for i in range(4)] == [texts[0], texts[0], texts[2], texts[2]] and texts[0] != texts[2]
+    streamed: dict[int, str] = {}
+    for chunk in api.completions.create(**greedy, prompt=PROMPTS[:2], max_tokens=5, n=2, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == texts
+    # include_usage false: no usage chunk
+    chunks = list(
+        api.completions.create(
+            **greedy, prompt="hi", max_tokens=3, stream=True, stream_options={"include_usage": False}
+        )
+    )
+    assert all(c.usage is None for c in chunks)
+    # max_tokens null is OpenAI's default, 16
+    status, reply = http_post(url, json.dumps({**greedy, "prompt": "hi", "max_tokens": None}))
+    sixteen = api.completions.create(**greedy, prompt="hi", max_tokens=16)
+    assert status == 200 and reply["choices"][0]["text"] == sixteen.choices[0].text
+    assert reply["usage"]["completion_tokens"] == sixteen.usage.completion_tokens
+    # an empty prompt starts after end-of-text, as `tango-lm generate` does
+    assert (
+        api.completions.create(**greedy, prompt="", max_tokens=6).choices[0].text
+        == cli_greedy(checkpoint, "", 6, capsys)[0]
+    )
+    # a prompt that fills the context still gets its one token; n as large as a batch is answered
+    assert len(api.completions.create(**greedy, prompt="x" * CONTEXT, max_tokens=1).choices) == 1
+    assert len(api.completions.create(**greedy, prompt="hi", max_tokens=2, n=32).choices) == 32
+    # a top_p that keeps only the top token samples it, through the batcher too
+    top = api.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=6, temperature=1.0, top_p=1e-6, seed=3)
+    assert top.choices[0].text == api.completions.create(**greedy, prompt=PROMPTS[1], max_tokens=6).choices[0].text
 
 
 def test_prompt_kinds_body_size_and_trailing_slashes_are_answered_in_json(server):
