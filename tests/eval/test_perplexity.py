@@ -128,6 +128,15 @@ def test_text_format_word_perplexity(model, tmp_path):
     assert res["word_perplexity"] == pytest.approx(math.exp(total / words), rel=1e-5)
     assert res["nll"] == pytest.approx(total / res["tokens"], rel=1e-5)
     assert res["bits_per_byte"] == pytest.approx(total / res["bytes"] / math.log(2), rel=1e-5)
+    assert res["bytes"] == sum(len(d.encode()) for d in DOCS)
+
+
+def test_bits_per_byte_counts_the_utf8_bytes_of_the_text(model, tmp_path):
+    # Characters counted as bytes gave "naïve café über" 15 bytes, not 18: bits per byte 20% high.
+    path = tmp_path / "doc.txt"
+    path.write_text("naïve café über\n", encoding="utf-8")
+    res = evaluate_file(model, TOK, path, "text", CONTEXT, stride=4)
+    assert res["bytes"] == len("naïve café über".encode()) == 18
 
 
 WIKI = "\n".join(
