@@ -262,6 +262,22 @@ def test_generate_until_keeps_half_the_window_for_the_prompt(lm, caplog):
     assert "max_gen_toks=256 is over half the 32-token window; generating at most 16 tokens" in caplog.text
 
 
+def test_generate_until_stops_at_end_of_text(lm, monkeypatch):
+    # A drawn end-of-text ends the answer (the next document's text leaked into it otherwise); the
+    # decode steps are scripted: a, b, end-of-text, c, d, ...
+    tok, vocab = lm.tok, lm.model.config.vocab_size
+    script = [*tok.encode("ab"), tok.eot_id, *tok.encode("cdefgh")]
+
+    def steps(prompt, capacity):
+        for token in script:
+            log_probs = torch.full((1, vocab), -30.0)
+            log_probs[0, token] = 0.0
+            yield log_probs
+
+    monkeypatch.setattr(lm, "_decode_steps", steps)
+    assert lm.generate_until([_request("generate_until", ("abc ", {"max_gen_toks": 8}), 0)]) == ["ab"]
+
+
 def test_generate_until_on_static_steps_is_the_same(lm, monkeypatch):
     # What runs on CUDA (CUDA graphs there): the static decode steps, here run eagerly.
     import tango_lm.serve.static_decode as static_decode
