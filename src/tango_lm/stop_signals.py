@@ -30,7 +30,7 @@ class Stopped(BaseException):
         self.note = note
 
 
-STOPS = (Stopped, KeyboardInterrupt)  # what ends a benchmark early: SIGTERM, SIGINT
+STOPS = (Stopped, KeyboardInterrupt)  # what stops a command: SIGTERM (inside stop_on_sigterm), SIGINT
 
 
 def signal_name(stop: BaseException) -> str:
@@ -56,7 +56,7 @@ def exit_code(name: str) -> int:
 
 
 # `timeout` (without --foreground) sends its SIGTERM to the process and then to its whole process
-# group: the bench gets it twice at once. A second one this soon after the first is that echo.
+# group: the command gets it twice at once. A second one this soon after the first is that echo.
 ECHO_S = 2.0
 
 
@@ -64,7 +64,7 @@ ECHO_S = 2.0
 def stop_on_sigterm() -> Iterator[None]:
     """SIGTERM raises `Stopped` inside the block (main thread only: Python runs handlers there).
     The first one only: a second within `ECHO_S` is ignored (it killed a bench waiting on a child
-    before it printed its report), a later one gets the previous handler, so a second SIGTERM (or
+    before it printed its report, and would a run closing its loggers), a later one gets the previous handler, so a second SIGTERM (or
     `timeout --kill-after`'s SIGKILL) still ends a process that does not stop."""
     if threading.current_thread() is not threading.main_thread():
         yield
