@@ -123,8 +123,9 @@ def check_fits_memory(model_cfg: Any, device: Any, shards: int = 1, tokens: int 
 
 def check_kernels_installed(model_cfg: Any, device: Any) -> None:
     """The packages the kernels asked for need ($TANGO_LM_KERNELS=triton; an architecture's own,
-    such as model.gdn_backend=fla on CUDA: `Architecture.check_packages`), checked before a run writes its config: the ops check only at their first call, and the
-    same command then found a run directory it had to --resume."""
+    such as model.gdn_backend=fla on CUDA: `Architecture.check_packages`), checked before a run
+    writes its config: the ops check only at their first call, and the same command then found a
+    run directory it had to --resume."""
     from tango_lm.models.registry import ARCHITECTURES
     from tango_lm.ops.dispatch import check_requested_installed
 
