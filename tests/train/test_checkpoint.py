@@ -573,9 +573,8 @@ def test_only_a_copy_that_can_take_its_place_counts_as_restorable(tmp_path):
     assert (root / "step-00000012").is_symlink() and (root / ".tmp-step-abc-1").is_dir()
 
 
-def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monkeypatch):
-    root = tmp_path / "checkpoints"
-    save_checkpoint(root, 5, {"w": torch.zeros(3)}, {"step": 5}, {"model": {}, "c": 1}, {}, {})
+def save_stopped_at_its_rename(monkeypatch, root: Path, step: int, value: float) -> None:
+    """`save_checkpoint` of step `step` with Ctrl-C as its copy is renamed into place."""
     real_rename = os.rename
 
     def interrupted(src, dst):
@@ -583,10 +582,15 @@ def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monke
             raise KeyboardInterrupt
         real_rename(src, dst)
 
-    monkeypatch.setattr(os, "rename", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(root, 5, {"w": torch.ones(3)}, {"step": 5}, {"model": {}, "c": 2}, {}, {})
-    monkeypatch.setattr(os, "rename", real_rename)
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(os, "rename", interrupted)
+        save_checkpoint(root, step, {"w": torch.full((3,), value)}, {"step": step}, {"model": {}}, {}, {})
+
+
+def test_ctrl_c_between_a_resaves_renames_puts_the_old_copy_back(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 5, {"w": torch.zeros(3)}, {"step": 5}, {"model": {}, "c": 1}, {}, {})
+    save_stopped_at_its_rename(monkeypatch, root, 5, 1.0)
     assert torch.equal(load_checkpoint(root / "step-00000005").model_state()["w"], torch.zeros(3))
     assert not list(root.glob(".replaced-*"))
 
@@ -595,17 +599,7 @@ def test_ctrl_c_before_a_first_saves_rename_keeps_its_complete_copy(tmp_path, mo
     # The copy holds its COMPLETE marker: a stop now must not delete it, the next start puts it back.
     root = tmp_path / "checkpoints"
     save_checkpoint(root, 4, {"w": torch.zeros(3)}, {"step": 4}, {"model": {}}, {}, {})
-    real_rename = os.rename
-
-    def interrupted(src, dst):
-        if Path(src).name.startswith(".tmp-"):
-            raise KeyboardInterrupt
-        real_rename(src, dst)
-
-    monkeypatch.setattr(os, "rename", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(root, 8, {"w": torch.ones(3)}, {"step": 8}, {"model": {}}, {}, {})
-    monkeypatch.setattr(os, "rename", real_rename)
+    save_stopped_at_its_rename(monkeypatch, root, 8, 1.0)
     assert restorable_steps(root) == [4, 8]
     restore_interrupted_saves(root)
     assert torch.equal(load_checkpoint(root / "step-00000008").model_state()["w"], torch.ones(3))
