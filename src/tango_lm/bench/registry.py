@@ -1,6 +1,7 @@
 """The benchmark suites of `tango-lm bench --suite`: a new suite is a module in `bench/` with a
-runner, a check of its options, a table formatter and (if it has any) its own options, plus one entry here. `--suite all` runs
-them in this order; `tools/gpu_suites_table.py` prints each report with its suite's `format`.
+runner, a check of its options, a table formatter and (if it has any) its own options, plus one
+entry here. `--suite all` runs them in this order; `tools/gpu_suites_table.py` prints each report
+with its suite's `format`.
 
 - `train` (`bench/training.py`): training tokens/s, analytic FLOPs per token, achieved FLOP/s, MFU
   against a matmul peak measured in the same run, and peak memory, of every architecture at

@@ -3,11 +3,12 @@
 BLAS has no GEMM for a causal (lower-triangular) left factor, so the PyTorch path of
 `ops/tango_mix.py` splits each product into blocks and still computes 5/8 of the T x T square at
 T = 256; these kernels compute the triangle only, with the machine's own vector width
-(`-march=native`, or `$TANGO_LM_KERNEL_MARCH`). They are compiled once with the C compiler
-(`$CC`, which may carry flags or a wrapper such as `ccache gcc`, else `cc`) into `$TANGO_LM_KERNEL_DIR` (default `kernels/` under `tango_lm.cache_root`), keyed by
-the source, the compiler, the flags and the CPU's features, so a cluster with mixed CPUs and a
-shared home gets one library per CPU kind. Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`,
-`available()` is False and the PyTorch path runs (one warning says why when a build fails).
+(`-march=native`, or `$TANGO_LM_KERNEL_MARCH`). They are compiled once with the C compiler (`$CC`,
+which may carry flags or a wrapper such as `ccache gcc`, else `cc`) into `$TANGO_LM_KERNEL_DIR`
+(default `kernels/` under `tango_lm.cache_root`), keyed by the source, the compiler, the flags and
+the CPU's features, so a cluster with mixed CPUs and a shared home gets one library per CPU kind.
+Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`, `available()` is False and the PyTorch path
+runs (one warning says why when a build fails).
 Each call runs its (batch element, head, column block) tasks on `torch.get_num_threads()`
 threads: PyTorch's own OpenMP threads when the library is built with OpenMP (threads of a second pool compete with
 PyTorch's, which spin for a while after each op: `python tools/tango_kernels.py products 256

@@ -155,15 +155,15 @@ class TrainerCheckpoints:
         tag = distributed.broadcast_int(self.dist, os.getpid()) if sharded else os.getpid()
         tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
         try:
-            return self._write(tag, sharded, meta)
+            return self._write(tmp, tag, sharded, meta)
         except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed mid-write: no half copy left for good
             if self.dist.is_main:
                 remove_unfinished(tmp)
             raise
 
-    def _write(self, tag: int, sharded: bool, meta: dict[str, Any]) -> Path:
-        """`save`'s writing, into the temporary directory `tmp_step_dir(..., tag)`, and the rename into place."""
-        tmp = tmp_step_dir(self.ckpt_root, self.step, tag)
+    def _write(self, tmp: Path, tag: int, sharded: bool, meta: dict[str, Any]) -> Path:
+        """`save`'s writing, into the temporary directory `tmp` (`tmp_step_dir(..., tag)`), and the
+        rename into place."""
         if self.dist.is_main:
             begin_checkpoint(self.ckpt_root, self.step, tag)
         if sharded:

@@ -46,6 +46,11 @@ def n_attention_layers(cfg: ModelConfig) -> int:
     return cfg.depth // cfg.attention_every if cfg.attention_every > 0 else 0
 
 
+def n_gdn_layers(cfg: ModelConfig) -> int:
+    """The Gated DeltaNet layers: none with attention_every=1, when no GDN field is read."""
+    return cfg.depth - n_attention_layers(cfg)
+
+
 def gdn_shape(cfg: ModelConfig) -> tuple[int, int, int]:
     """(heads, key width, value width) per GDN head."""
     heads = cfg.gdn_n_heads if cfg.gdn_n_heads is not None else cfg.d_model // cfg.gdn_head_dim
@@ -96,8 +101,7 @@ class GdnHybrid(Architecture):
             raise UserError(f"model.attention_every must be >= 0 (got {cfg.attention_every}); use 0 for GDN only")
         if cfg.gdn_n_heads is not None and cfg.gdn_n_heads < 1:
             raise UserError(f"model.gdn_n_heads must be at least 1 (got {cfg.gdn_n_heads}); or leave it unset")
-        gdn_layers = cfg.depth - n_attention_layers(cfg)  # attention_every=1: none, and no GDN field is read
-        if gdn_layers and cfg.gdn_n_heads is None and cfg.d_model < cfg.gdn_head_dim:
+        if n_gdn_layers(cfg) and cfg.gdn_n_heads is None and cfg.d_model < cfg.gdn_head_dim:
             raise UserError(
                 f"model.gdn_head_dim={cfg.gdn_head_dim} exceeds d_model={cfg.d_model}; lower gdn_head_dim or set gdn_n_heads"
             )
@@ -117,8 +121,7 @@ class GdnHybrid(Architecture):
                 f"model.attention_every={cfg.attention_every} is more than model.depth={cfg.depth}: no layer is "
                 "attention, so the hybrid is Gated DeltaNet alone; lower model.attention_every (0 says GDN only)"
             )
-        gdn_layers = cfg.depth - n_attention_layers(cfg)
-        if gdn_layers and cfg.gdn_n_heads is None and cfg.d_model % cfg.gdn_head_dim:
+        if n_gdn_layers(cfg) and cfg.gdn_n_heads is None and cfg.d_model % cfg.gdn_head_dim:
             heads = gdn_shape(cfg)[0]
             said.append(
                 f"model.d_model={cfg.d_model} is not a multiple of model.gdn_head_dim={cfg.gdn_head_dim}: the GDN "
@@ -157,8 +160,8 @@ class GdnHybrid(Architecture):
         from tango_lm.ops import delta_rule_fla
         from tango_lm.ops.delta_rule import wants_fla
 
-        if cfg.gdn_backend == "fla" and wants_fla("fla", on_cuda) and cfg.depth > n_attention_layers(cfg):
-            delta_rule_fla.require_fla()  # attention_every=1 has no GDN layer to need it
+        if cfg.gdn_backend == "fla" and wants_fla("fla", on_cuda) and n_gdn_layers(cfg):
+            delta_rule_fla.require_fla()
 
     @staticmethod
     def decode_state_grows(cfg: ModelConfig) -> bool:
