@@ -89,12 +89,7 @@ class WindowedTangoBlock(TangoBlock):
             return self.mix(q, k, a, u, q_raw, k_raw)
         ex = state.extra
         if "s" not in ex:
-            b, h, _, d_h = k.shape
-            acc = compute_dtype(q, k, g)
-            ex["k"], ex["k_phi"], ex["g"] = k[..., :0, :], k_phi[..., :0, :], g[..., :0, :]
-            ex["s"] = torch.zeros(b, h, d_h, g.shape[-1], dtype=acc, device=g.device)
-            ex["z"] = torch.zeros(b, h, d_h, dtype=acc, device=g.device)
-        keep = self.window - 1  # a destination's window reaches W - 1 sources back
+            _start_state(ex, q, k, k_phi, g)
         piece = self.chunk_size or max(self.window, MIN_CHUNK)
         outs = []
         for start in range(0, q.shape[-2], piece):
@@ -115,28 +110,15 @@ class WindowedTangoBlock(TangoBlock):
                     self.feature_map,
                 )
             )
-            # Sources beyond the last W - 1 leave the window of every later destination: fold them in.
-            drop = max(k_loc.shape[-2] - keep, 0)
-            if drop:
-                phi_out = phi_loc[..., :drop, :].to(ex["s"].dtype)
-                ex["s"] = ex["s"] + phi_out.transpose(-1, -2) @ g_loc[..., :drop, :].to(ex["s"].dtype)
-                ex["z"] = ex["z"] + phi_out.sum(-2)
-            # Copies, so the state does not pin the whole concatenation in memory.
-            ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k_loc, phi_loc, g_loc))
+            _fold_older(ex, k_loc, phi_loc, g_loc, self.window - 1)
         return merge_heads(torch.cat(outs, dim=-2)) * u
 
     def _store_prefill(
         self, state: LayerState, q: torch.Tensor, k: torch.Tensor, k_phi: torch.Tensor, g: torch.Tensor
     ) -> None:
-        """The state after a prefill of these T positions: their last W - 1 keys, features and
-        gates, and the prefix sums over the older ones (what the piecewise path leaves)."""
-        acc = compute_dtype(q, k, g)
-        drop = max(k.shape[-2] - (self.window - 1), 0)
-        phi_out = k_phi[..., :drop, :].to(acc)
-        ex = state.extra
-        ex["s"] = phi_out.transpose(-1, -2) @ g[..., :drop, :].to(acc)
-        ex["z"] = phi_out.sum(-2)
-        ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k, k_phi, g))
+        """The state after a prefill of these T positions: what the piecewise path leaves."""
+        _start_state(state.extra, q, k[..., :0, :], k_phi[..., :0, :], g[..., :0, :])
+        _fold_older(state.extra, k, k_phi, g, self.window - 1)
 
     def forward(
         self,
@@ -220,3 +202,24 @@ class WindowedTangoBlock(TangoBlock):
             static["s"].add_((phi_out.transpose(-1, -2) @ g_out).to(static["s"].dtype))
             static["z"].add_(phi_out.sum(-2).to(static["z"].dtype))
         return merge_heads(out.to(g.dtype)) * u
+
+
+def _start_state(ex: dict, q: torch.Tensor, k: torch.Tensor, k_phi: torch.Tensor, g: torch.Tensor) -> None:
+    """An empty decode state: no window sources yet, zero prefix sums in the compute dtype."""
+    b, h, _, d_h = k.shape
+    acc = compute_dtype(q, k, g)
+    ex["k"], ex["k_phi"], ex["g"] = k[..., :0, :], k_phi[..., :0, :], g[..., :0, :]
+    ex["s"] = torch.zeros(b, h, d_h, g.shape[-1], dtype=acc, device=g.device)
+    ex["z"] = torch.zeros(b, h, d_h, dtype=acc, device=g.device)
+
+
+def _fold_older(ex: dict, k: torch.Tensor, k_phi: torch.Tensor, g: torch.Tensor, keep: int) -> None:
+    """Keep the last `keep` (W - 1) sources of k, phi(k) and g in the state; the older ones have left
+    the window of every later destination, so they are added to the prefix sums s and z."""
+    drop = max(k.shape[-2] - keep, 0)
+    if drop:
+        phi_out = k_phi[..., :drop, :].to(ex["s"].dtype)
+        ex["s"] = ex["s"] + phi_out.transpose(-1, -2) @ g[..., :drop, :].to(ex["s"].dtype)
+        ex["z"] = ex["z"] + phi_out.sum(-2)
+    # Copies, so the state does not pin the whole concatenation in memory.
+    ex["k"], ex["k_phi"], ex["g"] = (x[..., drop:, :].contiguous() for x in (k, k_phi, g))
