@@ -39,6 +39,7 @@ BENCH_SUITES = {
         training.check_suite_args,
         training.format_report,
         ("--tango-width", "--vocab-size", "--d-model", "--depth", "--batch-size", "--seq-len", "--peak-size"),
+        training.add_suite_arguments,
     ),
     "decode": BenchSuite(
         decode.run_suite,

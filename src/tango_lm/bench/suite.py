@@ -44,23 +44,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         f"{', '.join(default_archs())})",
     )
     s.add_argument("--d-model", type=int, default=256, help="width d of the models (default %(default)s)")
-    s.add_argument("--seq-len", type=int, default=256, help="train suite: tokens per sequence (default %(default)s)")
     s.add_argument("--depth", type=int, default=4, help="block applications or layers (default %(default)s)")
-    s.add_argument("--batch-size", type=int, default=4, help="train suite: sequences per step (default %(default)s)")
-    s.add_argument("--steps", type=int, default=6, help="timed training steps per model")
-    s.add_argument("--warmup", type=int, default=2, help="untimed training steps per model")
     s.add_argument("--tango-width", type=int, default=8192, help="TANGO's F; the other widths are matched to it")
     s.add_argument("--vocab-size", type=int, default=257, help="vocabulary of the train and decode suites")
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    s.add_argument("--no-memory", action="store_true", help="train suite: skip the per-model memory measurement")
-    s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement")
-    s.add_argument(
-        "--peak-size",
-        type=int,
-        default=None,
-        help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)",
-    )
+    s.add_argument("--memory-steps", type=int, default=2, help="training steps per memory measurement (train, memory)")
     s.add_argument("--repeats", type=int, default=3, help="timed rounds (decode, windowed)")
     s.add_argument("--head-vocab", type=int, default=50304, help="vocabulary of the head comparisons (decode, memory)")
     for name, suite in BENCH_SUITES.items():  # each suite's own options, in a group of its own
@@ -96,10 +85,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     from tango_lm.train.device import pick_device
 
     pick_device(args.device)  # an absent CUDA: the memory suite's children each failed with a traceback
-    shared = ["d_model", "depth", "seq_len", "batch_size", "steps", "tango_width", "vocab_size", "memory_steps"]
-    require_positive(args, shared + [name for name in ("threads", "peak_size") if getattr(args, name) is not None])
-    if args.warmup < 0:
-        raise UserError(f"--warmup must be 0 or more (got {args.warmup})")
+    shared = ["d_model", "depth", "tango_width", "vocab_size", "memory_steps"]
+    require_positive(args, shared + (["threads"] if args.threads is not None else []))
     for name in _suites(args):
         BENCH_SUITES[name].check(args)
 

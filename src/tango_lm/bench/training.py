@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tango_lm.bench.checks import require_head_multiple, require_tango_width_split
+from tango_lm.bench.checks import require_head_multiple, require_positive, require_tango_width_split
 from tango_lm.bench.memory import MMAP_THRESHOLD, measure_in_subprocess
 from tango_lm.bench.peak import _sync, measure_matmul_peak
 from tango_lm.bench.progress import Progress
@@ -400,8 +400,26 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_suite_arguments(g: Any) -> None:
+    """The train suite's own options (an argparse group); `tango-lm bench` without --suite reads them too."""
+    g.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=4, help="sequences per step (default %(default)s)")
+    g.add_argument("--steps", type=int, default=6, help="timed training steps per model (default %(default)s)")
+    g.add_argument("--warmup", type=int, default=2, help="untimed training steps per model (default %(default)s)")
+    g.add_argument("--no-memory", action="store_true", help="skip the per-model memory measurement")
+    g.add_argument(
+        "--peak-size",
+        type=int,
+        default=None,
+        help="side of the square matmuls of the measured peak (default 2048 on CPU, 8192 on CUDA)",
+    )
+
+
 def check_suite_args(args: argparse.Namespace) -> None:
     """The train suite's options of `tango-lm bench` (`bench/registry.py`): it builds every model at --d-model."""
+    require_positive(args, ["seq_len", "batch_size", "steps"] + (["peak_size"] if args.peak_size is not None else []))
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be 0 or more (got {args.warmup})")
     require_head_multiple(args)
     require_tango_width_split(args)
 
