@@ -3,7 +3,8 @@
 Usage: PYTHONPATH=src python tools/gate_average_bench.py [--batch 16 --heads 16 --seq-len 1024
        --width 1780 --head-dim 32 --dtype bf16 --rounds 10 --no-math --json FILE --device cuda]
 
-For each implementation of `tango_mix(q, k, a, u)` (ops/tango_mix.py): `triton`, `sdpa-sliced` with
+For each implementation of `tango_mix(q, k, a, u)` (ops/tango_mix.py): `triton` (the gates written
+once, the default) and `triton-silu-on-load` (the SiLU in the kernels' loops), `sdpa-sliced` with
 slices of 128 and of 256 columns, and `math` (one SDPA call with the full width per head, which no
 fused SDPA backend takes, so PyTorch runs its math backend), it times forward + backward (and the
 forward alone), in rounds that alternate the implementations, and reports the median, TFLOP/s per
@@ -45,6 +46,9 @@ def implementations(include_math: bool) -> dict:
     impls = {}
     if tango_mix_module.tango_mix_triton is not None:
         impls["triton"] = lambda q, k, a, u: tango_mix_module.tango_mix(q, k, a, u, kernels="triton")
+        # The kernels' other SiLU placement (ops/tango_mix_triton.py): applied in their loops on load.
+        on_load = tango_mix_module.tango_mix_triton.tango_mix_triton
+        impls["triton-silu-on-load"] = lambda q, k, a, u: on_load(q, k, a, u, silu_on_load=True)
     impls["sdpa-sliced-128"] = sliced(128)
     impls["sdpa-sliced-256"] = sliced(256)
     if include_math:
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> dict:
     xs = (q, k, a, u)
     impls = implementations(args.math)
     if "triton" in impls and not tango_mix_module.tango_mix_triton.supported(q, k, a, u):
-        del impls["triton"]  # CPU tensors without the interpreter
+        del impls["triton"], impls["triton-silu-on-load"]  # CPU tensors without the interpreter
     causal_flops = 3 * 2 * b * h * (d + w) * t * (t + 1) / 2
 
     reference = "math" if "math" in impls else next(iter(impls))

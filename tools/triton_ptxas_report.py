@@ -8,8 +8,16 @@ any machine, so a GPU session's scarce minutes need not find out that a configur
 compile, spills registers or needs more shared memory than the chip has (the autotuner skips such a
 configuration silently; if all of a kernel's do, the op fails). For each kernel and configuration
 this prints the shared memory, whether it fits (227 KiB on sm_90), the registers per thread and the
-bytes spilled, from `ptxas -v`. The numbers say nothing about speed. Run it without
-TRITON_INTERPRET (under the interpreter the kernels have one small configuration only).
+bytes spilled, from `ptxas -v`. Run it without TRITON_INTERPRET (under the interpreter the
+kernels have one small configuration only).
+
+`--mix` adds, from the disassembled machine code (nvdisasm), what one iteration of each innermost
+loop issues per warp: its instructions, those on the special-function units (MUFU: exp2,
+reciprocal; 16 lanes per clock per SM on sm_90) and those on the tensor cores (HGMMA/HMMA). These
+are not timings, but a loop whose instructions outnumber its tensor-core work cannot run at the
+tensor cores' speed whatever the memory does. `--silu-on-load` compiles tango_mix's kernels with
+the SiLU applied in their loops (`tango_mix_triton(..., silu_on_load=True)`) instead of reading
+gates written once.
 
 Each kernel is compiled as triton's JIT would for a launch at the issue's shape (B = H = 16,
 T = 1024, `--width` gate columns per head, contiguous gates): integer arguments equal to 1 become
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -53,10 +62,10 @@ OPS = {
                 "lse_kernel": ("Q", "K", "LSE"),
                 "forward_kernel": ("Q", "K", "A", "U", "LSE", "Y", "AVG"),
                 "scores_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "DELTA", "DQ", "DK"),
-                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU", "DELTA"),
+                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU", "DELTA", "G"),
             }.items()
         },
-        {"HAS_U": True, "STORE_AVG": True},
+        {"HAS_U": True, "STORE_AVG": True, "GATES_READY": True, "STORE_G": True},  # the op's defaults
     ),
     "windowed": (
         "tango_lm.ops.windowed_triton",
@@ -110,6 +119,7 @@ def report_kernel(
     arch: int,
     ints: dict[str, int] | None = None,
     first: int | None = None,
+    mix: bool = False,
 ) -> list[dict]:
     """One row per autotune configuration of `kernel` (a triton Autotuner around a JITFunction).
     `ints` gives integer arguments their values at a launch: as triton's JIT does, those equal to 1
@@ -173,16 +183,65 @@ def report_kernel(
                 "fits": shared <= SHARED_LIMIT.get(arch, SHARED_LIMIT[90]),
                 "registers": int(registers.group(1)) if registers else None,
                 "spill_bytes": max(spills) if spills else None,
+                **({"loops": loop_mixes(disassemble(compiled.asm["cubin"], arch))} if mix else {}),
             }
         )
     return rows
 
 
-def format_rows(rows: list[dict], dtype: str, arch: int, head_dim: int) -> str:
+def disassemble(cubin: bytes, arch: int) -> str:
+    """The machine code, by the nvdisasm beside triton's ptxas."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        nvdisasm = ptxas_path(arch).with_name("nvdisasm")
+        return subprocess.run([str(nvdisasm), "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def loop_mixes(sass: str) -> list[dict[str, int]]:
+    """Per innermost loop of `sass` (nvdisasm -c), in code order, what one iteration issues per
+    warp: instructions, MUFU (special-function) ones, tensor-core ones. A loop is a branch back to
+    a label; an innermost one holds no other."""
+    labels: dict[str, int] = {}  # label -> index of the first instruction after it
+    pending: list[str] = []
+    instructions: list[tuple[str, str]] = []  # (opcode, operands)
+    for line in sass.splitlines():
+        label = re.fullmatch(r"(\.L_x_\d+):", line.strip())
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        if m:
+            labels |= dict.fromkeys(pending, len(instructions))
+            pending = []
+            instructions.append((m.group(1), m.group(2)))
+    loops = []
+    for end, (opcode, operands) in enumerate(instructions):
+        target = re.search(r"\((\.L_x_\d+)\)", operands)
+        if opcode == "BRA" and target and labels.get(target.group(1), end + 1) <= end:
+            loops.append((labels[target.group(1)], end))
+    loops = [(s, e) for s, e in loops if s < e]  # not the one-instruction `BRA` to itself a kernel ends with
+    innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    mixes = []
+    for start, end in sorted(innermost):
+        opcodes = [opcode for opcode, _ in instructions[start : end + 1]]
+        mixes.append(
+            {
+                "instructions": len(opcodes),
+                "mufu": sum(o.startswith("MUFU") for o in opcodes),
+                "tensor": sum(o.startswith(("HGMMA", "HMMA")) for o in opcodes),
+            }
+        )
+    return mixes
+
+
+def format_rows(rows: list[dict], dtype: str, arch: int, head_dim: int, mix: bool = False) -> str:
     lines = [
         f"Triton kernels compiled for sm_{arch}, {dtype} inputs, head dim {head_dim}: shared memory per "
-        "block, whether it fits, registers per thread and bytes spilled (ptxas -v)",
-        f"{'kernel':<24}{'config':<48}{'warps':>6}{'stages':>7}{'shared KiB':>11}{'fits':>6}{'regs':>6}{'spill B':>9}",
+        "block, whether it fits, registers per thread and bytes spilled (ptxas -v)"
+        + ("; per innermost loop, one iteration's instructions/MUFU/tensor-core instructions per warp" if mix else ""),
+        f"{'kernel':<24}{'config':<48}{'warps':>6}{'stages':>7}{'shared KiB':>11}{'fits':>6}{'regs':>6}{'spill B':>9}"
+        + ("  loops" if mix else ""),
     ]
     for r in rows:
         config = ", ".join(f"{k}={v}" for k, v in r["config"].items())
@@ -194,6 +253,7 @@ def format_rows(rows: list[dict], dtype: str, arch: int, head_dim: int) -> str:
         lines.append(
             f"{r['kernel']:<24}{config:<48}{r['warps']:>6}{r['stages']:>7}{r['shared'] / 1024:>11.0f}"
             f"{'yes' if r['fits'] else 'NO':>6}{r['registers'] or '-':>6}{r['spill_bytes'] if r['spill_bytes'] is not None else '-':>9}"
+            + ("  " + " ".join(f"{x['instructions']}/{x['mufu']}/{x['tensor']}" for x in r["loops"]) if mix else "")
         )
     return "\n".join(lines)
 
@@ -216,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
     p.add_argument("--width", type=int, default=1780, help="gate columns per head (TANGO's presets: 1,780)")
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    p.add_argument("--mix", action="store_true", help="each innermost loop's instruction mix, from the machine code")
+    p.add_argument(
+        "--silu-on-load", action="store_true", help="tango_mix's kernels with the SiLU in their loops (not the default)"
+    )
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     ops = [o for o in args.ops.split(",") if o]
     unknown = [o for o in ops if o not in OPS]
@@ -262,12 +327,19 @@ def main(argv: list[str] | None = None) -> int:
         ieee = args.dtype == "fp32" and not args.tf32  # triton_common.precision
         consts = {"PRECISION": "ieee" if ieee else "tf32", "BLOCK_D": block_d, "ALIGN": align}
         consts |= constexprs
+        if args.silu_on_load:
+            consts |= {"GATES_READY": False, "STORE_G": False}
         for name, pointers in kernels.items():
             if args.kernels and name not in args.kernels.split(","):
                 continue
             ints = launch_ints(op, args.head_dim, args.width)
-            rows += report_kernel(getattr(mod, name), pointers, consts, args.dtype, args.arch, ints, args.first)
-    print(format_rows(rows, f"{args.dtype} (TF32 products)" if args.tf32 else args.dtype, args.arch, args.head_dim))
+            kernel = getattr(mod, name)
+            rows += report_kernel(kernel, pointers, consts, args.dtype, args.arch, ints, args.first, args.mix)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    dtype = f"{args.dtype} (TF32 products)" if args.tf32 else args.dtype
+    print(format_rows(rows, dtype, args.arch, args.head_dim, args.mix))
     return 0
 
 

@@ -9,6 +9,7 @@ products on FMAs: configurations of their own), the kernels reworked for that.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -76,6 +77,49 @@ def test_triton_fp32_kernels_under_tf32_fit_sm90_at_every_head_dim():
         "tango_mix", ("forward_kernel", "scores_backward_kernel", "gates_backward_kernel"), "fp32", 256, True
     )
     _first_configurations("relu2", ("forward_kernel", "dv_kernel", "dqk_kernel"), "fp32", 256, True)
+
+
+def _loop_mixes(*flags: str) -> dict[str, list[dict]]:
+    """tango_mix's forward and scores backward (first configurations) at TANGO's shape: each one's
+    innermost loops' instruction mix (tools/triton_ptxas_report.py --mix)."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    ptxas = helpers.tool("triton_ptxas_report").ptxas_path(90)
+    if ptxas is None or not ptxas.is_file() or not ptxas.with_name("nvdisasm").is_file():
+        pytest.skip("triton's NVIDIA backend (ptxas, nvdisasm) is not installed")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
+            *("--ops", "tango_mix", "--kernels", "forward_kernel,scores_backward_kernel", "--first", "1"),
+            *("--dtype", "bf16", "--head-dim", "32", "--width", "1780", "--mix", "--json", *flags),
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+            "PYTHONPATH": str(helpers.ROOT / "src"),
+        },
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {row["kernel"]: row["loops"] for row in json.loads(proc.stdout)}
+
+
+def test_tango_mix_loops_read_written_gates_without_the_special_function_units():
+    # The default reads gates written once; with the SiLU applied on load, every iteration spends
+    # an exp and a division per gate on the MUFU units (16 lanes per clock per SM on sm_90), which
+    # outlast the iteration's tensor-core work (the docstring of ops/tango_mix_triton.py).
+    written, on_load = _loop_mixes(), _loop_mixes("--silu-on-load")
+    (forward,), (forward_on_load,) = written["forward_kernel"], on_load["forward_kernel"]
+    assert forward["instructions"] * 2 < forward_on_load["instructions"], (forward, forward_on_load)
+    assert forward["mufu"] * 4 <= forward_on_load["mufu"], (forward, forward_on_load)  # P's exp only
+    (scores,), (scores_on_load,) = (
+        written["scores_backward_kernel"],
+        on_load["scores_backward_kernel"],
+    )  # over the width
+    assert scores["mufu"] == 0 < scores_on_load["mufu"], (scores, scores_on_load)
+    assert scores["instructions"] * 2 < scores_on_load["instructions"], (scores, scores_on_load)
+    assert forward["tensor"] > 0 and scores["tensor"] > 0
 
 
 def test_windowed_fp16_kernels_compile_for_sm90_without_register_spills():

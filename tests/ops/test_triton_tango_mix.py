@@ -7,6 +7,8 @@ several blocks in every direction); with one, the same tests run on CUDA (`cuda`
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -70,12 +72,15 @@ def check_against_float64(got, xs, dy):
         (1, 1, 1, 4, 3, torch.float32),  # one position
     ],
 )
-def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, dtype):
+@pytest.mark.parametrize("silu_on_load", [False, True], ids=["gates-written", "silu-on-load"])
+def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, b, h, t, d, w, dtype, silu_on_load):
     nan_torch = helpers.NanEmptyTorch()
     monkeypatch.setattr(triton_ops, "torch", nan_torch)
     xs, dy = inputs(b, h, t, d, w, dtype, device, seed=t)
-    check_against_float64(value_and_grads(triton_ops.tango_mix_triton, xs, dy), xs, dy)
-    assert nan_torch.calls >= 6  # y, lse, avg; dk, da, du, delta: every buffer the kernels fill
+    mix = functools.partial(triton_ops.tango_mix_triton, silu_on_load=silu_on_load)
+    check_against_float64(value_and_grads(mix, xs, dy), xs, dy)
+    # y, lse, avg; dk, da, du, delta; and the gates the backward writes: every buffer the kernels fill
+    assert nan_torch.calls >= 6 + (not silu_on_load)
 
 
 @pytest.mark.parametrize(
@@ -113,17 +118,18 @@ def test_triton_takes_strided_inputs(device):
 def test_triton_custom_op_registration(device):
     # Fake (meta) implementations, the autograd formula and schema, as torch.compile relies on them.
     (q, k, a, u), _ = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=3)
-    torch.library.opcheck(
-        torch.ops.tango_lm.tango_mix_triton_forward,
-        (q, k, a, u, True),
-        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
-    )
-    y, lse, avg = torch.ops.tango_lm.tango_mix_triton_forward(q, k, a, u, True)
-    torch.library.opcheck(
-        torch.ops.tango_lm.tango_mix_triton_backward,
-        (torch.ones_like(y), q, k, a, u, y, avg, lse),
-        test_utils=("test_schema", "test_faketensor"),
-    )
+    for silu_on_load in (False, True):
+        torch.library.opcheck(
+            torch.ops.tango_lm.tango_mix_triton_forward,
+            (q, k, a, u, True, silu_on_load),
+            test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
+        y, lse, avg = torch.ops.tango_lm.tango_mix_triton_forward(q, k, a, u, True, silu_on_load)
+        torch.library.opcheck(
+            torch.ops.tango_lm.tango_mix_triton_backward,
+            (torch.ones_like(y), q, k, a, u, y, avg, lse, silu_on_load),
+            test_utils=("test_schema", "test_faketensor"),
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -131,7 +137,7 @@ def test_triton_op_without_the_stored_average_still_differentiates(device):
     # store_avg=False saves an empty average; the backward recomputes it (it read the empty tensor
     # at [B, T, F] offsets: a segfault interpreted, out-of-bounds reads on a GPU).
     xs, dy = inputs(1, 2, 9, 4, 5, torch.float32, device, seed=6)
-    y = torch.ops.tango_lm.tango_mix_triton_forward(*xs, False)[0]
+    y = torch.ops.tango_lm.tango_mix_triton_forward(*xs, False, False)[0]
     got = torch.autograd.grad(y, xs, dy)
     want = torch.autograd.grad(triton_ops.tango_mix_triton(*xs), xs, dy)
     for g, w, name in zip(got, want, NAMES[1:], strict=True):

@@ -8,18 +8,32 @@ larger than d_h, so the probabilities are cheap to recompute and the design is
 1. `lse_kernel`: the row log-sum-exp of the causal scores, one program per (query block, head):
    O(T^2 d_h), kept as [B, H, T] fp32;
 2. `forward_kernel`: one program per (query block, column block, head); over the key blocks at or
-   before the diagonal only, P = exp(S - lse) is recomputed and multiplied by the gates read in
-   place from a (SiLU on load); the epilogue multiplies by u and writes y, and the average itself
-   only when the backward needs it for u's gradient;
+   before the diagonal only, P = exp(S - lse) is recomputed and multiplied by the gates g = silu(a);
+   the epilogue multiplies by u and writes y, and the average itself only when the backward needs
+   it for u's gradient;
 3. backward: `gates_backward_kernel` (one program per key block, column block and head)
    accumulates dg = P^T dgbar and writes da = dg * silu'(a) and du = dy * gbar at the same
-   positions; on the way it adds its columns' share of D = rowsum(dgbar * gbar) = rowsum(dy * y)
-   per row (atomically, so D costs no pass of its own over the [B, T, F] dy and y); then
-   `scores_backward_kernel` (one program per key block and head) forms dP = dgbar g^T over the
-   whole width, dS = P (dP - D), and accumulates dk in registers and dq atomically.
+   positions (and g, which its epilogue has at hand); on the way it adds its columns' share of
+   D = rowsum(dgbar * gbar) = rowsum(dy * y) per row (atomically, so D costs no pass of its own over
+   the [B, T, F] dy and y); then `scores_backward_kernel` (one program per key block and head)
+   forms dP = dgbar g^T over the whole width, dS = P (dP - D), and accumulates dk in registers and
+   dq atomically.
 
-No [B, H, T, T] tensor is ever held, the gates and the gradient of the average are never written
-out, and every accumulation is fp32 (bf16 and fp16 inputs are multiplied on the tensor cores in
+Where the SiLU runs (`silu_on_load`): every query block's program reads every earlier key block's
+gates, so a SiLU applied as the loops load a (`silu_on_load=True`) runs T / (2 BLOCK_M) times per
+gate, each an exp and a division on the special-function units (MUFU), which do 16 lanes' worth per
+clock per SM where the tensor cores do 4,096 bf16 FLOPs. Compiled for sm_90 at TANGO's shape
+(`tools/triton_ptxas_report.py --mix [--silu-on-load]`), one iteration of the forward's loop then
+issues 1,373 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-core work (64 x 64
+x (32 + 128) multiply-adds); the scores backward's inner loop 335 (32 MUFU) for 128. The default
+(False) writes the gates once, as a [B, T, F] tensor in the inputs' dtype (F.silu before the
+forward kernel; the gates backward's epilogue, which has silu(a) at hand, for the backward), and
+the loops read them as they are: 478 (32 MUFU) and 144 (none). That costs one transient [B, T, F]
+buffer in each direction and, in the forward, one elementwise pass; `tools/gate_average_bench.py`
+times both on a GPU, side by side.
+
+No [B, H, T, T] tensor is ever held, the gradient of the average is never written out, and every
+accumulation is fp32 (bf16 and fp16 inputs are multiplied on the tensor cores in
 their own type, as flash attention does; fp32 inputs in full fp32, as PyTorch's default matmuls).
 The kernels take every input by its strides (the per-head q, k views and the [B, T, F] layout need
 no copy). They are wrapped as `torch.library` custom ops with fake implementations and an autograd
@@ -74,9 +88,12 @@ def _like_a(a: torch.Tensor) -> torch.Tensor:
     return torch.empty(a.shape, dtype=a.dtype, device=a.device)
 
 
+SILU_ON_LOAD = False  # the default: the gates written once, not recomputed in every program's loop
+
+
 @torch.library.custom_op("tango_lm::tango_mix_triton_forward", mutates_args=())
 def _forward(
-    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, store_avg: bool
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, store_avg: bool, silu_on_load: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, lse [B, H, T] fp32 in log2 units, the average when store_avg else an empty tensor)."""
     a = a.contiguous()  # y and the average are written at a's offsets
@@ -91,10 +108,11 @@ def _forward(
         q, k, lse, *q.stride(), *k.stride(), h, t, w, d, scale_log2, PRECISION=prec, BLOCK_D=block_d
     )
     uu = a if u is None else u
+    gates = a if silu_on_load else torch.nn.functional.silu(a)  # a's layout: the kernel reads either by a's strides
     forward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_M"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
         q,
         k,
-        a,
+        gates,
         uu,
         lse,
         y,
@@ -110,6 +128,7 @@ def _forward(
         scale_log2,
         HAS_U=u is not None,
         STORE_AVG=store_avg,
+        GATES_READY=not silu_on_load,
         PRECISION=prec,
         ALIGN=column_alignment(w, a.element_size(), a, uu),
         BLOCK_D=block_d,
@@ -118,7 +137,7 @@ def _forward(
 
 
 @_forward.register_fake
-def _forward_fake(q, k, a, u, store_avg):
+def _forward_fake(q, k, a, u, store_avg, silu_on_load):
     b, h, t, _ = q.shape
     return (
         a.new_empty(a.shape),
@@ -137,6 +156,7 @@ def _backward(
     y: torch.Tensor,
     avg: torch.Tensor,
     lse: torch.Tensor,
+    silu_on_load: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, da, du; du empty without u). y: the output without u; with u its kernels read avg only."""
     a = a.contiguous()
@@ -151,6 +171,7 @@ def _backward(
     delta = torch.zeros(bsz, h, t, dtype=torch.float32, device=q.device)  # rowsum(dy * y), accumulated atomically
     align = column_alignment(w, a.element_size(), a, a if u is None else u, dy, y)
     uu = a if u is None else u
+    gates = a if silu_on_load else _like_a(a)  # written by the gates backward for the scores backward
     args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride(), *dy.stride(), h, t, w, d, scale_log2)
     gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
         q,
@@ -163,8 +184,10 @@ def _backward(
         da,
         du if u is not None else da,
         delta,
+        gates,
         *args,
         HAS_U=u is not None,
+        STORE_G=not silu_on_load,
         PRECISION=prec,
         ALIGN=align,
         BLOCK_D=block_d,
@@ -172,7 +195,7 @@ def _backward(
     scores_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), bsz * h)](
         q,
         k,
-        a,
+        gates,
         uu,
         dy,
         lse,
@@ -182,6 +205,7 @@ def _backward(
         *args,
         d**-0.5,
         HAS_U=u is not None,
+        GATES_READY=not silu_on_load,
         PRECISION=prec,
         ALIGN=align,
         BLOCK_D=block_d,
@@ -190,7 +214,7 @@ def _backward(
 
 
 @_backward.register_fake
-def _backward_fake(dy, q, k, a, u, y, avg, lse):
+def _backward_fake(dy, q, k, a, u, y, avg, lse, silu_on_load):
     return (
         q.new_empty(q.shape),
         k.new_empty(k.shape),
@@ -200,9 +224,9 @@ def _backward_fake(dy, q, k, a, u, y, avg, lse):
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, a, u, _ = inputs
+    q, k, a, u, _, silu_on_load = inputs
     y, lse, avg = output
-    ctx.has_u = u is not None
+    ctx.has_u, ctx.silu_on_load = u is not None, silu_on_load
     # With u the backward reads the average, not y: y is not saved, so the caller may change it in place.
     ctx.save_for_backward(q, k, a, u, None if ctx.has_u else y, avg, lse)
     # lse and the average are outputs only to be saved: no gradient reaches them, and autograd
@@ -213,16 +237,19 @@ def _setup_context(ctx, inputs, output) -> None:
 def _autograd_backward(ctx, dy, _dlse, _davg):
     q, k, a, u, y, avg, lse = ctx.saved_tensors
     if ctx.has_u and avg.numel() != a.numel():  # the op was called with store_avg=False: recompute it
-        avg = _forward(q, k, a, None, False)[0]
-    dq, dk, da, du = _backward(dy, q, k, a, u, avg if ctx.has_u else y, avg, lse)
-    return dq, dk, da, du if ctx.has_u else None, None
+        avg = _forward(q, k, a, None, False, ctx.silu_on_load)[0]
+    dq, dk, da, du = _backward(dy, q, k, a, u, avg if ctx.has_u else y, avg, lse, ctx.silu_on_load)
+    return dq, dk, da, du if ctx.has_u else None, None, None
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-def tango_mix_triton(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+def tango_mix_triton(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, silu_on_load: bool = SILU_ON_LOAD
+) -> torch.Tensor:
     """`gate_average(q, k, silu(a)) * u` (or without u, the average alone) on the Triton kernels.
-    The inputs must pass `supported`."""
+    The inputs must pass `supported`. `silu_on_load`: the kernels' loops apply the SiLU to a as they
+    read it, instead of reading gates written once (the module docstring says which costs what)."""
     needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, a, u))
-    return _forward(q, k, a, u, u is not None and needs_grad)[0]
+    return _forward(q, k, a, u, u is not None and needs_grad, silu_on_load)[0]

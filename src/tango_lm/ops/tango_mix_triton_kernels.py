@@ -49,7 +49,7 @@ _SCORES_CONFIGS = configs(
         (64, 64, 64, 8, 2, _ALIGNED),
         (128, 64, 64, 8, 3, {"max_d": 64, **_ALIGNED}),
         (32, 64, 64, 4, 2, {"max_d": 32, **_ALIGNED}),
-        (64, 64, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
+        (64, 32, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
         (64, 64, 32, 8, 2, _UNALIGNED),
         (32, 64, 64, 8, 2, {"max_d": 64, **_UNALIGNED}),
         (32, 64, 32, 4, 2, _UNALIGNED),
@@ -77,6 +77,7 @@ _GATES_CONFIGS = configs(
 _KEY = ["T", "W", "D"]
 _LSE_KEY = [*_KEY, "PRECISION"]
 _PRUNED_KEY = [*_KEY, "PRECISION", "ALIGN"]
+_GATES_KEY = [*_PRUNED_KEY, "GATES_READY"]  # a loop without SiLU may tune to other blocks
 
 
 @autotune(_LSE_CONFIGS, key=_LSE_KEY)
@@ -130,7 +131,7 @@ def lse_kernel(
     tl.store(LSE + bh * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
 
 
-@autotune(_FORWARD_CONFIGS, key=_PRUNED_KEY)
+@autotune(_FORWARD_CONFIGS, key=_GATES_KEY)
 @triton.jit
 def forward_kernel(
     Q,
@@ -161,6 +162,7 @@ def forward_kernel(
     scale_log2,
     HAS_U: tl.constexpr,
     STORE_AVG: tl.constexpr,
+    GATES_READY: tl.constexpr,
     PRECISION: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -201,7 +203,10 @@ def forward_kernel(
             mask=(start_n + offs_n[:, None] < T) & (offs_w[None, :] < W),
             other=0.0,
         )
-        g = silu_f32(a).to(A.dtype.element_ty)
+        if GATES_READY:  # A holds silu(a) already
+            g = a
+        else:
+            g = silu_f32(a).to(A.dtype.element_ty)
         acc += dot(p.to(A.dtype.element_ty), g, PRECISION)
     mask = (first_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
     rows = offs_m[:, None] * sat + offs_w[None, :] * saf  # Y and AVG share a's layout (contiguous)
@@ -215,7 +220,7 @@ def forward_kernel(
     tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@autotune(_SCORES_CONFIGS, key=_PRUNED_KEY, reset_to_zero=["DQ"])
+@autotune(_SCORES_CONFIGS, key=_GATES_KEY, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -251,6 +256,7 @@ def scores_backward_kernel(
     scale_log2,
     scale,
     HAS_U: tl.constexpr,
+    GATES_READY: tl.constexpr,
     PRECISION: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -296,7 +302,10 @@ def scores_backward_kernel(
                 mask=(first_n + offs_n[None, :] < T) & (offs_w[:, None] < W),
                 other=0.0,
             )
-            dp += dot(dg.to(dt), silu_f32(at).to(dt), PRECISION)
+            if GATES_READY:  # A holds silu(a) already
+                dp += dot(dg.to(dt), at, PRECISION)
+            else:
+                dp += dot(dg.to(dt), silu_f32(at).to(dt), PRECISION)
         # The probabilities only now, so that they are not held through the loop over the width.
         qmask = (start_m + offs_m[:, None] < T) & (offs_d[None, :] < D)
         q = tl.load(
@@ -331,6 +340,7 @@ def gates_backward_kernel(
     DA,
     DU,
     DELTA,
+    G,
     sqb,
     sqh,
     sqt,
@@ -354,6 +364,7 @@ def gates_backward_kernel(
     D,
     scale_log2,
     HAS_U: tl.constexpr,
+    STORE_G: tl.constexpr,
     PRECISION: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -426,3 +437,5 @@ def gates_backward_kernel(
     a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-a))
     tl.store(DA + first + rows, (acc * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
+    if STORE_G:  # the gates themselves, for the scores backward: one multiply here, no pass of their own
+        tl.store(G + first + rows, (a * sig).to(G.dtype.element_ty), mask=mask)
