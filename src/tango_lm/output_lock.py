@@ -136,6 +136,9 @@ def _acquire(lock: Path, directory: str | os.PathLike, command: str, hint: str) 
             raise OutputLocked(f"{directory} is in use by {holder}; wait for it to finish or {hint}") from None
         except OSError as exc:
             os.close(fd)
+            with contextlib.suppress(OSError):  # no lock works here: leave no file (a holder's has its note)
+                if os.stat(lock).st_size == 0:
+                    os.unlink(lock)
             raise UserError(
                 f"cannot lock {lock} ({exc.strerror or exc}); the file system does not support file locks, {hint}"
             ) from None

@@ -6,6 +6,7 @@ runs and datasets kept out of each other."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 
 from tango_lm.cli import main
 from tango_lm.data.shards import PreparedDataset
+from tango_lm.errors import UserError
 from tango_lm.output_lock import OutputLocked, hold_output_lock, lock_file_for
 from tango_lm.sweep import load_grid, run_sweep
 from tango_lm.train.run_dir import RUN_FILES, claim_run_dir
@@ -245,3 +247,39 @@ def test_sweep_leaves_a_run_another_process_trains(data_dir, tmp_path):
     assert [r["status"] for r in rows] == ["failed", "trained"]
     assert "is in use by tango-lm train (pid 4242" in rows[0]["error"]
     assert (free / "summary.json").exists()
+
+
+def test_a_holder_that_has_not_written_its_note_yet_is_named_as_just_started(tmp_path):
+    # Between its flock and its note the holder's file is empty: the refusal was a JSONDecodeError traceback.
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(lock_file_for(out), "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(OutputLocked) as err, hold_output_lock(out, "tango-lm train", "pick another"):
+            pass
+    assert "in use by another tango-lm process (it has only just started)" in str(err.value)
+
+
+def test_a_file_system_without_locks_is_refused_and_leaves_no_directories(tmp_path, monkeypatch):
+    # NFS mounted without lock support: the refusal is one line, and the folders made to hold the
+    # lock file go with it ("a command refused after taking the lock leaves nothing behind").
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = tmp_path / "a" / "b" / "run"
+    with pytest.raises(UserError, match="the file system does not support file locks, pick another$"):
+        with hold_output_lock(out, "tango-lm train", "pick another"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_note_replaces_a_killed_holders_longer_one(tmp_path):
+    # A SIGKILL leaves the lock file and its note; the next holder's shorter note written over it
+    # left the old tail, and a refused writer read "another process" instead of the holder.
+    out = tmp_path / "run"
+    out.mkdir()
+    note = {"pid": 1, "host": "a-much-longer-host-name" * 8, "command": "tango-lm data prepare", "started": "s"}
+    lock_file_for(out).write_text(json.dumps(note) + "\n")
+    with hold_output_lock(out, "tango-lm train", "pick another") as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()

@@ -62,13 +62,14 @@ def run_files(path: str | os.PathLike) -> list[str]:
 
 def remove_run_files(path: str | os.PathLike) -> None:
     """Delete the run files in directory `path` (a fresh start: `quickstart --fresh`, a sweep's
-    retry); any other file there stays, and so does a `checkpoints` that is no directory (training
-    refuses it with its own error). The caller holds the run's lock."""
+    retry); any other file there stays, and so does a `checkpoints` that is a file (training
+    refuses it with its own error). A linked `checkpoints` loses the link, not what it links to.
+    The caller holds the run's lock."""
     for name in run_files(path):
         p = Path(path) / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        elif name != "checkpoints":
+        elif p.is_symlink() or name != "checkpoints":  # a link goes, not what it links to
             p.unlink()
     # A logger's own files (W&B's run id) are no run files: a start that W&B opened and another
     # logger then stopped leaves them, and the same command runs again. A fresh start removes them,
