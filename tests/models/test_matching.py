@@ -279,3 +279,13 @@ def test_the_papers_geometries_and_range_are_left_out_under_overrides(capsys):
     out = json.loads(capsys.readouterr().out)
     assert "conventional-untied" not in [r["arch"] for r in out["models"]]
     assert out["non_embedding_range"]["paper_millions"] is None
+
+
+@pytest.mark.parametrize("arch", ["tango", "loop-transformer"])
+def test_a_target_equal_to_the_smallest_widths_count_is_matched(arch):
+    cfg = ModelConfig(arch=arch, d_model=64, depth=2, width=64, vocab_size=257)
+    step = ARCHITECTURES[arch].width_multiple(cfg)
+    smallest = cfg.replace(width=step).num_params()["total"]
+    assert match_width(cfg, smallest).width == step  # was "already has N parameters ..., more than N"
+    with pytest.raises(Exception, match="smallest width"):
+        match_width(cfg, smallest - 1)

@@ -54,3 +54,23 @@ def test_a_complete_last_line_that_is_no_record_is_corruption_not_a_cut(tmp_path
     path.write_text('{"step": 1}\n' + last + "\n")
     with pytest.raises(UserError, match="line 2 is not a JSON record"):
         metrics_file.parse(path)
+
+
+def test_a_line_of_only_whitespace_is_skipped_not_corruption(tmp_path):
+    # An editor's stray line of spaces (or a \r left by one) between records: a blank line, not a
+    # damaged log that stops the resume.
+    path = tmp_path / metrics_file.NAME
+    path.write_text('{"step": 1, "loss": 3.0}\n   \n\r\n{"step": 2, "loss": 2.0}\n{"step": 3, "loss": 1.0}\n')
+    metrics_file.truncate_records(tmp_path, 2)
+    assert metrics_file.read_records(tmp_path) == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]
+
+
+@pytest.mark.parametrize("step", ["true", "false"])
+def test_a_boolean_step_is_corruption(tmp_path, step):
+    # json reads true as a bool, an int to Python: the resume cut the log at "step 1".
+    path = tmp_path / metrics_file.NAME
+    text = '{"step": 1}\n{"step": ' + step + ', "loss": 2.0}\n{"step": 3}\n'
+    path.write_text(text)
+    with pytest.raises(UserError, match="line 2 is not a JSON record"):
+        metrics_file.truncate_records(tmp_path, 1)
+    assert path.read_text() == text

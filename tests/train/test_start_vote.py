@@ -169,3 +169,39 @@ def test_two_nodes_one_without_the_data_both_stop_at_once_with_one_line(data_dir
     assert len(errors["a"]) == 1 and errors["a"][0].startswith("error: process "), errors
     assert f"stopped before training: {missing}" in errors["a"][0]
     assert not (tmp_path / "shared").exists()
+
+
+@pytest.fixture
+def agent_store_of_two(monkeypatch):
+    """torchrun's agent store for a launch of 2 processes, as its workers' environment names it."""
+    port = _free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    return store
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), UserError(""), RuntimeError("   ")])
+def test_a_failure_without_a_message_stops_the_others(agent_store_of_two, monkeypatch, exc):
+    # An error whose first line is empty must not post "", the outcome that means "passed": the
+    # other process would go on to wait in init_process_group for one that had stopped.
+    votes = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        votes.append(StartVote())
+    votes[1].prefix = votes[0].prefix  # the two processes' first call
+    outcome: dict[str, BaseException | None] = {}
+
+    def passing() -> None:
+        try:
+            votes[0].passed()
+            outcome["0"] = None
+        except UserError as err:
+            outcome["0"] = err
+
+    thread = threading.Thread(target=passing)
+    thread.start()
+    votes[1].failed(exc)
+    thread.join(timeout=20)
+    assert str(outcome["0"]) == f"process 1 stopped before training: {type(exc).__name__}"
