@@ -436,6 +436,7 @@ def gates_backward_kernel(
         acc += dot(pt.to(dt), dg.to(dt), PRECISION)
     a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-a))
-    tl.store(DA + first + rows, (acc * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
-    if STORE_G:  # the gates themselves, for the scores backward: one multiply here, no pass of their own
-        tl.store(G + first + rows, (a * sig).to(G.dtype.element_ty), mask=mask)
+    g = a * sig
+    tl.store(DA + first + rows, (acc * (sig + g * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
+    if STORE_G:  # the gates themselves, for the scores backward: no pass of their own
+        tl.store(G + first + rows, g.to(G.dtype.element_ty), mask=mask)
