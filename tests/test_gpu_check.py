@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,8 +59,9 @@ def test_gpu_check_runs_every_section_and_exits_1_when_one_did_not_pass(tmp_path
         '  "-c import sys, torch"*) exit 0 ;;\n'  # the CUDA check
         f'  "-c import tango_lm.ops"*) [ "{outcome}" = "kernels do not import" ] && exit 1; exit 0 ;;\n'
         f'  *gpu_check_summary.py*) exec "{sys.executable}" "$@" ;;\n'
-        f'  *pytest*) [ "{outcome}" = "tests fail" ] && exit 1; echo "== 3 passed in 1.0s =="; exit 0 ;;\n'
         f'  *tango_lm.cli*) [ "{outcome}" = "bench times out" ] && sleep 30; exit 0 ;;\n'
+        # "-m pytest", last: the benches' --json paths lie under pytest's tmp folder, which *pytest* matched
+        f'  "-m pytest"*) [ "{outcome}" = "tests fail" ] && exit 1; echo "== 3 passed in 1.0s =="; exit 0 ;;\n'
         "esac\n"
         "exit 0\n"
     )
@@ -254,3 +257,89 @@ def test_gpu_check_summary_without_git_on_the_gpu_machine(tmp_path, monkeypatch)
     lines = gpu_check_summary.summary(tmp_path).splitlines()
     assert lines[0].startswith("gpu check: ") and "commit" not in lines[0]
     assert lines[2].split()[:3] == ["relu2-bench", "ok", "40"]
+
+
+ROOT = helpers.ROOT
+
+
+def _check(tmp_path: Path, *, summary_fails: bool = False, kill_train_bench: bool = False):
+    summary = "exit 1" if summary_fails else "exit 0"  # the summary's own tests are test_gpu_check.py's
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'json_arg() { while [ $# -gt 0 ]; do [ "$1" = --json ] && [ -n "${2:-}" ] && echo "$2"; shift; done; }\n'
+        'case "$*" in\n'
+        '  "-c import sys, torch"*) exit 0 ;;\n'
+        '  "-c import tango_lm.ops"*) exit 0 ;;\n'
+        f"  *gpu_check_summary.py*) {summary} ;;\n"
+        '  "-m pytest"*) sleep 2; echo "== 3 passed in 2.0s =="; exit 0 ;;\n'  # the paths hold "pytest" too
+        '  *tango_lm.cli*) echo \'{"from": "train-bench"}\'; exit 0 ;;\n'  # its stdout is the report
+        '  *gate_average_bench.py*) echo \'{"from": "kernel-bench"}\' >"$(json_arg "$@")"; exit 0 ;;\n'
+        '  *relu2_attention_bench.py*) echo \'{"from": "relu2-bench"}\' >"$(json_arg "$@")"; exit 0 ;;\n'
+        "esac\n"
+        "exit 0\n"
+    )
+    fake.chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    real_timeout = shutil.which("timeout")
+    # SIGKILL after the grace: timeout's own exit code is then 137, not 124
+    (bin_dir / "timeout").write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$1 $2" >>"{tmp_path / "limits"}"\n'  # --kill-after=GRACE LIMIT
+        f'case "$*" in *tango_lm.cli*) [ "{kill_train_bench}" = True ] && exit 137 ;; esac\n'
+        f'exec "{real_timeout}" "$@"\n'
+    )
+    (bin_dir / "timeout").chmod(0o755)
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHON": str(fake),
+        "GPU_CHECK_OUT": str(out),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True, env=env, timeout=120
+    )
+    sections = {
+        name: (status, int(seconds))
+        for name, status, seconds in (line.split("\t") for line in (out / "sections.tsv").read_text().splitlines())
+    }
+    limits = [line.split() for line in (tmp_path / "limits").read_text().splitlines()]
+    return proc, out, sections, [int(grace.removeprefix("--kill-after=")) + int(limit) for grace, limit in limits]
+
+
+def test_gpu_check_times_each_section_and_writes_the_reports_the_summary_reads(tmp_path):
+    proc, out, sections, limits = _check(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list(sections) == ["cuda-tests", "train-bench", "kernel-bench", "relu2-bench"]
+    # each section's own seconds, not the script's: the 2 s of the tests are not the benches'
+    assert sections["cuda-tests"][1] >= 2
+    assert all(sections[name][1] <= 1 for name in ("train-bench", "kernel-bench", "relu2-bench")), sections
+    # gpu_check_summary.py reads OUT/<section>.json: a report written elsewhere loses its row and table
+    for name in ("train-bench", "kernel-bench", "relu2-bench"):
+        assert (out / f"{name}.json").read_text().strip() == f'{{"from": "{name}"}}'
+    # tools/gpu_session.sh runs the check under `timeout 570`: past it, no summary and no table
+    assert len(limits) == 4 and sum(limits) < 570, limits
+
+
+def test_gpu_check_section_killed_after_its_grace_is_a_timeout(tmp_path):
+    proc, _, sections, _ = _check(tmp_path, kill_train_bench=True)
+    assert sections["train-bench"][0] == "timeout" and sections["cuda-tests"][0] == "ok"
+    assert proc.returncode == 1
+
+
+def test_gpu_check_fails_when_its_summary_fails(tmp_path):
+    # every section passed, but no table was printed: the check did not pass
+    proc, _, sections, _ = _check(tmp_path, summary_fails=True)
+    assert all(status == "ok" for status, _ in sections.values())
+    assert proc.returncode == 1
+
+
+def test_kernel_row_gives_tflop_per_s_and_the_share_of_the_peak(tmp_path):
+    rows = [
+        {"impl": "triton", "tflop_per_s": 412.4, "of_peak": 0.52},
+        {"impl": "math", "tflop_per_s": 61.0, "of_peak": 0.077},
+    ]
+    (tmp_path / "kernel-bench.json").write_text(json.dumps({"rows": rows}))
+    assert gpu_check_summary.kernel_result(tmp_path, "kernel-bench") == "triton 412 TFLOP/s (52%), math 61 TFLOP/s (8%)"

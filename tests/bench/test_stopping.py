@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tango_lm import stop_signals
-from tango_lm.bench import decode, memory, progress, training, windowed
-from tango_lm.cli import main
+from tango_lm.bench import decode, memory, progress, suite, training, windowed
+from tango_lm.cli import main, parse_args
 from tests import helpers
 
 TINY = dict(d_model=32, depth=3, seq_len=16, batch_size=2, tango_width=256, vocab_size=40, peak_size=128)
@@ -411,3 +412,22 @@ def test_windowed_suite_stopped_keeps_the_lengths_it_timed(monkeypatch, capsys):
     assert "target:" not in text and text.endswith("the lengths not reached have no row")
     win["rows"] = []  # stopped in the warm-up
     assert "vs T=-" in windowed.format_report(win)
+
+
+def test_a_suite_stopped_in_its_rounds_ends_suite_all(monkeypatch):
+    # The next suite ran on after timeout's SIGTERM, to be SIGKILLed 30 s later with no report printed.
+    args = parse_args(["bench", "--suite", "all", "--json"])  # before the suites are stand-ins
+    names, ran = list(suite.BENCH_SUITES), []
+
+    def fake_run(name):
+        def run(args, show, progress):
+            ran.append(name)
+            return {"stopped": {"signal": "SIGTERM", "timed_rounds_done": 1, "timed_rounds": 3}}
+
+        return run
+
+    for name in names:
+        monkeypatch.setitem(suite.BENCH_SUITES, name, SimpleNamespace(check=lambda args: None, run=fake_run(name)))
+    out = suite.run(args)
+    assert ran == names[:1]
+    assert out["stopped"] == {"signal": "SIGTERM", "suite": names[0]} and names[1] not in out
