@@ -24,11 +24,12 @@ gates, so a SiLU applied as the loops load a (`silu_on_load=True`) runs T / (2 B
 gate, each an exp and a division on the special-function units (MUFU), which do 16 lanes' worth per
 clock per SM where the tensor cores do 4,096 bf16 FLOPs. Compiled for sm_90 at TANGO's shape
 (`tools/triton_ptxas_report.py --mix [--silu-on-load]`), one iteration of the forward's loop then
-issues 1,373 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-core work (64 x 64
+issues 1,096 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-core work (64 x 64
 x (32 + 128) multiply-adds); the scores backward's inner loop 335 (32 MUFU) for 128. The default
 (False) writes the gates once, as a [B, T, F] tensor in the inputs' dtype (F.silu before the
 forward kernel; the gates backward's epilogue, which has silu(a) at hand, for the backward), and
-the loops read them as they are: 478 (32 MUFU) and 144 (none). That costs one transient [B, T, F]
+the loops read them as they are: 222 (32 MUFU) and 144 (none). (The forward's key blocks wholly
+before a query block's first row run in a loop without masks, the diagonal in a masked one.) That costs one transient [B, T, F]
 buffer in each direction and, in the forward, one elementwise pass; `tools/gate_average_bench.py`
 times both on a GPU, side by side.
 
