@@ -12,8 +12,10 @@ import contextlib
 import hashlib
 import importlib
 import json
+import os
 import random
 import string
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -271,3 +273,15 @@ def arguments_without_help(parser: argparse.ArgumentParser, command: str) -> lis
         elif not action.help:
             missing.append(f"{command} {(action.option_strings or [action.dest])[-1]}")
     return missing
+
+
+def gpu_suites_process(out: Path, **env: str) -> subprocess.CompletedProcess:
+    """tools/gpu_suites.sh into `out` with `echo` standing in for Python (unless env's PYTHON says
+    otherwise): each suite's "report" is the command line it would run, and it takes no time."""
+    return subprocess.run(
+        ["bash", str(TOOLS / "gpu_suites.sh"), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": "echo", **env},
+        timeout=60,
+    )

@@ -15,27 +15,17 @@ from tests import helpers
 TOOLS = helpers.TOOLS
 
 
-def _suites(out: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(TOOLS / "gpu_suites.sh"), str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": "echo", **env},
-        timeout=60,
-    )
-
-
 def test_gpu_suites_runs_a_suite_named_only_when_its_whole_name_is_given(tmp_path):
     # "train-70m-t4096" holds "train-70m": running that too would spend the budget on a suite not asked for
-    proc = _suites(tmp_path / "out", SUITES="train-70m-t4096")
+    proc = helpers.gpu_suites_process(tmp_path / "out", SUITES="train-70m-t4096")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "out").glob("*.rc")) == ["train-70m-t4096.rc"]
 
 
 def test_gpu_suites_into_a_reused_folder_reports_only_this_runs_suites(tmp_path):
     out = tmp_path / "out"
-    assert _suites(out, PYTHON="false", SUITES="windowed").returncode == 1
-    proc = _suites(out, SUITES="memory")  # the same OUT: the failed windowed suite is not this run's
+    assert helpers.gpu_suites_process(out, PYTHON="false", SUITES="windowed").returncode == 1
+    proc = helpers.gpu_suites_process(out, SUITES="memory")  # the same OUT: the failed windowed suite is not this run's
     assert proc.returncode == 0, proc.stdout
     # the table has a row per .rc file (tools/gpu_suites_table.py)
     assert [p.name for p in out.glob("*.rc")] == ["memory.rc"]
@@ -46,7 +36,7 @@ def test_gpu_suites_gives_each_suite_its_own_seconds_and_what_is_left_of_the_bud
     slow.write_text('#!/usr/bin/env bash\ncase "$*" in *"--suite train"*) sleep 2 ;; esac\necho "$@"\n')
     slow.chmod(0o755)
     out = tmp_path / "out"
-    proc = _suites(out, PYTHON=str(slow), SUITES="train-70m decode-small", BUDGET_S="200")
+    proc = helpers.gpu_suites_process(out, PYTHON=str(slow), SUITES="train-70m decode-small", BUDGET_S="200")
     assert proc.returncode == 0, proc.stderr
     logs = {name: (out / f"{name}.log").read_text() for name in ("train-70m", "decode-small")}
     took = {name: int(re.search(rf"^{name} rc=0 (\d+)s$", log, re.M)[1]) for name, log in logs.items()}
@@ -58,7 +48,7 @@ def test_gpu_suites_gives_each_suite_its_own_seconds_and_what_is_left_of_the_bud
 
 def test_gpu_suites_runs_the_160m_tier_at_its_sizes(tmp_path):
     out = tmp_path / "out"
-    assert _suites(out, SUITES="train-70m train-160m train-70m-t4096").returncode == 0
+    assert helpers.gpu_suites_process(out, SUITES="train-70m train-160m train-70m-t4096").returncode == 0
     sizes = {}
     for name in ("train-70m", "train-160m", "train-70m-t4096"):
         argv = (out / f"{name}.json").read_text().split()
@@ -79,7 +69,7 @@ def test_gpu_suites_exits_1_when_its_table_fails(tmp_path):
     fake = tmp_path / "python"
     fake.write_text('#!/usr/bin/env bash\ncase "$*" in *gpu_suites_table.py*) exit 1 ;; esac\necho "$@"\n')
     fake.chmod(0o755)
-    proc = _suites(tmp_path / "out", PYTHON=str(fake), SUITES="memory")
+    proc = helpers.gpu_suites_process(tmp_path / "out", PYTHON=str(fake), SUITES="memory")
     assert (tmp_path / "out" / "memory.rc").read_text().strip() == "0" and proc.returncode == 1
 
 

@@ -127,20 +127,8 @@ def test_delta_rule_bench():
     assert "chunked" in out and "x 1.00" in out and "compiled" not in out and "fla" not in out  # no CUDA here
 
 
-def _gpu_suites_process(out: Path, **env: str) -> subprocess.CompletedProcess:
-    """tools/gpu_suites.sh into `out` with `echo` standing in for Python (unless env's PYTHON says
-    otherwise): each suite's "report" is the command line it would run, and it takes no time."""
-    return subprocess.run(
-        ["bash", str(TOOLS / "gpu_suites.sh"), str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": "echo", **env},
-        timeout=60,
-    )
-
-
 def _gpu_suites(out: Path, **env: str) -> Path:
-    proc = _gpu_suites_process(out, **env)
+    proc = helpers.gpu_suites_process(out, **env)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -165,11 +153,11 @@ def test_gpu_suites_budget_cuts_the_timeouts_and_skips_what_does_not_fit(tmp_pat
 
 def test_gpu_suites_refuses_an_unknown_suite_and_exits_1_when_one_fails(tmp_path):
     # A misspelt name ran nothing and printed an empty table, exit 0: a lent machine's call wasted.
-    proc = _gpu_suites_process(tmp_path / "out", SUITES="train-70m-4096")
+    proc = helpers.gpu_suites_process(tmp_path / "out", SUITES="train-70m-4096")
     assert proc.returncode == 2 and proc.stderr.startswith("error: unknown suite 'train-70m-4096' in SUITES")
     assert not (tmp_path / "out").exists()
     # a suite that fails: the script's exit code says so (it was the table's, always 0)
-    proc = _gpu_suites_process(tmp_path / "out", PYTHON="false", SUITES="windowed")
+    proc = helpers.gpu_suites_process(tmp_path / "out", PYTHON="false", SUITES="windowed")
     assert proc.returncode == 1 and (tmp_path / "out" / "windowed.rc").read_text().strip() == "1"
     out = _gpu_suites(tmp_path / "archs", SUITES="train-70m decode-70m windowed", ARCHS="tango,loop-transformer")
     for name in ("train-70m", "decode-70m"):
