@@ -28,10 +28,10 @@ issues 1,096 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-c
 x (32 + 128) multiply-adds); the scores backward's inner loop 335 (32 MUFU) for 128. The default
 (False) writes the gates once, as a [B, T, F] tensor in the inputs' dtype (F.silu before the
 forward kernel; the gates backward's epilogue, which has silu(a) at hand, for the backward), and
-the loops read them as they are: 222 (32 MUFU) and 144 (none). (The forward's key blocks wholly
-before a query block's first row run in a loop without masks, the diagonal in a masked one.) That costs one transient [B, T, F]
-buffer in each direction and, in the forward, one elementwise pass; `tools/gate_average_bench.py`
-times both on a GPU, side by side.
+the loops read them as they are: 222 (32 MUFU) and 144 (none). That costs one transient
+[B, T, F] buffer in each direction and, in the forward, one elementwise pass;
+`tools/gate_average_bench.py` times both on a GPU, side by side. (The forward's key blocks wholly
+before a query block's first row run in a loop without masks, the diagonal in a masked one.)
 
 No [B, H, T, T] tensor is ever held, the gradient of the average is never written out, and every
 accumulation is fp32 (bf16 and fp16 inputs are multiplied on the tensor cores in
