@@ -80,8 +80,8 @@ def test_triton_fp32_kernels_under_tf32_fit_sm90_at_every_head_dim():
 
 
 def _loop_mixes(*flags: str) -> dict[str, list[dict]]:
-    """tango_mix's forward and scores backward (first configurations) at TANGO's shape: each one's
-    innermost loops' instruction mix (tools/triton_ptxas_report.py --mix)."""
+    """tango_mix's forward, scores backward and gates backward (first two configurations) at TANGO's
+    shape: each one's innermost loops' instruction mix (tools/triton_ptxas_report.py --mix)."""
     pytest.importorskip("triton", reason="triton is not installed")
     ptxas = helpers.tool("triton_ptxas_report").ptxas_path(90)
     if ptxas is None or not ptxas.is_file() or not ptxas.with_name("nvdisasm").is_file():
@@ -90,7 +90,8 @@ def _loop_mixes(*flags: str) -> dict[str, list[dict]]:
         [
             sys.executable,
             str(helpers.ROOT / "tools" / "triton_ptxas_report.py"),
-            *("--ops", "tango_mix", "--kernels", "forward_kernel,scores_backward_kernel", "--first", "2"),
+            *("--ops", "tango_mix", "--kernels", "forward_kernel,scores_backward_kernel,gates_backward_kernel"),
+            *("--first", "2"),
             *("--dtype", "bf16", "--head-dim", "32", "--width", "1780", "--mix", "--json", *flags),
         ],
         capture_output=True,
@@ -125,6 +126,9 @@ def test_tango_mix_loops_read_written_gates_without_the_special_function_units()
     # own, without the causal mask and the row bounds (about half of the masked loop's instructions)
     unmasked, diagonal = written["forward_kernel"][1]
     assert unmasked["instructions"] * 3 < diagonal["instructions"] * 2, (unmasked, diagonal)
+    # The gates backward's destination blocks: masked on the diagonal, unmasked after it, masked at T's end
+    diagonal, unmasked, end = written["gates_backward_kernel"][0]
+    assert unmasked["instructions"] * 3 < min(diagonal["instructions"], end["instructions"]) * 2
 
 
 def test_windowed_fp16_kernels_compile_for_sm90_without_register_spills():

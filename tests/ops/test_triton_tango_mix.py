@@ -68,6 +68,7 @@ def check_against_float64(got, xs, dy):
         (2, 2, 37, 8, 21, torch.float32),  # T and W end blocks part-way; several query, key and column blocks
         (1, 2, 33, 16, 19, torch.bfloat16),
         (1, 2, 21, 8, 12, torch.bfloat16),  # width 12 per head: ALIGN = 4, columns in vectors
+        (1, 2, 53, 8, 12, torch.bfloat16),  # and unmasked blocks between the diagonal and T's end, both ways
         (1, 2, 17, 32, 9, torch.float16),  # d_h = 32, the TANGO paper's
         (1, 1, 1, 4, 3, torch.float32),  # one position
     ],

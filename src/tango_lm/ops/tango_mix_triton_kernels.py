@@ -1,86 +1,16 @@
 """The Triton kernels of TANGO's mixing; `tango_mix_triton.py` says what each computes and wraps
-them as custom ops."""
+them as custom ops, `tango_mix_triton_configs.py` holds their autotune configurations."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import autotune, configs, dot, silu_f32
-
-# (block sizes..., num_warps, num_stages[, limits]). Larger column blocks recompute P less often.
-# Each configuration compiles for sm_90 without spilling registers, in bf16 and fp16 at head dims
-# 32-128, for the launches its limits admit (triton_common.admitted; ALIGN 1: a width per head
-# that is odd, as 3-set TANGO's 593); fp32 ones too (d_h = 128 has its own: the smaller d_h's
-# spill there, and d_h = 128's spill a few bytes at 64). tools/triton_ptxas_report.py shows them;
-# tests/ops/test_triton_spills.py keeps TANGO's shape so, in bf16 and in fp32.
-_ALIGNED = {"min_align": 2}  # vectorized gate columns
-_UNALIGNED = {"max_align": 1}  # columns one by one: smaller tiles or more warps
-_FP32 = {"fp32": True}  # fp32 inputs: small tiles (full-fp32 products on FMAs hold them in registers)
-_LSE_CONFIGS = configs(
-    ("BLOCK_M", "BLOCK_N"),
-    [
-        (64, 64, 4, 2),
-        (128, 64, 4, 2),
-        (128, 128, 8, 2),
-        (32, 32, 4, 2, {"max_d": 64, **_FP32}),
-        (32, 64, 4, 2, {"max_d": 64, **_FP32}),
-        (32, 32, 8, 1, {"min_d": 128, **_FP32}),
-    ],
-)
-_FORWARD_CONFIGS = configs(
-    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 128, 4, 3, {"max_d": 32, **_ALIGNED}),  # spills 24 B at d_h = 64
-        (128, 64, 128, 8, 3, _ALIGNED),
-        (64, 64, 256, 8, 2, {"max_d": 32, **_ALIGNED}),
-        (128, 64, 64, 4, 3, {"max_d": 32, **_ALIGNED}),
-        (64, 64, 128, 8, 3, _UNALIGNED),
-        (64, 64, 64, 8, 3, _UNALIGNED),
-        (64, 32, 128, 4, 2, _UNALIGNED),
-        (32, 64, 64, 8, 2, _FP32),
-        (32, 32, 32, 4, 2, _FP32),
-        (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
-    ],
-)
-_SCORES_CONFIGS = configs(
-    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 64, 8, 2, _ALIGNED),
-        (128, 64, 64, 8, 3, {"max_d": 64, **_ALIGNED}),
-        (32, 64, 64, 4, 2, {"max_d": 32, **_ALIGNED}),
-        (64, 32, 128, 8, 2, {"max_d": 32, **_ALIGNED}),
-        (64, 64, 32, 8, 2, _UNALIGNED),
-        (32, 64, 64, 8, 2, {"max_d": 64, **_UNALIGNED}),
-        (32, 64, 32, 4, 2, _UNALIGNED),
-        (64, 32, 32, 8, 2, {"max_d": 64, **_FP32}),
-        (32, 64, 32, 8, 2, {"max_d": 64, **_FP32}),
-        (32, 32, 64, 4, 2, {"max_d": 32, "min_align": 2, **_FP32}),
-        (32, 32, 32, 8, 2, {"min_d": 128, **_FP32}),
-    ],
-)
-_GATES_CONFIGS = configs(
-    ("BLOCK_M", "BLOCK_N", "BLOCK_W"),
-    [
-        (64, 64, 128, 8, 3, _ALIGNED),
-        (64, 128, 64, 8, 3, _ALIGNED),
-        (64, 64, 64, 4, 3, _ALIGNED),
-        (64, 64, 64, 8, 3, _UNALIGNED),
-        (32, 64, 64, 4, 2, {"max_d": 32, **_UNALIGNED}),
-        (64, 128, 32, 8, 3, _UNALIGNED),
-        (32, 32, 32, 4, 2, _FP32),
-        (32, 32, 64, 4, 2, {"max_d": 64, **_FP32}),
-    ],
-)
-# `for_launch` prunes by PRECISION and ALIGN: they belong in the cache key too, or a configuration
-# tuned at one (same T, W, D and dtypes) would be reused, unpruned, at another.
-_KEY = ["T", "W", "D"]
-_LSE_KEY = [*_KEY, "PRECISION"]
-_PRUNED_KEY = [*_KEY, "PRECISION", "ALIGN"]
-_GATES_KEY = [*_PRUNED_KEY, "GATES_READY"]  # a loop without SiLU may tune to other blocks
+from tango_lm.ops import tango_mix_triton_configs as tuning
+from tango_lm.ops.triton_common import autotune, dot, silu_f32
 
 
-@autotune(_LSE_CONFIGS, key=_LSE_KEY)
+@autotune(tuning.LSE_CONFIGS, key=tuning.LSE_KEY)
 @triton.jit
 def lse_kernel(
     Q,
@@ -187,7 +117,7 @@ def _average_keys(
     return acc + dot(p.to(dt), g, PRECISION)
 
 
-@autotune(_FORWARD_CONFIGS, key=_GATES_KEY)
+@autotune(tuning.FORWARD_CONFIGS, key=tuning.GATES_KEY)
 @triton.jit
 def forward_kernel(
     Q,
@@ -274,7 +204,7 @@ def forward_kernel(
     tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@autotune(_SCORES_CONFIGS, key=_GATES_KEY, reset_to_zero=["DQ"])
+@autotune(tuning.SCORES_CONFIGS, key=tuning.GATES_KEY, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -381,7 +311,73 @@ def scores_backward_kernel(
     tl.store(dk_first + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
 
 
-@autotune(_GATES_CONFIGS, key=_PRUNED_KEY, reset_to_zero=["DELTA"])
+@triton.jit
+def _gate_gradients(
+    acc,
+    k,
+    q_head,
+    lse_head,
+    dy_head,
+    u_head,
+    start_m,
+    first_n,
+    offs_m,
+    offs_n,
+    offs_w,
+    offs_d,
+    sqt,
+    sqd,
+    sdt,
+    sdf,
+    sut,
+    suf,
+    T,
+    W,
+    D,
+    scale_log2,
+    MASKED: tl.constexpr,
+    HAS_U: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """`gates_backward_kernel`'s step: acc + P^T dgbar over the destination block at start_m.
+    MASKED: the block may hold destinations before these keys or past T."""
+    dt = dy_head.dtype.element_ty
+    q_mask = offs_d[:, None] < D
+    m_mask = offs_w[None, :] < W
+    if MASKED:
+        q_mask = q_mask & (start_m + offs_m[None, :] < T)
+        m_mask = m_mask & (start_m + offs_m[:, None] < T)
+    qt = tl.load(
+        q_head + tl.cast(start_m, tl.int64) * sqt + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
+        mask=q_mask,
+        other=0.0,
+    )
+    if MASKED:
+        lse = tl.load(lse_head + start_m + offs_m, mask=start_m + offs_m < T, other=0.0)
+    else:
+        lse = tl.load(lse_head + start_m + offs_m)
+    st = dot(k, qt, PRECISION) * scale_log2  # S^T: [keys, destinations]
+    if MASKED:
+        valid = (start_m + offs_m[None, :] >= first_n + offs_n[:, None]) & (start_m + offs_m[None, :] < T)
+        pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
+    else:
+        pt = tl.exp2(st - lse[None, :])
+    dg = tl.load(
+        dy_head + tl.cast(start_m, tl.int64) * sdt + offs_m[:, None] * sdt + offs_w[None, :] * sdf,
+        mask=m_mask,
+        other=0.0,
+    ).to(tl.float32)
+    if HAS_U:
+        u = tl.load(
+            u_head + tl.cast(start_m, tl.int64) * sut + offs_m[:, None] * sut + offs_w[None, :] * suf,
+            mask=m_mask,
+            other=0.0,
+        )
+        dg = dg * u.to(tl.float32)
+    return acc + dot(pt.to(dt), dg.to(dt), PRECISION)
+
+
+@autotune(tuning.GATES_CONFIGS, key=tuning.PRUNED_KEY, reset_to_zero=["DELTA"])
 @triton.jit
 def gates_backward_kernel(
     Q,
@@ -429,7 +425,6 @@ def gates_backward_kernel(
     pid_n = tl.program_id(0)
     pid_w, bh = tl.program_id(1), tl.program_id(2)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)  # h * a stride can pass 2^31 too
-    dt = A.dtype.element_ty
     W = W // ALIGN * ALIGN  # as in forward_kernel: vectorized gate columns, 32-bit in-block offsets
     sat, sut, sdt = sat // ALIGN * ALIGN, sut // ALIGN * ALIGN, sdt // ALIGN * ALIGN
     first_n = pid_n * BLOCK_N
@@ -464,30 +459,32 @@ def gates_backward_kernel(
     row_sums = tl.sum(dy * avg, 1)
     tl.atomic_add(DELTA + bh.to(tl.int64) * T + first_n + offs_n, row_sums, mask=first_n + offs_n < T, sem="relaxed")
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
-    for start_m in range(first_n // BLOCK_M * BLOCK_M, T, BLOCK_M):
-        qt = tl.load(
-            q_head + tl.cast(start_m, tl.int64) * sqt + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
-            mask=(start_m + offs_m[None, :] < T) & (offs_d[:, None] < D),
-            other=0.0,
-        )
-        lse = tl.load(lse_head + start_m + offs_m, mask=start_m + offs_m < T, other=0.0)
-        st = dot(k, qt, PRECISION) * scale_log2  # S^T: [keys, destinations]
-        valid = (start_m + offs_m[None, :] >= first_n + offs_n[:, None]) & (start_m + offs_m[None, :] < T)
-        pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
-        mmask = (start_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
-        dg = tl.load(
-            dy_head + tl.cast(start_m, tl.int64) * sdt + offs_m[:, None] * sdt + offs_w[None, :] * sdf,
-            mask=mmask,
-            other=0.0,
-        ).to(tl.float32)
-        if HAS_U:
-            u = tl.load(
-                u_head + tl.cast(start_m, tl.int64) * sut + offs_m[:, None] * sut + offs_w[None, :] * suf,
-                mask=mmask,
-                other=0.0,
-            )
-            dg = dg * u.to(tl.float32)
-        acc += dot(pt.to(dt), dg.to(dt), PRECISION)
+    start = first_n // BLOCK_M * BLOCK_M  # the first destination block that sees these keys
+    # Destination blocks wholly past these keys and before T need no causal mask and no row bounds
+    # (as in the forward): masked blocks on the diagonal, unmasked ones after it, masked ones at T's
+    # end. Not for fp32 inputs (their tiles live in registers) nor for odd widths (ALIGN 1, columns
+    # loaded one by one): there the three loops spilled (312 B per thread at width 593).
+    diagonal_end = T
+    unmasked_end = T
+    if A.dtype.element_ty != tl.float32:
+        if ALIGN > 1:
+            diagonal_end = tl.minimum(tl.cdiv(first_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, T)
+            unmasked_end = tl.maximum(T // BLOCK_M * BLOCK_M, diagonal_end)
+    for start_m in range(start, diagonal_end, BLOCK_M):
+        acc = _gate_gradients(
+            acc, k, q_head, lse_head, dy_head, u_head, start_m, first_n, offs_m, offs_n, offs_w, offs_d,
+            sqt, sqd, sdt, sdf, sut, suf, T, W, D, scale_log2, True, HAS_U, PRECISION,
+        )  # fmt: skip
+    for start_m in range(diagonal_end, unmasked_end, BLOCK_M):
+        acc = _gate_gradients(
+            acc, k, q_head, lse_head, dy_head, u_head, start_m, first_n, offs_m, offs_n, offs_w, offs_d,
+            sqt, sqd, sdt, sdf, sut, suf, T, W, D, scale_log2, False, HAS_U, PRECISION,
+        )  # fmt: skip
+    for start_m in range(unmasked_end, T, BLOCK_M):
+        acc = _gate_gradients(
+            acc, k, q_head, lse_head, dy_head, u_head, start_m, first_n, offs_m, offs_n, offs_w, offs_d,
+            sqt, sqd, sdt, sdf, sut, suf, T, W, D, scale_log2, True, HAS_U, PRECISION,
+        )  # fmt: skip
     a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-a))
     g = a * sig
