@@ -114,12 +114,13 @@ def test_memory_suite_compares_each_mode_with_the_standard_head_of_that_mode(mon
 
 def test_memory_of_a_training_step_is_growth_not_the_whole_process():
     # The process (torch itself) holds hundreds of MiB before the model is built; a 32-wide model's
-    # steps add a few.
+    # steps add a few, or none in a process whose high-water mark an earlier test already raised
+    # (the bench measures each model in a fresh process; this test runs in pytest's).
     from tango_lm.train.utilization import peak_rss_bytes
 
     cfg = memory.ModelConfig(arch="dense", d_model=32, depth=1, width=64, vocab_size=50, context_length=8)
     row = memory.measure_training_step(cfg.to_dict(), batch_size=1, seq_len=8, device="cpu", steps=2)
-    assert 0 < row["peak_bytes"] < peak_rss_bytes() / 2
+    assert 0 <= row["peak_bytes"] < peak_rss_bytes() / 2
 
 
 def test_matmul_peak_is_the_best_of_its_timings(monkeypatch):
