@@ -62,10 +62,16 @@ OPS = {
                 "lse_kernel": ("Q", "K", "LSE"),
                 "forward_kernel": ("Q", "K", "A", "U", "LSE", "Y", "AVG"),
                 "scores_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "DELTA", "DQ", "DK"),
-                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU", "DELTA", "G"),
+                "gates_backward_kernel": ("Q", "K", "A", "U", "DY", "LSE", "AVG", "DA", "DU", "DELTA", "G", "DG"),
             }.items()
         },
-        {"HAS_U": True, "STORE_AVG": True, "GATES_READY": True, "STORE_G": True},  # the op's defaults
+        {
+            "HAS_U": True,
+            "STORE_AVG": True,
+            "GATES_READY": True,
+            "OPERANDS_READY": True,
+            "STORE_OPERANDS": True,
+        },  # the op's defaults
     ),
     "windowed": (
         "tango_lm.ops.windowed_triton",
@@ -328,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         consts = {"PRECISION": "ieee" if ieee else "tf32", "BLOCK_D": block_d, "ALIGN": align}
         consts |= constexprs
         if args.silu_on_load:
-            consts |= {"GATES_READY": False, "STORE_G": False}
+            consts |= {"GATES_READY": False, "OPERANDS_READY": False, "STORE_OPERANDS": False}
         for name, pointers in kernels.items():
             if args.kernels and name not in args.kernels.split(","):
                 continue

@@ -120,7 +120,9 @@ def test_tango_mix_loops_read_written_gates_without_the_special_function_units()
     # the scores backward's loop over the width
     (scores,), (scores_on_load,) = written["scores_backward_kernel"][0], on_load["scores_backward_kernel"][0]
     assert scores["mufu"] == 0 < scores_on_load["mufu"], (scores, scores_on_load)
-    assert scores["instructions"] * 2 < scores_on_load["instructions"], (scores, scores_on_load)
+    # and with dgbar = dy * u written by the gates backward, two tiles loaded instead of three and no
+    # product: under a third (with the product in the loop, 144 against 335 under triton 3.9)
+    assert scores["instructions"] * 3 < scores_on_load["instructions"], (scores, scores_on_load)
     assert forward["tensor"] > 0 and scores["tensor"] > 0
     # 128-row query blocks over 64-key blocks: the key blocks before the diagonal in a loop of their
     # own, without the causal mask and the row bounds (about half of the masked loop's instructions)

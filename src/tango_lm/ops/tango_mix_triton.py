@@ -13,7 +13,8 @@ larger than d_h, so the probabilities are cheap to recompute and the design is
    it for u's gradient;
 3. backward: `gates_backward_kernel` (one program per key block, column block and head)
    accumulates dg = P^T dgbar and writes da = dg * silu'(a) and du = dy * gbar at the same
-   positions (and g, which its epilogue has at hand); on the way it adds its columns' share of
+   positions (and g and dgbar = dy * u, which its epilogue has at hand, for the scores
+   backward); on the way it adds its columns' share of
    D = rowsum(dgbar * gbar) = rowsum(dy * y) per row (atomically, so D costs no pass of its own over
    the [B, T, F] dy and y); then `scores_backward_kernel` (one program per key block and head)
    forms dP = dgbar g^T over the whole width, dS = P (dP - D), and accumulates dk in registers and
@@ -28,9 +29,11 @@ issues 1,096 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-c
 x (32 + 128) multiply-adds); the scores backward's inner loop 335 (32 MUFU) for 128. The default
 (False) writes the gates once, as a [B, T, F] tensor in the inputs' dtype (F.silu before the
 forward kernel; the gates backward's epilogue, which has silu(a) at hand, for the backward), and
-the loops read them as they are: 222 (32 MUFU) and 144 (none). That costs one transient
-[B, T, F] buffer in each direction and, in the forward, one elementwise pass;
-`tools/gate_average_bench.py` times both on a GPU, side by side. (The forward's key blocks wholly
+the loops read them as they are: 222 (32 MUFU) and 144 (none). The same epilogue has dy and u at
+hand too, so it writes dgbar = dy * u for the scores backward, whose loop then loads two tiles
+instead of three and multiplies none: 106. That costs a transient [B, T, F] buffer in the forward
+and two in the backward, and in the forward one elementwise pass;
+`tools/gate_average_bench.py` times both placements on a GPU, side by side. (The forward's key blocks wholly
 before a query block's first row run in a loop without masks, the diagonal in a masked one.)
 
 No [B, H, T, T] tensor is ever held, the gradient of the average is never written out, and every
@@ -172,8 +175,12 @@ def _backward(
     delta = torch.zeros(bsz, h, t, dtype=torch.float32, device=q.device)  # rowsum(dy * y), accumulated atomically
     align = column_alignment(w, a.element_size(), a, a if u is None else u, dy, y)
     uu = a if u is None else u
-    gates = a if silu_on_load else _like_a(a)  # written by the gates backward for the scores backward
-    args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride(), *dy.stride(), h, t, w, d, scale_log2)
+    # Written by the gates backward for the scores backward: the gates, and with u dgbar = dy * u
+    # (without u, dy is dgbar). a's layout, so the scores backward reads dgbar by a's strides.
+    gates = a if silu_on_load else _like_a(a)
+    dgbar = _like_a(a) if u is not None and not silu_on_load else dy
+    args = (*q.stride(), *k.stride(), *a.stride(), *uu.stride())
+    tail = (h, t, w, d, scale_log2)
     gates_backward_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
         q,
         k,
@@ -186,9 +193,12 @@ def _backward(
         du if u is not None else da,
         delta,
         gates,
+        dgbar,
         *args,
+        *dy.stride(),
+        *tail,
         HAS_U=u is not None,
-        STORE_G=not silu_on_load,
+        STORE_OPERANDS=not silu_on_load,
         PRECISION=prec,
         ALIGN=align,
         BLOCK_D=block_d,
@@ -198,15 +208,17 @@ def _backward(
         k,
         gates,
         uu,
-        dy,
+        dgbar,
         lse,
         delta,
         dq,
         dk,
         *args,
+        *dgbar.stride(),
+        *tail,
         d**-0.5,
         HAS_U=u is not None,
-        GATES_READY=not silu_on_load,
+        OPERANDS_READY=not silu_on_load,
         PRECISION=prec,
         ALIGN=align,
         BLOCK_D=block_d,
@@ -250,7 +262,8 @@ def tango_mix_triton(
     q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, silu_on_load: bool = SILU_ON_LOAD
 ) -> torch.Tensor:
     """`gate_average(q, k, silu(a)) * u` (or without u, the average alone) on the Triton kernels.
-    The inputs must pass `supported`. `silu_on_load`: the kernels' loops apply the SiLU to a as they
-    read it, instead of reading gates written once (the module docstring says which costs what)."""
+    The inputs must pass `supported`. `silu_on_load`: the kernels' loops apply the SiLU to a (and the
+    scores backward's the product dy * u) as they read it, instead of reading operands written once
+    (the module docstring says which costs what)."""
     needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, a, u))
     return _forward(q, k, a, u, u is not None and needs_grad, silu_on_load)[0]

@@ -51,7 +51,7 @@ SCORES_CONFIGS = configs(
         (32, 64, 64, 8, 2, {"max_d": 64, **UNALIGNED}),
         (32, 64, 32, 4, 2, UNALIGNED),
         (64, 32, 32, 8, 2, {"max_d": 64, **FP32}),
-        (32, 64, 32, 8, 1, {"max_d": 64, **FP32}),  # 2 stages spilled 20-32 B under triton 3.6
+        (32, 64, 32, 8, 2, {"max_d": 64, **FP32}),
         (32, 32, 64, 4, 2, {"max_d": 32, "min_align": 2, **FP32}),
         (32, 32, 32, 8, 2, {"min_d": 128, **FP32}),
     ],
@@ -75,3 +75,4 @@ KEY = ["T", "W", "D"]
 LSE_KEY = [*KEY, "PRECISION"]
 PRUNED_KEY = [*KEY, "PRECISION", "ALIGN"]
 GATES_KEY = [*PRUNED_KEY, "GATES_READY"]  # a loop without SiLU may tune to other blocks
+SCORES_KEY = [*PRUNED_KEY, "OPERANDS_READY"]

@@ -204,7 +204,7 @@ def forward_kernel(
     tl.store(Y + first + rows, acc.to(Y.dtype.element_ty), mask=mask)
 
 
-@autotune(tuning.SCORES_CONFIGS, key=tuning.GATES_KEY, reset_to_zero=["DQ"])
+@autotune(tuning.SCORES_CONFIGS, key=tuning.SCORES_KEY, reset_to_zero=["DQ"])
 @triton.jit
 def scores_backward_kernel(
     Q,
@@ -240,7 +240,7 @@ def scores_backward_kernel(
     scale_log2,
     scale,
     HAS_U: tl.constexpr,
-    GATES_READY: tl.constexpr,
+    OPERANDS_READY: tl.constexpr,
     PRECISION: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -248,6 +248,9 @@ def scores_backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
+    # OPERANDS_READY: A holds the gates silu(a) and DY the average's gradient dy * u (without u, dy
+    # itself), both written by the gates backward's epilogue; otherwise the loop applies the SiLU
+    # and the product by u to every tile it loads.
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)  # h * a stride can pass 2^31 too
     dt = A.dtype.element_ty
@@ -277,18 +280,18 @@ def scores_backward_kernel(
             offs_w = start_w + tl.arange(0, BLOCK_W)
             mmask = (start_m + offs_m[:, None] < T) & (offs_w[None, :] < W)
             dg = tl.load(dy_first + offs_m[:, None] * sdt + offs_w[None, :] * sdf, mask=mmask, other=0.0)
-            dg = dg.to(tl.float32)
-            if HAS_U:
-                u = tl.load(u_first + offs_m[:, None] * sut + offs_w[None, :] * suf, mask=mmask, other=0.0)
-                dg = dg * u.to(tl.float32)
             at = tl.load(
                 at_first + offs_n[None, :] * sat + offs_w[:, None] * saf,
                 mask=(first_n + offs_n[None, :] < T) & (offs_w[:, None] < W),
                 other=0.0,
             )
-            if GATES_READY:  # A holds silu(a) already
+            if OPERANDS_READY:
                 dp += dot(dg.to(dt), at, PRECISION)
             else:
+                dg = dg.to(tl.float32)
+                if HAS_U:
+                    u = tl.load(u_first + offs_m[:, None] * sut + offs_w[None, :] * suf, mask=mmask, other=0.0)
+                    dg = dg * u.to(tl.float32)
                 dp += dot(dg.to(dt), silu_f32(at).to(dt), PRECISION)
         # The probabilities only now, so that they are not held through the loop over the width.
         qmask = (start_m + offs_m[:, None] < T) & (offs_d[None, :] < D)
@@ -391,6 +394,7 @@ def gates_backward_kernel(
     DU,
     DELTA,
     G,
+    DG,
     sqb,
     sqh,
     sqt,
@@ -414,7 +418,7 @@ def gates_backward_kernel(
     D,
     scale_log2,
     HAS_U: tl.constexpr,
-    STORE_G: tl.constexpr,
+    STORE_OPERANDS: tl.constexpr,
     PRECISION: tl.constexpr,
     ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -455,7 +459,10 @@ def gates_backward_kernel(
     if HAS_U:
         tl.store(DU + first + rows, (dy * avg).to(DU.dtype.element_ty), mask=mask)
         u_rows = u_head + tl.cast(first_n, tl.int64) * sut + offs_n[:, None] * sut + offs_w[None, :] * suf
-        avg = avg * tl.load(u_rows, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(u_rows, mask=mask, other=0.0).to(tl.float32)
+        if STORE_OPERANDS:  # the average's gradient dy * u, for the scores backward: no product in its loop
+            tl.store(DG + first + rows, (dy * u).to(DG.dtype.element_ty), mask=mask)
+        avg = avg * u
     row_sums = tl.sum(dy * avg, 1)
     tl.atomic_add(DELTA + bh.to(tl.int64) * T + first_n + offs_n, row_sums, mask=first_n + offs_n < T, sem="relaxed")
     acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
@@ -489,5 +496,5 @@ def gates_backward_kernel(
     sig = 1.0 / (1.0 + tl.exp(-a))
     g = a * sig
     tl.store(DA + first + rows, (acc * (sig + g * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
-    if STORE_G:  # the gates themselves, for the scores backward: no pass of their own
+    if STORE_OPERANDS:  # the gates themselves, for the scores backward: no pass of their own
         tl.store(G + first + rows, g.to(G.dtype.element_ty), mask=mask)
