@@ -25,8 +25,9 @@ gates, so a SiLU applied as the loops load a (`silu_on_load=True`) runs T / (2 B
 gate, each an exp and a division on the special-function units (MUFU), which do 16 lanes' worth per
 clock per SM where the tensor cores do 4,096 bf16 FLOPs. Compiled for sm_90 at TANGO's shape
 (`tools/triton_ptxas_report.py --mix [--silu-on-load]`), one iteration of the forward's loop then
-issues 1,096 instructions per warp, 160 of them MUFU, for 320 clocks of tensor-core work (64 x 64
-x (32 + 128) multiply-adds); the scores backward's inner loop 335 (32 MUFU) for 128. The default
+issues 712 instructions per warp, 160 of them MUFU (1,280 clocks of the MUFU units for 4 warps),
+for 320 clocks of tensor-core work (64 x 64 x (32 + 128) multiply-adds); the scores backward's
+inner loop 244 (32 MUFU) for 128. The default
 (False) writes the gates once, as a [B, T, F] tensor in the inputs' dtype (F.silu before the
 forward kernel; the gates backward's epilogue, which has silu(a) at hand, for the backward), and
 the loops read them as they are: 222 (32 MUFU) and 144 (none). The same epilogue has dy and u at

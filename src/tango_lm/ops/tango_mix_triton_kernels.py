@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from tango_lm.ops import tango_mix_triton_configs as tuning
-from tango_lm.ops.triton_common import autotune, dot, silu_f32
+from tango_lm.ops.triton_common import autotune, dot, sigmoid_f32, silu_f32
 
 
 @autotune(tuning.LSE_CONFIGS, key=tuning.LSE_KEY)
@@ -493,7 +493,7 @@ def gates_backward_kernel(
             sqt, sqd, sdt, sdf, sut, suf, T, W, D, scale_log2, True, HAS_U, PRECISION,
         )  # fmt: skip
     a = tl.load(A + first + rows, mask=mask, other=0.0).to(tl.float32)
-    sig = 1.0 / (1.0 + tl.exp(-a))
+    sig = sigmoid_f32(a)
     g = a * sig
     tl.store(DA + first + rows, (acc * (sig + g * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
     if STORE_OPERANDS:  # the gates themselves, for the scores backward: no pass of their own

@@ -38,6 +38,7 @@ from tango_lm.ops.triton_common import (
     configs,
     dot,
     precision,
+    sigmoid_f32,
     silu_f32,
 )
 from tango_lm.ops.windowed import MIN_CHUNK
@@ -155,6 +156,12 @@ def _forward_kernel(
     head = b * T * F + h * W
     s = tl.zeros([BLOCK_DP, BLOCK_W], tl.float32)  # S_{i-2}
     s_hi = tl.zeros([BLOCK_DP, BLOCK_W], tl.float32)
+    # The previous chunk's gates: carried from the last iteration in bf16 and fp16 (reading them
+    # again applied the SiLU twice per gate, in two layouts: 1,312 instructions per warp and
+    # iteration against 840 carried, at TANGO's shape); read again for fp32 inputs, whose tiles
+    # live in registers (carried, they spilled 0.4-3.6 KB at d_h 64 and 128).
+    CARRY: tl.constexpr = dt != tl.float32
+    g_prev = tl.zeros([BLOCK_C, BLOCK_W], dt)
     for i in range(0, N):
         first = head + tl.cast(i * C, tl.int64) * F
         mask = (offs_c[:, None] < C) & (i * C + offs_c[:, None] < T) & (offs_w[None, :] < W)
@@ -162,10 +169,13 @@ def _forward_kernel(
         small = (tl.cast(i, tl.int64) * BH + bh) * C  # chunk i, batch b, head h in the [n, B, H, C, .] tensors
         wb = WB + small * 2 * C + offs_c[:, None] * 2 * C + offs_c[None, :]
         acc = dot(tl.load(wb + C, mask=cc, other=0.0).to(dt), g, PRECISION)
-        if i >= 1:  # the previous chunk's gates again (read, not carried: fewer live registers)
-            pmask = (offs_c[:, None] < C) & (offs_w[None, :] < W)
-            g_prev = silu_f32(tl.load(A + first - C * F + tile, mask=pmask, other=0.0)).to(dt)
-            acc += dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_prev, PRECISION)
+        if i >= 1:
+            if CARRY:
+                g_back = g_prev
+            else:
+                pmask = (offs_c[:, None] < C) & (offs_w[None, :] < W)
+                g_back = silu_f32(tl.load(A + first - C * F + tile, mask=pmask, other=0.0)).to(dt)
+            acc += dot(tl.load(wb, mask=cc, other=0.0).to(dt), g_back, PRECISION)
             if i >= 2:
                 pq = tl.load(PQ + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
                 acc += dot(pq.to(sdt), s.to(sdt), PRECISION)
@@ -181,14 +191,16 @@ def _forward_kernel(
                 mask=(offs_c[None, :] < C) & (offs_d[:, None] < D),
                 other=0.0,
             )
-            s += dot(pkt.to(dt), g_prev, PRECISION)
+            s += dot(pkt.to(dt), g_back, PRECISION)
             if SPLIT_D:
                 pkt = tl.load(
                     PK + prev * D + offs_c[None, :] * D + BLOCK_DP + offs_d[:, None],
                     mask=(offs_c[None, :] < C) & (BLOCK_DP + offs_d[:, None] < D),
                     other=0.0,
                 )
-                s_hi += dot(pkt.to(dt), g_prev, PRECISION)
+                s_hi += dot(pkt.to(dt), g_back, PRECISION)
+        if CARRY:
+            g_prev = g
         if HAS_AVG:
             tl.store(AVG + first + tile, acc.to(dt), mask=mask)
         u = tl.load(U + first + tile, mask=mask, other=0.0).to(tl.float32)
@@ -304,6 +316,7 @@ def _backward_kernel(
             s += dot(pkt.to(dt), g_prev, PRECISION)
     # Backward sweep over chunks c = N-1 .. 0, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i.
     r = tl.zeros([BLOCK_D, BLOCK_W], tl.float32)
+    dg_next = tl.zeros([BLOCK_C, BLOCK_W], dt)
     for j in range(0, N):
         c = N - 1 - j
         first = head + tl.cast(c * C, tl.int64) * F
@@ -314,21 +327,19 @@ def _backward_kernel(
         wbt = WB + small * 2 * C + offs_c[None, :] * 2 * C + offs_c[:, None]  # transposed tile of Wb_c
         grad = dot(tl.load(wbt + C, mask=cc, other=0.0).to(dt), dg, PRECISION)
         a = tl.load(A + first + tile, mask=mask, other=0.0).to(tl.float32)
+        sig = sigmoid_f32(a)  # for g and for silu'(a)
         if c + 2 < N:
             pk = tl.load(PK + small * D + offs_c[:, None] * D + offs_d[None, :], mask=cd, other=0.0)
             grad += dot(pk.to(sdt), r.to(sdt), PRECISION)
-            g = (a / (1.0 + tl.exp(-a))).to(dt)
+            g = (a * sig).to(dt)
             dpk = dot(g.to(sdt), tl.trans(r.to(sdt)), PRECISION)
             tl.atomic_add(DPK + small * D + offs_c[:, None] * D + offs_d[None, :], dpk, mask=cd, sem="relaxed")
-        if c + 1 < N:  # dgbar_{c+1} read again rather than carried
-            nmask = cw & ((c + 1) * C + offs_c[:, None] < T)
-            dg_next = tl.load(DY + first + C * F + tile, mask=nmask, other=0.0).to(tl.float32)
-            dg_next = (dg_next * tl.load(U + first + C * F + tile, mask=nmask, other=0.0).to(tl.float32)).to(dt)
+        if c + 1 < N:  # dgbar_{c+1}, carried from the last iteration
             grad += dot(tl.load(wbt + BH * C * 2 * C, mask=cc, other=0.0).to(dt), dg_next, PRECISION)
             if c + 1 >= 2:  # R_{c-1} = R_c + pq_{c+1}^T dgbar_{c+1}, once chunk c has used R_c
                 pqt = tl.load(PQ + (small + BH * C) * D + offs_c[None, :] * D + offs_d[:, None], mask=dc, other=0.0)
                 r += dot(pqt.to(sdt), dg_next.to(sdt), PRECISION)
-        sig = 1.0 / (1.0 + tl.exp(-a))
+        dg_next = dg
         tl.store(DA + first + tile, (grad * sig * (1.0 + a * (1.0 - sig))).to(DA.dtype.element_ty), mask=mask)
         avg = tl.load(AVG + first + tile, mask=mask, other=0.0).to(tl.float32)
         tl.store(DU + first + tile, (dy * avg).to(DU.dtype.element_ty), mask=mask)
