@@ -500,6 +500,12 @@ def test_the_memory_suite_keeps_the_heads_measured_before_one_ran_out_of_memory(
     assert "lower --memory-seq-len, --memory-batch-size, --head-vocab" in err
     rc, out, err, _ = helpers.run_main(capsys, argv)
     assert rc == 2 and "FAILED after 1 models: the memory measurement of dense/onona" in out
+    # With --compile, a head past the memory in eager mode stops the suite there: the compiled
+    # models (measured after every eager one) would not fit either
+    calls = []
+    monkeypatch.setattr(memory, "measure_in_subprocess", lambda cfg, *a, **kw: calls.append(kw) or measure(cfg))
+    rc, out, err, _ = helpers.run_main(capsys, [*argv, "--compile"])
+    assert rc == 2 and calls == [{"compile": False}] * 2, calls
 
 
 def test_a_later_suite_out_of_memory_keeps_the_suites_before_it(monkeypatch, capsys):
