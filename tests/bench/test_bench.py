@@ -272,24 +272,22 @@ def cheap_compile(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_train_suite_compiled_rows_beside_eager(capsys, cheap_compile):
+def test_train_suite_compiled_rows_beside_eager(monkeypatch, capsys, cheap_compile):
+    measured = []  # on a CPU a subprocess measures an eager step's memory: not again per compiled row
+
+    def measure(cfg, *args):
+        measured.append(cfg.arch)
+        return {"peak_bytes": 2**20}
+
+    monkeypatch.setattr(training, "measure_in_subprocess", measure)
     report = _bench_json(
-        capsys,
-        "--suite",
-        "train",
-        "--archs",
-        "tango",
-        *TINY,
-        "--steps",
-        "1",
-        "--warmup",
-        "1",
-        "--no-memory",
-        "--compile",
+        capsys, "--suite", "train", "--archs", "tango", *TINY, "--steps", "1", "--warmup", "1", "--compile"
     )["train"]
     assert report["modes"] == ["eager", "compiled"]
     rows = {(r["arch"], r["mode"]): r for r in report["models"]}
     assert set(rows) == {(a, m) for a in ("tango", "loop-transformer") for m in ("eager", "compiled")}
+    assert sorted(measured) == ["loop-transformer", "tango"]
+    assert [r["peak_bytes"] for r in report["models"] if r["mode"] == "compiled"] == [None, None]
     for (arch, mode), r in rows.items():
         assert r["tokens_per_s_vs_eager"] == pytest.approx(r["tokens_per_s"] / rows[arch, "eager"]["tokens_per_s"])
         assert r["tokens_per_s_vs_loop"] == pytest.approx(
