@@ -8,13 +8,14 @@ the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, 
     avg_i = Wb_i[:, :C] g_{i-1} + Wb_i[:, C:] g_i + pq_i S_{i-2},    S_m = sum_{c <= m} pk_c^T g_c
 
 - `_forward_kernel`: one program per (column block, head) walks the chunks in order, carrying the
-  running sum S [d_h, column block] in registers and the previous chunk's gates, so no per-chunk
-  state is ever written (the composition keeps S for every chunk); SiLU on load, u in the epilogue.
+  running sum S [d_h, column block] in registers and (bf16, fp16) the previous chunk's gates, so no
+  per-chunk state is ever written (the composition keeps S for every chunk); SiLU on load (once per
+  gate), u in the epilogue.
 - `_band_backward_kernel`: one program per (chunk, head) contracts over the whole width for the
   band weights' gradient, dWb_i = dgbar_i [g_{i-1}, g_i]^T.
 - `_backward_kernel`: one program per (column block, head) walks the chunks forward (S again,
-  for pq's gradient dgbar_i S_{i-2}^T) and then backward, carrying R_c = sum_{i >= c+2} pq_i^T dgbar_i
-  for the gates' gradient (own band, the next chunk's band, pk_c R_c) and pk's (g_c R_c^T); the
+  for pq's gradient dgbar_i S_{i-2}^T) and then backward, carrying dgbar_{c+1} and
+  R_c = sum_{i >= c+2} pq_i^T dgbar_i for the gates' gradient (own band, the next chunk's band, pk_c R_c) and pk's (g_c R_c^T); the
   two gradients contracted over the width are accumulated atomically across column blocks.
 
 The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
