@@ -3,8 +3,9 @@
 Usage: PYTHONPATH=src python tools/gate_average_bench.py [--batch 16 --heads 16 --seq-len 1024
        --width 1780 --head-dim 32 --dtype bf16 --rounds 10 --no-math --json FILE --device cuda]
 
-For each implementation of `tango_mix(q, k, a, u)` (ops/tango_mix.py): `triton` (the gates written
-once, the default) and `triton-silu-on-load` (the SiLU in the kernels' loops), `sdpa-sliced` with
+For each implementation of `tango_mix(q, k, a, u)` (ops/tango_mix.py): `triton` (the gates, and
+in the backward dy * u, written once: the default) and `triton-silu-on-load` (the SiLU, and the
+scores backward's product by u, in the kernels' loops), `sdpa-sliced` with
 slices of 128 and of 256 columns, and `math` (one SDPA call with the full width per head, which no
 fused SDPA backend takes, so PyTorch runs its math backend), it times forward + backward (and the
 forward alone), in rounds that alternate the implementations, and reports the median, TFLOP/s per
