@@ -151,7 +151,7 @@ def _over_one_plus_exp(x, a):
     that is five instructions per element, two of them MUFU, where `x / (1 + tl.exp(-a))` took about
     twelve with the range fix-ups of exp and of the full-range division (the windowed kernels'
     loops: tools/triton_ptxas_report.py --mix). __fdividef returns 0 once e^-a passes 2^126
-    (a < -87.3), where the sigmoid is below 1e-38 anyway."""
+    (a < -87.3), where the sigmoid is about 1e-38 or less anyway."""
     e = 1.0 + tl.exp2(-a * _LOG2E)
     if _FAST_DIVISION:
         return libdevice.fast_dividef(x, e)
