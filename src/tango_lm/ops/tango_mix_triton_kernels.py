@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from tango_lm.ops import tango_mix_triton_configs as tuning
-from tango_lm.ops.triton_common import autotune, dot, sigmoid_f32, silu_f32
+from tango_lm.ops.triton_common import autotune, block_masks, dot, sigmoid_f32, silu_f32
 
 
 @autotune(tuning.LSE_CONFIGS, key=tuning.LSE_KEY)
@@ -89,11 +89,7 @@ def _average_keys(
     """`forward_kernel`'s step: acc + P G over the key block at start_n, P = exp(S - lse) and G the
     gates (A holds silu(a) when GATES_READY). MASKED: the block may reach past a query row or T."""
     dt = a_head.dtype.element_ty
-    k_mask = offs_d[:, None] < D
-    a_mask = offs_w[None, :] < W
-    if MASKED:
-        k_mask = k_mask & (start_n + offs_n[None, :] < T)
-        a_mask = a_mask & (start_n + offs_n[:, None] < T)
+    k_mask, a_mask = block_masks(start_n, offs_n, offs_d, offs_w, T, W, D, MASKED)
     kt = tl.load(
         k_head + tl.cast(start_n, tl.int64) * skt + offs_n[None, :] * skt + offs_d[:, None] * skd,
         mask=k_mask,
@@ -345,11 +341,7 @@ def _gate_gradients(
     """`gates_backward_kernel`'s step: acc + P^T dgbar over the destination block at start_m.
     MASKED: the block may hold destinations before these keys or past T."""
     dt = dy_head.dtype.element_ty
-    q_mask = offs_d[:, None] < D
-    m_mask = offs_w[None, :] < W
-    if MASKED:
-        q_mask = q_mask & (start_m + offs_m[None, :] < T)
-        m_mask = m_mask & (start_m + offs_m[:, None] < T)
+    q_mask, m_mask = block_masks(start_m, offs_m, offs_d, offs_w, T, W, D, MASKED)
     qt = tl.load(
         q_head + tl.cast(start_m, tl.int64) * sqt + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
         mask=q_mask,

@@ -139,6 +139,18 @@ def dot(x, y, PRECISION: tl.constexpr):
     return tl.dot(x, y, input_precision=PRECISION)
 
 
+@triton.jit
+def block_masks(start, offs, offs_d, offs_w, T, W, D, MASKED: tl.constexpr):
+    """tango_mix's loops' masks for the block of positions at start: [BLOCK_D, block] for its q or k tile
+    (transposed) and [block, BLOCK_W] for its wide tile; MASKED adds the bound at T."""
+    narrow = offs_d[:, None] < D
+    wide = offs_w[None, :] < W
+    if MASKED:
+        narrow = narrow & (start + offs[None, :] < T)
+        wide = wide & (start + offs[:, None] < T)
+    return narrow, wide
+
+
 # Compiled, the SiLU and the sigmoid divide by the fast reciprocal (__fdividef); the interpreter
 # has no such function (numpy) and divides exactly. They differ by at most 2 ulp of fp32.
 _FAST_DIVISION = tl.constexpr(not INTERPRETED)
