@@ -174,8 +174,8 @@ def _backward(
         return dq.to(q.dtype), dk.zero_().to(k.dtype), da, du
     prec = precision(q.dtype)
     delta = torch.zeros(bsz, h, t, dtype=torch.float32, device=q.device)  # rowsum(dy * y), accumulated atomically
-    align = column_alignment(w, a.element_size(), a, a if u is None else u, dy, y)
     uu = a if u is None else u
+    align = column_alignment(w, a.element_size(), a, uu, dy, y)
     # Written by the gates backward for the scores backward: the gates, and with u dgbar = dy * u
     # (without u, dy is dgbar). a's layout, so the scores backward reads dgbar by a's strides.
     gates = a if silu_on_load else _like_a(a)

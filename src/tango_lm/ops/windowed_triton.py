@@ -15,8 +15,9 @@ the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, 
   band weights' gradient, dWb_i = dgbar_i [g_{i-1}, g_i]^T.
 - `_backward_kernel`: one program per (column block, head) walks the chunks forward (S again,
   for pq's gradient dgbar_i S_{i-2}^T) and then backward, carrying dgbar_{c+1} and
-  R_c = sum_{i >= c+2} pq_i^T dgbar_i for the gates' gradient (own band, the next chunk's band, pk_c R_c) and pk's (g_c R_c^T); the
-  two gradients contracted over the width are accumulated atomically across column blocks.
+  R_c = sum_{i >= c+2} pq_i^T dgbar_i for the gates' gradient (own band, the next chunk's band,
+  pk_c R_c) and pk's (g_c R_c^T); the two gradients contracted over the width are accumulated
+  atomically across column blocks.
 
 The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
 when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise, except that with fp16
