@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes of shared memory per block
 FP32 = "fp32"  # pointer arguments that are fp32 whatever the inputs' dtype
 IO = "io"  # pointer arguments in the inputs' dtype
+IO_BUT_FP16 = "io-but-fp16"  # in the inputs' dtype, but fp32 for fp16 inputs (windowed_triton._operands)
 
-# op -> (kernels module, {kernel: {pointer argument: IO | FP32}}, constexpr arguments besides the configs')
+# op -> (kernels module, {kernel: {pointer argument: IO | FP32 | IO_BUT_FP16}}, constexpr arguments besides the configs')
 OPS = {
     "relu2": (
         "tango_lm.ops.relu2_attention_triton_kernels",
@@ -76,7 +77,14 @@ OPS = {
     "windowed": (
         "tango_lm.ops.windowed_triton",
         {
-            name: {p: IO if p in ("A", "U", "DY", "Y", "AVG", "DA", "DU") else FP32 for p in pointers}
+            name: {
+                p: IO_BUT_FP16
+                if p in ("PQ", "PK")
+                else IO
+                if p in ("WB", "A", "U", "DY", "Y", "AVG", "DA", "DU")
+                else FP32
+                for p in pointers
+            }
             for name, pointers in {
                 "_forward_kernel": ("WB", "PQ", "PK", "A", "U", "Y", "AVG"),
                 "_band_backward_kernel": ("A", "U", "DY", "DWB"),
@@ -150,7 +158,8 @@ def report_kernel(
             elif value == 1:  # the JIT makes an integer argument equal to 1 a constant
                 signature[name], consts[name] = "constexpr", 1
             elif name in pointers:
-                signature[name] = "*fp32" if pointers[name] == FP32 else f"*{dtype}"
+                in_fp32 = pointers[name] == FP32 or (pointers[name] == IO_BUT_FP16 and dtype == "fp16")
+                signature[name] = "*fp32" if in_fp32 else f"*{dtype}"
                 attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]  # torch's allocations
             else:  # strides and sizes, and the float scales
                 signature[name] = "fp32" if name.startswith("scale") else "i32"

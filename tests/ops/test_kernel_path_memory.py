@@ -45,19 +45,21 @@ def test_tango_keeps_no_more_than_the_loop_transformer(configs):
     tango = _total(tool.kernel_path_saved(configs["tango"], B, T, "triton"))
     windowed = _total(tool.kernel_path_saved(configs["tango-windowed"], B, T, "triton"))
     # Both keep four [B, T, width] tensors per layer (TANGO: a, u, the average and y; Loop: SwiGLU's
-    # two projections, the SiLU and the product); counted 0.98x and 1.04x (the band weights).
+    # two projections, the SiLU and the product); counted 0.98x and 1.01x (the band weights and
+    # prefix factors, kept in bf16 as the kernels read them: 1.04x in fp32).
     assert tango <= 1.0 * loop, tango / loop
-    assert windowed <= 1.06 * loop, windowed / loop
+    assert windowed <= 1.02 * loop, windowed / loop
     # The composition of library ops (the reference) keeps far more: 1.72x.
     assert _total(tool.kernel_path_saved(configs["tango"], B, T, "reference")) > 1.5 * loop
 
 
 def test_a_training_steps_predicted_peak_is_within_the_issues_target(configs):
     # Issue 12: TANGO's peak training memory <= 1.2x Loop's. Predicted 0.99x (1.04x while its op
-    # also saved y, which its backward does not read) and windowed 1.05x; the composition 2.17x for
+    # also saved y, which its backward does not read) and windowed 1.02x (1.05x while its op kept
+    # the band weights and prefix factors in fp32); the composition 2.17x for
     # windowed TANGO, as the H200 measured it before the kernels existed.
     loop = tool.kernel_path_peak(configs["loop-transformer"], B, T, "triton")
-    for arch, bound in (("tango", 1.0), ("tango-windowed", 1.07)):
+    for arch, bound in (("tango", 1.0), ("tango-windowed", 1.03)):
         peak = tool.kernel_path_peak(configs[arch], B, T, "triton")
         assert peak <= bound * loop, (arch, peak / loop)
     assert tool.kernel_path_peak(configs["tango-windowed"], B, T, "reference") > 2 * loop

@@ -106,8 +106,9 @@ def test_triton_windowed_every_configuration_matches_float64(monkeypatch, device
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_triton_windowed_custom_op_registration(device):
-    xs, _ = inputs(1, 2, 11, 4, 3, torch.float32, device, seed=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the band weights' cast is an output
+def test_triton_windowed_custom_op_registration(device, dtype):
+    xs, _ = inputs(1, 2, 11, 4, 3, dtype, device, seed=1)
     weights, prefix_q, pk = (x.detach().contiguous() for x in band_weights(*xs[:4], 3, "elu+1", 4))
     a, u = (x.detach() for x in xs[4:])
     torch.library.opcheck(
@@ -115,6 +116,37 @@ def test_triton_windowed_custom_op_registration(device):
         (weights, prefix_q, pk, a, u, True),
         test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
     )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "small"), [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)])
+def test_triton_windowed_op_saves_the_small_tensors_as_its_kernels_multiply_them(device, dtype, small):
+    # The kernels multiply the fp32 band weights in the gates' dtype, and prefix_q and pk in bf16
+    # for bf16 gates (fp32 for fp16 ones, whose prefix sums pass fp16's range): the op rounds them
+    # once, the kernels read those copies and the backward saves them, not the fp32 tensors; their
+    # gradients stay in fp32.
+    xs, dy = inputs(1, 2, 13, 4, 3, dtype, device, seed=4)
+    args = [x.detach().contiguous().requires_grad_(True) for x in band_weights(*xs[:4], 3, "elu+1", 4)]
+    args += [x.detach().requires_grad_(True) for x in xs[4:]]
+    assert all(x.dtype == torch.float32 for x in args[:3])
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        y = torch.ops.tango_lm.windowed_mix_triton_forward(*args, True)[0]
+    copies, (a, u, avg) = saved[:3], saved[3:]
+    assert [x.dtype for x in copies] == [dtype, small, small]
+    for copy, x in zip(copies, args[:3], strict=True):
+        torch.testing.assert_close(copy, x.detach().to(copy.dtype), rtol=0, atol=0)
+    # The same arithmetic as from fp32 tensors, given ones the rounding keeps exactly (interpreted,
+    # triton's own fp32-to-bf16 conversion truncates where torch's, and the GPU's, rounds).
+    exact = [x.float() for x in copies]
+    y_exact = torch.ops.tango_lm.windowed_mix_triton_forward(*exact, a, u, True)[0]
+    torch.testing.assert_close(y, y_exact, rtol=0, atol=0)
+    got = windowed_triton._backward(dy, *copies, a, u, avg)
+    want = windowed_triton._backward(dy, *exact, a, u, avg)
+    assert [g.dtype for g in got[:3]] == [torch.float32] * 3
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert [g.dtype for g in torch.autograd.grad(y, args[:3], dy)] == [torch.float32] * 3
 
 
 @pytest.mark.parametrize("device", DEVICES)

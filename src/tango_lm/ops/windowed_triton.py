@@ -19,9 +19,11 @@ the sources of chunks i - 1 and i), the prefix factors pq_i and phi(k) pk_i [C, 
   pk_c R_c) and pk's (g_c R_c^T); the two gradients contracted over the width are accumulated
   atomically across column blocks.
 
-The small tensors stay fp32 (band_weights' compute dtype); the products take bf16/fp16 operands
-when the gates are bf16/fp16 (fp32 accumulation), fp32 operands otherwise, except that with fp16
-gates the products with S, R, pq and pk take fp32 operands: S grows with T past fp16's range. Tested against
+The small tensors come fp32 (band_weights' compute dtype); the op rounds them once to the dtypes
+the kernels multiply them in (`_operands`), and the kernels read and the backward keeps those
+copies. The products take bf16/fp16 operands when the gates are bf16/fp16 (fp32 accumulation), fp32
+operands otherwise, except that with fp16 gates the products with S, R, pq and pk take fp32
+operands: S grows with T past fp16's range. Tested against
 `windowed_mix_reference` in float64 under the interpreter (tests/ops/test_triton_windowed.py).
 """
 
@@ -31,52 +33,19 @@ import torch
 import triton
 import triton.language as tl
 
+from tango_lm.ops import windowed_triton_configs as tuning
 from tango_lm.ops.triton_common import (
     DTYPES,
     INTERPRETED,
     MAX_GRID,
     autotune,
     column_alignment,
-    configs,
     dot,
     precision,
     sigmoid_f32,
     silu_f32,
 )
 from tango_lm.ops.windowed import MIN_CHUNK
-
-# (BLOCK_W, num_warps, num_stages[, limits]): without register spills on sm_90 in bf16 and fp16
-# at d_h 32-128 where the limits admit them (triton_common.admitted; tools/triton_ptxas_report.py).
-# fp32 inputs multiply in full fp32 on FMAs, whose operands' whole contraction ([C = 64] or d_h)
-# sits in registers: narrow column blocks of their own, spill-free at d_h 32-64.
-_FP32 = {"fp32": True}
-_FORWARD_CONFIGS = configs(
-    ("BLOCK_W",),
-    [
-        (64, 8, 2, {"min_align": 2}),
-        (128, 8, 2, {"max_d": 64, "min_align": 2}),
-        (64, 4, 2, {"max_d": 64, "min_align": 2}),
-        (32, 8, 2, {"max_align": 1}),  # gate columns one by one (an odd width per head)
-        (64, 8, 3, {"max_d": 32, "max_align": 1}),
-        (16, 8, 1, {"max_d": 64, **_FP32}),
-        (32, 8, 1, {"min_d": 128, **_FP32}),  # spills 1 KB
-    ],
-)
-_BAND_CONFIGS = configs(("BLOCK_W",), [(64, 4, 2), (128, 8, 2), (16, 8, 1, _FP32), (16, 8, 2, _FP32)])
-_BACKWARD_CONFIGS = configs(
-    ("BLOCK_W",),
-    [
-        (32, 8, 2),
-        (64, 8, 2, {"max_d": 64, "min_align": 2}),
-        (32, 4, 2, {"max_d": 64, "min_align": 2}),
-        (16, 4, 2, {"max_align": 1}),
-        (32, 8, 3, {"max_align": 1}),
-        (16, 8, 1, {"max_d": 64, **_FP32}),
-        (16, 8, 2, _FP32),  # spills 0.4 KB at d_h = 128
-    ],
-)
-_KEY = ["T", "W", "C", "D", "PRECISION", "ALIGN"]  # what `for_launch` prunes by, too (as tango_mix's)
-
 
 # The longest chunk (window) the kernels take: their [C, 2C] band tiles at C = 256 need 576 KiB of
 # shared memory (sm_90 has 227) and spill 17 KB per thread; at 128 they fit (tools/triton_ptxas_report.py
@@ -107,7 +76,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor
     )
 
 
-@autotune(_FORWARD_CONFIGS, key=_KEY)
+@autotune(tuning.FORWARD_CONFIGS, key=tuning.KEY)
 @triton.jit
 def _forward_kernel(
     WB,
@@ -209,7 +178,7 @@ def _forward_kernel(
         tl.store(Y + first + tile, (acc * u).to(dt), mask=mask)
 
 
-@autotune(_BAND_CONFIGS, key=_KEY)
+@autotune(tuning.BAND_CONFIGS, key=tuning.KEY)
 @triton.jit
 def _band_backward_kernel(
     A,
@@ -257,7 +226,7 @@ def _band_backward_kernel(
     tl.store(out + C, acc_cur, mask=cc)
 
 
-@autotune(_BACKWARD_CONFIGS, key=_KEY, reset_to_zero=["DPQ", "DPK"])
+@autotune(tuning.BACKWARD_CONFIGS, key=tuning.KEY, reset_to_zero=["DPQ", "DPK"])
 @triton.jit
 def _backward_kernel(
     WB,
@@ -354,19 +323,39 @@ def _sizes(weights: torch.Tensor, pk: torch.Tensor, a: torch.Tensor) -> tuple:
     return n, bsz, h, c, t, f // h, d, max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(d))
 
 
+def _operands(small: tuple[torch.Tensor, ...], a: torch.Tensor, fake: bool = False) -> tuple[torch.Tensor, ...]:
+    """The small tensors (weights, prefix_q, pk) rounded once to the dtypes the kernels multiply
+    them in, or empty tensors where that is theirs already (an op's output may not be its input):
+    the band weights in the gates' dtype, prefix_q and pk too for bf16 gates (fp32 for fp16 ones,
+    the kernels' `sdt`). The kernels rounded them so on every load, in every column program (each
+    reads its head's whole band): read as 2-byte tiles they take half the bytes there and in what
+    the op saves, and the loops issue 16-22% fewer instructions (docs/benchmarks.md, "Windowed
+    TANGO's kernels"). `fake`: shapes only, for the fake implementation."""
+    dtypes = (a.dtype, *[torch.float32 if a.dtype == torch.float16 else a.dtype] * 2)
+    return tuple(
+        x.new_empty(0) if x.dtype == dt else x.new_empty(x.shape, dtype=dt) if fake else x.to(dt)
+        for x, dt in zip(small, dtypes, strict=True)
+    )
+
+
+def _either(copies: tuple[torch.Tensor, ...], small: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Each `_operands` copy, or the tensor itself where it had no copy made."""
+    return tuple(c if c.numel() else x for c, x in zip(copies, small, strict=True))
+
+
 @torch.library.custom_op("tango_lm::windowed_mix_triton_forward", mutates_args=())
 def _forward(
     weights: torch.Tensor, prefix_q: torch.Tensor, pk: torch.Tensor, a: torch.Tensor, u: torch.Tensor, store_avg: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, the average when store_avg else an empty tensor); every input contiguous."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, the average when store_avg else an empty tensor, the three `_operands`); every input
+    contiguous."""
     n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
     y = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     avg = torch.empty(a.shape, dtype=a.dtype, device=a.device) if store_avg else a.new_empty(0)
+    copies = _operands((weights, prefix_q, pk), a)
     if y.numel():
         _forward_kernel[lambda m: (triton.cdiv(w, m["BLOCK_W"]), bsz * h)](
-            weights,
-            prefix_q,
-            pk,
+            *_either(copies, (weights, prefix_q, pk)),
             a,
             u,
             y,
@@ -383,12 +372,13 @@ def _forward(
             BLOCK_C=block_c,
             BLOCK_D=block_d,
         )
-    return y, avg
+    return y, avg, *copies
 
 
 @_forward.register_fake
 def _forward_fake(weights, prefix_q, pk, a, u, store_avg):
-    return a.new_empty(a.shape), a.new_empty(a.shape) if store_avg else a.new_empty(0)
+    avg = a.new_empty(a.shape) if store_avg else a.new_empty(0)
+    return a.new_empty(a.shape), avg, *_operands((weights, prefix_q, pk), a, fake=True)
 
 
 @torch.library.custom_op("tango_lm::windowed_mix_triton_backward", mutates_args=())
@@ -401,11 +391,15 @@ def _backward(
     u: torch.Tensor,
     avg: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(d weights, d prefix_q, d pk, da, du)."""
+    """(d weights, d prefix_q, d pk, da, du). weights, prefix_q and pk as the forward's kernel read
+    them (`_operands`); their gradients in fp32, `band_weights`' compute dtype for every input
+    `supported` takes."""
     dy = dy.contiguous()
     n, bsz, h, c, t, w, d, block_c, block_d = _sizes(weights, pk, a)
-    d_weights = torch.zeros_like(weights)  # zero where no source or destination is
-    d_prefix_q, d_pk = torch.zeros_like(prefix_q), torch.zeros_like(pk)  # accumulated atomically
+    # zero where no source or destination is; the others accumulated atomically
+    d_weights, d_prefix_q, d_pk = (
+        torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (weights, prefix_q, pk)
+    )
     da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     du = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if da.numel():
@@ -443,9 +437,7 @@ def _backward(
 @_backward.register_fake
 def _backward_fake(dy, weights, prefix_q, pk, a, u, avg):
     return (
-        weights.new_empty(weights.shape),
-        prefix_q.new_empty(prefix_q.shape),
-        pk.new_empty(pk.shape),
+        *(x.new_empty(x.shape, dtype=torch.float32) for x in (weights, prefix_q, pk)),
         a.new_empty(a.shape),
         a.new_empty(a.shape),
     )
@@ -453,11 +445,13 @@ def _backward_fake(dy, weights, prefix_q, pk, a, u, avg):
 
 def _setup_context(ctx, inputs, output) -> None:
     weights, prefix_q, pk, a, u, _ = inputs
-    ctx.save_for_backward(weights, prefix_q, pk, a, u, output[1])
-    ctx.set_materialize_grads(False)  # the average is saved, never differentiated: no [B, T, F] zeros
+    _, avg, *copies = output
+    ctx.save_for_backward(*_either(tuple(copies), (weights, prefix_q, pk)), a, u, avg)
+    # The average and the copies are saved, never differentiated: no zeros of their shapes.
+    ctx.set_materialize_grads(False)
 
 
-def _autograd_backward(ctx, dy, _davg):
+def _autograd_backward(ctx, dy, _davg, *_dcopies):
     weights, prefix_q, pk, a, u, avg = ctx.saved_tensors
     if avg.numel() != a.numel():  # the op was called with store_avg=False: recompute the average
         avg = _forward(weights, prefix_q, pk, a, u, True)[1]
