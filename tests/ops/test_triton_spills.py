@@ -140,13 +140,17 @@ def test_windowed_loops_apply_one_cheap_silu_per_gate():
     # again, their SiLU ran a second time, in two layouts (96 MUFU instructions per warp and
     # iteration, 1,312 instructions). The first configuration (64 columns, 8 warps) holds 64 x 64
     # gates per iteration, 16 per thread: one exp2 and one reciprocal each.
-    rows = _loop_mixes(ops="windowed", kernels="_forward_kernel")
+    rows = _loop_mixes(ops="windowed", kernels="_forward_kernel,_backward_kernel")
     (forward,) = rows["_forward_kernel"][0]
     assert forward["mufu"] <= 2 * 16, forward
     # The SiLU's exp2 and fast division (triton_common.silu_f32): five instructions per gate, where
     # `a / (1 + tl.exp(-a))` took about twelve (840 -> 744 instructions in this loop; 762 under
-    # triton 3.6)
-    assert forward["instructions"] < 800, forward
+    # triton 3.6); and the small tensors read in bf16, as the op rounds them once
+    # (windowed_triton._operands), not as fp32 tiles rounded on every load: 624 (637)
+    assert forward["instructions"] < 700, forward
+    # the backward's sweep back over the chunks: 859 -> 666 (870 -> 755 under triton 3.6)
+    _, backward_sweep = rows["_backward_kernel"][0]
+    assert backward_sweep["instructions"] < 800, backward_sweep
 
 
 def test_windowed_fp16_kernels_compile_for_sm90_without_register_spills():
