@@ -20,7 +20,8 @@ the SiLU applied in their loops (`tango_mix_triton(..., silu_on_load=True)`) ins
 gates written once.
 
 Each kernel is compiled as triton's JIT would for a launch at the issue's shape (B = H = 16,
-T = 1024, `--width` gate columns per head, contiguous gates): integer arguments equal to 1 become
+T = 1024, `--width` gate columns per head, contiguous gates; for relu2, GAU's layout with
+`--width` as the value width e, 7,152 at the 70M tier): integer arguments equal to 1 become
 constants and multiples of 16 are marked so, pointers are 16-byte aligned, and only the
 configurations the autotuner tries at that head dim and width are shown (`triton_common.admitted`).
 """
@@ -99,9 +100,15 @@ OPS = {
 def launch_ints(op: str, head_dim: int, width: int) -> dict[str, int]:
     """The integer arguments of `op`'s kernels at the issue's launch (B = 16, H = 16, T = 1024, the
     given width per head): q, k [B, H, T, d_h] as the layers make them (heads split from [B, T, H d_h]),
-    gates [B, T, F] contiguous (windowed TANGO: chunks of 64)."""
-    if op not in ("tango_mix", "windowed"):
-        return {}  # relu2's kernels: compiled with no integer argument known
+    gates [B, T, F] contiguous (windowed TANGO: chunks of 64). relu2 (GAU): q, k [B, T, s] from
+    the [B, 2, T, s] offset-scaled bases, v [B, T, e] (e: the width) from the [B, T, 2e] U|V
+    projection, dO [B, T, e] contiguous, a bias over 2T - 1 offsets."""
+    if op == "relu2":
+        t, d, e = 1024, head_dim, width
+        ints = {"T": t, "E": e, "D": d, "HALF": t}
+        for x in "qk":
+            ints |= {f"s{x}n": 2 * t * d, f"s{x}t": d, f"s{x}d": 1}
+        return ints | {"svn": t * 2 * e, "svt": 2 * e, "sve": 1, "son": t * e, "sot": e, "soe": 1}
     h, t, d, w = 16, 1024, head_dim, width
     f = h * w
     ints = {"H": h, "T": t, "W": w, "D": d}
@@ -289,7 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fp32 inputs with TF32 matmuls allowed (torch.backends.cuda.matmul.allow_tf32)",
     )
     p.add_argument("--head-dim", type=int, default=128, help="the query/key width (GAU's s = 128; TANGO's d_h = 32)")
-    p.add_argument("--width", type=int, default=1780, help="gate columns per head (TANGO's presets: 1,780)")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=1780,
+        help="gate columns per head (TANGO's presets: 1,780); relu2: the value width e (GAU 70M: 7,152)",
+    )
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     p.add_argument("--mix", action="store_true", help="each innermost loop's instruction mix, from the machine code")
     p.add_argument(

@@ -166,11 +166,14 @@ def test_triton_inside_a_compiled_graph(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("where", ["q", "k", "bias"])
-def test_triton_propagates_a_nan_score_as_relu_does(device, where):
-    # tl.maximum(nan, 0) is 0 by default: a NaN in q, k or the bias came out as finite outputs.
-    (q, k, v, bias), _ = inputs((1,), 19, 8, 5, 19, torch.float32, device, seed=7)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_propagates_a_nan_score_as_relu_does(device, where, dtype):
+    # tl.maximum(nan, 0) is 0 by default: a NaN in q, k or the bias came out as finite outputs. At
+    # T = 40 (blocks of 16 interpreted) rows 16-31 see key block 0 in the bf16 kernels' unmasked
+    # loop: key 7 and offset 20 (bias entry 39 + 20) reach those rows through it alone.
+    (q, k, v, bias), _ = inputs((1,), 40, 8, 5, 40, dtype, device, seed=7)
     with torch.no_grad():
-        {"q": q, "k": k}.get(where, bias)[(0, 7, 3) if where != "bias" else 20] = float("nan")
+        {"q": q, "k": k}.get(where, bias)[(0, 20 if where == "q" else 7, 3) if where != "bias" else 59] = float("nan")
     got = triton_ops.relu2_attention_triton(q, k, v, bias, 0.5)
     want = relu2_attention_reference(*(x.detach().cpu().double() for x in (q, k, v, bias)), 0.5)
     assert got.isnan().any() and torch.equal(got.isnan().cpu(), want.isnan())

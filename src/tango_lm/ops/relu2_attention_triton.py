@@ -12,6 +12,8 @@ is no softmax, so no row statistics: the forward is one pass.
 1. `forward_kernel`: one program per (query block, block of e columns, leading index): S, P
    recomputed per key block, O += P V accumulated in fp32;
 2. `dv_kernel`: one program per (key block, block of e columns, leading index): dV = P^T dO;
+   both run the blocks wholly inside the causal triangle and before T in a loop of their own,
+   without masks and with the bias read at a loop-invariant tile of offsets (bf16 and fp16);
 3. `dqk_kernel`: one program per (key block, leading index): dP = dO V^T contracted over the whole
    width e, dS = 2 relu(S) dP; dK = dS^T Q * scale kept in registers, dQ = dS K * scale added
    atomically into an fp32 buffer, and the bias's gradient (the sum of dS per offset t - j) summed

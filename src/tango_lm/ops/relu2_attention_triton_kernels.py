@@ -73,6 +73,37 @@ def relu_scores(qk, BIAS, t, j, T, HALF, scale):
     return tl.where(valid, tl.maximum(qk * scale + bias, 0.0, propagate_nan=tl.PropagateNan.ALL), 0.0)
 
 
+@triton.jit
+def relu_scores_visible(qk, BIAS, offset, rel, scale):
+    """`relu_scores` of a tile whose every pair is causal and before T: no masks. The bias of pair
+    (t, j) at offset + rel, with `offset` the tile's first query position less its first key
+    position plus HALF - 1 and `rel` the loop-invariant tile of in-tile offsets (t - j less that)."""
+    bias = tl.load(BIAS + offset + rel).to(tl.float32)
+    return tl.maximum(qk * scale + bias, 0.0, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _average_values(
+    acc, q, K, V, BIAS, first_m, start_n, rel, offs_m, offs_n, offs_e, offs_d, skt, skd, svt, sve,
+    T, E, D, HALF, scale, MASKED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`forward_kernel`'s step: acc + relu(S)^2 V over the key block at start_n. MASKED: the block
+    may hold keys after a query row or past T, or rows past T; otherwise every pair is visible."""
+    keys = start_n + offs_n
+    if MASKED:
+        kt = tl.load(
+            K + keys[None, :] * skt + offs_d[:, None] * skd, mask=(keys[None, :] < T) & (offs_d[:, None] < D), other=0.0
+        )
+        r = relu_scores(dot(q, kt, PRECISION), BIAS, first_m + offs_m[:, None], keys[None, :], T, HALF, scale)
+        v_mask = (keys[:, None] < T) & (offs_e[None, :] < E)
+    else:
+        kt = tl.load(K + keys[None, :] * skt + offs_d[:, None] * skd, mask=offs_d[:, None] < D, other=0.0)
+        r = relu_scores_visible(dot(q, kt, PRECISION), BIAS, first_m - start_n + HALF - 1, rel, scale)
+        v_mask = offs_e[None, :] < E
+    v = tl.load(V + keys[:, None] * svt + offs_e[None, :] * sve, mask=v_mask, other=0.0)
+    return acc + dot((r * r).to(V.dtype.element_ty), v, PRECISION)
+
+
 @autotune(_FORWARD_CONFIGS, key=_KEY)
 @triton.jit
 def forward_kernel(
@@ -103,7 +134,9 @@ def forward_kernel(
 ):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
     pid_e, n = tl.program_id(1), tl.program_id(2).to(tl.int64)  # 64-bit offsets: N * T * e can pass 2^31
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_m = pid_m * BLOCK_M
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
+    offs_m = first_m + rows
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
     # One 64-bit base per sequence, 32-bit offsets within it (64-bit offset tiles cost registers).
@@ -113,26 +146,56 @@ def forward_kernel(
         mask=(offs_m[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
+    rel = rows[:, None] - cols[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
-    for start_n in range(0, tl.minimum((pid_m + 1) * BLOCK_M, T), BLOCK_N):  # the causal triangle only
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt = tl.load(
-            K + offs_n[None, :] * skt + offs_d[:, None] * skd,
-            mask=(offs_n[None, :] < T) & (offs_d[:, None] < D),
-            other=0.0,
-        )
-        r = relu_scores(dot(q, kt, PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
-        v = tl.load(
-            V + offs_n[:, None] * svt + offs_e[None, :] * sve,
-            mask=(offs_n[:, None] < T) & (offs_e[None, :] < E),
-            other=0.0,
-        )
-        acc += dot((r * r).to(V.dtype.element_ty), v, PRECISION)
+    # The causal triangle only. Key blocks that end at or before this block's first row, in a block
+    # of rows before T, are wholly visible: no causal mask, no bounds, the bias at a loop-invariant
+    # tile of offsets (the masks and the bias's indices were half of an iteration's instructions).
+    # Not for fp32 inputs, whose tiles live in registers (as tango_mix's kernels).
+    end_full = 0
+    if Q.dtype.element_ty != tl.float32:
+        if first_m + BLOCK_M <= T:
+            end_full = first_m // BLOCK_N * BLOCK_N
+        for start_n in range(0, end_full, BLOCK_N):
+            acc = _average_values(
+                acc, q, K, V, BIAS, first_m, start_n, rel, rows, cols, offs_e, offs_d, skt, skd, svt, sve,
+                T, E, D, HALF, scale, False, PRECISION,
+            )  # fmt: skip
+    for start_n in range(end_full, tl.minimum(first_m + BLOCK_M, T), BLOCK_N):
+        acc = _average_values(
+            acc, q, K, V, BIAS, first_m, start_n, rel, rows, cols, offs_e, offs_d, skt, skd, svt, sve,
+            T, E, D, HALF, scale, True, PRECISION,
+        )  # fmt: skip
     tl.store(
         O + offs_m[:, None] * E + offs_e[None, :],
         acc.to(O.dtype.element_ty),
         mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
     )
+
+
+@triton.jit
+def _value_gradients(
+    acc, k, Q, DO, BIAS, first_n, start_m, rel, offs_m, offs_n, offs_e, offs_d, sqt, sqd, sot, soe,
+    T, E, D, HALF, scale, MASKED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`dv_kernel`'s step: acc + relu(S)^2^T dO over the query block at start_m. MASKED: the block
+    may hold queries before a key or past T (or the keys pass T); otherwise every pair is visible."""
+    queries = start_m + offs_m
+    if MASKED:
+        qt = tl.load(
+            Q + queries[None, :] * sqt + offs_d[:, None] * sqd,
+            mask=(queries[None, :] < T) & (offs_d[:, None] < D),
+            other=0.0,
+        )
+        # relu(S)^T: [keys, queries]
+        rt = relu_scores(dot(k, qt, PRECISION), BIAS, queries[None, :], first_n + offs_n[:, None], T, HALF, scale)
+        do_mask = (queries[:, None] < T) & (offs_e[None, :] < E)
+    else:
+        qt = tl.load(Q + queries[None, :] * sqt + offs_d[:, None] * sqd, mask=offs_d[:, None] < D, other=0.0)
+        rt = relu_scores_visible(dot(k, qt, PRECISION), BIAS, start_m - first_n + HALF - 1, rel, scale)
+        do_mask = offs_e[None, :] < E
+    do = tl.load(DO + queries[:, None] * sot + offs_e[None, :] * soe, mask=do_mask, other=0.0)
+    return acc + dot((rt * rt).to(DO.dtype.element_ty), do, PRECISION)  # dV = P^T dO
 
 
 @autotune(_DV_CONFIGS, key=_KEY)
@@ -164,7 +227,9 @@ def dv_kernel(
     BLOCK_E: tl.constexpr,
 ):
     pid_n, pid_e, n = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_n = pid_n * BLOCK_N
+    keys, cols = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_M)
+    offs_n = first_n + keys
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
     Q, K, DO, DV = Q + n * sqn, K + n * skn, DO + n * son, DV + n * T * E  # as in forward_kernel
@@ -173,22 +238,31 @@ def dv_kernel(
         mask=(offs_n[:, None] < T) & (offs_d[None, :] < D),
         other=0.0,
     )
+    rel = cols[None, :] - keys[:, None]
     acc = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
-    for start_m in range((pid_n * BLOCK_N) // BLOCK_M * BLOCK_M, T, BLOCK_M):  # queries that see these keys
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        qt = tl.load(
-            Q + offs_m[None, :] * sqt + offs_d[:, None] * sqd,
-            mask=(offs_m[None, :] < T) & (offs_d[:, None] < D),
-            other=0.0,
-        )
-        # relu(S)^T: [keys, queries]
-        rt = relu_scores(dot(k, qt, PRECISION), BIAS, offs_m[None, :], offs_n[:, None], T, HALF, scale)
-        do = tl.load(
-            DO + offs_m[:, None] * sot + offs_e[None, :] * soe,
-            mask=(offs_m[:, None] < T) & (offs_e[None, :] < E),
-            other=0.0,
-        )
-        acc += dot((rt * rt).to(DO.dtype.element_ty), do, PRECISION)  # dV = P^T dO
+    # The queries that see these keys: masked blocks on the diagonal, unmasked ones wholly after it
+    # and before T, a masked one at T's end (as in forward_kernel; not for fp32 inputs).
+    start = first_n // BLOCK_M * BLOCK_M
+    diagonal_end = T
+    unmasked_end = T
+    if Q.dtype.element_ty != tl.float32:
+        diagonal_end = tl.minimum(tl.cdiv(first_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, T)
+        unmasked_end = tl.maximum(T // BLOCK_M * BLOCK_M, diagonal_end)
+    for start_m in range(start, diagonal_end, BLOCK_M):
+        acc = _value_gradients(
+            acc, k, Q, DO, BIAS, first_n, start_m, rel, cols, keys, offs_e, offs_d, sqt, sqd, sot, soe,
+            T, E, D, HALF, scale, True, PRECISION,
+        )  # fmt: skip
+    for start_m in range(diagonal_end, unmasked_end, BLOCK_M):
+        acc = _value_gradients(
+            acc, k, Q, DO, BIAS, first_n, start_m, rel, cols, keys, offs_e, offs_d, sqt, sqd, sot, soe,
+            T, E, D, HALF, scale, False, PRECISION,
+        )  # fmt: skip
+    for start_m in range(unmasked_end, T, BLOCK_M):
+        acc = _value_gradients(
+            acc, k, Q, DO, BIAS, first_n, start_m, rel, cols, keys, offs_e, offs_d, sqt, sqd, sot, soe,
+            T, E, D, HALF, scale, True, PRECISION,
+        )  # fmt: skip
     tl.store(
         DV + offs_n[:, None] * E + offs_e[None, :],
         acc.to(DV.dtype.element_ty),
