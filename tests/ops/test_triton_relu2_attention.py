@@ -81,7 +81,7 @@ def test_triton_forward_and_every_gradient_match_float64(monkeypatch, device, le
     monkeypatch.setattr(triton_ops, "torch", nan_torch)
     xs, dy = inputs(lead, t, s, e, bias_range, dtype, device, seed=t)
     check_against_float64(value_and_grads(triton_ops.relu2_attention_triton, xs, dy), xs, dy)
-    assert nan_torch.calls >= 3  # out; dk, dv: every buffer the kernels fill (dq and d rel_bias start at 0)
+    assert nan_torch.calls >= 2  # out, dv: every buffer the kernels fill (dq, dk and d rel_bias start at 0)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ is no softmax, so no row statistics: the forward is one pass.
    both run the blocks wholly inside the causal triangle and before T in a loop of their own,
    without masks and with the bias read at a loop-invariant tile of offsets (bf16 and fp16);
 3. `dqk_kernel`: one program per (key block, leading index): dP = dO V^T contracted over the whole
-   width e, dS = 2 relu(S) dP; dK = dS^T Q * scale kept in registers, dQ = dS K * scale added
-   atomically into an fp32 buffer, and the bias's gradient (the sum of dS per offset t - j) summed
+   width e, dS = 2 relu(S) dP; dK = dS^T Q * scale and dQ = dS K * scale added atomically into
+   fp32 buffers, and the bias's gradient (the sum of dS per offset t - j) summed
    per tile diagonal in registers and added atomically into an fp32 buffer of 2L - 1 entries.
 
 Why e is tiled over a grid axis (forward and dV) instead of looped over inside one program: e is
@@ -128,7 +128,7 @@ def _backward(
     if n * t * e == 0:
         return dq.to(q.dtype).view(q.shape), torch.zeros_like(k), torch.zeros_like(v), dbias.to(rel_bias.dtype)
     q3, k3, v3, do3 = _rows(q), _rows(k), _rows(v), _rows(grad_out)
-    dk = torch.empty(n, t, d, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(n, t, d, dtype=torch.float32, device=q.device)  # accumulated atomically
     dv = torch.empty(n, t, e, dtype=v.dtype, device=v.device)
     bias, prec = rel_bias.contiguous(), precision(q.dtype)
     dv_kernel[lambda m: (triton.cdiv(t, m["BLOCK_N"]), triton.cdiv(e, m["BLOCK_E"]), n)](

@@ -16,7 +16,9 @@ from tango_lm.ops.triton_common import autotune, configs, dot
 # tiled over a grid axis in the forward and in dV's kernel (see relu2_attention_triton.py for why),
 # so BLOCK_E trades the recomputation of S (s / BLOCK_E of the P V work) against registers for the
 # [BLOCK, BLOCK_E] fp32 accumulator. Chosen from ptxas's report for sm_90 (tools/triton_ptxas_report.py;
-# no GPU was at hand to time them): none spills registers in bf16 or fp16 at s = 32, 64 or 128.
+# no GPU was at hand to time them): none spills registers in bf16 or fp16 at s = 32, 64 or 128
+# with e a multiple of 8 (GAU's); with another e the first forward one spills 24 B at s = 32 under
+# triton 3.6.
 # fp32 inputs multiply in full fp32 on FMAs, whose operands sit whole in registers: they take
 # narrow tiles of their own ({"fp32": True}; the bf16 ones spilled 14-39 KB per thread there).
 # Three or four per launch keep the autotuning inside the GPU check's time limits.
@@ -24,7 +26,7 @@ _FP32 = {"fp32": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
     [
-        (128, 64, 128, 8, 3),
+        (128, 64, 128, 8, 2),  # 3 stages spilled 12 B with the unmasked loop (triton 3.6, e % 8 != 0)
         (64, 64, 128, 8, 3),
         (128, 64, 64, 8, 3),
         (64, 32, 64, 4, 2),
@@ -46,12 +48,15 @@ _DV_CONFIGS = configs(
     ],
 )
 # One square block for queries and keys: the relative bias's gradient sums dS along the tile's
-# diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). The program holds k, q
-# and dK [BLOCK, s] and dP [BLOCK, BLOCK] at once: blocks of 64 spill registers (64-372 B per
-# thread at s = 32-128 under triton 3.6 or 3.9), blocks of 32 do not.
+# diagonals, which needs BLOCK_M == BLOCK_N (2 BLOCK - 1 offsets per tile). Blocks of 64 put dP's
+# contraction over e on the warpgroup MMA (sm_90's wgmma: 79 instructions per warp for 64 x 64 x 64,
+# where blocks of 32 and 128 columns issued 240 for a quarter of the work on mma.sync); they spilled
+# registers (64-372 B per thread) while the program also held dK in registers: dK is now added
+# atomically per query block, as dQ is, and the diagonals are summed in two halves.
 _DQK_CONFIGS = configs(
     ("BLOCK", "BLOCK_E"),
     [
+        (64, 64, 8, 2),
         (32, 128, 8, 2),
         (32, 64, 8, 3),
         (32, 64, 4, 2, {"max_d": 64}),
@@ -270,7 +275,7 @@ def dv_kernel(
     )
 
 
-@autotune(_DQK_CONFIGS, key=_KEY, reset_to_zero=["DQ", "DBIAS"])
+@autotune(_DQK_CONFIGS, key=_KEY, reset_to_zero=["DQ", "DK", "DBIAS"])
 @triton.jit
 def dqk_kernel(
     Q,
@@ -311,13 +316,9 @@ def dqk_kernel(
     Q, K, V, DO = Q + n * sqn, K + n * skn, V + n * svn, DO + n * son  # as in forward_kernel
     DQ, DK = DQ + n * T * D, DK + n * T * D
     k = tl.load(K + offs_n[:, None] * skt + offs_d[None, :] * skd, mask=kmask, other=0.0)
-    dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     rows = tl.arange(0, BLOCK)
     for start_m in range(pid_n * BLOCK, T, BLOCK):  # queries that see these keys
         offs_m = start_m + rows
-        qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-        q = tl.load(Q + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
-        r = relu_scores(dot(q, tl.trans(k), PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
         dp = tl.zeros([BLOCK, BLOCK], tl.float32)
         for start_e in range(0, E, BLOCK_E):  # dP = dO V^T, contracted over the whole width
             offs_e = start_e + tl.arange(0, BLOCK_E)
@@ -332,23 +333,30 @@ def dqk_kernel(
                 other=0.0,
             )
             dp += dot(do, vt, PRECISION)
+        # The scores only now, so that they and q are not held through the loop over the width.
+        qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+        q = tl.load(Q + offs_m[:, None] * sqt + offs_d[None, :] * sqd, mask=qmask, other=0.0)
+        r = relu_scores(dot(q, tl.trans(k), PRECISION), BIAS, offs_m[:, None], offs_n[None, :], T, HALF, scale)
         ds = 2.0 * r * dp  # dS = 2 relu(S) dP: zero wherever relu(S) is, masked entries included
+        ds_in = ds.to(dt)
+        # dK added per query block rather than held through the loop (registers for blocks of 64)
+        dk = dot(tl.trans(ds_in), q, PRECISION) * scale
+        tl.atomic_add(DK + offs_n[:, None] * D + offs_d[None, :], dk, mask=kmask, sem="relaxed")
+        dq = dot(ds_in, k, PRECISION) * scale
+        tl.atomic_add(DQ + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask, sem="relaxed")
         # The bias's gradient, the sum of dS per offset: each tile's diagonals summed in registers
         # (a gather that lines them up in columns, then a column sum), so only 2 BLOCK atomic adds
         # per tile reach the [2 HALF - 1] fp32 buffer. One atomic add per entry of dS instead
         # would put BLOCK^2 atomics per tile on only 2 BLOCK - 1 addresses, serializing them; a
         # buffer of per-tile partial sums would be as large as the [T, T] scores it avoids.
         # Column c of `lined` holds the tile's offset t - j = start_m - start_n + c - (BLOCK - 1): row
-        # i's entry at key column i - c + BLOCK - 1 (c = 2 BLOCK - 1 is always empty). The indices
-        # are rebuilt per tile rather than kept live across the loop ([BLOCK, 2 BLOCK] registers).
-        diag = tl.arange(0, 2 * BLOCK)
-        diag_col = rows[:, None] - diag[None, :] + BLOCK - 1
-        on_tile = (diag_col >= 0) & (diag_col < BLOCK)
-        lined = tl.where(on_tile, tl.gather(ds, tl.where(on_tile, diag_col, 0), 1), 0.0)
-        offset = start_m - pid_n * BLOCK + diag - (BLOCK - 1)
-        tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T), sem="relaxed")
-        ds_in = ds.to(dt)
-        dk += dot(tl.trans(ds_in), q, PRECISION)
-        dq = dot(ds_in, k, PRECISION) * scale
-        tl.atomic_add(DQ + offs_m[:, None] * D + offs_d[None, :], dq, mask=qmask, sem="relaxed")
-    tl.store(DK + offs_n[:, None] * D + offs_d[None, :], dk * scale, mask=kmask)
+        # i's entry at key column i - c + BLOCK - 1 (c = 2 BLOCK - 1 is always empty), for c in two
+        # halves of BLOCK (one [BLOCK, 2 BLOCK] gather spilled registers at blocks of 64). The
+        # indices are rebuilt per tile rather than kept live across the loop.
+        for half in tl.static_range(2):
+            diag = half * BLOCK + tl.arange(0, BLOCK)
+            diag_col = rows[:, None] - diag[None, :] + BLOCK - 1
+            on_tile = (diag_col >= 0) & (diag_col < BLOCK)
+            lined = tl.where(on_tile, tl.gather(ds, tl.where(on_tile, diag_col, 0), 1), 0.0)
+            offset = start_m - pid_n * BLOCK + diag - (BLOCK - 1)
+            tl.atomic_add(DBIAS + offset + HALF - 1, tl.sum(lined, 0), mask=(offset >= 0) & (offset < T), sem="relaxed")
