@@ -82,8 +82,9 @@ def test_triton_fp32_kernels_under_tf32_fit_sm90_at_every_head_dim():
 def _loop_mixes(
     *flags: str, ops: str = "tango_mix", kernels: str = "forward_kernel,scores_backward_kernel,gates_backward_kernel"
 ) -> dict[str, list[dict]]:
-    """`kernels` (first two configurations) at TANGO's shape: each one's innermost loops'
-    instruction mix (tools/triton_ptxas_report.py --mix)."""
+    """`kernels` (first two configurations) at TANGO's shape, or where `flags` say (a later
+    --head-dim or --width wins): each one's innermost loops' instruction mix
+    (tools/triton_ptxas_report.py --mix)."""
     pytest.importorskip("triton", reason="triton is not installed")
     ptxas = helpers.tool("triton_ptxas_report").ptxas_path(90)
     if ptxas is None or not ptxas.is_file() or not ptxas.with_name("nvdisasm").is_file():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tango_lm.ops.triton_common import autotune, configs, dot
+from tango_lm.ops.triton_common import autotune, block_masks, configs, dot
 
 # (block sizes..., num_warps, num_stages[, limits]: triton_common.admitted). The width e of V is
 # tiled over a grid axis in the forward and in dV's kernel (see relu2_attention_triton.py for why),
@@ -95,16 +95,12 @@ def _average_values(
     """`forward_kernel`'s step: acc + relu(S)^2 V over the key block at start_n. MASKED: the block
     may hold keys after a query row or past T, or rows past T; otherwise every pair is visible."""
     keys = start_n + offs_n
+    k_mask, v_mask = block_masks(start_n, offs_n, offs_d, offs_e, T, E, D, MASKED)
+    kt = tl.load(K + keys[None, :] * skt + offs_d[:, None] * skd, mask=k_mask, other=0.0)
     if MASKED:
-        kt = tl.load(
-            K + keys[None, :] * skt + offs_d[:, None] * skd, mask=(keys[None, :] < T) & (offs_d[:, None] < D), other=0.0
-        )
         r = relu_scores(dot(q, kt, PRECISION), BIAS, first_m + offs_m[:, None], keys[None, :], T, HALF, scale)
-        v_mask = (keys[:, None] < T) & (offs_e[None, :] < E)
     else:
-        kt = tl.load(K + keys[None, :] * skt + offs_d[:, None] * skd, mask=offs_d[:, None] < D, other=0.0)
         r = relu_scores_visible(dot(q, kt, PRECISION), BIAS, first_m - start_n + HALF - 1, rel, scale)
-        v_mask = offs_e[None, :] < E
     v = tl.load(V + keys[:, None] * svt + offs_e[None, :] * sve, mask=v_mask, other=0.0)
     return acc + dot((r * r).to(V.dtype.element_ty), v, PRECISION)
 
@@ -186,19 +182,12 @@ def _value_gradients(
     """`dv_kernel`'s step: acc + relu(S)^2^T dO over the query block at start_m. MASKED: the block
     may hold queries before a key or past T (or the keys pass T); otherwise every pair is visible."""
     queries = start_m + offs_m
-    if MASKED:
-        qt = tl.load(
-            Q + queries[None, :] * sqt + offs_d[:, None] * sqd,
-            mask=(queries[None, :] < T) & (offs_d[:, None] < D),
-            other=0.0,
-        )
-        # relu(S)^T: [keys, queries]
+    q_mask, do_mask = block_masks(start_m, offs_m, offs_d, offs_e, T, E, D, MASKED)
+    qt = tl.load(Q + queries[None, :] * sqt + offs_d[:, None] * sqd, mask=q_mask, other=0.0)
+    if MASKED:  # relu(S)^T: [keys, queries]
         rt = relu_scores(dot(k, qt, PRECISION), BIAS, queries[None, :], first_n + offs_n[:, None], T, HALF, scale)
-        do_mask = (queries[:, None] < T) & (offs_e[None, :] < E)
     else:
-        qt = tl.load(Q + queries[None, :] * sqt + offs_d[:, None] * sqd, mask=offs_d[:, None] < D, other=0.0)
         rt = relu_scores_visible(dot(k, qt, PRECISION), BIAS, start_m - first_n + HALF - 1, rel, scale)
-        do_mask = offs_e[None, :] < E
     do = tl.load(DO + queries[:, None] * sot + offs_e[None, :] * soe, mask=do_mask, other=0.0)
     return acc + dot((rt * rt).to(DO.dtype.element_ty), do, PRECISION)  # dV = P^T dO
 

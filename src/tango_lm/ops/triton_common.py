@@ -141,8 +141,9 @@ def dot(x, y, PRECISION: tl.constexpr):
 
 @triton.jit
 def block_masks(start, offs, offs_d, offs_w, T, W, D, MASKED: tl.constexpr):
-    """tango_mix's loops' masks for the block of positions at start: [BLOCK_D, block] for its q or
-    k tile (transposed) and [block, BLOCK_W] for its wide tile; MASKED adds the bound at T."""
+    """The masks of a loop step over the block of positions at start (tango_mix's and relu²'s
+    kernels): [BLOCK_D, block] for its q or k tile (transposed) and [block, wide block] for its
+    gates or values; MASKED adds the bound at T."""
     narrow = offs_d[:, None] < D
     wide = offs_w[None, :] < W
     if MASKED:
