@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes of shared memory per block
 FP32 = "fp32"  # pointer arguments that are fp32 whatever the inputs' dtype
 IO = "io"  # pointer arguments in the inputs' dtype
-IO_BUT_FP16 = "io-but-fp16"  # in the inputs' dtype, but fp32 for fp16 inputs (windowed_triton._operands)
+PREFIX = "prefix"  # windowed TANGO's prefix factors: in windowed_triton.operand_dtypes' dtype for the inputs'
 
-# op -> (kernels module, {kernel: {pointer argument: IO | FP32 | IO_BUT_FP16}}, constexpr arguments besides the configs')
+# op -> (kernels module, {kernel: {pointer argument: IO | FP32 | PREFIX}}, constexpr arguments besides the configs')
 OPS = {
     "relu2": (
         "tango_lm.ops.relu2_attention_triton_kernels",
@@ -79,11 +79,7 @@ OPS = {
         "tango_lm.ops.windowed_triton",
         {
             name: {
-                p: IO_BUT_FP16
-                if p in ("PQ", "PK")
-                else IO
-                if p in ("WB", "A", "U", "DY", "Y", "AVG", "DA", "DU")
-                else FP32
+                p: PREFIX if p in ("PQ", "PK") else IO if p in ("WB", "A", "U", "DY", "Y", "AVG", "DA", "DU") else FP32
                 for p in pointers
             }
             for name, pointers in {
@@ -132,6 +128,20 @@ def ptxas_path(arch: int) -> Path | None:
         return None
 
 
+def _pointer_dtype(kind: str, dtype: str) -> str:
+    """A pointer argument's element type, for inputs of `dtype` (bf16, fp16 or fp32)."""
+    if kind == FP32:
+        return "fp32"
+    if kind == PREFIX:
+        import torch
+
+        from tango_lm.ops.windowed_triton import operand_dtypes
+
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        return names[operand_dtypes({v: k for k, v in names.items()}[dtype])[1]]
+    return dtype
+
+
 def report_kernel(
     kernel,
     pointers: dict[str, str],
@@ -165,8 +175,7 @@ def report_kernel(
             elif value == 1:  # the JIT makes an integer argument equal to 1 a constant
                 signature[name], consts[name] = "constexpr", 1
             elif name in pointers:
-                in_fp32 = pointers[name] == FP32 or (pointers[name] == IO_BUT_FP16 and dtype == "fp16")
-                signature[name] = "*fp32" if in_fp32 else f"*{dtype}"
+                signature[name] = "*" + _pointer_dtype(pointers[name], dtype)
                 attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]  # torch's allocations
             else:  # strides and sizes, and the float scales
                 signature[name] = "fp32" if name.startswith("scale") else "i32"

@@ -323,6 +323,14 @@ def _sizes(weights: torch.Tensor, pk: torch.Tensor, a: torch.Tensor) -> tuple:
     return n, bsz, h, c, t, f // h, d, max(16, triton.next_power_of_2(c)), max(16, triton.next_power_of_2(d))
 
 
+def operand_dtypes(gates: torch.dtype) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+    """The dtypes the kernels multiply the band weights, prefix_q and pk in, for gates of dtype
+    `gates`: the gates' own, but prefix_q and pk in fp32 for fp16 gates (the kernels' `sdt`: the
+    prefix sums pass fp16's range). tools/triton_ptxas_report.py types the kernels' pointers by it."""
+    prefix = torch.float32 if gates == torch.float16 else gates
+    return gates, prefix, prefix
+
+
 def _operands(small: tuple[torch.Tensor, ...], a: torch.Tensor, fake: bool = False) -> tuple[torch.Tensor, ...]:
     """The small tensors (weights, prefix_q, pk) rounded once to the dtypes the kernels multiply
     them in, or empty tensors where that is theirs already (an op's output may not be its input):
@@ -331,10 +339,9 @@ def _operands(small: tuple[torch.Tensor, ...], a: torch.Tensor, fake: bool = Fal
     reads its head's whole band): read as 2-byte tiles they take half the bytes there and in what
     the op saves, and the loops issue 16-22% fewer instructions (docs/benchmarks.md, "Windowed
     TANGO's kernels"). `fake`: shapes only, for the fake implementation."""
-    dtypes = (a.dtype, *[torch.float32 if a.dtype == torch.float16 else a.dtype] * 2)
     return tuple(
         x.new_empty(0) if x.dtype == dt else x.new_empty(x.shape, dtype=dt) if fake else x.to(dt)
-        for x, dt in zip(small, dtypes, strict=True)
+        for x, dt in zip(small, operand_dtypes(a.dtype), strict=True)
     )
 
 
