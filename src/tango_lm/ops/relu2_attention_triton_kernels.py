@@ -17,7 +17,7 @@ from tango_lm.ops.triton_common import autotune, block_masks, configs, dot
 # so BLOCK_E trades the recomputation of S (s / BLOCK_E of the P V work) against registers for the
 # [BLOCK, BLOCK_E] fp32 accumulator. Chosen from ptxas's report for sm_90 (tools/triton_ptxas_report.py;
 # no GPU was at hand to time them): none spills registers in bf16 or fp16 at s = 32, 64 or 128
-# with e a multiple of 8 (GAU's); with another e the first forward one spills 24 B at s = 32 under
+# with e a multiple of 8 (GAU's); with another e the first forward one spills 16 B at s = 32 under
 # triton 3.6.
 # fp32 inputs multiply in full fp32 on FMAs, whose operands sit whole in registers: they take
 # narrow tiles of their own ({"fp32": True}; the bf16 ones spilled 14-39 KB per thread there).
@@ -26,7 +26,7 @@ _FP32 = {"fp32": True}
 _FORWARD_CONFIGS = configs(
     ("BLOCK_M", "BLOCK_N", "BLOCK_E"),
     [
-        (128, 64, 128, 8, 2),  # 3 stages spilled 12 B with the unmasked loop (triton 3.6, e % 8 != 0)
+        (128, 64, 128, 8, 2),  # 3 stages spill 4 B at s = 128 (triton 3.6, e % 8 != 0)
         (64, 64, 128, 8, 3),
         (128, 64, 64, 8, 3),
         (64, 32, 64, 4, 2),
