@@ -187,17 +187,22 @@ def test_gpu_session_suites_default_to_a_budget_that_fits_one_call(tmp_path):
 def test_gpu_session_packs_a_part_into_one_file_and_ends_with_its_table(tmp_path):
     # A lent machine returns at most 8 files and the output's tail: one archive, the table last.
     session = [str(TOOLS / "gpu_session.sh")]
-    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory", "OUT": str(tmp_path)}
+    scratch = tmp_path / "scratch"  # its working folder's parent: left empty once the part is packed
+    scratch.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHON": "echo", "SUITES": "decode-small memory", "OUT": str(out), "TMPDIR": str(scratch)}
     proc = subprocess.run(["bash", *session, "suites"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    assert list(scratch.iterdir()) == []
     *_, table, packed = proc.stdout.strip().splitlines()
     assert table.startswith("tools/gpu_suites_table.py") and packed.startswith("packed 8 files into")
-    assert [p.name for p in tmp_path.iterdir()] == ["suites.tar.gz"]
-    with tarfile.open(tmp_path / "suites.tar.gz") as archive:
+    assert [p.name for p in out.iterdir()] == ["suites.tar.gz"]
+    with tarfile.open(out / "suites.tar.gz") as archive:
         names = set(archive.getnames())
     assert {"./suites/decode-small.json", "./suites/memory.log", "./suites.out", "./session.txt"} <= names
     for argv, env_out, message in (
-        (["other"], str(tmp_path), "usage:"),
+        (["other"], str(out), "usage:"),
         (["suites"], str(tmp_path / "missing"), "error: set OUT"),
     ):
         proc = subprocess.run(

@@ -33,6 +33,7 @@ if [ "$part" = suites ]; then
     export BUDGET_S
 fi
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT  # packed into $OUT below; nothing left in the machine's /tmp
 if [ "$part" = check ]; then
     GPU_CHECK_OUT="$work/gpu-check" timeout --kill-after=10 570 bash tools/gpu_check.sh 2>&1 | tee "$work/gpu-check.out"
 else
