@@ -17,6 +17,7 @@ import pytest
 
 from tango_lm.cli import main
 from tango_lm.ops import cpu_kernels
+from tango_lm.ops.dispatch import ENV
 from tests import helpers
 
 TOOLS = helpers.TOOLS
@@ -77,8 +78,13 @@ def test_step_profile():
 def test_tango_kernels_tool(monkeypatch, capsys):
     out = _run("tango_kernels.py", "products", "40", "128", "--rounds", "1")
     assert out.count("C kernel ") == 3 and out.count("MKL blocks of 64") == 3
+    # The C arm runs the kernels and only it, wherever `auto` would not (an Intel CPU with MKL).
+    arms, real = [], cpu_kernels.gate_average
+    monkeypatch.setattr(cpu_kernels, "gate_average", lambda *a: arms.append(os.environ.get(ENV)) or real(*a))
+    monkeypatch.delenv(ENV, raising=False)
     out = _run_here(monkeypatch, capsys, "tango_kernels.py", "steps", "16", "--steps", "1")
     assert "tango, C kernels" in out and "tango, blocked" in out and "x 1.000" in out
+    assert arms and set(arms) == {"c"} and ENV not in os.environ
 
 
 def test_logging_overhead_tool(monkeypatch, capsys):

@@ -16,6 +16,7 @@ Usage: python tools/tango_kernels.py products T F [--threads N] | steps T [--ste
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,7 +26,7 @@ from op_timing import positive_int
 
 from tango_lm import ModelConfig, build_model
 from tango_lm.errors import UserError, run_script
-from tango_lm.ops import cpu_kernels
+from tango_lm.ops import cpu_kernels, dispatch
 from tango_lm.train.cpu_allocator import keep_freed_memory
 from tango_lm.train.optim import adamw
 
@@ -114,8 +115,8 @@ def steps(t: int, n_steps: int) -> None:
     batch = 4 if t <= 256 else 1
     arms = {
         "loop-transformer": ("loop-transformer", 8024, None),
-        "tango, C kernels": ("tango", 8192, True),
-        "tango, blocked": ("tango", 8192, False),
+        "tango, C kernels": ("tango", 8192, "c"),  # as $TANGO_LM_KERNELS names them (ops/dispatch.py)
+        "tango, blocked": ("tango", 8192, "blocked"),
     }
     models = {}
     for name, (arch, width, _) in arms.items():
@@ -123,19 +124,21 @@ def steps(t: int, n_steps: int) -> None:
         model = build_model(cfg)
         models[name] = (model, adamw(model.parameters(), model, lr=1e-4), cfg.flops_per_token(t))
     tokens = torch.randint(0, 257, (batch, t + 1), generator=torch.Generator().manual_seed(0))
-    real_usable = cpu_kernels.usable
+    asked = os.environ.get(dispatch.ENV)
     times: dict[str, list[float]] = {name: [] for name in arms}
     for step in range(n_steps + 2):  # two warm-up steps
         for name, (model, opt, _) in models.items():
-            kernels = arms[name][2]
-            cpu_kernels.usable = real_usable if kernels is not False else (lambda a: False)
+            os.environ[dispatch.ENV] = arms[name][2] or "auto"
             try:
                 start = time.perf_counter()
                 model.nll(tokens[:, :-1], tokens[:, 1:]).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             finally:
-                cpu_kernels.usable = real_usable
+                if asked is None:
+                    os.environ.pop(dispatch.ENV)
+                else:
+                    os.environ[dispatch.ENV] = asked
             if step >= 2:
                 times[name].append(time.perf_counter() - start)
     print(

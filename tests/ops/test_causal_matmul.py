@@ -97,8 +97,12 @@ def test_dispatch(monkeypatch):
     torch.testing.assert_close(causal_matmul(p, v[0]), causal_matmul_reference(p, v))
     assert calls == [False]  # one block, or values broadcast over p's leading dimensions: the composition
     monkeypatch.setattr(cpu_kernels, "usable", lambda v: True)
+    monkeypatch.setattr(cpu_kernels, "preferred", lambda: True)
     causal_matmul(*inputs((1,), 4, 2, dtype=torch.float32))
-    assert calls == [False, True]  # the C kernels at any length
+    assert calls == [False, True]  # the C kernels at any length, where preferred
+    monkeypatch.setattr(cpu_kernels, "preferred", lambda: False)
+    causal_matmul(*inputs((1,), 9, 2, dtype=torch.float32))
+    assert calls == [False, True, False]  # not preferred (an Intel CPU with MKL): the blocked op
 
 
 @needs_kernels

@@ -1,6 +1,6 @@
 """The one door to the ops' implementations (ops/dispatch.py): the override, the fallback where a
-named implementation cannot run, the CPU choices left as they were, one-line errors, and the one
-cache root (cache_root.py)."""
+named implementation cannot run, the CPU choices (the C kernels only where preferred), one-line
+errors, and the one cache root (cache_root.py)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,48 @@ def calls(monkeypatch):
     return seen
 
 
-def test_auto_on_cpu_picks_what_it_picked_before(calls):
+def test_auto_on_cpu_picks_the_kernels_where_preferred_else_the_blocked_op(calls):
     tango_mix(*mix_inputs(torch.float32))
     tango_mix(*mix_inputs(torch.float64))
     q, k, a, _ = mix_inputs(torch.float32)
-    tango_mix(q, k, a, None)  # the narrow average (tango-compact): the composition, as before
-    assert calls == ["c" if cpu_kernels.available() else "blocked", "blocked", "reference"]
+    tango_mix(q, k, a, None)  # the narrow average (tango-compact): the composition
+    c = cpu_kernels.preferred() and cpu_kernels.available()
+    assert calls == ["c" if c else "blocked", "blocked", "reference"]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "mkl", "preferred"),
+    [
+        ("GenuineIntel", True, False),  # MKL's GEMMs beat the kernels on Intel's cores
+        ("GenuineIntel", False, True),
+        ("AuthenticAMD", True, True),
+        ("Intel64 Family 6 Model 85 Stepping 7, GenuineIntel", True, False),  # Windows' platform.processor()
+        ("", True, True),  # an ARM Mac: no vendor_id, platform.processor() "arm"
+    ],
+)
+def test_the_kernels_are_preferred_except_on_intel_cpus_with_mkl(monkeypatch, vendor, mkl, preferred):
+    monkeypatch.setattr(cpu_kernels, "_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    assert cpu_kernels.preferred() is preferred
+
+
+def test_where_not_preferred_auto_runs_the_blocked_ops_without_building_the_kernels(calls, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "preferred", lambda: False)
+    built = []
+    real_available = cpu_kernels.available
+    monkeypatch.setattr(cpu_kernels, "available", lambda: built.append(1) or real_available())
+    real_kernel = cpu_kernels.gate_average  # both ops' forward on the kernels
+    monkeypatch.setattr(cpu_kernels, "gate_average", lambda *a: built.append("ran") or real_kernel(*a))
+    xs = mix_inputs(torch.float32)
+    want = tango_mix_reference(*xs)
+    p, v = torch.randn(2, 200, 200).tril(), torch.randn(2, 200, 3)  # longer than one block: blocked
+    torch.testing.assert_close(tango_mix(*xs), want)
+    torch.testing.assert_close(causal_matmul(p, v), p @ v)
+    assert calls == ["blocked"] and built == []
+    torch.testing.assert_close(tango_mix(*xs, kernels="c"), want)  # asked for by name: they run
+    torch.testing.assert_close(causal_matmul(p, v, kernels="c"), p @ v)
+    assert calls[-1] == ("c" if real_available() else "blocked")
+    assert built.count("ran") == (2 if real_available() else 0)
 
 
 @pytest.mark.parametrize("name", ["reference", "blocked", "sdpa-sliced"])

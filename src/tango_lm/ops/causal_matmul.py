@@ -13,9 +13,9 @@ T = 256 (four); the C kernels 0.52x and 0.59-0.62x.
 
 The op computes `tril(p) @ v` exactly, with that function's gradients (the gradient for p is
 zero above the diagonal): each piece of p is copied to mask its part of the diagonal block.
-In float32, where the C kernels of `ops/cpu_kernels.py` build, `_CausalMatmulKernels` runs the
-three products over the causal triangle only instead. `causal_matmul_reference` is the
-composition both are tested against.
+In float32, where the C kernels of `ops/cpu_kernels.py` build and are preferred (not on Intel
+CPUs with MKL), `_CausalMatmulKernels` runs the three products over the causal triangle only
+instead. `causal_matmul_reference` is the composition both are tested against.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def causal_matmul_fused(p: torch.Tensor, v: torch.Tensor, *, kernels: bool | Non
 
 def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = None) -> torch.Tensor:
     """On CPUs in eager mode (no autocast), when p and v share a dtype and leading shape: the C
-    kernels where they build (float32), else the blocked op when the sequence is longer than one
+    kernels where they build (float32) and are `cpu_kernels.preferred()`, else the blocked op when the sequence is longer than one
     block. Elsewhere the composition (GPU matmuls, and inductor under torch.compile, do better
     with one call). `kernels` or $TANGO_LM_KERNELS overrides (`ops/dispatch.py`)."""
     check_devices("causal_matmul", p=p, v=v)
@@ -137,8 +137,10 @@ def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = Non
         and eager()
         and not torch.is_autocast_enabled("cpu")
     )
-    c = cpu_eager and cpu_kernels.usable(v)
-    auto = "c" if c else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
+    c = cpu_eager and cpu_kernels.considered(kernels) and cpu_kernels.usable(v)
+    auto = (
+        "c" if c and cpu_kernels.preferred() else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
+    )
     name = choose({"reference": True, "blocked": cpu_eager, "c": c}, auto, kernels)
     if name == "reference" or p.numel() == 0 or v.numel() == 0:  # nothing to block or tile
         return causal_matmul_reference(p, v)

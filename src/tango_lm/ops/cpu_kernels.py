@@ -9,6 +9,8 @@ which may carry flags or a wrapper such as `ccache gcc`, else `cc`) into `$TANGO
 the CPU's features, so a cluster with mixed CPUs and a shared home gets one library per CPU kind.
 Without a compiler, or with `TANGO_LM_CPU_KERNELS=0`, `available()` is False and the PyTorch path
 runs (one warning says why when a build fails).
+The ops' `auto` runs them only where `preferred()`: not on Intel CPUs whose torch links MKL, whose
+GEMMs beat them there; `TANGO_LM_KERNELS=c` runs them anywhere (and only then are they built there).
 Each call runs its (batch element, head, column block) tasks on `torch.get_num_threads()`
 threads: PyTorch's own OpenMP threads when the library is built with OpenMP (threads of a second pool compete with
 PyTorch's, which spin for a while after each op: `python tools/tango_kernels.py products 256
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 from tango_lm.cache_root import cache_root
+from tango_lm.ops.dispatch import requested
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-ffp-contract=fast", "-fPIC", "-shared"]
@@ -57,6 +60,34 @@ def _cpu_description() -> str:
     except OSError:
         pass
     return f"{platform.machine()} {platform.processor()}"
+
+
+@functools.cache
+def _cpu_vendor() -> str:
+    """'GenuineIntel', 'AuthenticAMD', ... (Linux's /proc/cpuinfo), else what `platform` says (on
+    Windows a description that ends with the vendor)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def preferred() -> bool:
+    """Whether the ops' `auto` runs the kernels (where they build) rather than the blocked products.
+    Not on an Intel CPU where torch's BLAS is MKL: MKL's GEMMs, tuned for Intel's cores, run the
+    blocked products faster there (a 2-core Xeon with AMX, TANGO's training steps at T = 1024: 0.89
+    of a matched Loop Transformer++'s FLOP/s blocked, 0.74 on the kernels); elsewhere they win
+    (a 2-core AMD EPYC, the same steps: 1.05 against 0.96). docs/benchmarks.md has both runs."""
+    return not ("GenuineIntel" in _cpu_vendor() and torch.backends.mkl.is_available())
+
+
+def considered(kernels: str | None = None) -> bool:
+    """Whether an op looks at the kernels at all (building them at first use): where `auto` prefers
+    them, or where `kernels` (else $TANGO_LM_KERNELS) names them."""
+    return preferred() or requested(kernels) == "c"
 
 
 def _flags() -> list[str]:

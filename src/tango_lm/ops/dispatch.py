@@ -12,12 +12,13 @@ FLASH's `relu2_attention`, and `causal_attention`); each asks `choose` here. The
 | `triton` | the Triton kernels: CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` | tango_mix, windowed_mix, relu2_attention |
 | `sdpa-sliced` | SDPA with the gates cut into slices of at most 128 columns run as extra heads | tango_mix, gate_average, causal_attention |
 
-`auto` (the default) picks per call, from the inputs: on CPUs exactly what the ops picked before
-this door existed (C kernels in float32 where they build, else the blocked op, in eager mode; the
-reference under `torch.compile`); on CUDA the Triton kernels when triton imports and takes the
-inputs' dtypes, else the sliced SDPA (never SDPA's math backend, which holds [B, H, T, T] in fp32;
-relu2_attention: its reference; causal_attention slices only values wider or narrower than its
-keys); elsewhere the reference (for windowed_mix on CUDA without triton: its chunked composition).
+`auto` (the default) picks per call, from the inputs: on CPUs the C kernels in float32 where they
+build and `cpu_kernels.preferred()` says they win (not on Intel CPUs with MKL), else the blocked
+op, in eager mode, and the reference under `torch.compile`; on CUDA the Triton kernels when
+triton imports and takes the inputs' dtypes, else the sliced SDPA (never SDPA's math backend,
+which holds [B, H, T, T] in fp32; relu2_attention: its reference; causal_attention slices only
+values wider or narrower than its keys); elsewhere the reference (for windowed_mix on CUDA
+without triton: its chunked composition).
 relu2_attention's decode steps always run its reference.
 
 The override is the op's `kernels=` argument, else the environment variable `TANGO_LM_KERNELS`.
@@ -28,7 +29,7 @@ the package is not installed is an error (`UserError`, naming the extra that ins
 name that is not one of `KERNELS` (`UserError` for the variable, which `tango-lm` checks before
 any command runs; `ValueError` for the argument).
 `TANGO_LM_CPU_KERNELS=0` still keeps the C kernels from being built or used at all (as if no
-compiler were installed).
+compiler were installed); where `auto` does not prefer them they are built only when asked for.
 """
 
 from __future__ import annotations

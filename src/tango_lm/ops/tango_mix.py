@@ -22,7 +22,8 @@ attention itself. This op instead
 The probabilities [B, H, T, T] are kept for the backward while T <= F/H and recomputed from q
 and k beyond (`recompute_probs`), so at long context they do not outgrow the gates.
 
-In float32, where the C kernels of `ops/cpu_kernels.py` build (a C compiler on the machine),
+In float32, where the C kernels of `ops/cpu_kernels.py` build (a C compiler on the machine) and
+are preferred (not on Intel CPUs with MKL, whose GEMMs run the blocked products faster),
 `_TangoMixKernels` runs the three probability-times-gates products over the causal triangle
 only, which no BLAS call can; the blocked products above serve every other case.
 `tango_mix_reference` is the plain composition it is tested against (forward and gradients).
@@ -233,8 +234,8 @@ def tango_mix(
     """`gate_average(q, k, silu(a)) * u` (u None: the average alone), through the implementation
     that `kernels` (or $TANGO_LM_KERNELS, else 'auto') names, where it can take these inputs:
 
-    - CPUs: in eager mode the fused op, on the C kernels where they build (float32) and blocked
-      otherwise; under torch.compile the composition (inductor fuses its elementwise passes itself
+    - CPUs: in eager mode the fused op, on the C kernels where they build (float32) and are
+      `cpu_kernels.preferred()` (not on Intel CPUs with MKL), and blocked otherwise; under torch.compile the composition (inductor fuses its elementwise passes itself
       and cannot compile the fused op's `out=` writes into transposed views). Without u the composition.
     - CUDA: the Triton kernels (a custom op, so also inside torch.compile graphs) for fp32, bf16 and
       fp16 inputs of one dtype; otherwise (no triton, other dtypes) the sliced SDPA.
@@ -243,7 +244,7 @@ def tango_mix(
     check_installed("triton", tango_mix_triton is not None, kernels)
     if a.numel() == 0:  # no position, batch or column: the blocked op needs a block
         return tango_mix_reference(q, k, a, u)
-    name = choose(*_paths(q, k, a, u), kernels)
+    name = choose(*_paths(q, k, a, u, kernels), kernels)
     if name == "triton":
         return tango_mix_triton.tango_mix_triton(q, k, a, u)
     if name == "sdpa-sliced":
@@ -253,14 +254,16 @@ def tango_mix(
     return tango_mix_reference(q, k, a, u)
 
 
-def _paths(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None) -> tuple[dict[str, bool], str]:
+def _paths(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, u: torch.Tensor | None, kernels: str | None
+) -> tuple[dict[str, bool], str]:
     """Which implementations can take these inputs, and the one 'auto' picks."""
     cpu_fused = a.device.type == "cpu" and u is not None and q.dtype == a.dtype == u.dtype and eager()
-    c = cpu_fused and cpu_kernels.usable(a)
+    c = cpu_fused and cpu_kernels.considered(kernels) and cpu_kernels.usable(a)
     triton = tango_mix_triton is not None and tango_mix_triton.supported(q, k, a, u)
     usable = {"reference": True, "sdpa-sliced": True, "blocked": cpu_fused, "c": c, "triton": triton}
     if a.device.type == "cpu":
-        auto = "c" if c else "blocked" if cpu_fused else "reference"
+        auto = "c" if c and cpu_kernels.preferred() else "blocked" if cpu_fused else "reference"
     elif a.is_cuda:
         auto = "triton" if triton else "sdpa-sliced"
     else:
