@@ -126,9 +126,10 @@ def causal_matmul_fused(p: torch.Tensor, v: torch.Tensor, *, kernels: bool | Non
 
 def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = None) -> torch.Tensor:
     """On CPUs in eager mode (no autocast), when p and v share a dtype and leading shape: the C
-    kernels where they build (float32) and are `cpu_kernels.preferred()`, else the blocked op when the sequence is longer than one
-    block. Elsewhere the composition (GPU matmuls, and inductor under torch.compile, do better
-    with one call). `kernels` or $TANGO_LM_KERNELS overrides (`ops/dispatch.py`)."""
+    kernels where they build (float32) and are `cpu_kernels.preferred()`, else the blocked op when
+    the sequence is longer than one block. Elsewhere the composition (GPU matmuls, and inductor
+    under torch.compile, do better with one call). `kernels` or $TANGO_LM_KERNELS overrides
+    (`ops/dispatch.py`)."""
     check_devices("causal_matmul", p=p, v=v)
     cpu_eager = (
         p.device.type == "cpu"

@@ -235,8 +235,9 @@ def tango_mix(
     that `kernels` (or $TANGO_LM_KERNELS, else 'auto') names, where it can take these inputs:
 
     - CPUs: in eager mode the fused op, on the C kernels where they build (float32) and are
-      `cpu_kernels.preferred()` (not on Intel CPUs with MKL), and blocked otherwise; under torch.compile the composition (inductor fuses its elementwise passes itself
-      and cannot compile the fused op's `out=` writes into transposed views). Without u the composition.
+      `cpu_kernels.preferred()` (not on Intel CPUs with MKL), and blocked otherwise; under
+      torch.compile the composition (inductor fuses its elementwise passes itself and cannot
+      compile the fused op's `out=` writes into transposed views). Without u the composition.
     - CUDA: the Triton kernels (a custom op, so also inside torch.compile graphs) for fp32, bf16 and
       fp16 inputs of one dtype; otherwise (no triton, other dtypes) the sliced SDPA.
     """
