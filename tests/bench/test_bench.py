@@ -16,6 +16,7 @@ from tango_lm.bench import child, decode, memory, training
 from tango_lm.bench import windowed as windowed_bench
 from tango_lm.cli import main
 from tango_lm.models.config import ModelConfig
+from tango_lm.ops import cpu_kernels
 from tests import arch_cases, helpers
 
 TINY = [
@@ -98,6 +99,7 @@ def test_default_bench_is_the_original_pair(capsys):
     assert report["models"][0]["tokens_per_s_vs_loop"] == 1.0
     text = training.format_report(report)
     assert "train: device" in text and "tok/s = median of 1 timed steps" in text
+    assert f"causal products: {cpu_kernels.describe()};" in text  # what TANGO's products ran on
 
 
 def test_decode_suite_rows_and_ratios():

@@ -77,6 +77,22 @@ def test_the_kernels_are_preferred_except_on_intel_cpus_with_mkl(monkeypatch, ve
     assert cpu_kernels.preferred() is preferred
 
 
+def test_reports_say_what_the_cpu_products_run_on(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV, raising=False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "preferred", lambda: False)
+    assert cpu_kernels.describe() == "blocked (MKL, an Intel CPU)"
+    monkeypatch.setenv(dispatch.ENV, "c")
+    assert cpu_kernels.describe() == "C kernels"
+    monkeypatch.setenv(dispatch.ENV, "reference")
+    assert cpu_kernels.describe() == "TANGO_LM_KERNELS=reference"
+    monkeypatch.setenv(dispatch.ENV, "auto")
+    monkeypatch.setattr(cpu_kernels, "preferred", lambda: True)
+    assert cpu_kernels.describe() == "C kernels"
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    assert cpu_kernels.describe() == "blocked (no C kernels built)"
+
+
 def test_where_not_preferred_auto_runs_the_blocked_ops_without_building_the_kernels(calls, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "preferred", lambda: False)
     built = []

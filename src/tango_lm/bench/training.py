@@ -36,6 +36,7 @@ from tango_lm.errors import UserError, did_you_mean
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.models.model import build_model
+from tango_lm.ops import cpu_kernels
 from tango_lm.stop_signals import STOPS
 from tango_lm.train.compiled_forward import COMPILER_ERRORS, one_line
 from tango_lm.train.cpu_allocator import keep_freed_memory
@@ -319,6 +320,7 @@ def run_training_bench(
         "matmul_peak_size": peak_size or (8192 if dev.type == "cuda" else 2048),
         "memory_method": mem_method,
         "allocator": allocator,
+        "cpu_products": cpu_kernels.describe() if dev.type == "cpu" else None,
         "load_avg_start": load_start,
         "load_avg_end": load_end,
         "baseline": baseline,
@@ -358,7 +360,9 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"train: device {report['device']} ({report['threads']} threads{_load_text(report)}), "
         f"d={report['d_model']}, T={report['seq_len']}, depth {report['depth']}, batch {report['batch_size']}, "
-        f"V={report['vocab_size']}, {report['precision']}, AdamW, CPU allocator: {report.get('allocator', 'default')}; "
+        f"V={report['vocab_size']}, {report['precision']}, AdamW, CPU allocator: {report.get('allocator', 'default')}"
+        + (f", causal products: {report['cpu_products']}" if report.get("cpu_products") else "")
+        + "; "
         f"models alternate step by step in one process; "
         f"tok/s = median of {report['timed_steps']} timed steps after {report['warmup_steps']} warm-up",
         f"FLOPs: analytic cfg.flops_per_token(T) (3x forward); MFU against the measured matmul peak "

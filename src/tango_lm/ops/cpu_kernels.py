@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from tango_lm.cache_root import cache_root
-from tango_lm.ops.dispatch import requested
+from tango_lm.ops.dispatch import ENV, requested
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-ffp-contract=fast", "-fPIC", "-shared"]
@@ -88,6 +88,16 @@ def considered(kernels: str | None = None) -> bool:
     """Whether an op looks at the kernels at all (building them at first use): where `auto` prefers
     them, or where `kernels` (else $TANGO_LM_KERNELS) names them."""
     return preferred() or requested(kernels) == "c"
+
+
+def describe() -> str:
+    """What float32 eager CPU ops run their causal products on here, in a report's words."""
+    name = requested()
+    if name not in ("auto", "c"):
+        return f"{ENV}={name}"
+    if name == "auto" and not preferred():
+        return "blocked (MKL, an Intel CPU)"
+    return "C kernels" if available() else "blocked (no C kernels built)"
 
 
 def _flags() -> list[str]:
