@@ -126,21 +126,20 @@ def steps(t: int, n_steps: int) -> None:
     tokens = torch.randint(0, 257, (batch, t + 1), generator=torch.Generator().manual_seed(0))
     asked = os.environ.get(dispatch.ENV)
     times: dict[str, list[float]] = {name: [] for name in arms}
-    for step in range(n_steps + 2):  # two warm-up steps
-        for name, (model, opt, _) in models.items():
-            os.environ[dispatch.ENV] = arms[name][2] or "auto"
-            try:
+    try:
+        for step in range(n_steps + 2):  # two warm-up steps
+            for name, (model, opt, _) in models.items():
+                os.environ[dispatch.ENV] = arms[name][2] or "auto"
                 start = time.perf_counter()
                 model.nll(tokens[:, :-1], tokens[:, 1:]).backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            finally:
-                if asked is None:
-                    os.environ.pop(dispatch.ENV)
-                else:
-                    os.environ[dispatch.ENV] = asked
-            if step >= 2:
-                times[name].append(time.perf_counter() - start)
+                if step >= 2:
+                    times[name].append(time.perf_counter() - start)
+    finally:  # the caller's setting back
+        os.environ.pop(dispatch.ENV, None)
+        if asked is not None:
+            os.environ[dispatch.ENV] = asked
     print(
         f"training steps, d = 256, depth 4, T = {t}, batch {batch}, {torch.get_num_threads()} threads, "
         f"median of {n_steps} alternating steps after 2 warm-up"

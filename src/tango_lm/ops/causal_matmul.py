@@ -138,10 +138,8 @@ def causal_matmul(p: torch.Tensor, v: torch.Tensor, *, kernels: str | None = Non
         and eager()
         and not torch.is_autocast_enabled("cpu")
     )
-    c = cpu_eager and cpu_kernels.considered(kernels) and cpu_kernels.usable(v)
-    auto = (
-        "c" if c and cpu_kernels.preferred() else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
-    )
+    c, auto_c = cpu_kernels.choices(v, kernels) if cpu_eager else (False, False)
+    auto = "c" if auto_c else "blocked" if cpu_eager and p.shape[-1] > CAUSAL_BLOCK else "reference"
     name = choose({"reference": True, "blocked": cpu_eager, "c": c}, auto, kernels)
     if name == "reference" or p.numel() == 0 or v.numel() == 0:  # nothing to block or tile
         return causal_matmul_reference(p, v)

@@ -51,28 +51,25 @@ def _cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
+def _cpuinfo_line(*keys: str) -> str | None:
+    """The first line of Linux's /proc/cpuinfo that starts with one of `keys`, or None."""
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(keys)), None)
+    except OSError:
+        return None
+
+
 def _cpu_description() -> str:
     """The CPU's feature flags (Linux), so that -march=native builds are not shared across CPU kinds."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}"
+    return _cpuinfo_line("flags", "Features") or f"{platform.machine()} {platform.processor()}"
 
 
 @functools.cache
 def _cpu_vendor() -> str:
     """'GenuineIntel', 'AuthenticAMD', ... (Linux's /proc/cpuinfo), else what `platform` says (on
     Windows a description that ends with the vendor)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    line = _cpuinfo_line("vendor_id")
+    return line.partition(":")[2].strip() if line else platform.processor()
 
 
 def preferred() -> bool:
@@ -84,10 +81,12 @@ def preferred() -> bool:
     return not ("GenuineIntel" in _cpu_vendor() and torch.backends.mkl.is_available())
 
 
-def considered(kernels: str | None = None) -> bool:
-    """Whether an op looks at the kernels at all (building them at first use): where `auto` prefers
-    them, or where `kernels` (else $TANGO_LM_KERNELS) names them."""
-    return preferred() or requested(kernels) == "c"
+def choices(x: torch.Tensor, kernels: str | None = None) -> tuple[bool, bool]:
+    """For an op whose fused CPU path takes x: whether the kernels can run it (for `kernels`, else
+    $TANGO_LM_KERNELS, = 'c'), and whether its `auto` runs them. They are looked at (and built, at
+    first use) only where `auto` prefers them or they are asked for by name."""
+    can = (preferred() or requested(kernels) == "c") and usable(x)
+    return can, can and preferred()
 
 
 def describe() -> str:

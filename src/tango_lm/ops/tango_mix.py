@@ -260,11 +260,11 @@ def _paths(
 ) -> tuple[dict[str, bool], str]:
     """Which implementations can take these inputs, and the one 'auto' picks."""
     cpu_fused = a.device.type == "cpu" and u is not None and q.dtype == a.dtype == u.dtype and eager()
-    c = cpu_fused and cpu_kernels.considered(kernels) and cpu_kernels.usable(a)
+    c, auto_c = cpu_kernels.choices(a, kernels) if cpu_fused else (False, False)
     triton = tango_mix_triton is not None and tango_mix_triton.supported(q, k, a, u)
     usable = {"reference": True, "sdpa-sliced": True, "blocked": cpu_fused, "c": c, "triton": triton}
     if a.device.type == "cpu":
-        auto = "c" if c and cpu_kernels.preferred() else "blocked" if cpu_fused else "reference"
+        auto = "c" if auto_c else "blocked" if cpu_fused else "reference"
     elif a.is_cuda:
         auto = "triton" if triton else "sdpa-sliced"
     else:
