@@ -97,10 +97,21 @@ def wandb_records(path: Path):
             yield record
 
 
+def wandb_files(run_dir: Path) -> list[Path]:
+    """Every offline run's `.wandb` file, oldest attempt first, once W&B's service has written it:
+    `run.finish()` returns before the service closes the file, which holds only its 7-byte header
+    until then (a loaded machine read it so: no history). Tearing the service down, as a process's
+    exit does, closes them all; the next `wandb.init` starts a new one."""
+    import wandb
+
+    wandb.teardown()
+    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
 def wandb_history(run_dir: Path) -> tuple[set[str], dict[tuple[str, int], float]]:
     """Run ids and history of every offline run directory, later attempts overriding earlier ones."""
     ids, out = set(), {}
-    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+    for path in wandb_files(run_dir):
         for record in wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -117,7 +128,7 @@ def wandb_exit_codes(run_dir: Path) -> list[int]:
     """The exit code each attempt's offline W&B run recorded at its end, oldest attempt first."""
     return [
         record.exit.exit_code
-        for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        for path in wandb_files(run_dir)
         for record in wandb_records(path)
         if record.WhichOneof("record_type") == "exit"
     ]
@@ -366,9 +377,8 @@ def test_a_killed_attempts_lost_wandb_history_is_sent_again(data_dir, tmp_path, 
     out = tmp_path / "cut"
     run = helpers.run_config(data_dir, out, steps=8, save_every=4, loggers="jsonl,wandb")
     interrupt_after_6(run, monkeypatch)
-    for lost in (out / "wandb").glob("offline-run-*"):  # as if nothing had been flushed
-        for path in lost.glob("run-*.wandb"):
-            path.unlink()
+    for path in wandb_files(out):  # as if nothing had been flushed
+        path.unlink()
     train(run, resume=True)
     assert wandb_history(out)[1] == jsonl_scalars(out)
 
