@@ -32,6 +32,9 @@ def _activations_kernel(X, SILU, SIGMOID, N, BLOCK: tl.constexpr):
     tl.store(SIGMOID + offs, triton_common.sigmoid_f32(x), mask=offs < N)
 
 
+# The interpreter runs exp2 in numpy, which warns where e^-a passes fp32's range (a < -88.7): this test
+# goes there on purpose, and the kernels' division turns the inf into the right 0.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_silu_and_sigmoid_match_float64_over_fp32s_range(device):
     # Every magnitude from 1e-30 to 1e4 both ways and the values around zero. Below about -87.3 e^-a
