@@ -62,11 +62,17 @@ ONE_TO_TWO = ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"},
 # an optimizer state that does not exist yet (which made AdamW count a step never taken).
 NAN_ON_RANK_1 = (UNTIED, {"parallel": "fsdp", "save_every": 1, "keep_last": 1}, [1, 3])
 DEV_SCRIPT = {4: 3.0, 8: 2.0, 12: 2.5}
+# The whole module takes 20-35 s on 2 cores, 55-85 s beside other compiling tests. The ranks print
+# their stacks 20 s before this timeout, so that a hang says where it is (one was seen, once in eight
+# runs: in fsdp_compile, under torch 2.11, beside the Triton and compile tests; torchrun's output
+# showed only that it had begun).
+TORCHRUN_TIMEOUT_S = 240
 
 # Runs each job's `tango-lm train` in turn inside one process group (formed here, so the trainer
 # joins it rather than forming and tearing down one per run over torchrun's shared store).
 DRIVER = """
-import json, os, sys
+import faulthandler, json, os, sys
+faulthandler.dump_traceback_later(float(os.environ["STACKS_AFTER_S"]))  # where a rank hangs, before the test's timeout
 import torch.distributed as dist
 from tango_lm.cli import main
 from tango_lm.train.trainer import Trainer
@@ -190,7 +196,7 @@ def runs(data_dir, tmp_path_factory):
     ]
     (root / "jobs.json").write_text(json.dumps(jobs))
     (root / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STACKS_AFTER_S": str(TORCHRUN_TIMEOUT_S - 20)}
     # torchrun (--standalone picks a free port)
     proc = subprocess.Popen(
         [
@@ -210,11 +216,16 @@ def runs(data_dir, tmp_path_factory):
         text=True,
     )
     try:
-        _, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
-        _, err = proc.communicate(timeout=30)
-        pytest.fail(f"torchrun timed out: {err[-4000:]}")
+        proc.send_signal(signal.SIGTERM)  # torchrun passes it on, and kills a rank still there 30 s later
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        stacks = err.find("Timeout (")  # faulthandler's heading
+        pytest.fail(f"torchrun timed out: {err[stacks:][:12000] if stacks >= 0 else err[-12000:]}")
     assert proc.returncode == 0, err[-4000:]
     (root / "torchrun.err").write_text(err)
     want = {**dict.fromkeys(jobs, 0), "save_fails": 2, "loggers_fail": 2, "resume_elsewhere": 2}
