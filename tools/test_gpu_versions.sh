@@ -9,7 +9,8 @@
 #   tools/test_gpu_versions.sh [pytest arguments]   # e.g. -k "triton or compile"
 #
 # builds $VENV (default .venv-gpu-versions) on first use, then runs pytest as `make test` does.
-# numpy < 2.4: triton 3.6's interpreter calls int() on one-element arrays, which numpy 2.4 refuses.
+# numpy < 2.4: triton 3.6's interpreter calls int() on one-element arrays, which numpy 2.4 refuses
+# and older numpy warns about, some 15,000 times a run: pytest hides that one warning.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-gpu-versions}
@@ -26,4 +27,5 @@ if [ ! -f "$VENV/.installed" ]; then
     touch "$VENV/.installed"
 fi
 "$VENV/bin/python" -c "import torch, triton; print(f'torch {torch.__version__}, triton {triton.__version__}')"
-exec "$VENV/bin/python" -m pytest -n logical --maxprocesses 4 --dist loadfile "$@"
+exec "$VENV/bin/python" -m pytest -n logical --maxprocesses 4 --dist loadfile \
+    -W "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning" "$@"
