@@ -206,6 +206,8 @@ def runs(data_dir, tmp_path_factory):
             "--standalone",
             "--nproc-per-node",
             "2",
+            "--log-dir",  # its per-run folder, else one /tmp/torchelastic_* is left behind each launch
+            str(root / "torchrun-logs"),
             str(root / "driver.py"),
             str(root / "jobs.json"),
             str(root / "codes.json"),

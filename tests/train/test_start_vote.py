@@ -143,6 +143,8 @@ def test_two_nodes_one_without_the_data_both_stop_at_once_with_one_line(data_dir
         f"127.0.0.1:{port}",
         "--rdzv-id",
         "vote",
+        "--log-dir",  # relative: each node's own cwd, not a /tmp/torchelastic_* left behind
+        "torchrun-logs",
         "-m",
         "tango_lm.cli",
         "train",
