@@ -31,6 +31,11 @@ def option(name: str) -> str:
     return f"{name} (--{name.replace('_', '-')})"
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 token`, `3 tokens`: a count with its noun in the number the count needs."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice closest to a mistyped `word`, or None when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)

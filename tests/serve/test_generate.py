@@ -276,6 +276,15 @@ def test_a_prompt_past_the_context_is_said_so_even_for_no_new_tokens():
     assert generate(model, torch.ones(1, context, dtype=torch.long), 0).shape == (1, context)
 
 
+def test_the_room_error_counts_one_token_as_one_token():
+    model = tiny_model("tango")
+    context = model.config.context_length
+    with pytest.raises(UserError, match=f"a prompt of 1 token leaves room for {context} new tokens in"):
+        generate(model, torch.ones(1, 1, dtype=torch.long), context + 1)
+    with pytest.raises(UserError, match=f"a prompt of {context} tokens leaves room for 1 new token in"):
+        generate(model, torch.ones(1, context, dtype=torch.long), 2)
+
+
 def test_a_numpy_integer_seed_is_a_seed():
     model = tiny_model("tango")
     prompt = torch.tensor([[1, 2]])

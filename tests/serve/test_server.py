@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -420,6 +421,24 @@ def test_too_many_prompts_are_refused_before_any_is_tokenized():
     assert encoded == []
     prompts, _ = check_request(request.model_copy(update={"prompt": ["ab"] * 32}), MODEL, tokenizer, CONTEXT, 32)
     assert prompts == [[97]] * 32 and len(encoded) == 32
+
+
+def test_context_errors_count_one_token_as_one_token():
+    # "a prompt of 1 tokens leaves room for ..." read wrong at a count of one.
+    from types import SimpleNamespace
+
+    from tango_lm.serve.completions_request import APIError, CompletionRequest, check_request
+
+    tokenizer = SimpleNamespace(vocab_size=257, eot_id=256, encode=lambda text: [97] * len(text))
+    for prompt, max_tokens, said in [
+        ("a", CONTEXT + 1, f"a prompt of 1 token leaves room for {CONTEXT} new tokens"),
+        ("a" * CONTEXT, 2, f"a prompt of {CONTEXT} tokens leaves room for 1 new token (max_tokens is 2)"),
+    ]:
+        request = CompletionRequest(model=MODEL, prompt=prompt, max_tokens=max_tokens)
+        with pytest.raises(APIError, match=re.escape(said)):
+            check_request(request, MODEL, tokenizer, CONTEXT, 32)
+    with pytest.raises(APIError, match=re.escape("(got n=40 for 1 prompt)")):
+        check_request(CompletionRequest(model=MODEL, prompt="a", n=40), MODEL, tokenizer, CONTEXT, 32)
 
 
 def test_a_request_being_tokenized_does_not_hold_the_other_clients():

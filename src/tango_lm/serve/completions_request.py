@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from tango_lm.errors import counted
 from tango_lm.serve.generate import MIN_TEMPERATURE, is_seed, room_for_new_tokens
 
 MAX_STOP = 16
@@ -162,7 +163,7 @@ def check_request(
         raise APIError(
             400,
             f"n x prompts must be between 1 and {max_batch_size} completions per request "
-            f"(got n={n} for {len(items)} prompt(s)); the server decodes at most that many rows "
+            f"(got n={n} for {counted(len(items), 'prompt')}); the server decodes at most that many rows "
             "at once",
             param="n",
         )
@@ -181,8 +182,8 @@ def check_request(
         if max_tokens > room:
             raise APIError(
                 400,
-                f"this model's context is {context} tokens; a prompt of {len(ids)} tokens leaves room "
-                f"for {room} new tokens (max_tokens is {max_tokens}): shorten the prompt or lower max_tokens",
+                f"this model's context is {context} tokens; a prompt of {counted(len(ids), 'token')} leaves room "
+                f"for {counted(room, 'new token')} (max_tokens is {max_tokens}): shorten the prompt or lower max_tokens",
                 param="max_tokens",
                 code="context_length_exceeded",
             )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, counted
 
 
 def filter_logits(
@@ -139,8 +139,8 @@ def generate(
         )
     if max_new_tokens > room:
         raise UserError(
-            f"a prompt of {prompt.shape[1]} tokens leaves room for {max(room, 0)} new tokens in the model's context of "
-            f"{model.config.context_length} (asked for {max_new_tokens}); shorten the prompt or lower --max-new-tokens"
+            f"a prompt of {counted(prompt.shape[1], 'token')} leaves room for {counted(max(room, 0), 'new token')} "
+            f"in the model's context of {model.config.context_length} (asked for {max_new_tokens}); shorten the prompt or lower --max-new-tokens"
         )
     total = prompt.shape[1] + max(max_new_tokens - 1, 0)  # positions the model reads
     generator = None
