@@ -329,8 +329,14 @@ def test_jsonl_documents_and_errors(tmp_path):
     unclosed.write_text('{"text": "a"}\n{"text": "b"\n{"text": "c"}\n')
     with pytest.raises(UserError, match=r"line 2, column 13: not valid JSON \(Expecting ',' delimiter\); fix"):
         list(jsonl_documents([unclosed]))
-    with pytest.raises(UserError, match=r"a.jsonl, line 1: the object has no field 'content'.*--field"):
+    with pytest.raises(
+        UserError,
+        match=r"a.jsonl, line 1: the object has no field 'content'; choose the text field with --field \(fields: text\)$",
+    ):
         list(jsonl_documents([f], field="content"))
+    (tmp_path / "empty.jsonl").write_text("{}\n")
+    with pytest.raises(UserError, match=r"empty.jsonl, line 1: the object has no field 'text'; .*\(fields: none\)$"):
+        list(jsonl_documents([tmp_path / "empty.jsonl"]))
     (tmp_path / "list.jsonl").write_text('{"text": "one"}\n["a"]\n')  # --field cannot fix a list
     with pytest.raises(
         UserError, match=r'list.jsonl, line 2: a JSON list, not an object such as \{"text": "..."\}; fix'

@@ -134,7 +134,10 @@ def jsonl_documents(files: Iterable[Path], field: str = "text") -> Iterator[str]
                     if not isinstance(value, str):
                         what = "has no field" if field not in row else "has a non-string"
                         # Rows before it had the field: this line is the fault, not the field's name.
-                        fix = "fix or remove that line" if seen_field else "choose the text field with --field"
+                        if seen_field:
+                            fix = "fix or remove that line"
+                        else:  # as the Parquet and Hugging Face sources say: the fields there are
+                            fix = f"choose the text field with --field (fields: {', '.join(row) or 'none'})"
                         raise UserError(f"{path}, line {lineno}: the object {what} {field!r}; {fix}")
                     seen_field = True
                     if value.strip():
