@@ -31,7 +31,7 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from tango_lm.errors import UserError
+from tango_lm.errors import UserError, counted
 
 if TYPE_CHECKING:
     from tango_lm.data.shards import PreparedDataset
@@ -251,7 +251,7 @@ def warmup_past_the_run(run: RunConfig) -> str | None:
     if warmup < steps:
         return None
     return (
-        f"train.warmup_steps={warmup} is not below the run's {steps} step{'s' * (steps != 1)}: the learning "
+        f"train.warmup_steps={warmup} is not below the run's {counted(steps, 'step')}: the learning "
         f"rate warms up over all but the last step and never trains at train.lr={run.train.lr:g}; lower "
         "train.warmup_steps or train longer"
     )
@@ -271,7 +271,7 @@ def fewer_windows_than_asked(run: RunConfig, dataset: PreparedDataset) -> list[s
         if held < asked:
             field = "eval_windows" if role == "dev" else "test_windows"
             out.append(
-                f"the {role} split ({split!r}) holds {held:,} windows of {run.seq_len()} tokens, fewer than "
+                f"the {role} split ({split!r}) holds {counted(held, 'window')} of {run.seq_len():,} tokens, fewer than "
                 f"train.{field}={asked:,}: its NLL is over those {held:,}"
             )
     return out

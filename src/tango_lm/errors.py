@@ -32,8 +32,8 @@ def option(name: str) -> str:
 
 
 def counted(n: int, noun: str) -> str:
-    """`1 token`, `3 tokens`: a count with its noun in the number the count needs."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    """`1 token`, `1,024 tokens`: a count with its noun in the number the count needs."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:

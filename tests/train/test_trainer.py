@@ -747,6 +747,22 @@ def test_splits_with_fewer_windows_than_the_run_scores_are_warned_at_the_start(d
     assert "fewer than train" not in capsys.readouterr().err
 
 
+def test_a_split_of_one_window_is_warned_of_in_the_singular(data_dir, tmp_path):
+    # "holds 1 windows of 8 tokens ...: its NLL is over those 1"
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tango_lm.config_checks import fewer_windows_than_asked
+
+    run = helpers.run_config(data_dir, tmp_path / "a", eval_windows=4, test_windows=None)
+    one_window = SimpleNamespace(tokens=lambda split: np.zeros(run.seq_len() + 1, dtype=np.int64))
+    assert fewer_windows_than_asked(run, one_window) == [
+        f"the dev split ('dev') holds 1 window of {run.seq_len()} tokens, fewer than train.eval_windows=4: "
+        "its NLL is over those 1"
+    ]
+
+
 def test_a_sweeps_architectures_fields_are_not_warned_for_its_other_runs():
     # A sweep's base sets window (windowed TANGO) for its tango runs too; n_kv_heads, which no
     # architecture of this sweep reads, is still said.

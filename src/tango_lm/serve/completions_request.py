@@ -182,8 +182,8 @@ def check_request(
         if max_tokens > room:
             raise APIError(
                 400,
-                f"this model's context is {context} tokens; a prompt of {counted(len(ids), 'token')} leaves room "
-                f"for {counted(room, 'new token')} (max_tokens is {max_tokens}): shorten the prompt or lower max_tokens",
+                f"this model's context is {context:,} tokens; a prompt of {counted(len(ids), 'token')} leaves room "
+                f"for {counted(room, 'new token')} (max_tokens is {max_tokens:,}): shorten the prompt or lower max_tokens",
                 param="max_tokens",
                 code="context_length_exceeded",
             )

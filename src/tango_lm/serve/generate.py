@@ -140,7 +140,7 @@ def generate(
     if max_new_tokens > room:
         raise UserError(
             f"a prompt of {counted(prompt.shape[1], 'token')} leaves room for {counted(max(room, 0), 'new token')} "
-            f"in the model's context of {model.config.context_length} (asked for {max_new_tokens}); shorten the prompt or lower --max-new-tokens"
+            f"in the model's context of {model.config.context_length:,} (asked for {max_new_tokens:,}); shorten the prompt or lower --max-new-tokens"
         )
     total = prompt.shape[1] + max(max_new_tokens - 1, 0)  # positions the model reads
     generator = None
