@@ -888,6 +888,22 @@ def test_documents_all_held_out_say_so(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_prepare_counts_one_document_as_one_document(capsys):
+    # "dev 1 documents (9 tokens)"
+    from types import SimpleNamespace
+
+    from tango_lm.cli.data import print_prepared
+
+    sizes = {"train": (1_200, 98_765), "dev": (1, 9), "test": (0, 0)}
+    ds = SimpleNamespace(
+        path="data/x", splits=list(sizes), num_documents=lambda s: sizes[s][0], num_tokens=lambda s: sizes[s][1]
+    )
+    print_prepared(ds)
+    assert capsys.readouterr().out == (
+        "prepared data/x: train 1,200 documents (98,765 tokens), dev 1 document (9 tokens), test 0 documents (0 tokens)\n"
+    )
+
+
 def test_prepare_says_how_large_each_split_is_and_warns_of_an_empty_one_that_train_then_names(tmp_path, capsys):
     from tests import helpers
 

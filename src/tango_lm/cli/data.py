@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json
-from tango_lm.errors import path_arg
+from tango_lm.errors import counted, path_arg
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> None:
@@ -25,7 +25,9 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
 
 def print_prepared(ds: Any, fractions: bool = True) -> None:
     """Each split's size, and a warning for a dev or test split without documents."""
-    sizes = ", ".join(f"{s} {ds.num_documents(s):,} documents ({ds.num_tokens(s):,} tokens)" for s in ds.splits)
+    sizes = ", ".join(
+        f"{s} {counted(ds.num_documents(s), 'document')} ({counted(ds.num_tokens(s), 'token')})" for s in ds.splits
+    )
     print(f"prepared {ds.path}: {sizes}")
     for split in ("dev", "test"):  # what `tango-lm train` scores by default
         if split not in ds.splits or not ds.num_documents(split):
@@ -46,9 +48,9 @@ def cmd_data_verify(args: argparse.Namespace) -> None:
         return
     splits = ", ".join(f"{name} {v['tokens']:,}" for name, v in report["splits"].items())
     print(
-        f"verified {report['path']}: {report['shards']} shard{'' if report['shards'] == 1 else 's'}, "
-        f"{report['tokens']:,} tokens ({splits}), "
-        f"{report['documents']:,} documents; checksums, end-of-text ids and token ids match the manifest"
+        f"verified {report['path']}: {counted(report['shards'], 'shard')}, "
+        f"{counted(report['tokens'], 'token')} ({splits}), "
+        f"{counted(report['documents'], 'document')}; checksums, end-of-text ids and token ids match the manifest"
     )
 
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table
-from tango_lm.errors import UserError, path_arg
+from tango_lm.errors import UserError, counted, path_arg
 from tango_lm.stop_signals import STOPS, stop_on_sigterm, with_note
 
 # The slurm settings (sweep/launchers.py SETTINGS) that `sweep` also takes as flags, over the grid's: a
@@ -95,7 +95,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 ],
             )
         )
-        print(f"{len(runs)} runs under {grid.out_dir} (dry run: nothing trained)")
+        print(f"{counted(len(runs), 'run')} under {grid.out_dir} (dry run: nothing trained)")
         return 0
     log = (lambda _msg: None) if args.json else (lambda msg: print(msg, flush=True))
     if args.launcher == "slurm":

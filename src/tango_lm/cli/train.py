@@ -18,7 +18,7 @@ from tango_lm.cli.output import (
     _table,
     add_overrides,
 )
-from tango_lm.errors import UserError, path_arg
+from tango_lm.errors import UserError, counted, path_arg
 from tango_lm.eval.perplexity import FORMATS as PPL_FORMATS
 from tango_lm.stop_signals import STOPS, stop_on_sigterm, with_note
 
@@ -158,14 +158,14 @@ def _eval_ppl(args: argparse.Namespace) -> None:
     elif res["format"] == "lambada":
         print(
             f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
-            f"over {res['examples']:,} examples ({res['checkpoint']}, step {res['step']}{_variant(res)})"
+            f"over {counted(res['examples'], 'example')} ({res['checkpoint']}, step {res['step']}{_variant(res)})"
         )
     else:
         print(
             f"{res['format']}: token perplexity {res['token_perplexity']:.3f}, word perplexity "
             f"{res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
-            f"{res['bits_per_byte']:.4f} bits/byte over {res['documents']:,} documents, {res['tokens']:,} tokens, "
-            f"{res['words']:,} words (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
+            f"{res['bits_per_byte']:.4f} bits/byte over {counted(res['documents'], 'document')}, {counted(res['tokens'], 'token')}, "
+            f"{counted(res['words'], 'word')} (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
             f"step {res['step']}{_variant(res)})"
         )
 
