@@ -63,7 +63,7 @@ ONE_TO_TWO = ({}, {**ACCUM, "parallel": "fsdp", "checkpoint_format": "sharded"},
 NAN_ON_RANK_1 = (UNTIED, {"parallel": "fsdp", "save_every": 1, "keep_last": 1}, [1, 3])
 DEV_SCRIPT = {4: 3.0, 8: 2.0, 12: 2.5}
 # The whole module takes 20-35 s on 2 cores, 55-85 s beside other compiling tests. The ranks print
-# their stacks 20 s before this timeout, so that a hang says where it is (one was seen, once in fifteen
+# their stacks 20 s before this timeout, so that a hang says where it is (one was seen, once in twenty-six
 # runs: in fsdp_compile, under torch 2.11, beside the Triton and compile tests; torchrun's output
 # showed only that it had begun).
 TORCHRUN_TIMEOUT_S = 240
