@@ -350,6 +350,14 @@ def test_presets_describe_each_preset_in_a_whole_sentence(capsys):
     assert [r["name"] for r in rows if not r["about"].endswith(".")] == []
 
 
+def test_presets_text_listing_heads_every_column(capsys):
+    # The descriptions' column had a rule under it and no heading.
+    assert main(["presets", "tango-70m"]) == 0
+    header, rule = capsys.readouterr().out.splitlines()[:2]
+    assert header.split() == ["preset", "arch", "params", "description"]
+    assert len(rule.split()) == 4
+
+
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_presets_filter_that_matches_nothing_is_one_error_line(capsys, json_flag):
     # It printed an empty table with exit 0, which reads as "there are no presets".

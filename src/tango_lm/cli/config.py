@@ -72,7 +72,10 @@ def cmd_presets(args: argparse.Namespace) -> None:
         _print_json(rows)
     else:
         print(
-            _table(rows, [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"), ("about", "", "")])
+            _table(
+                rows,
+                [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"), ("about", "description", "")],
+            )
         )
 
 
