@@ -271,6 +271,9 @@ BAD = {
     # what comes before an error is not printed
     "warning_before_error": _warns_then_fails,
     "argparse_usage": lambda c: ["train", "--no-such-flag"],
+    # commands without overrides are parsed from the top: the error named `tango-lm --help`
+    "argparse_usage_eval": lambda c: ["eval", str(c.run), "--no-such-flag"],
+    "argparse_usage_nested": lambda c: ["data", "prepare", "text", "in.txt", "--out", "o", "--field", "x"],
     "unknown_command": lambda c: ["trian"],
 }
 
@@ -338,6 +341,8 @@ EXPECT = {
     "empty_input": "the input holds no train documents (empty or whitespace-only), so no dataset was written",
     "warning_before_error": "unknown architecture 'nope'",
     "argparse_usage": "tango-lm train: unrecognized arguments: --no-such-flag; see `tango-lm train --help`",
+    "argparse_usage_eval": "tango-lm eval: unrecognized arguments: --no-such-flag; see `tango-lm eval --help`",
+    "argparse_usage_nested": "prepare text: unrecognized arguments: --field x; see `tango-lm data prepare text --help`",
     "eval_negative_windows": "--windows takes a positive number or 'all' (got '-1')",
     "eval_zero_stride": "--stride must be between 1 and the window length 32 (got 0)",
     "eval_ppl_directory": "is a directory; give a text file to --ppl",

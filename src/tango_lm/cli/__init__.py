@@ -72,12 +72,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     overrides are parsed with `parse_intermixed_args`, which argparse cannot apply at the top level."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = _subcommands(parser)
     if argv and argv[0] in commands and commands[argv[0]].intermixed:
         args = commands[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
         return args
-    return parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, whose --help lists its flags (the top one's does not)
+        _command_parser(parser, argv).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return actions[0].choices if actions else {}
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `argv` names: `data prepare text ...` -> that of `text`."""
+    for word in argv:
+        commands = _subcommands(parser)
+        if not commands:
+            break
+        parser = commands.get(word, parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
