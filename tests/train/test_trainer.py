@@ -748,7 +748,7 @@ def test_splits_with_fewer_windows_than_the_run_scores_are_warned_at_the_start(d
 
 
 def test_a_split_of_one_window_is_warned_of_in_the_singular(data_dir, tmp_path):
-    # "holds 1 windows of 8 tokens ...: its NLL is over those 1"
+    # it said "holds 1 windows of 8 tokens"
     from types import SimpleNamespace
 
     import numpy as np
