@@ -270,9 +270,10 @@ def fewer_windows_than_asked(run: RunConfig, dataset: PreparedDataset) -> list[s
         held = count_eval_windows(dataset.tokens(split), run.seq_len())
         if held < asked:
             field = "eval_windows" if role == "dev" else "test_windows"
+            scored = "that one" if held == 1 else f"those {held:,}"
             out.append(
                 f"the {role} split ({split!r}) holds {counted(held, 'window')} of {run.seq_len():,} tokens, fewer than "
-                f"train.{field}={asked:,}: its NLL is over those {held:,}"
+                f"train.{field}={asked:,}: its NLL is over {scored}"
             )
     return out
 

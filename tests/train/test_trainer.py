@@ -748,7 +748,7 @@ def test_splits_with_fewer_windows_than_the_run_scores_are_warned_at_the_start(d
 
 
 def test_a_split_of_one_window_is_warned_of_in_the_singular(data_dir, tmp_path):
-    # it said "holds 1 windows of 8 tokens"
+    # it said "holds 1 windows of 8 tokens: its NLL is over those 1"
     from types import SimpleNamespace
 
     import numpy as np
@@ -759,7 +759,7 @@ def test_a_split_of_one_window_is_warned_of_in_the_singular(data_dir, tmp_path):
     one_window = SimpleNamespace(tokens=lambda split: np.zeros(run.seq_len() + 1, dtype=np.int64))
     assert fewer_windows_than_asked(run, one_window) == [
         f"the dev split ('dev') holds 1 window of {run.seq_len()} tokens, fewer than train.eval_windows=4: "
-        "its NLL is over those 1"
+        "its NLL is over that one"
     ]
 
 
