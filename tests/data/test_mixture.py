@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tango_lm.cli import main
-from tango_lm.data.mixture import parse_component, prepare_mixture
+from tango_lm.data.mixture import MixtureSource, parse_component, prepare_mixture
 from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.tokenizers import ByteTokenizer, GPT2Tokenizer
 from tango_lm.errors import UserError
@@ -136,6 +136,10 @@ def test_cli_mixture(parts, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert [c["share"] for c in manifest["source"]["components"]] == [0.7, 0.3]
+    a, b = (r["tokens"] / 8000 for r in manifest["source"]["realized"]["train"])  # --tokens 8000, within a document
+    out, err = capsys.readouterr()
+    assert f"train mix: {parts['a']} {a:.1%} (weight 70.0%), {parts['b']} {b:.1%} (weight 30.0%)\n" in out
+    assert "mixture's" not in err  # (the fixture has no test split, which is warned of)
     rc = main(["data", "prepare", "mixture", "--out", str(tmp_path / "n"), "--source", f"{parts['a']}"])
     assert rc == 2 and "DIR:WEIGHT" in capsys.readouterr().err
 
@@ -199,6 +203,11 @@ def test_a_component_whose_every_dev_document_is_held_out_leaves_the_dev_mix_onl
     dev = out.source["realized"]["dev"]
     assert [(r["documents"], r["held_out"]) for r in dev] == [(6, 0), (0, 2)]
     assert [r["documents"] > 0 for r in out.source["realized"]["train"]] == [True, True]
+    # b, left out of the dev mix, is not reported as 0% of it against a weight's 50%.
+    source = MixtureSource(components=[f"{a}:1", f"{b}:1"])
+    source.prepare(tmp_path / "m2", progress=False)
+    assert [line.split(" mix:")[0] for line in source.summary()] == ["train"]
+    assert not any("dev split" in w for w in source.warnings())
     # Every component's dev documents held out: refused, not written as an empty dev split.
     d = write_prepared(tmp_path / "d", BYTE, {"train": other[:20], "test": docs[36:]}, {}, progress=False)
     with pytest.raises(UserError, match="every dev document of every mixture component is held out"):
@@ -214,3 +223,34 @@ def test_a_mixture_written_over_one_of_its_components_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"--out .* is the component .*; write the mixture to another folder"):
         prepare_mixture(a, [f"{a}:1", f"{b}:1"], overwrite=True, progress=False)
     assert {p.name: p.read_bytes() for p in a.iterdir() if p.is_file()} == before
+
+
+def test_a_mixture_whose_shares_miss_its_weights_is_warned(tmp_path, capsys):
+    # One long document in a small split: the mixture stays within one document of its weights, as
+    # documented, but that document made it 50/50 where 70/30 was asked, and nothing said so.
+    # Dev, of short documents, mixes 66.7/33.3: within the tolerance, not warned of.
+    a = write_prepared(
+        tmp_path / "a", BYTE, {"train": ["a" * 99] * 30, "dev": ["a" * 9] * 4, "test": ["a"]}, {}, progress=False
+    )
+    b = write_prepared(tmp_path / "b", BYTE, {"train": ["b" * 2999], "dev": ["b" * 9] * 4}, {}, progress=False)
+    rc = main(
+        ["data", "prepare", "mixture", "--out", str(tmp_path / "m"), "--no-progress"]
+        + ["--source", f"{a}:0.7", "--source", f"{b}:0.3"]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"train mix: {a} 50.0% (weight 70.0%), {b} 50.0% (weight 30.0%)\n" in out
+    assert f"dev mix: {a} 66.7% (weight 70.0%), {b} 33.3% (weight 30.0%)\n" in out
+    assert err == (
+        f"warning: the mixture's train split is 50.0% {a}, 50.0% {b} for weights of 70.0%, 30.0%: a mixture adds "
+        "whole documents, and some are long against the split; mix more tokens (--tokens N) or prepare the "
+        "components in shorter documents\n"
+    )
+    # A dev split off its weights (40 tokens of a, 99 of c) is warned of with its own remedy, train (70/30) not.
+    c = write_prepared(tmp_path / "c", BYTE, {"train": ["c" * 99] * 9, "dev": ["c" * 98]}, {}, progress=False)
+    source = MixtureSource(components=[f"{a}:0.7", f"{c}:0.3"])
+    source.prepare(tmp_path / "n", progress=False)
+    assert source.warnings() == [
+        f"the mixture's dev split is 28.8% {a}, 71.2% {c} for weights of 70.0%, 30.0%: a mixture adds whole "
+        "documents, and some are long against the split; give the components more dev documents"
+    ]

@@ -21,6 +21,10 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
         path = source.prepare(args.out, overwrite=args.overwrite, progress=not args.no_progress)
     # The fractions' flags are named only where the source has them (a mixture, DM Math: not).
     print_prepared(PreparedDataset.open(path), fractions=hasattr(args, "dev_fraction"))
+    for line in source.summary():
+        print(line)
+    for line in source.warnings():
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def print_prepared(ds: Any, fractions: bool = True) -> None:

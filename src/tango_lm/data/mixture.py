@@ -4,7 +4,8 @@ Documents (the token runs between end-of-text ids) are copied, not re-tokenized.
 walks its documents in a seeded permutation (a new one per epoch), and the next document always
 comes from the component that is furthest below its share: the one with the smallest
 tokens_so_far / weight (ties to the earlier component). Realized token proportions therefore match
-the weights to within one document per component, deterministically for a given seed.
+the weights to within one document per component, deterministically for a given seed; `data
+prepare` prints them and warns of a split more than SHARE_TOLERANCE off (documents long against it).
 
 Length: by default no document is repeated, so the mixture stops when the component chosen next
 has no documents left (about min_i tokens_i / weight_i tokens). With `tokens` the train split
@@ -43,6 +44,7 @@ from tango_lm.errors import UserError, option, path_arg
 __all__ = ["MixtureSource", "parse_component", "prepare_mixture", "mix_documents"]
 
 _CHUNK = 1 << 24  # tokens scanned at a time when locating end-of-text ids
+SHARE_TOLERANCE = 0.05  # a split's realized token share this far from its weight's is warned of
 
 
 def parse_component(text: str) -> tuple[str, float]:
@@ -312,6 +314,46 @@ class MixtureSource(DataSource):
             ],
             "realized": self._stats,
         }  # filled while the splits stream, serialized with the manifest at the end
+
+    def _split_shares(self) -> Iterator[tuple[str, list[tuple[str, float, float]]]]:
+        """Each split mixed from two components or more, with (path, realized token share, the
+        share its weight asked among that split's components) per component."""
+        for split, stats in self._stats.items():
+            stats = [st for st in stats if st["documents"] or not st["held_out"]]  # not those left out of the split
+            total = sum(st["tokens"] for st in stats)
+            weight = sum(self._comps[st["component"]][1] for st in stats)
+            if len(stats) > 1 and total:
+                comps = [self._comps[st["component"]] for st in stats]
+                yield (
+                    split,
+                    [(path, st["tokens"] / total, w / weight) for (path, w), st in zip(comps, stats, strict=True)],
+                )
+
+    def summary(self) -> list[str]:
+        return [
+            f"{split} mix: " + ", ".join(f"{path} {got:.1%} (weight {asked:.1%})" for path, got, asked in shares)
+            for split, shares in self._split_shares()
+        ]
+
+    def warnings(self) -> list[str]:
+        # Within one document per component (module docstring): off by more only where documents
+        # are long against the split, which the user fixes with more tokens or shorter documents.
+        out = []
+        for split, shares in self._split_shares():
+            if max(abs(got - asked) for _, got, asked in shares) > SHARE_TOLERANCE:
+                fix = (
+                    "mix more tokens (--tokens N) or prepare the components in shorter documents"
+                    if split == "train"
+                    else f"give the components more {split} documents"
+                )
+                out.append(
+                    f"the mixture's {split} split is "
+                    + ", ".join(f"{got:.1%} {path}" for path, got, _ in shares)
+                    + " for weights of "
+                    + ", ".join(f"{asked:.1%}" for _, _, asked in shares)
+                    + f": a mixture adds whole documents, and some are long against the split; {fix}"
+                )
+        return out
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
         self.check()

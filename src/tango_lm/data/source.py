@@ -13,7 +13,9 @@ dataclass of its options, that provides
   name first, its options, and what reading found: files, splits, counts). It is called once,
   after `read` returns its streams and before they are consumed; the manifest is written after
   the last document. So a count that reading finds belongs in a mutable container the record
-  holds (as `code_trees.py`'s `stats` dict): a plain number is copied as it stood, often 0.
+  holds (as `code_trees.py`'s `stats` dict): a plain number is copied as it stood, often 0;
+- optionally `summary()` and `warnings()`: lines `data prepare` prints after the split sizes (a
+  mixture's realized shares).
 
 A new source is one file with its subclass plus one line in `data/sources.py`'s `SOURCES`; the
 command line is generated from that registry.
@@ -92,6 +94,15 @@ class DataSource:
         """The manifest's `source` record (module docstring): called after `read`, before its
         documents stream; counts found while they stream go in a container the record holds."""
         raise NotImplementedError
+
+    def summary(self) -> list[str]:
+        """Lines `data prepare` prints after the split sizes, on what reading found that the sizes
+        do not say (after `prepare`)."""
+        return []
+
+    def warnings(self) -> list[str]:
+        """What `data prepare` warns of after preparing, one line each, without `warning: `."""
+        return []
 
     def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
         """Write the prepared dataset to `out_dir` and return its path."""
