@@ -79,6 +79,17 @@ def _checkpoint_without_step(c: Ctx) -> Path:
     return copy
 
 
+def _checkpoint_with_meta(c: Ctx, data: bytes | None, name: str = "meta.json") -> Path:
+    """A copy of the run whose checkpoints' file `name` holds `data` (None: has none)."""
+    copy = Path(shutil.copytree(c.run, c.tmp / "odd-run"))
+    for step in copy.glob("checkpoints/step-*"):
+        if data is None:
+            (step / name).unlink()
+        else:
+            (step / name).write_bytes(data)
+    return copy
+
+
 def _file(c: Ctx, name: str, data: bytes) -> Path:
     path = c.tmp / name
     path.write_bytes(data)
@@ -171,6 +182,12 @@ BAD = {
         "dev",
     ],
     "checkpoint_meta_without_step": lambda c: ["eval", str(_checkpoint_without_step(c)), "--split", "dev"],
+    # it said "is corrupt (JSONDecodeError)", naming no file; one not UTF-8 ended in a traceback
+    "checkpoint_meta_not_json": lambda c: ["eval", str(_checkpoint_with_meta(c, b'{"step": 3')), "--split", "dev"],
+    "checkpoint_meta_not_utf8": lambda c: ["eval", str(_checkpoint_with_meta(c, b"\xff{}")), "--split", "dev"],
+    "checkpoint_without_tokenizer": lambda c: [
+        *("generate", str(_checkpoint_with_meta(c, None, "tokenizer.json")), "--prompt", "a")
+    ],
     # numbers that cannot train
     "lr_inf": lambda c: c.train("train.lr=.inf"),
     "lr_nan": lambda c: c.train("train.lr=.nan"),
@@ -318,6 +335,9 @@ EXPECT = {
     "checkpoint_config_is_a_list": "has a config.json that is a list, not a mapping",
     "checkpoint_config_only_model": "has an incomplete config.json (no 'data'); it is corrupt",
     "checkpoint_meta_without_step": "has a meta.json without its step; it is corrupt",
+    "checkpoint_meta_not_json": "has a meta.json that is not valid JSON (Expecting ',' delimiter at line 1 column 11); it",
+    "checkpoint_meta_not_utf8": "has a meta.json that is not UTF-8 text (byte 0); it is corrupt, use another checkpoint",
+    "checkpoint_without_tokenizer": "has no tokenizer.json; it is corrupt, use another checkpoint",
     "lr_inf": "train.lr must be a finite number (got inf)",
     "depth_beyond_memory": "model.depth=1,000,000,000 applications each keep their input for the backward",
     "depth_past_64_bits": "model.depth=100000000000000000000 does not fit in 64 bits",
