@@ -17,6 +17,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.output_lock import hold_output_lock
+from tango_lm.strict_json import read_object
 from tango_lm.train.checkpoint import restorable_steps
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig
 from tango_lm.train.run_dir import remove_run_files
@@ -87,14 +88,11 @@ def run_quickstart(
             flush=True,
         )
         summary_file = run_dir / "summary.json"
-        if summary_file.exists() and not fresh:
-            import json
-
-            summary = json.loads(summary_file.read_text())
-            if summary.get("steps") == run.total_steps():
-                print(f"      finished before; reusing {summary_file}")
-                rows.append(summary)
-                continue
+        summary = None if fresh else read_object(summary_file)  # damaged: resumed from its checkpoints below
+        if summary is not None and summary.get("steps") == run.total_steps():
+            print(f"      finished before; reusing {summary_file}")
+            rows.append(summary)
+            continue
         done = restorable_steps(run_dir / "checkpoints")  # step numbers (a Path compared with an int raised)
         if done and done[-1] > run.total_steps():  # resume's own advice (raise train.steps) is no flag here
             raise UserError(

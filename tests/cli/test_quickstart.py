@@ -50,3 +50,20 @@ def test_a_run_stopped_after_its_last_checkpoint_is_finished_not_refused(tmp_pat
     _checkpoint(out / "tango", 3)
     assert main(["quickstart", "--out", str(out), "--steps", "3", "--json"]) == 0
     assert trained[0] == (str(out / "tango"), True)
+
+
+def test_a_damaged_summary_is_resumed_from_its_checkpoint_not_a_traceback(tmp_path, monkeypatch, capsys):
+    # A summary.json cut short (a full disk), not UTF-8, or not an object ended quickstart in a
+    # JSONDecodeError traceback; the run's checkpoints still hold what it trained.
+    trained: list = []
+    _fake_quickstart(monkeypatch, trained)
+    out = tmp_path / "qs"
+    for arch, damaged in (("tango", b'{"steps": 3'), ("loop-transformer", b"\xff[3]")):
+        _checkpoint(out / arch, 3)
+        (out / arch / "summary.json").write_bytes(damaged)
+    assert main(["quickstart", "--out", str(out), "--steps", "3", "--json"]) == 0, capsys.readouterr().err
+    assert trained == [(str(out / "tango"), True), (str(out / "loop-transformer"), True)]
+    (out / "tango" / "summary.json").write_text("[3]")
+    trained.clear()
+    assert main(["quickstart", "--out", str(out), "--steps", "3", "--json"]) == 0
+    assert trained == [(str(out / "tango"), True), (str(out / "loop-transformer"), True)]

@@ -14,6 +14,7 @@ from typing import Any
 
 from tango_lm.errors import UserError
 from tango_lm.models.config import MODEL_LOGISTICS_FIELDS, ModelConfig
+from tango_lm.strict_json import read_object
 from tango_lm.sweep.grid import GRID_RUNS_FILE
 from tango_lm.train import metrics_file
 from tango_lm.train.config import (
@@ -318,7 +319,7 @@ def _resolved_setting(run_dir: Path) -> dict[str, dict[str, Any]]:
         out["train"]["seq_len"] = out["model"].get("context_length")
     # One budget whichever kind config.json wrote it in: `steps: 100` and the `tokens` of 100
     # steps trained alike, so both are compared (and labelled) as the tokens they train.
-    trained = _trained_tokens(out, _read_json_dict(run_dir / "summary.json").get("steps"))
+    trained = _trained_tokens(out, (read_object(run_dir / "summary.json") or {}).get("steps"))
     if trained is not None:
         out["train"].update({key: None for key in BUDGET_FIELDS}, tokens=trained)
     return out
@@ -360,17 +361,8 @@ def _derived_budget(run_dir: Path) -> tuple[Path, float] | None:
     return Path(*run_dir.parts[: -len(parts)]), tokens_per_param
 
 
-def _read_json_dict(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} (none there, or not an object)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _sweep_json(run_dir: Path) -> dict[str, Any]:
-    return _read_json_dict(run_dir / "sweep.json")
+    return read_object(run_dir / "sweep.json") or {}
 
 
 def _compared(setting: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -21,11 +21,9 @@ a run another process is training is reported as not trained and left alone.
 from __future__ import annotations
 
 import gc
-import json
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tango_lm.atomic_files import write_json_atomic
@@ -34,6 +32,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import MODEL_LOGISTICS_FIELDS
 from tango_lm.models.registry import without_unread_fields
 from tango_lm.output_lock import OutputLocked, hold_output_lock
+from tango_lm.strict_json import read_object
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun, record_grid_runs
 from tango_lm.train.checkpoint import restorable_step_dirs, restorable_steps
@@ -49,7 +48,7 @@ def _differences(run: SweepRun) -> list[str]:
     model fields the run's architecture does not read not compared.
     Fields one of them lacks are passed over: a run from a version of tango-lm before the field
     was added ran with what is now its default."""
-    saved = _read_json(run.out_dir / "config.json")
+    saved = read_object(run.out_dir / "config.json")
     if saved is None:
         return []
     want = run.config.to_dict()
@@ -96,7 +95,7 @@ def _other_tokens(run: SweepRun) -> list[str]:
     from tango_lm.eval.evaluate import holds_recorded_tokens
 
     steps = list(restorable_step_dirs(run.out_dir / "checkpoints").values())  # the one a resume takes
-    recorded = (_read_json(steps[-1] / "meta.json") or {}).get("data") if steps else None
+    recorded = (read_object(steps[-1] / "meta.json") or {}).get("data") if steps else None
     directory = run.config.data.dir
     if not recorded or not is_prepared(directory) or holds_recorded_tokens(PreparedDataset.open(directory), recorded):
         return []
@@ -125,28 +124,16 @@ def run_state(run: SweepRun) -> dict[str, Any]:
     differences = _differences(run)
     if differences:
         return {"state": "other-config", "differences": differences, "steps": total}
-    summary = _read_summary(out / "summary.json")
+    summary = read_object(out / "summary.json")
     if summary is not None and summary.get("steps") == total:
         return {"state": "done", "steps": total, "summary": summary}
     steps = restorable_steps(out / "checkpoints")  # a step a kill left beside its place counts (resume puts it back)
     if steps:
         return {"state": "resume", "from_step": steps[-1], "steps": total}
-    failed = _read_json(out / "failed.json")
+    failed = read_object(out / "failed.json")
     if failed is not None:
         return {"state": "retry", "error": failed.get("error"), "steps": total}
     return {"state": "new", "steps": total}
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _read_summary(path: Path) -> dict[str, Any] | None:
-    return _read_json(path)
 
 
 TRAINS = ("new", "resume", "retry")  # the states of runs a sweep trains or submits
