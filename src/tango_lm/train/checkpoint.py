@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tango_lm.errors import UserError
-from tango_lm.train.checkpoint_sums import check_sum, file_sha256
+from tango_lm.train.checkpoint_files import check_sum, file_sha256, read_step_json
 
 FORMAT = "tango-lm-checkpoint/1"
 MARKER = "COMPLETE"
@@ -319,12 +319,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise UserError(
             f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one"
         )
-    meta = _read_json(path, "meta.json")
+    meta = read_step_json(path, "meta.json")
     if isinstance(meta, dict):
         for name in DESCRIBED:
             check_sum(path, meta, name)
-    config = _read_json(path, "config.json")
-    tokenizer = _read_json(path, "tokenizer.json")
+    config = read_step_json(path, "config.json")
+    tokenizer = read_step_json(path, "tokenizer.json")
     for name, data in (("meta.json", meta), ("config.json", config), ("tokenizer.json", tokenizer)):
         if not isinstance(data, dict):
             raise UserError(
@@ -340,22 +340,6 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"checkpoint {path} has a config.json without a model section; it is corrupt, use another checkpoint"
         )
     return Checkpoint(path=path, config=config, tokenizer=tokenizer, meta=meta, run_train=run_train)
-
-
-def _read_json(path: Path, name: str) -> Any:
-    """File `name` of step directory `path`, parsed; a UserError that names the file and what is
-    wrong with it (it said only "is corrupt (JSONDecodeError)")."""
-    try:
-        return json.loads((path / name).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        problem = f"has no {name}"
-    except OSError as exc:
-        problem = f"has a {name} that cannot be read ({exc.strerror or type(exc).__name__})"
-    except UnicodeDecodeError as exc:
-        problem = f"has a {name} that is not UTF-8 text (byte {exc.start})"
-    except json.JSONDecodeError as exc:
-        problem = f"has a {name} that is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    raise UserError(f"checkpoint {path} {problem}; it is corrupt, use another checkpoint")
 
 
 def _run_train(run_dir: Path) -> dict[str, Any] | None:
