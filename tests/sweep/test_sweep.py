@@ -171,7 +171,9 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("case", [*MALFORMED, "not_yaml", "unknown_key", "missing_file", "only_matches_nothing"])
+@pytest.mark.parametrize(
+    "case", [*MALFORMED, "not_yaml", "not_utf8", "unknown_key", "missing_file", "only_matches_nothing"]
+)
 def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkeypatch, case):
     args = []
     if case in ("base_data_missing", "data_dir_axis_missing"):  # relative directories: make sure they are absent here
@@ -182,6 +184,9 @@ def test_malformed_grids_exit_2_with_one_line(data_dir, tmp_path, capsys, monkey
     elif case == "not_yaml":
         path, want = tmp_path / "g.yaml", "not valid YAML"
         path.write_text("axes: {depth: [1, 2]\n")
+    elif case == "not_utf8":  # it said "is not valid YAML; fix its syntax", of a file with none wrong
+        path, want = tmp_path / "g.yaml", "sweep grid " + str(tmp_path / "g.yaml") + " is not text (not UTF-8); give"
+        path.write_bytes(b"axes: {depth: [1, 2]}  # d\xe9pth\n")
     elif case == "unknown_key":
         path, want = tmp_path / "g.yaml", "unknown key 'axis'"
         path.write_text("axis: {depth: [1]}\n")

@@ -131,8 +131,14 @@ def load_grid(path: str | Path, check_data: bool = True) -> Grid:
     if not path.is_file():
         raise UserError(f"sweep grid {path} does not exist; give a grid YAML such as configs/sweeps/dmmath-cpu.yaml")
     try:
-        spec = parse_yaml(path.read_text())
-    except Exception as exc:  # noqa: BLE001 - yaml errors and undecodable files alike
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"sweep grid {path} is not text (not UTF-8); give a grid YAML") from None
+    except OSError as exc:
+        raise UserError(f"cannot read sweep grid {path} ({exc.strerror or exc}); check its permissions") from None
+    try:
+        spec = parse_yaml(text)
+    except Exception as exc:  # noqa: BLE001 - every YAML error, RepeatedKey included
         raise UserError(f"sweep grid {path} {yaml_error_text(exc)}") from None
     if not isinstance(spec, dict):
         raise UserError(f"sweep grid {path} must be a mapping with base, axes and out_dir")
