@@ -275,6 +275,20 @@ def arguments_without_help(parser: argparse.ArgumentParser, command: str) -> lis
     return missing
 
 
+def options_without_their_default(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """Every option of `parser` and its subcommands that has a default value (not None, an empty
+    list or a flag's absence) and whose line in `--help` does not say it."""
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += options_without_their_default(sub, f"{command} {name}")
+        elif action.option_strings and action.nargs != 0 and action.default not in (None, [], argparse.SUPPRESS):
+            if "default" not in (parser._get_formatter()._get_help_string(action) or ""):
+                missing.append(f"{command} {action.option_strings[-1]}")
+    return missing
+
+
 def gpu_suites_process(out: Path, **env: str) -> subprocess.CompletedProcess:
     """tools/gpu_suites.sh into `out` with `echo` standing in for Python (unless env's PYTHON says
     otherwise): each suite's "report" is the command line it would run, and it takes no time."""

@@ -332,6 +332,16 @@ def test_every_option_of_every_command_says_what_it_does_in_help():
     assert helpers.arguments_without_help(build_parser(), "tango-lm") == []
 
 
+def test_every_option_with_a_default_says_it_in_help(capsys):
+    # 25 did not: serve --port, generate --temperature, data prepare --dev-fraction, bench --vocab-size, ...
+    assert helpers.options_without_their_default(build_parser(), "tango-lm") == []
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0 picks a free port (the address is printed) (default 8000)" in text
+    assert "(default None)" not in text and "(default False)" not in text
+
+
 def test_version_names_the_package_and_what_it_runs_on(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -57,10 +57,30 @@ NO_PROGRESS_HELP = "no progress bar (none is drawn when stderr is not a terminal
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`--help` says each option's default where its line does not: a value that is not None, an
+    empty list or a flag's False (argparse's own ArgumentDefaultsHelpFormatter also says "default:
+    None" of every option that has none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text, value = action.help, action.default
+        if not text or not action.option_strings or "default" in text or action.nargs == 0:
+            return text  # nargs 0: a flag (store_true, store_const), whose default is its absence
+        if value is None or value is argparse.SUPPRESS or value == []:
+            return text
+        shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        return f"{text} (default {shown.replace('%', '%%')})"
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one-line UserErrors (its subparsers inherit this class)."""
+    """An ArgumentParser whose errors are one-line UserErrors and whose help says every option's
+    default (its subparsers inherit this class)."""
 
     intermixed = False  # takes key=value overrides between its flags (`add_overrides`)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         choice = _INVALID_CHOICE.search(message)  # a mistyped command: name the one meant
