@@ -562,7 +562,10 @@ def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys, case):
         if case == "truncated_summary":
             text = (run / "summary.json").read_text()
             (run / "summary.json").write_text(text[: len(text) // 2])
-            want = str(run / "summary.json")
+            want = (
+                f"{run / 'summary.json'} is truncated or corrupt (not valid JSON); `tango-lm train {run} --resume` "
+                "writes it again (as rerunning its sweep does), or delete the run"
+            )
         elif case == "corrupt_middle_metrics":
             lines = (run / "metrics.jsonl").read_text().splitlines()
             lines[1] = lines[1][:5]

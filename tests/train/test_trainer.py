@@ -203,6 +203,10 @@ def test_resume_of_finished_run_changes_nothing(data_dir, tmp_path):
     helpers.assert_same_weights(before, helpers.weights(helpers.step_dir(out, 4)))
     assert [r["step"] for r in helpers.loss_records(out)] == [1, 2, 3, 4]
     assert len([r for r in helpers.read_metrics(out) if r.get("event") == "summary"]) == 1
+    # A summary.json cut short is written again by a resume, as `report`'s error says.
+    (out / "summary.json").write_text((out / "summary.json").read_text()[:20])
+    train(helpers.run_config(data_dir, out, steps=4), resume=True)
+    assert json.loads((out / "summary.json").read_text())["test_nll"] == first.summary["test_nll"]
     # A schedule change applies from the resumed step on: with none left it applied to no step, yet
     # config.json and config.yaml said the run trained with it.
     config = (out / "config.json").read_text()

@@ -109,7 +109,8 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     if failed.exists() and failed.stat().st_mtime >= summary_path.stat().st_mtime:
         warnings.append(f"{run_dir}: its latest attempt failed (failed.json); left out of the report")
         return None
-    summary = _load_json(summary_path, "rerun the sweep (it re-evaluates the run) or delete the run directory")
+    rewrite = f"`tango-lm train {run_dir} --resume` writes it again (as rerunning its sweep does), or delete the run"
+    summary = _load_json(summary_path, rewrite)  # (it named only a sweep, of plain runs too)
     sweep_path = run_dir / "sweep.json"
     labels = _load_json(sweep_path, "rerun the sweep to rewrite it").get("labels", {}) if sweep_path.exists() else {}
     if not isinstance(labels, dict):
