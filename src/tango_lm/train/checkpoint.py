@@ -320,17 +320,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"checkpoint {path} is incomplete (no {MARKER} marker; the save was interrupted); use an earlier one"
         )
     meta = read_step_json(path, "meta.json")
-    if isinstance(meta, dict):
-        for name in DESCRIBED:
-            check_sum(path, meta, name)
+    for name in DESCRIBED:
+        check_sum(path, meta, name)
     config = read_step_json(path, "config.json")
     tokenizer = read_step_json(path, "tokenizer.json")
-    for name, data in (("meta.json", meta), ("config.json", config), ("tokenizer.json", tokenizer)):
-        if not isinstance(data, dict):
-            raise UserError(
-                f"checkpoint {path} has a {name} that is a {type(data).__name__}, not a mapping; "
-                "it is corrupt, use another checkpoint"
-            )
     if meta.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} has format {meta.get('format')!r}, expected {FORMAT!r}")
     if not isinstance(meta.get("step"), int):

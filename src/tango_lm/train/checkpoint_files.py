@@ -39,11 +39,14 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_step_json(path: Path, name: str) -> Any:
-    """File `name` of step directory `path`, parsed; a UserError that names the file and what is
-    wrong with it (it said only "is corrupt (JSONDecodeError)")."""
+def read_step_json(path: Path, name: str) -> dict[str, Any]:
+    """The JSON object in file `name` of step directory `path`; a UserError that names the file and
+    what is wrong with it (it said only "is corrupt (JSONDecodeError)")."""
     try:
-        return json.loads((path / name).read_text(encoding="utf-8"))
+        data = json.loads((path / name).read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            return data
+        problem = f"has a {name} that is a {type(data).__name__}, not a mapping"
     except FileNotFoundError:
         problem = f"has no {name}"
     except OSError as exc:
