@@ -24,6 +24,7 @@ from tango_lm.eval.perplexity import (
     rolling_windows,
     split_blank_lines,
     split_wikitext,
+    whole_file,
     wikitext_detokenize,
 )
 from tango_lm.models.config import ModelConfig
@@ -129,6 +130,32 @@ def test_text_format_word_perplexity(model, tmp_path):
     assert res["nll"] == pytest.approx(total / res["tokens"], rel=1e-5)
     assert res["bits_per_byte"] == pytest.approx(total / res["bytes"] / math.log(2), rel=1e-5)
     assert res["bytes"] == sum(len(d.encode()) for d in DOCS)
+
+
+def test_document_format_scores_the_whole_file_as_one_document(model, tmp_path):
+    # --format text cut a source file or a book at every blank line, an end-of-text token each time
+    path = tmp_path / "module.py"
+    text = "\n\n".join(DOCS) + "\n\n\n    indented\n"
+    path.write_text(text)
+    res = evaluate_file(model, TOK, path, "document", CONTEXT, stride=4)
+    ids = TOK.encode(text)
+    total = -sum(brute_logprobs(model, ids, rolling_start(len(ids), 4)))
+    assert res["documents"] == 1 and res["tokens"] == len(ids) == res["bytes"]
+    assert res["nll"] == pytest.approx(total / len(ids), rel=1e-5)
+    assert res["words"] == len(text.split())
+    split = evaluate_file(model, TOK, path, "text", CONTEXT, stride=4)
+    assert split["documents"] == len(DOCS) + 1 and split["nll"] != pytest.approx(res["nll"], rel=1e-5)
+
+
+def test_document_format_reads_a_file_as_data_prepare_text_does(tmp_path):
+    from tango_lm.data.files import text_documents
+
+    path = tmp_path / "book.txt"
+    path.write_bytes(b"\xef\xbb\xbf  Chapter 1\r\n\r\nIt was a dark night.\r\n\r\n")
+    assert whole_file(read_text_file(path)) == list(text_documents([path]))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\t\n")
+    assert whole_file(read_text_file(blank)) == [] == list(text_documents([blank]))
 
 
 def test_bits_per_byte_counts_the_utf8_bytes_of_the_text(model, tmp_path):
@@ -337,6 +364,9 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
     lam.write_text("a b c\nd e f\n")
     assert main(["eval", str(run_dir), "--ppl", str(lam), "--format", "lambada", "--device", "cpu"]) == 0
     assert "last-word perplexity" in capsys.readouterr().out
+
+    assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "document", "--device", "cpu"]) == 0
+    assert "over 1 document, " in capsys.readouterr().out  # the WikiText file as one document
 
 
 FLAGS = {  # --ppl with what only a split takes, or what --ppl takes without it; --ablate goes with both

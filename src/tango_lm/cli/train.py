@@ -140,7 +140,7 @@ def _variant(res: dict) -> str:
 
 
 def _eval_ppl(args: argparse.Namespace) -> None:
-    """`eval CHECKPOINT --ppl FILE --format text|wikitext|lambada`: external perplexity (docs/design.md §6)."""
+    """`eval CHECKPOINT --ppl FILE --format text|document|wikitext|lambada`: external perplexity (docs/design.md §6)."""
     from tango_lm.eval.perplexity import evaluate_checkpoint_file
 
     res = evaluate_checkpoint_file(
@@ -226,7 +226,10 @@ def add_parsers(sub: Any) -> None:
         "--format",
         default=None,
         choices=PPL_FORMATS,
-        help="--ppl file format: blank-line documents (text, the default), raw WikiText, or LAMBADA lines/JSONL",
+        help=(
+            "--ppl file format: blank-line documents (text, the default), the whole file as one document "
+            "(document: a source file, a book), raw WikiText, or LAMBADA lines/JSONL"
+        ),
     )
     s.add_argument(
         "--stride",

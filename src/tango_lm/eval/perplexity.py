@@ -13,6 +13,9 @@ Formats and their conventions:
 
 - `text`: documents are separated by blank lines. Reports NLL per token, token, word and byte
   perplexity and bits per byte.
+- `document`: the whole file is one document, as `data prepare text` reads a file without
+  `--split-on-blank-lines` (universal newlines; `data prepare code` keeps a file's `\r\n`): a
+  source file, a book or an article whose blank lines do not end it. Reports what `text` does.
 - `wikitext`: the raw WikiText files (`wiki.test.raw`). Documents are the articles: a new one
   starts at each top-level heading line ` = Title = ` (not at ` = = Section = = `); a file without
   such headings falls back to blank-line documents. Each article is scored after the usual
@@ -48,8 +51,6 @@ import torch
 
 from tango_lm.data.files import without_lone_surrogates
 from tango_lm.errors import UserError
-
-FORMATS = ("text", "wikitext", "lambada")
 
 
 # -- the scoring engine -------------------------------------------------------------------------
@@ -210,6 +211,15 @@ def split_wikitext(text: str) -> list[str]:
     docs.append("\n".join(current))
     return [d for d in docs if d.strip()]
 
+
+def whole_file(text: str) -> list[str]:
+    """The file as one document, kept as written (no text: none), as `data prepare text` reads it."""
+    return [text] if text.strip() else []
+
+
+# How each format of documents cuts a file into them; `lambada` is examples, not documents.
+DOCUMENT_FORMATS = {"text": split_blank_lines, "document": whole_file, "wikitext": split_wikitext}
+FORMATS = (*DOCUMENT_FORMATS, "lambada")
 
 _DETOKENIZE = [
     ("s '", "s'"),
@@ -394,7 +404,7 @@ def evaluate_file(
         res = lambada_metrics(model, tokenizer, read_lambada(path), context, batch_size, device, dtype, progress)
     else:
         text = read_text_file(path)
-        originals = split_wikitext(text) if fmt == "wikitext" else split_blank_lines(text)
+        originals = DOCUMENT_FORMATS[fmt](text)
         if not originals:
             raise UserError(f"{path} holds no text; give a non-empty {fmt} file")
         docs = [wikitext_detokenize(d) for d in originals] if fmt == "wikitext" and detokenize else originals
