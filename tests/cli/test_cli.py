@@ -373,7 +373,28 @@ def test_presets_filter_that_matches_nothing_is_one_error_line(capsys, json_flag
     # It printed an empty table with exit 0, which reads as "there are no presets".
     rc, out, err, _ = helpers.run_main(capsys, ["presets", "tango-7om", *json_flag])
     assert rc == 2 and out == ""
-    assert "no preset name contains 'tango-7om'" in helpers.assert_one_error_line(err)
+    assert "no preset's name or description contains 'tango-7om'" in helpers.assert_one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "wanted, names",
+    [
+        # no name holds these: the descriptions are searched, in any case and without accents
+        (
+            "onona",
+            {f"{a}-{t}" for a in ("dense", "gdn-hybrid", "moe", "attnres") for t in ("142m", "330m")} | {"dense-1b"},
+        ),
+        (
+            "table 8",
+            {f"{a}-70m-d8-rotating" for a in ("tango", "tango-windowed", "loop-transformer", "untied-transformer")},
+        ),
+        # a name holds this: only names count, not the baselines whose descriptions say TANGO
+        ("TANGO-70M-D4", {"tango-70m-d4", *(f"tango-70m-d4-ratio{r}" for r in ("0.5", "1", "2", "4", "8"))}),
+    ],
+)
+def test_presets_filter_searches_descriptions_when_no_name_holds_it(capsys, wanted, names):
+    # `presets onona` found nothing: the onóna paper's backbones are named dense-142m, moe-330m, ...
+    assert {row["name"] for row in _run_json(capsys, ["presets", wanted, "--json"])} == names
 
 
 def test_params_text_output(capsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +61,17 @@ def cmd_params(args: argparse.Namespace) -> None:
 def cmd_presets(args: argparse.Namespace) -> None:
     from tango_lm.train.config import PRESET_DIR, list_presets, load_run_config
 
+    about = {name: _leading_comment(PRESET_DIR / f"{name}.yaml") for name in list_presets()}
+    names = list(about)
+    if args.filter:  # names first: `tango` is not every baseline whose description names TANGO
+        wanted = _folded(args.filter)
+        names = [n for n in names if wanted in n] or [n for n in names if wanted in _folded("\n".join(about[n]))]
     rows = []
-    for name in list_presets():
-        if args.filter and args.filter not in name:
-            continue
+    for name in names:
         model = load_run_config(name, []).model
-        first = (PRESET_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
-        rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": first})
+        rows.append({"name": name, "arch": model.arch, "total": model.num_params()["total"], "about": about[name][0]})
     if not rows:  # a typo, not an empty answer: an empty table would read as "no presets"
-        raise UserError(f"no preset name contains {args.filter!r}; `tango-lm presets` lists them all")
+        raise UserError(f"no preset's name or description contains {args.filter!r}; `tango-lm presets` lists them all")
     if args.json:
         _print_json(rows)
     else:
@@ -77,6 +81,18 @@ def cmd_presets(args: argparse.Namespace) -> None:
                 [("name", "preset", ""), ("arch", "arch", ""), ("total", "params", ",d"), ("about", "description", "")],
             )
         )
+
+
+def _leading_comment(path: Path) -> list[str]:
+    """A preset file's description: the comment lines it starts with, '#' removed."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.lstrip("# ") for line in itertools.takewhile(lambda line: line.startswith("#"), lines)] or [""]
+
+
+def _folded(text: str) -> str:
+    """Lower case without accents, so `onona` finds the onóna paper's presets."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
 # Set by match's own options (or by the matcher: width), not by an override.
@@ -218,7 +234,14 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(func=cmd_params)
 
     s = sub.add_parser("presets", help="list the named presets")
-    s.add_argument("filter", nargs="?", help="only presets whose name contains this (none: an error)")
+    s.add_argument(
+        "filter",
+        nargs="?",
+        help=(
+            "only presets whose name holds this or, when none does, whose description does, in any case "
+            "or accent (tango-70m, onona, 'table 8'); none: an error"
+        ),
+    )
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_presets)
 
