@@ -374,7 +374,7 @@ def test_throughput_points_of_rows_apart_in_a_setting_say_it():
         return RunRecord(Path(str(lr)), "d", "-", 2, "tango", "standard", "A", extras, value, value, None, 9.0, 1, 1)
 
     points = throughput_points([run(0.001, 3.0), run(0.01, 4.0)])
-    assert points == {"d": {"tango": [(9.0, 3.0, "-/d2 train.lr=0.001"), (9.0, 4.0, "-/d2 train.lr=0.01")]}}
+    assert points == {"d": {"tango": [(9.0, 3.0, "d2 train.lr=0.001"), (9.0, 4.0, "d2 train.lr=0.01")]}}
 
 
 def test_throughput_tags_name_only_the_settings_that_tell_a_models_points_apart():
@@ -388,7 +388,7 @@ def test_throughput_tags_name_only_the_settings_that_tell_a_models_points_apart(
 
     points = throughput_points([run("tango", 0.1, "best"), run("tango", 0.2, "best"), run("gau", 0.1, "final")])
     assert points == {
-        "d": {"tango": [(9.0, 0.1, "-/d2 train.lr=0.1"), (9.0, 0.2, "-/d2 train.lr=0.2")], "gau": [(9.0, 0.1, "-/d2")]}
+        "d": {"tango": [(9.0, 0.1, "d2 train.lr=0.1"), (9.0, 0.2, "d2 train.lr=0.2")], "gau": [(9.0, 0.1, "d2")]}
     }
 
 

@@ -83,3 +83,24 @@ def test_the_depth_plot_names_the_reported_split(tmp_path, monkeypatch):
     write_report(root, split="dev")
     assert labels and all(label.startswith(("dev NLL", "train NLL")) for label in labels), labels
     assert "dev NLL (nats/token)" in labels  # the depth and throughput plots
+
+
+def test_plots_of_plain_runs_name_no_tier(tmp_path, monkeypatch):
+    # Runs trained without a sweep have no tier: their figures said "d, tier -" in files named "d_tier--_...".
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tango_lm.eval.plots import throughput_points
+    from tango_lm.eval.report_runs import collect_runs
+
+    root = tmp_path / "runs"
+    for depth in (2, 4):
+        write_run(root, {"dataset": "d", "depth": depth, "arch": "tango", "seed": SEEDS[0]}, 3.0, 3.1, sweep_json=False)
+    titles, real = [], Figure.suptitle
+    monkeypatch.setattr(Figure, "suptitle", lambda self, t, *a, **k: titles.append(t) or real(self, t, *a, **k))
+    write_report(root)
+    names = sorted(p.name for p in (root / "report" / "plots").rglob("*.png"))
+    assert names == ["d_depth-2_seed-17-101.png", "d_depth-4_seed-17-101.png", "depth_d.png", "throughput_d.png"]
+    assert titles == ["d, depth 2, seed 17/101", "d, depth 4, seed 17/101"]
+    records, _ = collect_runs(root)
+    assert sorted(tag for _, _, tag in throughput_points(records)["d"]["tango"]) == ["d2", "d4"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tango_lm.eval.report import RunRecord, model_name, model_order
+from tango_lm.eval.report_runs import NO_TIER
 
 MAX_SLUG = 160  # file names stop at 255 bytes; rows told apart by many fields would pass that
 
@@ -23,6 +24,15 @@ def _slug(*parts: Any) -> str:
     if len(slug) > MAX_SLUG:  # a prefix to read, and a hash of the whole to keep names apart
         slug = f"{slug[: MAX_SLUG - 13]}--{hashlib.sha256(text.encode()).hexdigest()[:10]}"
     return slug
+
+
+def _tier_slug(tier: str) -> str:
+    return "" if tier == NO_TIER else f"tier={tier}"
+
+
+def _with_tier(dataset: str, tier: str) -> str:
+    """A figure's heading: a plain run has no tier to name ("tier -" read as a missing value)."""
+    return dataset if tier == NO_TIER else f"{dataset}, tier {tier}"
 
 
 def _extras_slug(extras: tuple[tuple[str, Any], ...]) -> str:
@@ -67,13 +77,13 @@ def _learning_curves(Figure: Any, records: list[RunRecord], out: Path) -> list[P
             ax.grid(alpha=0.3)
         # on the panel with lines (matplotlib warns on stderr of a legend with none)
         (ax_dev if any(r.dev_curve for r in runs) else ax_train).legend(fontsize=7)
-        title = f"{dataset}, tier {tier}, depth {depth}, seed {seed}"
+        title = f"{_with_tier(dataset, tier)}, depth {depth}, seed {seed}"
         if extras:
             title += ", " + ", ".join(f"{k}={v}" for k, v in extras)
         fig.suptitle(title)
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{_slug(dataset, f'tier={tier}', f'depth={depth}', _extras_slug(extras), 'seed=' + seed)}.png"
+        path = out / f"{_slug(dataset, _tier_slug(tier), f'depth={depth}', _extras_slug(extras), 'seed=' + seed)}.png"
         fig.savefig(path, dpi=100)
         files.append(path)
     return files
@@ -103,11 +113,11 @@ def _depth_plots(Figure: Any, report: dict[str, Any], out: Path) -> list[Path]:
         ax.get_xaxis().set_major_formatter(_int_formatter())
         ax.set_xlabel("depth (block applications)")
         ax.set_ylabel(f"{report['split']} NLL (nats/token)")
-        ax.set_title(f"{dataset}, tier {tier}")
+        ax.set_title(_with_tier(dataset, tier))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / f"depth_{_slug(dataset, f'tier={tier}', _extras_slug(extras))}.png"
+        path = out / f"depth_{_slug(dataset, _tier_slug(tier), _extras_slug(extras))}.png"
         fig.savefig(path, dpi=100)
         files.append(path)
     return files
@@ -146,7 +156,8 @@ def throughput_points(records: list[RunRecord]) -> dict[str, dict[str, list[tupl
             x = over_seeds(by_seed, lambda r: r.tokens_per_s)
             group = shared[(model, tier, depth)]
             apart = [(name, value) for name, value in extras if any(dict(e).get(name) != value for e in group)]
-            tag = " ".join([f"{tier}/d{depth}", *(f"{name}={value}" for name, value in apart)])
+            where = f"d{depth}" if tier == NO_TIER else f"{tier}/d{depth}"
+            tag = " ".join([where, *(f"{name}={value}" for name, value in apart)])
             per_model.setdefault(model, []).append((x, over_seeds(by_seed, lambda r: r.value), tag))
     return out
 

@@ -60,6 +60,9 @@ class RunRecord:
         return (self.dataset, self.tier, self.depth, self.extras)
 
 
+NO_TIER = "-"  # the tier of a plain run, which no grid matched to a parameter target
+
+
 # -- reading ----------------------------------------------------------------------------------
 def _load_json(path: Path, what: str) -> dict[str, Any]:
     try:
@@ -155,7 +158,7 @@ def read_run(run_dir: Path, split: str, warnings: list[str]) -> RunRecord | None
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         warnings.append(f"{run_dir}: its {split} NLL is {value!r}; left out of the report")
         return None
-    tier = labels.get("tier", labels.get("target_params", "-"))
+    tier = labels.get("tier", labels.get("target_params", NO_TIER))
     extras = tuple(
         sorted((k, v) for k, v in labels.items() if k not in (*ROW_AXES, *MODEL_AXES, "tier", "target_params"))
     )
