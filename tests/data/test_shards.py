@@ -159,6 +159,25 @@ def test_missing_directory(tmp_path):
         PreparedDataset.open(tmp_path / "afile")
 
 
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("dmmath-gpt2", "`tango-lm data prepare dmmath --out {path} --tokenizer gpt2`"),  # the TANGO presets' data.dir
+        ("dmmath-byte", "`tango-lm data prepare dmmath --out {path} --tokenizer byte`"),  # the CPU sweeps'
+        (
+            "climbmix-gpt2",
+            "`tango-lm data prepare SOURCE --out {path} ...` (`tango-lm data prepare --help` lists them)",
+        ),
+    ],
+)
+def test_a_missing_dataset_names_the_command_that_makes_it(tmp_path, name, hint):
+    # `tango-lm train tango-70m-d4` on a new machine said "run `tango-lm data prepare ...`": which source?
+    path = tmp_path / "data" / name
+    with pytest.raises(UserError) as err:
+        PreparedDataset.open(path)
+    assert str(err.value).endswith("; create it with " + hint.format(path=path))
+
+
 def test_missing_manifest(prepared):
     (prepared / "manifest.json").unlink()
     with pytest.raises(UserError, match="has no manifest.json"):

@@ -43,7 +43,7 @@ from tango_lm.errors import UserError, os_error_text
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared"]
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_CREATE_HINT = "run `tango-lm data prepare ...` to create it"
+_DMMATH_DIR = re.compile(r"^dmmath-(byte|gpt2)$")  # the folders the TANGO presets and CPU sweeps train on
 _REMOVE_HINT = (
     "remove the directory (or choose another --out) and run `tango-lm data prepare ...` again"  # unrecognised
 )
@@ -302,6 +302,14 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _create_hint(path: Path) -> str:
+    """The command that makes the dataset: whole for the DeepMind Mathematics folders the presets
+    name (generated here, no download), a pointer to the sources otherwise."""
+    if match := _DMMATH_DIR.match(path.name):
+        return f"create it with `tango-lm data prepare dmmath --out {path} --tokenizer {match[1]}`"
+    return f"create it with `tango-lm data prepare SOURCE --out {path} ...` (`tango-lm data prepare --help` lists them)"
+
+
 class PreparedDataset:
     """A prepared dataset opened for reading; shards are memory-mapped, not loaded."""
 
@@ -321,12 +329,12 @@ class PreparedDataset:
         p = Path(path)
         if not p.is_dir():
             why = "a file, not a directory" if p.exists() else "directory missing"
-            raise UserError(f"no prepared dataset at {p} ({why}); {_CREATE_HINT}")
+            raise UserError(f"no prepared dataset at {p} ({why}); {_create_hint(p)}")
         try:
             with open(p / MANIFEST, encoding="utf-8") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_CREATE_HINT}") from None
+            raise UserError(f"{p} has no {MANIFEST}, so it is not a prepared dataset; {_create_hint(p)}") from None
         except (OSError, ValueError) as e:
             raise UserError(f"the manifest {p / MANIFEST} cannot be parsed ({e}); {_REMOVE_HINT}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
