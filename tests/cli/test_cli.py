@@ -368,6 +368,26 @@ def test_presets_text_listing_heads_every_column(capsys):
     assert len(rule.split()) == 4
 
 
+def test_presets_train_on_the_datasets_the_readme_names():
+    # The README tells where each family's data goes and the command that makes the TANGO presets'.
+    from tango_lm.train.config import list_presets, load_run_config
+
+    onona = {"dense", "gdn-hybrid", "moe", "attnres"}
+    where = {}
+    for name in list_presets():
+        run = load_run_config(name, [])
+        family = "dense-1b" if name == "dense-1b" else "onona" if run.model.arch in onona else "tango"
+        where.setdefault(family, set()).add(run.data.dir)
+    assert where == {
+        "onona": {"data/climbmix-gpt2"},
+        "dense-1b": {"data/climbmix-1b-gpt2"},
+        "tango": {"data/dmmath-gpt2"},
+    }
+    readme = " ".join((helpers.ROOT / "README.md").read_text().split())
+    assert "(`tango-lm data prepare dmmath --out data/dmmath-gpt2 --tokenizer gpt2`)" in readme
+    assert "They train on `data/climbmix-gpt2` (`dense-1b` on `data/climbmix-1b-gpt2`)" in readme
+
+
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_presets_filter_that_matches_nothing_is_one_error_line(capsys, json_flag):
     # It printed an empty table with exit 0, which reads as "there are no presets".
