@@ -357,7 +357,7 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
     # The line gives what the README says --ppl reports: per-token NLL and perplexity, word perplexity.
     assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "wikitext", "--stride", "8"]) == 0
     line = capsys.readouterr().out
-    assert f"token perplexity {res['token_perplexity']:.3f}, word perplexity {res['word_perplexity']:.3f}" in line
+    assert f"token perplexity {res['token_perplexity']:.3f}, word perplexity {res['word_perplexity']:.3e}" in line
     assert f"{res['nll']:.4f} nats/token" in line
 
     lam = tmp_path / "l.txt"
@@ -367,6 +367,15 @@ def test_cli_ppl_json_matches_library(run_dir, tmp_path, capsys):
 
     assert main(["eval", str(run_dir), "--ppl", str(path), "--format", "document", "--device", "cpu"]) == 0
     assert "over 1 document, " in capsys.readouterr().out  # the WikiText file as one document
+
+
+def test_a_perplexity_past_a_million_prints_with_an_exponent():
+    # An untrained model's word perplexity printed as 5256006514061996.000: sixteen digits of noise.
+    from tango_lm.cli.train import perplexity_text
+
+    assert perplexity_text(5256006514061996.0) == "5.256e+15"
+    assert perplexity_text(999_999.0) == "999999.000" and perplexity_text(75.9164) == "75.916"
+    assert perplexity_text(float("inf")) == "inf"
 
 
 FLAGS = {  # --ppl with what only a split takes, or what --ppl takes without it; --ablate goes with both

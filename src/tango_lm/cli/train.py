@@ -157,17 +157,25 @@ def _eval_ppl(args: argparse.Namespace) -> None:
         _print_json(res)
     elif res["format"] == "lambada":
         print(
-            f"LAMBADA-style last-word perplexity {res['last_word_perplexity']:.3f}, accuracy {res['accuracy']:.4f} "
+            f"LAMBADA-style last-word perplexity {perplexity_text(res['last_word_perplexity'])}, accuracy {res['accuracy']:.4f} "
             f"over {counted(res['examples'], 'example')} ({res['checkpoint']}, step {res['step']}{_variant(res)})"
         )
     else:
         print(
-            f"{res['format']}: token perplexity {res['token_perplexity']:.3f}, word perplexity "
-            f"{res['word_perplexity']:.3f}, {res['nll']:.4f} nats/token, "
+            f"{res['format']}: token perplexity {perplexity_text(res['token_perplexity'])}, word perplexity "
+            f"{perplexity_text(res['word_perplexity'])}, {res['nll']:.4f} nats/token, "
             f"{res['bits_per_byte']:.4f} bits/byte over {counted(res['documents'], 'document')}, {counted(res['tokens'], 'token')}, "
             f"{counted(res['words'], 'word')} (context {res['context']}, stride {res['stride']}; {res['checkpoint']}, "
             f"step {res['step']}{_variant(res)})"
         )
+
+
+def perplexity_text(value: float | None) -> str:
+    """Three decimals, or four digits with an exponent past a million (an untrained model's word
+    perplexity printed as 5256006514061996.000: sixteen digits, twelve of them noise)."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3e}" if abs(value) >= 1e6 else f"{value:.3f}"
 
 
 def _parse_segment(text: str) -> int | None:
