@@ -206,9 +206,26 @@ def test_wikitext_documents_and_detokenization(model, tmp_path):
 
 
 def test_blank_line_documents():
-    assert split_blank_lines("a b\nc\n\n\n d \n \t\nlast") == ["a b\nc", "d", "last"]
+    assert split_blank_lines("a b\nc\n\n\n d \n \t\nlast") == ["a b\nc", " d ", "last"]
     # a line of any whitespace separates, as data prepare reads it (a no-break space had joined them)
-    assert split_blank_lines("aaa\n\u00a0\nbbb\n\f\nccc\u3000\n\u3000\n") == ["aaa", "bbb", "ccc"]
+    assert split_blank_lines("aaa\n\u00a0\nbbb\n\f\nccc\u3000\n\u3000\n") == ["aaa", "bbb", "ccc\u3000"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"    It was a dark night.\n    The rain fell.\n\n  Chapter 2  \n",  # indented paragraphs, trailing spaces
+        b"\xef\xbb\xbf\r\n\r\nfirst\r\n \t \r\nsecond\rthird\n\n\n",  # BOM, CRLF, CR, a line of spaces
+        b"def f():\n    return 1\n\n\ndef g():\n    pass",  # code, no newline at the end
+    ],
+)
+def test_text_documents_are_those_data_prepare_makes_of_the_file(tmp_path, content):
+    # --ppl stripped each paragraph: an indented one was scored without the indent the model trained on
+    from tango_lm.data.files import text_documents
+
+    path = tmp_path / "file.txt"
+    path.write_bytes(content)
+    assert split_blank_lines(read_text_file(path)) == list(text_documents([path], split_on_blank_lines=True))
     assert split_wikitext("one\n\ntwo") == ["one", "two"]  # no headings: blank-line documents
 
 

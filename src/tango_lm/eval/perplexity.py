@@ -178,17 +178,17 @@ def read_text_file(path: str | Path) -> str:
 
 
 def split_blank_lines(text: str) -> list[str]:
-    """Documents separated by one or more blank lines, a line of whitespace of any kind (a no-break
-    space, a form feed) blank as `data prepare text --split-on-blank-lines` reads it; surrounding
-    whitespace dropped."""
+    """Documents separated by one or more blank lines (a line of whitespace of any kind: a no-break
+    space, a form feed), exactly those `data prepare text --split-on-blank-lines` makes of the file:
+    lines as written, a paragraph's indent kept (the model trained on it)."""
     docs, para = [], []
     for line in text.split("\n"):
         if line.strip():
             para.append(line)
         elif para:
-            docs.append("\n".join(para).strip())
+            docs.append("\n".join(para))
             para = []
-    return [d for d in (*docs, "\n".join(para).strip()) if d]
+    return [*docs, "\n".join(para)] if para else docs
 
 
 def _is_article_heading(line: str) -> bool:
