@@ -170,11 +170,9 @@ def _eval_ppl(args: argparse.Namespace) -> None:
         )
 
 
-def perplexity_text(value: float | None) -> str:
+def perplexity_text(value: float) -> str:
     """Three decimals, or four digits with an exponent past a million (an untrained model's word
     perplexity printed as 5256006514061996.000: sixteen digits, twelve of them noise)."""
-    if value is None:
-        return "n/a"
     return f"{value:.3e}" if abs(value) >= 1e6 else f"{value:.3f}"
 
 
