@@ -45,16 +45,16 @@ def test_ppl_windows_are_the_trained_sequence_length(short_trained):
     ckpt, net, path = short_trained
     res = evaluate_checkpoint_file(str(ckpt), path, "text", device="cpu")
     assert res["context"] == 16 and res["stride"] == 16
-    want = document_perplexity(net, ByteTokenizer(), [TEXT.strip()], 16)
-    other = document_perplexity(net, ByteTokenizer(), [TEXT.strip()], 32)
+    want = document_perplexity(net, ByteTokenizer(), [TEXT], 16)
+    other = document_perplexity(net, ByteTokenizer(), [TEXT], 32)
     assert res["nll"] == pytest.approx(want["nll"], rel=1e-6)
     assert abs(want["nll"] - other["nll"]) > 1e-4  # the window length matters to the number
 
 
 def test_the_reported_stride_defaults_to_the_window(short_trained, capsys):
     _, net, path = short_trained
-    res = document_perplexity(net, ByteTokenizer(), [TEXT.strip()], 16)
+    res = document_perplexity(net, ByteTokenizer(), [TEXT], 16)
     assert res["stride"] == 16 and res["context"] == 16
-    assert document_perplexity(net, ByteTokenizer(), [TEXT.strip()], 16, stride=4)["stride"] == 4
+    assert document_perplexity(net, ByteTokenizer(), [TEXT], 16, stride=4)["stride"] == 4
     assert main(["eval", str(short_trained[0]), "--ppl", str(path), "--device", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stride"] == 16
