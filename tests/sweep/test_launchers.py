@@ -86,6 +86,16 @@ def test_a_job_records_the_grids_token_budget_as_the_local_launcher_does(data_di
     assert json.loads((run.out_dir / "sweep.json").read_text())["tokens_per_param"] == 0.01
 
 
+def test_a_jobs_log_has_the_runs_progress_as_lines(data_dir, tmp_path, monkeypatch, capsys):
+    # A job's log (a file) said "training (12 steps)" and then nothing until the run ended.
+    monkeypatch.setattr(launchers, "_export_torch_distributed_env", lambda: None)
+    grid = load_grid(write_grid(tmp_path, data_dir, progress=True))
+    (run,) = grid.runs
+    assert launchers.SweepJob.of(run)()["status"] == "trained"
+    err = capsys.readouterr().err
+    assert "train tango: step 1/12 (8%), loss " in err and "train tango: step 12/12 (100%)" in err
+
+
 def test_job_settings_come_from_the_grid_and_the_flags(data_dir, tmp_path):
     grid = load_grid(
         write_grid(

@@ -889,3 +889,13 @@ def test_a_base_preset_with_a_model_section_reads_it_as_overrides(data_dir, tmp_
     given = load_run_config("tango-70m-d4", [f"{k}={v}" for k, v in model.items()] + ["depth=2", "train.steps=1"]).model
     assert (swept.n_heads, swept.head_dim) == (given.n_heads, given.head_dim) == (2, 32)
     assert swept == given
+
+
+def test_a_sweep_without_a_terminal_writes_each_runs_progress_as_lines(data_dir, tmp_path, capsys):
+    # `nohup tango-lm sweep grid.yaml > log 2>&1`: each run's header, then nothing until it ended.
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [1]}, progress=True)
+    rc, _, err, _ = helpers.run_main(capsys, ["sweep", str(path)])
+    assert rc == 0 and "train tango: step 12/12 (100%)" in err
+    path = write_grid(tmp_path, {"dataset": {"syn": str(data_dir)}, "arch": ["tango"], "seed": [2]}, progress=True)
+    rc, out, err, _ = helpers.run_main(capsys, ["sweep", str(path), "--no-progress"])
+    assert rc == 0 and "trained" in out and "train tango: step" not in err

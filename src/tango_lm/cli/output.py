@@ -35,6 +35,7 @@ __all__ = [
     "one_line",
     "held_warnings",
     "progress_on_terminal_only",
+    "training_progress",
     "reader_may_leave",
     "JSON_HELP",
     "NO_PROGRESS_HELP",
@@ -53,7 +54,9 @@ CHECKPOINT_HELP = (
 # The flags many commands share, said once.
 CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
-NO_PROGRESS_HELP = "no progress bar (none is drawn when stderr is not a terminal either)"
+NO_PROGRESS_HELP = (
+    "no progress bar (none is drawn when stderr is not a terminal either: train and sweep write lines there)"
+)
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
@@ -123,9 +126,21 @@ def held_warnings() -> Iterator[None]:
 
 def progress_on_terminal_only(args: Any) -> None:
     """Commands draw bars only when stderr is a terminal: `args.no_progress` is set otherwise, also
-    for commands without a `--no-progress` flag (they read it with getattr)."""
-    if not _is_terminal(sys.stderr):
+    for commands without a `--no-progress` flag (they read it with getattr). Without one and
+    without --no-progress, `args.progress_lines` is set: training writes lines instead
+    (`training_progress`), which a batch job's log file can hold."""
+    terminal = _is_terminal(sys.stderr)
+    args.progress_lines = not terminal and not getattr(args, "no_progress", False)
+    if not terminal:
         args.no_progress = True
+
+
+def training_progress(args: Any) -> bool | str | None:
+    """What `train` and `sweep` pass to the trainer: plain lines in a log file, nothing with
+    --no-progress, else the run's `train.progress` (a bar)."""
+    if args.progress_lines:
+        return "lines"
+    return False if args.no_progress else None
 
 
 class _ReaderMayLeave:

@@ -17,6 +17,7 @@ from tango_lm.cli.output import (
     _print_json,
     _table,
     add_overrides,
+    training_progress,
 )
 from tango_lm.errors import UserError, counted, path_arg
 from tango_lm.eval.perplexity import FORMATS as PPL_FORMATS
@@ -30,9 +31,9 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     source, overrides = _config_and_overrides(args)
     run = load_run_config(source, overrides)
-    try:  # no bar without a terminal or with --no-progress: this command's, not the run's config
+    try:  # lines without a terminal, nothing with --no-progress: this command's, not the run's config
         with stop_on_sigterm():  # `timeout`, `kill` or a container's stop end it as Ctrl-C does
-            result = train(run, resume=args.resume, progress=False if args.no_progress else None)
+            result = train(run, resume=args.resume, progress=training_progress(args))
     except STOPS as stop:
         _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
         given = [*([source] if source else []), *overrides]

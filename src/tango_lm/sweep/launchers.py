@@ -95,7 +95,8 @@ class SweepJob:
             resume = state["state"] == "resume"
             return _row(run, "trained", train(run.config, resume, progress=False, prepared_by_rank_0=True).summary)
         with hold_output_lock(run.out_dir, "a tango-lm sweep job", "wait for that job or cancel it"):
-            return _train_one(run, run.name, lambda msg: print(msg, flush=True), progress=False)  # a job's log
+            # a job's log is a file: progress as lines (train/progress_display.py)
+            return _train_one(run, run.name, lambda msg: print(msg, flush=True), progress="lines")
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Requeue the same run: it resumes from its latest checkpoint."""

@@ -190,11 +190,11 @@ def plan_rows(grid: Grid, runs: list[SweepRun], checks: RunChecks | None = None)
 def run_sweep(
     grid: Grid,
     runs: list[SweepRun] | None = None,
-    progress: bool | None = None,
+    progress: bool | str | None = None,
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Train every run of the grid that is not finished; returns one status row per run.
-    `progress` overrides the runs' `train.progress` when given."""
+    `progress` overrides the runs' `train.progress` when given (train/progress_display.py)."""
     runs = grid.runs if runs is None else runs
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
@@ -226,7 +226,9 @@ def run_sweep(
     return rows
 
 
-def _train_one(run: SweepRun, head: str, log: Callable[[str], None], progress: bool | None = None) -> dict[str, Any]:
+def _train_one(
+    run: SweepRun, head: str, log: Callable[[str], None], progress: bool | str | None = None
+) -> dict[str, Any]:
     """Train (or resume, or retry) one run whose directory this process holds locked."""
     from tango_lm.train.trainer import train
 

@@ -1,6 +1,6 @@
 """The training loop (docs/design.md §6): AdamW, warmup + WSD/cosine, clipping, accumulation, bf16 autocast,
 optional torch.compile and activation checkpointing, dev NLL on a schedule, best-dev checkpoint,
-test NLL of the selected checkpoint, JSONL metrics, a progress bar, and exact resume.
+test NLL of the selected checkpoint, JSONL metrics, a progress bar (lines in a log file), and exact resume.
 
 Under torchrun the same loop runs data-parallel (train/distributed.py, docs/distributed.md): every
 process reads its slice of the same global batches, the logged loss is the all-reduced global mean,
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from tango_lm import strict_json
 from tango_lm.atomic_files import write_json_atomic, write_text_atomic
@@ -54,6 +53,7 @@ from tango_lm.train.loggers import (
 )
 from tango_lm.train.nonfinite import NonFiniteGuard
 from tango_lm.train.optim import build_optimizer, lr_at
+from tango_lm.train.progress_display import StepStats, progress_display, progress_style
 from tango_lm.train.run_dir import FAILED_ATTEMPT_FILES, claim_run_dir
 from tango_lm.train.start_vote import StartVote
 from tango_lm.train.trainer_checkpoints import TrainerCheckpoints
@@ -76,16 +76,16 @@ class Trainer(TrainerCheckpoints):
         run: RunConfig,
         resume: bool = False,
         warnings: bool = True,
-        progress: bool | None = None,
+        progress: bool | str | None = None,
         start_vote: StartVote | None = None,
     ) -> None:
         # Checked as a config file is: a RunConfig built in Python skipped every check (a schedule
         # "cosin" trained WSD, dev_split "train" selected on training text, grad_accum 0 NaN steps).
         self.run = run = RunConfig.from_dict(run.to_dict())
         self.say_warnings = warnings  # start_of_run_warnings on stderr (a sweep says them once for all its runs)
-        # The command's display (no terminal, --no-progress) over train.progress, never written into
-        # the run's config: a run resumed on a terminal draws its bar again.
-        self.show_progress = run.train.progress if progress is None else progress
+        # The command's display (lines without a terminal, --no-progress) over train.progress, never
+        # written into the run's config: a run resumed on a terminal draws its bar again.
+        self.progress_style = progress_style(progress, run.train.progress)
         cfg = run.train
         distributed.check_launch(run, distributed.launch_env()[2])  # before anything is read or written
         check_available(cfg.loggers)
@@ -323,14 +323,8 @@ class Trainer(TrainerCheckpoints):
         cfg = self.run.train
         losses: dict[int, float] = {}
         tokens_per_step = cfg.grad_accum * cfg.batch_size * self.seq_len  # the global batch
-        bar = tqdm(
-            total=self.total_steps,
-            initial=self.step,
-            disable=not (self.show_progress and self.dist.is_main),
-            unit="step",
-            desc=f"train {self.run.model.arch}",
-            dynamic_ncols=True,
-        )
+        style = self.progress_style if self.dist.is_main else "none"
+        display = progress_display(style, f"train {self.run.model.arch}", self.total_steps, self.step)
         # the bar's dev NLL: after a resume, the last one measured before the checkpoint
         dev_nll = next((r["dev_nll"] for r in reversed(kept) if "dev_nll" in r), None)
         while self.step < self.total_steps:
@@ -355,20 +349,13 @@ class Trainer(TrainerCheckpoints):
                 )
             if self._stop is not None:  # after the step's "skipped" record; every rank has the same error
                 raise self._stop
-            if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
+            evaluated = self.step % cfg.eval_every == 0 or self.step == self.total_steps
+            if evaluated:
                 dev_nll = self._evaluate_and_save()
             elif self.step % cfg.save_every == 0:
                 self.save()
-            bar.set_postfix(
-                loss=f"{loss:.3f}",
-                tok_s=f"{tokens_per_s:,.0f}",
-                mfu=f"{mfu:.1%}" if mfu is not None else "-",
-                mem=f"{memory:,.0f}MiB",
-                dev=f"{dev_nll:.3f}" if dev_nll is not None else "-",
-                refresh=False,
-            )
-            bar.update(1)
-        bar.close()
+            display.update(self.step, StepStats(loss, tokens_per_s, mfu, memory, dev_nll), milestone=evaluated)
+        display.close()
         # A resume whose budget was lowered to its checkpoint's step trains nothing; that step is
         # now the last and gets the last step's dev NLL (and best-dev check) if it had none (rank 0
         # alone reads the log: every rank follows its answer).
@@ -456,7 +443,7 @@ def train(
     run: RunConfig,
     resume: bool = False,
     warnings: bool = True,
-    progress: bool | None = None,
+    progress: bool | str | None = None,
     prepared_by_rank_0: bool = False,
 ) -> TrainResult:
     """Train a run to its budget (resuming from its latest checkpoint when asked); `warnings=False`

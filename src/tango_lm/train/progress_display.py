@@ -1,0 +1,135 @@
+"""A training run's progress as it trains: a tqdm bar on a terminal, plain lines in a log file.
+
+A batch job's log (SLURM, `nohup`, `> log 2>&1`) is no terminal: a bar's redraws would pile up
+there as one endless line, so the command line draws none, and a run of hours said nothing until
+its summary. There it prints lines instead: after the first step (the run works), then at most
+one per LINE_EVERY_S seconds, at each dev evaluation and at the last step, each with the loss,
+dev NLL, tokens/s, MFU, peak memory, the time elapsed and the ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from tqdm.auto import tqdm  # a widget in a notebook, as the bar always was
+
+LINE_EVERY_S = 30.0
+
+
+@dataclass
+class StepStats:
+    """What the display shows of a step (the same numbers as its metrics.jsonl record)."""
+
+    loss: float
+    tokens_per_s: float
+    mfu: float | None
+    memory_mib: float
+    dev_nll: float | None  # the latest dev NLL measured, at this step or before
+
+
+def progress_style(progress: bool | str | None, configured: bool) -> str:
+    """ "bar", "lines" or "none". `progress`: None, the run's `train.progress` as a bar; "lines",
+    the same as lines (a command without a terminal); True or False, a bar or nothing."""
+    if progress is None or progress == "lines":
+        return ("bar" if progress is None else "lines") if configured else "none"
+    if isinstance(progress, bool):
+        return "bar" if progress else "none"
+    raise ValueError(f"progress must be None, a bool or 'lines', not {progress!r}")
+
+
+def duration_text(seconds: float) -> str:
+    """12s, 4m05s, 1h23m, 2d03h: two units at most, as an ETA is read."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+class _Bar:
+    def __init__(self, desc: str, total: int, initial: int) -> None:
+        self.bar = tqdm(total=total, initial=initial, unit="step", desc=desc, dynamic_ncols=True)
+
+    def update(self, step: int, stats: StepStats, milestone: bool = False) -> None:
+        self.bar.set_postfix(
+            loss=f"{stats.loss:.3f}",
+            tok_s=f"{stats.tokens_per_s:,.0f}",
+            mfu=f"{stats.mfu:.1%}" if stats.mfu is not None else "-",
+            mem=f"{stats.memory_mib:,.0f}MiB",
+            dev=f"{stats.dev_nll:.3f}" if stats.dev_nll is not None else "-",
+            refresh=False,
+        )
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class ProgressLines:
+    """One line per update that is due: the first, one LINE_EVERY_S after the last line, a
+    milestone (a dev evaluation) or the last step. The ETA is the mean wall time per step since
+    the display started (evaluations and saves included) times the steps left."""
+
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        initial: int,
+        every_s: float = LINE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.desc, self.total, self.initial, self.every_s = desc, total, initial, every_s
+        self.clock, self.stream = clock, stream
+        self.start = clock()
+        self.last: float | None = None
+
+    def update(self, step: int, stats: StepStats, milestone: bool = False) -> None:
+        now = self.clock()
+        if not (self.last is None or now - self.last >= self.every_s or milestone or step >= self.total):
+            return
+        self.last = now
+        elapsed = now - self.start
+        done = step - self.initial
+        eta = elapsed / done * (self.total - step) if done > 0 else math.inf
+        fields = [
+            f"loss {stats.loss:.3f}",
+            f"dev {stats.dev_nll:.3f}" if stats.dev_nll is not None else "dev -",
+            f"{stats.tokens_per_s:,.0f} tok/s",
+            f"MFU {stats.mfu:.1%}" if stats.mfu is not None else "MFU -",
+            f"{stats.memory_mib:,.0f} MiB",
+            f"{duration_text(elapsed)} elapsed",
+            f"ETA {duration_text(eta)}",
+        ]
+        line = f"{self.desc}: step {step:,}/{self.total:,} ({step / self.total:.0%}), " + ", ".join(fields)
+        print(line, file=self.stream or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _Nothing:
+    def update(self, step: int, stats: StepStats, milestone: bool = False) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_display(style: str, desc: str, total: int, initial: int) -> Any:
+    """The display of `progress_style`: update(step, StepStats, milestone) after each step, then close()."""
+    if style == "bar":
+        return _Bar(desc, total, initial)
+    if style == "lines":
+        return ProgressLines(desc, total, initial)
+    return _Nothing()
