@@ -176,7 +176,7 @@ class TrainConfig:
     # keeps each application's input instead of its activations, for one more forward of the body.
     activation_checkpointing: bool = False
     device: str = "auto"
-    progress: bool = True
+    progress: bool = True  # a bar on a terminal, lines in a log file (train/progress_display.py)
     # Under torchrun (docs/distributed.md): ddp replicates the model, fsdp shards it (FSDP2).
     # The global batch per optimizer step is batch_size * grad_accum windows on any process count.
     parallel: str = "none"  # none | ddp | fsdp
