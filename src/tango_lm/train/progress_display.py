@@ -33,8 +33,9 @@ class StepStats:
 
 
 def progress_style(progress: bool | str | None, configured: bool) -> str:
-    """ "bar", "lines" or "none". `progress`: None, the run's `train.progress` as a bar; "lines",
-    the same as lines (a command without a terminal); True or False, a bar or nothing."""
+    """The display, "bar", "lines" or "none", for the command's `progress`: None, a bar if the
+    run's `train.progress` asks for one; "lines", lines if it does (a command without a terminal);
+    True or False, a bar or nothing whatever the run says."""
     if progress is None or progress == "lines":
         return ("bar" if progress is None else "lines") if configured else "none"
     if isinstance(progress, bool):
