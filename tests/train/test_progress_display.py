@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tango_lm.train.progress_display import ProgressLines, StepStats, duration_text, progress_style
+from tango_lm.train.progress_display import ProgressLines, StepStats, progress_style
 from tests import helpers
 
 STATS = StepStats(loss=3.21449, tokens_per_s=51234.4, mfu=0.41234, memory_mib=12345.2, dev_nll=None)
@@ -55,14 +55,6 @@ def test_a_line_holds_the_numbers_of_the_bar_and_the_time_left():
         .splitlines()[-1]
         .startswith("train tango: step 1,251/5,000 (25%), loss nan, dev -, 1 tok/s, MFU -")
     )
-
-
-@pytest.mark.parametrize(
-    "seconds, text",
-    [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (3599, "59m59s"), (3600, "1h00m"), (90061, "1d01h"), (float("inf"), "?")],
-)
-def test_durations_read_as_two_units_at_most(seconds, text):
-    assert duration_text(seconds) == text
 
 
 def test_the_style_follows_the_command_and_then_the_runs_train_progress():

@@ -18,7 +18,9 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
 
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
-        path = source.prepare(args.out, overwrite=args.overwrite, progress=not args.no_progress)
+        # lines without a terminal (a batch job's log): tokenizing a large corpus takes hours
+        progress = "lines" if args.progress_lines else not args.no_progress
+        path = source.prepare(args.out, overwrite=args.overwrite, progress=progress)
     # The fractions' flags are named only where the source has them (a mixture, DM Math: not).
     print_prepared(PreparedDataset.open(path), fractions=hasattr(args, "dev_fraction"))
     for line in source.summary():

@@ -13,6 +13,7 @@ from typing import Any
 from tango_lm.data.inputs import _walk
 from tango_lm.data.source import HeldOutSource
 from tango_lm.errors import UserError
+from tango_lm.progress_lines import Progress
 
 __all__ = ["CodeSource", "CODE_ALWAYS_EXCLUDED", "CODE_TEST_DIRS", "stdlib_path", "code_documents", "prepare_code"]
 
@@ -158,7 +159,7 @@ class CodeSource(HeldOutSource):
         if self.max_bytes < 1:
             raise UserError(f"--max-file-bytes must be at least 1 (got {self.max_bytes})")
 
-    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
+    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: Progress = True) -> Path:
         self._stats = {}
         try:
             return super().prepare(out_dir, overwrite=overwrite, progress=progress)
@@ -173,7 +174,7 @@ class CodeSource(HeldOutSource):
             f"--max-file-bytes {self.max_bytes:,}), so no dataset was written to {out_dir}; check the inputs"
         ) from None
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[str]]:
         exts, exclude_dirs = self.exts, self.skipped_dirs
         for r in self.roots:
             root = Path(r).expanduser()
@@ -215,7 +216,7 @@ def prepare_code(
     test_fraction: float = 0.02,
     seed: int = 0,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Prepare source trees (default: Python's standard library) as a dataset (CodeSource)."""
     source = CodeSource(

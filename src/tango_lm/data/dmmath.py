@@ -35,6 +35,7 @@ from typing import Any
 from tango_lm.cache_root import cache_root
 from tango_lm.data.source import DataSource
 from tango_lm.errors import UserError, option, path_arg
+from tango_lm.progress_lines import Progress, progress_bar
 
 __all__ = ["DMMathSource", "prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
 
@@ -121,14 +122,13 @@ def generate_examples(
     seed: int,
     counts: dict[str, int],
     workers: int | None = None,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Directory of generated JSONL files (one per split and module), generating them if not cached.
 
     `counts` maps generator splits (train-easy, train-medium, train-hard, interpolate,
     extrapolate) to examples per module.
     """
-    from tqdm.auto import tqdm
 
     key = _generation_key(seed, counts)
     final = _generated_root() / key
@@ -149,7 +149,7 @@ def generate_examples(
     try:
         with (
             open(log, "w", encoding="utf-8") as err,
-            tqdm(desc="generate dmmath", unit="module", disable=not progress) as bar,
+            progress_bar(progress, desc="generate dmmath", unit="module") as bar,
         ):
             proc = subprocess.Popen(
                 [str(python), str(_WORKER), str(config_path)],
@@ -282,7 +282,7 @@ class DMMathSource(DataSource):
 
         return get_tokenizer(self.tokenizer)
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, list[str]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, list[str]]:
         seed, dev_fraction = self.seed, self.dev_fraction
         counts = dict(zip(TRAIN_SPLITS, _split_evenly(self.train_per_module, 3), strict=True))
         counts["interpolate"] = self.test_per_module
@@ -344,7 +344,7 @@ def prepare_dmmath(
     include_extrapolate: bool = False,
     workers: int | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Generate DeepMind Mathematics and write it as a prepared dataset (DMMathSource)."""
     source = DMMathSource(

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from tango_lm.data.inputs import INPUTS_HELP, _has_ext, files_per_split, refuse_split_named_training, split_inputs
 from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.errors import UserError, option
+from tango_lm.progress_lines import Progress
 
 __all__ = [
     "FileSource",
@@ -255,7 +256,7 @@ class FileSource(HeldOutSource):
         if self.max_docs is not None and self.max_docs < 1:
             raise UserError(f"{option('max_docs')} must be at least 1, got {self.max_docs}; omit it to read everything")
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[str]]:
         exts = tuple(self.exts or self.default_exts)
         self._groups = split_inputs(self.inputs, exts)
         self._files = files_per_split(self._groups, exts)  # fail on missing or shared paths now
@@ -331,7 +332,7 @@ def prepare_files(
     max_docs: int | None = None,
     batch_rows: int = 1024,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Prepare text (`.txt`), JSONL or Parquet files as a dataset (FileSource)."""
     if kind not in FILE_SOURCES:

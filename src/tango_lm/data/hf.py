@@ -15,6 +15,7 @@ from typing import Any
 from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError, option
+from tango_lm.progress_lines import Progress
 
 __all__ = ["HFSource", "load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
 
@@ -102,7 +103,7 @@ def _logged_errors(kept: _KeptErrors | None = None) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def _quiet_hub(datasets: Any, progress: bool) -> Iterator[None]:
+def _quiet_hub(datasets: Any, progress: Progress) -> Iterator[None]:
     """No log lines from `datasets` / `huggingface_hub` (an offline Hub name logs a retry a second
     before the one error line) and their progress bars only with `progress` on a terminal. Parts a
     `datasets` module lacks (another version, a stand-in) are left alone."""
@@ -120,7 +121,11 @@ def _quiet_hub(datasets: Any, progress: bool) -> Iterator[None]:
     for lg in loggers:
         lg.set_verbosity_error()
     if bars:
-        (datasets.enable_progress_bars if progress and sys.stderr.isatty() else datasets.disable_progress_bars)()
+        (
+            datasets.enable_progress_bars
+            if progress is True and sys.stderr.isatty()
+            else datasets.disable_progress_bars
+        )()
     try:
         yield
     finally:
@@ -136,7 +141,7 @@ def load_hf_splits(
     split_map: dict[str, str] | None = None,
     streaming: bool = True,
     revision: str | None = None,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Our split name -> a `datasets` split of `name` (a Hub name, a local data directory, or a
     `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
@@ -300,7 +305,7 @@ class HFSource(HeldOutSource):
     def streams(self) -> bool:
         return self.max_docs is not None if self.streaming is None else self.streaming
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[str]]:
         name = self.dataset
         self._loaded = load_hf_splits(
             name, self.config, self._split_map, streaming=self.streams, revision=self.revision, progress=progress
@@ -343,7 +348,7 @@ def prepare_hf(
     test_fraction: float = 0.02,
     seed: int = 0,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Prepare the Hugging Face dataset `name` as a dataset (HFSource)."""
     source = HFSource(

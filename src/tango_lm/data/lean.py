@@ -45,6 +45,7 @@ from tango_lm.data.inputs import INPUTS_HELP, files_per_split, refuse_split_name
 from tango_lm.data.source import HeldOutSource, KnownCount
 from tango_lm.data.splits import _unit, split_of
 from tango_lm.errors import UserError, option
+from tango_lm.progress_lines import Progress, progress_bar
 
 __all__ = [
     "LeanSource",
@@ -310,12 +311,11 @@ class LeanSource(HeldOutSource):
             )
         super().check()
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[str]]:
-        from tqdm.auto import tqdm
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[str]]:
 
         def read_bar(files: Sequence[Path], what: str) -> Sequence[Path]:
             # The passes before tokenizing read every file (a first pass counts tokens): a bar each.
-            return tqdm(files, desc=f"lean: {what}", unit="file", disable=not progress, leave=False)
+            return progress_bar(progress, iterable=files, desc=f"lean: {what}", unit="file", leave=False)
 
         files = _assign_files(self.inputs, self.exts, self.dev_fraction, self.test_fraction, self.seed, read_bar)
         texts = {
@@ -365,7 +365,7 @@ def prepare_lean(
     test_fraction: float = 0.02,
     seed: int = 0,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Prepare Lean files plus their proof-completion examples (LeanSource)."""
     source = LeanSource(

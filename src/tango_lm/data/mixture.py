@@ -40,6 +40,7 @@ from tango_lm.data.shards import PreparedDataset, write_prepared
 from tango_lm.data.source import DataSource
 from tango_lm.data.tokenizers import Tokenizer, same_tokenizer
 from tango_lm.errors import UserError, option, path_arg
+from tango_lm.progress_lines import Progress
 
 __all__ = ["MixtureSource", "parse_component", "prepare_mixture", "mix_documents"]
 
@@ -248,7 +249,7 @@ class MixtureSource(DataSource):
             )
         self._comps = comps
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[np.ndarray]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[np.ndarray]]:
         comps, seed, tokens = self._comps, self.seed, self.tokens
         datasets = [PreparedDataset.open(p) for p, _ in comps]
         first = datasets[0]
@@ -355,7 +356,7 @@ class MixtureSource(DataSource):
                 )
         return out
 
-    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
+    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: Progress = True) -> Path:
         self.check()
         for path, _ in self._comps:
             if Path(path).resolve() == Path(out_dir).resolve():  # --overwrite would replace it as it is read
@@ -378,7 +379,7 @@ def prepare_mixture(
     tokens: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Path:
     """Mix prepared datasets by token weight into a new prepared dataset (MixtureSource)."""
     return MixtureSource(components=sources, tokens=tokens, seed=seed).prepare(

@@ -39,6 +39,7 @@ from tango_lm.data.sharded_tokens import ShardedTokens
 from tango_lm.data.tokenizers import Tokenizer, tokenizer_from_dict
 from tango_lm.data.verify import manifest_shards, record_verified, verify_shards
 from tango_lm.errors import UserError, os_error_text
+from tango_lm.progress_lines import Progress, progress_bar
 
 __all__ = ["FORMAT", "PreparedDataset", "write_prepared", "is_prepared"]
 
@@ -159,19 +160,17 @@ def _write_split(
     tokenizer: Tokenizer,
     dtype: np.dtype,
     shard_tokens: int,
-    progress: bool,
+    progress: Progress,
     batch_docs: int,
 ) -> tuple[dict[str, Any], int, dict[str, dict[str, Any]]]:
     """Tokenize one split into shards; returns its manifest entry, its largest token id and what
     each shard holds (for the verification cache)."""
-    from tqdm.auto import tqdm
-
     writer = _ShardWriter(directory, split, dtype, shard_tokens, tokenizer.eot_id)
     n_docs = n_tokens = 0
     max_id = -1
     started = time.perf_counter()
     total = len(docs) if isinstance(docs, Sized) else None  # a known count gives the bar an ETA
-    with tqdm(desc=f"tokenize {split}", total=total, unit="doc", disable=not progress, leave=True) as bar:
+    with progress_bar(progress, desc=f"tokenize {split}", total=total, unit="doc", leave=True) as bar:
         for batch in _batched(docs, batch_docs):
             encoded = tokenizer.encode_batch(batch)
             for flat in _token_blocks(encoded, tokenizer.eot_id):
@@ -183,8 +182,9 @@ def _write_split(
                 n_tokens += len(flat)
             del encoded  # before the next batch is encoded: not two batches of lists at once
             n_docs += len(batch)
+            # the numbers first: a log line (progress_lines.py) is said at the update
+            bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / (time.perf_counter() - started):.3g}", refresh=False)
             bar.update(len(batch))
-            bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / (time.perf_counter() - started):.3g}")
     writer.close()
     entry = {"shards": writer.shards, "tokens": n_tokens, "documents": n_docs}
     return entry, max_id, writer.stats
@@ -196,7 +196,7 @@ def write_prepared(
     splits: dict[str, Iterable[str]],
     source: dict[str, Any],
     shard_tokens: int = 2**24,
-    progress: bool = True,
+    progress: Progress = True,
     *,
     overwrite: bool = False,
     batch_docs: int = 1024,
@@ -226,7 +226,7 @@ def _write_prepared(
     splits: dict[str, Iterable[str]],
     source: dict[str, Any],
     shard_tokens: int,
-    progress: bool,
+    progress: Progress,
     batch_docs: int,
 ) -> Path:
     dtype = _dtype_for(tokenizer.vocab_size)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tango_lm.errors import path_arg
+from tango_lm.progress_lines import Progress
 
 __all__ = ["DataSource", "HeldOutSource", "KnownCount"]
 
@@ -85,7 +86,7 @@ class DataSource:
         """The tokenizer that writes the shards."""
         raise NotImplementedError
 
-    def read(self, tokenizer: Any, out_dir: Path, progress: bool) -> dict[str, Iterable[Any]]:
+    def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[Any]]:
         """The documents of every split, in the order the splits are written. `out_dir` is where
         the dataset goes (held-out documents wait beside it)."""
         raise NotImplementedError
@@ -104,7 +105,7 @@ class DataSource:
         """What `data prepare` warns of after preparing, one line each, without `warning: `."""
         return []
 
-    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True) -> Path:
+    def prepare(self, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: Progress = True) -> Path:
         """Write the prepared dataset to `out_dir` and return its path."""
         from tango_lm.data.dataset_dir import check_writable
         from tango_lm.data.shards import write_prepared

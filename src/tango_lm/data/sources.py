@@ -19,6 +19,7 @@ from tango_lm.data.lean import LeanSource
 from tango_lm.data.mixture import MixtureSource
 from tango_lm.data.source import DataSource
 from tango_lm.errors import UserError
+from tango_lm.progress_lines import Progress
 
 __all__ = ["SOURCES", "prepare_source"]
 
@@ -35,7 +36,7 @@ SOURCES: dict[str, type[DataSource]] = {
 
 
 def prepare_source(
-    name: str, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: bool = True, **options: Any
+    name: str, out_dir: str | os.PathLike, *, overwrite: bool = False, progress: Progress = True, **options: Any
 ) -> Path:
     """Prepare a dataset at `out_dir` from the source registered as `name`, with that source's
     options (the fields of its class): `prepare_source("jsonl", "data/web", inputs=["a.jsonl"])`."""

@@ -1,10 +1,7 @@
-"""A training run's progress as it trains: a tqdm bar on a terminal, plain lines in a log file.
-
-A batch job's log (SLURM, `nohup`, `> log 2>&1`) is no terminal: a bar's redraws would pile up
-there as one endless line, so the command line draws none, and a run of hours said nothing until
-its summary. There it prints lines instead: after the first step (the run works), then at most
-one per LINE_EVERY_S seconds, at each dev evaluation and at the last step, each with the loss,
-dev NLL, tokens/s, MFU, peak memory, the time elapsed and the ETA.
+"""A training run's progress as it trains: a tqdm bar on a terminal, plain lines in a log file
+(progress_lines.py says why): after the first step (the run works), then at most one per
+LINE_EVERY_S seconds, at each dev evaluation and at the last step, each with the loss, dev NLL,
+tokens/s, MFU, peak memory, the time elapsed and the ETA.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm  # a widget in a notebook, as the bar always was
 
-LINE_EVERY_S = 30.0
+from tango_lm.progress_lines import LINE_EVERY_S, duration_text
 
 
 @dataclass
@@ -41,20 +38,6 @@ def progress_style(progress: bool | str | None, configured: bool) -> str:
     if isinstance(progress, bool):
         return "bar" if progress else "none"
     raise ValueError(f"progress must be None, a bool or 'lines', not {progress!r}")
-
-
-def duration_text(seconds: float) -> str:
-    """12s, 4m05s, 1h23m, 2d03h: two units at most, as an ETA is read."""
-    if not math.isfinite(seconds):
-        return "?"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 class _Bar:
