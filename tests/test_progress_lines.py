@@ -45,8 +45,15 @@ def test_counts_are_said_first_then_each_interval_then_at_the_end():
 
 def test_an_iterable_without_a_total_and_a_reset_total():
     clock, out = Clock(), io.StringIO()
-    assert list(CountLines(iterable="abc", desc="lean: files", unit="file", clock=clock, stream=out)) == ["a", "b", "c"]
-    assert out.getvalue().splitlines() == ["lean: files: 1 file, 0s elapsed", "lean: files: 3 files, 0s elapsed"]
+    files = iter(["a.lean", "b.lean"])  # no length: counted without a total
+    assert list(CountLines(iterable=files, desc="lean: files", unit="file", clock=clock, stream=out)) == [
+        "a.lean",
+        "b.lean",
+    ]
+    assert out.getvalue().splitlines() == ["lean: files: 1 file, 0s elapsed", "lean: files: 2 files, 0s elapsed"]
+    out = io.StringIO()
+    assert len(list(CountLines(iterable="abc", desc="lean: files", unit="file", clock=clock, stream=out))) == 3
+    assert out.getvalue().splitlines()[-1] == "lean: files: 3/3 files (100%), 0s elapsed, ETA 0s"  # a list's length
     out = io.StringIO()
     bar = CountLines(desc="generate dmmath", unit="module", clock=clock, stream=out)
     bar.reset(total=4)  # the generator says its task count once it starts

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, Literal, TextIO
 
 from tango_lm.errors import counted
@@ -55,6 +55,8 @@ class CountLines:
         stream: TextIO | None = None,
         **_bar_only: Any,  # tqdm's options for drawing (leave, dynamic_ncols): nothing to draw here
     ) -> None:
+        if total is None and isinstance(iterable, Sized):  # as tqdm counts a list it wraps
+            total = len(iterable)
         self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
         self.every_s, self.clock, self.stream = every_s, clock, stream
         self.n, self.postfix = 0, ""
