@@ -55,7 +55,7 @@ CHECKPOINT_HELP = (
 CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
 NO_PROGRESS_HELP = (
-    "no progress bar (none is drawn when stderr is not a terminal either: train and sweep write lines there)"
+    "no progress bar, nor the lines that train, sweep and data prepare write instead when stderr is not a terminal"
 )
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
