@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -564,6 +565,20 @@ def test_eval_draws_a_token_bar_that_ends_at_its_total(run_dir, tmp_path, monkey
     assert drawn.n == drawn.total > 0
     if what == "split":
         assert drawn.desc == "eval dev" and drawn.total == score(False)["tokens"]
+
+
+def test_eval_without_a_terminal_writes_its_token_count_as_lines(run_dir, tmp_path, capsys):
+    # A long eval in a batch job said nothing until its result (the bar is off there).
+    rc, out, err, _ = helpers.run_main(capsys, ["eval", str(run_dir), "--json"])
+    assert rc == 0
+    tokens = json.loads(out)["tokens"]
+    assert err.splitlines()[-1].startswith(f"eval test: {tokens:,}/{tokens:,} tokens (100%), ")
+    path = tmp_path / "doc.txt"
+    path.write_text("abc def ghi " * 9)
+    rc, out, err, _ = helpers.run_main(capsys, ["eval", str(run_dir), "--ppl", str(path), "--format", "document"])
+    assert rc == 0 and re.fullmatch(r"eval: ([\d,]+)/\1 tokens \(100%\), .*", err.strip())  # the tokens fed
+    rc, _, err, _ = helpers.run_main(capsys, ["eval", str(run_dir), "--no-progress"])
+    assert rc == 0 and "tokens" not in err
 
 
 def test_eval_takes_no_progress(run_dir, capsys):

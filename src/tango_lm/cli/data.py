@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json
+from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, command_progress
 from tango_lm.errors import counted, path_arg
 
 
@@ -19,8 +19,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> None:
     with hold_dataset_lock(args.out):  # a second writer stops now, not after the input is read or generated
         source = SOURCES[args.source].from_args(args)
         # lines without a terminal (a batch job's log): tokenizing a large corpus takes hours
-        progress = "lines" if args.progress_lines else not args.no_progress
-        path = source.prepare(args.out, overwrite=args.overwrite, progress=progress)
+        path = source.prepare(args.out, overwrite=args.overwrite, progress=command_progress(args))
     # The fractions' flags are named only where the source has them (a mixture, DM Math: not).
     print_prepared(PreparedDataset.open(path), fractions=hasattr(args, "dev_fraction"))
     for line in source.summary():

@@ -36,6 +36,7 @@ __all__ = [
     "held_warnings",
     "progress_on_terminal_only",
     "training_progress",
+    "command_progress",
     "reader_may_leave",
     "JSON_HELP",
     "NO_PROGRESS_HELP",
@@ -54,9 +55,7 @@ CHECKPOINT_HELP = (
 # The flags many commands share, said once.
 CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
-NO_PROGRESS_HELP = (
-    "no progress bar, nor the lines that train, sweep and data prepare write instead when stderr is not a terminal"
-)
+NO_PROGRESS_HELP = "no progress bar, nor the lines that train, sweep, data prepare and eval write instead when stderr is not a terminal"
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
@@ -133,6 +132,11 @@ def progress_on_terminal_only(args: Any) -> None:
     args.progress_lines = not terminal and not getattr(args, "no_progress", False)
     if not terminal:
         args.no_progress = True
+
+
+def command_progress(args: Any) -> bool | str:
+    """What a command passes for `progress`: lines in a log file, else a bar unless --no-progress."""
+    return "lines" if args.progress_lines else not args.no_progress
 
 
 def training_progress(args: Any) -> bool | str | None:

@@ -17,6 +17,7 @@ from tango_lm.cli.output import (
     _print_json,
     _table,
     add_overrides,
+    command_progress,
     training_progress,
 )
 from tango_lm.errors import UserError, counted, path_arg
@@ -118,7 +119,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         device=args.device,
         segment=_parse_segment(args.segment),
         ablate=args.ablate,
-        progress=not args.no_progress,
+        progress=command_progress(args),
     )
     asked = int(args.windows) if args.windows not in (None, "all") else None
     if asked is not None and asked > res["windows"]:  # said, not silent: the NLL is over fewer windows
@@ -152,7 +153,7 @@ def _eval_ppl(args: argparse.Namespace) -> None:
         device=args.device,
         segment=_parse_segment(args.segment),
         ablate=args.ablate,
-        progress=not args.no_progress,
+        progress=command_progress(args),
     )
     if args.json:
         _print_json(res)

@@ -15,6 +15,7 @@ from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
 from tango_lm.eval.progress import token_bar
+from tango_lm.progress_lines import Progress
 from tango_lm.train.checkpoint import load_checkpoint
 from tango_lm.train.device import autocast_dtype, pick_device
 
@@ -28,7 +29,7 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     segment: int | None = None,
     ablate: str | None = None,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Mean NLL of the checkpoint on `split`, in windows of the run's sequence length. By default
     (`max_windows` None) the run's own windows on its own dataset, so the result reproduces what the

@@ -51,6 +51,7 @@ import torch
 
 from tango_lm.data.files import without_lone_surrogates
 from tango_lm.errors import UserError
+from tango_lm.progress_lines import Progress
 
 
 # -- the scoring engine -------------------------------------------------------------------------
@@ -70,7 +71,7 @@ def _score(
     device: torch.device,
     dtype: torch.dtype | None,
     vocab: int | None = None,
-    progress: bool = False,
+    progress: Progress = False,
     desc: str = "eval",
 ) -> list[tuple[list[float], bool]]:
     """Per item: the log-probs of its scored targets and whether each target is the argmax over the
@@ -138,7 +139,7 @@ def document_logprobs(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
-    progress: bool = False,
+    progress: Progress = False,
     desc: str = "eval",
 ) -> list[list[float]]:
     """Log-prob of every token of every document (rolling windows, see the module docstring)."""
@@ -318,7 +319,7 @@ def document_perplexity(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Rolling NLL of documents: per-token NLL, token/word/byte perplexity and bits per byte.
     Words and bytes are counted in `originals` (the texts before any detokenization; default docs)."""
@@ -357,7 +358,7 @@ def lambada_metrics(
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Last-word perplexity and accuracy; the passage is cut from the left to fit the context."""
     items = []
@@ -393,7 +394,7 @@ def evaluate_file(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     detokenize: bool = True,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Perplexity of a model on a local file in one of FORMATS."""
     if fmt not in FORMATS:
@@ -423,7 +424,7 @@ def evaluate_checkpoint_file(
     batch_size: int | None = None,
     segment: int | None = None,
     ablate: str | None = None,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """`tango-lm eval CHECKPOINT --ppl FILE --format F`: the checkpoint's model and tokenizer,
     windows of the run's training sequence length; `segment` and `ablate` as in `eval --split`
