@@ -35,7 +35,6 @@ __all__ = [
     "one_line",
     "held_warnings",
     "progress_on_terminal_only",
-    "training_progress",
     "command_progress",
     "reader_may_leave",
     "JSON_HELP",
@@ -55,7 +54,10 @@ CHECKPOINT_HELP = (
 # The flags many commands share, said once.
 CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
-NO_PROGRESS_HELP = "no progress bar, nor the lines that train, sweep, data prepare and eval write instead when stderr is not a terminal"
+NO_PROGRESS_HELP = (
+    "no progress bar, nor the lines that train, sweep, data prepare and eval write instead "
+    "when stderr is not a terminal"
+)
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
@@ -126,25 +128,20 @@ def held_warnings() -> Iterator[None]:
 def progress_on_terminal_only(args: Any) -> None:
     """Commands draw bars only when stderr is a terminal: `args.no_progress` is set otherwise, also
     for commands without a `--no-progress` flag (they read it with getattr). Without one and
-    without --no-progress, `args.progress_lines` is set: training writes lines instead
-    (`training_progress`), which a batch job's log file can hold."""
+    without --no-progress, `args.progress_lines` is set: the commands that run long (train, sweep,
+    data prepare, eval) write lines instead (`command_progress`), which a batch job's log can hold."""
     terminal = _is_terminal(sys.stderr)
     args.progress_lines = not terminal and not getattr(args, "no_progress", False)
     if not terminal:
         args.no_progress = True
 
 
-def command_progress(args: Any) -> bool | str:
-    """What a command passes for `progress`: lines in a log file, else a bar unless --no-progress."""
-    return "lines" if args.progress_lines else not args.no_progress
-
-
-def training_progress(args: Any) -> bool | str | None:
-    """What `train` and `sweep` pass to the trainer: plain lines in a log file, nothing with
-    --no-progress, else the run's `train.progress` (a bar)."""
+def command_progress(args: Any, bar: bool | None = True) -> bool | str | None:
+    """What a command passes for `progress`: "lines" in a log file, False with --no-progress, else
+    `bar` (`train` and `sweep` pass None: the run's `train.progress` decides)."""
     if args.progress_lines:
         return "lines"
-    return False if args.no_progress else None
+    return False if args.no_progress else bar
 
 
 class _ReaderMayLeave:

@@ -7,7 +7,7 @@ import shlex
 import sys
 from typing import Any
 
-from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table, training_progress
+from tango_lm.cli.output import JSON_HELP, NO_PROGRESS_HELP, _print_json, _table, command_progress
 from tango_lm.errors import UserError, counted, path_arg
 from tango_lm.stop_signals import STOPS, stop_on_sigterm, with_note
 
@@ -118,7 +118,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         try:
             with stop_on_sigterm():  # `timeout`, `kill` or a container's stop end it as Ctrl-C does
-                rows = run_sweep(grid, runs, progress=False if args.json else training_progress(args), log=log)
+                rows = run_sweep(grid, runs, progress=False if args.json else command_progress(args, bar=None), log=log)
         except STOPS as stop:  # finished runs are kept and the interrupted one resumes from its checkpoint
             raise with_note(stop, "run the same command again to continue the sweep") from None
     failed = [r for r in rows if r["status"] == "failed"]

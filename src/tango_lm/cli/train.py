@@ -18,7 +18,6 @@ from tango_lm.cli.output import (
     _table,
     add_overrides,
     command_progress,
-    training_progress,
 )
 from tango_lm.errors import UserError, counted, path_arg
 from tango_lm.eval.perplexity import FORMATS as PPL_FORMATS
@@ -34,7 +33,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     run = load_run_config(source, overrides)
     try:  # lines without a terminal, nothing with --no-progress: this command's, not the run's config
         with stop_on_sigterm():  # `timeout`, `kill` or a container's stop end it as Ctrl-C does
-            result = train(run, resume=args.resume, progress=training_progress(args))
+            result = train(run, resume=args.resume, progress=command_progress(args, bar=None))
     except STOPS as stop:
         _, _, processes = launch_env()  # under torchrun, rank 0 alone says how to continue
         given = [*([source] if source else []), *overrides]

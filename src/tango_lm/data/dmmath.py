@@ -129,7 +129,6 @@ def generate_examples(
     `counts` maps generator splits (train-easy, train-medium, train-hard, interpolate,
     extrapolate) to examples per module.
     """
-
     key = _generation_key(seed, counts)
     final = _generated_root() / key
     if (final / "params.json").is_file():

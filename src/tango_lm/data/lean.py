@@ -312,7 +312,6 @@ class LeanSource(HeldOutSource):
         super().check()
 
     def read(self, tokenizer: Any, out_dir: Path, progress: Progress) -> dict[str, Iterable[str]]:
-
         def read_bar(files: Sequence[Path], what: str) -> Sequence[Path]:
             # The passes before tokenizing read every file (a first pass counts tokens): a bar each.
             return progress_bar(progress, iterable=files, desc=f"lean: {what}", unit="file", leave=False)
