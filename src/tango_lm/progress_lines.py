@@ -3,8 +3,8 @@
 A batch job's log (SLURM, `nohup`, `> log 2>&1`) is no terminal, so the command line draws no
 bar there (its redraws would pile up as one endless line), and a long command said nothing until
 it ended. Without a terminal the commands that run long write lines instead: training its own
-(train/progress_display.py), data preparation `CountLines`, each at most one per LINE_EVERY_S
-seconds plus the first and the last.
+(train/progress_display.py), data preparation and evaluation `CountLines`, each at most one per
+LINE_EVERY_S seconds plus the first and the last (`LogLines` times them all).
 
 `progress` arguments take True (a tqdm bar), False (nothing) or "lines".
 """
@@ -38,6 +38,37 @@ def duration_text(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+class LogLines:
+    """When a progress line is due and its times: the first line, then one per `every_s`, or one
+    forced (an evaluation, the end); the time since `start` and the ETA at the rate so far. Both
+    kinds of lines (`CountLines`, training's `ProgressLines`) are said through one of these."""
+
+    def __init__(
+        self, every_s: float = LINE_EVERY_S, clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None
+    ) -> None:
+        self.every_s, self.clock, self.stream = every_s, clock, stream
+        self.start = clock()
+        self.last: float | None = None  # when the last line was said
+
+    def due(self, force: bool = False) -> bool:
+        now = self.clock()
+        if not (force or self.last is None or now - self.last >= self.every_s):
+            return False
+        self.last = now
+        return True
+
+    def elapsed(self) -> str:
+        """The time from the start to the line being said (after `due`)."""
+        return duration_text(self.last - self.start)
+
+    def eta(self, done: int, left: int) -> str:
+        """`left` more units at the time per unit of the `done` so far ("?" before any)."""
+        return duration_text((self.last - self.start) / done * left if done > 0 else math.inf)
+
+    def say(self, line: str) -> None:
+        print(line, file=self.stream or sys.stderr, flush=True)
+
+
 class CountLines:
     """The part of tqdm's interface the data commands use (update, set_postfix, set_postfix_str,
     reset, iteration, close, `with`), said as lines such as `tokenize train: 12,345/100,000 docs
@@ -58,10 +89,8 @@ class CountLines:
         if total is None and isinstance(iterable, Sized):  # as tqdm counts a list it wraps
             total = len(iterable)
         self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
-        self.every_s, self.clock, self.stream = every_s, clock, stream
+        self.lines = LogLines(every_s, clock, stream)
         self.n, self.postfix = 0, ""
-        self.start = clock()
-        self.last: float | None = None
         self.said_n: int | None = None
         self.closed = False
 
@@ -80,9 +109,8 @@ class CountLines:
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        now = self.clock()
-        if self.last is None or now - self.last >= self.every_s:
-            self._say(now)
+        if self.lines.due():
+            self._say()
 
     def set_postfix(self, refresh: bool = True, **values: Any) -> None:
         self.postfix = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in values.items())
@@ -91,24 +119,23 @@ class CountLines:
         self.postfix = text
 
     def reset(self, total: int | None = None) -> None:
-        self.n, self.total, self.start = 0, total, self.clock()
+        self.n, self.total, self.lines.start = 0, total, self.lines.clock()
 
     def close(self) -> None:
-        if not self.closed and self.n and self.said_n != self.n:
-            self._say(self.clock())
+        if not self.closed and self.n and self.said_n != self.n and self.lines.due(force=True):
+            self._say()
         self.closed = True
 
-    def _say(self, now: float) -> None:
-        self.last, self.said_n = now, self.n
-        elapsed = now - self.start
+    def _say(self) -> None:
+        self.said_n = self.n
         if self.total:
             count = f"{self.n:,}/{counted(self.total, self.unit)} ({self.n / self.total:.0%})"
         else:
             count = counted(self.n, self.unit)
-        fields = [count, *([self.postfix] if self.postfix else []), f"{duration_text(elapsed)} elapsed"]
+        fields = [count, *([self.postfix] if self.postfix else []), f"{self.lines.elapsed()} elapsed"]
         if self.total and self.n:
-            fields.append(f"ETA {duration_text(elapsed / self.n * max(self.total - self.n, 0))}")
-        print(f"{self.desc}: " + ", ".join(fields), file=self.stream or sys.stderr, flush=True)
+            fields.append(f"ETA {self.lines.eta(self.n, max(self.total - self.n, 0))}")
+        self.lines.say(f"{self.desc}: " + ", ".join(fields))
 
 
 def progress_bar(progress: Progress, **options: Any) -> Any:

@@ -6,8 +6,6 @@ tokens/s, MFU, peak memory, the time elapsed and the ETA.
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ from typing import Any, TextIO
 
 from tqdm.auto import tqdm  # a widget in a notebook, as the bar always was
 
-from tango_lm.progress_lines import LINE_EVERY_S, duration_text
+from tango_lm.progress_lines import LINE_EVERY_S, LogLines
 
 
 @dataclass
@@ -73,30 +71,22 @@ class ProgressLines:
         clock: Callable[[], float] = time.monotonic,
         stream: TextIO | None = None,
     ) -> None:
-        self.desc, self.total, self.initial, self.every_s = desc, total, initial, every_s
-        self.clock, self.stream = clock, stream
-        self.start = clock()
-        self.last: float | None = None
+        self.desc, self.total, self.initial = desc, total, initial
+        self.lines = LogLines(every_s, clock, stream)
 
     def update(self, step: int, stats: StepStats, milestone: bool = False) -> None:
-        now = self.clock()
-        if not (self.last is None or now - self.last >= self.every_s or milestone or step >= self.total):
+        if not self.lines.due(force=milestone or step >= self.total):
             return
-        self.last = now
-        elapsed = now - self.start
-        done = step - self.initial
-        eta = elapsed / done * (self.total - step) if done > 0 else math.inf
         fields = [
             f"loss {stats.loss:.3f}",
             f"dev {stats.dev_nll:.3f}" if stats.dev_nll is not None else "dev -",
             f"{stats.tokens_per_s:,.0f} tok/s",
             f"MFU {stats.mfu:.1%}" if stats.mfu is not None else "MFU -",
             f"{stats.memory_mib:,.0f} MiB",
-            f"{duration_text(elapsed)} elapsed",
-            f"ETA {duration_text(eta)}",
+            f"{self.lines.elapsed()} elapsed",
+            f"ETA {self.lines.eta(step - self.initial, self.total - step)}",
         ]
-        line = f"{self.desc}: step {step:,}/{self.total:,} ({step / self.total:.0%}), " + ", ".join(fields)
-        print(line, file=self.stream or sys.stderr, flush=True)
+        self.lines.say(f"{self.desc}: step {step:,}/{self.total:,} ({step / self.total:.0%}), " + ", ".join(fields))
 
     def close(self) -> None:
         pass
