@@ -17,6 +17,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import ModelConfig
 from tango_lm.models.matching import match_width
 from tango_lm.output_lock import hold_output_lock
+from tango_lm.progress_lines import Progress
 from tango_lm.strict_json import read_object
 from tango_lm.train.checkpoint import restorable_steps
 from tango_lm.train.config import DataConfig, RunConfig, TrainConfig
@@ -39,7 +40,7 @@ def quickstart_models() -> list[ModelConfig]:
 
 
 def run_quickstart(
-    out: str = "runs/quickstart", steps: int | None = None, fresh: bool = False, progress: bool = True
+    out: str = "runs/quickstart", steps: int | None = None, fresh: bool = False, progress: Progress = True
 ) -> list[dict[str, Any]]:
     if steps is not None and steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps})")

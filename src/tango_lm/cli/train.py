@@ -192,9 +192,7 @@ def cmd_quickstart(args: argparse.Namespace) -> None:
 
     # --json: stdout holds the JSON alone; the steps and the table go to stderr.
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        rows = run_quickstart(
-            args.out, steps=args.steps, fresh=args.fresh, progress=not getattr(args, "no_progress", False)
-        )
+        rows = run_quickstart(args.out, steps=args.steps, fresh=args.fresh, progress=command_progress(args))
     if args.json:
         _print_json(rows)
 
