@@ -212,6 +212,34 @@ def test_cli_train_tokenizer(corpus, tmp_path, capsys):
     assert PreparedDataset.open(ds).tokenizer.encode("Hello world") == tok.encode("Hello world")
 
 
+def test_train_tokenizer_off_a_terminal_writes_lines_and_trains_the_same_merges(corpus, trained, tmp_path, capsys):
+    # A batch job's log (pytest's captured stderr is no terminal): the trainer's bars are off there,
+    # and a corpus of hours was read and merged without a word until the last line.
+    out = tmp_path / "tok.json"
+    assert main(["data", "train-tokenizer", "--input", str(corpus), "--vocab-size", "400", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    docs = len(list(training_texts([corpus])))
+    assert err[0].startswith("train-tokenizer: read: 1 doc, 0s elapsed")  # the first line comes at once
+    assert err[-2].startswith(f"train-tokenizer: read: {docs} docs, ")  # the count it ended at
+    assert err[-1] == "train-tokenizer: merging pairs into up to 400 ids"
+    assert get_tokenizer(f"bpe:{out}").fingerprint() == trained[0].fingerprint()
+    main(
+        [
+            "data",
+            "train-tokenizer",
+            "--input",
+            str(corpus),
+            "--vocab-size",
+            "400",
+            "--out",
+            str(out),
+            "--overwrite",
+            "--no-progress",
+        ]
+    )
+    assert capsys.readouterr().err == ""
+
+
 def test_train_tokenizer_out_must_name_a_file_not_a_directory(corpus, tmp_path):
     for out in (f"{tmp_path / 'new'}/", str(tmp_path)):
         with pytest.raises(

@@ -73,7 +73,7 @@ def cmd_data_train_tokenizer(args: argparse.Namespace) -> None:
         max_docs=args.max_docs,
         exclude_dirs=(*CODE_ALWAYS_EXCLUDED, *args.exclude_dir),
         overwrite=args.overwrite,
-        progress=not args.no_progress,
+        progress=command_progress(args),
     )
     print(
         f"trained a BPE tokenizer with {tok.vocab_size} ids (end-of-text {tok.eot_id}): {args.out}; "

@@ -129,7 +129,8 @@ def progress_on_terminal_only(args: Any) -> None:
     """Commands draw bars only when stderr is a terminal: `args.no_progress` is set otherwise, also
     for commands without a `--no-progress` flag (they read it with getattr). Without one and
     without --no-progress, `args.progress_lines` is set: the commands that run long (train, sweep,
-    data prepare, eval) write lines instead (`command_progress`), which a batch job's log can hold."""
+    quickstart, data prepare, data train-tokenizer, eval) write lines instead (`command_progress`),
+    which a batch job's log can hold."""
     terminal = _is_terminal(sys.stderr)
     args.progress_lines = not terminal and not getattr(args, "no_progress", False)
     if not terminal:

@@ -27,6 +27,7 @@ from tango_lm.data.files import jsonl_documents, parquet_documents, text_documen
 from tango_lm.data.inputs import expand_inputs
 from tango_lm.data.tokenizers import BPE_EOT, BPETokenizer
 from tango_lm.errors import UserError, option
+from tango_lm.progress_lines import CountLines, Progress
 
 __all__ = ["LONGEST_TRAINING_WORD", "TRAIN_EXTS", "training_pieces", "training_texts", "train_bpe"]
 
@@ -91,11 +92,13 @@ def train_bpe(
     max_docs: int | None = None,
     exclude_dirs: Sequence[str] = CODE_ALWAYS_EXCLUDED,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> BPETokenizer:
     """Train a byte-level BPE with `vocab_size` ids (end-of-text included) and save its JSON to `out`.
 
     The vocabulary can come out smaller than `vocab_size` when the corpus has too few distinct merges.
+    `progress`: True, the trainer's own bars; "lines", the documents read and the start of the merges
+    as lines (the trainer's bars are for a terminal); False, nothing.
     """
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -138,8 +141,12 @@ def train_bpe(
     words = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
     def stream() -> Iterator[str]:
-        for text in itertools.chain([first], texts):
+        docs = itertools.chain([first], texts)
+        lines = CountLines(docs, desc="train-tokenizer: read", unit="doc") if progress == "lines" else None
+        for text in lines or docs:
             yield from training_pieces(text, words)
+        if lines is not None:  # the merges follow, with no count to report until they end
+            lines.lines.say(f"train-tokenizer: merging pairs into up to {vocab_size:,} ids")
 
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -147,7 +154,7 @@ def train_bpe(
         min_frequency=min_frequency,
         special_tokens=[BPE_EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=progress,
+        show_progress=progress is True,
     )
     tok.train_from_iterator(stream(), trainer)
     result = BPETokenizer(tok.to_str())
