@@ -714,6 +714,24 @@ def test_hf_loading_draws_no_bars_off_a_terminal_and_logs_nothing(hf_datasets, t
     assert hf_datasets.utils.logging.get_verbosity() == verbosity and hf_datasets.is_progress_bar_enabled()
 
 
+def test_hf_loading_a_whole_dataset_off_a_terminal_says_when_it_starts_and_ends(hf_datasets, tmp_path, capfd):
+    # A batch job's log: a whole dataset's download and conversion (hours for a large one) said
+    # nothing, then the tokenizer's lines; the library's bars stay off there.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write_jsonl(corpus / "train.jsonl", [{"text": f"doc {i}"} for i in range(40)])
+    argv = ["data", "prepare", "hf", str(corpus), "--out", str(tmp_path / "out"), "--tokenizer", "byte"]
+    assert main([*argv, "--test-fraction", "0.3"]) == 0
+    err = capfd.readouterr().err.splitlines()
+    assert err[:2] == [
+        f"hf: downloading and converting {corpus}, whole (--streaming reads it as it tokenizes)",
+        f"hf: loaded {corpus} in 0s",
+    ], err
+    assert err[2].startswith("tokenize train: ") and not any("Generating" in line or "%|" in line for line in err)
+    assert main([*argv, "--test-fraction", "0.3", "--streaming", "--overwrite"]) == 0
+    assert not any(line.startswith("hf: ") for line in capfd.readouterr().err.splitlines())
+
+
 def test_hf_missing_package(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
     with pytest.raises(UserError, match=r"pip install 'tango-lm\[hf\]'"):

@@ -15,7 +15,7 @@ from typing import Any
 from tango_lm.data.source import HeldOutSource, _limit
 from tango_lm.data.splits import SPLIT_ALIASES
 from tango_lm.errors import UserError, option
-from tango_lm.progress_lines import Progress
+from tango_lm.progress_lines import LogLines, Progress
 
 __all__ = ["HFSource", "load_hf_splits", "parse_split_map", "hf_documents", "prepare_hf"]
 
@@ -147,7 +147,8 @@ def load_hf_splits(
     `save_to_disk` directory). Without `split_map`: train, validation/valid/dev -> dev, test."""
     datasets = _import_datasets()
     with _quiet_hub(datasets, progress), _logged_errors() as logged:
-        loaded = _load(datasets, name, config, streaming, revision, logged)
+        lines = LogLines() if progress == "lines" else None
+        loaded = _load(datasets, name, config, streaming, revision, logged, lines)
     available = dict(loaded.items()) if hasattr(loaded, "keys") else {"train": loaded}
     if split_map:
         for theirs in split_map.values():
@@ -170,9 +171,17 @@ def load_hf_splits(
 
 
 def _load(
-    datasets: Any, name: str, config: str | None, streaming: bool, revision: str | None, logged: list[str]
+    datasets: Any,
+    name: str,
+    config: str | None,
+    streaming: bool,
+    revision: str | None,
+    logged: list[str],
+    lines: LogLines | None = None,
 ) -> Any:
-    """`datasets`' dataset (dict) for `name`: a `save_to_disk` directory, else `load_dataset`."""
+    """`datasets`' dataset (dict) for `name`: a `save_to_disk` directory, else `load_dataset`.
+    `lines` (a log file): a line as a whole dataset's download and conversion starts and one as it
+    ends, which can take hours without a word (the library's bars are for a terminal)."""
     local = Path(name).expanduser()
     try:
         if local.is_dir() and any((local / f).is_file() for f in ("dataset_dict.json", "state.json")):
@@ -190,7 +199,14 @@ def _load(
                     else loaded.to_iterable_dataset()
                 )
             return loaded
-        return datasets.load_dataset(name, config, revision=revision, streaming=streaming)
+        if lines is None or streaming:  # a stream reads as it tokenizes, whose lines say how far it is
+            return datasets.load_dataset(name, config, revision=revision, streaming=streaming)
+        what = name if config is None else f"{name} ({config})"
+        lines.say(f"hf: downloading and converting {what}, whole (--streaming reads it as it tokenizes)")
+        loaded = datasets.load_dataset(name, config, revision=revision, streaming=streaming)
+        lines.due(force=True)
+        lines.say(f"hf: loaded {what} in {lines.elapsed()}")
+        return loaded
     except UserError:
         raise
     except Exception as e:  # datasets raises many types (ValueError for configs, ConnectionError, ...)
