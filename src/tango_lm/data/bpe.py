@@ -142,11 +142,11 @@ def train_bpe(
 
     def stream() -> Iterator[str]:
         docs = itertools.chain([first], texts)
-        lines = CountLines(docs, desc="train-tokenizer: read", unit="doc") if progress == "lines" else None
-        for text in lines or docs:
+        count = CountLines(docs, desc="train-tokenizer: read", unit="doc") if progress == "lines" else None
+        for text in count or docs:
             yield from training_pieces(text, words)
-        if lines is not None:  # the merges follow, with no count to report until they end
-            lines.lines.say(f"train-tokenizer: merging pairs into up to {vocab_size:,} ids")
+        if count is not None:  # the merges follow, with no count to report until they end
+            count.lines.say(f"train-tokenizer: merging pairs into up to {vocab_size:,} ids")
 
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
