@@ -8,7 +8,8 @@ What FlopCounterMode counts, and how the tests make it comparable:
   `addmm_` / `baddbmm_` count nothing either (the registry keys the out-of-place packets only): the
   fused loss's backward and windowed TANGO's chunks use them, so `count` registers them.
 - SDPA on a CPU: with equal q/k and v widths it dispatches `_scaled_dot_product_flash_attention_for_cpu`,
-  which FlopCounterMode does not know, so it counts **0** for attention; with different widths
+  which FlopCounterMode before torch 2.15 does not know, so it counts **0** for attention (2.15
+  counts the full square, as the math path's bmms); with different widths
   (TANGO's gate average) it falls back to the math path and counts the **full T x T square** of its
   bmms, ignoring `is_causal`. The tests force one of two explicit paths:
   * the *reference* path: every causal mixing op is replaced by a loop over destinations of
@@ -75,10 +76,15 @@ def _inplace_bmm(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) 
 # does not know (it would count them as 0).
 INPLACE = {aten.addmm_: _inplace_mm, aten.baddbmm_: _inplace_bmm}
 WEIGHT_OPS = {"mm", "addmm", "addmm_", "convolution"}  # projections, heads, short convs
-MIXING_OPS = {"bmm", "baddbmm", "baddbmm_"}  # token mixing (the reference path writes it as batched matmuls)
+MIXING_MATMULS = {"bmm", "baddbmm", "baddbmm_"}  # token mixing (the reference path writes it as batched matmuls)
+# CPU flash SDPA (q, k, v of one width), which torch 2.15's FlopCounterMode counts (the full square;
+# earlier versions count 0 for it): token mixing too.
+CPU_FLASH_SDPA = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+MIXING_OPS = MIXING_MATMULS | CPU_FLASH_SDPA
 # The backward check compares matmuls only: FlopCounterMode's `convolution_backward` formula ignores
-# `groups`, so it counts GDN's depthwise short convs' weight gradient C (channels) times too high.
-MATMUL_OPS = WEIGHT_OPS - {"convolution"} | MIXING_OPS
+# `groups`, so it counts GDN's depthwise short convs' weight gradient C (channels) times too high,
+# and its flash attention backward counts the recomputed scores (2.5x the forward, not 2x).
+MATMUL_OPS = WEIGHT_OPS - {"convolution"} | MIXING_MATMULS
 
 
 @contextlib.contextmanager
