@@ -41,4 +41,4 @@ lint: setup
 	$(BIN)/ruff format --check src tests tools
 
 clean:
-	rm -rf $(VENV) .venv-gpu-versions runs
+	rm -rf $(VENV) .venv-gpu-versions .venv-torch-* runs

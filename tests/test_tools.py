@@ -122,8 +122,52 @@ def test_gpu_versions_script_pins_the_floors_pyproject_promises():
     pyproject = (helpers.ROOT / "pyproject.toml").read_text()
     floors = dict(re.findall(r'^\s*(?:triton = \[)?"(torch|triton)>=([0-9.]+)', pyproject, flags=re.M))
     assert set(floors) == {"torch", "triton"}
-    for package, floor in floors.items():
-        assert f"{package}=={floor}.0\\n" in script  # the pins file: an exact release at the floor
+    for package, floor in floors.items():  # the pins' default: an exact release at the floor
+        assert f"{package.upper()}_VERSION=${{{package.upper()}_VERSION:-{floor}.0}}\n" in script
+
+
+# A stand-in for `python3 -m venv DIR`: DIR/bin/python records each call's arguments, and the pins
+# file (-c FILE) of pip's, then exits 0 (the import check and pytest included).
+_FAKE_PYTHON = r"""#!/usr/bin/env bash
+mkdir -p "$3/bin"
+cat > "$3/bin/python" <<'STUB'
+#!/usr/bin/env bash
+here=$(dirname "$0")/..
+echo "$*" >> "$here/calls"
+if [ "$1 $2 $3" = "-m pip install" ]; then cat "$5" >> "$here/pins"; echo -- >> "$here/pins"; fi
+STUB
+chmod +x "$3/bin/python"
+"""
+
+
+@pytest.mark.parametrize(
+    "env, venv, pins",
+    [
+        ({}, ".venv-gpu-versions", "torch==2.11.0\nnumpy<2.4\ntriton==3.6.0\n"),
+        ({"TORCH_VERSION": "2.15.0"}, ".venv-torch-2.15.0", "torch==2.15.0\nnumpy<2.4\n"),
+        (
+            {"TORCH_VERSION": "2.14.1", "TRITON_VERSION": "3.8.0"},
+            ".venv-torch-2.14.1-triton-3.8.0",
+            "torch==2.14.1\nnumpy<2.4\ntriton==3.8.0\n",
+        ),
+    ],
+)
+def test_gpu_versions_script_installs_the_releases_asked_for_in_a_venv_of_their_own(tmp_path, env, venv, pins):
+    # TORCH_VERSION alone pins no triton: its CUDA build requires its own (torch 2.14.1's 3.8).
+    (tmp_path / "tools").mkdir()
+    script = tmp_path / "tools" / "test_gpu_versions.sh"
+    script.write_text((TOOLS / "test_gpu_versions.sh").read_text())
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_PYTHON)
+    fake.chmod(0o755)
+    run_env = {k: v for k, v in os.environ.items() if k not in ("VENV", "TORCH_VERSION", "TRITON_VERSION")}
+    proc = subprocess.run(
+        ["bash", str(script), "-k", "x"], env={**run_env, **env, "PYTHON": str(fake)}, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in tmp_path.glob(".venv*")] == [venv]
+    assert (tmp_path / venv / "pins").read_text() == f"{pins}--\n" * 2  # both pip installs under the pins
+    assert (tmp_path / venv / "calls").read_text().splitlines()[-1].endswith(" -k x")  # then pytest, as asked
 
 
 def test_delta_rule_bench():

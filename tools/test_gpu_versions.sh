@@ -9,16 +9,29 @@
 #   tools/test_gpu_versions.sh [pytest arguments]   # e.g. -k "triton or compile"
 #
 # builds $VENV (default .venv-gpu-versions) on first use, then runs pytest as `make test` does.
+# Another torch, say one newer than `make test`'s, the same way in a venv of its own, with the
+# triton its CUDA build requires (or TRITON_VERSION):
+#
+#   TORCH_VERSION=2.15.0 tools/test_gpu_versions.sh   # in .venv-torch-2.15.0
+#
 # numpy < 2.4: triton 3.6's interpreter calls int() on one-element arrays, which numpy 2.4 refuses
 # and older numpy warns about, some 15,000 times a run: pytest hides that one warning.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv-gpu-versions}
+TORCH_VERSION=${TORCH_VERSION:-2.11.0}
+if [ "$TORCH_VERSION" = 2.11.0 ]; then
+    TRITON_VERSION=${TRITON_VERSION:-3.6.0}
+fi
+if [ "$TORCH_VERSION-${TRITON_VERSION:-}" = 2.11.0-3.6.0 ]; then
+    VENV=${VENV:-.venv-gpu-versions}
+else
+    VENV=${VENV:-.venv-torch-$TORCH_VERSION${TRITON_VERSION:+-triton-$TRITON_VERSION}}
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -f "$VENV/.installed" ]; then
     pins=$(mktemp)
     trap 'rm -f "$pins"' EXIT  # a failed install exits here; the `exec` below runs no EXIT trap
-    printf 'torch==2.11.0\ntriton==3.6.0\nnumpy<2.4\n' >"$pins"
+    printf 'torch==%s\nnumpy<2.4\n%b' "$TORCH_VERSION" "${TRITON_VERSION:+triton==$TRITON_VERSION\n}" >"$pins"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install -c "$pins" torch triton numpy
     "$VENV/bin/python" -m pip install -c "$pins" -e '.[test,eval,hf,triton,gdn,serve,tensorboard,wandb,cluster]'
