@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tango_lm.data.verify as verify
 from tango_lm.cli import main
 from tango_lm.data.mixture import prepare_mixture
 from tango_lm.data.shards import PreparedDataset, write_prepared
@@ -187,3 +188,25 @@ def test_data_verify_reports_what_it_checked(data_dir, capsys):
     assert report["tokens"] == 1920 and report["documents"] == 60 and report["max_token_id"] == 256
     assert main(["data", "verify", str(data_dir)]) == 0
     assert capsys.readouterr().out.startswith(f"verified {data_dir}: 3 shards, 1,920 tokens (train 1,280, dev 320")
+
+
+def test_hashing_a_large_dataset_shows_its_progress_where_the_command_does(data_dir, tmp_path, capsys, monkeypatch):
+    # A copied 100B-token dataset was hashed for minutes before a run's first line, or through all
+    # of `data verify`, without a word. More than SHOWN_BYTES to read counts its tokens: as lines
+    # in a log (pytest's stderr is no terminal), nothing with --no-progress or when cached.
+    monkeypatch.setattr(verify, "SHOWN_BYTES", 1000)  # the copy holds 3,840 bytes
+    data = copy_of(data_dir, tmp_path)
+    rc, _, err, _ = helpers.run_main(capsys, [*train_argv(data, tmp_path), "train.progress=true"])
+    said = [line for line in err.splitlines() if line.startswith("verify ")]
+    assert rc == 0 and said[0].startswith(f"verify {data}: 1,280/1,920 tokens (67%), "), err  # the first shard
+    assert said[1].startswith(f"verify {data}: 1,920/1,920 tokens (100%), ") and len(said) == 2
+    assert err.index("verify ") < err.index("train tango")  # before the run's own first line
+    rc, _, err, _ = helpers.run_main(capsys, ["eval", str(tmp_path / "run"), "--split", "dev"])
+    assert rc == 0 and "verify " not in err  # hashed once per shard version
+    rc, _, err, _ = helpers.run_main(capsys, ["data", "verify", str(data)])
+    assert rc == 0 and err.startswith(f"verify {data}: 1,280/1,920 tokens (67%), ")
+    rc, _, err, _ = helpers.run_main(capsys, ["data", "verify", str(data), "--no-progress"])
+    assert rc == 0 and err == ""
+    monkeypatch.setattr(verify, "SHOWN_BYTES", 1 << 30)
+    rc, _, err, _ = helpers.run_main(capsys, ["data", "verify", str(data)])
+    assert rc == 0 and err == ""  # a small one is read before a line would say anything

@@ -47,7 +47,7 @@ def cmd_data_verify(args: argparse.Namespace) -> None:
     """`data verify DIR`: re-read every shard of a prepared dataset against its manifest."""
     from tango_lm.data.verify import verify_dataset
 
-    report = verify_dataset(args.dir)
+    report = verify_dataset(args.dir, progress=command_progress(args))
     if args.json:
         _print_json(report)
         return
@@ -128,4 +128,5 @@ def add_parsers(sub: Any) -> None:
     )
     v.add_argument("dir", help="prepared dataset directory")
     v.add_argument("--json", action="store_true", help=JSON_HELP)
+    v.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     v.set_defaults(func=cmd_data_verify)

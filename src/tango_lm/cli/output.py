@@ -139,10 +139,11 @@ def progress_on_terminal_only(args: Any) -> None:
 
 def command_progress(args: Any, bar: bool | None = True) -> bool | str | None:
     """What a command passes for `progress`: "lines" in a log file, False with --no-progress, else
-    `bar` (`train` and `sweep` pass None: the run's `train.progress` decides)."""
-    if args.progress_lines:
+    `bar` (`train` and `sweep` pass None: the run's `train.progress` decides). Arguments parsed
+    without `main` (a command called from Python) have neither attribute: a bar."""
+    if getattr(args, "progress_lines", False):
         return "lines"
-    return False if args.no_progress else bar
+    return False if getattr(args, "no_progress", False) else bar
 
 
 class _ReaderMayLeave:

@@ -73,7 +73,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
             settings = slurm_settings(grid, flags)
             check_job_processes([r for r in runs if run_state(r)["state"] in TRAINS], settings)  # those it submits
-        checks = check_runs_to_train(grid, runs)
+        checks = check_runs_to_train(grid, runs, progress=command_progress(args))
         rows = plan_rows(grid, runs, checks)
         if args.launcher == "slurm":  # and the runs whose jobs are live shown as queued
             mark_queued(grid, rows)

@@ -322,10 +322,10 @@ class PreparedDataset:
         self._cache: dict[str, np.ndarray] = {}
 
     @classmethod
-    def open(cls, path: str | os.PathLike, verify: bool = False) -> PreparedDataset:
+    def open(cls, path: str | os.PathLike, verify: bool = False, progress: Progress = False) -> PreparedDataset:
         """Open and check the dataset at `path` (data/verify.py): the manifest's layout and shard
         sizes every time, each shard's contents once per shard version; `verify=True` re-reads
-        every shard whatever the verification cache says."""
+        every shard whatever the verification cache says; `progress`: how the reading shows."""
         p = Path(path)
         if not p.is_dir():
             why = "a file, not a directory" if p.exists() else "directory missing"
@@ -348,7 +348,9 @@ class PreparedDataset:
         dtype, shards = manifest_shards(p, manifest, _PREPARE_HINT)
         if dtype.itemsize == 2 and tokenizer.vocab_size > 2**16:
             raise UserError(f"{p / MANIFEST} stores {tokenizer.vocab_size} token ids as uint16; {_PREPARE_HINT}")
-        verified = verify_shards(p, manifest, dtype, shards, tokenizer.eot_id, _PREPARE_HINT, force=verify)
+        verified = verify_shards(
+            p, manifest, dtype, shards, tokenizer.eot_id, _PREPARE_HINT, force=verify, progress=progress
+        )
         if manifest["max_token_id"] >= tokenizer.vocab_size:  # the shards hold no more (verify_shards)
             raise UserError(
                 f"{p / MANIFEST} records token id {manifest['max_token_id']}, past its tokenizer's "

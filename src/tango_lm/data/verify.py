@@ -15,6 +15,9 @@ times, so an edited shard is hashed again. `write_prepared` records the shards i
 fresh dataset is not re-read at all.
 
 `tango-lm data verify DIR` (`verify_dataset`) checks everything again, ignoring the cache.
+Hashing reads about 0.9 GB/s (a 2-core EPYC, from the page cache): a copied 100B-token dataset
+took minutes before a run's first line, so where there is more than SHOWN_BYTES to read, its
+tokens are counted on a bar (lines off a terminal) when asked.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ import numpy as np
 
 from tango_lm.atomic_files import write_text_atomic
 from tango_lm.errors import UserError
+from tango_lm.progress_lines import Progress, progress_bar
 
 __all__ = ["DTYPES", "Shard", "manifest_shards", "verify_shards", "record_verified", "verify_dataset"]
 
 DTYPES = ("<u2", "<u4")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _READ_BYTES = 1 << 24  # a multiple of every dtype's size
+SHOWN_BYTES = 1 << 30  # about a second of hashing: less is over before a bar would say anything
 _CACHE_VERSION = 1
 
 
@@ -125,25 +130,38 @@ def verify_shards(
     eot_id: int,
     hint: str,
     force: bool = False,
+    progress: Progress = False,
 ) -> dict[str, Any]:
     """Check every shard's contents against the manifest (module docstring), reading only shards
-    the cache has not seen in their present version (all of them with `force`). Returns totals."""
+    the cache has not seen in their present version (all of them with `force`; their tokens
+    counted as `progress` says, when there are any). Returns totals."""
     cache = _Cache(path)
     found: dict[str, dict[str, int]] = {}
-    hashed = 0
+    unseen = []
     for sh in shards:
         version = _version(sh.file)
         stats = None if force else cache.get(sh.name, version, sh.sha256)
         if stats is None:
-            stats = _scan(sh.file, dtype, eot_id)
-            hashed += 1
+            unseen.append((sh, version))
+        else:
+            found[sh.name] = stats
+    total = sum(sh.tokens for sh, _ in unseen)
+    shown = progress if total * dtype.itemsize > SHOWN_BYTES else False
+    counter = (
+        progress_bar(shown, desc=f"verify {path}", total=total, unit="token", unit_scale=True, leave=False)
+        if shown
+        else contextlib.nullcontext()  # no bar object at all: most opens read nothing
+    )
+    with counter as bar:
+        for sh, version in unseen:
+            stats = _scan(sh.file, dtype, eot_id, bar)
             if stats["sha256"] != sh.sha256:
                 raise UserError(
                     f"shard {sh.file} fails its sha256 checksum (the manifest records {sh.sha256[:12]}..., "
                     f"the file hashes to {stats['sha256'][:12]}...), so it changed after it was written; {hint}"
                 )
             cache.put(sh.name, version, stats)
-        found[sh.name] = stats
+            found[sh.name] = stats
     max_id = max((found[sh.name]["max_id"] for sh in shards), default=-1)
     if max_id > manifest["max_token_id"]:
         raise UserError(
@@ -166,7 +184,7 @@ def verify_shards(
     cache.save()
     return {
         "shards": len(shards),
-        "hashed": hashed,
+        "hashed": len(unseen),
         "tokens": sum(sh.tokens for sh in shards),
         "documents": sum(int(e["documents"]) for e in manifest["splits"].values()),
         "max_token_id": max_id,
@@ -182,11 +200,11 @@ def record_verified(path: Path, stats: dict[str, dict[str, Any]]) -> None:
     cache.save()
 
 
-def verify_dataset(path: str | os.PathLike) -> dict[str, Any]:
+def verify_dataset(path: str | os.PathLike, progress: Progress = False) -> dict[str, Any]:
     """Open the dataset at `path` and re-read every shard whatever the cache says; a summary dict."""
     from tango_lm.data.shards import PreparedDataset
 
-    ds = PreparedDataset.open(path, verify=True)
+    ds = PreparedDataset.open(path, verify=True, progress=progress)
     report = dict(ds.verified)
     report.update(
         path=str(ds.path),
@@ -202,8 +220,9 @@ def _version(file: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
-def _scan(file: Path, dtype: np.dtype, eot_id: int) -> dict[str, Any]:
-    """sha256, number of end-of-text ids and largest id of one shard, read in blocks."""
+def _scan(file: Path, dtype: np.dtype, eot_id: int, bar: Any = None) -> dict[str, Any]:
+    """sha256, number of end-of-text ids and largest id of one shard, read in blocks (each one's
+    tokens counted on `bar`, if any)."""
     h = hashlib.sha256()
     eot = 0
     max_id = -1
@@ -215,6 +234,8 @@ def _scan(file: Path, dtype: np.dtype, eot_id: int) -> dict[str, Any]:
                 if len(ids):
                     eot += int(np.count_nonzero(ids == eot_id))
                     max_id = max(max_id, int(ids.max()))
+                    if bar is not None:
+                        bar.update(len(ids))
     except OSError as exc:
         raise UserError(f"cannot read shard {file} ({exc.strerror or exc}); check its permissions") from None
     return {"sha256": h.hexdigest(), "eot": eot, "max_id": max_id}

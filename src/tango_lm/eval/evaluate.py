@@ -67,7 +67,7 @@ def evaluate_checkpoint(
             else f"is not under {Path.cwd()}; run from the folder it trained in"  # data.dir is relative
         )
         raise UserError(f"the run's dataset {data_path} (its data.dir) {where}, or pass --data DIR")
-    dataset = PreparedDataset.open(data_path)
+    dataset = PreparedDataset.open(data_path, progress=progress)
     if not same_tokenizer(dataset.tokenizer.to_dict(), ckpt.tokenizer):
         raise UserError(
             f"dataset {data_path} was prepared with tokenizer {_described(dataset.tokenizer.to_dict())}, not the "

@@ -22,6 +22,7 @@ from tango_lm.config_checks import (
 )
 from tango_lm.data.shards import PreparedDataset
 from tango_lm.errors import UserError
+from tango_lm.progress_lines import Progress
 from tango_lm.sweep.grid import Grid, SweepRun
 from tango_lm.train.loggers import check_available
 
@@ -64,7 +65,7 @@ class RunChecks:
         return lines
 
 
-def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
+def check_runs(grid: Grid, runs: list[SweepRun], progress: Progress = False) -> RunChecks:
     """Check each run against its dataset; datasets the grid lacks (a dry run's `missing_data`)
     are passed over. Each dataset is opened once."""
     checks = RunChecks(checked=len(runs), repeats=repeat_lines(grid, {run.name for run in runs}))
@@ -81,7 +82,7 @@ def check_runs(grid: Grid, runs: list[SweepRun]) -> RunChecks:
         if directory in missing:
             continue
         if directory not in datasets:
-            datasets[directory] = PreparedDataset.open(directory)
+            datasets[directory] = PreparedDataset.open(directory, progress=progress)
         try:
             check_data_fits_model(run.config, datasets[directory])
             check_splits_fit_run(run.config, datasets[directory])

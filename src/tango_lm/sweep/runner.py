@@ -32,6 +32,7 @@ from tango_lm.errors import UserError
 from tango_lm.models.config import MODEL_LOGISTICS_FIELDS
 from tango_lm.models.registry import without_unread_fields
 from tango_lm.output_lock import OutputLocked, hold_output_lock
+from tango_lm.progress_lines import Progress
 from tango_lm.strict_json import read_object
 from tango_lm.sweep.checks import RunChecks, check_runs
 from tango_lm.sweep.grid import Grid, SweepRun, record_grid_runs
@@ -139,10 +140,13 @@ def run_state(run: SweepRun) -> dict[str, Any]:
 TRAINS = ("new", "resume", "retry")  # the states of runs a sweep trains or submits
 
 
-def check_runs_to_train(grid: Grid, runs: list[SweepRun], doing: str | None = None) -> RunChecks:
+def check_runs_to_train(
+    grid: Grid, runs: list[SweepRun], doing: str | None = None, progress: Progress = False
+) -> RunChecks:
     """The data checks (sweep/checks.py) of the runs that would train, whose warnings the caller
-    says (`say_warnings`); with `doing` ("trained"), a refused run is a UserError."""
-    checks = check_runs(grid, [run for run in runs if run_state(run)["state"] in TRAINS])
+    says (`say_warnings`); with `doing` ("trained"), a refused run is a UserError. `progress`: how
+    the hashing of a dataset's shards not seen before shows (data/verify.py)."""
+    checks = check_runs(grid, [run for run in runs if run_state(run)["state"] in TRAINS], progress)
     if doing is not None:
         checks.raise_refused(doing)
     return checks
@@ -199,7 +203,8 @@ def run_sweep(
     if grid.missing_data:
         name, directory = next(iter(grid.missing_data.items()))
         raise UserError(f"dataset {name!r} ({directory}) is not prepared; prepare it before running the sweep")
-    checks = check_runs_to_train(grid, runs, "trained")
+    # where the runs draw bars (None: on a terminal) or lines, so does the hashing of their data
+    checks = check_runs_to_train(grid, runs, "trained", "lines" if progress == "lines" else progress is not False)
     rows: list[dict[str, Any]] = []
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         record_grid_runs(grid)

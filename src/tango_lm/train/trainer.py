@@ -101,7 +101,9 @@ class Trainer(TrainerCheckpoints):
                 f"the run's dataset {run.data.dir} (its data.dir, relative) is not under {Path.cwd()}; resume from "
                 "the folder it trained in, or pass data.dir=DIR (the same tokens anywhere resume)"
             )
-        self.dataset = PreparedDataset.open(run.data.dir)
+        # a copied dataset's shards are hashed once: minutes for a large one, shown as the run's progress is
+        shown = {"bar": True, "lines": "lines"}.get(self.progress_style, False)
+        self.dataset = PreparedDataset.open(run.data.dir, progress=shown if distributed.launch_env()[0] == 0 else False)
         check_data_fits_model(run, self.dataset)
         self.seq_len = run.seq_len()
         if self.seq_len > run.model.context_length:
