@@ -4,6 +4,7 @@ checkpoint (that a resumed run equals an uninterrupted one is test_trainer.py's)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -373,3 +374,34 @@ def test_other_ranks_of_a_job_leave_an_earlier_attempts_files_to_rank_0(data_dir
     with pytest.raises(UserError, match="already holds a run \\(config.json\\)"):
         with claim_run_dir(run.config, resume=False, main_process=True, prepared_by_rank_0=True):
             pass
+
+
+def test_the_data_checks_before_a_sweep_show_a_large_datasets_hashing(data_dir, tmp_path, monkeypatch, capsys):
+    # A copied dataset is hashed by the sweep's data checks, before any run's line: submitting (on
+    # a login node) and training locally showed nothing while it read (data/verify.py).
+    import shutil
+
+    import tango_lm.data.verify as verify
+
+    monkeypatch.setattr(verify, "SHOWN_BYTES", 1000)  # the copy holds 3,840 bytes
+    data = Path(shutil.copytree(data_dir, tmp_path / "data"))
+    grid = load_grid(write_grid(tmp_path, data))
+
+    class Checked(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Checked  # after the checks, before anything is queued
+
+    monkeypatch.setattr(launchers, "queued_jobs", stop)
+    settings = slurm_settings(grid, {"gpus_per_job": 0})
+    if importlib.util.find_spec("submitit") is not None:
+        with pytest.raises(Checked):
+            submit_sweep(grid, grid.runs, settings, cluster="local", log=lambda _: None, progress="lines")
+        assert capsys.readouterr().err.startswith(f"verify {data}: 1,280/1,920 tokens (67%), ")
+    shutil.rmtree(tmp_path / "data")
+    data = Path(shutil.copytree(data_dir, tmp_path / "data"))  # new inodes: not seen
+    capsys.readouterr()
+    assert main(["sweep", str(tmp_path / "grid.yaml")]) == 0  # lines: pytest's stderr is no terminal
+    err = capsys.readouterr().err
+    assert err.startswith(f"verify {data}: 1,280/1,920 tokens (67%), "), err

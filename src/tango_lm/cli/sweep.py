@@ -101,7 +101,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.launcher == "slurm":
         from tango_lm.sweep.launchers import slurm_settings, submit_sweep
 
-        rows = submit_sweep(grid, runs, slurm_settings(grid, flags), wait=args.wait, log=log)
+        settings = slurm_settings(grid, flags)
+        progress = False if args.json else command_progress(args)
+        rows = submit_sweep(grid, runs, settings, wait=args.wait, log=log, progress=progress)
         if not args.wait:
             if args.json:
                 _print_json(rows)

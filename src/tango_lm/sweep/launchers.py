@@ -41,6 +41,7 @@ from typing import Any
 from tango_lm.atomic_files import write_json_atomic
 from tango_lm.errors import UserError, did_you_mean, os_error_text
 from tango_lm.output_lock import hold_output_lock
+from tango_lm.progress_lines import Progress
 from tango_lm.sweep.grid import Grid, SweepRun, record_grid_runs
 from tango_lm.sweep.runner import _row, _train_one, check_runs_to_train, other_config_row, run_state
 
@@ -187,8 +188,10 @@ def submit_sweep(
     wait: bool = False,
     log: Callable[[str], None] = print,
     cluster: str | None = None,
+    progress: Progress = False,
 ) -> list[dict[str, Any]]:
-    """Queue every unfinished run as one job of an array; with `wait`, return each job's row."""
+    """Queue every unfinished run as one job of an array; with `wait`, return each job's row.
+    `progress`: how the data checks before submitting show a dataset's hashing (data/verify.py)."""
     if importlib.util.find_spec("submitit") is None:
         raise UserError("--launcher slurm submits through submitit; pip install 'tango-lm[cluster]'")
     import submitit
@@ -209,7 +212,7 @@ def submit_sweep(
             continue
         todo.append(run)
     check_job_processes(todo, settings)
-    checks = check_runs_to_train(grid, todo, "submitted")
+    checks = check_runs_to_train(grid, todo, "submitted", progress)
     with hold_output_lock(grid.out_dir, "tango-lm sweep", "stop it first"):
         queued, unknown = queued_jobs(grid.out_dir, cluster)
         refuse_unknown_jobs(grid.out_dir, {r.name: unknown[r.name] for r in todo if r.name in unknown})
