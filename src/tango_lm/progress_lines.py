@@ -3,8 +3,8 @@
 A batch job's log (SLURM, `nohup`, `> log 2>&1`) is no terminal, so the command line draws no
 bar there (its redraws would pile up as one endless line), and a long command said nothing until
 it ended. Without a terminal the commands that run long write lines instead: training its own
-(train/progress_display.py), data preparation and evaluation `CountLines`, each at most one per
-LINE_EVERY_S seconds plus the first and the last (`LogLines` times them all).
+(train/progress_display.py), data preparation, verification and evaluation `CountLines`, each at
+most one per LINE_EVERY_S seconds plus the first and the last (`LogLines` times them all).
 
 `progress` arguments take True (a tqdm bar), False (nothing) or "lines".
 """
@@ -146,3 +146,12 @@ def progress_bar(progress: Progress, **options: Any) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(**options, disable=not progress)
+
+
+def token_bar(total_tokens: int, desc: str, progress: Progress) -> Any:
+    """Tokens against their total, so it shows tokens/s and an ETA: those an evaluation feeds the
+    model (`tango-lm eval`, `--ppl`, lm-eval's rolling log-likelihoods) or a dataset's verification
+    reads (data/verify.py); tqdm's short unit on a bar, the word in lines."""
+    if progress == "lines":
+        return CountLines(total=total_tokens, desc=desc, unit="token")
+    return progress_bar(progress, total=total_tokens, desc=desc, unit="tok", unit_scale=True, leave=False)

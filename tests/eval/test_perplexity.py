@@ -546,11 +546,12 @@ class RecordedBar:
 @pytest.mark.parametrize("what", ["split", "text", "lambada"])
 def test_eval_draws_a_token_bar_that_ends_at_its_total(run_dir, tmp_path, monkeypatch, what):
     """`tango-lm eval` was silent for however long a split or a --ppl file took."""
-    from tango_lm.eval import progress
+    import tqdm.auto
+
     from tango_lm.eval.evaluate import evaluate_checkpoint
     from tango_lm.eval.perplexity import evaluate_checkpoint_file
 
-    monkeypatch.setattr(progress, "tqdm", RecordedBar)
+    monkeypatch.setattr(tqdm.auto, "tqdm", RecordedBar)
     RecordedBar.made = []
     path = tmp_path / "f.txt"
     path.write_text("abc def ghi " * 9 + "\n\nkl jk\n" if what == "text" else "a b c\nd e f\n")

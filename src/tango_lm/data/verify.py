@@ -35,7 +35,7 @@ import numpy as np
 
 from tango_lm.atomic_files import write_text_atomic
 from tango_lm.errors import UserError
-from tango_lm.progress_lines import Progress, progress_bar
+from tango_lm.progress_lines import Progress, token_bar
 
 __all__ = ["DTYPES", "Shard", "manifest_shards", "verify_shards", "record_verified", "verify_dataset"]
 
@@ -147,11 +147,8 @@ def verify_shards(
             found[sh.name] = stats
     total = sum(sh.tokens for sh, _ in unseen)
     shown = progress if total * dtype.itemsize > SHOWN_BYTES else False
-    counter = (
-        progress_bar(shown, desc=f"verify {path}", total=total, unit="token", unit_scale=True, leave=False)
-        if shown
-        else contextlib.nullcontext()  # no bar object at all: most opens read nothing
-    )
+    # no bar object at all where nothing is shown: most opens read nothing
+    counter = token_bar(total, f"verify {path}", shown) if shown else contextlib.nullcontext()
     with counter as bar:
         for sh, version in unseen:
             stats = _scan(sh.file, dtype, eot_id, bar)

@@ -14,8 +14,7 @@ from tango_lm.data.shards import PreparedDataset
 from tango_lm.data.tokenizers import same_tokenizer
 from tango_lm.errors import UserError
 from tango_lm.eval.nll import evaluate_nll
-from tango_lm.eval.progress import token_bar
-from tango_lm.progress_lines import Progress
+from tango_lm.progress_lines import Progress, token_bar
 from tango_lm.train.checkpoint import load_checkpoint
 from tango_lm.train.device import autocast_dtype, pick_device
 

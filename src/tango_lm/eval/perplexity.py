@@ -76,8 +76,8 @@ def _score(
 ) -> list[tuple[list[float], bool]]:
     """Per item: the log-probs of its scored targets and whether each target is the argmax over the
     tokenizer's `vocab` ids (greedy decoding never picks the table's padding rows, design.md §8.17)."""
-    from tango_lm.eval.progress import token_bar
     from tango_lm.layers.moe import capacity_factor, moe_layers
+    from tango_lm.progress_lines import token_bar
     from tango_lm.train.device import autocast
 
     results: list[tuple[list[float], bool] | None] = [None] * len(items)
