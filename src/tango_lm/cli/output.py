@@ -54,10 +54,7 @@ CHECKPOINT_HELP = (
 # The flags many commands share, said once.
 CONFIG_HELP = "preset name, YAML file, or run directory (its config; optional)"
 JSON_HELP = "print the result as one JSON document on stdout (progress and notes go to stderr)"
-NO_PROGRESS_HELP = (
-    "no progress bar, nor the lines that train, sweep, data prepare and eval write instead "
-    "when stderr is not a terminal"
-)
+NO_PROGRESS_HELP = "no progress bar, nor the progress lines written instead when stderr is not a terminal"
 DEVICE_HELP = "auto (CUDA, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
 
 
