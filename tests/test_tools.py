@@ -390,6 +390,8 @@ def test_bench_tools_refuse_sizes_they_cannot_time(tool, args, monkeypatch, caps
         ("saved_for_backward.py", ["heads", "--heads", "nope"], "error: unknown head 'nope'"),
         ("triton_ptxas_report.py", ["--ops", "relu2", "--kernels", "nope"], "error: unknown --kernels nope"),
         ("triton_ptxas_report.py", ["--arch", "5"], "error: --arch 5: triton compiles for compute capability 7.5"),
+        ("compare_dmmath_generators.py", [sys.executable], "error: give at least two interpreters to compare"),
+        ("compare_dmmath_generators.py", ["/no/python", "/no/python"], "error: cannot run /no/python: No such file"),
     ],
 )
 def test_tools_refuse_bad_arguments_in_one_line_as_scripts(script, args, message):

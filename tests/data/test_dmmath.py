@@ -6,14 +6,19 @@ each test run generates a tiny fresh set in a temporary directory.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import operator
+import random
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from tango_lm.data import dmmath
 from tango_lm.data.shards import PreparedDataset
+from tests import helpers
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -165,3 +170,85 @@ def test_env_is_built_once_and_rebuilt_without_marker(tmp_path, monkeypatch):
     dmmath.ensure_generator_env(env)
     assert len(calls) == 4 and (env / "tango-lm-env.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dmmath-env"]
+
+
+def _import(path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generator_gets_numpy_1_26_4_where_it_has_wheels_and_numpy_2_after():
+    # numpy 1.26.4 has no wheel for Python 3.13 (pip built it from source, 6 minutes) or 3.14 (none).
+    assert dmmath.generator_requirements((3, 11))[0] == dmmath.generator_requirements((3, 12))[0] == "numpy==1.26.4"
+    assert dmmath.generator_requirements((3, 13))[0] == dmmath.generator_requirements((3, 14))[0] == "numpy==2.5.5"
+    assert dmmath.REQUIREMENTS == dmmath.generator_requirements(sys.version_info[:2])
+
+
+def test_the_worker_gives_randint_integral_floats_as_python_3_11_did_drawing_the_same_numbers():
+    # The generator's numbers.round_number passes floats to random.randint; Python 3.12 refuses
+    # them (TypeError), which stopped `make quickstart` on Python 3.12 and later.
+    worker = _import(dmmath.WORKER, "dmmath_worker_under_test")
+
+    class Python312(random.Random):  # randrange as 3.12 has it: integers only
+        def randrange(self, start, stop=None, step=1):
+            index = operator.index
+            return super().randrange(index(start), None if stop is None else index(stop), index(step))
+
+    class Shimmed(Python312):
+        randrange = worker._randrange_taking_integral_floats(Python312.randrange)
+
+    with pytest.raises(TypeError):
+        Python312(7).randint(2.0, 9.0)
+    shimmed, plain = Shimmed(7), random.Random(7)
+    assert [shimmed.randint(-3.0, 40.0) for _ in range(50)] == [plain.randint(-3, 40) for _ in range(50)]
+    assert [shimmed.randrange(10.0) for _ in range(20)] == [plain.randrange(10) for _ in range(20)]
+    assert [shimmed.randrange(0.0, 30.0, 5.0) for _ in range(20)] == [plain.randrange(0, 30, 5) for _ in range(20)]
+    with pytest.raises(ValueError, match="non-integer arg 1"):
+        shimmed.randint(1.5, 4)
+    with pytest.raises(ValueError, match="non-integer arg 2"):
+        shimmed.randrange(1, 4.5)
+
+
+def test_the_worker_rewrites_the_itemset_calls_numpy_2_removed(tmp_path):
+    worker = _import(dmmath.WORKER, "dmmath_worker_under_test")
+    fill = (
+        "import numpy as np\n\n\ndef fill(index, value):\n    a = np.zeros((2, 3), dtype=np.int64)\n"
+        "    a.itemset(index, value)\n    return a\n\n\ndef fill_object(index, items):\n"
+        "    b = np.empty((2, 2), dtype=object)\n    b.itemset(index, items)\n    return b\n"
+    )
+    (tmp_path / "uses_itemset.py").write_text(fill)
+    module = _import(tmp_path / "uses_itemset.py", "uses_itemset")
+    if not hasattr(np.ndarray, "itemset"):
+        with pytest.raises(AttributeError):
+            module.fill((1, 2), 5)
+    worker._rewrite_itemset(module)
+    assert module.fill((1, 2), 5).tolist() == [[0, 0, 0], [0, 0, 5]]
+    assert module.fill_object((0, 1), [1, 2])[0, 1] == [1, 2]  # the list is the element
+    (tmp_path / "one_call.py").write_text(fill.split("\n\n\ndef fill_object")[0] + "\n")
+    with pytest.raises(RuntimeError, match="expected 2 calls of ndarray.itemset in .*one_call.py, found 1"):
+        worker._rewrite_itemset(_import(tmp_path / "one_call.py", "one_call"))
+
+
+def test_compare_generators_tool_finds_an_interpreter_agreeing_with_itself(generated, tmp_path):
+    # docs/benchmarks.md's comparison of Pythons, end to end on this one (its environment borrowed).
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "python{}.{}".format(*sys.version_info[:2])).symlink_to(dmmath.ensure_generator_env().parent.parent)
+    script = helpers.TOOLS / "compare_dmmath_generators.py"
+    argv = [sys.executable, script, sys.executable, sys.executable, "--per-module", "1", "--envs", envs]
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    header, reference, other = proc.stdout.splitlines()
+    assert header.split()[:5] == ["interpreter", "python", "numpy", "problems", "seconds"]
+    assert reference.endswith("(the reference)") and other.endswith(" 0")
+    assert reference.split()[3] == other.split()[3] == "239"  # 56 modules x 3 difficulties, 56 + 15 tests
+    differing = helpers.tool("compare_dmmath_generators").differing
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for name, a, b in (("same", "x", "x"), ("changed", "x", "y")):
+        (tmp_path / "a" / name).write_text(a)
+        (tmp_path / "b" / name).write_text(b)
+    (tmp_path / "a" / "only-a").write_text("x")
+    assert differing(tmp_path / "a", tmp_path / "b") == ["changed", "only-a"]

@@ -1,10 +1,11 @@
 """DeepMind Mathematics, generated locally by DeepMind's own generator and prepared as shards.
 
-Why a separate environment: the PyPI package `mathematics-dataset` does not run with numpy 2 or
-sympy 1.14 as shipped (`np.object`, `ndarray.itemset`, and `base_solution_linear` moved inside
-sympy). It runs with numpy 1.26.4 plus a small patch, but pinning numpy 1.x in the user's own
-environment would break torch and everything else there. So the generator lives in a dedicated
-virtual environment (`<cache>/dmmath-env`, `<cache>` = `tango_lm.cache_root.cache_root()`) that
+Why a separate environment: the PyPI package `mathematics-dataset` does not run as shipped with
+today's numpy, sympy or Python (`np.object`, `ndarray.itemset`, `base_solution_linear` moved
+inside sympy, floats passed to `random.randint`, which Python 3.12 refuses). The worker patches
+these, and its patches (one of them to the `random` module) and pinned versions (numpy 1.26.4
+where it has wheels) belong in an environment and a process of their own, not in the user's, whose
+torch has its own numpy. So the generator lives in a dedicated virtual environment (`<cache>/dmmath-env`, `<cache>` = `tango_lm.cache_root.cache_root()`) that
 is created once, and `dmmath_worker.py` runs in it as a subprocess, patching and importing the
 generator there. What it generates is cached under `<cache>/dmmath/<key>`, keyed by the
 generation parameters and the generator's pinned versions, so a second prepare reuses it.
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,15 +39,37 @@ from tango_lm.data.source import DataSource
 from tango_lm.errors import UserError, option, path_arg
 from tango_lm.progress_lines import Progress, progress_bar
 
-__all__ = ["DMMathSource", "prepare_dmmath", "ensure_generator_env", "generate_examples", "cache_root", "REQUIREMENTS"]
+__all__ = [
+    "DMMathSource",
+    "prepare_dmmath",
+    "ensure_generator_env",
+    "generate_examples",
+    "generator_requirements",
+    "cache_root",
+    "REQUIREMENTS",
+]
 
-# Pinned so that cached generations are reproducible; numpy 1.x is what the generator needs.
-REQUIREMENTS = ("numpy==1.26.4", "sympy==1.14.0", "mathematics-dataset==1.0.1")
+
+def generator_requirements(python: tuple[int, int] = sys.version_info[:2]) -> tuple[str, ...]:
+    """What the generator's environment installs for a Python version, pinned so that cached
+    generations are reproducible. numpy 1.26.4 is the generator's own numpy, but it has no wheel
+    past Python 3.12 (pip would build it from source, 3.14 not at all), so later Pythons get numpy
+    2.5.5 with the worker's shims for what numpy 2 removed: on every module the two generate the
+    same questions from one seed (tools/compare_dmmath_generators.py; docs/benchmarks.md)."""
+    numpy = "numpy==1.26.4" if python < (3, 13) else "numpy==2.5.5"
+    return (numpy, "sympy==1.14.0", "mathematics-dataset==1.0.1")
+
+
+# The environment is made with this Python (sys.executable), so these are its requirements.
+REQUIREMENTS = generator_requirements()
 # Bump when the worker's sampling or seeding changes, to invalidate cached generations.
 WORKER_VERSION = 1
 TRAIN_SPLITS = ("train-easy", "train-medium", "train-hard")
 _ENV_MARKER = "tango-lm-env.json"
-_WORKER = Path(__file__).with_name("dmmath_worker.py")
+WORKER = Path(__file__).with_name("dmmath_worker.py")
+# A fixed hash seed keeps set iteration order, and thus the generated problems, reproducible (on
+# one Python: 3.10 hashes strings otherwise than 3.11 and later, and generates other problems).
+WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}
 
 
 def _generated_root() -> Path:
@@ -56,22 +80,25 @@ def _env_python(env_dir: Path) -> Path:
     return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def ensure_generator_env(env_dir: Path | None = None) -> Path:
+def ensure_generator_env(
+    env_dir: Path | None = None, interpreter: str = sys.executable, requirements: Sequence[str] = REQUIREMENTS
+) -> Path:
     """Python executable of the generator's environment, creating the environment once.
 
     The environment is built under a temporary name and renamed into place, with a marker file
     naming its requirements written last, so an interrupted install is rebuilt next time.
+    `interpreter` makes it, with `requirements` (`generator_requirements` of its version).
     """
     env_dir = env_dir or cache_root() / "dmmath-env"
     marker = env_dir / _ENV_MARKER
     try:
-        if json.loads(marker.read_text())["requirements"] == list(REQUIREMENTS):
+        if json.loads(marker.read_text())["requirements"] == list(requirements):
             return _env_python(env_dir)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     print(
         f"tango-lm: creating the DeepMind Mathematics generator environment at {env_dir} "
-        f"(once; pip install {' '.join(REQUIREMENTS)})",
+        f"(once; pip install {' '.join(requirements)})",
         file=sys.stderr,
         flush=True,
     )
@@ -80,8 +107,8 @@ def ensure_generator_env(env_dir: Path | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         steps = [
-            ("create a virtual environment", [sys.executable, "-m", "venv", str(tmp)]),
-            ("pip install", [str(_env_python(tmp)), "-m", "pip", "install", "--quiet", *REQUIREMENTS]),
+            ("create a virtual environment", [interpreter, "-m", "venv", str(tmp)]),
+            ("pip install", [str(_env_python(tmp)), "-m", "pip", "install", "--quiet", *requirements]),
         ]
         for what, cmd in steps:
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -92,7 +119,7 @@ def ensure_generator_env(env_dir: Path | None = None) -> Path:
                     f"could not set up the DeepMind Mathematics generator environment at {env_dir}: "
                     f"{what} failed ({detail}); check that PyPI is reachable and run the command again"
                 )
-        (tmp / _ENV_MARKER).write_text(json.dumps({"requirements": list(REQUIREMENTS)}) + "\n")
+        (tmp / _ENV_MARKER).write_text(json.dumps({"requirements": list(requirements)}) + "\n")
         # venv's bin/python finds its environment relative to itself, so the env survives a rename.
         if env_dir.exists():
             old = env_dir.parent / f".{env_dir.name}.old-{os.getpid()}"
@@ -142,8 +169,7 @@ def generate_examples(
     config = {"out_dir": str(tmp), "seed": seed, "counts": counts, "workers": workers or os.cpu_count()}
     config_path = tmp / "worker-config.json"
     config_path.write_text(json.dumps(config))
-    # A fixed hash seed keeps set iteration order, and thus the generated problems, reproducible.
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, **WORKER_ENV}
     proc = None
     try:
         with (
@@ -151,7 +177,7 @@ def generate_examples(
             progress_bar(progress, desc="generate dmmath", unit="module") as bar,
         ):
             proc = subprocess.Popen(
-                [str(python), str(_WORKER), str(config_path)],
+                [str(python), str(WORKER), str(config_path)],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,

@@ -1,8 +1,9 @@
 """Generate DeepMind Mathematics examples; runs inside the generator's own environment.
 
 This script is started by `tango_lm.data.dmmath` with the Python of a dedicated virtual
-environment (numpy 1.26, sympy, mathematics-dataset). It must import nothing from tango_lm and
-only the standard library plus the generator, because tango_lm is not installed there.
+environment (numpy, sympy, mathematics-dataset: `dmmath.generator_requirements`). It must
+import nothing from tango_lm and only the standard library plus the generator, because tango_lm
+is not installed there.
 
 Usage: python dmmath_worker.py CONFIG_JSON
 
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import multiprocessing
+import operator
 import os
 import random
+import re
 import sys
 import warnings
 
@@ -32,28 +36,71 @@ _LIMITS: tuple[int, int] = (0, 0)
 
 
 def _patch_and_import():
-    """Apply the compatibility workaround and a determinism fix, then import the generator.
+    """Apply the compatibility workarounds and a determinism fix, then import the generator.
 
-    As shipped, mathematics-dataset uses `np.object` (removed in numpy 1.24) and imports
-    `base_solution_linear` from `sympy.solvers.diophantine`, which sympy moved into the
-    submodule `sympy.solvers.diophantine.diophantine`. `import sympy.solvers.diophantine as dio`
-    would bind the *function* `diophantine` (the package re-exports it under the same name), so
-    the package is fetched with importlib.
+    As shipped, mathematics-dataset uses `np.object` (removed in numpy 1.24) and
+    `ndarray.itemset` (removed in numpy 2), passes floats to `random.randint` (refused since
+    Python 3.12), and imports `base_solution_linear` from `sympy.solvers.diophantine`, which sympy
+    moved into the submodule `sympy.solvers.diophantine.diophantine`. `import
+    sympy.solvers.diophantine as dio` would bind the *function* `diophantine` (the package
+    re-exports it under the same name), so the package is fetched with importlib.
     """
     import numpy as np
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         np.object = object
+    random.Random.randrange = _randrange_taking_integral_floats(random.Random.randrange)
     dio = importlib.import_module("sympy.solvers.diophantine")
     inner = importlib.import_module("sympy.solvers.diophantine.diophantine")
     dio.base_solution_linear = inner.base_solution_linear
+    if not hasattr(np.ndarray, "itemset"):
+        _rewrite_itemset(importlib.import_module("mathematics_dataset.sample.polynomials"))
     composition = importlib.import_module("mathematics_dataset.util.composition")
     composition.expand_entities = _make_expand_entities(composition)
     generate = importlib.import_module("mathematics_dataset.generate")
     settings = importlib.import_module("mathematics_dataset.generate_settings")
     modules = importlib.import_module("mathematics_dataset.modules.modules")
     return np, generate, settings, modules
+
+
+def _integral(value, position: int) -> int:
+    """An argument of randrange as Python 3.11 took it: an integral float is its int (with a
+    deprecation warning there), any other float a ValueError."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        as_int = int(value)
+        if as_int != value:
+            raise ValueError(f"non-integer arg {position} for randrange()") from None
+        return as_int
+
+
+def _randrange_taking_integral_floats(randrange):
+    """`Random.randrange` that takes integral floats, as Python up to 3.11 did.
+
+    The generator passes floats to `random.randint` (`numbers.round_number`: bounds computed with
+    `/` and `10 ** -k`); Python 3.12 made that a TypeError. Taking them as 3.11 did draws the same
+    numbers, so every Python generates the same questions from one seed.
+    """
+
+    def compatible(self, start, stop=None, step=1):
+        start = _integral(start, 1)
+        stop = None if stop is None else _integral(stop, 2)
+        return randrange(self, start, stop, _integral(step, 3))
+
+    return compatible
+
+
+def _rewrite_itemset(module) -> None:
+    """Run `module` again with `a.itemset(i, v)` written `a[i] = v`: numpy 2 removed
+    `ndarray.itemset`, which the generator's sample/polynomials.py calls twice, and the
+    assignment stores the same values."""
+    source = inspect.getsource(module)
+    rewritten, count = re.subn(r"(\w+)\.itemset\((\w+), (\w+)\)", r"\1[\2] = \3", source)
+    if count != 2:
+        raise RuntimeError(f"expected 2 calls of ndarray.itemset in {module.__file__}, found {count}")
+    exec(compile(rewritten, module.__file__, "exec"), module.__dict__)
 
 
 def _make_expand_entities(composition):
