@@ -73,6 +73,9 @@ def _fake_generator(root: Path, monkeypatch) -> None:
             ]
             (gen / f"{split}__{module}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(dmmath, "generate_examples", lambda seed, counts, workers=None, progress=True: gen)
+    # The manifest records the generator's pins, which depend on the Python (numpy 2.5.5 from 3.13);
+    # the fixture holds those of the Python it was written on.
+    monkeypatch.setattr(dmmath, "REQUIREMENTS", dmmath.generator_requirements((3, 11)))
 
 
 def _fake_datasets(monkeypatch) -> None:

@@ -170,6 +170,9 @@ ALLOWED_GLOBALS = frozenset(
         ("pathlib", "Path"),
     }
 )
+# Python 3.13 moved pathlib's classes into pathlib._local, and pickles them under that name. They are
+# read as pathlib's, so a checkpoint written on 3.13 also resumes on 3.11 and 3.12 (no such module).
+MODULE_ALIASES = {"pathlib._local": "pathlib"}
 
 
 def _metadata_unpickler() -> type:
@@ -187,8 +190,8 @@ def _metadata_unpickler() -> type:
                 return found  # a class DCP defines for its metadata (not one it merely imports)
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)
-            if (module, name) in ALLOWED_GLOBALS:
-                return super().find_class(module, name)
+            if (MODULE_ALIASES.get(module, module), name) in ALLOWED_GLOBALS:
+                return super().find_class(MODULE_ALIASES.get(module, module), name)
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
     return Unpickler
