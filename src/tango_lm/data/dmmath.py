@@ -5,10 +5,11 @@ today's numpy, sympy or Python (`np.object`, `ndarray.itemset`, `base_solution_l
 inside sympy, floats passed to `random.randint`, which Python 3.12 refuses). The worker patches
 these, and its patches (one of them to the `random` module) and pinned versions (numpy 1.26.4
 where it has wheels) belong in an environment and a process of their own, not in the user's, whose
-torch has its own numpy. So the generator lives in a dedicated virtual environment (`<cache>/dmmath-env`, `<cache>` = `tango_lm.cache_root.cache_root()`) that
-is created once, and `dmmath_worker.py` runs in it as a subprocess, patching and importing the
-generator there. What it generates is cached under `<cache>/dmmath/<key>`, keyed by the
-generation parameters and the generator's pinned versions, so a second prepare reuses it.
+torch has its own numpy. So the generator lives in a dedicated virtual environment
+(`<cache>/dmmath-env`, `<cache>` = `tango_lm.cache_root.cache_root()`) that is created once,
+and `dmmath_worker.py` runs in it as a subprocess, patching and importing the generator there.
+What it generates is cached under `<cache>/dmmath/<key>`, keyed by the generation parameters and
+the generator's pinned versions, so a second prepare reuses it.
 
 Splits: train = train-easy/medium/hard modules (the per-module count split equally over the
 three difficulties) minus the held-out dev documents; dev = `dev_fraction` of each module's

@@ -81,7 +81,7 @@ def _randrange_taking_integral_floats(randrange):
 
     The generator passes floats to `random.randint` (`numbers.round_number`: bounds computed with
     `/` and `10 ** -k`); Python 3.12 made that a TypeError. Taking them as 3.11 did draws the same
-    numbers, so every Python generates the same questions from one seed.
+    numbers, so Pythons from 3.11 on generate the same questions from one seed.
     """
 
     def compatible(self, start, stop=None, step=1):

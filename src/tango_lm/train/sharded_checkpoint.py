@@ -190,8 +190,9 @@ def _metadata_unpickler() -> type:
                 return found  # a class DCP defines for its metadata (not one it merely imports)
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)
-            if (MODULE_ALIASES.get(module, module), name) in ALLOWED_GLOBALS:
-                return super().find_class(MODULE_ALIASES.get(module, module), name)
+            resolved = MODULE_ALIASES.get(module, module)
+            if (resolved, name) in ALLOWED_GLOBALS:
+                return super().find_class(resolved, name)
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
     return Unpickler
