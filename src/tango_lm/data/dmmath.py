@@ -54,7 +54,7 @@ __all__ = [
 def generator_requirements(python: tuple[int, int] = sys.version_info[:2]) -> tuple[str, ...]:
     """What the generator's environment installs for a Python version, pinned so that cached
     generations are reproducible. numpy 1.26.4 is the generator's own numpy, but it has no wheel
-    past Python 3.12 (pip would build it from source, 3.14 not at all), so later Pythons get numpy
+    past Python 3.12 (pip builds it from source: minutes, and a C compiler), so later Pythons get numpy
     2.5.5 with the worker's shims for what numpy 2 removed: on every module the two generate the
     same questions from one seed (tools/compare_dmmath_generators.py; docs/benchmarks.md)."""
     numpy = "numpy==1.26.4" if python < (3, 13) else "numpy==2.5.5"
